@@ -1,0 +1,19 @@
+# outbox_embed_sql(<target> <namespace> <header-name> FILES a.sql b.sql ...)
+# Generates a header that holds each .sql file as a std::string_view constant named
+# after the file (0001_init.sql -> k0001_init), plus a table of (name, text) pairs, so
+# no SQL string literals are scattered through C++ and the binary carries its SQL.
+function(outbox_embed_sql target ns header)
+  cmake_parse_arguments(ARG "" "" "FILES" ${ARGN})
+  set(out_dir ${CMAKE_CURRENT_BINARY_DIR}/generated)
+  set(out ${out_dir}/${header})
+  add_custom_command(
+    OUTPUT ${out}
+    COMMAND ${CMAKE_COMMAND} -DOUT=${out} -DNS=${ns} "-DFILES=${ARG_FILES}"
+            -P ${PROJECT_SOURCE_DIR}/cmake/EmbedSqlScript.cmake
+    DEPENDS ${ARG_FILES} ${PROJECT_SOURCE_DIR}/cmake/EmbedSqlScript.cmake
+    COMMENT "Embedding SQL into ${header}")
+  add_custom_target(${target}_gen DEPENDS ${out})
+  add_library(${target} INTERFACE)
+  add_dependencies(${target} ${target}_gen)
+  target_include_directories(${target} INTERFACE ${out_dir})
+endfunction()

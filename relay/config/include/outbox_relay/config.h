@@ -1,0 +1,86 @@
+// Relay configuration: a plain struct with a default on every field, loaded from YAML
+// with environment overrides and validated before anything starts.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace outbox::relay {
+
+using Millis = std::chrono::milliseconds;
+
+/// Exponential backoff with full jitter, capped, and a bound on attempts.
+struct RetryPolicy {
+  int max_attempts = 12;            ///< Attempts before dead-lettering (>= 1).
+  Millis initial_backoff{500};      ///< Cap of the first retry's random delay.
+  Millis max_backoff{300'000};      ///< No delay is longer than this.
+};
+
+struct KafkaTarget {
+  std::string brokers;  ///< bootstrap.servers, comma separated.
+  std::string topic;
+  /// librdkafka properties passed through as they are (compression.type, linger.ms,
+  /// security.protocol, sasl.*, ssl.*, ...). Secrets resolved from *_env / *_file keys.
+  std::map<std::string, std::string> producer;
+};
+
+struct WebhookTarget {
+  std::string url;  ///< http:// or https://, with path.
+  /// Standard Webhooks secrets, each "whsec_<base64>". Every one signs each delivery, so a
+  /// receiver that knows either the new or the old secret verifies during rotation.
+  std::vector<std::string> secrets;
+  Millis timeout{10'000};          ///< Whole request.
+  Millis connect_timeout{5'000};
+  int max_in_flight = 32;          ///< Concurrent requests to this endpoint.
+  std::optional<std::string> ca_file;  ///< PEM bundle to trust instead of the system one.
+  bool verify_tls = true;
+  std::map<std::string, std::string> headers;  ///< Extra static headers on every request.
+};
+
+struct Destination {
+  std::string name;  ///< As written in outbox.messages.destination.
+  std::variant<KafkaTarget, WebhookTarget> target;
+  RetryPolicy retry;
+  int batch_size = 0;  ///< Claim batch size; 0 means RelayConfig::batch_size.
+};
+
+enum class LogFormat { kText, kJson };
+
+struct RelayConfig {
+  std::string database_url;                   ///< Required (or OUTBOX_DATABASE_URL).
+  std::map<std::string, Destination> destinations;  ///< At least one.
+  int batch_size = 500;                       ///< Rows per claim.
+  Millis lease{30'000};                       ///< How long a claim is held before the reaper may take it back.
+  Millis poll_interval{1'000};                ///< Fallback poll when no notification arrives.
+  Millis reap_interval{5'000};
+  Millis full_sweep_interval{30'000};         ///< Rescan the fresh lane from the start this often.
+  Millis shutdown_timeout{10'000};            ///< SIGTERM: finish in-flight work within this.
+  std::string admin_listen;                   ///< "host:port" for /metrics, /healthz, /readyz; empty = off.
+  std::string log_level = "info";             ///< trace, debug, info, warn, error.
+  LogFormat log_format = LogFormat::kText;
+};
+
+/// Thrown for invalid configuration. what() names the key (e.g. "destinations.orders.kafka.topic")
+/// and says how to fix it.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Reads an environment variable; injectable for tests.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+EnvLookup ProcessEnv();
+
+/// Parses YAML text. `source` names it in errors (a path, or "<string>").
+RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source, const EnvLookup& env);
+
+/// Reads and parses a file. Throws ConfigError when it cannot be read or is invalid.
+RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env);
+
+}  // namespace outbox::relay

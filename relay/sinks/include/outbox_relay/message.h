@@ -1,0 +1,32 @@
+// A claimed outbox message as the relay hands it to a sink.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace outbox::relay {
+
+/// Row id of a message in outbox.messages (and of its dead letter).
+enum class MessageId : std::int64_t {};
+
+inline std::int64_t Raw(MessageId id) { return static_cast<std::int64_t>(id); }
+
+/// One message, owned by value. Sinks receive it read-only.
+struct Message {
+  MessageId id{};
+  std::string destination;
+  std::optional<std::string> ordering_key;  ///< Kafka key; also the unit of ordering.
+  std::string idempotency_key;              ///< uuid text, stable across redeliveries.
+  std::string event_type;                   ///< May be empty.
+  std::vector<std::pair<std::string, std::string>> headers;  ///< The message's own headers.
+  std::string payload;       ///< Bytes exactly as written (JSON text for JSON payloads).
+  bool payload_is_json = true;
+  int attempts = 0;          ///< Failed attempts before this one.
+  std::chrono::system_clock::time_point created_at{};
+};
+
+}  // namespace outbox::relay

@@ -1,0 +1,63 @@
+// The boundary between the dispatcher and a delivery target (Kafka, webhooks, ...).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "outbox_relay/message.h"
+
+namespace outbox::relay {
+
+/// How one delivery attempt ended. Never an exception: sinks turn every failure into one.
+enum class OutcomeKind {
+  kDelivered,  ///< The target acknowledged the message; it leaves the queue.
+  kRetry,      ///< Transient failure (network, timeout, 5xx, broker down): try again later.
+  kPermanent,  ///< The target refused it for good (4xx, message too large, auth): dead-letter.
+};
+
+const char* ToString(OutcomeKind kind);
+
+struct Outcome {
+  MessageId id{};
+  OutcomeKind kind = OutcomeKind::kRetry;
+  /// Short human-readable reason for kRetry/kPermanent ("http 503: <start of body>").
+  std::string reason;
+  /// A bounded label for metrics ("http_5xx", "timeout", "msg_too_large", ...).
+  std::string reason_class;
+  /// The target asked to wait at least this long (HTTP Retry-After).
+  std::optional<std::chrono::milliseconds> retry_after;
+};
+
+/// Delivers messages of one destination. Implementations are thread-safe: Submit may be
+/// called from the dispatcher thread while completions run on the sink's own threads.
+///
+/// Per-key order is the dispatcher's job: it never submits a message while an earlier
+/// message of the same ordering key is in flight, so a sink may deliver a batch in any
+/// order and with any concurrency.
+class Sink {
+ public:
+  using Completion = std::function<void(Outcome)>;
+
+  virtual ~Sink() = default;
+
+  /// Starts delivering `msg`. Calls `done` exactly once, from any thread, possibly before
+  /// Submit returns. Never throws. After Shutdown began, completes at once with kRetry.
+  virtual void Submit(Message msg, Completion done) = 0;
+
+  /// Stops accepting work and waits up to `deadline` for in-flight deliveries; whatever is
+  /// still in flight then completes with kRetry ("shutdown"). Idempotent.
+  virtual void Shutdown(std::chrono::milliseconds deadline) = 0;
+
+  /// True while the sink can deliver (e.g. the Kafka producer reached a broker).
+  virtual bool Ready() const = 0;
+
+  /// Messages accepted by Submit whose completion has not run yet.
+  virtual std::size_t InFlight() const = 0;
+};
+
+using SinkPtr = std::unique_ptr<Sink>;
+
+}  // namespace outbox::relay

@@ -1,0 +1,14 @@
+#include "outbox_relay/sink.h"
+
+namespace outbox::relay {
+
+const char* ToString(OutcomeKind kind) {
+  switch (kind) {
+    case OutcomeKind::kDelivered: return "delivered";
+    case OutcomeKind::kRetry: return "retry";
+    case OutcomeKind::kPermanent: return "permanent";
+  }
+  return "unknown";
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,205 @@
+#include "outbox/outbox.h"
+
+#include <nlohmann/json.hpp>
+
+#include <ctime>
+#include <random>
+
+namespace outbox {
+namespace {
+
+constexpr std::size_t kMaxBatch = 1000;
+
+bool IsUuid(const std::string& s) {
+  if (s.size() != 36) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (i == 8 || i == 13 || i == 18 || i == 23) {
+      if (c != '-') return false;
+    } else if (!std::isxdigit(static_cast<unsigned char>(c))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Iso8601(Clock::time_point tp) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(tp.time_since_epoch()).count();
+  std::time_t secs = static_cast<std::time_t>(us / 1'000'000);
+  long frac = static_cast<long>(us % 1'000'000);
+  if (frac < 0) {
+    frac += 1'000'000;
+    --secs;
+  }
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+  return buf;
+}
+
+std::string Base64(const std::string& in) {
+  static constexpr char kTable[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  std::size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const unsigned v = (static_cast<unsigned char>(in[i]) << 16) |
+                       (static_cast<unsigned char>(in[i + 1]) << 8) |
+                       static_cast<unsigned char>(in[i + 2]);
+    out += kTable[(v >> 18) & 63];
+    out += kTable[(v >> 12) & 63];
+    out += kTable[(v >> 6) & 63];
+    out += kTable[v & 63];
+  }
+  if (i < in.size()) {
+    unsigned v = static_cast<unsigned char>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<unsigned char>(in[i + 1]) << 8;
+    out += kTable[(v >> 18) & 63];
+    out += kTable[(v >> 12) & 63];
+    out += i + 1 < in.size() ? kTable[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+void Validate(const OutboxMessage& m) {
+  if (m.destination.empty()) {
+    throw InvalidMessage("outbox: destination must not be empty; pass the destination name the relay is configured with");
+  }
+  if (m.destination.size() > 255) {
+    throw InvalidMessage("outbox: destination is longer than 255 characters; use a shorter name");
+  }
+  if (m.ordering_key && m.ordering_key->empty()) {
+    throw InvalidMessage("outbox: ordering key must not be empty; omit Key() for unordered messages");
+  }
+  if (m.payload_is_json && !nlohmann::json::accept(m.payload)) {
+    throw InvalidMessage("outbox: payload is not valid JSON; pass JSON text to Json() or raw bytes to Bytes()");
+  }
+  for (std::size_t i = 0; i < m.headers.size(); ++i) {
+    if (m.headers[i].first.empty()) throw InvalidMessage("outbox: header name must not be empty");
+    for (std::size_t j = 0; j < i; ++j) {
+      if (m.headers[j].first == m.headers[i].first) {
+        throw InvalidMessage("outbox: header \"" + m.headers[i].first + "\" is set twice; set each header once");
+      }
+    }
+  }
+  if (m.idempotency_key && !IsUuid(*m.idempotency_key)) {
+    throw InvalidMessage("outbox: idempotency key \"" + *m.idempotency_key +
+                         "\" is not a uuid; pass a uuid such as 123e4567-e89b-12d3-a456-426614174000");
+  }
+}
+
+nlohmann::json ToJson(const OutboxMessage& m) {
+  nlohmann::json j;
+  j["destination"] = m.destination;
+  if (m.payload_is_json) {
+    j["payload"] = nlohmann::json::parse(m.payload);
+  } else {
+    j["payload_base64"] = Base64(m.payload);
+  }
+  if (m.ordering_key) j["ordering_key"] = *m.ordering_key;
+  nlohmann::json h = nlohmann::json::object();
+  for (const auto& [k, v] : m.headers) h[k] = v;
+  j["headers"] = std::move(h);
+  j["event_type"] = m.event_type;
+  if (m.deliver_after) j["deliver_after"] = Iso8601(*m.deliver_after);
+  if (m.idempotency_key) j["idempotency_key"] = *m.idempotency_key;
+  return j;
+}
+
+}  // namespace
+
+MessageBuilder::MessageBuilder(std::string destination) { msg_.destination = std::move(destination); }
+
+MessageBuilder& MessageBuilder::Json(std::string json_text) {
+  msg_.payload = std::move(json_text);
+  msg_.payload_is_json = true;
+  has_payload_ = true;
+  return *this;
+}
+
+MessageBuilder& MessageBuilder::Bytes(std::string bytes) {
+  msg_.payload = std::move(bytes);
+  msg_.payload_is_json = false;
+  has_payload_ = true;
+  return *this;
+}
+
+MessageBuilder& MessageBuilder::Key(std::string ordering_key) {
+  msg_.ordering_key = std::move(ordering_key);
+  return *this;
+}
+
+MessageBuilder& MessageBuilder::Header(std::string name, std::string value) {
+  msg_.headers.emplace_back(std::move(name), std::move(value));
+  return *this;
+}
+
+MessageBuilder& MessageBuilder::EventType(std::string event_type) {
+  msg_.event_type = std::move(event_type);
+  return *this;
+}
+
+MessageBuilder& MessageBuilder::DeliverAt(Clock::time_point when) {
+  msg_.deliver_after = when;
+  delay_.reset();
+  return *this;
+}
+
+MessageBuilder& MessageBuilder::DeliverAfter(std::chrono::milliseconds delay) {
+  delay_ = delay;
+  msg_.deliver_after.reset();
+  return *this;
+}
+
+MessageBuilder& MessageBuilder::Jitter(std::chrono::milliseconds max) {
+  jitter_ = max;
+  return *this;
+}
+
+MessageBuilder& MessageBuilder::IdempotencyKey(std::string uuid) {
+  msg_.idempotency_key = std::move(uuid);
+  return *this;
+}
+
+OutboxMessage MessageBuilder::Build() const {
+  if (!has_payload_) {
+    throw InvalidMessage("outbox: message to \"" + msg_.destination +
+                         "\" has no payload; call Json() or Bytes()");
+  }
+  if (jitter_.count() < 0) throw InvalidMessage("outbox: jitter must not be negative");
+  if (delay_ && delay_->count() < 0) throw InvalidMessage("outbox: DeliverAfter delay must not be negative");
+  OutboxMessage m = msg_;
+  if (delay_) m.deliver_after = Clock::now() + *delay_;
+  if (jitter_.count() > 0) {
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    std::uniform_int_distribution<long long> dist(0, std::chrono::microseconds(jitter_).count() - 1);
+    m.deliver_after = m.deliver_after.value_or(Clock::now()) + std::chrono::microseconds(dist(rng));
+  }
+  Validate(m);
+  return m;
+}
+
+std::int64_t Publish(pqxx::transaction_base& tx, const OutboxMessage& message) {
+  return PublishMany(tx, {message}).front();
+}
+
+std::vector<std::int64_t> PublishMany(pqxx::transaction_base& tx,
+                                      const std::vector<OutboxMessage>& messages) {
+  for (const auto& m : messages) Validate(m);
+  std::vector<std::int64_t> ids;
+  ids.reserve(messages.size());
+  for (std::size_t start = 0; start < messages.size(); start += kMaxBatch) {
+    nlohmann::json batch = nlohmann::json::array();
+    const std::size_t end = std::min(messages.size(), start + kMaxBatch);
+    for (std::size_t i = start; i < end; ++i) batch.push_back(ToJson(messages[i]));
+    const pqxx::result r = tx.exec_params("SELECT outbox.enqueue_many($1::jsonb)", batch.dump());
+    for (const auto& row : r) ids.push_back(row[0].as<std::int64_t>());
+  }
+  return ids;
+}
+
+}  // namespace outbox
