@@ -52,8 +52,15 @@ CREATE TABLE outbox.messages (
   autovacuum_vacuum_cost_delay = 1
 );
 
--- The slow lane: only parked rows, in the order they become due.
-CREATE INDEX messages_parked_idx ON outbox.messages (deliver_after, id) WHERE parked;
+-- The fresh lane: rows never claimed nor parked, in id order per destination. The relay
+-- scans it from a cursor, so the dead entries that deliveries leave at its head are not
+-- walked again (docs/adr/0001-claim-path.md). Leasing a row changes no indexed column,
+-- so the lease update stays HOT.
+CREATE INDEX messages_fresh_idx ON outbox.messages (destination, id) WHERE NOT parked;
+
+-- The slow lane: parked rows in the order they become due. A row blocked behind an
+-- earlier message of its key waits at deliver_after = 'infinity' until that one settles.
+CREATE INDEX messages_parked_idx ON outbox.messages (destination, deliver_after, id) WHERE parked;
 
 -- Per-key order: "is there an earlier message of this key?" is one index probe.
 CREATE INDEX messages_key_order_idx ON outbox.messages (destination, ordering_key, id)
@@ -146,6 +153,14 @@ DECLARE
   ts timestamptz := clock_timestamp();
 BEGIN
   PERFORM outbox.validate_message(destination, ordering_key, headers, event_type);
+  -- No EXCEPTION block here: it would open a subtransaction per message, and more than 64
+  -- of those in one transaction overflow every snapshot's subxid cache.
+  IF idempotency_key IS NOT NULL
+     AND EXISTS (SELECT 1 FROM outbox.messages q WHERE q.idempotency_key = insert_message.idempotency_key) THEN
+    RAISE EXCEPTION 'outbox.enqueue: idempotency key % is already queued', idempotency_key
+      USING ERRCODE = 'unique_violation',
+            HINT = 'Each message needs its own idempotency key; omit it to get a random one.';
+  END IF;
   PERFORM pg_current_xact_id();
   IF ordering_key IS NOT NULL THEN
     PERFORM pg_advisory_xact_lock(hashtextextended(destination || chr(31) || ordering_key, 7079));
@@ -159,11 +174,6 @@ BEGIN
           coalesce(deliver_after, ts) > ts + interval '1 second', ts)
   RETURNING m.id INTO new_id;
   RETURN new_id;
-EXCEPTION
-  WHEN unique_violation THEN
-    RAISE EXCEPTION 'outbox.enqueue: idempotency key % is already queued', idempotency_key
-      USING ERRCODE = 'unique_violation',
-            HINT = 'Each message needs its own idempotency key; omit it to get a random one.';
 END
 $$;
 
