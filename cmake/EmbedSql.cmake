@@ -6,12 +6,15 @@ function(outbox_embed_sql target ns header)
   cmake_parse_arguments(ARG "" "" "FILES" ${ARGN})
   set(out_dir ${CMAKE_CURRENT_BINARY_DIR}/generated)
   set(out ${out_dir}/${header})
+  # A ';' would split the argument, so pass the list joined with '|'.
+  string(REPLACE ";" "|" files_arg "${ARG_FILES}")
   add_custom_command(
     OUTPUT ${out}
-    COMMAND ${CMAKE_COMMAND} -DOUT=${out} -DNS=${ns} "-DFILES=${ARG_FILES}"
+    COMMAND ${CMAKE_COMMAND} -DOUT=${out} -DNS=${ns} "-DFILES=${files_arg}"
             -P ${PROJECT_SOURCE_DIR}/cmake/EmbedSqlScript.cmake
     DEPENDS ${ARG_FILES} ${PROJECT_SOURCE_DIR}/cmake/EmbedSqlScript.cmake
-    COMMENT "Embedding SQL into ${header}")
+    COMMENT "Embedding SQL into ${header}"
+    VERBATIM)
   add_custom_target(${target}_gen DEPENDS ${out})
   add_library(${target} INTERFACE)
   add_dependencies(${target} ${target}_gen)

@@ -2,6 +2,7 @@
 set(body "// Generated from sql/ by cmake/EmbedSqlScript.cmake. Do not edit.\n#pragma once\n#include <array>\n#include <string_view>\n#include <utility>\n\nnamespace ${NS} {\n")
 set(table "")
 set(count 0)
+string(REPLACE "|" ";" FILES "${FILES}")
 foreach(f ${FILES})
   get_filename_component(stem ${f} NAME_WE)
   string(MAKE_C_IDENTIFIER "k${stem}" ident)

@@ -17,7 +17,8 @@ END
 $$;
 
 CREATE TABLE outbox.messages (
-  id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  -- CACHE 1 (the default) matters: ids must be handed out in one global order, see the ADR.
+  id              bigint GENERATED ALWAYS AS IDENTITY (CACHE 1) PRIMARY KEY,
   destination     text        NOT NULL,
   ordering_key    text,
   idempotency_key uuid        NOT NULL,
@@ -264,6 +265,7 @@ GRANT EXECUTE ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, text, timesta
                           outbox.enqueue(text, bytea, text, jsonb, text, timestamptz, uuid),
                           outbox.enqueue_many(jsonb)
   TO outbox_writer, outbox_relay;
-GRANT SELECT, UPDATE, DELETE ON outbox.messages TO outbox_relay;
+-- INSERT only for `outbox-relay dlq replay`, which re-queues dead letters as parked rows.
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.messages TO outbox_relay;
 GRANT SELECT, INSERT, DELETE ON outbox.dead_letters TO outbox_relay;
 GRANT SELECT ON SEQUENCE outbox.messages_id_seq TO outbox_relay;

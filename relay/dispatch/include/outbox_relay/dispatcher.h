@@ -1,0 +1,55 @@
+// The dispatcher: claim -> deliver -> settle, one claim loop per destination.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "outbox_relay/config.h"
+#include "outbox_relay/sink.h"
+
+namespace outbox::relay {
+
+/// Monotonic counters, readable from any thread.
+struct DispatcherStats {
+  std::atomic<std::int64_t> claims{0};         ///< Claim statements run.
+  std::atomic<std::int64_t> empty_claims{0};   ///< Claims that leased nothing.
+  std::atomic<std::int64_t> claimed{0};        ///< Messages leased.
+  std::atomic<std::int64_t> delivered{0};      ///< Settled as delivered.
+  std::atomic<std::int64_t> retried{0};        ///< Settled for a later retry.
+  std::atomic<std::int64_t> dead{0};           ///< Moved to the dead letters.
+  std::atomic<std::int64_t> released{0};       ///< Handed back at shutdown.
+  std::atomic<std::int64_t> fenced{0};         ///< Settles refused: the lease had moved on.
+  std::atomic<std::int64_t> reaped{0};         ///< Expired leases returned to the queue.
+  std::atomic<std::int64_t> db_errors{0};      ///< Database errors survived.
+};
+
+/// Owns one sink per destination and the threads that feed them. Start() once, Stop() once
+/// (or let the destructor stop it). Thread-safe: Stop() and stats() may be called from any
+/// thread.
+class Dispatcher {
+ public:
+  Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks);
+  ~Dispatcher();
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  void Start();
+  /// Graceful: stop claiming, let sinks finish in-flight work within the configured
+  /// shutdown_timeout, hand back the rest, settle everything, join all threads.
+  /// Returns true if everything was settled.
+  bool Stop();
+
+  const DispatcherStats& stats() const;
+  /// True once every sink is ready and the last database call succeeded.
+  bool Ready() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace outbox::relay

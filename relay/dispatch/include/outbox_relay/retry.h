@@ -1,0 +1,28 @@
+// Retry policy: exponential backoff with full jitter, capped, bounded attempts.
+// Pure functions; randomness is passed in so tests need no sleeps and no seeds.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "outbox_relay/config.h"
+#include "outbox_relay/sink.h"
+#include "outbox_relay/store.h"
+
+namespace outbox::relay {
+
+/// Delay before attempt number `failures + 1`, where `failures` >= 1 attempts have failed:
+/// uniform in [0, min(max_backoff, initial_backoff * 2^(failures-1))), scaled by `u01`
+/// (a uniform random number in [0, 1)). A target's Retry-After raises it to at least that
+/// (still capped by max_backoff).
+Millis BackoffDelay(const RetryPolicy& policy, int failures, double u01,
+                    std::optional<Millis> retry_after = std::nullopt);
+
+/// Turns a sink's outcome for message `id` into what the store records:
+///   delivered -> delete; permanent -> dead letter; retry -> retry later, or dead letter when
+///   this was the last allowed attempt; retry while shutting down -> release (not counted).
+/// `attempts` is the number of failed attempts before this one (Message::attempts).
+Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const RetryPolicy& policy,
+                  const std::string& lease_token, double u01, bool shutting_down);
+
+}  // namespace outbox::relay

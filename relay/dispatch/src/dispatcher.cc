@@ -1,0 +1,345 @@
+#include "outbox_relay/dispatcher.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "outbox_relay/fresh_cursor.h"
+#include "outbox_relay/retry.h"
+#include "outbox_relay/store.h"
+
+namespace outbox::relay {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Uniform01() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+}
+
+// Backoff for reconnecting to the database: 100 ms doubling to 5 s.
+Millis ReconnectDelay(int failures) {
+  return Millis(std::min<long long>(5000, 100LL << std::min(failures, 6)));
+}
+
+int InFlightCap(const Destination& d, int batch) {
+  if (const auto* w = std::get_if<WebhookTarget>(&d.target)) return std::max(w->max_in_flight * 4, 8);
+  return batch * 4;
+}
+
+}  // namespace
+
+struct Dispatcher::Impl {
+  RelayConfig config;
+  std::map<std::string, SinkPtr> sinks;
+  DispatcherStats stats;
+
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> db_ok{false};
+  std::mutex mu;                    // guards the condition variables' predicates below
+  std::condition_variable wake_cv;  // claim loops: new messages, room in flight, stop
+  std::uint64_t wake_gen = 0;
+
+  std::mutex settle_mu;
+  std::condition_variable settle_cv;
+  std::vector<Settlement> settle_queue;
+  std::int64_t unsettled = 0;  // submitted or queued, not yet written by the settler
+  bool settler_stop = false;
+
+  std::vector<std::thread> loops;
+  std::thread settler, listener, maintenance;
+  bool started = false, stopped = false;
+
+  void Wake() {
+    {
+      std::lock_guard lk(mu);
+      ++wake_gen;
+    }
+    wake_cv.notify_all();
+  }
+
+  // Waits up to `d` or until stopping; returns early when `pred` holds.
+  template <class Pred>
+  void WaitFor(Millis d, Pred pred) {
+    std::unique_lock lk(mu);
+    wake_cv.wait_for(lk, d, [&] { return stopping.load() || pred(); });
+  }
+
+  void Enqueue(Settlement s) {
+    {
+      std::lock_guard lk(settle_mu);
+      settle_queue.push_back(std::move(s));
+    }
+    settle_cv.notify_one();
+  }
+
+  void ClaimLoop(const Destination& dest, Sink& sink) {
+    Store store(config.database_url);
+    FreshCursor cursor;
+    const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
+    const int cap = InFlightCap(dest, batch);
+    auto last_sweep = Clock::now();
+    int failures = 0;
+    std::uint64_t seen_gen;
+    {
+      std::lock_guard lk(mu);
+      seen_gen = wake_gen;
+    }
+    while (!stopping) {
+      if (Clock::now() - last_sweep >= config.full_sweep_interval) {
+        cursor.Reset();
+        last_sweep = Clock::now();
+      }
+      const int room = cap - static_cast<int>(sink.InFlight());
+      if (room <= 0) {
+        WaitFor(Millis(50), [&] { return static_cast<int>(sink.InFlight()) < cap; });
+        continue;
+      }
+      const int fresh_limit = std::min(batch, room);
+      const int slow_limit = std::max(1, fresh_limit / 2);
+      ClaimResult claim;
+      try {
+        claim = store.Claim(dest.name, cursor.position(), fresh_limit, slow_limit, config.lease);
+        if (failures > 0) spdlog::info("{}: database reachable again", dest.name);
+        failures = 0;
+        db_ok = true;
+      } catch (const std::exception& e) {
+        ++stats.db_errors;
+        db_ok = false;
+        if (failures++ == 0) spdlog::warn("{}: claim failed, reconnecting: {}", dest.name, e.what());
+        store.Reset();
+        cursor.Reset();
+        WaitFor(ReconnectDelay(failures), [] { return false; });
+        continue;
+      }
+      cursor.Observe(claim.facts, fresh_limit);
+      ++stats.claims;
+      if (claim.messages.empty()) ++stats.empty_claims;
+      stats.claimed += static_cast<std::int64_t>(claim.messages.size());
+      for (auto& msg : claim.messages) Submit(dest, sink, claim.lease_token, std::move(msg));
+      if (claim.messages.empty() && claim.facts.held == 0) {
+        std::unique_lock lk(mu);
+        wake_cv.wait_for(lk, config.poll_interval,
+                         [&] { return stopping.load() || wake_gen != seen_gen; });
+        seen_gen = wake_gen;
+      }
+    }
+  }
+
+  void Submit(const Destination& dest, Sink& sink, const std::string& token, Message msg) {
+    {
+      std::lock_guard lk(settle_mu);
+      ++unsettled;
+    }
+    if (msg.attempts >= dest.retry.max_attempts) {
+      Settlement s;
+      s.id = msg.id;
+      s.lease_token = token;
+      s.kind = Settlement::Kind::kDead;
+      s.counts_attempt = false;
+      s.error = "attempts exhausted (" + std::to_string(msg.attempts) +
+                ") before this delivery; the last ones ended by lease expiry";
+      Enqueue(std::move(s));
+      return;
+    }
+    const MessageId id = msg.id;
+    const int attempts = msg.attempts;
+    const RetryPolicy* policy = &dest.retry;
+    sink.Submit(std::move(msg), [this, id, attempts, policy, token](Outcome outcome) {
+      if (outcome.kind != OutcomeKind::kDelivered) {
+        spdlog::debug("message {}: {} ({})", Raw(id), ToString(outcome.kind), outcome.reason);
+      }
+      Enqueue(Decide(id, attempts, outcome, *policy, token, Uniform01(), stopping.load()));
+      wake_cv.notify_all();  // room in flight
+    });
+  }
+
+  // Writes outcomes in batches. Keeps them until the database takes them: nothing is lost
+  // while it is away, and leases that expire meanwhile are fenced by their token.
+  void SettleLoop() {
+    Store store(config.database_url);
+    int failures = 0;
+    std::vector<Settlement> batch;
+    while (true) {
+      {
+        std::unique_lock lk(settle_mu);
+        settle_cv.wait(lk, [&] { return !settle_queue.empty() || settler_stop; });
+        if (settle_queue.empty() && settler_stop) return;
+        const std::size_t n = std::min<std::size_t>(settle_queue.size(), 2000);
+        batch.assign(std::make_move_iterator(settle_queue.begin()),
+                     std::make_move_iterator(settle_queue.begin() + static_cast<long>(n)));
+        settle_queue.erase(settle_queue.begin(), settle_queue.begin() + static_cast<long>(n));
+      }
+      while (true) {
+        try {
+          const SettleCounts c = store.Settle(batch);
+          stats.delivered += c.delivered;
+          stats.retried += c.retried;
+          stats.dead += c.dead;
+          stats.released += c.released;
+          stats.fenced += c.fenced;
+          if (c.fenced > 0) {
+            spdlog::warn("{} settlements fenced: their lease expired and moved on (redelivery follows)",
+                         c.fenced);
+          }
+          if (failures > 0) spdlog::info("settler: database reachable again");
+          failures = 0;
+          break;
+        } catch (const std::exception& e) {
+          ++stats.db_errors;
+          if (failures++ == 0) spdlog::warn("settle failed, will retry: {}", e.what());
+          store.Reset();
+          std::unique_lock lk(settle_mu);
+          // Give up only when stopping and the shutdown budget is spent; the leases then
+          // expire and the messages are delivered again (at least once).
+          if (settler_stop && settler_give_up) {
+            spdlog::error("shutdown: {} outcomes could not be written; their leases will expire",
+                          batch.size());
+            unsettled -= static_cast<std::int64_t>(batch.size());
+            batch.clear();
+            break;
+          }
+          settle_cv.wait_for(lk, ReconnectDelay(failures));
+        }
+      }
+      {
+        std::lock_guard lk(settle_mu);
+        unsettled -= static_cast<std::int64_t>(batch.size());
+      }
+      settle_cv.notify_all();
+      batch.clear();
+    }
+  }
+
+  void ListenLoop() {
+    Store store(config.database_url);
+    int failures = 0;
+    while (!stopping) {
+      try {
+        store.Listen();
+        if (store.WaitForNotification(Millis(200))) Wake();
+        failures = 0;
+      } catch (const std::exception& e) {
+        if (failures++ == 0) spdlog::warn("LISTEN connection lost, polling until it is back: {}", e.what());
+        store.Reset();
+        WaitFor(ReconnectDelay(failures), [] { return false; });
+      }
+    }
+  }
+
+  void MaintenanceLoop() {
+    Store store(config.database_url);
+    auto next_reap = Clock::now();
+    auto next_unknown = Clock::now();
+    while (!stopping) {
+      WaitFor(Millis(100), [] { return false; });
+      if (stopping) break;
+      const auto now = Clock::now();
+      try {
+        if (now >= next_reap) {
+          next_reap = now + config.reap_interval;
+          const auto reaped = store.Reap();
+          if (!reaped.empty()) {
+            stats.reaped += static_cast<std::int64_t>(reaped.size());
+            spdlog::warn("reaper: returned {} messages whose lease expired", reaped.size());
+            Wake();
+          }
+          std::int64_t woken = 0;
+          for (const auto& [name, dest] : config.destinations) woken += store.WakeOrphans(name);
+          if (woken > 0) Wake();
+        }
+        if (now >= next_unknown) {
+          next_unknown = now + config.full_sweep_interval;
+          for (const auto& name : store.Destinations()) {
+            if (config.destinations.count(name)) continue;
+            const std::string reason = "destination \"" + name +
+                                       "\" is not configured in this relay; add it under "
+                                       "destinations: and replay with `outbox-relay dlq replay`";
+            std::int64_t n = 0, moved = 0;
+            while ((moved = store.DeadLetterAll(name, reason)) > 0) n += moved;
+            stats.dead += n;
+            if (n > 0) spdlog::warn("dead-lettered {} messages for unknown destination \"{}\"", n, name);
+          }
+        }
+      } catch (const std::exception& e) {
+        ++stats.db_errors;
+        spdlog::warn("maintenance failed, will retry: {}", e.what());
+        store.Reset();
+      }
+    }
+  }
+
+  bool settler_give_up = false;
+};
+
+Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->config = std::move(config);
+  impl_->sinks = std::move(sinks);
+  for (const auto& [name, dest] : impl_->config.destinations) {
+    if (!impl_->sinks.count(name)) throw std::invalid_argument("no sink for destination " + name);
+  }
+}
+
+Dispatcher::~Dispatcher() { Stop(); }
+
+const DispatcherStats& Dispatcher::stats() const { return impl_->stats; }
+
+bool Dispatcher::Ready() const {
+  if (!impl_->db_ok) return false;
+  for (const auto& [name, sink] : impl_->sinks) {
+    if (!sink->Ready()) return false;
+  }
+  return true;
+}
+
+void Dispatcher::Start() {
+  auto& d = *impl_;
+  if (d.started) return;
+  d.started = true;
+  d.settler = std::thread([&d] { d.SettleLoop(); });
+  d.listener = std::thread([&d] { d.ListenLoop(); });
+  d.maintenance = std::thread([&d] { d.MaintenanceLoop(); });
+  for (const auto& [name, dest] : d.config.destinations) {
+    Sink& sink = *d.sinks.at(name);
+    const Destination& dst = dest;
+    d.loops.emplace_back([&d, &dst, &sink] { d.ClaimLoop(dst, sink); });
+  }
+}
+
+bool Dispatcher::Stop() {
+  auto& d = *impl_;
+  if (!d.started || d.stopped) return true;
+  d.stopped = true;
+  const auto deadline = Clock::now() + d.config.shutdown_timeout;
+  d.stopping = true;
+  d.wake_cv.notify_all();
+  for (auto& t : d.loops) t.join();
+  if (d.listener.joinable()) d.listener.join();
+  if (d.maintenance.joinable()) d.maintenance.join();
+  // Sinks finish what they hold; what they cannot is completed as retry -> released.
+  for (auto& [name, sink] : d.sinks) {
+    const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    sink->Shutdown(std::max(left, Millis(100)));
+  }
+  bool all = true;
+  {
+    std::unique_lock lk(d.settle_mu);
+    const auto settle_deadline = std::max(deadline, Clock::now() + Millis(2000));
+    all = d.settle_cv.wait_until(lk, settle_deadline, [&] { return d.unsettled == 0; });
+    d.settler_stop = true;
+    d.settler_give_up = true;
+  }
+  d.settle_cv.notify_all();
+  d.settler.join();
+  return all;
+}
+
+}  // namespace outbox::relay

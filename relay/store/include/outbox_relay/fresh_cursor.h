@@ -1,0 +1,46 @@
+// The fresh-lane cursor of one destination: how far the relay may skip ahead in id order
+// without ever stepping over a row whose transaction has not committed yet.
+// Pure logic, no I/O; see docs/adr/0001-claim-path.md for the argument.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <utility>
+
+namespace outbox::relay {
+
+/// Facts one claim statement returns about its own snapshot and scan.
+struct ClaimFacts {
+  std::int64_t seq_value = 0;    ///< Highest id handed out, read after the snapshot was taken.
+  std::uint64_t snap_xmin = 0;   ///< Oldest transaction still running at the snapshot.
+  std::uint64_t snap_xmax = 0;   ///< First transaction id not yet assigned at the snapshot.
+  std::int64_t fresh_scanned = 0;
+  std::optional<std::int64_t> fresh_max_id;  ///< Highest id the fresh scan returned.
+  std::int64_t held = 0;         ///< Rows parked by the statement.
+};
+
+/// Not thread-safe; one per destination loop.
+class FreshCursor {
+ public:
+  /// Rows with id <= position() never need the fresh scan again.
+  std::int64_t position() const { return low_; }
+
+  /// Feeds the facts of the claim statement that scanned from position() with `fresh_limit`.
+  void Observe(const ClaimFacts& facts, int fresh_limit);
+
+  /// Back to the start of the lane: the next scan is a full sweep. Used periodically and
+  /// after any error, as a safety net.
+  void Reset() { low_ = 0; }
+
+  /// Checkpoints waiting for their transactions to finish (for tests and metrics).
+  std::size_t pending_checkpoints() const { return checkpoints_.size(); }
+
+ private:
+  std::int64_t low_ = 0;
+  std::optional<std::int64_t> unpaired_seq_;
+  // (seq value, xmax of a snapshot taken after it was read), both non-decreasing.
+  std::deque<std::pair<std::int64_t, std::uint64_t>> checkpoints_;
+};
+
+}  // namespace outbox::relay

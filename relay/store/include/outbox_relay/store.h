@@ -1,0 +1,93 @@
+// The store: every SQL statement and every libpqxx call of the relay lives behind this.
+// The store knows nothing about Kafka or HTTP.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "outbox_relay/fresh_cursor.h"
+#include "outbox_relay/message.h"
+
+namespace pqxx {
+class connection;
+}
+
+namespace outbox::relay {
+
+using Millis = std::chrono::milliseconds;
+
+struct ClaimResult {
+  std::string lease_token;        ///< Fences the settle of these messages.
+  std::vector<Message> messages;  ///< Leased, in id order; at most one per ordering key.
+  ClaimFacts facts;
+};
+
+struct Settlement {
+  enum class Kind { kDelivered, kRetry, kDead, kRelease };
+  MessageId id{};
+  std::string lease_token;
+  Kind kind = Kind::kDelivered;
+  Millis delay{0};    ///< kRetry: wait this long before the next attempt.
+  std::string error;  ///< kRetry, kDead: the reason recorded on the row.
+  bool counts_attempt = true;  ///< kDead: false when no delivery was tried (exhausted, unknown).
+};
+
+struct SettleCounts {
+  std::int64_t delivered = 0, dead = 0, retried = 0, released = 0, woken = 0;
+  /// Settlements whose lease had moved on (expired and reaped): nothing was written for them.
+  std::int64_t fenced = 0;
+};
+
+/// A single PostgreSQL connection and the relay's statements on it. Not thread-safe: each
+/// thread owns its own Store. Connects lazily; after any exception the caller should call
+/// Reset() (the next call reconnects). Methods throw pqxx exceptions on database errors.
+class Store {
+ public:
+  explicit Store(std::string database_url);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  /// Leases up to fresh_limit + slow_limit deliverable messages of `destination`: fresh
+  /// rows above `cursor`, then parked rows that are due. Rows that are not deliverable yet
+  /// (scheduled, or behind an earlier message of their key) are parked by the same statement.
+  ClaimResult Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                    int slow_limit, Millis lease);
+
+  /// Applies outcomes in one statement, fenced by lease token.
+  SettleCounts Settle(const std::vector<Settlement>& settlements);
+
+  /// Returns expired leases to the queue; returns the destination of each returned row.
+  std::vector<std::string> Reap();
+  /// Wakes rows blocked at 'infinity' whose key has no earlier message left.
+  std::int64_t WakeOrphans(const std::string& destination);
+  /// Distinct destinations that have messages in the queue.
+  std::vector<std::string> Destinations();
+  /// Dead-letters up to 5000 unleased messages of `destination` with `reason`; returns how many.
+  std::int64_t DeadLetterAll(const std::string& destination, const std::string& reason);
+
+  /// Subscribes to wake-ups (LISTEN). Call once on a Store used only for waiting.
+  void Listen();
+  /// Waits up to `timeout` for a notification; true if one (or more) arrived.
+  bool WaitForNotification(Millis timeout);
+
+  /// Drops the connection; the next call reconnects.
+  void Reset();
+  bool Connected() const;
+
+  /// The underlying connection (connecting if needed), for admin commands.
+  pqxx::connection& Connection();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A random uuid v4 (lease tokens).
+std::string NewUuid();
+
+}  // namespace outbox::relay

@@ -1,0 +1,211 @@
+#include "outbox_relay/store.h"
+
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+
+#include <atomic>
+#include <random>
+
+#include "queries.h"
+
+namespace outbox::relay {
+namespace q = sql::queries;
+namespace {
+
+constexpr const char* kChannel = "outbox_messages";
+
+class WakeReceiver final : public pqxx::notification_receiver {
+ public:
+  WakeReceiver(pqxx::connection_base& c, std::atomic<int>& counter)
+      : pqxx::notification_receiver(c, kChannel), counter_(counter) {}
+  void operator()(const std::string&, int) override { counter_.fetch_add(1); }
+
+ private:
+  std::atomic<int>& counter_;
+};
+
+std::vector<std::pair<std::string, std::string>> ParseHeaders(const pqxx::field& f) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (f.is_null()) return out;
+  const auto j = nlohmann::json::parse(f.c_str());
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    out.emplace_back(it.key(), it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+  }
+  return out;
+}
+
+const char* KindName(Settlement::Kind k) {
+  switch (k) {
+    case Settlement::Kind::kDelivered: return "delivered";
+    case Settlement::Kind::kRetry: return "retry";
+    case Settlement::Kind::kDead: return "dead";
+    case Settlement::Kind::kRelease: return "release";
+  }
+  return "release";
+}
+
+}  // namespace
+
+struct Store::Impl {
+  std::string url;
+  std::unique_ptr<pqxx::connection> conn;
+  std::unique_ptr<WakeReceiver> receiver;
+  std::atomic<int> notifications{0};
+  bool listening = false;
+
+  pqxx::connection& Get() {
+    if (!conn || !conn->is_open()) {
+      receiver.reset();
+      conn = std::make_unique<pqxx::connection>(url);
+      conn->prepare("claim", std::string(q::kclaim));
+      conn->prepare("settle", std::string(q::ksettle));
+      conn->prepare("reap", std::string(q::kreap));
+      conn->prepare("wake_orphans", std::string(q::kwake_orphans));
+      conn->prepare("destinations", std::string(q::kdestinations));
+      conn->prepare("dead_letter_all", std::string(q::kdead_letter_all));
+      if (listening) receiver = std::make_unique<WakeReceiver>(*conn, notifications);
+    }
+    return *conn;
+  }
+};
+
+Store::Store(std::string database_url) : impl_(std::make_unique<Impl>()) {
+  impl_->url = std::move(database_url);
+}
+
+Store::~Store() {
+  impl_->receiver.reset();
+}
+
+pqxx::connection& Store::Connection() { return impl_->Get(); }
+
+void Store::Reset() {
+  impl_->receiver.reset();
+  impl_->conn.reset();
+}
+
+bool Store::Connected() const { return impl_->conn && impl_->conn->is_open(); }
+
+ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                         int slow_limit, Millis lease) {
+  auto& c = impl_->Get();
+  ClaimResult out;
+  out.lease_token = NewUuid();
+  pqxx::nontransaction tx(c);
+  const pqxx::result r = tx.exec_prepared("claim", destination, cursor, fresh_limit, slow_limit,
+                                          out.lease_token, static_cast<long long>(lease.count()));
+  if (r.empty()) return out;  // cannot happen: facts always yields a row
+  const auto& first = r[0];
+  out.facts.seq_value = first["seq_value"].as<std::int64_t>(0);
+  out.facts.snap_xmin = first["snap_xmin"].as<std::uint64_t>(0);
+  out.facts.snap_xmax = first["snap_xmax"].as<std::uint64_t>(0);
+  out.facts.fresh_scanned = first["fresh_scanned"].as<std::int64_t>(0);
+  if (!first["fresh_max_id"].is_null()) out.facts.fresh_max_id = first["fresh_max_id"].as<std::int64_t>();
+  out.facts.held = first["held"].as<std::int64_t>(0);
+  out.messages.reserve(r.size());
+  for (const auto& row : r) {
+    if (row["id"].is_null()) continue;  // nothing leased: only the facts row
+    Message m;
+    m.id = MessageId{row["id"].as<std::int64_t>()};
+    m.destination = destination;
+    if (!row["ordering_key"].is_null()) m.ordering_key = row["ordering_key"].as<std::string>();
+    m.idempotency_key = row["idempotency_key"].as<std::string>();
+    m.event_type = row["event_type"].as<std::string>();
+    m.headers = ParseHeaders(row["headers"]);
+    if (!row["payload"].is_null()) {
+      m.payload = row["payload"].as<std::string>();
+      m.payload_is_json = true;
+    } else {
+      const pqxx::binarystring bytes(row["payload_bytes"]);
+      m.payload = bytes.str();
+      m.payload_is_json = false;
+    }
+    m.attempts = row["attempts"].as<int>();
+    m.created_at = std::chrono::system_clock::time_point(
+        std::chrono::microseconds(row["created_us"].as<std::int64_t>()));
+    out.messages.push_back(std::move(m));
+  }
+  return out;
+}
+
+SettleCounts Store::Settle(const std::vector<Settlement>& settlements) {
+  SettleCounts counts;
+  if (settlements.empty()) return counts;
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& s : settlements) {
+    arr.push_back({{"id", Raw(s.id)},
+                   {"token", s.lease_token},
+                   {"outcome", KindName(s.kind)},
+                   {"delay_ms", s.delay.count()},
+                   {"error", s.error},
+                   {"counted", s.counts_attempt}});
+  }
+  auto& c = impl_->Get();
+  pqxx::nontransaction tx(c);
+  const auto row = tx.exec_prepared1("settle", arr.dump());
+  counts.delivered = row["delivered"].as<std::int64_t>();
+  counts.dead = row["dead"].as<std::int64_t>();
+  counts.retried = row["retried"].as<std::int64_t>();
+  counts.released = row["released"].as<std::int64_t>();
+  counts.woken = row["woken"].as<std::int64_t>();
+  counts.fenced = static_cast<std::int64_t>(settlements.size()) - counts.delivered - counts.dead -
+                  counts.retried - counts.released;
+  return counts;
+}
+
+std::vector<std::string> Store::Reap() {
+  auto& c = impl_->Get();
+  pqxx::nontransaction tx(c);
+  std::vector<std::string> out;
+  for (const auto& row : tx.exec_prepared("reap")) out.push_back(row[0].as<std::string>());
+  return out;
+}
+
+std::int64_t Store::WakeOrphans(const std::string& destination) {
+  auto& c = impl_->Get();
+  pqxx::nontransaction tx(c);
+  return static_cast<std::int64_t>(tx.exec_prepared("wake_orphans", destination).size());
+}
+
+std::vector<std::string> Store::Destinations() {
+  auto& c = impl_->Get();
+  pqxx::nontransaction tx(c);
+  std::vector<std::string> out;
+  for (const auto& row : tx.exec_prepared("destinations")) out.push_back(row[0].as<std::string>());
+  return out;
+}
+
+std::int64_t Store::DeadLetterAll(const std::string& destination, const std::string& reason) {
+  auto& c = impl_->Get();
+  pqxx::nontransaction tx(c);
+  return static_cast<std::int64_t>(tx.exec_prepared("dead_letter_all", destination, reason).size());
+}
+
+void Store::Listen() {
+  impl_->listening = true;
+  auto& c = impl_->Get();
+  if (!impl_->receiver) impl_->receiver = std::make_unique<WakeReceiver>(c, impl_->notifications);
+}
+
+bool Store::WaitForNotification(Millis timeout) {
+  auto& c = impl_->Get();
+  if (impl_->notifications.exchange(0) > 0) return true;
+  const long long us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
+  c.await_notification(static_cast<long>(us / 1'000'000), static_cast<long>(us % 1'000'000));
+  return impl_->notifications.exchange(0) > 0;
+}
+
+std::string NewUuid() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uint64_t hi = rng(), lo = rng();
+  hi = (hi & 0xFFFFFFFFFFFF0FFFULL) | 0x0000000000004000ULL;  // version 4
+  lo = (lo & 0x3FFFFFFFFFFFFFFFULL) | 0x8000000000000000ULL;  // variant 10
+  char buf[37];
+  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx",
+                static_cast<unsigned>(hi >> 32), static_cast<unsigned>((hi >> 16) & 0xFFFF),
+                static_cast<unsigned>(hi & 0xFFFF), static_cast<unsigned>(lo >> 48),
+                static_cast<unsigned long long>(lo & 0xFFFFFFFFFFFFULL));
+  return buf;
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,63 @@
+-- claim: lease the next deliverable messages of one destination, from both lanes, in one
+-- statement. See docs/adr/0001-claim-path.md.
+--   $1 destination   $2 fresh-lane cursor (exclusive)   $3 fresh-lane limit
+--   $4 slow-lane limit   $5 lease token (uuid)   $6 lease duration in milliseconds
+-- Returns one row of snapshot facts (for the cursor) joined to every leased message.
+WITH fresh AS (
+  SELECT m.id, m.destination, m.ordering_key, m.deliver_after
+  FROM outbox.messages m
+  WHERE m.destination = $1 AND m.id > $2 AND NOT m.parked AND m.lease_owner IS NULL
+  ORDER BY m.id
+  LIMIT $3
+  FOR UPDATE SKIP LOCKED
+), slow AS (
+  SELECT m.id, m.destination, m.ordering_key, m.deliver_after
+  FROM outbox.messages m
+  WHERE m.destination = $1 AND m.parked AND m.deliver_after <= now() AND m.lease_owner IS NULL
+  ORDER BY m.deliver_after, m.id
+  LIMIT $4
+  FOR UPDATE SKIP LOCKED
+), scan AS (
+  SELECT * FROM fresh UNION ALL SELECT * FROM slow
+), ready AS (
+  -- Due, and the head of its key: no earlier message of the key is still in the queue
+  -- (pending, leased or waiting for a retry).
+  SELECT s.id FROM scan s
+  WHERE s.deliver_after <= now()
+    AND (s.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM outbox.messages p
+          WHERE p.destination = s.destination AND p.ordering_key = s.ordering_key
+            AND p.id < s.id))
+), leased AS (
+  UPDATE outbox.messages m
+  SET lease_owner = $5::uuid,
+      lease_until = clock_timestamp() + make_interval(secs => $6::bigint / 1000.0)
+  FROM ready r
+  WHERE m.id = r.id
+  RETURNING m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,
+            m.payload_bytes, m.attempts,
+            (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us
+), held AS (
+  -- Not ready: park it. A row that is due but blocked behind its key waits at 'infinity'
+  -- until settling the earlier message wakes it (settle.sql).
+  UPDATE outbox.messages m
+  SET parked = true,
+      deliver_after = CASE WHEN s.deliver_after <= now() THEN 'infinity'::timestamptz
+                           ELSE s.deliver_after END
+  FROM scan s
+  WHERE m.id = s.id AND NOT EXISTS (SELECT 1 FROM ready r WHERE r.id = s.id)
+  RETURNING m.id
+), facts AS (
+  SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
+            FROM outbox.messages_id_seq) AS seq_value,
+         pg_snapshot_xmin(pg_current_snapshot())::text AS snap_xmin,
+         pg_snapshot_xmax(pg_current_snapshot())::text AS snap_xmax,
+         (SELECT count(*) FROM fresh) AS fresh_scanned,
+         (SELECT max(id) FROM fresh) AS fresh_max_id,
+         (SELECT count(*) FROM held) AS held
+)
+SELECT f.seq_value, f.snap_xmin, f.snap_xmax, f.fresh_scanned, f.fresh_max_id, f.held,
+       l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
+       l.payload_bytes, l.attempts, l.created_us
+FROM facts f LEFT JOIN leased l ON true
+ORDER BY l.id

@@ -1,0 +1,17 @@
+-- dead_letter_all: move every unleased message of a destination to the dead letters
+-- (used for destinations the relay has no configuration for).
+--   $1 destination   $2 reason
+WITH moved AS (
+  DELETE FROM outbox.messages m
+  WHERE m.id IN (SELECT id FROM outbox.messages
+                 WHERE destination = $1 AND lease_owner IS NULL
+                 ORDER BY id LIMIT 5000 FOR UPDATE SKIP LOCKED)
+  RETURNING m.*
+)
+INSERT INTO outbox.dead_letters (id, destination, ordering_key, idempotency_key, event_type,
+                                 headers, payload, payload_bytes, attempts, reason,
+                                 last_error, created_at)
+SELECT id, destination, ordering_key, idempotency_key, event_type, headers, payload,
+       payload_bytes, attempts, $2, last_error, created_at
+FROM moved
+RETURNING id
