@@ -226,6 +226,14 @@ BEGIN
     RAISE EXCEPTION 'outbox.enqueue_many: messages must be a JSON array'
       USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass ''[{"destination": ..., "payload": ...}, ...]''.';
   END IF;
+  -- Take the per-key locks of the whole batch up front, in one global order, so two
+  -- batches that share keys queue behind each other instead of deadlocking.
+  PERFORM pg_advisory_xact_lock(k.lock_key)
+  FROM (SELECT DISTINCT hashtextextended((e->>'destination') || chr(31) || (e->>'ordering_key'), 7079) AS lock_key
+        FROM jsonb_array_elements(messages) e
+        WHERE jsonb_typeof(e) = 'object' AND coalesce(e->>'ordering_key', '') <> ''
+          AND coalesce(e->>'destination', '') <> '') k
+  ORDER BY k.lock_key;
   FOR m IN SELECT value FROM jsonb_array_elements(messages) LOOP
     IF jsonb_typeof(m) <> 'object' THEN
       RAISE EXCEPTION 'outbox.enqueue_many: element % is not a JSON object', i

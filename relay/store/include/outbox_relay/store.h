@@ -12,9 +12,7 @@
 #include "outbox_relay/fresh_cursor.h"
 #include "outbox_relay/message.h"
 
-namespace pqxx {
-class connection;
-}
+#include <pqxx/connection>
 
 namespace outbox::relay {
 

@@ -1,0 +1,221 @@
+#include "commands.h"
+
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <iomanip>
+#include <iostream>
+
+#include "build_info.h"
+#include "outbox_relay/config.h"
+#include "outbox_relay/dead_letters.h"
+#include "outbox_relay/dispatcher.h"
+#include "outbox_relay/kafka_sink.h"
+#include "outbox_relay/migrate.h"
+#include "outbox_relay/webhook_sink.h"
+
+namespace outbox::relay::app {
+
+void SetupLogging(const std::string& level, bool json) {
+  auto logger = spdlog::stderr_color_mt("outbox-relay");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(level));
+  if (json) {
+    // Messages are written by the relay itself (never payloads); quotes are escaped there.
+    spdlog::set_pattern(R"({"ts":"%Y-%m-%dT%H:%M:%S.%eZ","level":"%l","thread":%t,"msg":"%v"})",
+                        spdlog::pattern_time_type::utc);
+  } else {
+    spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %^%l%$ %v", spdlog::pattern_time_type::utc);
+  }
+}
+
+namespace {
+
+int Fail(const std::string& msg) {
+  std::cerr << "error: " << msg << "\n";
+  return 1;
+}
+
+bool CheckSchema(const std::string& url) {
+  const int have = CurrentSchemaVersion(url);
+  const int want = LatestMigrationVersion();
+  if (have < want) {
+    spdlog::error("database schema is at version {}, this relay needs {}: run `outbox-relay migrate` first",
+                  have, want);
+    return false;
+  }
+  if (have > want) {
+    spdlog::error("database schema is at version {}, newer than this relay knows ({}): upgrade outbox-relay",
+                  have, want);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int RunCheckConfig(const std::string& config_path) {
+  try {
+    const RelayConfig cfg = LoadConfigFile(config_path, ProcessEnv());
+    std::cout << config_path << ": ok, " << cfg.destinations.size() << " destination(s)\n";
+    return 0;
+  } catch (const ConfigError& e) {
+    return Fail(e.what());
+  }
+}
+
+int RunRelay(const std::string& config_path, const std::string& database_url_override) {
+  RelayConfig cfg;
+  try {
+    cfg = LoadConfigFile(config_path, ProcessEnv());
+  } catch (const ConfigError& e) {
+    return Fail(e.what());
+  }
+  if (!database_url_override.empty()) cfg.database_url = database_url_override;
+  SetupLogging(cfg.log_level, cfg.log_format == LogFormat::kJson);
+
+  try {
+    if (!CheckSchema(cfg.database_url)) return 1;
+  } catch (const std::exception& e) {
+    return Fail(std::string("cannot reach the database: ") + e.what() +
+                " (check database_url / OUTBOX_DATABASE_URL)");
+  }
+
+  std::map<std::string, SinkPtr> sinks;
+  try {
+    for (const auto& [name, dest] : cfg.destinations) {
+      if (const auto* k = std::get_if<KafkaTarget>(&dest.target)) {
+        sinks.emplace(name, MakeKafkaSink(name, *k));
+      } else {
+        sinks.emplace(name, MakeWebhookSink(name, std::get<WebhookTarget>(dest.target)));
+      }
+    }
+  } catch (const std::exception& e) {
+    return Fail(std::string("cannot create sink: ") + e.what());
+  }
+
+  // Signals are taken synchronously by this thread; every thread started below inherits
+  // the blocked mask, so SIGINT/SIGTERM reach only sigwait.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  Dispatcher dispatcher(cfg, std::move(sinks));
+  dispatcher.Start();
+  spdlog::info("outbox-relay {} running: {} destination(s), batch {}, lease {} ms", OUTBOX_RELAY_VERSION,
+               cfg.destinations.size(), cfg.batch_size, cfg.lease.count());
+  int sig = 0;
+  sigwait(&set, &sig);
+  spdlog::info("received {}, shutting down (up to {} ms)", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               cfg.shutdown_timeout.count());
+  const bool clean = dispatcher.Stop();
+  const auto& s = dispatcher.stats();
+  spdlog::info("stopped: delivered {}, retried {}, dead-lettered {}, released {}{}", s.delivered.load(),
+               s.retried.load(), s.dead.load(), s.released.load(),
+               clean ? "" : " (some outcomes unsettled: their leases expire and they are redelivered)");
+  return 0;
+}
+
+int RunMigrate(const std::string& database_url) {
+  try {
+    const auto r = Migrate(database_url);
+    if (r.applied.empty()) {
+      std::cout << "schema is up to date at version " << r.to_version << "\n";
+    } else {
+      for (const auto& name : r.applied) std::cout << "applied " << name << "\n";
+      std::cout << "schema migrated from version " << r.from_version << " to " << r.to_version << "\n";
+    }
+    return 0;
+  } catch (const MigrationError& e) {
+    return Fail(e.what());
+  } catch (const std::exception& e) {
+    return Fail(std::string("migration failed, nothing of it was applied: ") + e.what());
+  }
+}
+
+namespace {
+
+nlohmann::json ToJson(const DeadLetter& d) {
+  return {{"id", d.id},
+          {"destination", d.destination},
+          {"ordering_key", d.ordering_key ? nlohmann::json(*d.ordering_key) : nlohmann::json(nullptr)},
+          {"idempotency_key", d.idempotency_key},
+          {"event_type", d.event_type},
+          {"headers", nlohmann::json::parse(d.headers)},
+          {"payload", d.payload},
+          {"attempts", d.attempts},
+          {"reason", d.reason},
+          {"last_error", d.last_error ? nlohmann::json(*d.last_error) : nlohmann::json(nullptr)},
+          {"created_at", d.created_at},
+          {"dead_at", d.dead_at}};
+}
+
+template <class F>
+int WithConnection(const std::string& url, F f) {
+  try {
+    pqxx::connection c(url);
+    return f(c);
+  } catch (const std::invalid_argument& e) {
+    return Fail(e.what());
+  } catch (const std::exception& e) {
+    return Fail(e.what());
+  }
+}
+
+}  // namespace
+
+int RunDlqList(const DlqArgs& a) {
+  return WithConnection(a.database_url, [&](pqxx::connection& c) {
+    const auto rows = ListDeadLetters(c, a.destination, a.limit);
+    if (a.json) {
+      for (const auto& d : rows) std::cout << ToJson(d).dump() << "\n";
+      return 0;
+    }
+    std::cout << std::left << std::setw(10) << "ID" << std::setw(20) << "DESTINATION" << std::setw(9)
+              << "ATTEMPTS" << std::setw(26) << "DEAD AT" << "REASON\n";
+    for (const auto& d : rows) {
+      std::string reason = d.reason.substr(0, 80);
+      std::cout << std::left << std::setw(10) << d.id << std::setw(20) << d.destination << std::setw(9)
+                << d.attempts << std::setw(26) << d.dead_at << reason << "\n";
+    }
+    std::cout << rows.size() << " dead letter(s)\n";
+    return 0;
+  });
+}
+
+int RunDlqShow(const DlqArgs& a) {
+  return WithConnection(a.database_url, [&](pqxx::connection& c) {
+    const auto d = GetDeadLetter(c, a.ids.at(0));
+    if (!d) return Fail("no dead letter with id " + std::to_string(a.ids.at(0)) + " (see `outbox-relay dlq list`)");
+    std::cout << ToJson(*d).dump(2) << "\n";
+    return 0;
+  });
+}
+
+int RunDlqReplay(const DlqArgs& a) {
+  if (a.ids.empty() && !a.all) return Fail("name the dead letters to replay, or pass --all");
+  if (!a.ids.empty() && a.all) return Fail("pass either ids or --all, not both");
+  return WithConnection(a.database_url, [&](pqxx::connection& c) {
+    const auto ids = ReplayDeadLetters(c, a.ids, a.destination);
+    std::cout << "replayed " << ids.size() << " message(s)\n";
+    if (!a.ids.empty() && ids.size() != a.ids.size()) {
+      std::cerr << "warning: " << a.ids.size() - ids.size() << " of the given ids were not dead letters\n";
+    }
+    return 0;
+  });
+}
+
+int RunDlqPurge(const DlqArgs& a) {
+  return WithConnection(a.database_url, [&](pqxx::connection& c) {
+    const auto n = PurgeDeadLetters(c, a.ids, a.older_than, a.destination);
+    std::cout << "purged " << n << " dead letter(s)\n";
+    return 0;
+  });
+}
+
+}  // namespace outbox::relay::app

@@ -1,0 +1,102 @@
+// outbox-relay: moves committed outbox messages from PostgreSQL to Kafka and webhooks.
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "build_info.h"
+#include "commands.h"
+#include "outbox_relay/migrate.h"
+
+namespace {
+
+std::string EnvOr(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace outbox::relay::app;
+  CLI::App app{"outbox-relay: delivers transactional outbox messages from PostgreSQL to Kafka and webhooks"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", OUTBOX_RELAY_VERSION);
+
+  std::string database_url;
+  std::string config_path;
+  auto add_db = [&](CLI::App* cmd) {
+    cmd->add_option("--database-url", database_url,
+                    "PostgreSQL URL (default: $OUTBOX_DATABASE_URL)");
+  };
+
+  auto* version = app.add_subcommand("version", "Print the version and the schema version it carries");
+
+  auto* migrate = app.add_subcommand("migrate", "Apply pending schema migrations (idempotent, safe to run concurrently)");
+  add_db(migrate);
+
+  auto* run = app.add_subcommand("run", "Run the relay until SIGINT/SIGTERM");
+  run->add_option("--config,-c", config_path, "YAML config file")->required()->check(CLI::ExistingFile);
+  add_db(run);
+
+  auto* check = app.add_subcommand("check-config", "Validate a config file and exit");
+  check->add_option("--config,-c", config_path, "YAML config file")->required();
+
+  DlqArgs dlq;
+  auto* dlq_cmd = app.add_subcommand("dlq", "Inspect, replay and purge dead letters");
+  dlq_cmd->require_subcommand(1);
+  auto add_dlq_common = [&](CLI::App* cmd) {
+    cmd->add_option("--database-url", dlq.database_url, "PostgreSQL URL (default: $OUTBOX_DATABASE_URL)");
+    cmd->add_option("--destination,-d", dlq.destination, "Only this destination");
+  };
+  auto* dlq_list = dlq_cmd->add_subcommand("list", "List dead letters, newest first");
+  add_dlq_common(dlq_list);
+  dlq_list->add_option("--limit,-n", dlq.limit, "At most this many")->check(CLI::PositiveNumber);
+  dlq_list->add_flag("--json", dlq.json, "JSON lines instead of a table");
+  auto* dlq_show = dlq_cmd->add_subcommand("show", "Show one dead letter with its payload");
+  add_dlq_common(dlq_show);
+  dlq_show->add_option("id", dlq.ids, "Dead letter id")->required()->expected(1);
+  auto* dlq_replay = dlq_cmd->add_subcommand("replay", "Put dead letters back in the queue (same idempotency keys)");
+  add_dlq_common(dlq_replay);
+  dlq_replay->add_option("ids", dlq.ids, "Dead letter ids");
+  dlq_replay->add_flag("--all", dlq.all, "Every dead letter (of --destination if given)");
+  auto* dlq_purge = dlq_cmd->add_subcommand("purge", "Delete dead letters for good");
+  add_dlq_common(dlq_purge);
+  dlq_purge->add_option("ids", dlq.ids, "Dead letter ids");
+  dlq_purge->add_option("--older-than", dlq.older_than, "Only those dead longer than this interval, e.g. '7 days'");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  SetupLogging(EnvOr("OUTBOX_LOG_LEVEL", "info"), EnvOr("OUTBOX_LOG_FORMAT") == "json");
+  if (*version) {
+    std::cout << "outbox-relay " << OUTBOX_RELAY_VERSION << " (schema version "
+              << outbox::relay::LatestMigrationVersion() << ")\n";
+    return 0;
+  }
+  if (*check) return RunCheckConfig(config_path);
+  if (*run) return RunRelay(config_path, database_url);
+  if (database_url.empty()) database_url = EnvOr("OUTBOX_DATABASE_URL");
+  if (*migrate) {
+    if (database_url.empty()) {
+      std::cerr << "error: no database: pass --database-url or set OUTBOX_DATABASE_URL\n";
+      return 2;
+    }
+    return RunMigrate(database_url);
+  }
+  if (*dlq_cmd) {
+    if (dlq.database_url.empty()) dlq.database_url = EnvOr("OUTBOX_DATABASE_URL");
+    if (dlq.database_url.empty()) {
+      std::cerr << "error: no database: pass --database-url or set OUTBOX_DATABASE_URL\n";
+      return 2;
+    }
+    if (*dlq_list) return RunDlqList(dlq);
+    if (*dlq_show) return RunDlqShow(dlq);
+    if (*dlq_replay) return RunDlqReplay(dlq);
+    if (*dlq_purge) return RunDlqPurge(dlq);
+  }
+  return 2;
+}

@@ -1,0 +1,70 @@
+// outbox-sample-receiver: a webhook endpoint that verifies Standard Webhooks signatures,
+// drops duplicates by webhook-id, and prints what it accepts. For the quickstart and for
+// trying a destination by hand.
+#include <CLI/CLI.hpp>
+#include <httplib.h>
+
+#include <csignal>
+#include <ctime>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "outbox_relay/webhook_sink.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"outbox-sample-receiver: verifies and prints webhook deliveries"};
+  int port = 8088;
+  std::string secret;
+  long long tolerance = 300;
+  app.add_option("--port,-p", port, "Port on 127.0.0.1");
+  app.add_option("--secret", secret, "whsec_... secret shared with the relay")->required();
+  app.add_option("--tolerance", tolerance, "Reject timestamps older or newer than this many seconds");
+  CLI11_PARSE(app, argc, argv);
+
+  httplib::Server server;
+  std::mutex mu;
+  std::set<std::string> seen;
+  server.Post(".*", [&](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.get_header_value("webhook-id");
+    const std::string ts = req.get_header_value("webhook-timestamp");
+    const std::string sig = req.get_header_value("webhook-signature");
+    long long t = 0;
+    try {
+      t = std::stoll(ts);
+    } catch (...) {
+      t = -1;
+    }
+    const long long now = static_cast<long long>(std::time(nullptr));
+    std::lock_guard lk(mu);
+    if (t < 0 || std::llabs(now - t) > tolerance ||
+        !outbox::relay::VerifyStandardWebhook(secret, id, t, req.body, sig)) {
+      std::cout << "REJECTED " << id << ": bad signature or timestamp" << std::endl;
+      res.status = 401;
+      return;
+    }
+    const bool dup = !seen.insert(id).second;
+    std::cout << (dup ? "duplicate (dropped) " : "verified ") << id << " "
+              << req.get_header_value("webhook-event-type") << " " << req.body << std::endl;
+    res.status = 204;
+  });
+  // Block the signals before any thread starts, so only the stopper thread takes them.
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  sigaddset(&blocked, SIGINT);
+  sigaddset(&blocked, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&blocked, &sig);
+    server.stop();
+  });
+  std::cout << "outbox-sample-receiver: listening on http://127.0.0.1:" << port << std::endl;
+  if (!server.listen("127.0.0.1", port)) {
+    std::cerr << "error: cannot listen on 127.0.0.1:" << port << "\n";
+    std::quick_exit(1);
+  }
+  stopper.join();
+  return 0;
+}

@@ -1,0 +1,41 @@
+// Operations on outbox.dead_letters for `outbox-relay dlq`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <pqxx/connection>
+
+namespace outbox::relay {
+
+struct DeadLetter {
+  std::int64_t id = 0;
+  std::string destination;
+  std::optional<std::string> ordering_key;
+  std::string idempotency_key;
+  std::string event_type;
+  std::string headers;  ///< JSON object text.
+  std::string payload;  ///< JSON text, or "base64:..." for a bytes payload.
+  int attempts = 0;
+  std::string reason;
+  std::optional<std::string> last_error;
+  std::string created_at;  ///< RFC 3339 UTC.
+  std::string dead_at;
+};
+
+/// Newest first. `destination` empty: all.
+std::vector<DeadLetter> ListDeadLetters(pqxx::connection& c, const std::string& destination, int limit);
+std::optional<DeadLetter> GetDeadLetter(pqxx::connection& c, std::int64_t id);
+/// Puts dead letters back in the queue with their idempotency keys; `ids` empty: every one
+/// (of `destination` if given). Returns the new message ids.
+std::vector<std::int64_t> ReplayDeadLetters(pqxx::connection& c, const std::vector<std::int64_t>& ids,
+                                            const std::string& destination);
+/// Deletes dead letters: by id, and/or dead longer than `older_than` (a PostgreSQL interval
+/// such as "7 days"). Returns how many. Refuses to run with neither ids nor older_than nor
+/// destination (throws std::invalid_argument) so a typo cannot purge everything.
+std::int64_t PurgeDeadLetters(pqxx::connection& c, const std::vector<std::int64_t>& ids,
+                              const std::string& older_than, const std::string& destination);
+
+}  // namespace outbox::relay

@@ -1,0 +1,81 @@
+#include "outbox_relay/dead_letters.h"
+
+#include <pqxx/pqxx>
+
+#include <stdexcept>
+
+#include "queries.h"
+
+namespace outbox::relay {
+namespace {
+
+std::string ArrayLiteral(const std::vector<std::int64_t>& ids) {
+  if (ids.empty()) return "";
+  std::string s = "{";
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ids[i]);
+  }
+  return s + "}";
+}
+
+DeadLetter FromRow(const pqxx::row& r) {
+  DeadLetter d;
+  d.id = r["id"].as<std::int64_t>();
+  d.destination = r["destination"].as<std::string>();
+  if (!r["ordering_key"].is_null()) d.ordering_key = r["ordering_key"].as<std::string>();
+  d.idempotency_key = r["idempotency_key"].as<std::string>();
+  d.event_type = r["event_type"].as<std::string>();
+  d.headers = r["headers"].as<std::string>();
+  d.payload = r["payload"].as<std::string>();
+  d.attempts = r["attempts"].as<int>();
+  d.reason = r["reason"].as<std::string>();
+  if (!r["last_error"].is_null()) d.last_error = r["last_error"].as<std::string>();
+  d.created_at = r["created_at"].as<std::string>();
+  d.dead_at = r["dead_at"].as<std::string>();
+  return d;
+}
+
+}  // namespace
+
+std::vector<DeadLetter> ListDeadLetters(pqxx::connection& c, const std::string& destination, int limit) {
+  pqxx::nontransaction tx(c);
+  std::vector<DeadLetter> out;
+  for (const auto& r : tx.exec_params(std::string(sql::queries::kdlq_list), destination, 0, limit)) {
+    out.push_back(FromRow(r));
+  }
+  return out;
+}
+
+std::optional<DeadLetter> GetDeadLetter(pqxx::connection& c, std::int64_t id) {
+  pqxx::nontransaction tx(c);
+  const auto r = tx.exec_params(std::string(sql::queries::kdlq_list), std::string(), id, 1);
+  if (r.empty()) return std::nullopt;
+  return FromRow(r[0]);
+}
+
+std::vector<std::int64_t> ReplayDeadLetters(pqxx::connection& c, const std::vector<std::int64_t>& ids,
+                                            const std::string& destination) {
+  pqxx::work tx(c);
+  std::vector<std::int64_t> out;
+  for (const auto& r : tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids), destination)) {
+    out.push_back(r[0].as<std::int64_t>());
+  }
+  tx.commit();
+  return out;
+}
+
+std::int64_t PurgeDeadLetters(pqxx::connection& c, const std::vector<std::int64_t>& ids,
+                              const std::string& older_than, const std::string& destination) {
+  if (ids.empty() && older_than.empty() && destination.empty()) {
+    throw std::invalid_argument(
+        "purge needs ids, --older-than or --destination; to delete every dead letter say "
+        "--older-than '0 seconds'");
+  }
+  pqxx::work tx(c);
+  const auto r = tx.exec_params(std::string(sql::queries::kdlq_purge), ArrayLiteral(ids), older_than, destination);
+  tx.commit();
+  return static_cast<std::int64_t>(r.size());
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,14 @@
+-- dlq_list: dead letters, newest first.
+--   $1 destination or '' for all   $2 id or 0 for all   $3 limit
+SELECT id, destination, ordering_key, idempotency_key::text AS idempotency_key, event_type,
+       headers::text AS headers,
+       CASE WHEN payload IS NOT NULL THEN payload::text
+            ELSE 'base64:' || encode(payload_bytes, 'base64') END AS payload,
+       attempts, reason, last_error,
+       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') AS created_at,
+       to_char(dead_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') AS dead_at
+FROM outbox.dead_letters
+WHERE (NULLIF($1, '') IS NULL OR destination = $1)
+  AND ($2::bigint = 0 OR id = $2::bigint)
+ORDER BY dead_at DESC, id DESC
+LIMIT $3

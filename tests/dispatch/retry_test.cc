@@ -1,0 +1,68 @@
+#include "outbox_relay/retry.h"
+
+#include <gtest/gtest.h>
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+
+RetryPolicy Policy() {
+  RetryPolicy p;
+  p.max_attempts = 5;
+  p.initial_backoff = 1000ms;
+  p.max_backoff = 10'000ms;
+  return p;
+}
+
+TEST(Backoff, FullJitterUnderAnExponentialCap) {
+  const auto p = Policy();
+  EXPECT_EQ(BackoffDelay(p, 1, 0.0), 0ms);
+  EXPECT_EQ(BackoffDelay(p, 1, 0.5), 500ms);
+  EXPECT_EQ(BackoffDelay(p, 2, 0.5), 1000ms);
+  EXPECT_EQ(BackoffDelay(p, 3, 0.999), 3996ms);
+  EXPECT_EQ(BackoffDelay(p, 10, 0.999), 9990ms) << "capped at max_backoff";
+  EXPECT_EQ(BackoffDelay(p, 1000, 1.0), 10'000ms) << "no overflow for huge attempt counts";
+}
+
+TEST(Backoff, RetryAfterIsALowerBoundStillCapped) {
+  const auto p = Policy();
+  EXPECT_EQ(BackoffDelay(p, 1, 0.1, 7000ms), 7000ms);
+  EXPECT_EQ(BackoffDelay(p, 5, 0.9, 10ms), 9000ms);
+  EXPECT_EQ(BackoffDelay(p, 1, 0.1, 60'000ms), 10'000ms);
+}
+
+Outcome Out(OutcomeKind k, std::string reason = "") {
+  Outcome o;
+  o.kind = k;
+  o.reason = std::move(reason);
+  return o;
+}
+
+TEST(Decide, MapsOutcomesToSettlements) {
+  const auto p = Policy();
+  const MessageId id{7};
+  auto s = Decide(id, 0, Out(OutcomeKind::kDelivered), p, "tok", 0.5, false);
+  EXPECT_EQ(s.kind, Settlement::Kind::kDelivered);
+  EXPECT_EQ(s.lease_token, "tok");
+  EXPECT_EQ(Raw(s.id), 7);
+
+  s = Decide(id, 0, Out(OutcomeKind::kPermanent, "http 404: gone"), p, "tok", 0.5, false);
+  EXPECT_EQ(s.kind, Settlement::Kind::kDead);
+  EXPECT_EQ(s.error, "http 404: gone");
+
+  s = Decide(id, 2, Out(OutcomeKind::kRetry, "timeout"), p, "tok", 0.5, false);
+  EXPECT_EQ(s.kind, Settlement::Kind::kRetry);
+  EXPECT_EQ(s.delay, 2000ms);  // third failure: cap 4000, u 0.5
+  EXPECT_EQ(s.error, "timeout");
+
+  s = Decide(id, 4, Out(OutcomeKind::kRetry, "timeout"), p, "tok", 0.5, false);
+  EXPECT_EQ(s.kind, Settlement::Kind::kDead) << "the fifth failure is the last allowed attempt";
+  EXPECT_NE(s.error.find("gave up after 5 attempts; last error: timeout"), std::string::npos) << s.error;
+
+  s = Decide(id, 4, Out(OutcomeKind::kRetry, "shutdown"), p, "tok", 0.5, true);
+  EXPECT_EQ(s.kind, Settlement::Kind::kRelease) << "shutting down hands back without counting";
+}
+
+}  // namespace
+}  // namespace outbox::relay

@@ -1,0 +1,232 @@
+// The store's claim, settle, reap and cursor behaviour against a real PostgreSQL.
+#include "outbox_relay/store.h"
+
+#include <gtest/gtest.h>
+#include <pqxx/pqxx>
+
+#include "outbox/outbox.h"
+#include "outbox_relay/dead_letters.h"
+#include "outbox_test/pg.h"
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+
+class StoreTest : public testing::PgTest {
+ protected:
+  std::vector<std::int64_t> Enqueue(const std::vector<outbox::OutboxMessage>& msgs) {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    auto ids = outbox::PublishMany(tx, msgs);
+    tx.commit();
+    return ids;
+  }
+  std::int64_t Scalar(const std::string& sql) {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    return tx.exec1(sql)[0].as<std::int64_t>();
+  }
+  static std::vector<std::int64_t> Ids(const ClaimResult& r) {
+    std::vector<std::int64_t> out;
+    for (const auto& m : r.messages) out.push_back(Raw(m.id));
+    return out;
+  }
+  static Settlement Settle(const Message& m, const std::string& token, Settlement::Kind kind,
+                           Millis delay = 0ms, std::string error = "") {
+    Settlement s;
+    s.id = m.id;
+    s.lease_token = token;
+    s.kind = kind;
+    s.delay = delay;
+    s.error = std::move(error);
+    return s;
+  }
+};
+
+TEST_F(StoreTest, ClaimLeasesInIdOrderWithEveryField) {
+  auto ids = Enqueue({outbox::Message::To("orders").Json(R"({"n": 1})").Key("a").Header("h", "v").EventType("t").Build(),
+                      outbox::Message::To("orders").Bytes(std::string("\0x", 2)).Build(),
+                      outbox::Message::To("other").Json("3").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("orders", 0, 100, 100, 30s);
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(Ids(r), (std::vector<std::int64_t>{ids[0], ids[1]}));
+  const auto& m = r.messages[0];
+  EXPECT_EQ(m.destination, "orders");
+  EXPECT_EQ(m.ordering_key.value_or(""), "a");
+  EXPECT_EQ(m.payload, R"({"n": 1})");
+  EXPECT_TRUE(m.payload_is_json);
+  EXPECT_EQ(m.event_type, "t");
+  ASSERT_EQ(m.headers.size(), 1u);
+  EXPECT_EQ(m.headers[0], (std::pair<std::string, std::string>{"h", "v"}));
+  EXPECT_EQ(m.idempotency_key.size(), 36u);
+  EXPECT_LT(std::chrono::system_clock::now() - m.created_at, 60s);
+  EXPECT_EQ(r.messages[1].payload, std::string("\0x", 2));
+  EXPECT_FALSE(r.messages[1].payload_is_json);
+  // Leased rows are not claimed again.
+  EXPECT_TRUE(store.Claim("orders", 0, 100, 100, 30s).messages.empty());
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE lease_owner IS NOT NULL"), 2);
+}
+
+TEST_F(StoreTest, OnlyTheHeadOfAKeyIsClaimedAndSettlingItWakesTheNext) {
+  auto ids = Enqueue({outbox::Message::To("d").Json("1").Key("k").Build(),
+                      outbox::Message::To("d").Json("2").Key("k").Build(),
+                      outbox::Message::To("d").Json("3").Key("k").Build(),
+                      outbox::Message::To("d").Json("4").Key("other").Build(),
+                      outbox::Message::To("d").Json("5").Build()});
+  Store store(db_url_);
+  auto r1 = store.Claim("d", 0, 100, 100, 30s);
+  EXPECT_EQ(Ids(r1), (std::vector<std::int64_t>{ids[0], ids[3], ids[4]}));
+  EXPECT_EQ(r1.facts.held, 2) << "the two successors of k are parked";
+  EXPECT_TRUE(store.Claim("d", 0, 100, 100, 30s).messages.empty()) << "k is blocked while its head is leased";
+
+  // The head fails and waits for a retry: its successors stay blocked.
+  auto c = store.Settle({Settle(r1.messages[0], r1.lease_token, Settlement::Kind::kRetry, 0ms, "boom"),
+                         Settle(r1.messages[1], r1.lease_token, Settlement::Kind::kDelivered),
+                         Settle(r1.messages[2], r1.lease_token, Settlement::Kind::kDelivered)});
+  EXPECT_EQ(c.retried, 1);
+  EXPECT_EQ(c.delivered, 2);
+  auto r2 = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(Ids(r2), (std::vector<std::int64_t>{ids[0]})) << "the retried head comes back, alone";
+  EXPECT_EQ(r2.messages[0].attempts, 1);
+  // Delivered: the next of the key is woken and claimable.
+  c = store.Settle({Settle(r2.messages[0], r2.lease_token, Settlement::Kind::kDelivered)});
+  EXPECT_EQ(c.woken, 1);
+  EXPECT_EQ(Ids(store.Claim("d", 0, 100, 100, 30s)), (std::vector<std::int64_t>{ids[1]}));
+}
+
+TEST_F(StoreTest, DeadLetteringTheHeadUnblocksItsKey) {
+  auto ids = Enqueue({outbox::Message::To("d").Json("1").Key("k").Build(),
+                      outbox::Message::To("d").Json("2").Key("k").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(Ids(r), (std::vector<std::int64_t>{ids[0]}));
+  auto c = store.Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kDead, 0ms, "http 404: nope")});
+  EXPECT_EQ(c.dead, 1);
+  EXPECT_EQ(c.woken, 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE reason = 'http 404: nope' AND attempts = 1"), 1);
+  EXPECT_EQ(Ids(store.Claim("d", 0, 100, 100, 30s)), (std::vector<std::int64_t>{ids[1]}));
+}
+
+TEST_F(StoreTest, SettleIsFencedByLeaseToken) {
+  Enqueue({outbox::Message::To("d").Json("1").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(r.messages.size(), 1u);
+  auto c = store.Settle({Settle(r.messages[0], NewUuid(), Settlement::Kind::kDelivered)});
+  EXPECT_EQ(c.delivered, 0);
+  EXPECT_EQ(c.fenced, 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 1);
+}
+
+TEST_F(StoreTest, ReaperReturnsExpiredLeasesAndTheOldOwnerCannotSettle) {
+  auto ids = Enqueue({outbox::Message::To("d").Json("1").Key("k").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 100, 100, 1ms);  // a lease that expires at once
+  ASSERT_EQ(r.messages.size(), 1u);
+  std::vector<std::string> reaped;
+  for (int i = 0; i < 200 && reaped.empty(); ++i) reaped = store.Reap();
+  ASSERT_EQ(reaped, (std::vector<std::string>{"d"}));
+  auto again = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(Ids(again), (std::vector<std::int64_t>{ids[0]}));
+  EXPECT_EQ(again.messages[0].attempts, 1) << "a lost lease counts as an attempt";
+  EXPECT_EQ(store.Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kDelivered)}).fenced, 1);
+  EXPECT_EQ(store.Settle({Settle(again.messages[0], again.lease_token, Settlement::Kind::kDelivered)}).delivered, 1);
+}
+
+TEST_F(StoreTest, ScheduledMessagesWaitUntilDue) {
+  Enqueue({outbox::Message::To("d").Json("1").DeliverAfter(1500ms).Build(),
+           outbox::Message::To("d").Json("2").DeliverAfter(100ms).Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 100, 100, 30s);
+  EXPECT_TRUE(r.messages.empty());
+  std::vector<std::int64_t> got;
+  const auto start = std::chrono::steady_clock::now();
+  while (got.size() < 2 && std::chrono::steady_clock::now() - start < 10s) {
+    for (auto id : Ids(store.Claim("d", 0, 100, 100, 30s))) got.push_back(id);
+  }
+  EXPECT_EQ(got.size(), 2u);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 1s) << "the 1.5 s message was not claimed early";
+}
+
+TEST_F(StoreTest, CursorNeverSkipsARowWhoseTransactionCommitsLate) {
+  pqxx::connection slow_writer(db_url_);
+  pqxx::work late(slow_writer);
+  const auto late_id = outbox::Publish(late, outbox::Message::To("d").Json("\"late\"").Build());
+  std::vector<std::int64_t> seen;
+  // Many committed messages after it, claimed and settled, with the cursor moving.
+  Store store(db_url_);
+  FreshCursor cursor;
+  for (int round = 0; round < 20; ++round) {
+    Enqueue(std::vector<outbox::OutboxMessage>(5, outbox::Message::To("d").Json("1").Build()));
+    auto r = store.Claim("d", cursor.position(), 3, 3, 30s);
+    cursor.Observe(r.facts, 3);
+    std::vector<Settlement> done;
+    for (const auto& m : r.messages) {
+      seen.push_back(Raw(m.id));
+      done.push_back(Settle(m, r.lease_token, Settlement::Kind::kDelivered));
+    }
+    store.Settle(done);
+  }
+  EXPECT_LT(cursor.position(), late_id) << "the cursor must wait for the open transaction";
+  late.commit();
+  for (int round = 0; round < 60; ++round) {
+    auto r = store.Claim("d", cursor.position(), 3, 3, 30s);
+    cursor.Observe(r.facts, 3);
+    std::vector<Settlement> done;
+    for (const auto& m : r.messages) {
+      seen.push_back(Raw(m.id));
+      done.push_back(Settle(m, r.lease_token, Settlement::Kind::kDelivered));
+    }
+    store.Settle(done);
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), late_id), 1);
+  EXPECT_EQ(seen.size(), 101u);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 0);
+  EXPECT_GT(cursor.position(), late_id) << "and then moves past it";
+}
+
+TEST_F(StoreTest, UnknownDestinationsAreFoundAndDeadLettered) {
+  Enqueue({outbox::Message::To("known").Json("1").Build(), outbox::Message::To("typo").Json("2").Build(),
+           outbox::Message::To("typo").Json("3").DeliverAfter(1h).Build()});
+  Store store(db_url_);
+  auto dests = store.Destinations();
+  std::sort(dests.begin(), dests.end());
+  EXPECT_EQ(dests, (std::vector<std::string>{"known", "typo"}));
+  EXPECT_EQ(store.DeadLetterAll("typo", "not configured"), 2);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE reason = 'not configured'"), 2);
+}
+
+TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
+  Enqueue({outbox::Message::To("d").Json("1").IdempotencyKey("123e4567-e89b-12d3-a456-426614174000").Build(),
+           outbox::Message::To("d").Json("2").Build(), outbox::Message::To("e").Json("3").Build()});
+  Store store(db_url_);
+  for (const std::string dest : {"d", "e"}) {
+    auto r = store.Claim(dest, 0, 10, 10, 30s);
+    std::vector<Settlement> dead;
+    for (const auto& m : r.messages) dead.push_back(Settle(m, r.lease_token, Settlement::Kind::kDead, 0ms, "bad"));
+    store.Settle(dead);
+  }
+  pqxx::connection c(db_url_);
+  auto list = ListDeadLetters(c, "", 10);
+  ASSERT_EQ(list.size(), 3u);
+  ASSERT_EQ(ListDeadLetters(c, "e", 10).size(), 1u);
+  auto one = std::find_if(list.begin(), list.end(), [](const DeadLetter& d) { return d.payload == "1"; });
+  ASSERT_NE(one, list.end());
+  EXPECT_EQ(one->idempotency_key, "123e4567-e89b-12d3-a456-426614174000");
+  auto replayed = ReplayDeadLetters(c, {one->id}, "");
+  ASSERT_EQ(replayed.size(), 1u);
+  auto r = store.Claim("d", 0, 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0].idempotency_key, "123e4567-e89b-12d3-a456-426614174000");
+  EXPECT_EQ(r.messages[0].payload, "1");
+  EXPECT_THROW(PurgeDeadLetters(c, {}, "", ""), std::invalid_argument);
+  EXPECT_EQ(PurgeDeadLetters(c, {}, "1 hour", ""), 0) << "none is an hour old";
+  EXPECT_EQ(PurgeDeadLetters(c, {}, "", "e"), 1);
+  EXPECT_EQ(ReplayDeadLetters(c, {}, "").size(), 1u) << "replay --all takes what is left";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
+}
+
+}  // namespace
+}  // namespace outbox::relay
