@@ -83,4 +83,12 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
 /// Reads and parses a file. Throws ConfigError when it cannot be read or is invalid.
 RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env);
 
+/// "text" or "json", as written in the config.
+const char* ToString(LogFormat format);
+
+/// The HMAC key of a Standard Webhooks secret: the bytes that "whsec_<base64>" encodes.
+/// Every secret in a loaded WebhookTarget decodes; throws ConfigError (without echoing the
+/// secret) for one that does not.
+std::string WebhookSecretKey(const std::string& secret);
+
 }  // namespace outbox::relay
