@@ -378,14 +378,20 @@ struct OwnedHeader {
   std::string_view why;
 };
 
-constexpr std::array<OwnedHeader, 7> kOwnedHeaders = {{
-    {"webhook-id", "the relay sets the Standard Webhooks headers on every delivery (the message's idempotency key)"},
-    {"webhook-timestamp", "the relay sets the Standard Webhooks headers on every delivery (the signing time)"},
-    {"webhook-signature", "the relay signs every delivery with the configured secrets"},
-    {"content-type", "the relay sets it from the message (application/json for JSON payloads)"},
+// The webhook sink sets these itself (and skips configured ones), so refuse them up front.
+constexpr std::array<OwnedHeader, 12> kOwnedHeaders = {{
+    {"idempotency-key", "the relay sets it to the message's idempotency key"},
+    {"content-type", "the relay sets it from the message (application/json or application/octet-stream)"},
     {"content-length", "the HTTP client sets it from the body"},
-    {"transfer-encoding", "the HTTP client sets it"},
     {"host", "the HTTP client sets it from `url`"},
+    {"connection", "the HTTP client manages connections"},
+    {"keep-alive", "the HTTP client manages connections"},
+    {"proxy-connection", "the HTTP client manages connections"},
+    {"transfer-encoding", "the HTTP client sets it"},
+    {"te", "the HTTP client sets it"},
+    {"trailer", "the HTTP client sets it"},
+    {"upgrade", "the HTTP client sets it"},
+    {"expect", "the HTTP client sets it"},
 }};
 
 std::map<std::string, std::string> ReadHeaders(const Field& field) {
@@ -396,6 +402,11 @@ std::map<std::string, std::string> ReadHeaders(const Field& field) {
       Fail(value_field, "is not a valid HTTP header name; use letters, digits and `-`, e.g. `X-Team: billing`");
     }
     const std::string lower = Lowercase(name);
+    if (lower.starts_with("webhook-")) {
+      Fail(value_field, "cannot be set here: the relay signs every delivery with the Standard Webhooks headers "
+                        "(webhook-id, webhook-timestamp, webhook-signature) and reserves the `webhook-` prefix; "
+                        "remove it or choose another name");
+    }
     for (const auto& owned : kOwnedHeaders) {
       if (lower == owned.name) Fail(value_field, "cannot be set here: " + std::string(owned.why) + "; remove it");
     }
@@ -406,8 +417,12 @@ std::map<std::string, std::string> ReadHeaders(const Field& field) {
     const YAML::Node& node = value_field.node;
     if (node.IsNull() || !node.IsDefined()) Fail(value_field, "has no value; give the header a value or remove it");
     const std::string value = detail::ReadString(value_field);
-    if (std::any_of(value.begin(), value.end(), [](char c) { return c == '\r' || c == '\n' || c == '\0'; })) {
-      Fail(value_field, "has a line break or NUL in its value; header values must be on one line");
+    if (std::any_of(value.begin(), value.end(), [](char c) {
+          const auto u = static_cast<unsigned char>(c);
+          return (u < 0x20 && c != '\t') || u == 0x7F;
+        })) {
+      Fail(value_field, "has a line break or another control character in its value; header values must be one "
+                        "line of text");
     }
     headers.emplace(name, value);
   }
