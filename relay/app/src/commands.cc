@@ -69,12 +69,17 @@ int RunCheckConfig(const std::string& config_path) {
 
 int RunRelay(const std::string& config_path, const std::string& database_url_override) {
   RelayConfig cfg;
+  // --database-url wins over the file and the environment, and may stand in for both.
+  const EnvLookup process_env = ProcessEnv();
+  const EnvLookup env = [&](const std::string& name) -> std::optional<std::string> {
+    if (name == "OUTBOX_DATABASE_URL" && !database_url_override.empty()) return database_url_override;
+    return process_env(name);
+  };
   try {
-    cfg = LoadConfigFile(config_path, ProcessEnv());
+    cfg = LoadConfigFile(config_path, env);
   } catch (const ConfigError& e) {
     return Fail(e.what());
   }
-  if (!database_url_override.empty()) cfg.database_url = database_url_override;
   SetupLogging(cfg.log_level, cfg.log_format == LogFormat::kJson);
 
   try {
