@@ -1,0 +1,97 @@
+// The Kafka sink: delivers messages to one topic with librdkafka's idempotent producer.
+//
+// Each message becomes one Kafka record:
+//   key     = Message::ordering_key (a NULL key when absent),
+//   value   = Message::payload,
+//   headers = idempotency-key, outbox-id (decimal row id), event-type (when non-empty),
+//             created-at (RFC 3339 UTC with milliseconds), then the message's own headers.
+//
+// Ordering: the dispatcher never submits two messages of the same ordering key at once
+// (see Sink), so per-key order never depends on this sink. Within one partition the
+// idempotent producer (enable.idempotence=true, acks=all) additionally keeps order and
+// avoids duplicates across its internal retries, so a leader change or a lost response
+// does not reorder or duplicate records.
+//
+// Delivery is bounded by message.timeout.ms (default 30 s): a message librdkafka could not
+// deliver in that time completes with kRetry ("Local: Message timed out").
+//
+// Threads: Submit runs on the caller's thread and never blocks long (at most a short,
+// bounded wait when the local queue is full). A dedicated poll thread serves librdkafka's
+// delivery reports and runs the completions.
+#pragma once
+
+#include <librdkafka/rdkafka.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "outbox_relay/config.h"
+#include "outbox_relay/message.h"
+#include "outbox_relay/sink.h"
+
+namespace outbox::relay {
+
+/// Maps a librdkafka error (from a delivery report or a failed produce call) to an Outcome.
+///
+/// kPermanent (dead-letter; retrying the same bytes cannot succeed):
+///   MSG_SIZE_TOO_LARGE, RECORD_LIST_TOO_LARGE, INVALID_MSG_SIZE, INVALID_MSG, INVALID_RECORD,
+///   UNSUPPORTED_FOR_MESSAGE_FORMAT, TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED,
+///   TOPIC_EXCEPTION (invalid topic name), INVALID_REQUIRED_ACKS.
+/// kRetry: everything else - timeouts (_MSG_TIMED_OUT, REQUEST_TIMED_OUT), transport and
+///   broker trouble (_TRANSPORT, _ALL_BROKERS_DOWN, NOT_LEADER_FOR_PARTITION,
+///   NOT_ENOUGH_REPLICAS, ...), a full local queue, purges, fatal producer errors.
+///   _UNKNOWN_TOPIC / UNKNOWN_TOPIC_OR_PART / _UNKNOWN_PARTITION are deliberately kRetry:
+///   the topic may simply not be created yet, and dead-lettering every message of a
+///   destination because of a deployment-order mistake would be worse than backing off.
+/// `retriable` is rd_kafka_error_is_retriable() of an error object when there is one; when
+/// true the outcome is kRetry regardless of the code.
+///
+/// reason = rd_kafka_err2str(err); reason_class is one of a small fixed set of labels:
+/// "msg_too_large", "invalid_message", "authorization", "invalid_topic", "config",
+/// "unknown_topic", "timeout", "broker", "queue_full", "purged", "fatal", "other".
+Outcome ClassifyDeliveryError(MessageId id, rd_kafka_resp_err_t err, bool retriable = false);
+
+/// A Sink for one Kafka destination. Thread-safe. See the file comment for the record layout.
+///
+/// Failure handling:
+///  - A fatal idempotent-producer error (rd_kafka_fatal_error) is logged, every message the
+///    broken producer still holds completes with kRetry (reason_class "fatal"), and a new
+///    producer replaces it, so nothing is lost and later Submits go to the new producer.
+///  - Ready() is false until a broker answered (a metadata probe or a successful delivery),
+///    and again after "all brokers down" or a fatal error, until a broker answers again.
+class KafkaSink final : public Sink {
+ public:
+  /// Creates the producer. Throws std::invalid_argument with librdkafka's error text (which
+  /// names the property) when a producer property is unknown or invalid.
+  KafkaSink(std::string destination, const KafkaTarget& target);
+  /// Calls Shutdown(kDestructorShutdownDeadline) unless Shutdown already ran.
+  ~KafkaSink() override;
+  KafkaSink(const KafkaSink&) = delete;
+  KafkaSink& operator=(const KafkaSink&) = delete;
+
+  static constexpr std::chrono::milliseconds kDestructorShutdownDeadline{2'000};
+
+  void Submit(Message msg, Completion done) override;
+  /// Stops accepting, flushes up to (most of) `deadline`, then purges what is left; purged
+  /// messages complete with kRetry "shutdown" before Shutdown returns. Must not be called
+  /// from inside a completion.
+  void Shutdown(std::chrono::milliseconds deadline) override;
+  bool Ready() const override;
+  std::size_t InFlight() const override;
+
+  /// Messages and requests librdkafka still holds (rd_kafka_outq_len), for metrics.
+  std::size_t QueueLength() const;
+  const std::string& destination() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Creates a KafkaSink; throws std::invalid_argument as the constructor does.
+SinkPtr MakeKafkaSink(std::string destination, const KafkaTarget& target);
+
+}  // namespace outbox::relay
