@@ -1,0 +1,418 @@
+// The Kafka sink against librdkafka's mock cluster (the real protocol on loopback).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "outbox_relay/kafka_sink.h"
+#include "outbox_test/kafka_mock.h"
+#include "outbox_test/wait.h"
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+using outbox::testing::ConsumedRecord;
+using outbox::testing::KafkaMockCluster;
+using outbox::testing::WaitFor;
+
+constexpr auto kWait = 20s;  // generous bound for conditions that normally hold in ms
+
+// Collects completions; counts calls per id so "exactly once" can be checked.
+class Recorder {
+ public:
+  Sink::Completion Callback() {
+    return [this](Outcome out) {
+      std::lock_guard lock(mu_);
+      ++calls_[Raw(out.id)];
+      outcomes_.push_back(std::move(out));
+    };
+  }
+  std::size_t size() const {
+    std::lock_guard lock(mu_);
+    return outcomes_.size();
+  }
+  bool WaitCount(std::size_t n, std::chrono::milliseconds timeout = kWait) const {
+    return WaitFor([&] { return size() >= n; }, timeout);
+  }
+  std::vector<Outcome> outcomes() const {
+    std::lock_guard lock(mu_);
+    return outcomes_;
+  }
+  std::map<std::int64_t, int> calls() const {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Outcome> outcomes_;
+  std::map<std::int64_t, int> calls_;
+};
+
+std::chrono::system_clock::time_point BaseTime() {
+  using namespace std::chrono;
+  return sys_days{year{2024} / 5 / 6} + 7h + 8min + 9s;  // 2024-05-06T07:08:09.000Z
+}
+
+Message MakeMessage(std::int64_t id, std::optional<std::string> key = std::nullopt,
+                    std::string payload = {}) {
+  Message msg;
+  msg.id = MessageId{id};
+  msg.destination = "orders";
+  msg.ordering_key = std::move(key);
+  char uuid[40];
+  std::snprintf(uuid, sizeof uuid, "00000000-0000-4000-8000-%012lld", static_cast<long long>(id));
+  msg.idempotency_key = uuid;
+  msg.event_type = "order.created";
+  msg.payload = payload.empty() ? "{\"n\":" + std::to_string(id) + "}" : std::move(payload);
+  msg.created_at = BaseTime() + std::chrono::milliseconds(id % 1000);
+  return msg;
+}
+
+class KafkaSinkTest : public ::testing::Test {
+ protected:
+  static constexpr const char* kTopic = "orders.events";
+
+  void SetUp() override {
+    cluster_ = std::make_unique<KafkaMockCluster>(3);
+    cluster_->CreateTopic(kTopic, 3, 3);
+  }
+
+  KafkaTarget Target(std::map<std::string, std::string> extra = {}) const {
+    KafkaTarget target;
+    target.brokers = cluster_->bootstraps();
+    target.topic = kTopic;
+    // Reconnect quickly once the mock brokers come back up.
+    target.producer["reconnect.backoff.ms"] = "20";
+    target.producer["reconnect.backoff.max.ms"] = "200";
+    for (auto& [k, v] : extra) target.producer[k] = v;
+    return target;
+  }
+
+  // Delivers one message and returns its outcome (waits for the completion).
+  static Outcome SubmitAndWait(Sink& sink, Message msg, std::chrono::milliseconds timeout = kWait) {
+    Recorder rec;
+    sink.Submit(std::move(msg), rec.Callback());
+    EXPECT_TRUE(rec.WaitCount(1, timeout));
+    auto outcomes = rec.outcomes();
+    return outcomes.empty() ? Outcome{} : outcomes.front();
+  }
+
+  std::unique_ptr<KafkaMockCluster> cluster_;
+};
+
+TEST_F(KafkaSinkTest, DeliversKeyValueAndHeadersExactlyOnce) {
+  Recorder rec;
+  auto sink = MakeKafkaSink("orders", Target());
+  constexpr int kCount = 200;
+  for (int i = 1; i <= kCount; ++i) {
+    Message msg = MakeMessage(i, i % 2 == 0 ? std::optional<std::string>("customer-" +
+                                                                         std::to_string(i % 7))
+                                            : std::nullopt);
+    if (i % 5 == 0) msg.event_type.clear();
+    msg.headers = {{"trace-id", "trace-" + std::to_string(i)}, {"tenant", "acme"}};
+    sink->Submit(std::move(msg), rec.Callback());
+  }
+  ASSERT_TRUE(rec.WaitCount(kCount));
+  ASSERT_TRUE(WaitFor([&] { return sink->InFlight() == 0; }, kWait));
+  for (const Outcome& out : rec.outcomes()) {
+    EXPECT_EQ(out.kind, OutcomeKind::kDelivered) << Raw(out.id) << ": " << out.reason;
+  }
+  const auto calls = rec.calls();
+  ASSERT_EQ(calls.size(), static_cast<std::size_t>(kCount));
+  for (const auto& [id, n] : calls) EXPECT_EQ(n, 1) << "completion count of " << id;
+  EXPECT_TRUE(sink->Ready());
+  EXPECT_EQ(static_cast<KafkaSink&>(*sink).QueueLength(), 0u);
+
+  const std::vector<ConsumedRecord> records = cluster_->ConsumeAll(kTopic, kCount, kWait);
+  ASSERT_EQ(records.size(), static_cast<std::size_t>(kCount));  // and no duplicates
+  std::map<std::int64_t, const ConsumedRecord*> by_id;
+  std::map<std::string, std::set<int>> partitions_of_key;
+  for (const ConsumedRecord& r : records) {
+    ASSERT_TRUE(r.headers.count("outbox-id"));
+    const std::int64_t id = std::stoll(r.headers.at("outbox-id"));
+    EXPECT_TRUE(by_id.emplace(id, &r).second) << "duplicate record for id " << id;
+    if (r.key) partitions_of_key[*r.key].insert(r.partition);
+  }
+  for (int i = 1; i <= kCount; ++i) {
+    ASSERT_TRUE(by_id.count(i)) << "missing id " << i;
+    const ConsumedRecord& r = *by_id.at(i);
+    const Message expected = MakeMessage(i);
+    if (i % 2 == 0) {
+      ASSERT_TRUE(r.key.has_value()) << i;
+      EXPECT_EQ(*r.key, "customer-" + std::to_string(i % 7));
+    } else {
+      EXPECT_FALSE(r.key.has_value()) << "id " << i << " should have a NULL key";
+    }
+    EXPECT_EQ(r.value, expected.payload);
+    EXPECT_EQ(r.headers.at("idempotency-key"), expected.idempotency_key);
+    char created_at[40];
+    std::snprintf(created_at, sizeof created_at, "2024-05-06T07:08:09.%03dZ", i);
+    EXPECT_EQ(r.headers.at("created-at"), created_at);
+    if (i % 5 == 0) {
+      EXPECT_FALSE(r.headers.count("event-type")) << "empty event type must not be sent";
+    } else {
+      EXPECT_EQ(r.headers.at("event-type"), "order.created");
+    }
+    EXPECT_EQ(r.headers.at("trace-id"), "trace-" + std::to_string(i));
+    EXPECT_EQ(r.headers.at("tenant"), "acme");
+    EXPECT_EQ(r.headers.size(), i % 5 == 0 ? 5u : 6u);
+  }
+  for (const auto& [key, parts] : partitions_of_key) {
+    EXPECT_EQ(parts.size(), 1u) << "records of key " << key << " spread over partitions";
+  }
+}
+
+TEST_F(KafkaSinkTest, RetriableBrokerErrorsAreRetriedInternally) {
+  Recorder rec;
+  auto sink = MakeKafkaSink("orders", Target());
+  ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);
+
+  cluster_->PushRequestErrors(RD_KAFKAP_Produce,
+                              {RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+                               RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+                               RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+                               RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+                               RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION});
+  for (int i = 2; i <= 21; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i % 3)), rec.Callback());
+  ASSERT_TRUE(rec.WaitCount(20));
+  for (const Outcome& out : rec.outcomes()) {
+    EXPECT_EQ(out.kind, OutcomeKind::kDelivered) << Raw(out.id) << ": " << out.reason;
+  }
+  for (const auto& [id, n] : rec.calls()) EXPECT_EQ(n, 1) << id;
+
+  // The idempotent producer retried without duplicating anything.
+  const auto records = cluster_->ConsumeAll(kTopic, 21, kWait);
+  std::set<std::string> ids;
+  for (const auto& r : records) ids.insert(r.headers.at("outbox-id"));
+  EXPECT_EQ(records.size(), 21u);
+  EXPECT_EQ(ids.size(), 21u);
+}
+
+TEST_F(KafkaSinkTest, TooLargeForTheProducerIsPermanentAtOnce) {
+  auto sink = MakeKafkaSink("orders", Target({{"message.max.bytes", "1000"}}));
+  const Outcome out = SubmitAndWait(*sink, MakeMessage(7, "k", std::string(5000, 'x')));
+  EXPECT_EQ(out.id, MessageId{7});
+  EXPECT_EQ(out.kind, OutcomeKind::kPermanent);
+  EXPECT_EQ(out.reason_class, "msg_too_large");
+  EXPECT_FALSE(out.reason.empty());
+  EXPECT_EQ(sink->InFlight(), 0u);
+  // The sink keeps working for messages that fit.
+  EXPECT_EQ(SubmitAndWait(*sink, MakeMessage(8, "k")).kind, OutcomeKind::kDelivered);
+}
+
+TEST_F(KafkaSinkTest, BrokerRejectionIsPermanentAndLaterMessagesFlow) {
+  auto sink = MakeKafkaSink("orders", Target());
+  ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);
+  std::int64_t id = 10;
+  for (rd_kafka_resp_err_t err :
+       {RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, RD_KAFKA_RESP_ERR_INVALID_RECORD}) {
+    cluster_->PushRequestErrors(RD_KAFKAP_Produce, {err});
+    const Outcome rejected = SubmitAndWait(*sink, MakeMessage(++id, "k"));
+    EXPECT_EQ(rejected.id, MessageId{id});
+    EXPECT_EQ(rejected.kind, OutcomeKind::kPermanent) << rd_kafka_err2name(err);
+    EXPECT_EQ(rejected.reason, rd_kafka_err2str(err));
+    // After the rejection (the idempotent producer bumps its epoch) delivery goes on.
+    const Outcome next = SubmitAndWait(*sink, MakeMessage(++id, "k"));
+    EXPECT_EQ(next.kind, OutcomeKind::kDelivered) << next.reason;
+  }
+  // Authorization failures are permanent too. (librdkafka then marks the topic as failed
+  // until its next metadata refresh, so the messages right after fail the same way.)
+  cluster_->PushRequestErrors(RD_KAFKAP_Produce, {RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED});
+  const Outcome denied = SubmitAndWait(*sink, MakeMessage(++id, "k"));
+  EXPECT_EQ(denied.kind, OutcomeKind::kPermanent);
+  EXPECT_EQ(denied.reason_class, "authorization");
+}
+
+TEST_F(KafkaSinkTest, AllBrokersDownTimesOutThenRecovers) {
+  Recorder down_rec;
+  Recorder up_rec;
+  auto sink = MakeKafkaSink("orders", Target({{"message.timeout.ms", "1500"}}));
+  ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);
+  ASSERT_TRUE(WaitFor([&] { return sink->Ready(); }, kWait));
+
+  cluster_->SetAllBrokersDown(true);
+  for (int i = 2; i <= 6; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i)), down_rec.Callback());
+  ASSERT_TRUE(down_rec.WaitCount(5, 10s));
+  for (const Outcome& out : down_rec.outcomes()) {
+    EXPECT_EQ(out.kind, OutcomeKind::kRetry);
+    EXPECT_NE(out.reason.find("timed out"), std::string::npos) << out.reason;
+    EXPECT_EQ(out.reason_class, "timeout");
+  }
+  EXPECT_TRUE(WaitFor([&] { return !sink->Ready(); }, kWait));
+
+  cluster_->SetAllBrokersDown(false);
+  EXPECT_TRUE(WaitFor([&] { return sink->Ready(); }, kWait));
+  for (int i = 7; i <= 11; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i)), up_rec.Callback());
+  ASSERT_TRUE(up_rec.WaitCount(5));
+  for (const Outcome& out : up_rec.outcomes()) {
+    EXPECT_EQ(out.kind, OutcomeKind::kDelivered) << Raw(out.id) << ": " << out.reason;
+  }
+  EXPECT_TRUE(sink->Ready());
+}
+
+TEST_F(KafkaSinkTest, NotReadyUntilABrokerAnswers) {
+  cluster_->SetAllBrokersDown(true);
+  auto sink = MakeKafkaSink("orders", Target());
+  // Give it the chance to (wrongly) report ready: several probe rounds.
+  EXPECT_FALSE(WaitFor([&] { return sink->Ready(); }, 1500ms));
+  cluster_->SetAllBrokersDown(false);
+  EXPECT_TRUE(WaitFor([&] { return sink->Ready(); }, kWait));
+}
+
+TEST_F(KafkaSinkTest, ShutdownCompletesStuckMessagesWithinTheDeadline) {
+  Recorder rec;
+  auto sink = MakeKafkaSink("orders", Target());  // message.timeout.ms stays 30 s
+  ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);
+  cluster_->SetAllBrokersDown(true);
+  for (int i = 2; i <= 11; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i)), rec.Callback());
+  EXPECT_EQ(sink->InFlight(), 10u);
+
+  constexpr auto kDeadline = 1000ms;
+  const auto start = std::chrono::steady_clock::now();
+  sink->Shutdown(kDeadline);
+  const auto took = std::chrono::steady_clock::now() - start;
+
+  ASSERT_EQ(rec.size(), 10u) << "Shutdown returned before every completion ran";
+  for (const Outcome& out : rec.outcomes()) {
+    EXPECT_EQ(out.kind, OutcomeKind::kRetry);
+    EXPECT_EQ(out.reason, "shutdown");
+  }
+  for (const auto& [id, n] : rec.calls()) EXPECT_EQ(n, 1) << id;
+  EXPECT_EQ(sink->InFlight(), 0u);
+  EXPECT_FALSE(sink->Ready());
+  // Completions are due by the deadline; destroying the librdkafka handle takes a little more.
+  EXPECT_LT(took, kDeadline + 1500ms);
+
+  // After Shutdown: immediate kRetry, and Shutdown is idempotent.
+  const Outcome late = SubmitAndWait(*sink, MakeMessage(99, "k"), 1ms);
+  EXPECT_EQ(late.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(late.reason, "shutdown");
+  sink->Shutdown(kDeadline);
+  EXPECT_EQ(sink->InFlight(), 0u);
+}
+
+TEST_F(KafkaSinkTest, ShutdownFlushesWhatCanBeDelivered) {
+  Recorder rec;
+  auto sink = MakeKafkaSink("orders", Target({{"linger.ms", "200"}}));
+  for (int i = 1; i <= 50; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i % 4)), rec.Callback());
+  sink->Shutdown(10s);
+  ASSERT_EQ(rec.size(), 50u);
+  for (const Outcome& out : rec.outcomes()) {
+    EXPECT_EQ(out.kind, OutcomeKind::kDelivered) << Raw(out.id) << ": " << out.reason;
+  }
+  EXPECT_EQ(cluster_->ConsumeAll(kTopic, 50, kWait).size(), 50u);
+}
+
+TEST_F(KafkaSinkTest, DestructorShutsDown) {
+  Recorder rec;
+  {
+    auto sink = MakeKafkaSink("orders", Target());
+    ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);
+    cluster_->SetAllBrokersDown(true);
+    sink->Submit(MakeMessage(2, "k"), rec.Callback());
+  }
+  ASSERT_EQ(rec.size(), 1u);
+  EXPECT_EQ(rec.outcomes().front().kind, OutcomeKind::kRetry);
+}
+
+TEST_F(KafkaSinkTest, FatalProducerErrorRecreatesTheProducer) {
+  Recorder rec;
+  auto sink = MakeKafkaSink("orders", Target());
+  ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);
+
+  // A sequence error on the head-of-line request is fatal for the idempotent producer.
+  cluster_->PushRequestErrors(RD_KAFKAP_Produce, {RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER});
+  const Outcome broken = SubmitAndWait(*sink, MakeMessage(2, "k"));
+  EXPECT_EQ(broken.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(broken.reason_class, "fatal");
+  EXPECT_NE(broken.reason.find("OUT_OF_ORDER_SEQUENCE_NUMBER"), std::string::npos) << broken.reason;
+
+  // A new producer takes over: later messages are delivered.
+  ASSERT_TRUE(WaitFor([&] { return sink->Ready(); }, kWait));
+  for (int i = 3; i <= 12; ++i) sink->Submit(MakeMessage(i, "k"), rec.Callback());
+  ASSERT_TRUE(rec.WaitCount(10));
+  for (const Outcome& out : rec.outcomes()) {
+    EXPECT_EQ(out.kind, OutcomeKind::kDelivered) << Raw(out.id) << ": " << out.reason;
+  }
+  EXPECT_EQ(sink->InFlight(), 0u);
+}
+
+TEST_F(KafkaSinkTest, MissingTopicIsRetriedNotDeadLettered) {
+  // The mock cluster auto-creates any topic a client asks metadata for; a topic error makes
+  // it answer UNKNOWN_TOPIC_OR_PART instead, as a real cluster without the topic would.
+  rd_kafka_mock_topic_set_error(cluster_->raw(), "not.created.yet",
+                                RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART);
+  KafkaTarget target = Target({{"message.timeout.ms", "1500"}});
+  target.topic = "not.created.yet";
+  auto sink = MakeKafkaSink("orders", target);
+  const Outcome out = SubmitAndWait(*sink, MakeMessage(1, "k"));
+  EXPECT_EQ(out.kind, OutcomeKind::kRetry) << out.reason;
+  EXPECT_FALSE(out.reason.empty());
+}
+
+TEST_F(KafkaSinkTest, FullLocalQueueRetriesWithoutBlockingLong) {
+  Recorder rec;
+  auto sink = MakeKafkaSink("orders", Target({{"queue.buffering.max.messages", "3"}}));
+  ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);
+  cluster_->SetAllBrokersDown(true);
+  for (int i = 2; i <= 4; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i)), rec.Callback());
+  EXPECT_EQ(rec.size(), 0u);
+  EXPECT_GE(static_cast<KafkaSink&>(*sink).QueueLength(), 3u);  // plus queued requests
+
+  const auto start = std::chrono::steady_clock::now();
+  sink->Submit(MakeMessage(5, "k5"), rec.Callback());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  ASSERT_EQ(rec.size(), 1u);  // completed before Submit returned
+  const Outcome full = rec.outcomes().front();
+  EXPECT_EQ(full.id, MessageId{5});
+  EXPECT_EQ(full.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(full.reason_class, "queue_full");
+  EXPECT_EQ(sink->InFlight(), 3u);
+  sink->Shutdown(200ms);
+  EXPECT_EQ(rec.size(), 4u);
+}
+
+void ExpectInvalid(const KafkaTarget& target, const std::string& must_mention) {
+  try {
+    MakeKafkaSink("orders", target);
+    ADD_FAILURE() << "no exception; expected one naming " << must_mention;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(must_mention), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("orders"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(KafkaSinkTest, InvalidProducerPropertyFailsStartupNamingIt) {
+  ExpectInvalid(Target({{"linger.ms", "banana"}}), "linger.ms");
+  ExpectInvalid(Target({{"no.such.property", "1"}}), "no.such.property");
+  ExpectInvalid(Target({{"compression.type", "zip"}}), "compression.type");
+  ExpectInvalid(Target({{"acks", "1"}}), "acks");  // idempotence needs acks=all
+  ExpectInvalid(Target({{"enable.idempotence", "false"}}), "enable.idempotence");
+  ExpectInvalid(Target({{"transactional.id", "x"}}), "transactional.id");
+  KafkaTarget no_brokers = Target();
+  no_brokers.brokers.clear();
+  ExpectInvalid(no_brokers, "bootstrap.servers");
+}
+
+TEST_F(KafkaSinkTest, PassesProducerPropertiesThrough) {
+  auto sink = MakeKafkaSink("orders", Target({{"compression.type", "lz4"},
+                                              {"linger.ms", "0"},
+                                              {"acks", "all"},
+                                              {"client.id", "relay-test"}}));
+  EXPECT_EQ(SubmitAndWait(*sink, MakeMessage(1, std::nullopt)).kind, OutcomeKind::kDelivered);
+  const auto records = cluster_->ConsumeAll(kTopic, 1, kWait);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].value, MakeMessage(1).payload);
+}
+
+}  // namespace
+}  // namespace outbox::relay
