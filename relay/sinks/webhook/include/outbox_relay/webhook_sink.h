@@ -1,0 +1,70 @@
+// The webhook sink: delivers each message as one signed HTTP POST (Standard Webhooks).
+#pragma once
+
+#include <string>
+
+#include "outbox_relay/config.h"
+#include "outbox_relay/sink.h"
+
+namespace outbox::relay {
+
+/// Creates the sink of one webhook destination.
+///
+/// Every message becomes one `POST target.url` (path and query as written in the URL) whose
+/// body is the payload bytes exactly as stored, with these headers:
+///   - `webhook-id`        the message's idempotency_key (stable across redeliveries);
+///   - `webhook-timestamp` unix seconds when this attempt was sent;
+///   - `webhook-signature` one space-separated `v1,<base64>` per configured secret (every
+///                         secret signs, so a receiver knowing either side of a rotation verifies);
+///   - `Idempotency-Key`   the idempotency_key again, for receivers that know that convention;
+///   - `Content-Type`      application/json when payload_is_json, else application/octet-stream;
+///   - `Webhook-Event-Type` the event_type, only when it is not empty;
+///   - the message's own headers, then target.headers. Neither may replace the headers above
+///     (nor Host, Content-Length, Connection, Transfer-Encoding): such headers are skipped with
+///     a debug log. A target header wins over a message header of the same name.
+///
+/// Outcomes: 2xx is kDelivered. 408, 429, 5xx, timeouts and connection/TLS errors are kRetry
+/// (a `Retry-After` of delta-seconds or an HTTP-date sets Outcome::retry_after). Other 4xx
+/// and every 3xx (redirects are never followed) are kPermanent. reason_class is one of
+/// "http_3xx", "http_4xx", "http_408", "http_429", "http_5xx", "http_other", "timeout",
+/// "connection", "tls", "shutdown".
+///
+/// Concurrency: target.max_in_flight worker threads take messages from a queue, each with its
+/// own keep-alive connection, so at most max_in_flight requests run at once and connections
+/// are reused. Submit only enqueues; it never waits on the network. The sink has no per-key
+/// logic: the dispatcher never submits a message while an earlier message with the same
+/// ordering key is in flight, so per-key order holds with any number of workers.
+///
+/// Timeouts: target.connect_timeout bounds connecting (TCP and TLS handshake); target.timeout
+/// bounds each send/receive wait and reading the response body, so a stalled request ends
+/// after roughly target.timeout.
+///
+/// TLS: https URLs verify the server certificate and host name unless target.verify_tls is
+/// false; target.ca_file replaces the system trust store.
+///
+/// Shutdown(deadline) stops accepting work, completes queued-but-unstarted messages with
+/// kRetry "shutdown" at once, waits up to `deadline` for requests already sent, then completes
+/// whatever is still running with kRetry "shutdown", aborts those requests and joins the
+/// workers. The destructor calls Shutdown(0) when Shutdown was not called.
+///
+/// Throws std::invalid_argument for an unusable url, secret, max_in_flight or ca_file (config
+/// validation should have caught it first).
+SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target);
+
+/// The Standard Webhooks signature of one delivery: "v1," + base64(HMAC-SHA256(key,
+/// msg_id + "." + timestamp_seconds + "." + body)), where key is the base64-decoded part of
+/// `whsec_secret` after the "whsec_" prefix. Throws std::invalid_argument when the secret is
+/// not "whsec_" followed by non-empty base64.
+std::string SignStandardWebhook(const std::string& whsec_secret, const std::string& msg_id,
+                                long long timestamp_seconds, const std::string& body);
+
+/// True when one of the space-separated "v1,<base64>" entries of `signature_header` is the
+/// signature of (msg_id, timestamp_seconds, body) under `whsec_secret`. Entries of other
+/// versions are ignored; comparison is constant-time. It does not check that the timestamp
+/// is recent: a receiver should also reject timestamps far from its clock (replay).
+/// Throws std::invalid_argument for a malformed secret, like SignStandardWebhook.
+bool VerifyStandardWebhook(const std::string& whsec_secret, const std::string& msg_id,
+                           long long timestamp_seconds, const std::string& body,
+                           const std::string& signature_header);
+
+}  // namespace outbox::relay

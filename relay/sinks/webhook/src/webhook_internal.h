@@ -1,0 +1,42 @@
+// Helpers of the webhook sink shared by its source files (not installed, not public).
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace outbox::relay::webhook_detail {
+
+std::string Base64Encode(std::string_view bytes);
+/// Standard alphabet; padding optional. nullopt for any other character.
+std::optional<std::string> Base64Decode(std::string_view text);
+/// The HMAC key of a "whsec_<base64>" secret; throws std::invalid_argument.
+std::string DecodeSecret(const std::string& whsec_secret);
+/// "v1,<base64 HMAC-SHA256(key, id.timestamp.body)>".
+std::string SignWithKey(const std::string& key, const std::string& msg_id,
+                        long long timestamp_seconds, const std::string& body);
+
+/// A webhook URL split for httplib.
+struct ParsedUrl {
+  bool https = false;
+  std::string host;  ///< Without brackets for IPv6 literals.
+  int port = 0;
+  std::string path;  ///< Path and query, at least "/". No fragment.
+};
+/// Throws std::invalid_argument saying what is wrong.
+ParsedUrl ParseUrl(const std::string& url);
+
+/// Retry-After as delta-seconds or an HTTP-date (IMF-fixdate, RFC 850, asctime), relative to
+/// `now`. A date in the past gives 0. nullopt when it is neither.
+std::optional<std::chrono::milliseconds> ParseRetryAfter(std::string_view value,
+                                                         std::chrono::system_clock::time_point now);
+
+/// At most `max_bytes` of `text` as printable, valid UTF-8 on one line (control characters
+/// become spaces, invalid bytes '?', a cut never splits a character), trimmed.
+std::string Snippet(std::string_view text, std::size_t max_bytes);
+
+/// True for an RFC 9110 token (header field name).
+bool IsToken(std::string_view name);
+
+}  // namespace outbox::relay::webhook_detail

@@ -1,0 +1,490 @@
+// The webhook sink: a queue drained by max_in_flight workers, each with its own keep-alive
+// cpp-httplib client, posting Standard Webhooks-signed requests.
+#include "outbox_relay/webhook_sink.h"
+
+#include <httplib.h>
+#include <openssl/x509.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "webhook_internal.h"
+
+namespace outbox::relay {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using webhook_detail::ParsedUrl;
+
+constexpr std::size_t kReasonBodyBytes = 200;  ///< Start of the response body kept in reasons.
+constexpr std::size_t kKeptBodyBytes = 1024;   ///< Response body bytes kept; the rest is drained.
+constexpr const char* kUserAgent = "outbox-relay";
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+/// Headers the sink owns: a message or target header of this name is skipped.
+bool IsReservedHeader(const std::string& name) {
+  static const std::set<std::string> kReserved = {
+      "idempotency-key", "content-type", "content-length", "host",      "connection",
+      "transfer-encoding", "keep-alive", "te",             "trailer",   "upgrade",
+      "expect",          "proxy-connection"};
+  const std::string lower = Lower(name);
+  return lower.rfind("webhook-", 0) == 0 || kReserved.count(lower) > 0;
+}
+
+/// A field value httplib can write as is: no CR, LF, NUL or other controls except HTAB.
+bool IsValidHeaderValue(std::string_view value) {
+  for (char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && u != '\t') || u == 0x7F) return false;
+  }
+  return true;
+}
+
+bool ContainsHeader(const httplib::Headers& headers, const std::string& name) {
+  return headers.find(name) != headers.end();  // httplib::Headers compares case-insensitively
+}
+
+void CallCompletion(const Sink::Completion& done, Outcome outcome, const std::string& destination) {
+  if (!done) return;
+  try {
+    done(std::move(outcome));
+  } catch (const std::exception& e) {
+    spdlog::error("webhook {}: completion threw: {}", destination, e.what());
+  } catch (...) {
+    spdlog::error("webhook {}: completion threw a non-standard exception", destination);
+  }
+}
+
+/// The URL is not echoed: webhook URLs often carry tokens.
+ParsedUrl ParseTargetUrl(const std::string& destination, const std::string& url) {
+  try {
+    return webhook_detail::ParseUrl(url);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("webhook " + destination + ": " + e.what());
+  }
+}
+
+Outcome Retry(MessageId id, std::string reason, std::string reason_class) {
+  Outcome o;
+  o.id = id;
+  o.kind = OutcomeKind::kRetry;
+  o.reason = std::move(reason);
+  o.reason_class = std::move(reason_class);
+  return o;
+}
+
+class WebhookSink final : public Sink {
+ public:
+  WebhookSink(std::string destination, const WebhookTarget& target)
+      : destination_(std::move(destination)),
+        target_(target),
+        url_(ParseTargetUrl(destination_, target.url)) {
+    if (target_.secrets.empty()) {
+      throw std::invalid_argument("webhook " + destination_ + ": at least one secret is required");
+    }
+    for (const auto& secret : target_.secrets) keys_.push_back(webhook_detail::DecodeSecret(secret));
+    if (target_.max_in_flight < 1) {
+      throw std::invalid_argument("webhook " + destination_ + ": max_in_flight must be >= 1");
+    }
+    if (target_.timeout.count() <= 0 || target_.connect_timeout.count() <= 0) {
+      throw std::invalid_argument("webhook " + destination_ + ": timeouts must be positive");
+    }
+    if (url_.https && target_.ca_file && !std::ifstream(*target_.ca_file).good()) {
+      throw std::invalid_argument("webhook " + destination_ + ": cannot read ca_file " +
+                                  *target_.ca_file);
+    }
+    for (const auto& [name, value] : target_.headers) {
+      if (!webhook_detail::IsToken(name) || !IsValidHeaderValue(value)) {
+        spdlog::warn("webhook {}: ignoring configured header '{}': invalid name or value",
+                     destination_, name);
+      } else if (IsReservedHeader(name)) {
+        spdlog::warn("webhook {}: ignoring configured header {}: set by the relay", destination_,
+                     name);
+      } else {
+        static_headers_.emplace(name, value);
+      }
+    }
+
+    workers_.reserve(static_cast<std::size_t>(target_.max_in_flight));
+    for (int i = 0; i < target_.max_in_flight; ++i) {
+      auto worker = std::make_unique<Worker>();
+      worker->client = MakeClient();
+      workers_.push_back(std::move(worker));
+    }
+    try {
+      for (auto& worker : workers_) {
+        worker->thread = std::thread([this, w = worker.get()] { Run(*w); });
+      }
+    } catch (...) {
+      {
+        std::lock_guard lock(mu_);
+        stopping_ = true;
+      }
+      work_cv_.notify_all();
+      for (auto& worker : workers_) {
+        if (worker->thread.joinable()) worker->thread.join();
+      }
+      throw;
+    }
+    spdlog::debug("webhook {}: {} workers posting to {}://{}:{}", destination_, workers_.size(),
+                  url_.https ? "https" : "http", url_.host, url_.port);
+  }
+
+  ~WebhookSink() override { Shutdown(std::chrono::milliseconds(0)); }
+
+  WebhookSink(const WebhookSink&) = delete;
+  WebhookSink& operator=(const WebhookSink&) = delete;
+
+  void Submit(Message msg, Completion done) override {
+    {
+      std::lock_guard lock(mu_);
+      if (!stopping_) {
+        in_flight_.fetch_add(1);
+        queue_.push_back(Job{std::move(msg), std::move(done)});
+        work_cv_.notify_one();
+        return;
+      }
+    }
+    CallCompletion(done, Retry(msg.id, "shutdown: the webhook sink is stopping", "shutdown"),
+                   destination_);
+  }
+
+  void Shutdown(std::chrono::milliseconds deadline) override {
+    std::lock_guard shutdown_lock(shutdown_mu_);
+    if (joined_) return;
+    const auto until = Clock::now() + deadline;
+
+    std::deque<Job> queued;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      queued.swap(queue_);
+    }
+    work_cv_.notify_all();
+    if (!queued.empty()) {
+      spdlog::info("webhook {}: shutdown returns {} queued messages for retry", destination_,
+                   queued.size());
+    }
+    for (auto& job : queued) {
+      Complete(job.done, Retry(job.msg.id, "shutdown: not sent before the relay stopped", "shutdown"));
+    }
+
+    // Let requests already sent finish; take over the completions of those that do not.
+    std::vector<std::pair<MessageId, Completion>> abandoned;
+    std::vector<Worker*> to_stop;
+    {
+      std::unique_lock lock(mu_);
+      idle_cv_.wait_until(lock, until, [this] { return running_ == 0; });
+      for (auto& worker : workers_) {
+        if (worker->active) {
+          abandoned.emplace_back(worker->active_id, std::move(*worker->active));
+          worker->active.reset();
+          to_stop.push_back(worker.get());
+        }
+      }
+    }
+    if (!abandoned.empty()) {
+      spdlog::warn("webhook {}: {} requests still running at the shutdown deadline; they will be retried",
+                   destination_, abandoned.size());
+    }
+    for (auto& [id, done] : abandoned) {
+      Complete(done, Retry(id, "shutdown: request still running at the shutdown deadline", "shutdown"));
+    }
+    // Abort the abandoned requests so the workers return promptly (a connect in progress
+    // still runs to its connect_timeout).
+    for (Worker* worker : to_stop) worker->client->stop();
+    for (auto& worker : workers_) {
+      if (worker->thread.joinable()) worker->thread.join();
+    }
+    joined_ = true;
+  }
+
+  bool Ready() const override {
+    std::lock_guard lock(mu_);
+    return !stopping_;
+  }
+
+  std::size_t InFlight() const override { return in_flight_.load(); }
+
+ private:
+  struct Job {
+    Message msg;
+    Completion done;
+  };
+
+  struct Worker {
+    std::unique_ptr<httplib::ClientImpl> client;  ///< Keep-alive connection of this worker.
+    std::optional<Completion> active;             ///< Guarded by mu_; set while sending.
+    MessageId active_id{};                        ///< Guarded by mu_.
+    std::thread thread;
+  };
+
+  std::unique_ptr<httplib::ClientImpl> MakeClient() const {
+    std::unique_ptr<httplib::ClientImpl> client;
+    if (url_.https) {
+      auto ssl = std::make_unique<httplib::SSLClient>(url_.host, url_.port);
+      if (!ssl->is_valid()) {
+        throw std::invalid_argument("webhook " + destination_ + ": cannot create a TLS context");
+      }
+      client = std::move(ssl);
+      client->enable_server_certificate_verification(target_.verify_tls);
+      if (target_.ca_file) client->set_ca_cert_path(*target_.ca_file);
+    } else {
+      client = std::make_unique<httplib::ClientImpl>(url_.host, url_.port);
+    }
+    client->set_keep_alive(true);
+    client->set_follow_location(false);
+    client->set_tcp_nodelay(true);
+    client->set_connection_timeout(target_.connect_timeout);
+    client->set_read_timeout(target_.timeout);
+    client->set_write_timeout(target_.timeout);
+    return client;
+  }
+
+  void Run(Worker& worker) {
+    // A peer that closes the connection while we write must give EPIPE, not kill the process
+    // (OpenSSL writes with plain write(2)). Blocked here, SIGPIPE stays with this thread.
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+
+    while (true) {
+      Job job;
+      {
+        std::unique_lock lock(mu_);
+        work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return;  // Shutdown completes whatever is still queued.
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        worker.active = std::move(job.done);
+        worker.active_id = job.msg.id;
+        ++running_;
+      }
+      Outcome outcome = Deliver(*worker.client, job.msg);
+      std::optional<Completion> done;
+      {
+        std::lock_guard lock(mu_);
+        done = std::move(worker.active);
+        worker.active.reset();
+        --running_;
+      }
+      idle_cv_.notify_all();
+      if (done) {
+        Complete(*done, std::move(outcome));
+      } else {
+        spdlog::debug("webhook {}: message {} finished ({}) after shutdown had returned it",
+                      destination_, Raw(job.msg.id), ToString(outcome.kind));
+      }
+    }
+  }
+
+  void Complete(Completion& done, Outcome outcome) {
+    CallCompletion(done, std::move(outcome), destination_);
+    in_flight_.fetch_sub(1);
+  }
+
+  httplib::Headers BuildHeaders(const Message& msg, long long timestamp) const {
+    httplib::Headers headers;
+    std::string signatures;
+    for (const auto& key : keys_) {
+      if (!signatures.empty()) signatures += ' ';
+      signatures += webhook_detail::SignWithKey(key, msg.idempotency_key, timestamp, msg.payload);
+    }
+    headers.emplace("webhook-id", msg.idempotency_key);
+    headers.emplace("webhook-timestamp", std::to_string(timestamp));
+    headers.emplace("webhook-signature", std::move(signatures));
+    headers.emplace("Idempotency-Key", msg.idempotency_key);
+    headers.emplace("Content-Type",
+                    msg.payload_is_json ? "application/json" : "application/octet-stream");
+    if (!msg.event_type.empty()) {
+      if (IsValidHeaderValue(msg.event_type)) {
+        headers.emplace("Webhook-Event-Type", msg.event_type);
+      } else {
+        spdlog::warn("webhook {}: message {}: event_type has control characters; not sent",
+                     destination_, Raw(msg.id));
+      }
+    }
+    for (const auto& [name, value] : static_headers_) headers.emplace(name, value);
+    for (const auto& [name, value] : msg.headers) {
+      if (IsReservedHeader(name)) {
+        spdlog::debug("webhook {}: message {}: skipping header {}: set by the relay", destination_,
+                      Raw(msg.id), name);
+      } else if (!webhook_detail::IsToken(name) || !IsValidHeaderValue(value)) {
+        spdlog::debug("webhook {}: message {}: skipping header '{}': invalid name or value",
+                      destination_, Raw(msg.id), name);
+      } else if (ContainsHeader(static_headers_, name)) {
+        spdlog::debug("webhook {}: message {}: skipping header {}: configured for the target",
+                      destination_, Raw(msg.id), name);
+      } else {
+        headers.emplace(name, value);
+      }
+    }
+    if (!ContainsHeader(headers, "User-Agent")) headers.emplace("User-Agent", kUserAgent);
+    return headers;
+  }
+
+  Outcome Deliver(httplib::ClientImpl& client, const Message& msg) const {
+    const long long timestamp = std::chrono::duration_cast<std::chrono::seconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = url_.path;
+    req.headers = BuildHeaders(msg, timestamp);
+    req.body = msg.payload;
+
+    const auto start = Clock::now();
+    const auto deadline = start + target_.timeout;
+    std::string kept;  // start of the response body, for reasons
+    req.content_receiver = [&kept](const char* data, std::size_t len, std::uint64_t, std::uint64_t) {
+      if (kept.size() < kKeptBodyBytes) kept.append(data, std::min(len, kKeptBodyBytes - kept.size()));
+      return true;
+    };
+    // Reading a body that trickles in must not take longer than the whole-request timeout.
+    req.progress = [deadline](std::uint64_t, std::uint64_t) { return Clock::now() < deadline; };
+
+    httplib::Response res;
+    httplib::Error error = httplib::Error::Success;
+    const bool sent = client.send(req, res, error);
+    const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+
+    Outcome outcome;
+    if (!sent) {
+      outcome = TransportFailure(client, msg.id, error, elapsed);
+    } else {
+      outcome = FromStatus(msg.id, res, kept);
+    }
+    if (outcome.kind == OutcomeKind::kDelivered) {
+      spdlog::trace("webhook {}: message {} delivered ({} in {}ms)", destination_, Raw(msg.id),
+                    res.status, elapsed.count());
+    } else {
+      spdlog::debug("webhook {}: message {} {}: {} ({}ms)", destination_, Raw(msg.id),
+                    ToString(outcome.kind), outcome.reason, elapsed.count());
+    }
+    return outcome;
+  }
+
+  Outcome TransportFailure(httplib::ClientImpl& client, MessageId id, httplib::Error error,
+                           std::chrono::milliseconds elapsed) const {
+    const std::string what = httplib::to_string(error);
+    switch (error) {
+      case httplib::Error::ConnectionTimeout:
+        return Retry(id, "timeout: could not connect within " +
+                             std::to_string(target_.connect_timeout.count()) + "ms",
+                     "timeout");
+      case httplib::Error::SSLConnection:
+      case httplib::Error::SSLLoadingCerts:
+        return Retry(id, "connection error: " + what, "tls");
+      case httplib::Error::SSLServerVerification: {
+        std::string reason = "connection error: " + what;
+        const long verify = static_cast<httplib::SSLClient&>(client).get_openssl_verify_result();
+        if (verify != X509_V_OK) {
+          reason += std::string(" (") + X509_verify_cert_error_string(verify) + ")";
+        } else {
+          reason += " (certificate does not match host " + url_.host + ")";
+        }
+        return Retry(id, std::move(reason), "tls");
+      }
+      case httplib::Error::Read:
+      case httplib::Error::Write:
+      case httplib::Error::Canceled:
+        if (elapsed >= target_.timeout) {
+          return Retry(id, "timeout: no complete response within " +
+                               std::to_string(target_.timeout.count()) + "ms (" + what + ")",
+                       "timeout");
+        }
+        return Retry(id, "connection error: " + what, "connection");
+      default:
+        return Retry(id, "connection error: " + what, "connection");
+    }
+  }
+
+  Outcome FromStatus(MessageId id, const httplib::Response& res, const std::string& body) const {
+    Outcome outcome;
+    outcome.id = id;
+    const int status = res.status;
+    if (status >= 200 && status <= 299) {
+      outcome.kind = OutcomeKind::kDelivered;
+      return outcome;
+    }
+    const std::string head = "http " + std::to_string(status);
+    const std::string snippet = webhook_detail::Snippet(body, kReasonBodyBytes);
+    outcome.reason = snippet.empty() ? head : head + ": " + snippet;
+    if (status >= 300 && status <= 399) {
+      outcome.kind = OutcomeKind::kPermanent;
+      outcome.reason_class = "http_3xx";
+      outcome.reason = head + ": redirects are not followed";
+      const std::string location = webhook_detail::Snippet(res.get_header_value("Location"), kReasonBodyBytes);
+      if (!location.empty()) outcome.reason += " (Location: " + location + ")";
+      return outcome;
+    }
+    if (status == 408) {
+      outcome.kind = OutcomeKind::kRetry;
+      outcome.reason_class = "http_408";
+    } else if (status == 429) {
+      outcome.kind = OutcomeKind::kRetry;
+      outcome.reason_class = "http_429";
+    } else if (status >= 500 && status <= 599) {
+      outcome.kind = OutcomeKind::kRetry;
+      outcome.reason_class = "http_5xx";
+    } else if (status >= 400 && status <= 499) {
+      outcome.kind = OutcomeKind::kPermanent;
+      outcome.reason_class = "http_4xx";
+    } else {
+      outcome.kind = OutcomeKind::kRetry;  // 1xx as final answer or outside 100..599
+      outcome.reason_class = "http_other";
+    }
+    if (outcome.kind == OutcomeKind::kRetry && res.has_header("Retry-After")) {
+      outcome.retry_after = webhook_detail::ParseRetryAfter(res.get_header_value("Retry-After"),
+                                                            std::chrono::system_clock::now());
+    }
+    return outcome;
+  }
+
+  const std::string destination_;
+  const WebhookTarget target_;
+  const ParsedUrl url_;
+  std::vector<std::string> keys_;    ///< Decoded HMAC keys, one per secret.
+  httplib::Headers static_headers_;  ///< Valid, non-reserved target.headers.
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;  ///< Workers wait for jobs or stopping_.
+  std::condition_variable idle_cv_;  ///< Shutdown waits for running_ == 0.
+  std::deque<Job> queue_;
+  bool stopping_ = false;
+  std::size_t running_ = 0;  ///< Workers between taking a job and finishing its request.
+  std::atomic<std::size_t> in_flight_{0};
+  std::vector<std::unique_ptr<Worker>> workers_;
+
+  std::mutex shutdown_mu_;  ///< Serializes Shutdown calls.
+  bool joined_ = false;     ///< Guarded by shutdown_mu_.
+};
+
+}  // namespace
+
+SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target) {
+  return std::make_unique<WebhookSink>(std::move(destination), target);
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,589 @@
+// The webhook sink against the in-process HTTP(S) receiver on loopback.
+#include "outbox_relay/webhook_sink.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <ctime>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "outbox_test/http_receiver.h"
+#include "outbox_test/wait.h"
+#include "spec_signature.h"
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+using outbox::testing::HttpReceiver;
+using outbox::testing::ReceivedRequest;
+using outbox::testing::Reply;
+using outbox::testing::WaitFor;
+using webhook_test::SignatureEntries;
+using webhook_test::SpecSignature;
+
+const std::string kSecretA = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const std::string kSecretB = "whsec_b3V0Ym94LXJlbGF5IHJvdGF0aW9uIHRlc3Qga2V5LCAzMmIhIQ==";
+
+/// Collects completions; must outlive the sink that calls into it.
+class Completions {
+ public:
+  Sink::Completion Callback() {
+    return [this](Outcome outcome) {
+      std::lock_guard lock(mu_);
+      outcomes_.push_back(std::move(outcome));
+      ++calls_[Raw(outcomes_.back().id)];
+    };
+  }
+  std::size_t Size() const {
+    std::lock_guard lock(mu_);
+    return outcomes_.size();
+  }
+  bool WaitForSize(std::size_t n, std::chrono::milliseconds timeout = 20s) const {
+    return WaitFor([&] { return Size() >= n; }, timeout);
+  }
+  std::vector<Outcome> All() const {
+    std::lock_guard lock(mu_);
+    return outcomes_;
+  }
+  /// The outcome of message `id` (fails the test when there is not exactly one).
+  Outcome Of(std::int64_t id) const {
+    std::lock_guard lock(mu_);
+    const auto calls = calls_.find(id);
+    EXPECT_TRUE(calls != calls_.end() && calls->second == 1) << "message " << id;
+    for (const auto& o : outcomes_) {
+      if (Raw(o.id) == id) return o;
+    }
+    return Outcome{};
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Outcome> outcomes_;
+  std::map<std::int64_t, int> calls_;
+};
+
+/// Holds receiver threads until opened (or until a safety bound passes).
+class Gate {
+ public:
+  void Wait(std::chrono::milliseconds at_most = 15s) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, at_most, [&] { return open_; });
+  }
+  void Open() {
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+/// Opens a gate when the test scope ends, before the receiver (declared earlier) joins
+/// its threads.
+struct OpenOnExit {
+  Gate& gate;
+  ~OpenOnExit() { gate.Open(); }
+};
+
+std::string KeyOf(int n) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "6f1c2d3e-0000-4000-8000-%012d", n);
+  return buf;
+}
+
+Message MakeMessage(int n, std::string payload = "", bool json = true) {
+  Message m;
+  m.id = MessageId{n};
+  m.destination = "hooks";
+  m.ordering_key = "key-" + std::to_string(n);
+  m.idempotency_key = KeyOf(n);
+  m.payload = payload.empty() ? R"({"n":)" + std::to_string(n) + "}" : std::move(payload);
+  m.payload_is_json = json;
+  return m;
+}
+
+WebhookTarget Target(const std::string& url) {
+  WebhookTarget t;
+  t.url = url;
+  t.secrets = {kSecretA};
+  t.timeout = 5000ms;
+  t.connect_timeout = 2000ms;
+  t.max_in_flight = 4;
+  return t;
+}
+
+long long UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// Delivers one message and returns its outcome.
+Outcome DeliverOne(const WebhookTarget& target, Message msg = MakeMessage(1)) {
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", target);
+  sink->Submit(std::move(msg), done.Callback());
+  EXPECT_TRUE(done.WaitForSize(1));
+  sink->Shutdown(5s);
+  const auto all = done.All();
+  return all.empty() ? Outcome{} : all.front();
+}
+
+TEST(WebhookSink, RejectsUnusableConfiguration) {
+  WebhookTarget good = Target("http://127.0.0.1:9/hook");
+  EXPECT_NO_THROW(MakeWebhookSink("hooks", good)->Shutdown(0ms));
+
+  for (const std::string url : {"ftp://127.0.0.1/", "127.0.0.1:80/hook", "http://", "http://h:99999/"}) {
+    WebhookTarget t = good;
+    t.url = url;
+    EXPECT_THROW(MakeWebhookSink("hooks", t), std::invalid_argument) << url;
+  }
+  WebhookTarget no_secret = good;
+  no_secret.secrets.clear();
+  EXPECT_THROW(MakeWebhookSink("hooks", no_secret), std::invalid_argument);
+  WebhookTarget bad_secret = good;
+  bad_secret.secrets = {kSecretA, "whsec_%%%"};
+  EXPECT_THROW(MakeWebhookSink("hooks", bad_secret), std::invalid_argument);
+  WebhookTarget no_workers = good;
+  no_workers.max_in_flight = 0;
+  EXPECT_THROW(MakeWebhookSink("hooks", no_workers), std::invalid_argument);
+  WebhookTarget missing_ca = good;
+  missing_ca.url = "https://127.0.0.1:9/hook";
+  missing_ca.ca_file = "/nonexistent/ca.pem";
+  EXPECT_THROW(MakeWebhookSink("hooks", missing_ca), std::invalid_argument);
+}
+
+TEST(WebhookSink, DeliversEveryMessageOnceWithStandardHeaders) {
+  HttpReceiver receiver;
+  Completions done;
+  WebhookTarget target = Target(receiver.Url("/hooks/in?tenant=7"));
+  target.secrets = {kSecretA, kSecretB};
+  target.headers = {{"Authorization", "Bearer config-token"}, {"X-Static", "from-config"}};
+  auto sink = MakeWebhookSink("hooks", target);
+
+  constexpr int kCount = 24;
+  std::map<std::string, Message> sent;  // by idempotency key
+  const long long before = UnixNow();
+  for (int n = 1; n <= kCount; ++n) {
+    Message m = MakeMessage(n);
+    if (n % 3 == 0) m.event_type = "order.created";
+    if (n % 4 == 0) {
+      m.payload = std::string("\x00\x01\xff binary \x80\n", 13) + std::to_string(n);
+      m.payload_is_json = false;
+    }
+    m.headers = {{"X-Trace", "trace-" + std::to_string(n)},
+                 {"webhook-id", "forged"},
+                 {"Idempotency-Key", "forged"},
+                 {"Content-Type", "text/plain"},
+                 {"Webhook-Signature", "v1,forged"},
+                 {"X-Static", "from-message"},
+                 {"Bad Name", "x"},
+                 {"X-Injected", "a\r\nX-Evil: 1"}};
+    sent[m.idempotency_key] = m;
+    sink->Submit(std::move(m), done.Callback());
+  }
+  ASSERT_TRUE(done.WaitForSize(kCount));
+  const long long after = UnixNow();
+  EXPECT_EQ(sink->InFlight(), 0u);
+  for (const auto& o : done.All()) {
+    EXPECT_EQ(o.kind, OutcomeKind::kDelivered) << Raw(o.id) << ": " << o.reason;
+  }
+  for (int n = 1; n <= kCount; ++n) done.Of(n);
+
+  const auto requests = receiver.Requests();
+  ASSERT_EQ(requests.size(), static_cast<std::size_t>(kCount));
+  std::set<std::string> seen;
+  for (const ReceivedRequest& r : requests) {
+    const std::string id = r.Header("webhook-id");
+    ASSERT_EQ(sent.count(id), 1u) << "unexpected webhook-id " << id;
+    EXPECT_TRUE(seen.insert(id).second) << "delivered twice: " << id;
+    const Message& m = sent.at(id);
+
+    EXPECT_EQ(r.method, "POST");
+    EXPECT_EQ(r.path, "/hooks/in");
+    EXPECT_EQ(r.body, m.payload);
+    EXPECT_EQ(r.Header("Idempotency-Key"), m.idempotency_key);
+    EXPECT_EQ(r.Header("Content-Type"),
+              m.payload_is_json ? "application/json" : "application/octet-stream");
+    EXPECT_EQ(r.Header("Webhook-Event-Type"), m.event_type);
+    EXPECT_EQ(r.headers.count("Webhook-Event-Type") + r.headers.count("webhook-event-type"),
+              m.event_type.empty() ? 0u : 1u);
+    EXPECT_EQ(r.Header("X-Trace"), m.headers.front().second);
+    EXPECT_EQ(r.Header("X-Static"), "from-config");
+    EXPECT_EQ(r.Header("Authorization"), "Bearer config-token");
+    EXPECT_EQ(r.Header("X-Injected"), "");
+    EXPECT_EQ(r.Header("X-Evil"), "");
+    for (const char* once : {"webhook-id", "webhook-timestamp", "webhook-signature",
+                             "Idempotency-Key", "Content-Type", "X-Static"}) {
+      std::size_t n = 0;
+      for (const auto& [k, v] : r.headers) n += strcasecmp(k.c_str(), once) == 0 ? 1 : 0;
+      EXPECT_EQ(n, 1u) << once;
+    }
+
+    const std::string ts = r.Header("webhook-timestamp");
+    ASSERT_FALSE(ts.empty());
+    EXPECT_TRUE(std::all_of(ts.begin(), ts.end(), [](char c) { return c >= '0' && c <= '9'; }));
+    EXPECT_GE(std::stoll(ts), before);
+    EXPECT_LE(std::stoll(ts), after);
+
+    // Both secrets sign; each entry is what the spec says, computed independently.
+    const std::string header = r.Header("webhook-signature");
+    EXPECT_EQ(SignatureEntries(header),
+              (std::set<std::string>{SpecSignature(kSecretA, id, ts, r.body),
+                                     SpecSignature(kSecretB, id, ts, r.body)}))
+        << header;
+    EXPECT_TRUE(VerifyStandardWebhook(kSecretA, id, std::stoll(ts), r.body, header));
+    EXPECT_TRUE(VerifyStandardWebhook(kSecretB, id, std::stoll(ts), r.body, header));
+  }
+  sink->Shutdown(5s);
+}
+
+TEST(WebhookSink, ServerErrorIsRetriedWithStatusAndBodyStart) {
+  HttpReceiver receiver;
+  const std::string body = "database unavailable; " + std::string(400, 'z');
+  receiver.SetResponder([&](const ReceivedRequest&) { return Reply{500, body, {}, 0ms}; });
+  const Outcome o = DeliverOne(Target(receiver.Url("/hook")));
+  EXPECT_EQ(o.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(o.reason_class, "http_5xx");
+  EXPECT_EQ(o.reason, "http 500: " + body.substr(0, 200));
+  EXPECT_FALSE(o.retry_after.has_value());
+}
+
+TEST(WebhookSink, RetryAfterInSecondsOrAsHttpDate) {
+  HttpReceiver receiver;
+  receiver.SetResponder([](const ReceivedRequest&) {
+    return Reply{429, "slow down", {{"Retry-After", "7"}}, 0ms};
+  });
+  const Outcome limited = DeliverOne(Target(receiver.Url("/hook")));
+  EXPECT_EQ(limited.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(limited.reason_class, "http_429");
+  EXPECT_EQ(limited.reason, "http 429: slow down");
+  ASSERT_TRUE(limited.retry_after.has_value());
+  EXPECT_EQ(*limited.retry_after, 7000ms);
+
+  // An HTTP-date two minutes ahead.
+  const std::time_t at = std::time(nullptr) + 120;
+  std::tm tm{};
+  gmtime_r(&at, &tm);
+  char date[64];
+  std::strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  receiver.SetResponder([&](const ReceivedRequest&) {
+    return Reply{503, "", {{"Retry-After", date}}, 0ms};
+  });
+  const Outcome unavailable = DeliverOne(Target(receiver.Url("/hook")));
+  EXPECT_EQ(unavailable.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(unavailable.reason_class, "http_5xx");
+  EXPECT_EQ(unavailable.reason, "http 503");
+  ASSERT_TRUE(unavailable.retry_after.has_value());
+  EXPECT_GT(*unavailable.retry_after, 110s);
+  EXPECT_LE(*unavailable.retry_after, 120s);
+}
+
+TEST(WebhookSink, RequestTimeoutStatusIsRetried) {
+  HttpReceiver receiver;
+  receiver.SetResponder([](const ReceivedRequest&) { return Reply{408, "too slow", {}, 0ms}; });
+  const Outcome o = DeliverOne(Target(receiver.Url("/hook")));
+  EXPECT_EQ(o.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(o.reason_class, "http_408");
+}
+
+TEST(WebhookSink, NotFoundIsPermanentWithStatusAndBody) {
+  HttpReceiver receiver;
+  receiver.SetResponder([](const ReceivedRequest&) {
+    return Reply{404, "no such hook\n", {{"Retry-After", "5"}}, 0ms};
+  });
+  const Outcome o = DeliverOne(Target(receiver.Url("/missing")));
+  EXPECT_EQ(o.kind, OutcomeKind::kPermanent);
+  EXPECT_EQ(o.reason_class, "http_4xx");
+  EXPECT_EQ(o.reason, "http 404: no such hook");
+  EXPECT_FALSE(o.retry_after.has_value());
+}
+
+TEST(WebhookSink, RedirectIsPermanentAndNotFollowed) {
+  HttpReceiver receiver;
+  receiver.SetResponder([&](const ReceivedRequest& r) {
+    if (r.path == "/moved") return Reply{302, "", {{"Location", receiver.Url("/new")}}, 0ms};
+    return Reply{};
+  });
+  const Outcome o = DeliverOne(Target(receiver.Url("/moved")));
+  EXPECT_EQ(o.kind, OutcomeKind::kPermanent);
+  EXPECT_EQ(o.reason_class, "http_3xx");
+  EXPECT_NE(o.reason.find("http 302"), std::string::npos) << o.reason;
+  EXPECT_NE(o.reason.find("redirects are not followed"), std::string::npos) << o.reason;
+  ASSERT_EQ(receiver.Count(), 1u);
+  EXPECT_EQ(receiver.Requests().front().path, "/moved");
+}
+
+TEST(WebhookSink, SlowReceiverTimesOut) {
+  Gate gate;
+  HttpReceiver receiver;
+  OpenOnExit release{gate};
+  receiver.SetResponder([&](const ReceivedRequest&) {
+    gate.Wait();
+    return Reply{};
+  });
+  WebhookTarget target = Target(receiver.Url("/slow"));
+  target.timeout = 300ms;
+  const auto start = std::chrono::steady_clock::now();
+  const Outcome o = DeliverOne(target);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(o.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(o.reason_class, "timeout");
+  EXPECT_NE(o.reason.find("timeout"), std::string::npos) << o.reason;
+  EXPECT_NE(o.reason.find("300ms"), std::string::npos) << o.reason;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 5s);
+}
+
+TEST(WebhookSink, ConnectionRefusedIsRetried) {
+  // A bound socket that never listens: connecting to it is refused.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+
+  const Outcome o = DeliverOne(Target("http://127.0.0.1:" + std::to_string(port) + "/hook"));
+  ::close(fd);
+  EXPECT_EQ(o.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(o.reason_class, "connection");
+  EXPECT_EQ(o.reason.rfind("connection error: ", 0), 0u) << o.reason;
+}
+
+TEST(WebhookSink, ConnectTimeoutIsRetried) {
+  // A listener with a full accept queue that never accepts: the kernel drops further SYNs,
+  // so connecting hangs as it does to an unreachable host.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ASSERT_EQ(::listen(fd, 0), 0);
+  std::vector<int> fillers;
+  for (int i = 0; i < 3; ++i) {
+    const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(c, 0);
+    (void)::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr);  // EINPROGRESS
+    fillers.push_back(c);
+  }
+
+  WebhookTarget target = Target("http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/hook");
+  target.connect_timeout = 300ms;
+  const auto start = std::chrono::steady_clock::now();
+  const Outcome o = DeliverOne(target);
+  const auto took = std::chrono::steady_clock::now() - start;
+  for (const int c : fillers) ::close(c);
+  ::close(fd);
+  EXPECT_EQ(o.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(o.reason_class, "timeout");
+  EXPECT_EQ(o.reason, "timeout: could not connect within 300ms");
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 5s);
+}
+
+TEST(WebhookSink, HonoursMaxInFlight) {
+  HttpReceiver receiver;
+  constexpr auto kServiceTime = 60ms;
+  receiver.SetResponder([&](const ReceivedRequest&) { return Reply{200, "ok", {}, kServiceTime}; });
+  Completions done;
+  WebhookTarget target = Target(receiver.Url("/hook"));
+  target.max_in_flight = 3;
+  auto sink = MakeWebhookSink("hooks", target);
+  constexpr int kCount = 15;
+  for (int n = 1; n <= kCount; ++n) sink->Submit(MakeMessage(n), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(kCount));
+  EXPECT_EQ(sink->InFlight(), 0u);
+
+  // Each request occupies the receiver from its arrival for kServiceTime, and a worker sends
+  // its next request only after the answer: count the most that overlapped.
+  std::vector<std::pair<std::chrono::steady_clock::time_point, int>> edges;
+  for (const auto& r : receiver.Requests()) {
+    edges.emplace_back(r.at, +1);
+    edges.emplace_back(r.at + kServiceTime, -1);
+  }
+  std::sort(edges.begin(), edges.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second < b.second;
+  });
+  int current = 0, peak = 0;
+  for (const auto& [at, delta] : edges) {
+    current += delta;
+    peak = std::max(peak, current);
+  }
+  EXPECT_LE(peak, 3);
+  EXPECT_GE(peak, 2) << "the workers did not run concurrently";
+  sink->Shutdown(5s);
+}
+
+TEST(WebhookSink, ReusesKeepAliveConnections) {
+  HttpReceiver receiver;
+  Completions done;
+  WebhookTarget target = Target(receiver.Url("/hook"));
+  target.max_in_flight = 4;
+  auto sink = MakeWebhookSink("hooks", target);
+  constexpr int kCount = 50;
+  for (int n = 1; n <= kCount; ++n) sink->Submit(MakeMessage(n), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(kCount));
+  for (const auto& o : done.All()) EXPECT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;
+  EXPECT_EQ(receiver.Count(), static_cast<std::size_t>(kCount));
+  EXPECT_GE(receiver.ConnectionCount(), 1u);
+  EXPECT_LE(receiver.ConnectionCount(), 4u);
+  sink->Shutdown(5s);
+}
+
+TEST(WebhookSink, TlsWithConfiguredCaDelivers) {
+  const auto pki = outbox::testing::MakeTestPki();
+  HttpReceiver receiver(pki.server);
+  WebhookTarget target = Target(receiver.Url("/secure"));
+  ASSERT_EQ(target.url.rfind("https://", 0), 0u);
+  target.ca_file = pki.ca_cert_path;
+  const Outcome o = DeliverOne(target);
+  EXPECT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;
+  ASSERT_EQ(receiver.Count(), 1u);
+  EXPECT_EQ(receiver.Requests().front().Header("webhook-id"), KeyOf(1));
+}
+
+TEST(WebhookSink, TlsWithSystemCasRejectsTheTestCertificate) {
+  const auto pki = outbox::testing::MakeTestPki();
+  HttpReceiver receiver(pki.server);
+  const Outcome o = DeliverOne(Target(receiver.Url("/secure")));
+  EXPECT_EQ(o.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(o.reason_class, "tls");
+  // httplib reports the failed chain as SSLServerVerification; OpenSSL says why.
+  EXPECT_EQ(o.reason,
+            "connection error: SSLServerVerification (unable to get local issuer certificate)");
+  EXPECT_EQ(receiver.Count(), 0u);
+}
+
+TEST(WebhookSink, TlsVerificationCanBeTurnedOff) {
+  const auto pki = outbox::testing::MakeTestPki();
+  HttpReceiver receiver(pki.server);
+  WebhookTarget target = Target(receiver.Url("/secure"));
+  target.verify_tls = false;
+  const Outcome o = DeliverOne(target);
+  EXPECT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;
+}
+
+TEST(WebhookSink, ShutdownReturnsQueuedMessagesAndFinishesTheOneInFlight) {
+  Gate gate;
+  HttpReceiver receiver;
+  OpenOnExit release{gate};
+  receiver.SetResponder([&](const ReceivedRequest&) {
+    gate.Wait();
+    return Reply{};
+  });
+  Completions done;
+  WebhookTarget target = Target(receiver.Url("/hook"));
+  target.max_in_flight = 1;
+  auto sink = MakeWebhookSink("hooks", target);
+  for (int n = 1; n <= 4; ++n) sink->Submit(MakeMessage(n), done.Callback());
+  ASSERT_TRUE(receiver.WaitForCount(1, 10s));
+  EXPECT_EQ(sink->InFlight(), 4u);
+  EXPECT_TRUE(sink->Ready());
+
+  std::jthread stopper([&] { sink->Shutdown(10s); });
+  // The three that never started come back at once; the sent one is still waiting.
+  ASSERT_TRUE(done.WaitForSize(3));
+  EXPECT_FALSE(sink->Ready());
+  const std::int64_t first = std::stoll(receiver.Requests().front().Header("webhook-id").substr(24));
+  for (const auto& o : done.All()) {
+    EXPECT_NE(Raw(o.id), first);
+    EXPECT_EQ(o.kind, OutcomeKind::kRetry);
+    EXPECT_EQ(o.reason_class, "shutdown");
+  }
+  EXPECT_EQ(sink->InFlight(), 1u);
+
+  Completions late;
+  sink->Submit(MakeMessage(99), late.Callback());
+  ASSERT_EQ(late.Size(), 1u);  // completed inside Submit
+  EXPECT_EQ(late.All().front().kind, OutcomeKind::kRetry);
+  EXPECT_EQ(late.All().front().reason_class, "shutdown");
+
+  gate.Open();
+  stopper.join();
+  ASSERT_EQ(done.Size(), 4u);
+  EXPECT_EQ(done.Of(first).kind, OutcomeKind::kDelivered) << done.Of(first).reason;
+  EXPECT_EQ(sink->InFlight(), 0u);
+  EXPECT_EQ(receiver.Count(), 1u);
+  sink->Shutdown(1s);  // idempotent
+}
+
+TEST(WebhookSink, ShutdownDeadlineAbandonsAStuckRequest) {
+  Gate gate;
+  HttpReceiver receiver;
+  OpenOnExit release{gate};
+  receiver.SetResponder([&](const ReceivedRequest&) {
+    gate.Wait();
+    return Reply{};
+  });
+  Completions done;
+  WebhookTarget target = Target(receiver.Url("/hook"));
+  target.timeout = 30s;  // only the shutdown deadline can end this request early
+  auto sink = MakeWebhookSink("hooks", target);
+  sink->Submit(MakeMessage(1), done.Callback());
+  ASSERT_TRUE(receiver.WaitForCount(1, 10s));
+
+  const auto start = std::chrono::steady_clock::now();
+  sink->Shutdown(200ms);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 200ms);
+  EXPECT_LT(took, 5s);
+  ASSERT_EQ(done.Size(), 1u);
+  const Outcome o = done.Of(1);
+  EXPECT_EQ(o.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(o.reason_class, "shutdown");
+  EXPECT_EQ(sink->InFlight(), 0u);
+}
+
+TEST(WebhookSink, DestructorShutsDownAndCompletesEverything) {
+  Gate gate;
+  HttpReceiver receiver;
+  OpenOnExit release{gate};
+  receiver.SetResponder([&](const ReceivedRequest&) {
+    gate.Wait();
+    return Reply{};
+  });
+  Completions done;
+  WebhookTarget target = Target(receiver.Url("/hook"));
+  target.max_in_flight = 1;
+  target.timeout = 30s;
+  auto sink = MakeWebhookSink("hooks", target);
+  for (int n = 1; n <= 3; ++n) sink->Submit(MakeMessage(n), done.Callback());
+  ASSERT_TRUE(receiver.WaitForCount(1, 10s));
+  const auto start = std::chrono::steady_clock::now();
+  sink.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  ASSERT_EQ(done.Size(), 3u);
+  for (int n = 1; n <= 3; ++n) {
+    EXPECT_EQ(done.Of(n).kind, OutcomeKind::kRetry);
+    EXPECT_EQ(done.Of(n).reason_class, "shutdown");
+  }
+}
+
+}  // namespace
+}  // namespace outbox::relay
