@@ -185,6 +185,7 @@ struct Dispatcher::Impl {
           stats.dead += c.dead;
           stats.released += c.released;
           stats.fenced += c.fenced;
+          if (c.woken > 0) Wake();  // the next message of a settled key may go now
           if (c.fenced > 0) {
             spdlog::warn("{} settlements fenced: their lease expired and moved on (redelivery follows)",
                          c.fenced);
