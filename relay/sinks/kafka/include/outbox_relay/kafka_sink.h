@@ -59,8 +59,15 @@ Outcome ClassifyDeliveryError(MessageId id, rd_kafka_resp_err_t err, bool retria
 ///  - A fatal idempotent-producer error (rd_kafka_fatal_error) is logged, every message the
 ///    broken producer still holds completes with kRetry (reason_class "fatal"), and a new
 ///    producer replaces it, so nothing is lost and later Submits go to the new producer.
-///  - Ready() is false until a broker answered (a metadata probe or a successful delivery),
-///    and again after "all brokers down" or a fatal error, until a broker answers again.
+///  - Ready() is false until a broker answered (a metadata probe, retried every 500 ms while
+///    not ready, or a successful delivery). It turns false again on "all brokers down", on a
+///    delivery that failed for timeout/broker reasons, and on a fatal error, until a broker
+///    answers again.
+///
+/// Producer defaults, each overridable through KafkaTarget::producer: linger.ms=5,
+/// message.timeout.ms=30000, queue.buffering.max.messages=100000, partitioner=murmur2_random
+/// (the Java client's key hashing), client.id=outbox-relay. Always: enable.idempotence=true
+/// and acks=all (other values are rejected at start-up); transactional.id is rejected.
 class KafkaSink final : public Sink {
  public:
   /// Creates the producer. Throws std::invalid_argument with librdkafka's error text (which
