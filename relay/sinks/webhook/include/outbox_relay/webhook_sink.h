@@ -45,7 +45,9 @@ namespace outbox::relay {
 /// Shutdown(deadline) stops accepting work, completes queued-but-unstarted messages with
 /// kRetry "shutdown" at once, waits up to `deadline` for requests already sent, then completes
 /// whatever is still running with kRetry "shutdown", aborts those requests and joins the
-/// workers. The destructor calls Shutdown(0) when Shutdown was not called.
+/// workers. The destructor calls Shutdown(0) when Shutdown was not called. Completions run on
+/// the worker threads (or on the caller of Submit/Shutdown); they may call Submit, but must not
+/// call Shutdown or destroy the sink.
 ///
 /// Throws std::invalid_argument for an unusable url, secret, max_in_flight or ca_file (config
 /// validation should have caught it first).
