@@ -15,7 +15,8 @@ namespace outbox::testing {
 
 struct ReceivedRequest {
   std::string method;
-  std::string path;
+  std::string path;    ///< Percent-decoded path, without the query string.
+  std::string target;  ///< Request target exactly as sent: raw path plus "?query" if any.
   std::multimap<std::string, std::string> headers;  ///< Names as sent (httplib compares case-insensitively).
   std::string body;
   std::string remote_addr;

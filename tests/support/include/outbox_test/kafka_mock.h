@@ -11,6 +11,29 @@
 #include <string>
 #include <vector>
 
+// Kafka protocol API keys for PushRequestErrors. librdkafka defines these in its private
+// rdkafka_protocol.h, which the Debian package does not install; same names and values.
+#ifndef RD_KAFKAP_Produce
+#define RD_KAFKAP_Produce 0
+#define RD_KAFKAP_Fetch 1
+#define RD_KAFKAP_ListOffsets 2
+#define RD_KAFKAP_Metadata 3
+#define RD_KAFKAP_OffsetCommit 8
+#define RD_KAFKAP_OffsetFetch 9
+#define RD_KAFKAP_FindCoordinator 10
+#define RD_KAFKAP_JoinGroup 11
+#define RD_KAFKAP_Heartbeat 12
+#define RD_KAFKAP_LeaveGroup 13
+#define RD_KAFKAP_SyncGroup 14
+#define RD_KAFKAP_ApiVersion 18
+#define RD_KAFKAP_CreateTopics 19
+#define RD_KAFKAP_InitProducerId 22
+#define RD_KAFKAP_AddPartitionsToTxn 24
+#define RD_KAFKAP_AddOffsetsToTxn 25
+#define RD_KAFKAP_EndTxn 26
+#define RD_KAFKAP_TxnOffsetCommit 28
+#endif
+
 namespace outbox::testing {
 
 struct ConsumedRecord {

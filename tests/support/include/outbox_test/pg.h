@@ -18,6 +18,9 @@ class PgCluster {
   static PgCluster& Instance();
 
   int port() const;
+  /// The cluster's temp dir (data directory, server log postgres.log, unix socket). Removed
+  /// at exit or by the watchdog.
+  std::string base_dir() const;
   /// URL of database `dbname` as the superuser, e.g. postgresql://postgres@127.0.0.1:5433/x
   std::string Url(const std::string& dbname) const;
   /// A new empty database with a unique name; returns its URL.
