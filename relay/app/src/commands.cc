@@ -20,7 +20,8 @@
 namespace outbox::relay::app {
 
 void SetupLogging(const std::string& level, bool json) {
-  auto logger = spdlog::stderr_color_mt("outbox-relay");
+  auto logger = spdlog::get("outbox-relay");
+  if (!logger) logger = spdlog::stderr_color_mt("outbox-relay");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(level));
   if (json) {
