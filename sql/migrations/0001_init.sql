@@ -36,6 +36,9 @@ CREATE TABLE outbox.messages (
   lease_until     timestamptz,
   last_error      text,
   created_at      timestamptz NOT NULL,
+  -- Partition-assignment mode (claim_mode: partitioned): the logical bucket, from a hash of
+  -- the ordering key (random without one), out of outbox.partitioning.bucket_count.
+  bucket          smallint    NOT NULL DEFAULT 0,
   CONSTRAINT messages_idempotency_key_key UNIQUE (idempotency_key),
   CONSTRAINT messages_destination_check CHECK (destination <> '' AND length(destination) <= 255),
   CONSTRAINT messages_one_payload_check CHECK (num_nonnulls(payload, payload_bytes) = 1),
@@ -58,6 +61,9 @@ CREATE TABLE outbox.messages (
 -- walked again (docs/adr/0001-claim-path.md). Leasing a row changes no indexed column,
 -- so the lease update stays HOT.
 CREATE INDEX messages_fresh_idx ON outbox.messages (destination, id) WHERE NOT parked;
+
+-- The fresh lane of one bucket, for claim_mode: partitioned.
+CREATE INDEX messages_fresh_bucket_idx ON outbox.messages (destination, bucket, id) WHERE NOT parked;
 
 -- The slow lane: parked rows in the order they become due. A row blocked behind an
 -- earlier message of its key waits at deliver_after = 'infinity' until that one settles.
@@ -84,6 +90,86 @@ CREATE TABLE outbox.dead_letters (
 );
 CREATE INDEX dead_letters_dead_at_idx ON outbox.dead_letters (dead_at);
 CREATE INDEX dead_letters_destination_idx ON outbox.dead_letters (destination, id);
+
+-- Partition-assignment mode: fixed logical buckets, each owned by one live relay.
+-- The coordinator is this table and outbox.coordinate(); no other moving part.
+CREATE TABLE outbox.partitioning (
+  only_row     boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+  bucket_count integer NOT NULL DEFAULT 64 CHECK (bucket_count BETWEEN 1 AND 32768)
+);
+INSERT INTO outbox.partitioning DEFAULT VALUES;
+
+CREATE TABLE outbox.relay_instances (
+  instance_id  uuid PRIMARY KEY,
+  started_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+  heartbeat_at timestamptz NOT NULL,
+  description  text NOT NULL DEFAULT ''
+);
+
+CREATE TABLE outbox.bucket_owners (
+  bucket integer PRIMARY KEY,
+  owner  uuid,                      -- NULL: free
+  epoch  bigint NOT NULL DEFAULT 0  -- fencing token: bumped on every change of owner
+);
+
+-- Heartbeat, failure detection and rebalancing in one serialised step. Returns the buckets
+-- `instance` owns afterwards with their epochs. `leaving` hands every bucket back at once.
+-- Assignment: live instances sorted by id; bucket b goes to instance b mod n, so every
+-- instance holds floor(N/n) or ceil(N/n) buckets.
+CREATE FUNCTION outbox.coordinate(instance uuid, dead_after interval, leaving boolean,
+                                  description text DEFAULT '')
+RETURNS TABLE (bucket integer, epoch bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+  n integer;
+  bc integer := (SELECT p.bucket_count FROM outbox.partitioning p);
+BEGIN
+  PERFORM pg_advisory_xact_lock(7079, 1);
+  IF leaving THEN
+    DELETE FROM outbox.relay_instances WHERE instance_id = instance;
+  ELSE
+    INSERT INTO outbox.relay_instances AS r (instance_id, heartbeat_at, description)
+    VALUES (instance, clock_timestamp(), description)
+    ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at;
+  END IF;
+  DELETE FROM outbox.relay_instances r WHERE r.heartbeat_at < clock_timestamp() - dead_after;
+  INSERT INTO outbox.bucket_owners (bucket) SELECT g FROM generate_series(0, bc - 1) g
+  ON CONFLICT DO NOTHING;
+  DELETE FROM outbox.bucket_owners o WHERE o.bucket >= bc;
+  SELECT count(*) INTO n FROM outbox.relay_instances;
+  WITH live AS (
+    SELECT r.instance_id, (row_number() OVER (ORDER BY r.instance_id) - 1)::integer AS idx
+    FROM outbox.relay_instances r
+  ), desired AS (
+    SELECT o.bucket AS b, l.instance_id AS want
+    FROM outbox.bucket_owners o LEFT JOIN live l ON n > 0 AND l.idx = o.bucket % n
+  )
+  UPDATE outbox.bucket_owners o SET owner = d.want, epoch = o.epoch + 1
+  FROM desired d
+  WHERE o.bucket = d.b AND o.owner IS DISTINCT FROM d.want;
+  IF leaving THEN
+    PERFORM pg_notify('outbox_messages', 'rebalance');
+  END IF;
+  RETURN QUERY SELECT o.bucket, o.epoch FROM outbox.bucket_owners o WHERE o.owner = instance
+               ORDER BY o.bucket;
+END
+$$;
+
+-- Changes the bucket count and re-buckets queued messages; every relay picks up the new
+-- assignment at its next heartbeat.
+CREATE FUNCTION outbox.set_bucket_count(new_count integer) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_advisory_xact_lock(7079, 1);
+  UPDATE outbox.partitioning SET bucket_count = new_count;
+  UPDATE outbox.messages m
+  SET bucket = CASE WHEN m.ordering_key IS NULL THEN floor(random() * new_count)
+                    ELSE (hashtextextended(m.destination || chr(31) || m.ordering_key, 0) & 32767) % new_count END;
+  UPDATE outbox.bucket_owners SET owner = NULL, epoch = epoch + 1;
+  DELETE FROM outbox.bucket_owners WHERE bucket >= new_count;
+END
+$$;
 
 -- One notification per inserting statement, not per row: a wake-up, not a payload.
 CREATE FUNCTION outbox.notify_relay() RETURNS trigger
@@ -152,6 +238,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   new_id bigint;
   ts timestamptz := clock_timestamp();
+  bucket_count integer := (SELECT p.bucket_count FROM outbox.partitioning p);
+  bucket smallint;
 BEGIN
   PERFORM outbox.validate_message(destination, ordering_key, headers, event_type);
   -- No EXCEPTION block here: it would open a subtransaction per message, and more than 64
@@ -165,14 +253,17 @@ BEGIN
   PERFORM pg_current_xact_id();
   IF ordering_key IS NOT NULL THEN
     PERFORM pg_advisory_xact_lock(hashtextextended(destination || chr(31) || ordering_key, 7079));
+    bucket := (hashtextextended(destination || chr(31) || ordering_key, 0) & 32767) % bucket_count;
+  ELSE
+    bucket := floor(random() * bucket_count);
   END IF;
   INSERT INTO outbox.messages AS m (destination, ordering_key, idempotency_key, event_type,
                                     headers, payload, payload_bytes, deliver_after, parked,
-                                    created_at)
+                                    created_at, bucket)
   VALUES (destination, ordering_key, coalesce(idempotency_key, gen_random_uuid()), event_type,
           headers, payload, payload_bytes, coalesce(deliver_after, ts),
           -- a message due later goes straight to the slow lane
-          coalesce(deliver_after, ts) > ts + interval '1 second', ts)
+          coalesce(deliver_after, ts) > ts + interval '1 second', ts, bucket)
   RETURNING m.id INTO new_id;
   RETURN new_id;
 END
@@ -277,3 +368,6 @@ GRANT EXECUTE ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, text, timesta
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.messages TO outbox_relay;
 GRANT SELECT, INSERT, DELETE ON outbox.dead_letters TO outbox_relay;
 GRANT SELECT ON SEQUENCE outbox.messages_id_seq TO outbox_relay;
+GRANT SELECT ON outbox.partitioning TO outbox_relay;
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.relay_instances, outbox.bucket_owners TO outbox_relay;
+GRANT EXECUTE ON FUNCTION outbox.coordinate(uuid, interval, boolean, text) TO outbox_relay;

@@ -53,10 +53,12 @@ WITH fresh AS (
          pg_snapshot_xmin(pg_current_snapshot())::text AS snap_xmin,
          pg_snapshot_xmax(pg_current_snapshot())::text AS snap_xmax,
          (SELECT count(*) FROM fresh) AS fresh_scanned,
-         (SELECT max(id) FROM fresh) AS fresh_max_id,
+         -- The cursor may not pass what a scan that stopped at its limit did not reach.
+         CASE WHEN (SELECT count(*) FROM fresh) >= $3 THEN (SELECT max(id) FROM fresh) END
+           AS fresh_full_bound,
          (SELECT count(*) FROM held) AS held
 )
-SELECT f.seq_value, f.snap_xmin, f.snap_xmax, f.fresh_scanned, f.fresh_max_id, f.held,
+SELECT f.seq_value, f.snap_xmin, f.snap_xmax, f.fresh_scanned, f.fresh_full_bound, f.held,
        l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
        l.payload_bytes, l.attempts, l.created_us
 FROM facts f LEFT JOIN leased l ON true

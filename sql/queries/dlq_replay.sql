@@ -9,8 +9,10 @@ WITH picked AS (
 )
 INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type, headers,
                              payload, payload_bytes, deliver_after, parked, created_at,
-                             last_error)
+                             last_error, bucket)
 SELECT destination, ordering_key, idempotency_key, event_type, headers, payload,
-       payload_bytes, clock_timestamp(), true, created_at, 'replayed from dead letter ' || id
-FROM picked ORDER BY id
+       payload_bytes, clock_timestamp(), true, created_at, 'replayed from dead letter ' || id,
+       CASE WHEN ordering_key IS NULL THEN floor(random() * p.bucket_count)
+            ELSE (hashtextextended(destination || chr(31) || ordering_key, 0) & 32767) % p.bucket_count END
+FROM picked, outbox.partitioning p ORDER BY id
 RETURNING id

@@ -5,6 +5,8 @@
 namespace outbox::relay {
 namespace {
 
+// `scanned` rows up to `max_id`; a scan of kLimit rows stopped at its limit.
+constexpr int kLimit = 500;
 ClaimFacts Facts(std::int64_t seq, std::uint64_t xmin, std::uint64_t xmax, std::int64_t scanned,
                  std::optional<std::int64_t> max_id = std::nullopt) {
   ClaimFacts f;
@@ -12,47 +14,47 @@ ClaimFacts Facts(std::int64_t seq, std::uint64_t xmin, std::uint64_t xmax, std::
   f.snap_xmin = xmin;
   f.snap_xmax = xmax;
   f.fresh_scanned = scanned;
-  f.fresh_max_id = max_id;
+  if (scanned >= kLimit) f.fresh_full_bound = max_id;
   return f;
 }
 
 TEST(FreshCursor, StaysAtZeroUntilACheckpointIsResolved) {
   FreshCursor c;
-  c.Observe(Facts(100, 50, 60, 10, 100), 500);  // seq 100 read; no xmax to pair with yet
+  c.Observe(Facts(100, 50, 60, 10, 100));  // seq 100 read; no xmax to pair with yet
   EXPECT_EQ(c.position(), 0);
-  c.Observe(Facts(120, 55, 70, 5, 120), 500);   // pairs (100, 70); xmin 55 < 70: transactions may still run
+  c.Observe(Facts(120, 55, 70, 5, 120));   // pairs (100, 70); xmin 55 < 70: transactions may still run
   EXPECT_EQ(c.position(), 0);
   EXPECT_EQ(c.pending_checkpoints(), 1u);
-  c.Observe(Facts(130, 70, 80, 0), 500);        // xmin reached 70: ids <= 100 are settled
+  c.Observe(Facts(130, 70, 80, 0));        // xmin reached 70: ids <= 100 are settled
   EXPECT_EQ(c.position(), 100);
 }
 
 TEST(FreshCursor, NeverPassesARowOfATransactionStillRunning) {
   FreshCursor c;
   // A writer with xid 57 took id 90 and has not committed: every snapshot's xmin stays <= 57.
-  for (int i = 0; i < 20; ++i) c.Observe(Facts(200 + i, 57, 100 + static_cast<std::uint64_t>(i), 3, 200 + i), 500);
+  for (int i = 0; i < 20; ++i) c.Observe(Facts(200 + i, 57, 100 + static_cast<std::uint64_t>(i), 3, 200 + i));
   EXPECT_EQ(c.position(), 0);
   // It commits: xmin moves past every recorded xmax; the cursor may move up to the
   // latest resolved sequence value, which the scan of this same statement covered.
-  c.Observe(Facts(300, 200, 210, 4, 300), 500);
+  c.Observe(Facts(300, 200, 210, 4, 300));
   EXPECT_EQ(c.position(), 218);  // (219, 210) waits: xmin 200 < 210
 }
 
 TEST(FreshCursor, AFullScanBoundsTheCursorToWhatItSaw) {
   FreshCursor c;
-  c.Observe(Facts(10'000, 1, 2, 500, 500), 500);
-  c.Observe(Facts(10'000, 3, 3, 500, 1000), 500);  // resolved 10000, but the scan stopped at 1000
+  c.Observe(Facts(10'000, 1, 2, 500, 500));
+  c.Observe(Facts(10'000, 3, 3, 500, 1000));  // resolved 10000, but the scan stopped at 1000
   EXPECT_EQ(c.position(), 1000);
-  c.Observe(Facts(10'000, 4, 4, 100, 10'000), 500);  // not full: saw everything
+  c.Observe(Facts(10'000, 4, 4, 100, 10'000));  // not full: saw everything
   EXPECT_EQ(c.position(), 10'000);
 }
 
 TEST(FreshCursor, NeverMovesBackwardsExceptOnReset) {
   FreshCursor c;
-  c.Observe(Facts(50, 1, 1, 0), 500);
-  c.Observe(Facts(60, 2, 2, 0), 500);
+  c.Observe(Facts(50, 1, 1, 0));
+  c.Observe(Facts(60, 2, 2, 0));
   EXPECT_EQ(c.position(), 50);
-  c.Observe(Facts(70, 3, 3, 500, 10), 500);  // a full scan that only reached 10 does not undo 50
+  c.Observe(Facts(70, 3, 3, 500, 10));  // a full scan that only reached 10 does not undo 50
   EXPECT_EQ(c.position(), 50);
   c.Reset();
   EXPECT_EQ(c.position(), 0);

@@ -161,7 +161,7 @@ TEST_F(StoreTest, CursorNeverSkipsARowWhoseTransactionCommitsLate) {
   for (int round = 0; round < 20; ++round) {
     Enqueue(std::vector<outbox::OutboxMessage>(5, outbox::Message::To("d").Json("1").Build()));
     auto r = store.Claim("d", cursor.position(), 3, 3, 30s);
-    cursor.Observe(r.facts, 3);
+    cursor.Observe(r.facts);
     std::vector<Settlement> done;
     for (const auto& m : r.messages) {
       seen.push_back(Raw(m.id));
@@ -173,7 +173,7 @@ TEST_F(StoreTest, CursorNeverSkipsARowWhoseTransactionCommitsLate) {
   late.commit();
   for (int round = 0; round < 60; ++round) {
     auto r = store.Claim("d", cursor.position(), 3, 3, 30s);
-    cursor.Observe(r.facts, 3);
+    cursor.Observe(r.facts);
     std::vector<Settlement> done;
     for (const auto& m : r.messages) {
       seen.push_back(Raw(m.id));

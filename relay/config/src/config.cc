@@ -663,11 +663,11 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   Mapping top(root,
               {"database_url", "database_url_env", "database_url_file", "batch_size", "lease_ms", "poll_interval_ms",
                "reap_interval_ms", "full_sweep_interval_ms", "shutdown_timeout_ms", "admin_listen", "log", "defaults",
-               "destinations"},
+               "destinations", "claim_mode", "partition_heartbeat_ms", "partition_lease_ms"},
               TopLevelHint);
 
   const RelayConfig builtin;
-  std::array<IntSetting, 6> ints = {{
+  std::array<IntSetting, 8> ints = {{
       {"batch_size", "OUTBOX_BATCH_SIZE", 1, kMaxBatchSize, ", e.g. 500", "rows claimed per query", builtin.batch_size, ""},
       {"lease_ms", "OUTBOX_LEASE_MS", 1000, kMaxDurationMs, kMsHint,
        "milliseconds a claimed message is held before the reaper may take it back; at least 1000",
@@ -680,6 +680,11 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
        "milliseconds between rescans of the fresh lane from its start", builtin.full_sweep_interval.count(), ""},
       {"shutdown_timeout_ms", nullptr, 0, kMaxDurationMs, kMsHint,
        "milliseconds to finish in-flight deliveries after SIGTERM", builtin.shutdown_timeout.count(), ""},
+      {"partition_heartbeat_ms", nullptr, 50, kMaxDurationMs, kMsHint,
+       "milliseconds between heartbeats in claim_mode partitioned", builtin.partition_heartbeat.count(), ""},
+      {"partition_lease_ms", nullptr, 150, kMaxDurationMs, kMsHint,
+       "milliseconds without a heartbeat after which a relay is dead and loses its buckets",
+       builtin.partition_lease.count(), ""},
   }};
 
   // 1. The file.
@@ -691,6 +696,8 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   }
   StringSetting admin_listen;
   if (auto f = top.Get("admin_listen")) admin_listen = {detail::ReadString(*f), f->Origin(), true};
+  StringSetting claim_mode{"skip_locked", "", false};
+  if (auto f = top.Get("claim_mode")) claim_mode = {detail::ReadString(*f), f->Origin(), true};
   StringSetting log_level{builtin.log_level, "", false};
   StringSetting log_format{ToString(builtin.log_format), "", false};
   if (auto f = top.Get("log")) {
@@ -736,6 +743,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     setting.value = *number;
     setting.origin = EnvOrigin(setting.env);
   }
+  if (auto value = Override(env, "OUTBOX_CLAIM_MODE")) claim_mode = {*value, EnvOrigin("OUTBOX_CLAIM_MODE"), true};
   if (auto value = Override(env, "OUTBOX_ADMIN_LISTEN")) admin_listen = {*value, EnvOrigin("OUTBOX_ADMIN_LISTEN"), true};
   if (auto value = Override(env, "OUTBOX_LOG_LEVEL")) log_level = {*value, EnvOrigin("OUTBOX_LOG_LEVEL"), true};
   if (auto value = Override(env, "OUTBOX_LOG_FORMAT")) log_format = {*value, EnvOrigin("OUTBOX_LOG_FORMAT"), true};
@@ -775,6 +783,22 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   config.reap_interval = Millis{ints[3].value};
   config.full_sweep_interval = Millis{ints[4].value};
   config.shutdown_timeout = Millis{ints[5].value};
+  config.partition_heartbeat = Millis{ints[6].value};
+  config.partition_lease = Millis{ints[7].value};
+  if (config.partition_lease < 3 * config.partition_heartbeat) {
+    Fail(ints[7].origin.empty() ? source : ints[7].origin, "partition_lease_ms",
+         "must be at least 3 x partition_heartbeat_ms (" + std::to_string(3 * config.partition_heartbeat.count()) +
+             "), so one late heartbeat does not move a live relay's buckets; raise it or lower the heartbeat");
+  }
+  if (claim_mode.value == "skip_locked") {
+    config.claim_mode = ClaimMode::kSkipLocked;
+  } else if (claim_mode.value == "partitioned") {
+    config.claim_mode = ClaimMode::kPartitioned;
+  } else {
+    Fail(claim_mode.origin.empty() ? source : claim_mode.origin, "claim_mode",
+         Quote(claim_mode.value) + " is not a claim mode; use `skip_locked` (default: every relay claims from the "
+                                   "whole queue) or `partitioned` (each relay claims only from the buckets it owns)");
+  }
 
   if (!admin_listen.value.empty()) {
     if (auto problem = AdminListenProblem(admin_listen.value)) {

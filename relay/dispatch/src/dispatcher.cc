@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "outbox_relay/fresh_cursor.h"
 #include "outbox_relay/retry.h"
 #include "outbox_relay/store.h"
@@ -83,6 +85,7 @@ struct Dispatcher::Impl {
   void ClaimLoop(const Destination& dest, Sink& sink) {
     Store store(config.database_url);
     FreshCursor cursor;
+    const bool partitioned = config.claim_mode == ClaimMode::kPartitioned;
     const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
     const int cap = InFlightCap(dest, batch);
     auto last_sweep = Clock::now();
@@ -105,8 +108,25 @@ struct Dispatcher::Impl {
       const int fresh_limit = std::min(batch, room);
       const int slow_limit = std::max(1, fresh_limit / 2);
       ClaimResult claim;
+      std::vector<BucketLease> buckets;
+      if (partitioned) {
+        buckets = OwnedBuckets();
+        if (buckets.empty()) {  // nothing assigned (yet): wait for the coordinator
+          std::unique_lock lk(mu);
+          wake_cv.wait_for(lk, config.poll_interval, [&] { return stopping.load() || wake_gen != seen_gen; });
+          seen_gen = wake_gen;
+          continue;
+        }
+      }
       try {
-        claim = store.Claim(dest.name, cursor.position(), fresh_limit, slow_limit, config.lease);
+        if (partitioned) {
+          const int per_bucket = std::max(1, (fresh_limit + static_cast<int>(buckets.size()) - 1) /
+                                                 static_cast<int>(buckets.size()));
+          claim = store.ClaimPartitioned(dest.name, cursor.position(), per_bucket, slow_limit, config.lease,
+                                         instance_id, buckets);
+        } else {
+          claim = store.Claim(dest.name, cursor.position(), fresh_limit, slow_limit, config.lease);
+        }
         if (failures > 0) spdlog::info("{}: database reachable again", dest.name);
         failures = 0;
         db_ok = true;
@@ -119,7 +139,7 @@ struct Dispatcher::Impl {
         WaitFor(ReconnectDelay(failures), [] { return false; });
         continue;
       }
-      cursor.Observe(claim.facts, fresh_limit);
+      cursor.Observe(claim.facts);
       ++stats.claims;
       if (claim.messages.empty()) ++stats.empty_claims;
       stats.claimed += static_cast<std::int64_t>(claim.messages.size());
@@ -219,13 +239,76 @@ struct Dispatcher::Impl {
     }
   }
 
+  std::vector<BucketLease> OwnedBuckets() {
+    std::lock_guard lk(owned_mu);
+    return owned;
+  }
+
+  // claim_mode partitioned: heartbeat, learn which buckets this relay owns, and stop claiming
+  // from all of them when heartbeats fail for longer than the partition lease (by then the
+  // others consider this relay dead and have taken its buckets).
+  void CoordinatorLoop() {
+    Store store(config.database_url);
+    auto last_ok = Clock::now();
+    int failures = 0;
+    std::uint64_t seen_gen = 0;
+    while (!stopping) {
+      try {
+        auto now_owned = store.Coordinate(instance_id, config.partition_lease, false, description);
+        last_ok = Clock::now();
+        if (failures > 0) spdlog::info("coordinator: database reachable again");
+        failures = 0;
+        bool changed = false;
+        {
+          std::lock_guard lk(owned_mu);
+          changed = now_owned != owned;
+          if (changed) owned = std::move(now_owned);
+        }
+        if (changed) {
+          spdlog::info("partitioned: this relay now owns {} bucket(s)", OwnedBuckets().size());
+          Wake();
+        }
+      } catch (const std::exception& e) {
+        ++stats.db_errors;
+        if (failures++ == 0) spdlog::warn("coordinator: heartbeat failed: {}", e.what());
+        store.Reset();
+        if (Clock::now() - last_ok > config.partition_lease - config.partition_heartbeat) {
+          std::lock_guard lk(owned_mu);
+          if (!owned.empty()) {
+            spdlog::warn("partitioned: no heartbeat for {} ms; giving up all buckets until it succeeds",
+                         config.partition_lease.count());
+            owned.clear();
+          }
+        }
+      }
+      std::unique_lock lk(mu);
+      wake_cv.wait_for(lk, config.partition_heartbeat,
+                       [&] { return stopping.load() || (rebalance_requested && wake_gen != seen_gen); });
+      seen_gen = wake_gen;
+      rebalance_requested = false;
+    }
+    // Hand every bucket back at once so the others take them without waiting for our lease.
+    try {
+      store.Coordinate(instance_id, config.partition_lease, true, description);
+      spdlog::info("partitioned: handed back all buckets");
+    } catch (const std::exception& e) {
+      spdlog::warn("partitioned: could not hand back buckets (they move when our lease expires): {}", e.what());
+    }
+  }
+
   void ListenLoop() {
     Store store(config.database_url);
     int failures = 0;
     while (!stopping) {
       try {
         store.Listen();
-        if (store.WaitForNotification(Millis(200))) Wake();
+        if (store.WaitForNotification(Millis(200))) {
+          if (store.TakeRebalance()) {
+            std::lock_guard lk(mu);
+            rebalance_requested = true;
+          }
+          Wake();
+        }
         failures = 0;
       } catch (const std::exception& e) {
         if (failures++ == 0) spdlog::warn("LISTEN connection lost, polling until it is back: {}", e.what());
@@ -278,6 +361,14 @@ struct Dispatcher::Impl {
   }
 
   bool settler_give_up = false;
+
+  // claim_mode partitioned
+  std::string instance_id = NewUuid();
+  std::string description;
+  std::mutex owned_mu;
+  std::vector<BucketLease> owned;
+  bool rebalance_requested = false;  // guarded by mu
+  std::thread coordinator;
 };
 
 Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks)
@@ -308,6 +399,12 @@ void Dispatcher::Start() {
   d.settler = std::thread([&d] { d.SettleLoop(); });
   d.listener = std::thread([&d] { d.ListenLoop(); });
   d.maintenance = std::thread([&d] { d.MaintenanceLoop(); });
+  if (d.config.claim_mode == ClaimMode::kPartitioned) {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    d.description = std::string(host) + " pid " + std::to_string(getpid());
+    d.coordinator = std::thread([&d] { d.CoordinatorLoop(); });
+  }
   for (const auto& [name, dest] : d.config.destinations) {
     Sink& sink = *d.sinks.at(name);
     const Destination& dst = dest;
@@ -323,6 +420,7 @@ bool Dispatcher::Stop() {
   d.stopping = true;
   d.wake_cv.notify_all();
   for (auto& t : d.loops) t.join();
+  if (d.coordinator.joinable()) d.coordinator.join();  // hands the buckets back
   if (d.listener.joinable()) d.listener.join();
   if (d.maintenance.joinable()) d.maintenance.join();
   // Sinks finish what they hold; what they cannot is completed as retry -> released.

@@ -5,7 +5,7 @@
 
 namespace outbox::relay {
 
-void FreshCursor::Observe(const ClaimFacts& facts, int fresh_limit) {
+void FreshCursor::Observe(const ClaimFacts& facts) {
   // The sequence value read by the previous statement pairs with this statement's xmax:
   // this snapshot was taken after that read, so every transaction that had taken an id up
   // to that value had its xid by then (enqueue takes the xid first) and is below xmax.
@@ -23,9 +23,7 @@ void FreshCursor::Observe(const ClaimFacts& facts, int fresh_limit) {
   if (!resolved) return;
 
   // The scan saw every visible fresh row above low_ unless it stopped at its limit.
-  const bool full = facts.fresh_scanned >= fresh_limit;
-  std::int64_t bound = std::numeric_limits<std::int64_t>::max();
-  if (full && facts.fresh_max_id) bound = *facts.fresh_max_id;
+  const std::int64_t bound = facts.fresh_full_bound.value_or(std::numeric_limits<std::int64_t>::max());
   low_ = std::max(low_, std::min(*resolved, bound));
 }
 

@@ -16,12 +16,16 @@ constexpr const char* kChannel = "outbox_messages";
 
 class WakeReceiver final : public pqxx::notification_receiver {
  public:
-  WakeReceiver(pqxx::connection_base& c, std::atomic<int>& counter)
-      : pqxx::notification_receiver(c, kChannel), counter_(counter) {}
-  void operator()(const std::string&, int) override { counter_.fetch_add(1); }
+  WakeReceiver(pqxx::connection_base& c, std::atomic<int>& counter, std::atomic<int>& rebalances)
+      : pqxx::notification_receiver(c, kChannel), counter_(counter), rebalances_(rebalances) {}
+  void operator()(const std::string& payload, int) override {
+    if (payload == "rebalance") rebalances_.fetch_add(1);
+    counter_.fetch_add(1);
+  }
 
  private:
   std::atomic<int>& counter_;
+  std::atomic<int>& rebalances_;
 };
 
 std::vector<std::pair<std::string, std::string>> ParseHeaders(const pqxx::field& f) {
@@ -51,6 +55,7 @@ struct Store::Impl {
   std::unique_ptr<pqxx::connection> conn;
   std::unique_ptr<WakeReceiver> receiver;
   std::atomic<int> notifications{0};
+  std::atomic<int> rebalances{0};
   bool listening = false;
 
   pqxx::connection& Get() {
@@ -58,12 +63,13 @@ struct Store::Impl {
       receiver.reset();
       conn = std::make_unique<pqxx::connection>(url);
       conn->prepare("claim", std::string(q::kclaim));
+      conn->prepare("claim_partitioned", std::string(q::kclaim_partitioned));
       conn->prepare("settle", std::string(q::ksettle));
       conn->prepare("reap", std::string(q::kreap));
       conn->prepare("wake_orphans", std::string(q::kwake_orphans));
       conn->prepare("destinations", std::string(q::kdestinations));
       conn->prepare("dead_letter_all", std::string(q::kdead_letter_all));
-      if (listening) receiver = std::make_unique<WakeReceiver>(*conn, notifications);
+      if (listening) receiver = std::make_unique<WakeReceiver>(*conn, notifications, rebalances);
     }
     return *conn;
   }
@@ -86,21 +92,20 @@ void Store::Reset() {
 
 bool Store::Connected() const { return impl_->conn && impl_->conn->is_open(); }
 
-ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
-                         int slow_limit, Millis lease) {
-  auto& c = impl_->Get();
+namespace {
+
+ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, std::string token) {
   ClaimResult out;
-  out.lease_token = NewUuid();
-  pqxx::nontransaction tx(c);
-  const pqxx::result r = tx.exec_prepared("claim", destination, cursor, fresh_limit, slow_limit,
-                                          out.lease_token, static_cast<long long>(lease.count()));
+  out.lease_token = std::move(token);
   if (r.empty()) return out;  // cannot happen: facts always yields a row
   const auto& first = r[0];
   out.facts.seq_value = first["seq_value"].as<std::int64_t>(0);
   out.facts.snap_xmin = first["snap_xmin"].as<std::uint64_t>(0);
   out.facts.snap_xmax = first["snap_xmax"].as<std::uint64_t>(0);
   out.facts.fresh_scanned = first["fresh_scanned"].as<std::int64_t>(0);
-  if (!first["fresh_max_id"].is_null()) out.facts.fresh_max_id = first["fresh_max_id"].as<std::int64_t>();
+  if (!first["fresh_full_bound"].is_null()) {
+    out.facts.fresh_full_bound = first["fresh_full_bound"].as<std::int64_t>();
+  }
   out.facts.held = first["held"].as<std::int64_t>(0);
   out.messages.reserve(r.size());
   for (const auto& row : r) {
@@ -125,6 +130,56 @@ ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, in
         std::chrono::microseconds(row["created_us"].as<std::int64_t>()));
     out.messages.push_back(std::move(m));
   }
+  return out;
+}
+
+template <class T, class F>
+std::string ArrayLiteral(const std::vector<T>& v, F f) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(f(v[i]));
+  }
+  return s + "}";
+}
+
+}  // namespace
+
+ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                         int slow_limit, Millis lease) {
+  auto& c = impl_->Get();
+  std::string token = NewUuid();
+  pqxx::nontransaction tx(c);
+  const pqxx::result r = tx.exec_prepared("claim", destination, cursor, fresh_limit, slow_limit, token,
+                                          static_cast<long long>(lease.count()));
+  return ParseClaim(r, destination, std::move(token));
+}
+
+ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t cursor,
+                                    int per_bucket_limit, int slow_limit, Millis lease,
+                                    const std::string& instance_id,
+                                    const std::vector<BucketLease>& owned) {
+  auto& c = impl_->Get();
+  std::string token = NewUuid();
+  pqxx::nontransaction tx(c);
+  const pqxx::result r = tx.exec_prepared(
+      "claim_partitioned", destination, cursor, per_bucket_limit, slow_limit, token,
+      static_cast<long long>(lease.count()), instance_id,
+      ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
+      ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }));
+  return ParseClaim(r, destination, std::move(token));
+}
+
+std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Millis dead_after,
+                                           bool leaving, const std::string& description) {
+  auto& c = impl_->Get();
+  pqxx::work tx(c);
+  std::vector<BucketLease> out;
+  const auto r = tx.exec_params(
+      "SELECT bucket, epoch FROM outbox.coordinate($1::uuid, make_interval(secs => $2::bigint / 1000.0), $3, $4)",
+      instance_id, static_cast<long long>(dead_after.count()), leaving, description);
+  for (const auto& row : r) out.push_back({row[0].as<int>(), row[1].as<std::int64_t>()});
+  tx.commit();
   return out;
 }
 
@@ -184,7 +239,7 @@ std::int64_t Store::DeadLetterAll(const std::string& destination, const std::str
 void Store::Listen() {
   impl_->listening = true;
   auto& c = impl_->Get();
-  if (!impl_->receiver) impl_->receiver = std::make_unique<WakeReceiver>(c, impl_->notifications);
+  if (!impl_->receiver) impl_->receiver = std::make_unique<WakeReceiver>(c, impl_->notifications, impl_->rebalances);
 }
 
 bool Store::WaitForNotification(Millis timeout) {
@@ -194,6 +249,8 @@ bool Store::WaitForNotification(Millis timeout) {
   c.await_notification(static_cast<long>(us / 1'000'000), static_cast<long>(us % 1'000'000));
   return impl_->notifications.exchange(0) > 0;
 }
+
+bool Store::TakeRebalance() { return impl_->rebalances.exchange(0) > 0; }
 
 std::string NewUuid() {
   thread_local std::mt19937_64 rng{std::random_device{}()};

@@ -52,6 +52,12 @@ struct Destination {
 
 enum class LogFormat { kText, kJson };
 
+/// How relays share the queue (docs/scaling.md).
+enum class ClaimMode {
+  kSkipLocked,   ///< Every relay claims from the whole queue; SKIP LOCKED keeps them apart.
+  kPartitioned,  ///< Fixed logical buckets, each owned by one live relay (outbox.coordinate).
+};
+
 struct RelayConfig {
   std::string database_url;                   ///< Required (or OUTBOX_DATABASE_URL).
   std::map<std::string, Destination> destinations;  ///< At least one.
@@ -62,6 +68,9 @@ struct RelayConfig {
   Millis full_sweep_interval{30'000};         ///< Rescan the fresh lane from the start this often.
   Millis shutdown_timeout{10'000};            ///< SIGTERM: finish in-flight work within this.
   std::string admin_listen;                   ///< "host:port" for /metrics, /healthz, /readyz; empty = off.
+  ClaimMode claim_mode = ClaimMode::kSkipLocked;
+  Millis partition_heartbeat{1'000};          ///< Heartbeat period in claim_mode partitioned.
+  Millis partition_lease{5'000};              ///< No heartbeat for this long: dead, buckets move.
   std::string log_level = "info";             ///< trace, debug, info, warn, error.
   LogFormat log_format = LogFormat::kText;
 };

@@ -16,7 +16,9 @@ struct ClaimFacts {
   std::uint64_t snap_xmin = 0;   ///< Oldest transaction still running at the snapshot.
   std::uint64_t snap_xmax = 0;   ///< First transaction id not yet assigned at the snapshot.
   std::int64_t fresh_scanned = 0;
-  std::optional<std::int64_t> fresh_max_id;  ///< Highest id the fresh scan returned.
+  /// Set when the fresh scan stopped at its limit (in any bucket): the cursor may not pass
+  /// this id, since rows above it were not looked at.
+  std::optional<std::int64_t> fresh_full_bound;
   std::int64_t held = 0;         ///< Rows parked by the statement.
 };
 
@@ -26,8 +28,8 @@ class FreshCursor {
   /// Rows with id <= position() never need the fresh scan again.
   std::int64_t position() const { return low_; }
 
-  /// Feeds the facts of the claim statement that scanned from position() with `fresh_limit`.
-  void Observe(const ClaimFacts& facts, int fresh_limit);
+  /// Feeds the facts of the claim statement that scanned from position().
+  void Observe(const ClaimFacts& facts);
 
   /// Back to the start of the lane: the next scan is a full sweep. Used periodically and
   /// after any error, as a safety net.

@@ -18,6 +18,13 @@ namespace outbox::relay {
 
 using Millis = std::chrono::milliseconds;
 
+/// A bucket this relay owns, with the epoch (fencing token) of its assignment.
+struct BucketLease {
+  int bucket = 0;
+  std::int64_t epoch = 0;
+  bool operator==(const BucketLease&) const = default;
+};
+
 struct ClaimResult {
   std::string lease_token;        ///< Fences the settle of these messages.
   std::vector<Message> messages;  ///< Leased, in id order; at most one per ordering key.
@@ -56,6 +63,19 @@ class Store {
   ClaimResult Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                     int slow_limit, Millis lease);
 
+  /// claim_mode: partitioned. Like Claim, but only from `owned` buckets, and only those the
+  /// coordinator still assigns to `instance_id` at the given epochs; `per_bucket_limit`
+  /// fresh rows per bucket.
+  ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
+                               int per_bucket_limit, int slow_limit, Millis lease,
+                               const std::string& instance_id,
+                               const std::vector<BucketLease>& owned);
+
+  /// Heartbeat + failure detection + rebalancing (outbox.coordinate). Returns the buckets
+  /// `instance_id` owns afterwards. `leaving`: hand every bucket back now.
+  std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
+                                             bool leaving, const std::string& description);
+
   /// Applies outcomes in one statement, fenced by lease token.
   SettleCounts Settle(const std::vector<Settlement>& settlements);
 
@@ -72,6 +92,8 @@ class Store {
   void Listen();
   /// Waits up to `timeout` for a notification; true if one (or more) arrived.
   bool WaitForNotification(Millis timeout);
+  /// True (once) if a relay handed its buckets back since the last call.
+  bool TakeRebalance();
 
   /// Drops the connection; the next call reconnects.
   void Reset();

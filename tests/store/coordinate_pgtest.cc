@@ -1,0 +1,134 @@
+// The partition coordinator (outbox.coordinate) and the fenced partitioned claim, on a real
+// PostgreSQL.
+#include <gtest/gtest.h>
+#include <pqxx/pqxx>
+
+#include <map>
+#include <set>
+
+#include "outbox/outbox.h"
+#include "outbox_relay/store.h"
+#include "outbox_test/pg.h"
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+
+class CoordinateTest : public testing::PgTest {
+ protected:
+  std::map<std::string, int> OwnerCounts() {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    std::map<std::string, int> out;
+    for (const auto& r : tx.exec("SELECT coalesce(owner::text, 'none'), count(*) FROM outbox.bucket_owners GROUP BY 1")) {
+      out[r[0].as<std::string>()] = r[1].as<int>();
+    }
+    return out;
+  }
+  std::int64_t Scalar(const std::string& sql) {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    return tx.exec1(sql)[0].as<std::int64_t>();
+  }
+};
+
+TEST_F(CoordinateTest, EveryBucketHasExactlyOneLiveOwnerAndEachAFairShare) {
+  Store store(db_url_);
+  const std::string a = NewUuid(), b = NewUuid(), c = NewUuid(), d = NewUuid();
+  EXPECT_EQ(store.Coordinate(a, 10s, false, "a").size(), 64u) << "alone, a relay owns every bucket";
+  for (const auto& id : {b, c, d}) store.Coordinate(id, 10s, false, "");
+  std::map<std::string, std::size_t> owned;
+  for (const auto& id : {a, b, c, d}) owned[id] = store.Coordinate(id, 10s, false, "").size();
+  for (const auto& [id, n] : owned) EXPECT_EQ(n, 16u) << id;
+  auto counts = OwnerCounts();
+  EXPECT_EQ(counts.count("none"), 0u);
+  EXPECT_EQ(counts.size(), 4u);
+
+  // One leaves: its buckets are handed back at once, to the three others.
+  EXPECT_TRUE(store.Coordinate(a, 10s, true, "").empty());
+  std::size_t total = 0;
+  for (const auto& id : {b, c, d}) {
+    const auto n = store.Coordinate(id, 10s, false, "").size();
+    EXPECT_GE(n, 21u);
+    EXPECT_LE(n, 22u);
+    total += n;
+  }
+  EXPECT_EQ(total, 64u);
+  EXPECT_EQ(OwnerCounts().count(a), 0u);
+}
+
+TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBound) {
+  Store store(db_url_);
+  const std::string live = NewUuid(), dead = NewUuid();
+  store.Coordinate(live, 1s, false, "");
+  store.Coordinate(dead, 1s, false, "");
+  EXPECT_EQ(store.Coordinate(live, 1s, false, "").size(), 32u);
+  const auto epoch_before = Scalar("SELECT sum(epoch) FROM outbox.bucket_owners");
+  // `dead` stops heartbeating; `live` keeps going and takes everything after the bound.
+  const auto start = std::chrono::steady_clock::now();
+  std::size_t mine = 0;
+  while (mine < 64 && std::chrono::steady_clock::now() - start < 10s) {
+    mine = store.Coordinate(live, 1s, false, "").size();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(mine, 64u);
+  EXPECT_GE(took, 900ms) << "not before the dead relay's lease ran out";
+  EXPECT_LT(took, 3s);
+  EXPECT_EQ(Scalar("SELECT sum(epoch) FROM outbox.bucket_owners"), epoch_before + 32)
+      << "every moved bucket got a new epoch";
+}
+
+TEST_F(CoordinateTest, AClaimWithStaleEpochsTakesNothingFromBucketsThatMoved) {
+  {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    std::vector<outbox::OutboxMessage> batch;
+    for (int i = 0; i < 400; ++i) batch.push_back(outbox::Message::To("d").Json("1").Key("k" + std::to_string(i)).Build());
+    outbox::PublishMany(tx, batch);
+    tx.commit();
+  }
+  Store store(db_url_);
+  const std::string a = NewUuid(), b = NewUuid();
+  const auto a_alone = store.Coordinate(a, 10s, false, "");
+  ASSERT_EQ(a_alone.size(), 64u);
+  store.Coordinate(b, 10s, false, "");  // b joins: half of a's buckets move to b
+  const auto b_owns = store.Coordinate(b, 10s, false, "");
+  ASSERT_EQ(b_owns.size(), 32u);
+  // `a` has not heard yet and claims with its old view of 64 buckets.
+  auto r = store.ClaimPartitioned("d", 0, 100, 100, 30s, a, a_alone);
+  std::set<int> b_buckets;
+  for (const auto& bl : b_owns) b_buckets.insert(bl.bucket);
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction tx(c);
+  for (const auto& m : r.messages) {
+    const int bucket = tx.exec_params1("SELECT bucket FROM outbox.messages WHERE id = $1", Raw(m.id))[0].as<int>();
+    EXPECT_EQ(b_buckets.count(bucket), 0u) << "claimed from bucket " << bucket << " which moved to b";
+  }
+  EXPECT_GT(r.messages.size(), 0u) << "a still claims from the buckets it kept";
+  // With the new view both claim their halves, and together everything.
+  auto ra = store.ClaimPartitioned("d", 0, 100, 100, 30s, a, store.Coordinate(a, 10s, false, ""));
+  auto rb = store.ClaimPartitioned("d", 0, 100, 100, 30s, b, b_owns);
+  EXPECT_EQ(r.messages.size() + ra.messages.size() + rb.messages.size(), 400u);
+}
+
+TEST_F(CoordinateTest, BucketsFollowTheOrderingKeyAndTheCountCanChange) {
+  pqxx::connection c(db_url_);
+  {
+    pqxx::work tx(c);
+    for (int i = 0; i < 3; ++i) outbox::Publish(tx, outbox::Message::To("d").Json("1").Key("same").Build());
+    for (int i = 0; i < 200; ++i) outbox::Publish(tx, outbox::Message::To("d").Json("1").Build());
+    tx.commit();
+  }
+  pqxx::nontransaction tx(c);
+  EXPECT_EQ(tx.exec1("SELECT count(DISTINCT bucket) FROM outbox.messages WHERE ordering_key = 'same'")[0].as<int>(), 1);
+  EXPECT_GT(tx.exec1("SELECT count(DISTINCT bucket) FROM outbox.messages WHERE ordering_key IS NULL")[0].as<int>(), 40)
+      << "messages without a key spread over the buckets";
+  tx.exec("SELECT outbox.set_bucket_count(128)");
+  EXPECT_EQ(tx.exec1("SELECT max(bucket) < 128 AND count(DISTINCT bucket) > 64 FROM outbox.messages")[0].as<bool>(), true);
+  Store store(db_url_);
+  EXPECT_EQ(store.Coordinate(NewUuid(), 10s, false, "").size(), 128u);
+}
+
+}  // namespace
+}  // namespace outbox::relay
