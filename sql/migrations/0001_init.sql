@@ -143,7 +143,7 @@ BEGIN
     FROM outbox.relay_instances r
   ), desired AS (
     SELECT o.bucket AS b, l.instance_id AS want
-    FROM outbox.bucket_owners o LEFT JOIN live l ON n > 0 AND l.idx = o.bucket % n
+    FROM outbox.bucket_owners o LEFT JOIN live l ON l.idx = o.bucket % greatest(n, 1)
   )
   UPDATE outbox.bucket_owners o SET owner = d.want, epoch = o.epoch + 1
   FROM desired d

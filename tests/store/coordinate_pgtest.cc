@@ -56,6 +56,9 @@ TEST_F(CoordinateTest, EveryBucketHasExactlyOneLiveOwnerAndEachAFairShare) {
   }
   EXPECT_EQ(total, 64u);
   EXPECT_EQ(OwnerCounts().count(a), 0u);
+  // The last ones leave: every bucket is free, none is lost.
+  for (const auto& id : {b, c, d}) EXPECT_TRUE(store.Coordinate(id, 10s, true, "").empty());
+  EXPECT_EQ(OwnerCounts(), (std::map<std::string, int>{{"none", 64}}));
 }
 
 TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBound) {
