@@ -1,0 +1,180 @@
+// The relay end to end with webhook destinations: real PostgreSQL, the dispatcher, the
+// webhook sink and in-process HTTP receivers on loopback.
+#include <gtest/gtest.h>
+#include <pqxx/pqxx>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "outbox/outbox.h"
+#include "outbox_relay/dispatcher.h"
+#include "outbox_relay/webhook_sink.h"
+#include "outbox_test/http_receiver.h"
+#include "outbox_test/pg.h"
+#include "outbox_test/wait.h"
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::HttpReceiver;
+using testing::Reply;
+using testing::WaitFor;
+
+constexpr const char* kSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+class RelayWebhookTest : public testing::PgTest {
+ protected:
+  Destination Hook(const std::string& name, const HttpReceiver& r, int max_in_flight = 8) {
+    Destination d;
+    d.name = name;
+    WebhookTarget w;
+    w.url = r.Url("/hooks/" + name);
+    w.secrets = {kSecret};
+    w.timeout = 5000ms;
+    w.max_in_flight = max_in_flight;
+    d.target = w;
+    d.retry.max_attempts = 20;
+    d.retry.initial_backoff = 20ms;
+    d.retry.max_backoff = 200ms;
+    return d;
+  }
+
+  std::unique_ptr<Dispatcher> StartRelay(const std::vector<Destination>& dests) {
+    RelayConfig cfg;
+    cfg.database_url = db_url_;
+    cfg.batch_size = 100;
+    cfg.poll_interval = 100ms;
+    cfg.reap_interval = 500ms;
+    cfg.shutdown_timeout = 3000ms;
+    std::map<std::string, SinkPtr> sinks;
+    for (const auto& d : dests) {
+      cfg.destinations.emplace(d.name, d);
+      sinks.emplace(d.name, MakeWebhookSink(d.name, std::get<WebhookTarget>(d.target)));
+    }
+    auto relay = std::make_unique<Dispatcher>(cfg, std::move(sinks));
+    relay->Start();
+    return relay;
+  }
+
+  void Enqueue(const std::string& dest, int n, int keys) {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    std::vector<outbox::OutboxMessage> batch;
+    for (int i = 0; i < n; ++i) {
+      auto b = outbox::Message::To(dest);
+      b.Json("{\"seq\": " + std::to_string(i) + "}").EventType("thing.happened");
+      if (keys > 0) b.Key("key-" + std::to_string(i % keys));
+      batch.push_back(b.Build());
+    }
+    outbox::PublishMany(tx, batch);
+    tx.commit();
+  }
+
+  std::int64_t Scalar(const std::string& sql) {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    return tx.exec1(sql)[0].as<std::int64_t>();
+  }
+};
+
+TEST_F(RelayWebhookTest, ASlowEndpointDoesNotHoldBackAnotherDestination) {
+  HttpReceiver slow, fast;
+  slow.SetResponder([](const testing::ReceivedRequest&) {
+    Reply r;
+    r.status = 200;
+    r.delay = 1500ms;
+    return r;
+  });
+  Enqueue("slow", 40, 0);
+  Enqueue("fast", 300, 0);
+  auto relay = StartRelay({Hook("slow", slow, 2), Hook("fast", fast, 8)});
+  ASSERT_TRUE(fast.WaitForCount(300, 30s)) << fast.Count();
+  EXPECT_LT(slow.Count(), 40u) << "the slow endpoint was still busy: the fast one did not wait for it";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'fast'"), 0);
+  relay->Stop();
+}
+
+TEST_F(RelayWebhookTest, PerKeyOrderHoldsWithSeveralKeysInFlightAndFailures) {
+  HttpReceiver hook;
+  std::atomic<int> calls{0}, in_flight{0}, max_in_flight{0};
+  std::mutex mu;
+  std::map<std::string, std::vector<int>> accepted;  // key -> seq values answered 2xx, in order
+  hook.SetResponder([&](const testing::ReceivedRequest& req) {
+    const int now = ++in_flight;
+    int prev = max_in_flight.load();
+    while (now > prev && !max_in_flight.compare_exchange_weak(prev, now)) {
+    }
+    // The endpoint takes a few milliseconds to answer (server-side work, not a test wait),
+    // so concurrent requests overlap here.
+    std::this_thread::sleep_for(5ms);
+    Reply r;
+    if (++calls % 5 == 0) {
+      r.status = 503;  // every fifth call fails and is retried
+    } else {
+      std::lock_guard lk(mu);
+      const auto pos = req.body.find("\"seq\": ");
+      const int seq = std::stoi(req.body.substr(pos + 7));
+      accepted["key-" + std::to_string(seq % 6)].push_back(seq);
+    }
+    --in_flight;
+    return r;
+  });
+  Enqueue("hooks", 240, 6);
+  auto relay = StartRelay({Hook("hooks", hook, 8)});
+  ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 60s));
+  std::lock_guard lk(mu);
+  std::set<int> all;
+  for (const auto& [key, seqs] : accepted) {
+    std::set<int> seen;
+    int last = -1;
+    for (int seq : seqs) {
+      if (!seen.insert(seq).second) continue;  // a duplicate
+      EXPECT_GT(seq, last) << key << " out of order";
+      last = seq;
+      all.insert(seq);
+    }
+  }
+  EXPECT_EQ(all.size(), 240u);
+  EXPECT_GT(max_in_flight.load(), 1) << "different keys went out concurrently";
+  EXPECT_LE(max_in_flight.load(), 8) << "max_in_flight honoured";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
+}
+
+TEST_F(RelayWebhookTest, FailuresRetryWithTheSameIdAndClientErrorsDeadLetter) {
+  HttpReceiver hook;
+  std::atomic<int> calls{0};
+  hook.SetResponder([&](const testing::ReceivedRequest& req) {
+    Reply r;
+    if (req.body.find("\"seq\": 0") != std::string::npos) {
+      r.status = 422;
+      r.body = "schema mismatch: field amount missing";
+    } else if (++calls <= 2) {
+      r.status = 500;  // the first two deliveries of seq 1 fail
+    }
+    return r;
+  });
+  Enqueue("hooks", 2, 0);
+  auto relay = StartRelay({Hook("hooks", hook)});
+  ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE reason LIKE '%422%' "
+                   "AND reason LIKE '%schema mismatch%'"),
+            1);
+  std::vector<std::string> ids_of_seq1;
+  for (const auto& r : hook.Requests()) {
+    if (r.body.find("\"seq\": 1") != std::string::npos) ids_of_seq1.push_back(r.Header("webhook-id"));
+  }
+  ASSERT_EQ(ids_of_seq1.size(), 3u) << "two failures, then success";
+  EXPECT_EQ(ids_of_seq1[0], ids_of_seq1[1]);
+  EXPECT_EQ(ids_of_seq1[1], ids_of_seq1[2]);
+  for (const auto& r : hook.Requests()) {
+    EXPECT_TRUE(VerifyStandardWebhook(kSecret, r.Header("webhook-id"), std::stoll(r.Header("webhook-timestamp")),
+                                      r.body, r.Header("webhook-signature")));
+  }
+}
+
+}  // namespace
+}  // namespace outbox::relay
