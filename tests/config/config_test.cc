@@ -1065,3 +1065,26 @@ TEST(LogFormatToString, Names) {
 
 }  // namespace
 }  // namespace outbox::relay
+
+namespace outbox::relay {
+namespace {
+
+TEST(ParseConfig, ClaimModeAndPartitionTimings) {
+  EXPECT_EQ(ParseConfig(Minimal(), "cfg.yaml", kNoEnv).claim_mode, ClaimMode::kSkipLocked);
+  const auto cfg = ParseConfig(Minimal("claim_mode: partitioned\npartition_heartbeat_ms: 200\npartition_lease_ms: 900\n"),
+                               "cfg.yaml", kNoEnv);
+  EXPECT_EQ(cfg.claim_mode, ClaimMode::kPartitioned);
+  EXPECT_EQ(cfg.partition_heartbeat, 200ms);
+  EXPECT_EQ(cfg.partition_lease, 900ms);
+  EXPECT_EQ(ParseConfig(Minimal(), "cfg.yaml", MapEnv({{"OUTBOX_CLAIM_MODE", "partitioned"}})).claim_mode,
+            ClaimMode::kPartitioned);
+  const auto bad_mode = ErrorOf(Minimal("claim_mode: sharded\n"));
+  EXPECT_TRUE(Contains(bad_mode, "claim_mode"));
+  EXPECT_TRUE(Contains(bad_mode, "use `skip_locked`"));
+  const auto short_lease = ErrorOf(Minimal("partition_heartbeat_ms: 1000\npartition_lease_ms: 2000\n"));
+  EXPECT_TRUE(Contains(short_lease, "partition_lease_ms"));
+  EXPECT_TRUE(Contains(short_lease, "at least 3 x partition_heartbeat_ms (3000)"));
+}
+
+}  // namespace
+}  // namespace outbox::relay
