@@ -1,13 +1,10 @@
 -- retention_dead_letters: delete one batch of dead letters that died before the cutoff,
--- oldest first (dead_letters_dead_at_idx). SKIP LOCKED so a concurrent `dlq replay` or
--- another cleaner is never waited for.
+-- oldest first (dead_letters_dead_at_idx). No FOR UPDATE: row locks would need the UPDATE
+-- privilege, which the relay role does not have on the dead letters. A dead letter replayed
+-- or purged meanwhile is simply gone.
 --   $1 cutoff (timestamptz text, from retention_cutoff.sql)   $2 batch size
-WITH doomed AS (
-  SELECT d.id FROM outbox.dead_letters d
-  WHERE d.dead_at < $1::timestamptz
-  ORDER BY d.dead_at
-  LIMIT $2
-  FOR UPDATE SKIP LOCKED
-)
-DELETE FROM outbox.dead_letters d USING doomed x
-WHERE d.id = x.id
+DELETE FROM outbox.dead_letters d
+WHERE d.id IN (SELECT o.id FROM outbox.dead_letters o
+               WHERE o.dead_at < $1::timestamptz
+               ORDER BY o.dead_at
+               LIMIT $2)

@@ -12,12 +12,12 @@ SELECT count(*) AS lock_waiters,
 FROM (
   SELECT pid, max(waiting_seconds) AS waiting_seconds
   FROM (
-    SELECT l.pid, extract(epoch FROM now() - coalesce(l.waitstart, now())) AS waiting_seconds
+    SELECT l.pid, greatest(0, extract(epoch FROM clock_timestamp() - coalesce(l.waitstart, clock_timestamp()))) AS waiting_seconds
     FROM pg_locks l
     WHERE NOT l.granted AND l.relation = 'outbox.messages'::regclass
       AND l.pid <> pg_backend_pid()
     UNION ALL
-    SELECT a.pid, extract(epoch FROM now() - coalesce(a.state_change, now()))
+    SELECT a.pid, greatest(0, extract(epoch FROM clock_timestamp() - coalesce(a.state_change, clock_timestamp())))
     FROM pg_stat_activity a
     WHERE a.wait_event_type = 'Lock' AND a.wait_event <> 'advisory'
       AND a.query ~* 'outbox\.messages' AND a.pid <> pg_backend_pid()

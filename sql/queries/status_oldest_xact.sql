@@ -2,8 +2,9 @@
 -- both vacuum and the relay's fresh-lane cursor (docs/adr/0001-claim-path.md). Candidates:
 -- sessions with an xid or a snapshot (other roles' sessions are only visible with
 -- pg_read_all_stats / pg_monitor), and prepared transactions (visible to all).
--- Also, from our own snapshot (needs no privilege): how many transaction ids lie between the
--- oldest still running and the next to be assigned.
+-- Also, from our own snapshot (needs no privilege): xmax - xmin, the transaction ids between
+-- the oldest still running and the newest finished one (+1). It grows while a transaction
+-- stays open and others keep committing.
 WITH candidates AS (
   SELECT 'session'::text AS kind, a.pid, a.usename::text AS usename,
          a.application_name, a.state, NULL::text AS gid,

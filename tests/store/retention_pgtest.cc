@@ -1,0 +1,160 @@
+// Retention of the delivery archive (migration 0002) and of dead letters, against a real
+// PostgreSQL: exactly the rows older than the retention go, nothing else.
+#include "outbox_relay/retention.h"
+
+#include <gtest/gtest.h>
+#include <pqxx/pqxx>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "outbox_test/pg.h"
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+
+class RetentionTest : public testing::PgTest {
+ protected:
+  void Exec(const std::string& sql) {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    tx.exec(sql);
+  }
+  std::vector<std::int64_t> Ids(const std::string& sql) {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    std::vector<std::int64_t> out;
+    for (const auto& r : tx.exec(sql)) out.push_back(r[0].as<std::int64_t>());
+    return out;
+  }
+  /// An archived delivery with delivered_at = now() - `age`.
+  void Archive(std::int64_t id, const std::string& age, const std::string& destination = "orders") {
+    Exec("INSERT INTO outbox.delivered_archive (id, destination, idempotency_key, event_type, headers, payload, "
+         "attempts, created_at, delivered_at) VALUES (" +
+         std::to_string(id) + ", '" + destination +
+         "', gen_random_uuid(), 'e', '{}', '{\"n\": 1}', 1, now() - interval '" + age + "' - interval '1 s', "
+         "now() - interval '" + age + "')");
+  }
+  /// A dead letter with dead_at = now() - `age`.
+  void Dead(std::int64_t id, const std::string& age) {
+    Exec("INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, payload, "
+         "attempts, reason, created_at, dead_at) VALUES (" +
+         std::to_string(id) +
+         ", 'orders', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now() - interval '30 days', now() - "
+         "interval '" + age + "')");
+  }
+};
+
+TEST_F(RetentionTest, ArchiveTableHasTheDocumentedShape) {
+  const auto cols = [&] {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    std::vector<std::string> out;
+    for (const auto& r : tx.exec("SELECT column_name FROM information_schema.columns WHERE table_schema = 'outbox' "
+                                 "AND table_name = 'delivered_archive' ORDER BY ordinal_position")) {
+      out.push_back(r[0].as<std::string>());
+    }
+    return out;
+  }();
+  EXPECT_EQ(cols, (std::vector<std::string>{"id", "destination", "ordering_key", "idempotency_key", "event_type",
+                                            "headers", "payload", "payload_bytes", "attempts", "created_at",
+                                            "delivered_at"}));
+  EXPECT_EQ(Ids("SELECT count(*) FROM pg_indexes WHERE schemaname = 'outbox' AND tablename = 'delivered_archive' "
+                "AND indexdef LIKE '%(delivered_at)%'"),
+            (std::vector<std::int64_t>{1}));
+}
+
+TEST_F(RetentionTest, CleanupArchiveDeletesExactlyWhatIsOlderThanTheRetention) {
+  Archive(1, "10 days");
+  Archive(2, "3 days");
+  Archive(3, "2 days");
+  Archive(4, "1 day 1 minute");  // just past a one-day retention
+  Archive(5, "23 hours 59 minutes");  // just inside it
+  Archive(6, "1 hour");
+  Archive(7, "0 seconds");
+  // Neighbours that must not be touched: the queue and the dead letters.
+  Exec("SELECT outbox.enqueue('orders', '1'::jsonb)");
+  Dead(100, "10 days");
+
+  pqxx::connection c(db_url_);
+  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), /*batch=*/2), 4);  // 1..4 in three batches
+  EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive ORDER BY id"), (std::vector<std::int64_t>{5, 6, 7}));
+  EXPECT_EQ(Ids("SELECT count(*) FROM outbox.messages"), (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters"), (std::vector<std::int64_t>{100}));
+  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), 2), 0) << "idempotent";
+  EXPECT_EQ(CleanupArchive(c, std::chrono::minutes(30), 100), 2);  // 5 and 6
+  EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{7}));
+}
+
+TEST_F(RetentionTest, CleanupStopsAtTheRowCapOldestFirst) {
+  for (int i = 1; i <= 7; ++i) Archive(i, std::to_string(100 - i) + " days");  // id 1 is the oldest
+  Archive(8, "1 hour");
+  pqxx::connection c(db_url_);
+  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), /*batch=*/2, /*max_rows=*/3), 3);
+  EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive ORDER BY id"),
+            (std::vector<std::int64_t>{4, 5, 6, 7, 8}));
+  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), 2, 3), 3);
+  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), 2, 3), 1);
+  EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{8}));
+}
+
+TEST_F(RetentionTest, CleanupDeadLettersDeletesExactlyTheOldOnes) {
+  Dead(1, "40 days");
+  Dead(2, "8 days");
+  Dead(3, "7 days 1 minute");
+  Dead(4, "6 days 23 hours");
+  Dead(5, "1 minute");
+  Archive(50, "400 days");
+  Exec("SELECT outbox.enqueue('orders', '1'::jsonb)");
+
+  pqxx::connection c(db_url_);
+  EXPECT_EQ(CleanupDeadLetters(c, std::chrono::hours(24 * 7), /*batch=*/1), 3);
+  EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters ORDER BY id"), (std::vector<std::int64_t>{4, 5}));
+  EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{50}));
+  EXPECT_EQ(Ids("SELECT count(*) FROM outbox.messages"), (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(CleanupDeadLetters(c, 0s, 10), 2) << "zero age: every dead letter";
+  EXPECT_TRUE(Ids("SELECT id FROM outbox.dead_letters").empty());
+}
+
+TEST_F(RetentionTest, RejectsInvalidArguments) {
+  pqxx::connection c(db_url_);
+  EXPECT_THROW(CleanupArchive(c, -1s, 10), std::invalid_argument);
+  EXPECT_THROW(CleanupArchive(c, 10s, 0), std::invalid_argument);
+  EXPECT_THROW(CleanupArchive(c, 10s, 10, 0), std::invalid_argument);
+  EXPECT_THROW(CleanupDeadLetters(c, -1s, 10), std::invalid_argument);
+  EXPECT_THROW(CleanupDeadLetters(c, 10s, -5), std::invalid_argument);
+}
+
+TEST_F(RetentionTest, TheRelayRoleMayArchiveAndClean) {
+  Exec("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'retention_relay_login') THEN "
+       "CREATE ROLE retention_relay_login LOGIN; END IF; END $$");
+  Exec("GRANT outbox_relay TO retention_relay_login");
+  std::string url = db_url_;
+  url.replace(url.find("postgres@"), 9, "retention_relay_login@");
+  pqxx::connection c(url);
+  {
+    pqxx::work tx(c);
+    tx.exec("INSERT INTO outbox.delivered_archive (id, destination, idempotency_key, event_type, headers, payload, "
+            "attempts, created_at, delivered_at) VALUES (1, 'o', gen_random_uuid(), '', '{}', '1', 1, "
+            "now() - interval '3 days', now() - interval '2 days')");
+    tx.commit();
+  }
+  Dead(2, "2 days");
+  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), 10), 1);
+  EXPECT_EQ(CleanupDeadLetters(c, std::chrono::hours(24), 10), 1);
+  // The writer role cannot read the archive.
+  Exec("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'retention_writer_login') THEN "
+       "CREATE ROLE retention_writer_login LOGIN; END IF; END $$");
+  Exec("GRANT outbox_writer TO retention_writer_login");
+  std::string writer_url = db_url_;
+  writer_url.replace(writer_url.find("postgres@"), 9, "retention_writer_login@");
+  pqxx::connection w(writer_url);
+  pqxx::nontransaction wtx(w);
+  EXPECT_THROW(wtx.exec("SELECT count(*) FROM outbox.delivered_archive"), pqxx::insufficient_privilege);
+}
+
+}  // namespace
+}  // namespace outbox::relay
