@@ -1,0 +1,198 @@
+#include "outbox_relay/status_render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+namespace outbox::relay {
+namespace {
+
+std::string Fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+std::string Bytes(std::int64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? std::to_string(b) + " B" : Fixed(v, 1) + " " + units[u];
+}
+
+nlohmann::json OptEpoch(const std::optional<double>& e) {
+  return e ? nlohmann::json(FormatEpoch(*e)) : nlohmann::json(nullptr);
+}
+
+std::string Describe(const OldestTransaction& t) {
+  std::string who;
+  if (t.kind == "prepared") {
+    who = "prepared transaction '" + t.gid + "' (owner " + t.user + ")";
+  } else {
+    who = "pid " + (t.pid ? std::to_string(*t.pid) : std::string("?")) + " (user " + t.user;
+    if (!t.application_name.empty()) who += ", application \"" + t.application_name + "\"";
+    if (!t.state.empty()) who += ", " + t.state;
+    who += ")";
+  }
+  return who + " open for " + FormatAge(t.age_seconds);
+}
+
+}  // namespace
+
+std::string FormatAge(double seconds) {
+  if (!(seconds > 0)) return "0s";
+  if (seconds < 60) return Fixed(std::floor(seconds * 10) / 10, 1) + "s";
+  const auto s = static_cast<long long>(seconds);
+  char buf[64];
+  if (s < 3600) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  } else if (s < 86400) {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, (s % 3600) / 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lldd%02lldh", s / 86400, (s % 86400) / 3600);
+  }
+  return buf;
+}
+
+std::string FormatEpoch(double epoch_seconds) {
+  const double whole = std::floor(epoch_seconds);
+  auto ms = static_cast<int>(std::lround((epoch_seconds - whole) * 1000));
+  auto t = static_cast<std::time_t>(whole);
+  if (ms >= 1000) {
+    ms -= 1000;
+    ++t;
+  }
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
+  return buf;
+}
+
+std::vector<std::string> StatusWarnings(const StatusSnapshot& s) {
+  std::vector<std::string> w;
+  if (s.lock_waiters > 0) {
+    w.push_back(std::to_string(s.lock_waiters) + " session(s) waiting for a lock on outbox.messages (longest " +
+                FormatAge(s.longest_lock_wait_seconds) +
+                "): with SKIP LOCKED nothing should wait; look for statements or DDL contending on the queue "
+                "(runbook: OutboxQueueLockWaits)");
+  }
+  if (s.oldest_transaction && s.oldest_transaction->age_seconds >= kWarnOldestTransactionSeconds) {
+    w.push_back("long transaction: " + Describe(*s.oldest_transaction) +
+                "; it holds back vacuum and the relay's fresh-lane cursor (runbook: OutboxLongTransaction)");
+  }
+  if (s.table.dead_tuples >= kWarnDeadTupleMin && s.table.DeadRatio() >= kWarnDeadTupleRatio) {
+    w.push_back("outbox.messages has " + std::to_string(s.table.dead_tuples) + " dead tuples (" +
+                Fixed(s.table.DeadRatio() * 100, 0) +
+                "% of the table): vacuum is not keeping up (runbook: OutboxQueueBloat)");
+  }
+  for (const auto& d : s.destinations) {
+    if (d.expired_leases > 0) {
+      w.push_back(d.destination + ": " + std::to_string(d.expired_leases) +
+                  " lease(s) expired and not yet reaped: a relay stopped or stalled (runbook: OutboxReaperSpike)");
+    }
+  }
+  return w;
+}
+
+std::string RenderStatusTable(const StatusSnapshot& s) {
+  const std::vector<std::string> header = {"DESTINATION", "PENDING",      "IN_FLIGHT",    "RETRYING",
+                                           "BLOCKED",     "EXPIRED_LEASES", "DEAD_LETTERS", "OLDEST_PENDING"};
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& d : s.destinations) {
+    rows.push_back({d.destination, std::to_string(d.depth), std::to_string(d.in_flight), std::to_string(d.retrying),
+                    std::to_string(d.blocked), std::to_string(d.expired_leases), std::to_string(d.dead_letters),
+                    FormatAge(d.oldest_pending_age_seconds)});
+  }
+  std::vector<std::size_t> width(header.size());
+  for (std::size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
+  for (const auto& r : rows) {
+    for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  }
+  std::string out;
+  const auto line = [&](const std::vector<std::string>& cells) {
+    std::string l;
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      if (i > 0) l += "  ";
+      const std::string pad(width[i] - cells[i].size(), ' ');
+      // Names left-aligned, numbers and ages right-aligned.
+      l += i == 0 ? cells[i] + pad : pad + cells[i];
+    }
+    while (!l.empty() && l.back() == ' ') l.pop_back();
+    out += l + "\n";
+  };
+  line(header);
+  for (const auto& r : rows) line(r);
+  if (rows.empty()) out += "(no destinations: the queue and the dead letters are empty)\n";
+
+  out += "\nqueue table outbox.messages: " + std::to_string(s.table.live_tuples) + " live, " +
+         std::to_string(s.table.dead_tuples) + " dead tuples (" + Fixed(s.table.DeadRatio() * 100, 1) +
+         "% dead), " + Bytes(s.table.total_bytes) + "\n";
+  out += "last vacuum: ";
+  if (const auto v = s.table.LastAnyVacuumEpoch()) {
+    const bool auto_ran = s.table.last_autovacuum_epoch && *s.table.last_autovacuum_epoch == *v;
+    out += FormatAge(s.taken_at_epoch - *v) + " ago (" + (auto_ran ? "autovacuum" : "manual") + ")";
+  } else {
+    out += "never";
+  }
+  out += "; " + std::to_string(s.table.autovacuum_count) + " autovacuum, " + std::to_string(s.table.vacuum_count) +
+         " manual since statistics reset\n";
+  out += "lock waits on the queue table: " + std::to_string(s.lock_waiters);
+  if (s.lock_waiters > 0) out += " (longest " + FormatAge(s.longest_lock_wait_seconds) + ")";
+  out += "\n";
+  out += "oldest transaction: " + (s.oldest_transaction ? Describe(*s.oldest_transaction) : std::string("none")) +
+         "\n";
+  out += "xmin lag: " + std::to_string(s.xmin_lag_xids) + " transactions\n";
+  for (const auto& w : StatusWarnings(s)) out += "WARNING: " + w + "\n";
+  return out;
+}
+
+nlohmann::json StatusToJson(const StatusSnapshot& s) {
+  nlohmann::json dests = nlohmann::json::array();
+  for (const auto& d : s.destinations) {
+    dests.push_back({{"destination", d.destination},
+                     {"pending", d.depth},
+                     {"in_flight", d.in_flight},
+                     {"retrying", d.retrying},
+                     {"blocked", d.blocked},
+                     {"expired_leases", d.expired_leases},
+                     {"dead_letters", d.dead_letters},
+                     {"oldest_pending_age_seconds", d.oldest_pending_age_seconds},
+                     {"newest_dead_letter_at", OptEpoch(d.newest_dead_letter_epoch)}});
+  }
+  nlohmann::json oldest = nullptr;
+  if (s.oldest_transaction) {
+    const auto& t = *s.oldest_transaction;
+    oldest = {{"kind", t.kind},
+              {"pid", t.pid ? nlohmann::json(*t.pid) : nlohmann::json(nullptr)},
+              {"user", t.user},
+              {"application_name", t.application_name},
+              {"state", t.state},
+              {"gid", t.gid},
+              {"age_seconds", t.age_seconds},
+              {"xmin_age_xids", t.xmin_age_xids ? nlohmann::json(*t.xmin_age_xids) : nlohmann::json(nullptr)}};
+  }
+  return {{"taken_at", FormatEpoch(s.taken_at_epoch)},
+          {"destinations", std::move(dests)},
+          {"queue_table",
+           {{"live_tuples", s.table.live_tuples},
+            {"dead_tuples", s.table.dead_tuples},
+            {"dead_ratio", s.table.DeadRatio()},
+            {"total_bytes", s.table.total_bytes},
+            {"last_vacuum_at", OptEpoch(s.table.last_vacuum_epoch)},
+            {"last_autovacuum_at", OptEpoch(s.table.last_autovacuum_epoch)},
+            {"vacuum_count", s.table.vacuum_count},
+            {"autovacuum_count", s.table.autovacuum_count}}},
+          {"lock_waits", {{"waiters", s.lock_waiters}, {"longest_wait_seconds", s.longest_lock_wait_seconds}}},
+          {"oldest_transaction", std::move(oldest)},
+          {"xmin_lag_transactions", s.xmin_lag_xids},
+          {"warnings", StatusWarnings(s)}};
+}
+
+}  // namespace outbox::relay

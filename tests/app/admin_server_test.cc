@@ -1,0 +1,176 @@
+// The admin HTTP server on a real loopback socket: /metrics, /healthz, /readyz.
+#include "outbox_relay/admin_server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+namespace outbox::relay {
+namespace {
+
+struct ReadyState {
+  std::atomic<bool> ready{false};
+  std::mutex mu;
+  std::string detail = "database unreachable";
+};
+
+class AdminServerTest : public ::testing::Test {
+ protected:
+  AdminServerTest()
+      : server_("127.0.0.1:0", metrics_, [this] { return state_.ready.load(); },
+                [this] {
+                  std::lock_guard lk(state_.mu);
+                  return state_.detail;
+                }) {}
+  void SetUp() override {
+    server_.Start();
+    ASSERT_GT(server_.port(), 0);
+  }
+  httplib::Client Client() {
+    httplib::Client c("127.0.0.1", server_.port());
+    c.set_connection_timeout(std::chrono::seconds(5));
+    c.set_read_timeout(std::chrono::seconds(5));
+    return c;
+  }
+
+  RelayMetrics metrics_{"9.9.9"};
+  ReadyState state_;
+  AdminServer server_;
+};
+
+TEST_F(AdminServerTest, ServesMetricsInTheExpositionFormat) {
+  metrics_.RecordClaim("orders", 5, std::chrono::milliseconds(3));
+  auto c = Client();
+  auto res = c.Get("/metrics");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_EQ(res->body, metrics_.Render());
+  EXPECT_NE(res->body.find("\noutbox_messages_claimed_total{destination=\"orders\"} 5\n"), std::string::npos);
+  EXPECT_NE(res->body.find("\noutbox_relay_build_info{version=\"9.9.9\"} 1\n"), std::string::npos);
+
+  // Each scrape sees the current values.
+  metrics_.RecordClaim("orders", 2, std::chrono::milliseconds(3));
+  res = c.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->body.find("\noutbox_messages_claimed_total{destination=\"orders\"} 7\n"), std::string::npos);
+}
+
+TEST_F(AdminServerTest, HealthzIsOkWhileAlive) {
+  auto c = Client();
+  auto res = c.Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, "ok\n");
+  // Health does not depend on readiness.
+  state_.ready = false;
+  res = c.Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(AdminServerTest, ReadyzFollowsTheReadyCallback) {
+  auto c = Client();
+  auto res = c.Get("/readyz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->body, "not ready: database unreachable\n");
+
+  EXPECT_NE(metrics_.Render().find("\noutbox_relay_ready 0\n"), std::string::npos);
+
+  state_.ready = true;
+  res = c.Get("/readyz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, "ready\n");
+  res = c.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->body.find("\noutbox_relay_ready 1\n"), std::string::npos) << "the gauge follows readiness";
+
+  {
+    std::lock_guard lk(state_.mu);
+    state_.detail = "kafka sink for orders has no broker";
+  }
+  state_.ready = false;
+  res = c.Get("/readyz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->body, "not ready: kafka sink for orders has no broker\n");
+}
+
+TEST_F(AdminServerTest, UnknownPathsAre404AndHeadWorks) {
+  auto c = Client();
+  auto res = c.Get("/nope");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+  res = c.Head("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_TRUE(res->body.empty());
+  res = c.Post("/metrics", "x", "text/plain");
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->status, 200);
+}
+
+TEST_F(AdminServerTest, StopClosesThePortAndIsIdempotent) {
+  const int port = server_.port();
+  server_.Stop();
+  server_.Stop();
+  httplib::Client c("127.0.0.1", port);
+  c.set_connection_timeout(std::chrono::seconds(2));
+  EXPECT_FALSE(c.Get("/healthz")) << "nothing listens after Stop";
+  EXPECT_EQ(metrics_.Render().find("\noutbox_relay_ready "), std::string::npos) << "no readiness without a server";
+}
+
+TEST(AdminServer, ReadyCallbackThatThrowsIsNotReady) {
+  RelayMetrics m("dev");
+  AdminServer s("127.0.0.1:0", m, []() -> bool { throw std::runtime_error("boom"); }, nullptr);
+  s.Start();
+  httplib::Client c("127.0.0.1", s.port());
+  auto res = c.Get("/readyz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->body, "not ready: readiness check failed: boom\n");
+}
+
+TEST(AdminServer, PortInUseIsAnError) {
+  RelayMetrics m("dev");
+  AdminServer first("127.0.0.1:0", m, [] { return true; }, nullptr);
+  first.Start();
+  AdminServer second("127.0.0.1:" + std::to_string(first.port()), m, [] { return true; }, nullptr);
+  EXPECT_THROW(second.Start(), std::runtime_error);
+  // The first one is unaffected.
+  httplib::Client c("127.0.0.1", first.port());
+  auto res = c.Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST(AdminServer, ParsesListenAddresses) {
+  auto a = ParseListenAddress("0.0.0.0:9090");
+  EXPECT_EQ(a.host, "0.0.0.0");
+  EXPECT_EQ(a.port, 9090);
+  a = ParseListenAddress(":9102");
+  EXPECT_EQ(a.host, "0.0.0.0");
+  EXPECT_EQ(a.port, 9102);
+  a = ParseListenAddress("[::1]:0");
+  EXPECT_EQ(a.host, "::1");
+  EXPECT_EQ(a.port, 0);
+  a = ParseListenAddress("localhost:65535");
+  EXPECT_EQ(a.host, "localhost");
+  EXPECT_EQ(a.port, 65535);
+  for (const char* bad : {"", "9090", "host:", "host:65536", "host:-1", "host:9o", "::1:9090", "[::1]9090",
+                          "[::1", "host:123456"}) {
+    EXPECT_THROW(ParseListenAddress(bad), std::invalid_argument) << bad;
+  }
+  RelayMetrics m("dev");
+  AdminServer s("no-port", m, nullptr, nullptr);
+  EXPECT_THROW(s.Start(), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace outbox::relay

@@ -1,0 +1,337 @@
+// ReadStatus against a real PostgreSQL after a known workload, and the status rendering
+// (table and JSON) of what it read.
+#include "outbox_relay/status.h"
+
+#include <gtest/gtest.h>
+#include <pqxx/pqxx>
+
+#include <atomic>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "outbox_relay/status_render.h"
+#include "outbox_test/pg.h"
+#include "outbox_test/wait.h"
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+using outbox::testing::WaitFor;
+
+class StatusTest : public testing::PgTest {
+ protected:
+  void Exec(const std::string& sql) {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    tx.exec(sql);
+  }
+  std::int64_t Enqueue(const std::string& destination, const std::string& extra = "") {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    return tx.exec1("SELECT outbox.enqueue(" + tx.quote(destination) + ", '{\"n\": 1}'::jsonb" + extra + ")")[0]
+        .as<std::int64_t>();
+  }
+  void DeadLetter(std::int64_t id, const std::string& destination) {
+    Exec("INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, payload, "
+         "attempts, reason, created_at) VALUES (" +
+         std::to_string(id) + ", '" + destination +
+         "', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now() - interval '1 hour')");
+  }
+  StatusSnapshot Read(const StatusOptions& o = {}) {
+    pqxx::connection c(db_url_);
+    return ReadStatus(c, o);
+  }
+};
+
+TEST_F(StatusTest, EmptyDatabaseHasNoDestinations) {
+  const auto s = Read();
+  EXPECT_TRUE(s.destinations.empty());
+  EXPECT_EQ(s.lock_waiters, 0);
+  EXPECT_GT(s.taken_at_epoch, 1.6e9);
+  EXPECT_GT(s.table.total_bytes, 0);
+  EXPECT_FALSE(s.oldest_transaction) << "nothing else is open in the test cluster";
+  const auto table = RenderStatusTable(s);
+  EXPECT_NE(table.find("(no destinations"), std::string::npos) << table;
+  EXPECT_EQ(StatusToJson(s)["destinations"].size(), 0u);
+}
+
+TEST_F(StatusTest, ReportsExactCountsPerDestination) {
+  // orders: 7 rows in every state.
+  const auto fresh1 = Enqueue("orders");
+  const auto fresh2 = Enqueue("orders");
+  const auto leased = Enqueue("orders");
+  const auto expired = Enqueue("orders");
+  const auto retrying = Enqueue("orders");
+  const auto blocked = Enqueue("orders", ", ordering_key => 'k'");
+  const auto scheduled = Enqueue("orders", ", deliver_after => now() + interval '1 hour'");
+  Exec("UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = now() + interval '30 s', "
+       "created_at = now() - interval '2000 s' WHERE id = " + std::to_string(leased));
+  Exec("UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = now() - interval '1 s' "
+       "WHERE id = " + std::to_string(expired));
+  Exec("UPDATE outbox.messages SET attempts = 2, parked = true, deliver_after = now() + interval '1 min', "
+       "created_at = now() - interval '300 s' WHERE id = " + std::to_string(retrying));
+  Exec("UPDATE outbox.messages SET parked = true, deliver_after = 'infinity', "
+       "created_at = now() - interval '120 s' WHERE id = " + std::to_string(blocked));
+  Exec("UPDATE outbox.messages SET created_at = now() - interval '1000 s' WHERE id = " + std::to_string(scheduled));
+  Exec("UPDATE outbox.messages SET created_at = now() - interval '100 s', deliver_after = now() - interval '100 s' "
+       "WHERE id = " + std::to_string(fresh1));
+  (void)fresh2;
+  // billing: 2 fresh rows, the older one 50 s old.
+  const auto b1 = Enqueue("billing");
+  Enqueue("billing");
+  Exec("UPDATE outbox.messages SET created_at = now() - interval '50 s', deliver_after = now() - interval '50 s' "
+       "WHERE id = " + std::to_string(b1));
+  // sched: enqueued long ago for a time that came 10 s ago: it waits since it became due.
+  const auto s1 = Enqueue("sched");
+  Exec("UPDATE outbox.messages SET parked = true, created_at = now() - interval '5000 s', "
+       "deliver_after = now() - interval '10 s' WHERE id = " + std::to_string(s1));
+  // Dead letters: 3 of orders, 1 of a destination with nothing queued.
+  DeadLetter(1001, "orders");
+  DeadLetter(1002, "orders");
+  DeadLetter(1003, "orders");
+  DeadLetter(1004, "gone");
+
+  StatusOptions o;
+  o.destinations = {"orders", "billing", "idle"};
+  const auto s = Read(o);
+
+  ASSERT_EQ(s.destinations.size(), 5u);
+  std::vector<std::string> names;
+  for (const auto& d : s.destinations) names.push_back(d.destination);
+  EXPECT_EQ(names, (std::vector<std::string>{"billing", "gone", "idle", "orders", "sched"}));
+
+  const auto* orders = s.Find("orders");
+  ASSERT_NE(orders, nullptr);
+  EXPECT_EQ(orders->depth, 5);  // fresh1, fresh2, retrying, blocked, scheduled
+  EXPECT_EQ(orders->in_flight, 2);
+  EXPECT_EQ(orders->retrying, 1);
+  EXPECT_EQ(orders->blocked, 1);
+  EXPECT_EQ(orders->expired_leases, 1);
+  EXPECT_EQ(orders->dead_letters, 3);
+  ASSERT_TRUE(orders->newest_dead_letter_epoch);
+  // The retrying row (enqueued 300 s ago) is the oldest wait; the leased row (2000 s) and
+  // the scheduled one (1000 s, not due) do not count.
+  EXPECT_GE(orders->oldest_pending_age_seconds, 300);
+  EXPECT_LT(orders->oldest_pending_age_seconds, 360);
+
+  const auto* billing = s.Find("billing");
+  ASSERT_NE(billing, nullptr);
+  EXPECT_EQ(billing->depth, 2);
+  EXPECT_EQ(billing->in_flight, 0);
+  EXPECT_EQ(billing->retrying, 0);
+  EXPECT_EQ(billing->dead_letters, 0);
+  EXPECT_GE(billing->oldest_pending_age_seconds, 50);
+  EXPECT_LT(billing->oldest_pending_age_seconds, 110);
+
+  const auto* sched = s.Find("sched");
+  ASSERT_NE(sched, nullptr);
+  EXPECT_EQ(sched->depth, 1);
+  EXPECT_GE(sched->oldest_pending_age_seconds, 10);
+  EXPECT_LT(sched->oldest_pending_age_seconds, 70) << "counted from when it became due, not from enqueue";
+
+  const auto* gone = s.Find("gone");
+  ASSERT_NE(gone, nullptr);
+  EXPECT_EQ(gone->depth, 0);
+  EXPECT_EQ(gone->dead_letters, 1);
+  EXPECT_EQ(gone->oldest_pending_age_seconds, 0);
+
+  const auto* idle = s.Find("idle");
+  ASSERT_NE(idle, nullptr);
+  EXPECT_EQ(idle->depth + idle->in_flight + idle->dead_letters, 0);
+  EXPECT_FALSE(idle->newest_dead_letter_epoch);
+
+  // The JSON carries exactly what the table shows.
+  const auto table = RenderStatusTable(s);
+  const auto json = StatusToJson(s);
+  std::istringstream lines(table);
+  std::string line;
+  std::getline(lines, line);
+  EXPECT_EQ(line.substr(0, 11), "DESTINATION") << table;
+  std::map<std::string, std::vector<std::string>> rows;
+  while (std::getline(lines, line) && !line.empty()) {
+    std::istringstream cells(line);
+    std::vector<std::string> v;
+    std::string cell;
+    while (cells >> cell) v.push_back(cell);
+    ASSERT_EQ(v.size(), 8u) << line;
+    rows[v[0]] = v;
+  }
+  ASSERT_EQ(rows.size(), json["destinations"].size()) << table;
+  for (const auto& d : json["destinations"]) {
+    const auto& r = rows.at(d["destination"].get<std::string>());
+    EXPECT_EQ(r[1], std::to_string(d["pending"].get<std::int64_t>()));
+    EXPECT_EQ(r[2], std::to_string(d["in_flight"].get<std::int64_t>()));
+    EXPECT_EQ(r[3], std::to_string(d["retrying"].get<std::int64_t>()));
+    EXPECT_EQ(r[4], std::to_string(d["blocked"].get<std::int64_t>()));
+    EXPECT_EQ(r[5], std::to_string(d["expired_leases"].get<std::int64_t>()));
+    EXPECT_EQ(r[6], std::to_string(d["dead_letters"].get<std::int64_t>()));
+    EXPECT_EQ(r[7], FormatAge(d["oldest_pending_age_seconds"].get<double>()));
+  }
+  EXPECT_EQ(rows.at("orders")[1], "5");
+  EXPECT_EQ(rows.at("orders")[6], "3");
+  EXPECT_EQ(json["queue_table"]["live_tuples"].get<std::int64_t>(), s.table.live_tuples);
+  EXPECT_EQ(json["lock_waits"]["waiters"].get<std::int64_t>(), 0);
+  EXPECT_TRUE(json["oldest_transaction"].is_null());
+  // The expired lease is the one warning, in both renderings.
+  ASSERT_EQ(json["warnings"].size(), 1u);
+  const auto warning = json["warnings"][0].get<std::string>();
+  EXPECT_NE(warning.find("orders: 1 lease(s) expired"), std::string::npos) << warning;
+  EXPECT_NE(table.find("WARNING: " + warning + "\n"), std::string::npos) << table;
+}
+
+TEST_F(StatusTest, QueueAndDeadLettersAreReadFromOneSnapshot) {
+  // A message moved to the dead letters between the two counts would be counted twice or
+  // not at all under READ COMMITTED; the snapshot read counts it exactly once.
+  const auto id = Enqueue("d");
+  const auto before = Read();
+  ASSERT_NE(before.Find("d"), nullptr);
+  EXPECT_EQ(before.Find("d")->depth + before.Find("d")->dead_letters, 1);
+  Exec("WITH m AS (DELETE FROM outbox.messages WHERE id = " + std::to_string(id) +
+       " RETURNING *) INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
+       "payload, attempts, reason, created_at) SELECT id, destination, idempotency_key, event_type, headers, "
+       "payload, attempts, 'x', created_at FROM m");
+  const auto after = Read();
+  EXPECT_EQ(after.Find("d")->depth, 0);
+  EXPECT_EQ(after.Find("d")->dead_letters, 1);
+}
+
+TEST_F(StatusTest, ReportsTableStatisticsAndVacuum) {
+  for (int i = 0; i < 10; ++i) Enqueue("t");
+  Exec("DELETE FROM outbox.messages WHERE id IN (SELECT id FROM outbox.messages ORDER BY id LIMIT 4)");
+  // Statistics reach the shared stats when a backend flushes them (at latest when it exits).
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const auto s = Read();
+        return s.table.live_tuples == 6 && s.table.dead_tuples == 4;
+      },
+      20s, 50ms))
+      << "live " << Read().table.live_tuples << " dead " << Read().table.dead_tuples;
+  const auto before = Read();
+  EXPECT_DOUBLE_EQ(before.table.DeadRatio(), 0.4);
+  EXPECT_EQ(before.table.vacuum_count, 0);
+  EXPECT_FALSE(before.table.last_vacuum_epoch);
+
+  Exec("VACUUM outbox.messages");
+  ASSERT_TRUE(WaitFor([&] { return Read().table.vacuum_count == 1; }, 20s, 50ms));
+  const auto after = Read();
+  EXPECT_EQ(after.table.dead_tuples, 0);
+  ASSERT_TRUE(after.table.last_vacuum_epoch);
+  EXPECT_NEAR(*after.table.last_vacuum_epoch, after.taken_at_epoch, 60);
+  ASSERT_TRUE(after.table.LastAnyVacuumEpoch());
+  EXPECT_NE(RenderStatusTable(after).find("(manual)"), std::string::npos) << RenderStatusTable(after);
+}
+
+TEST_F(StatusTest, CountsSessionsWaitingForLocksOnTheQueue) {
+  const auto id = Enqueue("locks");
+  pqxx::connection holder(db_url_);
+  pqxx::work hold(holder);
+  hold.exec("SELECT id FROM outbox.messages WHERE id = " + std::to_string(id) + " FOR UPDATE");
+
+  // Two sessions updating the locked row without SKIP LOCKED: the first waits on the
+  // holder's transaction, the second on the row's tuple lock.
+  std::atomic<int> finished{0};
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 2; ++i) {
+    waiters.emplace_back([&] {
+      pqxx::connection c(db_url_);
+      pqxx::nontransaction tx(c);
+      tx.exec("UPDATE outbox.messages SET attempts = attempts + 1 WHERE id = " + std::to_string(id));
+      ++finished;
+    });
+  }
+  StatusSnapshot s;
+  const bool seen = WaitFor(
+      [&] {
+        s = Read();
+        return s.lock_waiters == 2;
+      },
+      20s, 20ms);
+  hold.abort();
+  for (auto& t : waiters) t.join();
+  ASSERT_TRUE(seen) << "lock_waiters " << s.lock_waiters;
+  EXPECT_GE(s.longest_lock_wait_seconds, 0);
+  EXPECT_EQ(finished, 2);
+  const auto warnings = StatusWarnings(s);
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_NE(warnings[0].find("2 session(s) waiting for a lock on outbox.messages"), std::string::npos);
+  EXPECT_EQ(Read().lock_waiters, 0) << "released";
+}
+
+TEST_F(StatusTest, AdvisoryLockWaitsOfWritersAreNotQueueContention) {
+  // Writers of one ordering key queue behind each other in outbox.insert_message by design.
+  pqxx::connection first(db_url_);
+  pqxx::work w1(first);
+  w1.exec("SELECT outbox.enqueue('adv', '1'::jsonb, ordering_key => 'same')");
+  std::thread second([&] {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    tx.exec("SELECT outbox.enqueue('adv', '2'::jsonb, ordering_key => 'same')");
+  });
+  // Wait until the second writer is really blocked on the advisory lock.
+  const bool blocked = WaitFor(
+      [&] {
+        pqxx::connection c(db_url_);
+        pqxx::nontransaction tx(c);
+        return tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'")[0].as<int>() == 1;
+      },
+      20s, 20ms);
+  const auto s = Read();
+  w1.commit();
+  second.join();
+  ASSERT_TRUE(blocked);
+  EXPECT_EQ(s.lock_waiters, 0);
+}
+
+TEST_F(StatusTest, ReportsTheOldestOpenTransaction) {
+  pqxx::connection other(db_url_);
+  const int pid = other.backendpid();
+  pqxx::work open(other);
+  open.exec("SELECT pg_current_xact_id()");  // takes an xid, then sits idle in transaction
+  Enqueue("later");                          // a younger transaction finishes meanwhile
+  const auto s = Read();
+  ASSERT_TRUE(s.oldest_transaction);
+  EXPECT_EQ(s.oldest_transaction->kind, "session");
+  ASSERT_TRUE(s.oldest_transaction->pid);
+  EXPECT_EQ(*s.oldest_transaction->pid, pid);
+  EXPECT_EQ(s.oldest_transaction->state, "idle in transaction");
+  EXPECT_EQ(s.oldest_transaction->user, "postgres");
+  EXPECT_GE(s.oldest_transaction->age_seconds, 0);
+  EXPECT_LT(s.oldest_transaction->age_seconds, 60);
+  EXPECT_GE(s.xmin_lag_xids, 1) << "the open xid holds the horizon behind the finished one";
+  const auto json = StatusToJson(s);
+  EXPECT_EQ(json["oldest_transaction"]["pid"].get<int>(), pid);
+  EXPECT_NE(RenderStatusTable(s).find("oldest transaction: pid " + std::to_string(pid)), std::string::npos);
+  open.abort();
+  EXPECT_FALSE(Read().oldest_transaction);
+}
+
+TEST_F(StatusTest, WorksWithOnlyTheRelayRole) {
+  Enqueue("r");
+  Exec("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'status_relay_login') THEN "
+       "CREATE ROLE status_relay_login LOGIN; END IF; END $$");
+  Exec("GRANT outbox_relay TO status_relay_login");
+  std::string url = db_url_;
+  url.replace(url.find("postgres@"), 9, "status_relay_login@");
+  pqxx::connection c(url);
+  const auto s = ReadStatus(c);
+  ASSERT_NE(s.Find("r"), nullptr);
+  EXPECT_EQ(s.Find("r")->depth, 1);
+}
+
+TEST_F(StatusTest, StatementTimeoutApplies) {
+  pqxx::connection holder(db_url_);
+  pqxx::work hold(holder);
+  hold.exec("LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE");
+  StatusOptions o;
+  o.statement_timeout = 200ms;
+  pqxx::connection c(db_url_);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(ReadStatus(c, o), pqxx::sql_error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  hold.abort();
+}
+
+}  // namespace
+}  // namespace outbox::relay
