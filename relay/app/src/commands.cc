@@ -10,7 +10,11 @@
 #include <iostream>
 
 #include "build_info.h"
+#include "outbox_relay/admin_server.h"
 #include "outbox_relay/config.h"
+#include "outbox_relay/metrics.h"
+#include "outbox_relay/status.h"
+#include "outbox_relay/status_render.h"
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/dispatcher.h"
 #include "outbox_relay/kafka_sink.h"
@@ -111,7 +115,29 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
-  Dispatcher dispatcher(cfg, std::move(sinks));
+  RelayMetrics metrics(OUTBOX_RELAY_VERSION);
+  for (const auto& [name, sink] : sinks) {
+    if (auto* kafka = dynamic_cast<KafkaSink*>(sink.get())) {
+      metrics.SetKafkaProducerQueueLength(name, [kafka] { return static_cast<double>(kafka->QueueLength()); });
+    }
+  }
+  Dispatcher dispatcher(cfg, std::move(sinks), &metrics);
+  std::unique_ptr<AdminServer> admin;
+  if (!cfg.admin_listen.empty()) {
+    admin = std::make_unique<AdminServer>(
+        cfg.admin_listen, metrics, [&dispatcher] { return dispatcher.Ready(); },
+        [&dispatcher] {
+          return dispatcher.Ready() ? std::string("ready")
+                                    : std::string("not ready: the database or a sink is unreachable");
+        });
+    try {
+      admin->Start();
+    } catch (const std::exception& e) {
+      return Fail(std::string("admin_listen ") + cfg.admin_listen + ": " + e.what() +
+                  " (choose a free host:port, or leave admin_listen empty)");
+    }
+    spdlog::info("admin server on {} (/metrics, /healthz, /readyz)", cfg.admin_listen);
+  }
   dispatcher.Start();
   spdlog::info("outbox-relay {} running: {} destination(s), batch {}, lease {} ms", OUTBOX_RELAY_VERSION,
                cfg.destinations.size(), cfg.batch_size, cfg.lease.count());
@@ -120,6 +146,7 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   spdlog::info("received {}, shutting down (up to {} ms)", sig == SIGINT ? "SIGINT" : "SIGTERM",
                cfg.shutdown_timeout.count());
   const bool clean = dispatcher.Stop();
+  if (admin) admin->Stop();
   const auto& s = dispatcher.stats();
   spdlog::info("stopped: delivered {}, retried {}, dead-lettered {}, released {}{}", s.delivered.load(),
                s.retried.load(), s.dead.load(), s.released.load(),
@@ -174,6 +201,18 @@ int WithConnection(const std::string& url, F f) {
 }
 
 }  // namespace
+
+int RunStatus(const std::string& database_url, bool json) {
+  return WithConnection(database_url, [&](pqxx::connection& c) {
+    const StatusSnapshot snapshot = ReadStatus(c);
+    if (json) {
+      std::cout << StatusToJson(snapshot).dump(2) << "\n";
+    } else {
+      std::cout << RenderStatusTable(snapshot);
+    }
+    return 0;
+  });
+}
 
 int RunDlqList(const DlqArgs& a) {
   return WithConnection(a.database_url, [&](pqxx::connection& c) {

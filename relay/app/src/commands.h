@@ -10,6 +10,8 @@ namespace outbox::relay::app {
 int RunRelay(const std::string& config_path, const std::string& database_url_override);
 int RunMigrate(const std::string& database_url);
 int RunCheckConfig(const std::string& config_path);
+/// Queue status per destination and the queue table's health signals.
+int RunStatus(const std::string& database_url, bool json);
 
 struct DlqArgs {
   std::string database_url;

@@ -39,6 +39,11 @@ int main(int argc, char** argv) {
   run->add_option("--config,-c", config_path, "YAML config file")->required()->check(CLI::ExistingFile);
   add_db(run);
 
+  bool status_json = false;
+  auto* status = app.add_subcommand("status", "Queue depth, age, in flight, retrying and dead letters per destination, and health signals");
+  add_db(status);
+  status->add_flag("--json", status_json, "JSON instead of a table");
+
   auto* check = app.add_subcommand("check-config", "Validate a config file and exit");
   check->add_option("--config,-c", config_path, "YAML config file")->required();
 
@@ -80,6 +85,13 @@ int main(int argc, char** argv) {
   if (*check) return RunCheckConfig(config_path);
   if (*run) return RunRelay(config_path, database_url);
   if (database_url.empty()) database_url = EnvOr("OUTBOX_DATABASE_URL");
+  if (*status) {
+    if (database_url.empty()) {
+      std::cerr << "error: no database: pass --database-url or set OUTBOX_DATABASE_URL\n";
+      return 2;
+    }
+    return RunStatus(database_url, status_json);
+  }
   if (*migrate) {
     if (database_url.empty()) {
       std::cerr << "error: no database: pass --database-url or set OUTBOX_DATABASE_URL\n";

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "outbox_relay/fresh_cursor.h"
+#include "outbox_relay/metrics.h"
+#include "outbox_relay/status.h"
 #include "outbox_relay/retry.h"
 #include "outbox_relay/store.h"
 
@@ -31,6 +33,10 @@ Millis ReconnectDelay(int failures) {
   return Millis(std::min<long long>(5000, 100LL << std::min(failures, 6)));
 }
 
+const char* SinkKind(const Destination& d) {
+  return std::holds_alternative<WebhookTarget>(d.target) ? "webhook" : "kafka";
+}
+
 int InFlightCap(const Destination& d, int batch) {
   if (const auto* w = std::get_if<WebhookTarget>(&d.target)) return std::max(w->max_in_flight * 4, 8);
   return batch * 4;
@@ -42,6 +48,13 @@ struct Dispatcher::Impl {
   RelayConfig config;
   std::map<std::string, SinkPtr> sinks;
   DispatcherStats stats;
+  RelayMetrics* metrics = nullptr;  // optional
+  Millis status_interval{5000};
+
+  void DbError() {
+    ++stats.db_errors;
+    if (metrics) metrics->RecordDbError();
+  }
 
   std::atomic<bool> stopping{false};
   std::atomic<bool> db_ok{false};
@@ -118,6 +131,7 @@ struct Dispatcher::Impl {
           continue;
         }
       }
+      const auto claim_started = Clock::now();
       try {
         if (partitioned) {
           const int per_bucket = std::max(1, (fresh_limit + static_cast<int>(buckets.size()) - 1) /
@@ -131,7 +145,7 @@ struct Dispatcher::Impl {
         failures = 0;
         db_ok = true;
       } catch (const std::exception& e) {
-        ++stats.db_errors;
+        DbError();
         db_ok = false;
         if (failures++ == 0) spdlog::warn("{}: claim failed, reconnecting: {}", dest.name, e.what());
         store.Reset();
@@ -140,6 +154,10 @@ struct Dispatcher::Impl {
         continue;
       }
       cursor.Observe(claim.facts);
+      if (metrics) {
+        metrics->RecordClaim(dest.name, static_cast<std::int64_t>(claim.messages.size()),
+                             std::chrono::duration<double>(Clock::now() - claim_started));
+      }
       ++stats.claims;
       if (claim.messages.empty()) ++stats.empty_claims;
       stats.claimed += static_cast<std::int64_t>(claim.messages.size());
@@ -171,14 +189,40 @@ struct Dispatcher::Impl {
     }
     const MessageId id = msg.id;
     const int attempts = msg.attempts;
-    const RetryPolicy* policy = &dest.retry;
-    sink.Submit(std::move(msg), [this, id, attempts, policy, token](Outcome outcome) {
+    const auto created_at = msg.created_at;
+    const auto submitted = Clock::now();
+    const Destination* d = &dest;
+    sink.Submit(std::move(msg), [this, id, attempts, d, token, created_at, submitted](Outcome outcome) {
       if (outcome.kind != OutcomeKind::kDelivered) {
         spdlog::debug("message {}: {} ({})", Raw(id), ToString(outcome.kind), outcome.reason);
       }
-      Enqueue(Decide(id, attempts, outcome, *policy, token, Uniform01(), stopping.load()));
+      Settlement s = Decide(id, attempts, outcome, d->retry, token, Uniform01(), stopping.load());
+      if (metrics) Record(*d, outcome, s, created_at, submitted);
+      Enqueue(std::move(s));
       wake_cv.notify_all();  // room in flight
     });
+  }
+
+  void Record(const Destination& d, const Outcome& outcome, const Settlement& s,
+              std::chrono::system_clock::time_point created_at, Clock::time_point submitted) {
+    const char* kind = SinkKind(d);
+    metrics->RecordDeliveryDuration(d.name, kind, std::chrono::duration<double>(Clock::now() - submitted));
+    if (std::string_view(kind) == "webhook") metrics->RecordWebhookResponse(d.name, outcome);
+    switch (s.kind) {
+      case Settlement::Kind::kDelivered:
+        metrics->RecordDelivered(d.name, created_at);
+        break;
+      case Settlement::Kind::kRetry:
+        metrics->RecordRetried(d.name, outcome.reason_class.empty() ? outcome.reason : outcome.reason_class);
+        break;
+      case Settlement::Kind::kDead:
+        metrics->RecordDeadLettered(d.name, outcome.kind == OutcomeKind::kRetry
+                                                ? "attempts_exhausted"
+                                                : (outcome.reason_class.empty() ? outcome.reason : outcome.reason_class));
+        break;
+      case Settlement::Kind::kRelease:
+        break;
+    }
   }
 
   // Writes outcomes in batches. Keeps them until the database takes them: nothing is lost
@@ -206,6 +250,7 @@ struct Dispatcher::Impl {
           stats.released += c.released;
           stats.fenced += c.fenced;
           if (c.woken > 0) Wake();  // the next message of a settled key may go now
+          if (metrics && c.fenced > 0) metrics->RecordSettleFenced(c.fenced);
           if (c.fenced > 0) {
             spdlog::warn("{} settlements fenced: their lease expired and moved on (redelivery follows)",
                          c.fenced);
@@ -214,7 +259,7 @@ struct Dispatcher::Impl {
           failures = 0;
           break;
         } catch (const std::exception& e) {
-          ++stats.db_errors;
+          DbError();
           if (failures++ == 0) spdlog::warn("settle failed, will retry: {}", e.what());
           store.Reset();
           std::unique_lock lk(settle_mu);
@@ -269,7 +314,7 @@ struct Dispatcher::Impl {
           Wake();
         }
       } catch (const std::exception& e) {
-        ++stats.db_errors;
+        DbError();
         if (failures++ == 0) spdlog::warn("coordinator: heartbeat failed: {}", e.what());
         store.Reset();
         if (Clock::now() - last_ok > config.partition_lease - config.partition_heartbeat) {
@@ -322,6 +367,7 @@ struct Dispatcher::Impl {
     Store store(config.database_url);
     auto next_reap = Clock::now();
     auto next_unknown = Clock::now();
+    auto next_status = Clock::now();
     while (!stopping) {
       WaitFor(Millis(100), [] { return false; });
       if (stopping) break;
@@ -332,6 +378,7 @@ struct Dispatcher::Impl {
           const auto reaped = store.Reap();
           if (!reaped.empty()) {
             stats.reaped += static_cast<std::int64_t>(reaped.size());
+            if (metrics) metrics->RecordReaperRequeued(static_cast<std::int64_t>(reaped.size()));
             spdlog::warn("reaper: returned {} messages whose lease expired", reaped.size());
             Wake();
           }
@@ -352,8 +399,12 @@ struct Dispatcher::Impl {
             if (n > 0) spdlog::warn("dead-lettered {} messages for unknown destination \"{}\"", n, name);
           }
         }
+        if (metrics && now >= next_status) {
+          next_status = now + status_interval;
+          metrics->UpdateFromStatus(ReadStatus(store.Connection()));
+        }
       } catch (const std::exception& e) {
-        ++stats.db_errors;
+        DbError();
         spdlog::warn("maintenance failed, will retry: {}", e.what());
         store.Reset();
       }
@@ -371,10 +422,16 @@ struct Dispatcher::Impl {
   std::thread coordinator;
 };
 
-Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks)
+Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks, RelayMetrics* metrics,
+                       Millis status_interval)
     : impl_(std::make_unique<Impl>()) {
   impl_->config = std::move(config);
   impl_->sinks = std::move(sinks);
+  impl_->metrics = metrics;
+  impl_->status_interval = status_interval;
+  if (metrics) {
+    for (const auto& [name, dest] : impl_->config.destinations) metrics->InitDestination(name, SinkKind(dest));
+  }
   for (const auto& [name, dest] : impl_->config.destinations) {
     if (!impl_->sinks.count(name)) throw std::invalid_argument("no sink for destination " + name);
   }

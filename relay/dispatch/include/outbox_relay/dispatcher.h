@@ -12,6 +12,10 @@
 #include "outbox_relay/sink.h"
 
 namespace outbox::relay {
+struct RelayMetrics;
+}
+
+namespace outbox::relay {
 
 /// Monotonic counters, readable from any thread.
 struct DispatcherStats {
@@ -32,7 +36,10 @@ struct DispatcherStats {
 /// thread.
 class Dispatcher {
  public:
-  Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks);
+  /// `metrics` (optional, must outlive the dispatcher) receives every claim, delivery and
+  /// settle event, and the queue status every `status_interval`.
+  Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks, RelayMetrics* metrics = nullptr,
+             Millis status_interval = Millis(5000));
   ~Dispatcher();
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
