@@ -8,7 +8,7 @@ PACKAGES=(
   postgresql
   libpqxx-dev librdkafka-dev libcpp-httplib-dev libspdlog-dev libgtest-dev
   nlohmann-json3-dev libyaml-cpp-dev libssl-dev libcli11-dev
-  kcat openssl procps
+  kcat openssl procps prometheus
 )
 
 missing=()

@@ -3,6 +3,7 @@
 --   $1 jsonb array of {"id", "token", "outcome": delivered|retry|dead|release,
 --                       "delay_ms" (retry), "error" (retry, dead),
 --                       "counted": whether this outcome ends an attempt (dead)}
+--   $2 boolean: also copy delivered messages to outbox.delivered_archive
 -- Returns counts of delivered, dead, retried, released and woken rows.
 WITH input AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb)
@@ -10,7 +11,18 @@ WITH input AS (
 ), delivered AS (
   DELETE FROM outbox.messages m USING input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'delivered'
-  RETURNING m.id, m.destination, m.ordering_key
+  RETURNING m.id, m.destination, m.ordering_key, m.idempotency_key, m.event_type, m.headers,
+            m.payload, m.payload_bytes, m.attempts, m.created_at
+), archived AS (
+  INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key,
+                                        event_type, headers, payload, payload_bytes,
+                                        attempts, created_at, delivered_at)
+  SELECT d.id, d.destination, d.ordering_key, d.idempotency_key, d.event_type, d.headers,
+         d.payload, d.payload_bytes, d.attempts + 1, d.created_at, clock_timestamp()
+  FROM delivered d
+  WHERE $2::boolean
+  ON CONFLICT (id) DO NOTHING
+  RETURNING id
 ), dead AS (
   DELETE FROM outbox.messages m USING input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'dead'
@@ -59,4 +71,4 @@ WITH input AS (
 )
 SELECT (SELECT count(*) FROM delivered) AS delivered, (SELECT count(*) FROM buried) AS dead,
        (SELECT count(*) FROM retried) AS retried, (SELECT count(*) FROM released) AS released,
-       (SELECT count(*) FROM woken) AS woken
+       (SELECT count(*) FROM woken) AS woken, (SELECT count(*) FROM archived) AS archived

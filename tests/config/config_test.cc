@@ -1088,3 +1088,26 @@ TEST(ParseConfig, ClaimModeAndPartitionTimings) {
 
 }  // namespace
 }  // namespace outbox::relay
+
+namespace outbox::relay {
+namespace {
+
+TEST(ParseConfig, RetentionSection) {
+  const auto defaults = ParseConfig(Minimal(), "cfg.yaml", kNoEnv).retention;
+  EXPECT_FALSE(defaults.archive_delivered);
+  EXPECT_EQ(defaults.archive_retention, std::chrono::hours(168));
+  EXPECT_EQ(defaults.dead_letter_retention, std::chrono::hours(0));
+  const auto r = ParseConfig(Minimal("retention:\n  archive_delivered: true\n  archive_retention_hours: 24\n"
+                                     "  dead_letter_retention_hours: 720\n  cleanup_interval_ms: 5000\n"),
+                             "cfg.yaml", kNoEnv)
+                     .retention;
+  EXPECT_TRUE(r.archive_delivered);
+  EXPECT_EQ(r.archive_retention, std::chrono::hours(24));
+  EXPECT_EQ(r.dead_letter_retention, std::chrono::hours(720));
+  EXPECT_EQ(r.cleanup_interval, 5000ms);
+  EXPECT_TRUE(Contains(ErrorOf(Minimal("retention:\n  archive_days: 3\n")), "retention.archive_days"));
+  EXPECT_TRUE(Contains(ErrorOf(Minimal("retention:\n  archive_retention_hours: 0\n")), "retention.archive_retention_hours"));
+}
+
+}  // namespace
+}  // namespace outbox::relay

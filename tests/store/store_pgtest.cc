@@ -228,5 +228,22 @@ TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
 }
 
+TEST_F(StoreTest, DeliveredMessagesAreArchivedOnlyWhenAsked) {
+  auto ids = Enqueue({outbox::Message::To("d").Json("1").Key("k").Build(), outbox::Message::To("d").Json("2").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 2u);
+  auto c = store.Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kDelivered)}, /*archive=*/true);
+  EXPECT_EQ(c.delivered, 1);
+  EXPECT_EQ(c.archived, 1);
+  c = store.Settle({Settle(r.messages[1], r.lease_token, Settlement::Kind::kDelivered)}, /*archive=*/false);
+  EXPECT_EQ(c.archived, 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.delivered_archive WHERE id = " + std::to_string(ids[0]) +
+                   " AND attempts = 1 AND ordering_key = 'k' AND payload = '1'::jsonb"),
+            1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.delivered_archive"), 1);
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -18,24 +18,13 @@
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/dispatcher.h"
 #include "outbox_relay/kafka_sink.h"
+#include "outbox_relay/logging.h"
 #include "outbox_relay/migrate.h"
 #include "outbox_relay/webhook_sink.h"
 
 namespace outbox::relay::app {
 
-void SetupLogging(const std::string& level, bool json) {
-  auto logger = spdlog::get("outbox-relay");
-  if (!logger) logger = spdlog::stderr_color_mt("outbox-relay");
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::from_str(level));
-  if (json) {
-    // Messages are written by the relay itself (never payloads); quotes are escaped there.
-    spdlog::set_pattern(R"({"ts":"%Y-%m-%dT%H:%M:%S.%eZ","level":"%l","thread":%t,"msg":"%v"})",
-                        spdlog::pattern_time_type::utc);
-  } else {
-    spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %^%l%$ %v", spdlog::pattern_time_type::utc);
-  }
-}
+void SetupLogging(const std::string& level, bool json) { ConfigureLogging(level, json); }
 
 namespace {
 

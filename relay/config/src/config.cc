@@ -663,7 +663,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   Mapping top(root,
               {"database_url", "database_url_env", "database_url_file", "batch_size", "lease_ms", "poll_interval_ms",
                "reap_interval_ms", "full_sweep_interval_ms", "shutdown_timeout_ms", "admin_listen", "log", "defaults",
-               "destinations", "claim_mode", "partition_heartbeat_ms", "partition_lease_ms"},
+               "destinations", "claim_mode", "partition_heartbeat_ms", "partition_lease_ms", "retention"},
               TopLevelHint);
 
   const RelayConfig builtin;
@@ -700,6 +700,24 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   if (auto f = top.Get("claim_mode")) claim_mode = {detail::ReadString(*f), f->Origin(), true};
   StringSetting log_level{builtin.log_level, "", false};
   StringSetting log_format{ToString(builtin.log_format), "", false};
+  RetentionPolicy retention;
+  if (auto f = top.Get("retention")) {
+    Mapping r(*f, {"archive_delivered", "archive_retention_hours", "dead_letter_retention_hours",
+                   "cleanup_interval_ms"});
+    if (auto v = r.Get("archive_delivered")) retention.archive_delivered = detail::ReadBool(*v);
+    if (auto v = r.Get("archive_retention_hours")) {
+      retention.archive_retention = std::chrono::hours(
+          detail::ReadIntegerIn(*v, 1, 24 * 3650, ", e.g. 168 for a week", "hours delivered messages stay archived"));
+    }
+    if (auto v = r.Get("dead_letter_retention_hours")) {
+      retention.dead_letter_retention = std::chrono::hours(detail::ReadIntegerIn(
+          *v, 0, 24 * 3650, ", e.g. 720 for 30 days, or 0 to keep them until purged", "hours dead letters are kept"));
+    }
+    if (auto v = r.Get("cleanup_interval_ms")) {
+      retention.cleanup_interval = Millis(detail::ReadIntegerIn(*v, 1000, kMaxDurationMs, kMsHint,
+                                                                "milliseconds between retention cleanups"));
+    }
+  }
   if (auto f = top.Get("log")) {
     Mapping log(*f, {"level", "format"});
     if (auto level = log.Get("level")) log_level = {detail::ReadString(*level), level->Origin(), true};
@@ -783,6 +801,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   config.reap_interval = Millis{ints[3].value};
   config.full_sweep_interval = Millis{ints[4].value};
   config.shutdown_timeout = Millis{ints[5].value};
+  config.retention = retention;
   config.partition_heartbeat = Millis{ints[6].value};
   config.partition_lease = Millis{ints[7].value};
   if (config.partition_lease < 3 * config.partition_heartbeat) {

@@ -15,6 +15,7 @@
 #include "outbox_relay/fresh_cursor.h"
 #include "outbox_relay/metrics.h"
 #include "outbox_relay/status.h"
+#include "outbox_relay/retention.h"
 #include "outbox_relay/retry.h"
 #include "outbox_relay/store.h"
 
@@ -243,7 +244,7 @@ struct Dispatcher::Impl {
       }
       while (true) {
         try {
-          const SettleCounts c = store.Settle(batch);
+          const SettleCounts c = store.Settle(batch, config.retention.archive_delivered);
           stats.delivered += c.delivered;
           stats.retried += c.retried;
           stats.dead += c.dead;
@@ -368,6 +369,7 @@ struct Dispatcher::Impl {
     auto next_reap = Clock::now();
     auto next_unknown = Clock::now();
     auto next_status = Clock::now();
+    auto next_cleanup = Clock::now();
     while (!stopping) {
       WaitFor(Millis(100), [] { return false; });
       if (stopping) break;
@@ -397,6 +399,18 @@ struct Dispatcher::Impl {
             while ((moved = store.DeadLetterAll(name, reason)) > 0) n += moved;
             stats.dead += n;
             if (n > 0) spdlog::warn("dead-lettered {} messages for unknown destination \"{}\"", n, name);
+          }
+        }
+        if (now >= next_cleanup) {
+          next_cleanup = now + config.retention.cleanup_interval;
+          const auto& r = config.retention;
+          if (r.archive_delivered) {
+            const auto n = CleanupArchive(store.Connection(), r.archive_retention, 1000);
+            if (n > 0) spdlog::info("retention: removed {} archived messages older than {} h", n, r.archive_retention.count());
+          }
+          if (r.dead_letter_retention.count() > 0) {
+            const auto n = CleanupDeadLetters(store.Connection(), r.dead_letter_retention, 1000);
+            if (n > 0) spdlog::info("retention: removed {} dead letters older than {} h", n, r.dead_letter_retention.count());
           }
         }
         if (metrics && now >= next_status) {

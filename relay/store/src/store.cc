@@ -183,7 +183,7 @@ std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Milli
   return out;
 }
 
-SettleCounts Store::Settle(const std::vector<Settlement>& settlements) {
+SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool archive) {
   SettleCounts counts;
   if (settlements.empty()) return counts;
   nlohmann::json arr = nlohmann::json::array();
@@ -197,12 +197,13 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements) {
   }
   auto& c = impl_->Get();
   pqxx::nontransaction tx(c);
-  const auto row = tx.exec_prepared1("settle", arr.dump());
+  const auto row = tx.exec_prepared1("settle", arr.dump(), archive);
   counts.delivered = row["delivered"].as<std::int64_t>();
   counts.dead = row["dead"].as<std::int64_t>();
   counts.retried = row["retried"].as<std::int64_t>();
   counts.released = row["released"].as<std::int64_t>();
   counts.woken = row["woken"].as<std::int64_t>();
+  counts.archived = row["archived"].as<std::int64_t>();
   counts.fenced = static_cast<std::int64_t>(settlements.size()) - counts.delivered - counts.dead -
                   counts.retried - counts.released;
   return counts;

@@ -52,6 +52,14 @@ struct Destination {
 
 enum class LogFormat { kText, kJson };
 
+/// What leaves the queue where, and for how long it is kept (docs/operations.md).
+struct RetentionPolicy {
+  bool archive_delivered = false;            ///< Copy delivered messages to outbox.delivered_archive.
+  std::chrono::hours archive_retention{168}; ///< Archive rows older than this are deleted.
+  std::chrono::hours dead_letter_retention{0};  ///< 0: keep dead letters until purged.
+  Millis cleanup_interval{60'000};           ///< How often the batched cleanup runs.
+};
+
 /// How relays share the queue (docs/scaling.md).
 enum class ClaimMode {
   kSkipLocked,   ///< Every relay claims from the whole queue; SKIP LOCKED keeps them apart.
@@ -71,6 +79,7 @@ struct RelayConfig {
   ClaimMode claim_mode = ClaimMode::kSkipLocked;
   Millis partition_heartbeat{1'000};          ///< Heartbeat period in claim_mode partitioned.
   Millis partition_lease{5'000};              ///< No heartbeat for this long: dead, buckets move.
+  RetentionPolicy retention;
   std::string log_level = "info";             ///< trace, debug, info, warn, error.
   LogFormat log_format = LogFormat::kText;
 };

@@ -42,7 +42,7 @@ struct Settlement {
 };
 
 struct SettleCounts {
-  std::int64_t delivered = 0, dead = 0, retried = 0, released = 0, woken = 0;
+  std::int64_t delivered = 0, dead = 0, retried = 0, released = 0, woken = 0, archived = 0;
   /// Settlements whose lease had moved on (expired and reaped): nothing was written for them.
   std::int64_t fenced = 0;
 };
@@ -76,8 +76,9 @@ class Store {
   std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
                                              bool leaving, const std::string& description);
 
-  /// Applies outcomes in one statement, fenced by lease token.
-  SettleCounts Settle(const std::vector<Settlement>& settlements);
+  /// Applies outcomes in one statement, fenced by lease token. `archive`: also copy delivered
+  /// messages to outbox.delivered_archive.
+  SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive = false);
 
   /// Returns expired leases to the queue; returns the destination of each returned row.
   std::vector<std::string> Reap();
