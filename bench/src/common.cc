@@ -1,0 +1,163 @@
+#include "common.h"
+
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace outbox::bench {
+namespace {
+
+const double kStart = MonoSeconds();
+
+// Fields of /proc/<pid>/stat after the parenthesised command name, which may contain spaces.
+std::vector<std::string> StatFields(int pid) {
+  const std::string text = ReadTextFile("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = text.rfind(')');
+  if (close == std::string::npos) return {};
+  return SplitWords(text.substr(close + 1));
+}
+
+std::int64_t StatusKb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string prefix = std::string(key) + ":";
+  while (std::getline(in, line)) {
+    if (line.rfind(prefix, 0) == 0) return std::stoll(line.substr(prefix.size()));
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::int64_t WallMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double MonoSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Percentiles Summarize(std::vector<std::int64_t> values_us) {
+  Percentiles p;
+  p.count = values_us.size();
+  if (values_us.empty()) return p;
+  std::sort(values_us.begin(), values_us.end());
+  const auto at = [&](double q) {
+    const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(values_us.size())));
+    return static_cast<double>(values_us[std::max<std::size_t>(rank, 1) - 1]) / 1000.0;
+  };
+  p.p50_ms = at(0.50);
+  p.p95_ms = at(0.95);
+  p.p99_ms = at(0.99);
+  p.max_ms = static_cast<double>(values_us.back()) / 1000.0;
+  return p;
+}
+
+std::int64_t SelfCpuMicros() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const auto us = [](const timeval& tv) {
+    return static_cast<std::int64_t>(tv.tv_sec) * 1'000'000 + tv.tv_usec;
+  };
+  return us(ru.ru_utime) + us(ru.ru_stime);
+}
+
+std::int64_t PidCpuMicros(int pid) {
+  const auto f = StatFields(pid);
+  // After the name: state(0) ppid(1) ... utime(11) stime(12).
+  if (f.size() < 13) return -1;
+  const long ticks = sysconf(_SC_CLK_TCK);
+  return (std::stoll(f[11]) + std::stoll(f[12])) * 1'000'000 / ticks;
+}
+
+int ParentPid(int pid) {
+  const auto f = StatFields(pid);
+  return f.size() < 2 ? -1 : std::stoi(f[1]);
+}
+
+std::string ProcessName(int pid) {
+  std::string name = ReadTextFile("/proc/" + std::to_string(pid) + "/comm");
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  return name;
+}
+
+std::int64_t ProcessTreeCpuMicros(int parent_pid) {
+  if (parent_pid <= 0) return 0;
+  std::int64_t total = std::max<std::int64_t>(PidCpuMicros(parent_pid), 0);
+  DIR* dir = opendir("/proc");
+  if (dir == nullptr) return total;
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    const int pid = std::atoi(e->d_name);
+    if (ParentPid(pid) == parent_pid) total += std::max<std::int64_t>(PidCpuMicros(pid), 0);
+  }
+  closedir(dir);
+  return total;
+}
+
+std::int64_t RssBytes() { return StatusKb("VmRSS") * 1024; }
+std::int64_t PeakRssBytes() { return StatusKb("VmHWM") * 1024; }
+
+bool ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+double Slope(const std::vector<double>& x, const std::vector<double>& y) {
+  const std::size_t n = std::min(x.size(), y.size());
+  if (n < 2) return 0;
+  double mx = 0, my = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    mx += x[i];
+    my += y[i];
+  }
+  mx /= static_cast<double>(n);
+  my /= static_cast<double>(n);
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    num += (x[i] - mx) * (y[i] - my);
+    den += (x[i] - mx) * (x[i] - mx);
+  }
+  return den == 0 ? 0 : num / den;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void Say(const std::string& line) {
+  char prefix[32];
+  std::snprintf(prefix, sizeof prefix, "[bench %7.1fs] ", MonoSeconds() - kStart);
+  std::cerr << prefix << line << std::endl;
+}
+
+std::string ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> SplitWords(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+}  // namespace outbox::bench

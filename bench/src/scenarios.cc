@@ -1,0 +1,805 @@
+#include "scenarios.h"
+
+#include <httplib.h>
+#include <pqxx/pqxx>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <future>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include "call_probe.h"
+#include "helper.h"
+#include "outbox_relay/dispatcher.h"
+#include "outbox_relay/kafka_sink.h"
+#include "outbox_relay/webhook_sink.h"
+#include "pg_server.h"
+#include "workload.h"
+
+namespace outbox::bench {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+// A Standard Webhooks secret ("whsec_" + base64 of 32 bytes); the receiver does not verify.
+constexpr const char* kWebhookSecret = "whsec_b3V0Ym94LWJlbmNoLXdlYmhvb2stc2VjcmV0LTAwMDE=";
+
+// The raw ceiling: claim and delete in one statement, 500 rows at a time, from the head of
+// the primary key, returning what a relay needs to deliver.
+constexpr const char* kCeilingSql =
+    "DELETE FROM outbox.messages WHERE id IN ("
+    "SELECT id FROM outbox.messages ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED) "
+    "RETURNING id, destination, ordering_key, idempotency_key, event_type, headers, payload, "
+    "payload_bytes, attempts, created_at";
+
+std::string Rfc3339(std::int64_t us) {
+  const std::time_t secs = static_cast<std::time_t>(us / 1'000'000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char out[64];
+  std::snprintf(out, sizeof out, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<long long>(us % 1'000'000));
+  return out;
+}
+
+double Mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+json PercentilesJson(const Percentiles& p) {
+  return {{"count", p.count}, {"p50_ms", p.p50_ms}, {"p95_ms", p.p95_ms}, {"p99_ms", p.p99_ms},
+          {"max_ms", p.max_ms}};
+}
+
+Percentiles PercentilesFrom(const json& j) {
+  Percentiles p;
+  p.count = j.at("count").get<std::size_t>();
+  p.p50_ms = j.at("p50_ms").get<double>();
+  p.p95_ms = j.at("p95_ms").get<double>();
+  p.p99_ms = j.at("p99_ms").get<double>();
+  p.max_ms = j.at("max_ms").get<double>();
+  return p;
+}
+
+relay::Destination KafkaDestination(const std::string& bootstraps, const std::string& topic) {
+  relay::Destination d;
+  d.name = kDestination;
+  relay::KafkaTarget k;
+  k.brokers = bootstraps;
+  k.topic = topic;
+  d.target = k;
+  return d;
+}
+
+relay::Destination WebhookDestination(int port, int connections) {
+  relay::Destination d;
+  d.name = kDestination;
+  relay::WebhookTarget w;
+  w.url = "http://127.0.0.1:" + std::to_string(port) + "/hooks/bench";
+  w.secrets = {kWebhookSecret};
+  w.max_in_flight = connections;
+  d.target = w;
+  return d;
+}
+
+// The relay under test: `instances` real Dispatchers (each its own relay: own sink, own
+// connections), default settings except the database URL, the one destination and the
+// claim mode. Several instances in one process stand in for several relay processes; their
+// CPU time adds up in this process.
+class Relay {
+ public:
+  Relay(const std::string& db_url, const relay::Destination& dest, int instances = 1,
+        relay::ClaimMode mode = relay::ClaimMode::kSkipLocked) {
+    for (int i = 0; i < instances; ++i) {
+      relay::RelayConfig cfg;
+      cfg.database_url = db_url;
+      cfg.claim_mode = mode;
+      relay::SinkPtr sink;
+      if (const auto* k = std::get_if<relay::KafkaTarget>(&dest.target)) {
+        sink = relay::MakeKafkaSink(dest.name, *k);
+      } else {
+        sink = relay::MakeWebhookSink(dest.name, std::get<relay::WebhookTarget>(dest.target));
+      }
+      // The clock starts at the first claim, not while the producer finds its brokers.
+      const double deadline = MonoSeconds() + 30;
+      while (!sink->Ready() && MonoSeconds() < deadline) std::this_thread::sleep_for(10ms);
+      if (!sink->Ready()) throw std::runtime_error("the sink did not become ready in 30 s");
+      std::map<std::string, relay::SinkPtr> sinks;
+      sinks.emplace(dest.name, std::move(sink));
+      cfg.destinations.emplace(dest.name, dest);
+      dispatchers_.push_back(std::make_unique<relay::Dispatcher>(std::move(cfg), std::move(sinks)));
+    }
+  }
+
+  void Start() {
+    for (auto& d : dispatchers_) d->Start();
+  }
+  void Stop() {
+    for (auto& d : dispatchers_) d->Stop();
+  }
+
+  std::int64_t delivered() const {
+    return Sum([](const relay::DispatcherStats& s) { return s.delivered.load(); });
+  }
+  std::int64_t claims() const {
+    return Sum([](const relay::DispatcherStats& s) { return s.claims.load(); });
+  }
+
+  // Waits until every instance ran its first claim (connected, listening), up to 30 s.
+  void WaitForFirstClaims() const {
+    const double deadline = MonoSeconds() + 30;
+    for (const auto& d : dispatchers_) {
+      while (d->stats().claims.load() == 0 && MonoSeconds() < deadline) {
+        std::this_thread::sleep_for(5ms);
+      }
+    }
+  }
+
+  json StatsJson() const {
+    using S = relay::DispatcherStats;
+    json j;
+    const std::pair<const char*, std::atomic<std::int64_t> S::*> fields[] = {
+        {"claims", &S::claims},   {"empty_claims", &S::empty_claims}, {"claimed", &S::claimed},
+        {"delivered", &S::delivered}, {"retried", &S::retried},   {"dead", &S::dead},
+        {"fenced", &S::fenced},   {"reaped", &S::reaped},             {"db_errors", &S::db_errors}};
+    for (const auto& [name, field] : fields) {
+      j[name] = Sum([field](const S& s) { return (s.*field).load(); });
+    }
+    return j;
+  }
+
+ private:
+  template <class F>
+  std::int64_t Sum(F f) const {
+    std::int64_t total = 0;
+    for (const auto& d : dispatchers_) total += f(d->stats());
+    return total;
+  }
+
+  std::vector<std::unique_ptr<relay::Dispatcher>> dispatchers_;
+};
+
+std::function<std::int64_t()> Delivered(const Relay& relay) {
+  return [&relay] { return relay.delivered(); };
+}
+
+}  // namespace
+
+// What the relay (this process), Postgres and the helpers spent over one measured interval,
+// with the relay's claim and settle timings and per-second samples.
+struct Observation {
+  double t0 = 0, seconds = 0;
+  std::int64_t cpu0 = 0, pg0 = 0, helpers0 = 0;
+  std::int64_t relay_cpu_us = 0, pg_cpu_us = 0, helpers_cpu_us = 0;
+  std::int64_t peak_rss = 0;
+  int postmaster = -1;
+  std::vector<int> helper_pids;
+  std::vector<std::int64_t> claim_us, settle_us;
+  std::int64_t claim_rows = 0, settle_rows = 0;
+  std::vector<Sample> timeline;
+
+  void Begin(int postmaster_pid, std::vector<int> helpers) {
+    postmaster = postmaster_pid;
+    helper_pids = std::move(helpers);
+    ClaimProbe().Take();
+    SettleProbe().Take();
+    ResetPeakRss();
+    pg0 = ProcessTreeCpuMicros(postmaster);
+    helpers0 = HelpersCpu();
+    cpu0 = SelfCpuMicros();
+    t0 = MonoSeconds();
+  }
+
+  void End() {
+    seconds = MonoSeconds() - t0;
+    relay_cpu_us = SelfCpuMicros() - cpu0;
+    pg_cpu_us = ProcessTreeCpuMicros(postmaster) - pg0;
+    helpers_cpu_us = HelpersCpu() - helpers0;
+    peak_rss = PeakRssBytes();
+    TakeClaims();
+    auto s = SettleProbe().Take();
+    settle_us.insert(settle_us.end(), s.durations_us.begin(), s.durations_us.end());
+    settle_rows += s.rows;
+  }
+
+  // Moves the claim timings recorded since the last call into claim_us; returns them.
+  std::vector<std::int64_t> TakeClaims() {
+    auto c = ClaimProbe().Take();
+    claim_us.insert(claim_us.end(), c.durations_us.begin(), c.durations_us.end());
+    claim_rows += c.rows;
+    return std::move(c.durations_us);
+  }
+
+  std::int64_t HelpersCpu() const {
+    std::int64_t total = 0;
+    for (int pid : helper_pids) total += std::max<std::int64_t>(PidCpuMicros(pid), 0);
+    return total;
+  }
+
+  // Polls every 10 ms until done() or timeout_s; once a second appends a Sample of
+  // delivered() and (optional) produced(), messages written so far, for the backlog.
+  bool Watch(const std::function<std::int64_t()>& delivered, double timeout_s,
+             const std::function<bool()>& done,
+             const std::function<std::int64_t()>& produced = {}) {
+    const double start = MonoSeconds();
+    double next_sample = (timeline.empty() ? t0 : t0 + timeline.back().t) + 1;
+    while (!done()) {
+      const double now = MonoSeconds();
+      if (now - start > timeout_s) return false;
+      if (now >= next_sample) {
+        Sample s;
+        s.t = now - t0;
+        s.delivered = delivered();
+        s.produced = produced ? produced() : 0;
+        s.backlog = produced ? s.produced - s.delivered : 0;
+        s.rss_mib = Mib(RssBytes());
+        const auto claims = TakeClaims();
+        s.claims = static_cast<std::int64_t>(claims.size());
+        s.claim_p99_ms = Summarize(claims).p99_ms;
+        timeline.push_back(s);
+        next_sample += 1;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return true;
+  }
+};
+
+Bench::Bench(Options options, PgServer& pg) : opt_(std::move(options)), pg_(pg) {
+  postmaster_pid_ = pg_.PostmasterPid();
+}
+
+Bench::~Bench() = default;
+
+Helper& Bench::Kafka() {
+  if (!kafka_) {
+    kafka_ = std::make_unique<Helper>("kafka");
+    bootstraps_ = kafka_->Call("START " + std::to_string(opt_.kafka_brokers));
+  }
+  return *kafka_;
+}
+
+Helper& Bench::Http() {
+  if (!http_) {
+    http_ = std::make_unique<Helper>("http");
+    // One receiver thread per keep-alive connection, plus a few spare.
+    http_port_ = std::stoi(http_->Call("LISTEN " + std::to_string(opt_.webhook_connections + 8)));
+  }
+  return *http_;
+}
+
+Helper& Bench::Producers() {
+  if (!producers_) producers_ = std::make_unique<Helper>("producer");
+  return *producers_;
+}
+
+std::string Bench::NewTopic(const std::string& name) {
+  Kafka().Call("TOPIC " + name + " " + std::to_string(opt_.kafka_partitions));
+  Kafka().Call("CONSUME " + name + " " + std::to_string(opt_.kafka_partitions));
+  return name;
+}
+
+void Bench::FillCommon(ScenarioResult& r, const Observation& obs, std::int64_t delivered) {
+  r.seconds = obs.seconds;
+  r.events_per_s = obs.seconds > 0 ? static_cast<double>(delivered) / obs.seconds : 0;
+  if (delivered > 0) {
+    const double n = static_cast<double>(delivered);
+    r.relay_cpu_us_per_msg = static_cast<double>(obs.relay_cpu_us) / n;
+    if (obs.postmaster > 0) r.pg_cpu_us_per_msg = static_cast<double>(obs.pg_cpu_us) / n;
+    if (!obs.helper_pids.empty()) r.helpers_cpu_us_per_msg = static_cast<double>(obs.helpers_cpu_us) / n;
+  }
+  r.peak_rss_mib = Mib(obs.peak_rss);
+  if (!ClaimProbeLinked()) {
+    r.claim_source = "unavailable: Store::Claim's signature changed; update bench/CMakeLists.txt";
+  } else if (!obs.claim_us.empty()) {
+    r.claim = Summarize(obs.claim_us);
+    r.claim_source = "Store::Claim as called by the dispatcher (link-time wrapper)";
+    r.details["rows_per_claim"] =
+        static_cast<double>(obs.claim_rows) / static_cast<double>(obs.claim_us.size());
+    if (!obs.settle_us.empty()) {
+      r.settle = Summarize(obs.settle_us);
+      r.details["rows_per_settle"] =
+          static_cast<double>(obs.settle_rows) / static_cast<double>(obs.settle_us.size());
+    }
+  }
+  r.details["postgres_cpu_note"] = "all Postgres processes: relay backends, autovacuum, checkpointer"
+                                   " and, where producers run, their backends too";
+}
+
+void Bench::RatioToSqlCeiling(ScenarioResult& r) {
+  if (sql_ceiling_ && *sql_ceiling_ > 0) r.x_sql_ceiling = r.events_per_s / *sql_ceiling_;
+}
+
+void Bench::FillDelivery(ScenarioResult& r, const json& summary) {
+  r.latency = PercentilesFrom(summary.at("latency"));
+  r.latency_source = summary.at("latency_source").get<std::string>();
+  json d = summary;
+  d.erase("latency");
+  d.erase("latency_source");
+  r.details["delivery"] = d;
+}
+
+// --- ceilings ----------------------------------------------------------------------------
+
+ScenarioResult Bench::SqlCeiling() {
+  ScenarioResult r;
+  r.name = "sql_ceiling";
+  r.sink = "sql";
+  r.claim_mode = "-";
+  r.messages = opt_.kafka_messages;
+  r.what = "raw ceiling: one connection, DELETE ... WHERE id IN (SELECT ... ORDER BY id LIMIT 500 "
+           "FOR UPDATE SKIP LOCKED) RETURNING the rows, until the preloaded table is empty";
+  const std::string url = pg_.FreshDatabase(r.name);
+  Say(r.name + ": preloading " + std::to_string(r.messages) + " messages");
+  preload_rate_ = Preload(url, r.messages, {}, 2);
+  r.details["preload_rate"] = preload_rate_;
+  PrepareTable(url);
+
+  pqxx::connection c(url);
+  c.prepare("claim_delete", kCeilingSql);
+  std::vector<std::int64_t> statement_us;
+  std::int64_t rows = 0;
+  std::size_t bytes = 0;
+  Observation obs;
+  Say(r.name + ": measuring");
+  obs.Begin(postmaster_pid_, {});
+  while (true) {
+    const double t = MonoSeconds();
+    pqxx::nontransaction tx(c);
+    const pqxx::result batch = tx.exec_prepared("claim_delete");
+    for (const auto& row : batch) bytes += row["payload"].size();  // read what a relay would
+    statement_us.push_back(static_cast<std::int64_t>((MonoSeconds() - t) * 1e6));
+    if (batch.empty()) break;
+    rows += static_cast<std::int64_t>(batch.size());
+  }
+  obs.End();
+  FillCommon(r, obs, rows);
+  r.claim = Summarize(statement_us);
+  r.claim_source = "the ceiling statement itself (claim + delete, 500 rows)";
+  r.details["rows"] = rows;
+  r.details["payload_bytes_read"] = bytes;
+  r.details["cpu_note"] = "relay CPU column = the benchmark's libpq client loop";
+  sql_ceiling_ = r.events_per_s;
+  r.x_sql_ceiling = 1.0;
+  return r;
+}
+
+ScenarioResult Bench::HttpCeiling() {
+  ScenarioResult r;
+  r.name = "http_ceiling";
+  r.sink = "http";
+  r.claim_mode = "-";
+  r.messages = opt_.webhook_messages;
+  const int conns = opt_.webhook_connections;
+  r.what = "loopback HTTP ceiling of the same receiver: " + std::to_string(conns) +
+           " threads, one keep-alive cpp-httplib client each, POSTing the same ~200-byte "
+           "bodies and headers as the relay (no database)";
+  Http().Call("RECORD");
+  const std::string body = Payload(1);
+  std::atomic<std::int64_t> next{0}, errors{0};
+  Observation obs;
+  obs.Begin(postmaster_pid_, {Http().pid()});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < conns; ++t) {
+    threads.emplace_back([&] {
+      httplib::Client client("127.0.0.1", http_port_);
+      client.set_keep_alive(true);
+      client.set_tcp_nodelay(true);
+      client.set_read_timeout(10, 0);
+      char id[64];
+      for (std::int64_t k = next++; k < r.messages; k = next++) {
+        std::snprintf(id, sizeof id, "00000000-0000-4000-8000-%012lld", static_cast<long long>(k));
+        const httplib::Headers headers = {
+            {"webhook-id", id},
+            {"webhook-timestamp", std::to_string(WallMicros() / 1'000'000)},
+            {"webhook-signature", "v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4="},
+            {"Idempotency-Key", id},
+            {"Webhook-Event-Type", "order.updated"},
+            {"User-Agent", "outbox-relay"}};
+        const auto res = client.Post("/hooks/bench", headers, body, "application/json");
+        if (!res || res->status != 200) ++errors;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  obs.End();
+  const json summary = json::parse(Http().Call("FINISH " + std::to_string(r.messages) + " 30 - 0"));
+  FillCommon(r, obs, r.messages);
+  r.details["errors"] = errors.load();
+  r.details["connections"] = summary.at("connections");
+  r.details["received"] = summary.at("received");
+  r.details["cpu_note"] = "relay CPU column = the benchmark's HTTP client threads";
+  http_ceiling_ = r.events_per_s;
+  r.x_http_ceiling = 1.0;
+  RatioToSqlCeiling(r);
+  return r;
+}
+
+// --- relay: backlog drains ---------------------------------------------------------------
+
+ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool with_target) {
+  ScenarioResult r;
+  r.name = v.name;
+  r.sink = "kafka";
+  r.keys = v.keys;
+  r.relays = v.relays;
+  r.claim_mode = v.partitioned ? "partitioned" : "skip_locked";
+  r.messages = messages;
+  r.what = std::to_string(v.relays) + " relay" + (v.relays > 1 ? "s" : "") + " (" + r.claim_mode +
+           ") drain a preloaded backlog to Kafka (mock cluster, " +
+           std::to_string(opt_.kafka_brokers) + " brokers, " +
+           std::to_string(opt_.kafka_partitions) + " partitions)" +
+           (v.keys > 0 ? ", " + std::to_string(v.keys) + " ordering keys" : ", no ordering keys");
+  const std::string url = pg_.FreshDatabase(v.name);
+  Say(v.name + ": preloading " + std::to_string(r.messages) + " messages");
+  MessageShape shape;
+  shape.keys = v.keys;
+  Preload(url, r.messages, shape, 2);
+  PrepareTable(url);
+  const std::string topic = NewTopic(v.name);
+
+  Relay relay(url, KafkaDestination(bootstraps_, topic), v.relays, Mode(v));
+  Observation obs;
+  Say(v.name + ": relay draining");
+  obs.Begin(postmaster_pid_, {Kafka().pid()});
+  relay.Start();
+  r.completed = obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
+  obs.End();
+  const std::int64_t delivered = relay.delivered();
+  relay.Stop();
+  r.details["dispatcher"] = relay.StatsJson();
+  FillCommon(r, obs, delivered);
+  FillDelivery(r, json::parse(Kafka().Call(
+                      "FINISH " + std::to_string(delivered) + " 120 - 0", 180)));
+  r.latency_source += "; a drain's latency is mostly the wait in the backlog";
+  RatioToSqlCeiling(r);
+  if (with_target) {
+    Target t{"events/s >= 0.5 x SQL ceiling", "", std::nullopt};
+    if (r.x_sql_ceiling) {
+      t.measured = Fixed(*r.x_sql_ceiling, 2) + " x";
+      t.pass = r.completed && *r.x_sql_ceiling >= 0.5;
+    } else {
+      t.measured = "n/a: sql_ceiling not run";
+    }
+    r.targets.push_back(t);
+  }
+  timelines_.emplace_back(v.name, obs.timeline);
+  return r;
+}
+
+ScenarioResult Bench::WebhookDrain() {
+  ScenarioResult r;
+  r.name = "webhook_drain";
+  r.sink = "webhook";
+  r.messages = opt_.webhook_messages;
+  r.what = "relay drains a preloaded backlog to the loopback webhook receiver, max_in_flight " +
+           std::to_string(opt_.webhook_connections) + " (= HTTP-ceiling connections)";
+  const std::string url = pg_.FreshDatabase(r.name);
+  Say(r.name + ": preloading " + std::to_string(r.messages) + " messages");
+  Preload(url, r.messages, {}, 2);
+  RecordCreatedAt(url);
+  PrepareTable(url);
+  Http().Call("RECORD");
+
+  Relay relay(url, WebhookDestination(http_port_, opt_.webhook_connections));
+  Observation obs;
+  Say(r.name + ": relay draining");
+  obs.Begin(postmaster_pid_, {Http().pid()});
+  relay.Start();
+  r.completed = obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
+  obs.End();
+  const std::int64_t delivered = relay.delivered();
+  relay.Stop();
+  r.details["dispatcher"] = relay.StatsJson();
+  FillCommon(r, obs, delivered);
+  FillDelivery(r, json::parse(Http().Call("FINISH " + std::to_string(delivered) + " 60 " + url + " 0", 120)));
+  r.latency_source += "; a drain's latency is mostly the wait in the backlog";
+  RatioToSqlCeiling(r);
+  Target t{"events/s >= 0.6 x HTTP ceiling", "", std::nullopt};
+  if (http_ceiling_ && *http_ceiling_ > 0) {
+    r.x_http_ceiling = r.events_per_s / *http_ceiling_;
+    t.measured = Fixed(*r.x_http_ceiling, 2) + " x";
+    t.pass = r.completed && *r.x_http_ceiling >= 0.6;
+  } else {
+    t.measured = "n/a: http_ceiling not run";
+  }
+  r.targets.push_back(t);
+  timelines_.emplace_back(r.name, obs.timeline);
+  return r;
+}
+
+// --- relay: live traffic -----------------------------------------------------------------
+
+relay::ClaimMode Bench::Mode(const Variant& v) {
+  return v.partitioned ? relay::ClaimMode::kPartitioned : relay::ClaimMode::kSkipLocked;
+}
+
+ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink, int keys) {
+  ScenarioResult r;
+  r.name = name;
+  r.sink = sink;
+  r.keys = keys;
+  r.what = "open loop: producers insert " + Fixed(opt_.open_loop_rate, 0) +
+           " msg/s on a fixed schedule (one message per transaction) for " +
+           Fixed(opt_.open_loop_seconds, 0) + " s while the relay runs" +
+           (keys > 0 ? ", " + std::to_string(keys) + " ordering keys" : "");
+  const std::string url = pg_.FreshDatabase(name);
+  Helper& receiver = sink == "kafka" ? Kafka() : Http();
+  std::unique_ptr<Relay> relay;
+  if (sink == "kafka") {
+    relay = std::make_unique<Relay>(url, KafkaDestination(bootstraps_, NewTopic(name)));
+  } else {
+    Http().Call("RECORD");
+    relay = std::make_unique<Relay>(url, WebhookDestination(http_port_, opt_.webhook_connections));
+  }
+  relay->Start();
+  relay->WaitForFirstClaims();
+
+  Observation obs;
+  Say(name + ": producing");
+  obs.Begin(postmaster_pid_, {receiver.pid(), Producers().pid()});
+  auto producer = std::async(std::launch::async, [&] {
+    return Producers().Call("OPENLOOP " + url + " " + Fixed(opt_.open_loop_rate, 3) + " " +
+                                Fixed(opt_.open_loop_seconds, 3) + " 4 " + std::to_string(keys),
+                            opt_.open_loop_seconds + 300);
+  });
+  obs.Watch(Delivered(*relay), opt_.open_loop_seconds + 300,
+            [&] { return producer.wait_for(0s) == std::future_status::ready; });
+  const json produced = json::parse(producer.get());
+  const auto inserted = produced.at("inserted").get<std::int64_t>();
+  r.completed = obs.Watch(Delivered(*relay), 60, [&] { return relay->delivered() >= inserted; });
+  obs.End();
+  const std::int64_t delivered = relay->delivered();
+  relay->Stop();
+  r.messages = inserted;
+  r.details["producer"] = produced;
+  r.details["dispatcher"] = relay->StatsJson();
+  FillCommon(r, obs, delivered);
+  FillDelivery(r, json::parse(receiver.Call("FINISH " + std::to_string(inserted) + " 60 " + url + " 0", 120)));
+  RatioToSqlCeiling(r);
+  Target t{"p99 enqueue-to-delivery < 20 ms", Fixed(r.latency->p99_ms, 1) + " ms", std::nullopt};
+  t.pass = r.completed && r.latency->count > 0 && r.latency->p99_ms < 20.0;
+  r.targets.push_back(t);
+  timelines_.emplace_back(name, obs.timeline);
+  return r;
+}
+
+ScenarioResult Bench::Burst(const Variant& v) {
+  ScenarioResult r;
+  r.name = v.name;
+  r.sink = "kafka";
+  r.relays = v.relays;
+  r.claim_mode = v.partitioned ? "partitioned" : "skip_locked";
+  r.messages = opt_.burst_messages;
+  r.what = "burst: " + std::to_string(r.messages) +
+           " messages preloaded with one deliver_after instant T; " + std::to_string(v.relays) +
+           " relay" + (v.relays > 1 ? "s" : "") + " (" + r.claim_mode +
+           ") run idle until T; latency and throughput from T";
+  const std::string url = pg_.FreshDatabase(r.name);
+  // T leaves room for the preload at the rate measured earlier (or a cautious guess).
+  const double rate = preload_rate_ > 0 ? preload_rate_ : 5'000;
+  const std::int64_t burst_at =
+      WallMicros() + static_cast<std::int64_t>((static_cast<double>(r.messages) / rate * 1.5 + 15) * 1e6);
+  MessageShape shape;
+  shape.deliver_after = Rfc3339(burst_at);
+  Say(r.name + ": preloading " + std::to_string(r.messages) + " messages due at " + shape.deliver_after);
+  Preload(url, r.messages, shape, 2);
+  PrepareTable(url);
+  const std::string topic = NewTopic(r.name);
+  Relay relay(url, KafkaDestination(bootstraps_, topic), v.relays, Mode(v));
+  relay.Start();
+  const double slack_s = static_cast<double>(burst_at - WallMicros()) / 1e6;
+  r.details["seconds_to_spare_before_T"] = slack_s;
+  if (slack_s > 0) std::this_thread::sleep_for(std::chrono::microseconds(burst_at - WallMicros()));
+  if (slack_s < 1) Say(r.name + ": the preload overran T; latencies include the overrun");
+
+  Observation obs;
+  Say(r.name + ": T reached, relay draining");
+  obs.Begin(postmaster_pid_, {Kafka().pid()});
+  r.completed = obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
+  obs.End();
+  const std::int64_t delivered = relay.delivered();
+  relay.Stop();
+  r.details["dispatcher"] = relay.StatsJson();
+  FillCommon(r, obs, delivered);
+  FillDelivery(r, json::parse(Kafka().Call("FINISH " + std::to_string(delivered) + " 120 - " +
+                                               std::to_string(burst_at),
+                                           180)));
+  RatioToSqlCeiling(r);
+  timelines_.emplace_back(r.name, obs.timeline);
+  return r;
+}
+
+ScenarioResult Bench::Sustained() {
+  ScenarioResult r;
+  r.name = "sustained_kafka";
+  r.sink = "kafka";
+  r.what = std::to_string(opt_.producers) + " producer connections commit " +
+           std::to_string(opt_.producer_batch) + "-message transactions as fast as Postgres " +
+           "takes them (synchronous_commit off) for " + Fixed(opt_.sustained_seconds, 0) +
+           " s while the relay delivers to Kafka";
+  const std::string url = pg_.FreshDatabase(r.name);
+  const std::string topic = NewTopic(r.name);
+  Relay relay(url, KafkaDestination(bootstraps_, topic));
+  relay.Start();
+  relay.WaitForFirstClaims();
+  pqxx::connection sampler(url);
+  const std::int64_t ids_before = IdsHandedOut(sampler);
+
+  Observation obs;
+  Say(r.name + ": producing for " + Fixed(opt_.sustained_seconds, 0) + " s");
+  obs.Begin(postmaster_pid_, {Kafka().pid(), Producers().pid()});
+  auto producer = std::async(std::launch::async, [&] {
+    return Producers().Call("SUSTAIN " + url + " " + std::to_string(opt_.producers) + " " +
+                                std::to_string(opt_.producer_batch) + " " +
+                                Fixed(opt_.sustained_seconds, 3) + " 0",
+                            opt_.sustained_seconds + 300);
+  });
+  obs.Watch(Delivered(relay), opt_.sustained_seconds + 300,
+            [&] { return producer.wait_for(0s) == std::future_status::ready; },
+            [&] { return IdsHandedOut(sampler) - ids_before; });
+  obs.End();
+  const Observation producing = obs;  // CPU and claim timings of the producing phase only
+  const json produced = json::parse(producer.get());
+  const auto inserted = produced.at("inserted").get<std::int64_t>();
+  const std::int64_t delivered = relay.delivered();
+  const double produce_rate = produced.at("rate").get<double>();
+
+  // After the producers stop: how long the relay takes to empty what is left.
+  const double drain_start = MonoSeconds();
+  r.completed = obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= inserted; },
+                          [&] { return IdsHandedOut(sampler) - ids_before; });
+  const double catch_up_s = MonoSeconds() - drain_start;
+  relay.Stop();
+  r.messages = inserted;
+  r.details["producer"] = produced;
+  r.details["dispatcher"] = relay.StatsJson();
+  FillCommon(r, producing, delivered);
+  FillDelivery(r, json::parse(Kafka().Call("FINISH " + std::to_string(inserted) + " 120 - 0", 180)));
+  RatioToSqlCeiling(r);
+
+  // Bounded backlog: over the second half of the producing phase the backlog's trend is
+  // under 2% of the produce rate, and what is left at the end is under two seconds' worth
+  // (at least 10k: a few claim batches are always in flight).
+  std::vector<double> t, backlog, rss_t, rss;
+  std::int64_t max_backlog = 0;
+  for (const auto& s : obs.timeline) {
+    if (s.t > obs.seconds) break;
+    max_backlog = std::max(max_backlog, s.backlog);
+    if (s.t >= obs.seconds / 2) {
+      t.push_back(s.t);
+      backlog.push_back(static_cast<double>(s.backlog));
+    }
+    if (s.t >= obs.seconds * 0.2) rss.push_back(s.rss_mib);
+  }
+  const double slope = Slope(t, backlog);
+  const std::int64_t backlog_at_end = inserted - delivered;
+  const bool bounded = slope <= 0.02 * produce_rate &&
+                       static_cast<double>(backlog_at_end) <= std::max(10'000.0, 2 * produce_rate);
+  r.details["backlog"] = {{"max", max_backlog},
+                          {"at_producer_stop", backlog_at_end},
+                          {"trend_second_half_per_s", slope},
+                          {"catch_up_s", catch_up_s}};
+  r.targets.push_back({"backlog bounded under full producer load",
+                       "trend " + Fixed(slope, 0) + "/s vs produce " + Fixed(produce_rate, 0) +
+                           "/s, " + std::to_string(backlog_at_end) + " left at stop",
+                       bounded});
+
+  // Flat RSS: after a 20% warm-up, the median of the last third is within max(4 MiB, 5%) of
+  // the median of the first third.
+  const std::size_t third = rss.size() / 3;
+  if (third > 0) {
+    const double first = Median(std::vector<double>(rss.begin(), rss.begin() + static_cast<long>(third)));
+    const double last = Median(std::vector<double>(rss.end() - static_cast<long>(third), rss.end()));
+    r.details["rss_mib"] = {{"first_third_median", first}, {"last_third_median", last}};
+    r.targets.push_back({"relay RSS flat over the run",
+                         Fixed(first, 1) + " -> " + Fixed(last, 1) + " MiB",
+                         last - first <= std::max(4.0, 0.05 * first)});
+  } else {
+    r.targets.push_back({"relay RSS flat over the run", "n/a: run too short", std::nullopt});
+  }
+  timelines_.emplace_back(r.name, obs.timeline);
+  return r;
+}
+
+std::vector<ScenarioResult> Bench::Run(const std::function<void(const ScenarioResult&)>& on_result) {
+  // Baselines first: the relay scenarios report ratios to them. Then the relay on its own
+  // (one instance, skip_locked), then the claim modes side by side with 1, 2 and 4 relays.
+  std::vector<std::pair<std::string, std::function<ScenarioResult()>>> scenarios = {
+      {"sql_ceiling", [&] { return SqlCeiling(); }},
+      {"kafka_drain", [&] { return KafkaDrain({"kafka_drain"}, opt_.kafka_messages, true); }},
+      {"kafka_drain_keyed",
+       [&] { return KafkaDrain({"kafka_drain_keyed", opt_.keys}, opt_.kafka_messages, false); }},
+      {"http_ceiling", [&] { return HttpCeiling(); }},
+      {"webhook_drain", [&] { return WebhookDrain(); }},
+      {"open_loop_kafka", [&] { return OpenLoop("open_loop_kafka", "kafka", 0); }},
+      {"open_loop_kafka_keyed", [&] { return OpenLoop("open_loop_kafka_keyed", "kafka", opt_.keys); }},
+      {"open_loop_webhook", [&] { return OpenLoop("open_loop_webhook", "webhook", 0); }},
+      {"burst_kafka", [&] { return Burst({"burst_kafka"}); }},
+      {"sustained_kafka", [&] { return Sustained(); }},
+  };
+  for (bool partitioned : {false, true}) {
+    for (int relays : opt_.scale_relays) {
+      Variant v{std::string(partitioned ? "partitioned" : "skip_locked") + "_x" + std::to_string(relays),
+                0, relays, partitioned};
+      v.name = "kafka_drain_" + v.name;
+      scenarios.emplace_back(v.name, [this, v] { return KafkaDrain(v, opt_.scale_messages, false); });
+    }
+  }
+  for (bool partitioned : {false, true}) {
+    const int relays = opt_.scale_relays.empty() ? 1 : opt_.scale_relays.back();
+    Variant v{std::string("burst_kafka_") + (partitioned ? "partitioned" : "skip_locked") + "_x" +
+                  std::to_string(relays),
+              0, relays, partitioned};
+    scenarios.emplace_back(v.name, [this, v] { return Burst(v); });
+  }
+  std::vector<ScenarioResult> results;
+  for (const auto& [name, run] : scenarios) {
+    if (!opt_.only.empty() && !opt_.only.count(name)) continue;
+    Say(name + ": start");
+    ScenarioResult r;
+    try {
+      r = run();
+    } catch (const std::exception& e) {
+      r = ScenarioResult{};
+      r.name = name;
+      r.completed = false;
+      r.details["error"] = e.what();
+      Say(name + ": FAILED: " + e.what());
+    }
+    on_result(r);
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+json ToJson(const ScenarioResult& r) {
+  json j;
+  j["scenario"] = r.name;
+  j["what"] = r.what;
+  j["sink"] = r.sink;
+  j["claim_mode"] = r.claim_mode;
+  j["relays"] = r.relays;
+  if (r.skipped) {
+    j["skipped"] = true;
+    j["reason"] = r.skip_reason;
+    return j;
+  }
+  j["completed"] = r.completed;
+  j["messages"] = r.messages;
+  j["keys"] = r.keys;
+  j["seconds"] = r.seconds;
+  j["events_per_s"] = r.events_per_s;
+  const auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
+  j["x_sql_ceiling"] = opt(r.x_sql_ceiling);
+  j["x_http_ceiling"] = opt(r.x_http_ceiling);
+  j["latency"] = r.latency ? PercentilesJson(*r.latency) : json(nullptr);
+  j["latency_source"] = r.latency_source;
+  j["claim"] = r.claim ? PercentilesJson(*r.claim) : json(nullptr);
+  j["claim_source"] = r.claim_source;
+  j["settle"] = r.settle ? PercentilesJson(*r.settle) : json(nullptr);
+  j["relay_cpu_us_per_msg"] = opt(r.relay_cpu_us_per_msg);
+  j["pg_cpu_us_per_msg"] = opt(r.pg_cpu_us_per_msg);
+  j["helpers_cpu_us_per_msg"] = opt(r.helpers_cpu_us_per_msg);
+  j["peak_rss_mib"] = opt(r.peak_rss_mib);
+  j["targets"] = json::array();
+  for (const auto& t : r.targets) {
+    j["targets"].push_back({{"goal", t.goal},
+                            {"measured", t.measured},
+                            {"result", !t.pass ? "n/a" : *t.pass ? "PASS" : "MISS"}});
+  }
+  j["details"] = r.details;
+  return j;
+}
+
+}  // namespace outbox::bench
