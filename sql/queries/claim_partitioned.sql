@@ -34,30 +34,8 @@ WITH owned AS (
 ), scan AS (
   SELECT id, destination, ordering_key, deliver_after FROM fresh
   UNION ALL SELECT id, destination, ordering_key, deliver_after FROM slow
-), ready AS (
-  SELECT s.id FROM scan s
-  WHERE s.deliver_after <= now()
-    AND (s.ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM outbox.messages p
-          WHERE p.destination = s.destination AND p.ordering_key = s.ordering_key
-            AND p.id < s.id))
-), leased AS (
-  UPDATE outbox.messages m
-  SET lease_owner = $5::uuid,
-      lease_until = clock_timestamp() + make_interval(secs => $6::bigint / 1000.0)
-  FROM ready r
-  WHERE m.id = r.id
-  RETURNING m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,
-            m.payload_bytes, m.attempts,
-            (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us
-), held AS (
-  UPDATE outbox.messages m
-  SET parked = true,
-      deliver_after = CASE WHEN s.deliver_after <= now() THEN 'infinity'::timestamptz
-                           ELSE s.deliver_after END
-  FROM scan s
-  WHERE m.id = s.id AND NOT EXISTS (SELECT 1 FROM ready r WHERE r.id = s.id)
-  RETURNING m.id
+),
+-- @include claim_settle_scan.sql
 ), facts AS (
   SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
             FROM outbox.messages_id_seq) AS seq_value,
