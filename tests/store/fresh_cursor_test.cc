@@ -7,12 +7,12 @@ namespace {
 
 // `scanned` rows up to `max_id`; a scan of kLimit rows stopped at its limit.
 constexpr int kLimit = 500;
-ClaimFacts Facts(std::int64_t seq, std::uint64_t xmin, std::uint64_t xmax, std::int64_t scanned,
+ClaimFacts Facts(std::int64_t seq, std::uint64_t xmin, std::uint64_t xmax /* own xid */, std::int64_t scanned,
                  std::optional<std::int64_t> max_id = std::nullopt) {
   ClaimFacts f;
   f.seq_value = seq;
   f.snap_xmin = xmin;
-  f.snap_xmax = xmax;
+  f.own_xid = xmax;
   f.fresh_scanned = scanned;
   if (scanned >= kLimit) f.fresh_full_bound = max_id;
   return f;

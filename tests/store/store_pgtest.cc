@@ -187,6 +187,37 @@ TEST_F(StoreTest, CursorNeverSkipsARowWhoseTransactionCommitsLate) {
   EXPECT_GT(cursor.position(), late_id) << "and then moves past it";
 }
 
+// Regression: the newest transaction in the cluster, still open, holds an xid above every
+// snapshot's xmax (latestCompletedXid + 1) while nothing newer completes. Pairing sequence
+// values with snapshot xmax let the cursor pass its row; pairing with an assigned xid does not.
+TEST_F(StoreTest, CursorWaitsForTheNewestOpenTransactionOnAQuietDatabase) {
+  Store store(db_url_);
+  FreshCursor cursor;
+  Enqueue({outbox::Message::To("d").Json("0").Build()});
+  auto first = store.Claim("d", cursor.position(), 10, 10, 30s);
+  cursor.Observe(first.facts);
+  ASSERT_EQ(first.messages.size(), 1u);
+  store.Settle({Settle(first.messages[0], first.lease_token, Settlement::Kind::kDelivered)});
+
+  pqxx::connection writer(db_url_);
+  pqxx::work open(writer);
+  const auto late_id = outbox::Publish(open, outbox::Message::To("d").Json("\"late\"").Build());
+  for (int i = 0; i < 10; ++i) {
+    auto r = store.Claim("d", cursor.position(), 10, 10, 30s);
+    cursor.Observe(r.facts);
+    EXPECT_TRUE(r.messages.empty());
+  }
+  EXPECT_LT(cursor.position(), late_id) << "the cursor passed a row whose transaction is still open";
+  open.commit();
+  std::vector<std::int64_t> got;
+  for (int i = 0; i < 5 && got.empty(); ++i) {
+    auto r = store.Claim("d", cursor.position(), 10, 10, 30s);
+    cursor.Observe(r.facts);
+    got = Ids(r);
+  }
+  EXPECT_EQ(got, (std::vector<std::int64_t>{late_id}));
+}
+
 TEST_F(StoreTest, UnknownDestinationsAreFoundAndDeadLettered) {
   Enqueue({outbox::Message::To("known").Json("1").Build(), outbox::Message::To("typo").Json("2").Build(),
            outbox::Message::To("typo").Json("3").DeliverAfter(1h).Build()});

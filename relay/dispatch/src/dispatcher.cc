@@ -154,7 +154,15 @@ struct Dispatcher::Impl {
         WaitFor(ReconnectDelay(failures), [] { return false; });
         continue;
       }
-      cursor.Observe(claim.facts);
+      {
+        const auto before = cursor.position();
+        cursor.Observe(claim.facts);
+        if (spdlog::should_log(spdlog::level::trace)) {
+          spdlog::trace("{}: claim cursor {} -> {} seq {} xmin {} xid {} fresh {} leased {} parked {}", dest.name,
+                        before, cursor.position(), claim.facts.seq_value, claim.facts.snap_xmin,
+                        claim.facts.own_xid, claim.facts.fresh_scanned, claim.messages.size(), claim.facts.held);
+        }
+      }
       if (metrics) {
         metrics->RecordClaim(dest.name, static_cast<std::int64_t>(claim.messages.size()),
                              std::chrono::duration<double>(Clock::now() - claim_started));

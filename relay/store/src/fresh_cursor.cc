@@ -6,14 +6,14 @@
 namespace outbox::relay {
 
 void FreshCursor::Observe(const ClaimFacts& facts) {
-  // The sequence value read by the previous statement pairs with this statement's xmax:
-  // this snapshot was taken after that read, so every transaction that had taken an id up
-  // to that value had its xid by then (enqueue takes the xid first) and is below xmax.
-  if (unpaired_seq_) checkpoints_.emplace_back(*unpaired_seq_, facts.snap_xmax);
+  // The sequence value read by the previous statement pairs with this statement's own xid:
+  // it was assigned after that read, and every transaction that had taken an id up to that
+  // value had its xid before (enqueue takes the xid first), so all of theirs are smaller.
+  if (unpaired_seq_) checkpoints_.emplace_back(*unpaired_seq_, facts.own_xid);
   unpaired_seq_ = facts.seq_value;
 
-  // A checkpoint is resolved once every transaction below its xmax has finished, i.e. the
-  // snapshot's xmin passed it: then every id up to its value is committed (and visible to
+  // A checkpoint is resolved once this snapshot's xmin reached its xid: then no transaction
+  // with a smaller xid is running, so every id up to its value is committed (and visible to
   // this statement) or gone for good.
   std::optional<std::int64_t> resolved;
   while (!checkpoints_.empty() && checkpoints_.front().second <= facts.snap_xmin) {

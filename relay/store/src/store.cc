@@ -101,7 +101,7 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
   const auto& first = r[0];
   out.facts.seq_value = first["seq_value"].as<std::int64_t>(0);
   out.facts.snap_xmin = first["snap_xmin"].as<std::uint64_t>(0);
-  out.facts.snap_xmax = first["snap_xmax"].as<std::uint64_t>(0);
+  out.facts.own_xid = first["own_xid"].as<std::uint64_t>(0);
   out.facts.fresh_scanned = first["fresh_scanned"].as<std::int64_t>(0);
   if (!first["fresh_full_bound"].is_null()) {
     out.facts.fresh_full_bound = first["fresh_full_bound"].as<std::int64_t>();

@@ -4,8 +4,10 @@
 ready AS (
   -- Due, and the head of its key: no earlier message of the key is still in the queue
   -- (pending, leased or waiting for a retry).
+  -- clock_timestamp(), not now(): a row committed between this transaction's start and its
+  -- snapshot is visible and due, though its deliver_after may be later than now().
   SELECT s.id FROM scan s
-  WHERE s.deliver_after <= now()
+  WHERE s.deliver_after <= clock_timestamp()
     AND (s.ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM outbox.messages p
           WHERE p.destination = s.destination AND p.ordering_key = s.ordering_key
@@ -24,7 +26,7 @@ ready AS (
   -- until settling the earlier message wakes it (settle.sql).
   UPDATE outbox.messages m
   SET parked = true,
-      deliver_after = CASE WHEN s.deliver_after <= now() THEN 'infinity'::timestamptz
+      deliver_after = CASE WHEN s.deliver_after <= clock_timestamp() THEN 'infinity'::timestamptz
                            ELSE s.deliver_after END
   FROM scan s
   WHERE m.id = s.id AND NOT EXISTS (SELECT 1 FROM ready r WHERE r.id = s.id)

@@ -14,7 +14,10 @@ namespace outbox::relay {
 struct ClaimFacts {
   std::int64_t seq_value = 0;    ///< Highest id handed out, read after the snapshot was taken.
   std::uint64_t snap_xmin = 0;   ///< Oldest transaction still running at the snapshot.
-  std::uint64_t snap_xmax = 0;   ///< First transaction id not yet assigned at the snapshot.
+  /// The statement's own xid, assigned during the statement (so after the previous
+  /// statement read its seq_value). Not the snapshot's xmax: that is latestCompletedXid + 1,
+  /// and a transaction can hold a larger xid that the snapshot then knows nothing about.
+  std::uint64_t own_xid = 0;
   std::int64_t fresh_scanned = 0;
   /// Set when the fresh scan stopped at its limit (in any bucket): the cursor may not pass
   /// this id, since rows above it were not looked at.
@@ -41,7 +44,7 @@ class FreshCursor {
  private:
   std::int64_t low_ = 0;
   std::optional<std::int64_t> unpaired_seq_;
-  // (seq value, xmax of a snapshot taken after it was read), both non-decreasing.
+  // (seq value, an xid assigned after it was read), both non-decreasing.
   std::deque<std::pair<std::int64_t, std::uint64_t>> checkpoints_;
 };
 
