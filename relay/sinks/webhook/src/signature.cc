@@ -8,92 +8,28 @@
 #include <string>
 #include <string_view>
 
+#include "outbox_relay/config.h"
 #include "outbox_relay/webhook_sink.h"
 #include "webhook_internal.h"
 
 namespace outbox::relay {
 namespace webhook_detail {
-namespace {
-
-constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-constexpr std::string_view kSecretPrefix = "whsec_";
-
-int DecodeChar(char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
-}  // namespace
-
 std::string Base64Encode(std::string_view bytes) {
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  std::size_t i = 0;
-  for (; i + 3 <= bytes.size(); i += 3) {
-    const unsigned v = (static_cast<unsigned char>(bytes[i]) << 16) |
-                       (static_cast<unsigned char>(bytes[i + 1]) << 8) |
-                       static_cast<unsigned char>(bytes[i + 2]);
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += kAlphabet[(v >> 6) & 63];
-    out += kAlphabet[v & 63];
-  }
-  const std::size_t rest = bytes.size() - i;
-  if (rest == 1) {
-    const unsigned v = static_cast<unsigned char>(bytes[i]) << 16;
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += "==";
-  } else if (rest == 2) {
-    const unsigned v = (static_cast<unsigned char>(bytes[i]) << 16) |
-                       (static_cast<unsigned char>(bytes[i + 1]) << 8);
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += kAlphabet[(v >> 6) & 63];
-    out += '=';
-  }
-  return out;
-}
-
-std::optional<std::string> Base64Decode(std::string_view text) {
-  // Padding is optional, but when present it must complete the last group.
-  std::size_t len = text.size();
-  std::size_t padding = 0;
-  while (len > 0 && text[len - 1] == '=' && padding < 2) {
-    --len;
-    ++padding;
-  }
-  if (padding > 0 && text.size() % 4 != 0) return std::nullopt;
-  if (len % 4 == 1) return std::nullopt;
-  std::string out;
-  out.reserve(len / 4 * 3 + 2);
-  unsigned acc = 0;
-  int bits = 0;
-  for (std::size_t i = 0; i < len; ++i) {
-    const int v = DecodeChar(text[i]);
-    if (v < 0) return std::nullopt;
-    acc = (acc << 6) | static_cast<unsigned>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out += static_cast<char>((acc >> bits) & 0xFF);
-    }
-  }
+  std::string out(4 * ((bytes.size() + 2) / 3), '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(bytes.data()),
+                                static_cast<int>(bytes.size()));
+  out.resize(static_cast<std::size_t>(n));
   return out;
 }
 
 std::string DecodeSecret(const std::string& whsec_secret) {
-  if (whsec_secret.compare(0, kSecretPrefix.size(), kSecretPrefix) != 0) {
-    throw std::invalid_argument("webhook secret must start with \"whsec_\"");
+  // One parser for secrets: the config's, which also validated them at start-up.
+  try {
+    return WebhookSecretKey(whsec_secret);
+  } catch (const ConfigError& e) {
+    throw std::invalid_argument(e.what());
   }
-  auto key = Base64Decode(std::string_view(whsec_secret).substr(kSecretPrefix.size()));
-  if (!key) throw std::invalid_argument("webhook secret: the part after \"whsec_\" is not base64");
-  if (key->empty()) throw std::invalid_argument("webhook secret is empty");
-  return *key;
 }
 
 std::string SignWithKey(const std::string& key, const std::string& msg_id,

@@ -10,7 +10,6 @@ namespace outbox::relay::webhook_detail {
 
 std::string Base64Encode(std::string_view bytes);
 /// Standard alphabet; padding optional. nullopt for any other character.
-std::optional<std::string> Base64Decode(std::string_view text);
 /// The HMAC key of a "whsec_<base64>" secret; throws std::invalid_argument.
 std::string DecodeSecret(const std::string& whsec_secret);
 /// "v1,<base64 HMAC-SHA256(key, id.timestamp.body)>".
