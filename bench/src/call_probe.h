@@ -35,8 +35,8 @@ CallProbe& SettleProbe();
 /// is then unavailable and the report says so.
 bool ClaimProbeLinked();
 
-/// Writes one line per claim (time, cursor, snapshot facts, leased ids) to `path`: the raw
-/// material for checking the fresh-lane cursor. False if the file cannot be opened.
+/// Writes one line per claim (time, thread, cursor, sequence value, leased ids) to `path`:
+/// the raw material for checking the fresh-lane cursor. False if the file cannot be opened.
 bool TraceClaimsTo(const std::string& path);
 
 }  // namespace outbox::bench

@@ -94,6 +94,19 @@ std::string Helper::Call(const std::string& command, double timeout_s) {
   }
 }
 
+nlohmann::json LatencySummary(std::vector<std::int64_t> latencies_us) {
+  std::int64_t over_20ms = 0, over_100ms = 0, over_1s = 0;
+  for (const auto us : latencies_us) {
+    over_20ms += us > 20'000;
+    over_100ms += us > 100'000;
+    over_1s += us > 1'000'000;
+  }
+  const Percentiles p = Summarize(std::move(latencies_us));
+  return {{"count", p.count},         {"p50_ms", p.p50_ms},         {"p95_ms", p.p95_ms},
+          {"p99_ms", p.p99_ms},       {"max_ms", p.max_ms},         {"over_20ms", over_20ms},
+          {"over_100ms", over_100ms}, {"over_1s", over_1s}};
+}
+
 int ServeCommands(const std::function<std::string(const std::vector<std::string>&)>& handler) {
   std::string line;
   while (std::getline(std::cin, line)) {

@@ -9,7 +9,10 @@
 
 #include <sys/types.h>
 
+#include <nlohmann/json.hpp>
+
 #include <functional>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,10 @@ int RunHelper(const std::string& role);
 int RunKafkaHelper();
 int RunHttpHelper();
 int RunProducerHelper();
+
+/// Enqueue-to-delivery latencies as the helpers report them: count, p50/p95/p99/max in ms,
+/// and how many took longer than 20 ms, 100 ms and 1 s (the tail a percentile hides).
+nlohmann::json LatencySummary(std::vector<std::int64_t> latencies_us);
 
 /// A helper's command loop: reads lines from stdin until EOF and answers each with
 /// "OK " + handler(words), or "ERR <what>" when the handler throws.

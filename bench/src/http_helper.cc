@@ -95,15 +95,13 @@ class Receiver {
       }
       if (start > 0) latencies.push_back(a.at_us - start);
     }
-    const Percentiles p = Summarize(std::move(latencies));
-    nlohmann::json j;
+      nlohmann::json j;
     j["received"] = arrivals.size();
     j["distinct"] = distinct.size();
     j["duplicates"] = arrivals.size() - distinct.size();
     j["connections"] = connections;
     j["latency_source"] = ref_us > 0 ? "deliver_after (burst instant)" : "created_at (exact, bench.created)";
-    j["latency"] = {{"count", p.count}, {"p50_ms", p.p50_ms}, {"p95_ms", p.p95_ms},
-                    {"p99_ms", p.p99_ms}, {"max_ms", p.max_ms}};
+    j["latency"] = LatencySummary(std::move(latencies));
     return j;
   }
 

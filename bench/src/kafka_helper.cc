@@ -179,7 +179,6 @@ nlohmann::json Summary(const Consumer& consumer, const std::string& db_url, std:
     }
     if (start > 0) latencies.push_back(a.at_us - start);
   }
-  const Percentiles p = Summarize(std::move(latencies));
   nlohmann::json j;
   j["received"] = consumer.arrivals().size();
   j["distinct"] = distinct.size();
@@ -189,8 +188,7 @@ nlohmann::json Summary(const Consumer& consumer, const std::string& db_url, std:
                         : from_header == 0      ? "created_at (exact, bench.created)"
                         : exact == 0            ? "created-at header (ms resolution)"
                                                 : "created_at exact + header for the rest";
-  j["latency"] = {{"count", p.count}, {"p50_ms", p.p50_ms}, {"p95_ms", p.p95_ms},
-                  {"p99_ms", p.p99_ms}, {"max_ms", p.max_ms}};
+  j["latency"] = LatencySummary(std::move(latencies));
   return j;
 }
 

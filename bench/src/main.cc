@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
                  "Extra server setting name=value for the throwaway cluster (repeatable)");
   std::string trace_claims;
   app.add_option("--trace-claims", trace_claims,
-                 "Write every relay claim (cursor, snapshot facts, leased ids) to this file");
+                 "Write every relay claim (cursor, sequence value, leased ids) to this file");
   app.add_option("--out", opt.out_dir, "Also write results (JSON lines, markdown, TSV for plots) here");
   app.add_option("--only", only, "Comma-separated scenarios to run (default: all)");
   auto* kafka_n = app.add_option("--kafka-messages", opt.kafka_messages, "Kafka backlog (and SQL ceiling) size")
