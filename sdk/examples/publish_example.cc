@@ -1,9 +1,9 @@
 // Publishes sample events through the SDK, each in the same transaction as a business write.
 //
 //   outbox-example-publish --database-url postgresql://... --orders 10 --invoices 5
-#include <CLI/CLI.hpp>
 #include <outbox/outbox.h>
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 
 int main(int argc, char** argv) {
@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
     pqxx::connection conn(url);
     {
       pqxx::work tx(conn);
-      tx.exec("CREATE TABLE IF NOT EXISTS example_orders (id int PRIMARY KEY, state text NOT NULL)");
+      tx.exec(
+          "CREATE TABLE IF NOT EXISTS example_orders (id int PRIMARY KEY, state text NOT NULL)");
       tx.commit();
     }
     for (int i = 1; i <= orders; ++i) {
@@ -35,7 +36,8 @@ int main(int argc, char** argv) {
           "ON CONFLICT (id) DO UPDATE SET state = excluded.state",
           order_id, state);
       outbox::Publish(tx, outbox::Message::To(orders_destination)
-                              .Json("{\"order_id\": " + std::to_string(order_id) + ", \"state\": \"" + state + "\"}")
+                              .Json("{\"order_id\": " + std::to_string(order_id) +
+                                    ", \"state\": \"" + state + "\"}")
                               .Key("order-" + std::to_string(order_id))
                               .EventType("order." + state)
                               .Header("source", "outbox-example-publish")
@@ -47,8 +49,8 @@ int main(int argc, char** argv) {
       std::vector<outbox::OutboxMessage> batch;
       for (int i = 1; i <= invoices; ++i) {
         batch.push_back(outbox::Message::To(invoices_destination)
-                            .Json("{\"invoice\": " + std::to_string(i) + ", \"amount_cents\": " +
-                                  std::to_string(1999 * i) + "}")
+                            .Json("{\"invoice\": " + std::to_string(i) +
+                                  ", \"amount_cents\": " + std::to_string(1999 * i) + "}")
                             .Key("customer-" + std::to_string(i % 2))
                             .EventType("invoice.issued")
                             .Build());
@@ -56,7 +58,8 @@ int main(int argc, char** argv) {
       outbox::PublishMany(tx, batch);  // one round trip
       tx.commit();
     }
-    std::cout << "published " << orders << " order event(s) and " << invoices << " invoice event(s)\n";
+    std::cout << "published " << orders << " order event(s) and " << invoices
+              << " invoice event(s)\n";
     return 0;
   } catch (const outbox::InvalidMessage& e) {
     std::cerr << "invalid message: " << e.what() << "\n";

@@ -1,8 +1,7 @@
 #include "outbox/outbox.h"
 
-#include <nlohmann/json.hpp>
-
 #include <ctime>
+#include <nlohmann/json.hpp>
 #include <random>
 
 namespace outbox {
@@ -24,7 +23,8 @@ bool IsUuid(const std::string& s) {
 }
 
 std::string Iso8601(Clock::time_point tp) {
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(tp.time_since_epoch()).count();
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(tp.time_since_epoch()).count();
   std::time_t secs = static_cast<std::time_t>(us / 1'000'000);
   long frac = static_cast<long>(us % 1'000'000);
   if (frac < 0) {
@@ -67,28 +67,34 @@ std::string Base64(const std::string& in) {
 
 void Validate(const OutboxMessage& m) {
   if (m.destination.empty()) {
-    throw InvalidMessage("outbox: destination must not be empty; pass the destination name the relay is configured with");
+    throw InvalidMessage(
+        "outbox: destination must not be empty; pass the destination name the relay is configured "
+        "with");
   }
   if (m.destination.size() > 255) {
     throw InvalidMessage("outbox: destination is longer than 255 characters; use a shorter name");
   }
   if (m.ordering_key && m.ordering_key->empty()) {
-    throw InvalidMessage("outbox: ordering key must not be empty; omit Key() for unordered messages");
+    throw InvalidMessage(
+        "outbox: ordering key must not be empty; omit Key() for unordered messages");
   }
   if (m.payload_is_json && !nlohmann::json::accept(m.payload)) {
-    throw InvalidMessage("outbox: payload is not valid JSON; pass JSON text to Json() or raw bytes to Bytes()");
+    throw InvalidMessage(
+        "outbox: payload is not valid JSON; pass JSON text to Json() or raw bytes to Bytes()");
   }
   for (std::size_t i = 0; i < m.headers.size(); ++i) {
     if (m.headers[i].first.empty()) throw InvalidMessage("outbox: header name must not be empty");
     for (std::size_t j = 0; j < i; ++j) {
       if (m.headers[j].first == m.headers[i].first) {
-        throw InvalidMessage("outbox: header \"" + m.headers[i].first + "\" is set twice; set each header once");
+        throw InvalidMessage("outbox: header \"" + m.headers[i].first +
+                             "\" is set twice; set each header once");
       }
     }
   }
   if (m.idempotency_key && !IsUuid(*m.idempotency_key)) {
-    throw InvalidMessage("outbox: idempotency key \"" + *m.idempotency_key +
-                         "\" is not a uuid; pass a uuid such as 123e4567-e89b-12d3-a456-426614174000");
+    throw InvalidMessage(
+        "outbox: idempotency key \"" + *m.idempotency_key +
+        "\" is not a uuid; pass a uuid such as 123e4567-e89b-12d3-a456-426614174000");
   }
 }
 
@@ -112,7 +118,9 @@ nlohmann::json ToJson(const OutboxMessage& m) {
 
 }  // namespace
 
-MessageBuilder::MessageBuilder(std::string destination) { msg_.destination = std::move(destination); }
+MessageBuilder::MessageBuilder(std::string destination) {
+  msg_.destination = std::move(destination);
+}
 
 MessageBuilder& MessageBuilder::Json(std::string json_text) {
   msg_.payload = std::move(json_text);
@@ -171,12 +179,14 @@ OutboxMessage MessageBuilder::Build() const {
                          "\" has no payload; call Json() or Bytes()");
   }
   if (jitter_.count() < 0) throw InvalidMessage("outbox: jitter must not be negative");
-  if (delay_ && delay_->count() < 0) throw InvalidMessage("outbox: DeliverAfter delay must not be negative");
+  if (delay_ && delay_->count() < 0)
+    throw InvalidMessage("outbox: DeliverAfter delay must not be negative");
   OutboxMessage m = msg_;
   if (delay_) m.deliver_after = Clock::now() + *delay_;
   if (jitter_.count() > 0) {
     thread_local std::mt19937_64 rng{std::random_device{}()};
-    std::uniform_int_distribution<long long> dist(0, std::chrono::microseconds(jitter_).count() - 1);
+    std::uniform_int_distribution<long long> dist(0,
+                                                  std::chrono::microseconds(jitter_).count() - 1);
     m.deliver_after = m.deliver_after.value_or(Clock::now()) + std::chrono::microseconds(dist(rng));
   }
   Validate(m);

@@ -1,17 +1,17 @@
 // The operator-facing files agree with the code: every metric RelayMetrics exposes is
 // documented in docs/operations.md, the dashboard and the alert rules use only metrics that
 // exist, and every alert's runbook link lands on a section of docs/operations.md.
-#include "outbox_relay/metrics.h"
-
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cctype>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+
+#include "outbox_relay/metrics.h"
 
 namespace outbox::relay {
 namespace {
@@ -38,14 +38,16 @@ std::map<std::string, std::string> Families() {
 }
 
 // Every outbox_* identifier in `text`, histogram suffixes folded onto their family.
-std::set<std::string> MetricNamesIn(const std::string& text, const std::map<std::string, std::string>& families) {
+std::set<std::string> MetricNamesIn(const std::string& text,
+                                    const std::map<std::string, std::string>& families) {
   std::set<std::string> out;
   const std::regex ident(R"(\boutbox_[a-z0-9_]+)");
   for (std::sregex_iterator it(text.begin(), text.end(), ident), end; it != end; ++it) {
     std::string name = (*it)[0];
     if (name.back() == '_') continue;  // a wildcard in prose, e.g. outbox_queue_*
     for (const std::string suffix : {"_bucket", "_sum", "_count"}) {
-      const auto base = name.size() > suffix.size() ? name.substr(0, name.size() - suffix.size()) : "";
+      const auto base =
+          name.size() > suffix.size() ? name.substr(0, name.size() - suffix.size()) : "";
       if (name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix &&
           families.count(base) && families.at(base) == "histogram") {
         name = base;
@@ -84,7 +86,8 @@ TEST(OperatorDocs, DashboardUsesOnlyExistingMetrics) {
   EXPECT_GT(queries, 25u);
   const auto families = Families();
   const auto used = MetricNamesIn(text, families);
-  for (const auto& name : used) EXPECT_TRUE(families.count(name)) << "dashboard uses unknown metric " << name;
+  for (const auto& name : used)
+    EXPECT_TRUE(families.count(name)) << "dashboard uses unknown metric " << name;
   for (const auto& [name, type] : families) {
     EXPECT_TRUE(used.count(name)) << "no dashboard panel shows " << name;
   }
@@ -111,7 +114,8 @@ TEST(OperatorDocs, AlertsUseExistingMetricsAndLinkToRunbooks) {
   for (std::sregex_iterator it(rules.begin(), rules.end(), alert), end; it != end; ++it) ++alerts;
   for (std::sregex_iterator it(rules.begin(), rules.end(), link), end; it != end; ++it) {
     ++links;
-    EXPECT_TRUE(anchors.count((*it)[1])) << "runbook anchor #" << (*it)[1] << " is not a heading of operations.md";
+    EXPECT_TRUE(anchors.count((*it)[1]))
+        << "runbook anchor #" << (*it)[1] << " is not a heading of operations.md";
   }
   EXPECT_EQ(alerts, 13u);
   EXPECT_EQ(links, alerts) << "every alert has a runbook_url";

@@ -1,6 +1,4 @@
 // The metrics registry's text exposition (format 0.0.4) and RelayMetrics' labels.
-#include "outbox_relay/metrics.h"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "outbox_relay/metrics.h"
 #include "outbox_relay/metrics_registry.h"
 
 namespace outbox::relay {
@@ -54,7 +53,8 @@ TEST(MetricsRegistry, RendersExactExpositionText) {
 
 TEST(MetricsRegistry, EscapesLabelValuesAndHelp) {
   Registry r;
-  auto& c = r.AddCounter("x_total", "Help with \\ backslash\nand a newline; \"quotes\" stay.", {"v"});
+  auto& c =
+      r.AddCounter("x_total", "Help with \\ backslash\nand a newline; \"quotes\" stay.", {"v"});
   c.Labels({"a\"b\\c\nd"}).Inc();
   EXPECT_EQ(r.Render(),
             "# HELP x_total Help with \\\\ backslash\\nand a newline; \"quotes\" stay.\n"
@@ -132,7 +132,8 @@ TEST(MetricsRegistry, SeriesAreBoundedPerFamily) {
             "c_total{k=\"_overflow\"} 3\nc_total{k=\"a\"} 2\nc_total{k=\"b\"} 1\n");
   auto& g = r.AddGauge("g", "G.", {"k"}, 1);
   g.Labels({"a"}).Set(1);
-  EXPECT_FALSE(g.SetCallback({"b"}, [] { return 2.0; })) << "a callback never lands in the overflow series";
+  EXPECT_FALSE(g.SetCallback({"b"}, [] { return 2.0; }))
+      << "a callback never lands in the overflow series";
   c.RemoveIf([](const metrics::LabelValues& l) { return l[0] != "a"; });
   EXPECT_EQ(c.size(), 1u);
 }
@@ -211,21 +212,47 @@ TEST(RelayMetrics, ReasonClassesAreBounded) {
   EXPECT_EQ(ReasonClass("unknown_topic"), "topic_or_config");
   EXPECT_EQ(ReasonClass("fatal"), "producer");
   // Free text, as the dispatcher and the reaper write it.
-  EXPECT_EQ(ReasonClass("attempts exhausted (12) before this delivery; the last ones ended by lease expiry"),
-            "attempts_exhausted");
-  EXPECT_EQ(ReasonClass("lease expired: the relay that held it stopped or stalled"), "lease_expired");
-  EXPECT_EQ(ReasonClass("destination \"x\" is not configured in this relay; add it"), "unknown_destination");
+  EXPECT_EQ(
+      ReasonClass(
+          "attempts exhausted (12) before this delivery; the last ones ended by lease expiry"),
+      "attempts_exhausted");
+  EXPECT_EQ(ReasonClass("lease expired: the relay that held it stopped or stalled"),
+            "lease_expired");
+  EXPECT_EQ(ReasonClass("destination \"x\" is not configured in this relay; add it"),
+            "unknown_destination");
   EXPECT_EQ(ReasonClass("http 503: Service Unavailable"), "http_5xx");
   EXPECT_EQ(ReasonClass("http 404: nope"), "http_4xx");
   EXPECT_EQ(ReasonClass("Local: Message timed out"), "timeout");
   EXPECT_EQ(ReasonClass("order 42 for customer bob@example.com"), "other");
   EXPECT_EQ(ReasonClass(""), "other");
 
-  const std::vector<std::string> inputs = {
-      "http_3xx", "http_4xx", "http_408", "http_429", "http_5xx", "http_other", "timeout", "connection", "tls",
-      "shutdown", "msg_too_large", "invalid_message", "authorization", "invalid_topic", "config", "unknown_topic",
-      "broker", "queue_full", "purged", "fatal", "other", "lease_expired", "attempts_exhausted",
-      "unknown_destination", "anything at all", "x", "id 12345"};
+  const std::vector<std::string> inputs = {"http_3xx",
+                                           "http_4xx",
+                                           "http_408",
+                                           "http_429",
+                                           "http_5xx",
+                                           "http_other",
+                                           "timeout",
+                                           "connection",
+                                           "tls",
+                                           "shutdown",
+                                           "msg_too_large",
+                                           "invalid_message",
+                                           "authorization",
+                                           "invalid_topic",
+                                           "config",
+                                           "unknown_topic",
+                                           "broker",
+                                           "queue_full",
+                                           "purged",
+                                           "fatal",
+                                           "other",
+                                           "lease_expired",
+                                           "attempts_exhausted",
+                                           "unknown_destination",
+                                           "anything at all",
+                                           "x",
+                                           "id 12345"};
   std::set<std::string_view> labels;
   for (const auto& in : inputs) labels.insert(ReasonClass(in));
   EXPECT_LE(labels.size(), 15u) << "at most 14 classes plus other";
@@ -236,10 +263,16 @@ TEST(RelayMetrics, WebhookResponseClasses) {
   o.kind = OutcomeKind::kDelivered;
   EXPECT_EQ(WebhookResponseClass(o), "2xx");
   o.kind = OutcomeKind::kRetry;
-  for (const auto& [cls, want] : std::vector<std::pair<std::string, std::string>>{
-           {"http_5xx", "5xx"}, {"http_429", "4xx"}, {"http_408", "4xx"}, {"http_3xx", "3xx"},
-           {"timeout", "timeout"}, {"connection", "connection"}, {"tls", "tls"}, {"http_other", "other"},
-           {"shutdown", ""}}) {
+  for (const auto& [cls, want] :
+       std::vector<std::pair<std::string, std::string>>{{"http_5xx", "5xx"},
+                                                        {"http_429", "4xx"},
+                                                        {"http_408", "4xx"},
+                                                        {"http_3xx", "3xx"},
+                                                        {"timeout", "timeout"},
+                                                        {"connection", "connection"},
+                                                        {"tls", "tls"},
+                                                        {"http_other", "other"},
+                                                        {"shutdown", ""}}) {
     o.reason_class = cls;
     EXPECT_EQ(WebhookResponseClass(o), want) << cls;
   }
@@ -253,7 +286,8 @@ TEST(RelayMetrics, RecordsEveryMetricWithItsLabels) {
   EXPECT_TRUE(Has(text, "outbox_claims_total{destination=\"orders\"} 0"));
   EXPECT_TRUE(Has(text, "outbox_delivered_total{destination=\"orders\"} 0"));
   EXPECT_TRUE(Has(text, "outbox_db_errors_total 0"));
-  EXPECT_TRUE(Has(text, "outbox_delivery_duration_seconds_count{destination=\"orders\",sink=\"kafka\"} 0"));
+  EXPECT_TRUE(
+      Has(text, "outbox_delivery_duration_seconds_count{destination=\"orders\",sink=\"kafka\"} 0"));
 
   using std::chrono::milliseconds;
   m.RecordClaim("orders", 3, milliseconds(12));
@@ -268,7 +302,8 @@ TEST(RelayMetrics, RecordsEveryMetricWithItsLabels) {
   m.RecordWebhookResponse("hooks", bad);
   m.RecordWebhookResponse("hooks", bad);
   m.RecordDelivered("orders", std::chrono::duration<double>(0.2));
-  m.RecordDelivered("orders", std::chrono::system_clock::now() + std::chrono::hours(1));  // clock skew: 0
+  m.RecordDelivered("orders",
+                    std::chrono::system_clock::now() + std::chrono::hours(1));  // clock skew: 0
   m.RecordRetried("hooks", "http_5xx", 2);
   m.RecordDeadLettered("orders", "attempts exhausted (12) before this delivery");
   m.RecordReaperRequeued(4);
@@ -281,17 +316,23 @@ TEST(RelayMetrics, RecordsEveryMetricWithItsLabels) {
   EXPECT_TRUE(Has(text, "outbox_claims_total{destination=\"orders\"} 2"));
   EXPECT_TRUE(Has(text, "outbox_empty_polls_total{destination=\"orders\"} 1"));
   EXPECT_TRUE(Has(text, "outbox_messages_claimed_total{destination=\"orders\"} 3"));
-  EXPECT_TRUE(Has(text, "outbox_poll_cycle_duration_seconds_bucket{destination=\"orders\",le=\"0.01\"} 1"));
-  EXPECT_TRUE(Has(text, "outbox_poll_cycle_duration_seconds_bucket{destination=\"orders\",le=\"0.015\"} 2"));
+  EXPECT_TRUE(
+      Has(text, "outbox_poll_cycle_duration_seconds_bucket{destination=\"orders\",le=\"0.01\"} 1"));
+  EXPECT_TRUE(Has(
+      text, "outbox_poll_cycle_duration_seconds_bucket{destination=\"orders\",le=\"0.015\"} 2"));
   EXPECT_TRUE(Has(text, "outbox_poll_cycle_duration_seconds_count{destination=\"orders\"} 2"));
-  EXPECT_TRUE(Has(text, "outbox_delivery_duration_seconds_count{destination=\"hooks\",sink=\"webhook\"} 1"));
+  EXPECT_TRUE(Has(
+      text, "outbox_delivery_duration_seconds_count{destination=\"hooks\",sink=\"webhook\"} 1"));
   EXPECT_TRUE(Has(text, "outbox_webhook_responses_total{destination=\"hooks\",class=\"2xx\"} 1"));
   EXPECT_TRUE(Has(text, "outbox_webhook_responses_total{destination=\"hooks\",class=\"5xx\"} 2"));
   EXPECT_TRUE(Has(text, "outbox_delivered_total{destination=\"orders\"} 2"));
-  EXPECT_TRUE(Has(text, "outbox_enqueue_to_delivery_seconds_bucket{destination=\"orders\",le=\"0.01\"} 1"));
-  EXPECT_TRUE(Has(text, "outbox_enqueue_to_delivery_seconds_bucket{destination=\"orders\",le=\"0.25\"} 2"));
+  EXPECT_TRUE(
+      Has(text, "outbox_enqueue_to_delivery_seconds_bucket{destination=\"orders\",le=\"0.01\"} 1"));
+  EXPECT_TRUE(
+      Has(text, "outbox_enqueue_to_delivery_seconds_bucket{destination=\"orders\",le=\"0.25\"} 2"));
   EXPECT_TRUE(Has(text, "outbox_retried_total{destination=\"hooks\",reason=\"http_5xx\"} 2"));
-  EXPECT_TRUE(Has(text, "outbox_dead_lettered_total{destination=\"orders\",reason=\"attempts_exhausted\"} 1"));
+  EXPECT_TRUE(Has(
+      text, "outbox_dead_lettered_total{destination=\"orders\",reason=\"attempts_exhausted\"} 1"));
   EXPECT_TRUE(Has(text, "outbox_reaper_requeued_total 4"));
   EXPECT_TRUE(Has(text, "outbox_settle_fenced_total 1"));
   EXPECT_TRUE(Has(text, "outbox_db_errors_total 1"));

@@ -21,11 +21,12 @@ struct ReadyState {
 class AdminServerTest : public ::testing::Test {
  protected:
   AdminServerTest()
-      : server_("127.0.0.1:0", metrics_, [this] { return state_.ready.load(); },
-                [this] {
-                  std::lock_guard lk(state_.mu);
-                  return state_.detail;
-                }) {}
+      : server_(
+            "127.0.0.1:0", metrics_, [this] { return state_.ready.load(); },
+            [this] {
+              std::lock_guard lk(state_.mu);
+              return state_.detail;
+            }) {}
   void SetUp() override {
     server_.Start();
     ASSERT_GT(server_.port(), 0);
@@ -50,14 +51,16 @@ TEST_F(AdminServerTest, ServesMetricsInTheExpositionFormat) {
   EXPECT_EQ(res->status, 200);
   EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
   EXPECT_EQ(res->body, metrics_.Render());
-  EXPECT_NE(res->body.find("\noutbox_messages_claimed_total{destination=\"orders\"} 5\n"), std::string::npos);
+  EXPECT_NE(res->body.find("\noutbox_messages_claimed_total{destination=\"orders\"} 5\n"),
+            std::string::npos);
   EXPECT_NE(res->body.find("\noutbox_relay_build_info{version=\"9.9.9\"} 1\n"), std::string::npos);
 
   // Each scrape sees the current values.
   metrics_.RecordClaim("orders", 2, std::chrono::milliseconds(3));
   res = c.Get("/metrics");
   ASSERT_TRUE(res);
-  EXPECT_NE(res->body.find("\noutbox_messages_claimed_total{destination=\"orders\"} 7\n"), std::string::npos);
+  EXPECT_NE(res->body.find("\noutbox_messages_claimed_total{destination=\"orders\"} 7\n"),
+            std::string::npos);
 }
 
 TEST_F(AdminServerTest, HealthzIsOkWhileAlive) {
@@ -89,7 +92,8 @@ TEST_F(AdminServerTest, ReadyzFollowsTheReadyCallback) {
   EXPECT_EQ(res->body, "ready\n");
   res = c.Get("/metrics");
   ASSERT_TRUE(res);
-  EXPECT_NE(res->body.find("\noutbox_relay_ready 1\n"), std::string::npos) << "the gauge follows readiness";
+  EXPECT_NE(res->body.find("\noutbox_relay_ready 1\n"), std::string::npos)
+      << "the gauge follows readiness";
 
   {
     std::lock_guard lk(state_.mu);
@@ -123,12 +127,14 @@ TEST_F(AdminServerTest, StopClosesThePortAndIsIdempotent) {
   httplib::Client c("127.0.0.1", port);
   c.set_connection_timeout(std::chrono::seconds(2));
   EXPECT_FALSE(c.Get("/healthz")) << "nothing listens after Stop";
-  EXPECT_EQ(metrics_.Render().find("\noutbox_relay_ready "), std::string::npos) << "no readiness without a server";
+  EXPECT_EQ(metrics_.Render().find("\noutbox_relay_ready "), std::string::npos)
+      << "no readiness without a server";
 }
 
 TEST(AdminServer, ReadyCallbackThatThrowsIsNotReady) {
   RelayMetrics m("dev");
-  AdminServer s("127.0.0.1:0", m, []() -> bool { throw std::runtime_error("boom"); }, nullptr);
+  AdminServer s(
+      "127.0.0.1:0", m, []() -> bool { throw std::runtime_error("boom"); }, nullptr);
   s.Start();
   httplib::Client c("127.0.0.1", s.port());
   auto res = c.Get("/readyz");
@@ -139,9 +145,11 @@ TEST(AdminServer, ReadyCallbackThatThrowsIsNotReady) {
 
 TEST(AdminServer, PortInUseIsAnError) {
   RelayMetrics m("dev");
-  AdminServer first("127.0.0.1:0", m, [] { return true; }, nullptr);
+  AdminServer first(
+      "127.0.0.1:0", m, [] { return true; }, nullptr);
   first.Start();
-  AdminServer second("127.0.0.1:" + std::to_string(first.port()), m, [] { return true; }, nullptr);
+  AdminServer second(
+      "127.0.0.1:" + std::to_string(first.port()), m, [] { return true; }, nullptr);
   EXPECT_THROW(second.Start(), std::runtime_error);
   // The first one is unaffected.
   httplib::Client c("127.0.0.1", first.port());
@@ -163,8 +171,8 @@ TEST(AdminServer, ParsesListenAddresses) {
   a = ParseListenAddress("localhost:65535");
   EXPECT_EQ(a.host, "localhost");
   EXPECT_EQ(a.port, 65535);
-  for (const char* bad : {"", "9090", "host:", "host:65536", "host:-1", "host:9o", "::1:9090", "[::1]9090",
-                          "[::1", "host:123456"}) {
+  for (const char* bad : {"", "9090", "host:", "host:65536", "host:-1", "host:9o", "::1:9090",
+                          "[::1]9090", "[::1", "host:123456"}) {
     EXPECT_THROW(ParseListenAddress(bad), std::invalid_argument) << bad;
   }
   RelayMetrics m("dev");

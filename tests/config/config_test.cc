@@ -44,7 +44,8 @@ const EnvLookup kNoEnv = MapEnv({});
 }
 
 // Parses `yaml` expecting a ConfigError; returns its message.
-std::string ErrorOf(const std::string& yaml, const EnvLookup& env = kNoEnv, const std::string& source = "cfg.yaml") {
+std::string ErrorOf(const std::string& yaml, const EnvLookup& env = kNoEnv,
+                    const std::string& source = "cfg.yaml") {
   try {
     ParseConfig(yaml, source, env);
   } catch (const ConfigError& e) {
@@ -68,13 +69,15 @@ std::string Minimal(const std::string& extra = "") {
 }
 
 // A config whose only destination is `body`, indented under `destinations.<name>` (4 spaces).
-std::string WithDestination(const std::string& name, const std::string& body, const std::string& top = "") {
+std::string WithDestination(const std::string& name, const std::string& body,
+                            const std::string& top = "") {
   return kDb + top + "destinations:\n  " + name + ":\n" + body;
 }
 
 // A webhook destination "hooks" with the given lines under `webhook:` (6 spaces of indentation).
 std::string WithWebhook(const std::string& webhook_lines) {
-  return WithDestination("hooks", "    webhook:\n      url: https://hooks.example/outbox\n" + webhook_lines);
+  return WithDestination("hooks",
+                         "    webhook:\n      url: https://hooks.example/outbox\n" + webhook_lines);
 }
 
 std::string WithKafka(const std::string& kafka_lines) {
@@ -84,7 +87,8 @@ std::string WithKafka(const std::string& kafka_lines) {
 class TempDir {
  public:
   TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "outbox-config-test-XXXXXX").string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "outbox-config-test-XXXXXX").string();
     if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
     path_ = pattern;
   }
@@ -139,7 +143,8 @@ TEST(ParseConfig, MinimalConfigGetsEveryDefault) {
 
 TEST(ParseConfig, FullConfigParsesEveryField) {
   TempDir dir;
-  const std::string ca = dir.Write("ca.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+  const std::string ca =
+      dir.Write("ca.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
   const std::string key_password = dir.Write("key-password", "s3cret-key-pass\n");
   const std::string yaml =
       "database_url: postgresql://relay@db:5432/app?sslmode=require\n"
@@ -168,7 +173,9 @@ TEST(ParseConfig, FullConfigParsesEveryField) {
       "        linger.ms: 5\n"
       "        enable.ssl.certificate.verification: true\n"
       "        sasl.password_env: KAFKA_PASSWORD\n"
-      "        ssl.key.password_file: " + key_password + "\n"
+      "        ssl.key.password_file: " +
+      key_password +
+      "\n"
       "    retry:\n"
       "      max_attempts: 20\n"
       "    batch_size: 1000\n"
@@ -176,11 +183,15 @@ TEST(ParseConfig, FullConfigParsesEveryField) {
       "    webhook:\n"
       "      url: https://billing.example:8443/hooks/outbox\n"
       "      secret_env: BILLING_SECRET\n"
-      "      previous_secrets: [" + kSecretC + "]\n"
+      "      previous_secrets: [" +
+      kSecretC +
+      "]\n"
       "      timeout_ms: 8000\n"
       "      connect_timeout_ms: 2000\n"
       "      max_in_flight: 64\n"
-      "      ca_file: " + ca + "\n"
+      "      ca_file: " +
+      ca +
+      "\n"
       "      verify_tls: false\n"
       "      headers:\n"
       "        X-Source: outbox-relay\n"
@@ -188,9 +199,9 @@ TEST(ParseConfig, FullConfigParsesEveryField) {
       "    retry:\n"
       "      initial_backoff_ms: 1000\n"
       "      max_backoff_ms: 60000\n";
-  const RelayConfig config =
-      ParseConfig(yaml, "full.yaml",
-                  MapEnv({{"KAFKA_PASSWORD", "kafka-pw"}, {"BILLING_SECRET", kSecretA + " " + kSecretB}}));
+  const RelayConfig config = ParseConfig(
+      yaml, "full.yaml",
+      MapEnv({{"KAFKA_PASSWORD", "kafka-pw"}, {"BILLING_SECRET", kSecretA + " " + kSecretB}}));
 
   EXPECT_EQ(config.database_url, "postgresql://relay@db:5432/app?sslmode=require");
   EXPECT_EQ(config.batch_size, 250);
@@ -238,12 +249,13 @@ TEST(ParseConfig, FullConfigParsesEveryField) {
   EXPECT_EQ(webhook.max_in_flight, 64);
   EXPECT_EQ(webhook.ca_file, ca);
   EXPECT_FALSE(webhook.verify_tls);
-  EXPECT_EQ(webhook.headers,
-            (std::map<std::string, std::string>{{"X-Source", "outbox-relay"}, {"X-Team", "billing"}}));
+  EXPECT_EQ(webhook.headers, (std::map<std::string, std::string>{{"X-Source", "outbox-relay"},
+                                                                 {"X-Team", "billing"}}));
 }
 
 TEST(ParseConfig, WebhookDefaults) {
-  const RelayConfig config = ParseConfig(WithWebhook("      secret: " + kSecretA + "\n"), "cfg.yaml", kNoEnv);
+  const RelayConfig config =
+      ParseConfig(WithWebhook("      secret: " + kSecretA + "\n"), "cfg.yaml", kNoEnv);
   const auto& webhook = std::get<WebhookTarget>(config.destinations.at("hooks").target);
   const WebhookTarget defaults;
   EXPECT_EQ(webhook.secrets, std::vector<std::string>{kSecretA});
@@ -279,47 +291,55 @@ TEST(ParseConfig, RetryFallsBackPerKeyFromDestinationToDefaultsToBuiltIn) {
 
 TEST(ParseConfig, ZeroBackoffIsAllowedForImmediateRetries) {
   const RelayConfig config =
-      ParseConfig(Minimal("defaults: {retry: {initial_backoff_ms: 0, max_backoff_ms: 0}}\n"), "cfg.yaml", kNoEnv);
+      ParseConfig(Minimal("defaults: {retry: {initial_backoff_ms: 0, max_backoff_ms: 0}}\n"),
+                  "cfg.yaml", kNoEnv);
   EXPECT_EQ(config.destinations.at("orders").retry.initial_backoff, 0ms);
   EXPECT_EQ(config.destinations.at("orders").retry.max_backoff, 0ms);
 }
 
 TEST(ParseConfig, DestinationBatchSizeZeroMeansGlobal) {
   const RelayConfig config = ParseConfig(
-      WithDestination("orders", "    kafka: {brokers: k:9092, topic: o}\n    batch_size: 0\n", "batch_size: 42\n"),
+      WithDestination("orders", "    kafka: {brokers: k:9092, topic: o}\n    batch_size: 0\n",
+                      "batch_size: 42\n"),
       "cfg.yaml", kNoEnv);
   EXPECT_EQ(config.destinations.at("orders").batch_size, 42);
 }
 
 TEST(ParseConfig, AdminListenAcceptsHostPortAndBracketedIpv6) {
-  for (const std::string address : {"0.0.0.0:9090", "localhost:1", "[::1]:65535", "admin.internal:8080"}) {
-    const RelayConfig config = ParseConfig(Minimal("admin_listen: \"" + address + "\"\n"), "cfg.yaml", kNoEnv);
+  for (const std::string address :
+       {"0.0.0.0:9090", "localhost:1", "[::1]:65535", "admin.internal:8080"}) {
+    const RelayConfig config =
+        ParseConfig(Minimal("admin_listen: \"" + address + "\"\n"), "cfg.yaml", kNoEnv);
     EXPECT_EQ(config.admin_listen, address);
   }
-  EXPECT_EQ(ParseConfig(Minimal("admin_listen: \"\"\n"), "cfg.yaml", kNoEnv).admin_listen, "") << "empty = off";
+  EXPECT_EQ(ParseConfig(Minimal("admin_listen: \"\"\n"), "cfg.yaml", kNoEnv).admin_listen, "")
+      << "empty = off";
 }
 
 TEST(ParseConfig, AcceptsConninfoStyleDatabaseUrl) {
-  const std::string yaml = "database_url: host=db dbname=app user=relay\n"
-                           "destinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n";
+  const std::string yaml =
+      "database_url: host=db dbname=app user=relay\n"
+      "destinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n";
   EXPECT_EQ(ParseConfig(yaml, "cfg.yaml", kNoEnv).database_url, "host=db dbname=app user=relay");
 }
 
 TEST(ParseConfig, KafkaBrokersStringIsNormalized) {
-  const RelayConfig config = ParseConfig(WithKafka("      brokers: \" k1:9092 , k2:9092\"\n      topic: o\n"),
-                                         "cfg.yaml", kNoEnv);
-  EXPECT_EQ(std::get<KafkaTarget>(config.destinations.at("orders").target).brokers, "k1:9092,k2:9092");
+  const RelayConfig config = ParseConfig(
+      WithKafka("      brokers: \" k1:9092 , k2:9092\"\n      topic: o\n"), "cfg.yaml", kNoEnv);
+  EXPECT_EQ(std::get<KafkaTarget>(config.destinations.at("orders").target).brokers,
+            "k1:9092,k2:9092");
 }
 
 TEST(ParseConfig, ProducerValuesAreStringifiedAsWritten) {
-  const RelayConfig config = ParseConfig(WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n"
-                                                   "        linger.ms: 5\n"
-                                                   "        batch.num.messages: 10000\n"
-                                                   "        enable.ssl.certificate.verification: False\n"
-                                                   "        socket.keepalive.enable: TRUE\n"
-                                                   "        client.id: \"true\"\n"
-                                                   "        sticky.partitioning.linger.ms: 0.5\n"),
-                                         "cfg.yaml", kNoEnv);
+  const RelayConfig config =
+      ParseConfig(WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n"
+                            "        linger.ms: 5\n"
+                            "        batch.num.messages: 10000\n"
+                            "        enable.ssl.certificate.verification: False\n"
+                            "        socket.keepalive.enable: TRUE\n"
+                            "        client.id: \"true\"\n"
+                            "        sticky.partitioning.linger.ms: 0.5\n"),
+                  "cfg.yaml", kNoEnv);
   const auto& producer = std::get<KafkaTarget>(config.destinations.at("orders").target).producer;
   EXPECT_EQ(producer.at("linger.ms"), "5");
   EXPECT_EQ(producer.at("batch.num.messages"), "10000");
@@ -331,13 +351,16 @@ TEST(ParseConfig, ProducerValuesAreStringifiedAsWritten) {
 
 TEST(ParseConfig, ProducerFileValueKeepsInnerNewlinesAndDropsTrailingOnes) {
   TempDir dir;
-  const std::string pem = dir.Write("key.pem", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\r\n\n");
-  const RelayConfig config =
-      ParseConfig(WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        ssl.key.pem_file: " + pem +
-                            "\n"),
-                  "cfg.yaml", kNoEnv);
-  EXPECT_EQ(std::get<KafkaTarget>(config.destinations.at("orders").target).producer.at("ssl.key.pem"),
-            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----");
+  const std::string pem =
+      dir.Write("key.pem", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\r\n\n");
+  const RelayConfig config = ParseConfig(
+      WithKafka(
+          "      brokers: k:9092\n      topic: o\n      producer:\n        ssl.key.pem_file: " +
+          pem + "\n"),
+      "cfg.yaml", kNoEnv);
+  EXPECT_EQ(
+      std::get<KafkaTarget>(config.destinations.at("orders").target).producer.at("ssl.key.pem"),
+      "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----");
 }
 
 TEST(ParseConfig, MergeKeysShareSettingsBetweenDestinations) {
@@ -359,14 +382,16 @@ TEST(ParseConfig, MergeKeysShareSettingsBetweenDestinations) {
                            "        linger.ms: 20\n";
   const RelayConfig config = ParseConfig(yaml, "cfg.yaml", kNoEnv);
   const auto& b = std::get<KafkaTarget>(config.destinations.at("b").target).producer;
-  EXPECT_EQ(b, (std::map<std::string, std::string>{{"compression.type", "zstd"}, {"linger.ms", "20"}}));
+  EXPECT_EQ(
+      b, (std::map<std::string, std::string>{{"compression.type", "zstd"}, {"linger.ms", "20"}}));
 }
 
 TEST(ParseConfig, DestinationNameLimitCountsCharactersNotBytes) {
   std::string name;
   for (int i = 0; i < 255; ++i) name += "\xC3\xA9";  // "é": 2 bytes, 1 character
-  const RelayConfig config = ParseConfig(WithDestination("\"" + name + "\"", "    kafka: {brokers: k:9092, topic: o}\n"),
-                                         "cfg.yaml", kNoEnv);
+  const RelayConfig config =
+      ParseConfig(WithDestination("\"" + name + "\"", "    kafka: {brokers: k:9092, topic: o}\n"),
+                  "cfg.yaml", kNoEnv);
   EXPECT_EQ(config.destinations.count(name), 1u);
 }
 
@@ -381,14 +406,15 @@ TEST(EnvOverrides, WinOverTheFile) {
   const std::string yaml = Minimal(
       "batch_size: 100\nlease_ms: 5000\npoll_interval_ms: 100\nadmin_listen: 127.0.0.1:1\n"
       "log: {level: info, format: text}\n");
-  const RelayConfig config = ParseConfig(yaml, "cfg.yaml",
-                                         MapEnv({{"OUTBOX_DATABASE_URL", "postgresql://other@db2/app"},
-                                                 {"OUTBOX_BATCH_SIZE", "700"},
-                                                 {"OUTBOX_LEASE_MS", "60000"},
-                                                 {"OUTBOX_POLL_INTERVAL_MS", "250"},
-                                                 {"OUTBOX_ADMIN_LISTEN", "0.0.0.0:9999"},
-                                                 {"OUTBOX_LOG_LEVEL", "warn"},
-                                                 {"OUTBOX_LOG_FORMAT", "json"}}));
+  const RelayConfig config =
+      ParseConfig(yaml, "cfg.yaml",
+                  MapEnv({{"OUTBOX_DATABASE_URL", "postgresql://other@db2/app"},
+                          {"OUTBOX_BATCH_SIZE", "700"},
+                          {"OUTBOX_LEASE_MS", "60000"},
+                          {"OUTBOX_POLL_INTERVAL_MS", "250"},
+                          {"OUTBOX_ADMIN_LISTEN", "0.0.0.0:9999"},
+                          {"OUTBOX_LOG_LEVEL", "warn"},
+                          {"OUTBOX_LOG_FORMAT", "json"}}));
   EXPECT_EQ(config.database_url, "postgresql://other@db2/app");
   EXPECT_EQ(config.batch_size, 700);
   EXPECT_EQ(config.lease, 60000ms);
@@ -396,20 +422,22 @@ TEST(EnvOverrides, WinOverTheFile) {
   EXPECT_EQ(config.admin_listen, "0.0.0.0:9999");
   EXPECT_EQ(config.log_level, "warn");
   EXPECT_EQ(config.log_format, LogFormat::kJson);
-  EXPECT_EQ(config.destinations.at("orders").batch_size, 700) << "destinations inherit the overridden batch_size";
+  EXPECT_EQ(config.destinations.at("orders").batch_size, 700)
+      << "destinations inherit the overridden batch_size";
 }
 
 TEST(EnvOverrides, EmptyVariablesCountAsUnset) {
-  const RelayConfig config = ParseConfig(Minimal("batch_size: 100\n"), "cfg.yaml",
-                                         MapEnv({{"OUTBOX_BATCH_SIZE", ""}, {"OUTBOX_DATABASE_URL", ""}}));
+  const RelayConfig config =
+      ParseConfig(Minimal("batch_size: 100\n"), "cfg.yaml",
+                  MapEnv({{"OUTBOX_BATCH_SIZE", ""}, {"OUTBOX_DATABASE_URL", ""}}));
   EXPECT_EQ(config.batch_size, 100);
   EXPECT_EQ(config.database_url, "postgresql://relay@db:5432/app");
 }
 
 TEST(EnvOverrides, DatabaseUrlFromEnvAloneIsEnough) {
   const std::string yaml = "destinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n";
-  const RelayConfig config =
-      ParseConfig(yaml, "cfg.yaml", MapEnv({{"OUTBOX_DATABASE_URL", "postgresql://relay:pw@db/app"}}));
+  const RelayConfig config = ParseConfig(
+      yaml, "cfg.yaml", MapEnv({{"OUTBOX_DATABASE_URL", "postgresql://relay:pw@db/app"}}));
   EXPECT_EQ(config.database_url, "postgresql://relay:pw@db/app");
 }
 
@@ -423,7 +451,8 @@ TEST(EnvOverrides, BadOverrideNamesTheVariableAndTheKey) {
 
 TEST(EnvOverrides, OverriddenValuesAreValidatedWithTheirOrigin) {
   std::string message = ErrorOf(Minimal(), MapEnv({{"OUTBOX_LEASE_MS", "10"}}));
-  EXPECT_TRUE(Contains(message, "environment variable OUTBOX_LEASE_MS: lease_ms: 10 is out of range"));
+  EXPECT_TRUE(
+      Contains(message, "environment variable OUTBOX_LEASE_MS: lease_ms: 10 is out of range"));
   EXPECT_TRUE(Contains(message, "between 1000 and"));
 
   message = ErrorOf(Minimal(), MapEnv({{"OUTBOX_LOG_LEVEL", "loud"}}));
@@ -440,53 +469,64 @@ TEST(EnvOverrides, OverriddenValuesAreValidatedWithTheirOrigin) {
 
 TEST(EnvOverrides, OverrideRescuesAnInvalidFileValue) {
   // Range checks run after the overrides, so the value in force is the one checked.
-  const RelayConfig config = ParseConfig(Minimal("lease_ms: 10\n"), "cfg.yaml", MapEnv({{"OUTBOX_LEASE_MS", "2000"}}));
+  const RelayConfig config =
+      ParseConfig(Minimal("lease_ms: 10\n"), "cfg.yaml", MapEnv({{"OUTBOX_LEASE_MS", "2000"}}));
   EXPECT_EQ(config.lease, 2000ms);
 }
 
 TEST(DatabaseUrl, FromEnvReference) {
-  const std::string yaml = "database_url_env: APP_DB\ndestinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n";
+  const std::string yaml =
+      "database_url_env: APP_DB\ndestinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n";
   EXPECT_EQ(ParseConfig(yaml, "cfg.yaml", MapEnv({{"APP_DB", "postgresql://a@b/c"}})).database_url,
             "postgresql://a@b/c");
   const std::string message = ErrorOf(yaml);
-  EXPECT_TRUE(Contains(message, "cfg.yaml:1:1: database_url_env: environment variable APP_DB is not set"));
+  EXPECT_TRUE(
+      Contains(message, "cfg.yaml:1:1: database_url_env: environment variable APP_DB is not set"));
   EXPECT_TRUE(Contains(message, "export APP_DB"));
 }
 
 TEST(DatabaseUrl, FromFileReference) {
   TempDir dir;
   const std::string file = dir.Write("db-url", "postgresql://relay:pw@db/app\n");
-  const std::string yaml =
-      "database_url_file: " + file + "\ndestinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n";
+  const std::string yaml = "database_url_file: " + file +
+                           "\ndestinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n";
   EXPECT_EQ(ParseConfig(yaml, "cfg.yaml", kNoEnv).database_url, "postgresql://relay:pw@db/app");
 
   const std::string missing = dir.Path("nope");
   const std::string message =
-      ErrorOf("database_url_file: " + missing + "\ndestinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n");
-  EXPECT_TRUE(Contains(message, "database_url_file: cannot read file " + missing + ": No such file or directory"));
+      ErrorOf("database_url_file: " + missing +
+              "\ndestinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n");
+  EXPECT_TRUE(Contains(
+      message, "database_url_file: cannot read file " + missing + ": No such file or directory"));
 }
 
 TEST(DatabaseUrl, OutboxDatabaseUrlBeatsReferencesInTheFile) {
-  const std::string yaml = "database_url_env: UNSET_VAR\ndestinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n";
-  const RelayConfig config = ParseConfig(yaml, "cfg.yaml", MapEnv({{"OUTBOX_DATABASE_URL", "postgresql://x@y/z"}}));
+  const std::string yaml =
+      "database_url_env: UNSET_VAR\ndestinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n";
+  const RelayConfig config =
+      ParseConfig(yaml, "cfg.yaml", MapEnv({{"OUTBOX_DATABASE_URL", "postgresql://x@y/z"}}));
   EXPECT_EQ(config.database_url, "postgresql://x@y/z");
 }
 
 TEST(DatabaseUrl, MissingSaysHowToSetIt) {
-  const std::string message = ErrorOf("destinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n");
+  const std::string message =
+      ErrorOf("destinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n");
   EXPECT_TRUE(Contains(message, "database_url"));
   EXPECT_TRUE(Contains(message, "set database_url in the config or OUTBOX_DATABASE_URL"));
 }
 
 TEST(DatabaseUrl, OnlyOneSourceMayBeSet) {
   const std::string message = ErrorOf(Minimal("database_url_env: APP_DB\n"));
-  EXPECT_TRUE(Contains(message, "database_url_env: set only one of `database_url`, `database_url_env`"));
+  EXPECT_TRUE(
+      Contains(message, "database_url_env: set only one of `database_url`, `database_url_env`"));
 }
 
 TEST(DatabaseUrl, NonsenseIsRefusedWithoutEchoingIt) {
   const std::string url = "mysql://root:hunter2@db/app";
-  const std::string message = ErrorOf("database_url: " + url + "\ndestinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n");
-  EXPECT_TRUE(Contains(message, "cfg.yaml:1:1: database_url: does not look like a PostgreSQL connection string"));
+  const std::string message = ErrorOf(
+      "database_url: " + url + "\ndestinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n");
+  EXPECT_TRUE(Contains(
+      message, "cfg.yaml:1:1: database_url: does not look like a PostgreSQL connection string"));
   EXPECT_TRUE(Contains(message, "postgresql://"));
   EXPECT_TRUE(Lacks(message, "hunter2"));
 }
@@ -505,7 +545,8 @@ TEST(ProcessEnv, ReadsTheProcessEnvironment) {
 
 TEST(UnknownKeys, NameTheFullPathAndSuggestTheClosestKey) {
   const std::string message = ErrorOf(WithKafka("      brokers: k:9092\n      topc: orders\n"));
-  EXPECT_TRUE(Contains(message, "cfg.yaml:6:7: destinations.orders.kafka.topc: unknown key `topc`"));
+  EXPECT_TRUE(
+      Contains(message, "cfg.yaml:6:7: destinations.orders.kafka.topc: unknown key `topc`"));
   EXPECT_TRUE(Contains(message, "did you mean `topic`?"));
   EXPECT_TRUE(Contains(message, "brokers, topic, producer"));
 }
@@ -520,14 +561,18 @@ TEST(UnknownKeys, AtEveryLevel) {
       {Minimal("batchsize: 10\n"), "batchsize", "batch_size"},
       {Minimal("lease: 10\n"), "lease", "lease_ms"},
       {Minimal("log: {levle: info}\n"), "log.levle", "level"},
-      {Minimal("defaults: {retry: {max_attempt: 3}}\n"), "defaults.retry.max_attempt", "max_attempts"},
+      {Minimal("defaults: {retry: {max_attempt: 3}}\n"), "defaults.retry.max_attempt",
+       "max_attempts"},
       {Minimal("defaults: {retyr: {}}\n"), "defaults.retyr", "retry"},
-      {WithDestination("o", "    kafak: {brokers: k:9092, topic: o}\n"), "destinations.o.kafak", "kafka"},
-      {WithDestination("o", "    kafka: {brokers: k:9092, topic: o}\n    retry: {max_backof_ms: 1}\n"),
+      {WithDestination("o", "    kafak: {brokers: k:9092, topic: o}\n"), "destinations.o.kafak",
+       "kafka"},
+      {WithDestination("o",
+                       "    kafka: {brokers: k:9092, topic: o}\n    retry: {max_backof_ms: 1}\n"),
        "destinations.o.retry.max_backof_ms", "max_backoff_ms"},
-      {WithWebhook("      secrets: " + kSecretA + "\n"), "destinations.hooks.webhook.secrets", "secret"},
-      {WithWebhook("      secret: " + kSecretA + "\n      verify_ssl: false\n"), "destinations.hooks.webhook.verify_ssl",
-       "verify_tls"},
+      {WithWebhook("      secrets: " + kSecretA + "\n"), "destinations.hooks.webhook.secrets",
+       "secret"},
+      {WithWebhook("      secret: " + kSecretA + "\n      verify_ssl: false\n"),
+       "destinations.hooks.webhook.verify_ssl", "verify_tls"},
   };
   for (const auto& c : cases) {
     const std::string message = ErrorOf(c.yaml);
@@ -544,7 +589,8 @@ TEST(UnknownKeys, ListAllowedKeysWhenNothingIsClose) {
 }
 
 TEST(UnknownKeys, MisplacedKeysSayWhereTheyBelong) {
-  std::string message = ErrorOf(WithDestination("o", "    kafka: {brokers: k:9092}\n    topic: o\n"));
+  std::string message =
+      ErrorOf(WithDestination("o", "    kafka: {brokers: k:9092}\n    topic: o\n"));
   EXPECT_TRUE(Contains(message, "destinations.o.topic: unknown key"));
   EXPECT_TRUE(Contains(message, "`topic` belongs under `kafka:`"));
 
@@ -563,9 +609,11 @@ TEST(UnknownKeys, MisplacedKeysSayWhereTheyBelong) {
 // Wrong types
 
 TEST(WrongTypes, NameKeyExpectedTypeAndPosition) {
-  const std::string message = ErrorOf(kDb + "batch_size: abc\n" + "destinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n",
-                                      kNoEnv, "/etc/outbox/relay.yaml");
-  EXPECT_TRUE(Contains(message, "/etc/outbox/relay.yaml:2:1: batch_size: expected an integer, got `abc`"));
+  const std::string message = ErrorOf(
+      kDb + "batch_size: abc\n" + "destinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n",
+      kNoEnv, "/etc/outbox/relay.yaml");
+  EXPECT_TRUE(
+      Contains(message, "/etc/outbox/relay.yaml:2:1: batch_size: expected an integer, got `abc`"));
   EXPECT_TRUE(Contains(message, "set it to a whole number"));
 }
 
@@ -575,25 +623,31 @@ TEST(WrongTypes, ManyKinds) {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {Minimal("lease_ms: 30s\n"), "lease_ms: expected an integer, got `30s`; set it to a whole number of milliseconds"},
+      {Minimal("lease_ms: 30s\n"),
+       "lease_ms: expected an integer, got `30s`; set it to a whole number of milliseconds"},
       {Minimal("lease_ms: 1.5\n"), "lease_ms: expected an integer, got `1.5`"},
-      {Minimal("batch_size: 99999999999999999999999\n"), "batch_size: the integer `99999999999999999999999` is too large"},
+      {Minimal("batch_size: 99999999999999999999999\n"),
+       "batch_size: the integer `99999999999999999999999` is too large"},
       {Minimal("batch_size: [1]\n"), "batch_size: expected an integer, got a list"},
       {Minimal("poll_interval_ms:\n"), "poll_interval_ms: expected an integer, got an empty value"},
       {Minimal("log: json\n"), "log: expected a mapping"},
       {Minimal("log: {level: [info]}\n"), "log.level: expected a single text value, got a list"},
-      {Minimal("defaults: {retry: {max_attempts: many}}\n"), "defaults.retry.max_attempts: expected an integer"},
+      {Minimal("defaults: {retry: {max_attempts: many}}\n"),
+       "defaults.retry.max_attempts: expected an integer"},
       {WithWebhook("      secret: " + kSecretA + "\n      verify_tls: maybe\n"),
        "destinations.hooks.webhook.verify_tls: expected true or false, got `maybe`"},
       {WithWebhook("      secret: " + kSecretA + "\n      headers: [a, b]\n"),
        "destinations.hooks.webhook.headers: expected a mapping"},
       {WithWebhook("      secret: " + kSecretA + "\n      previous_secrets: " + kSecretB + "\n"),
        "destinations.hooks.webhook.previous_secrets: expected a list"},
-      {WithKafka("      brokers: {a: 1}\n      topic: o\n"), "destinations.orders.kafka.brokers: expected a single text value"},
+      {WithKafka("      brokers: {a: 1}\n      topic: o\n"),
+       "destinations.orders.kafka.brokers: expected a single text value"},
       {WithKafka("      brokers: k:9092\n      topic: o\n      producer: zstd\n"),
        "destinations.orders.kafka.producer: expected a mapping"},
-      {WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        linger.ms: [1, 2]\n"),
-       "destinations.orders.kafka.producer.linger.ms: expected a string, number or boolean, got a list"},
+      {WithKafka(
+           "      brokers: k:9092\n      topic: o\n      producer:\n        linger.ms: [1, 2]\n"),
+       "destinations.orders.kafka.producer.linger.ms: expected a string, number or boolean, got a "
+       "list"},
       {WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        linger.ms:\n"),
        "destinations.orders.kafka.producer.linger.ms: has no value"},
       {kDb + "destinations: [orders]\n", "destinations: expected a mapping"},
@@ -611,33 +665,42 @@ TEST(InvalidValues, GlobalRanges) {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {"batch_size: 0\n", "cfg.yaml:7:1: batch_size: 0 is out of range; set it between 1 and 10000"},
+      {"batch_size: 0\n",
+       "cfg.yaml:7:1: batch_size: 0 is out of range; set it between 1 and 10000"},
       {"batch_size: -5\n", "batch_size: -5 is out of range"},
       {"batch_size: 10001\n", "batch_size: 10001 is out of range; set it between 1 and 10000"},
       {"lease_ms: 999\n", "lease_ms: 999 is out of range; set it between 1000 and 86400000"},
       {"poll_interval_ms: 0\n", "poll_interval_ms: 0 is out of range"},
       {"reap_interval_ms: 0\n", "reap_interval_ms: 0 is out of range"},
       {"full_sweep_interval_ms: 0\n", "full_sweep_interval_ms: 0 is out of range"},
-      {"shutdown_timeout_ms: -1\n", "shutdown_timeout_ms: -1 is out of range; set it between 0 and"},
-      {"log: {level: verbose}\n", "log.level: `verbose` is not a log level; use one of trace, debug, info, warn, error"},
+      {"shutdown_timeout_ms: -1\n",
+       "shutdown_timeout_ms: -1 is out of range; set it between 0 and"},
+      {"log: {level: verbose}\n",
+       "log.level: `verbose` is not a log level; use one of trace, debug, info, warn, error"},
       {"log: {level: warning}\n", "did you mean `warn`?"},
       {"log: {format: xml}\n", "log.format: `xml` is not a log format; use `text`"},
-      {"admin_listen: localhost\n", "admin_listen: `localhost` is not host:port: it has no port; write e.g. `0.0.0.0:9090`"},
+      {"admin_listen: localhost\n",
+       "admin_listen: `localhost` is not host:port: it has no port; write e.g. `0.0.0.0:9090`"},
       {"admin_listen: \":9090\"\n", "admin_listen: `:9090` is not host:port: it has no host"},
       {"admin_listen: host:http\n", "has an invalid port"},
       {"admin_listen: host:70000\n", "has an invalid port"},
       {"admin_listen: \"::1:9090\"\n", "without brackets"},
-      {"defaults: {retry: {max_attempts: 0}}\n", "defaults.retry.max_attempts: 0 is out of range; set it between 1 and"},
-      {"defaults: {retry: {initial_backoff_ms: -1}}\n", "defaults.retry.initial_backoff_ms: -1 is out of range"},
+      {"defaults: {retry: {max_attempts: 0}}\n",
+       "defaults.retry.max_attempts: 0 is out of range; set it between 1 and"},
+      {"defaults: {retry: {initial_backoff_ms: -1}}\n",
+       "defaults.retry.initial_backoff_ms: -1 is out of range"},
   };
-  for (const auto& c : cases) EXPECT_TRUE(Contains(ErrorOf(Minimal(c.extra)), c.expected)) << c.extra;
+  for (const auto& c : cases)
+    EXPECT_TRUE(Contains(ErrorOf(Minimal(c.extra)), c.expected)) << c.extra;
 }
 
 TEST(InvalidValues, InitialBackoffAboveMaxBackoffNamesBothSources) {
   std::string message = ErrorOf(WithDestination(
       "o", "    kafka: {brokers: k:9092, topic: o}\n    retry:\n      initial_backoff_ms: 60000\n",
       "defaults: {retry: {max_backoff_ms: 30000}}\n"));
-  EXPECT_TRUE(Contains(message, "destinations.o.retry: initial_backoff_ms 60000 (destinations.o.retry.initial_backoff_ms)"));
+  EXPECT_TRUE(Contains(
+      message,
+      "destinations.o.retry: initial_backoff_ms 60000 (destinations.o.retry.initial_backoff_ms)"));
   EXPECT_TRUE(Contains(message, "max_backoff_ms 30000 (defaults.retry.max_backoff_ms)"));
   EXPECT_TRUE(Contains(message, "lower initial_backoff_ms or raise max_backoff_ms"));
   EXPECT_TRUE(Contains(message, "cfg.yaml:7:7"));
@@ -655,11 +718,16 @@ TEST(InvalidValues, Destinations) {
   const std::vector<Case> cases = {
       {kDb, "destinations: no destinations configured; add at least one under `destinations:`"},
       {kDb + "destinations: {}\n", "no destinations configured"},
-      {kDb + "destinations:\n  orders:\n", "destinations.orders: is empty; give the destination a `kafka:` or `webhook:`"},
-      {WithDestination("o", "    retry: {max_attempts: 2}\n"), "destinations.o: has no target; add a `kafka:` section"},
-      {WithDestination("o", "    kafka: {brokers: k:9092, topic: o}\n    webhook: {url: https://h/x, secret: " + kSecretA + "}\n"),
+      {kDb + "destinations:\n  orders:\n",
+       "destinations.orders: is empty; give the destination a `kafka:` or `webhook:`"},
+      {WithDestination("o", "    retry: {max_attempts: 2}\n"),
+       "destinations.o: has no target; add a `kafka:` section"},
+      {WithDestination(
+           "o", "    kafka: {brokers: k:9092, topic: o}\n    webhook: {url: https://h/x, secret: " +
+                    kSecretA + "}\n"),
        "destinations.o.webhook: a destination has exactly one target"},
-      {WithDestination("\"\"", "    kafka: {brokers: k:9092, topic: o}\n"), "a destination name must not be empty"},
+      {WithDestination("\"\"", "    kafka: {brokers: k:9092, topic: o}\n"),
+       "a destination name must not be empty"},
       {WithDestination(too_long, "    kafka: {brokers: k:9092, topic: o}\n"),
        "destination name is 256 characters long; the limit is 255"},
       {WithDestination("o", "    kafka: {brokers: k:9092, topic: o}\n    batch_size: -1\n"),
@@ -676,17 +744,22 @@ TEST(InvalidValues, Kafka) {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {"      topic: o\n", "destinations.orders.kafka: missing required key `brokers`; list the bootstrap servers"},
+      {"      topic: o\n",
+       "destinations.orders.kafka: missing required key `brokers`; list the bootstrap servers"},
       {"      brokers: k:9092\n", "destinations.orders.kafka: missing required key `topic`"},
       {"      brokers: \"\"\n      topic: o\n", "destinations.orders.kafka.brokers: is empty"},
       {"      brokers: k1:9092,,k2:9092\n      topic: o\n", "brokers: has an empty entry"},
-      {"      brokers: [k1:9092, \"a b\"]\n      topic: o\n", "brokers: entry `a b` contains whitespace"},
+      {"      brokers: [k1:9092, \"a b\"]\n      topic: o\n",
+       "brokers: entry `a b` contains whitespace"},
       {"      brokers: []\n      topic: o\n", "brokers: lists no servers"},
-      {"      brokers: k:9092\n      topic: \"orders v1\"\n", "topic: `orders v1` is not a valid Kafka topic name"},
+      {"      brokers: k:9092\n      topic: \"orders v1\"\n",
+       "topic: `orders v1` is not a valid Kafka topic name"},
       {"      brokers: k:9092\n      topic: ..\n", "`.` and `..` are not valid Kafka topic names"},
-      {"      brokers: k:9092\n      topic: " + std::string(250, 't') + "\n", "Kafka topic names have at most 249"},
+      {"      brokers: k:9092\n      topic: " + std::string(250, 't') + "\n",
+       "Kafka topic names have at most 249"},
   };
-  for (const auto& c : cases) EXPECT_TRUE(Contains(ErrorOf(WithKafka(c.kafka_lines)), c.expected)) << c.kafka_lines;
+  for (const auto& c : cases)
+    EXPECT_TRUE(Contains(ErrorOf(WithKafka(c.kafka_lines)), c.expected)) << c.kafka_lines;
 }
 
 TEST(InvalidValues, RelayOwnedProducerPropertiesAreRefusedWithTheReason) {
@@ -706,8 +779,8 @@ TEST(InvalidValues, RelayOwnedProducerPropertiesAreRefusedWithTheReason) {
       {"acks_env: ACKS", "acks_env", "requires acks=all"},
   };
   for (const auto& c : cases) {
-    const std::string message =
-        ErrorOf(WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        " + c.line + "\n"));
+    const std::string message = ErrorOf(WithKafka(
+        "      brokers: k:9092\n      topic: o\n      producer:\n        " + c.line + "\n"));
     EXPECT_TRUE(Contains(message, "destinations.orders.kafka.producer." + c.key + ": `")) << c.line;
     EXPECT_TRUE(Contains(message, "cannot be set here")) << c.line;
     EXPECT_TRUE(Contains(message, c.reason)) << c.line;
@@ -717,22 +790,28 @@ TEST(InvalidValues, RelayOwnedProducerPropertiesAreRefusedWithTheReason) {
 TEST(InvalidValues, ProducerEnvAndFileReferences) {
   const std::string head = "      brokers: k:9092\n      topic: o\n      producer:\n";
   std::string message = ErrorOf(WithKafka(head + "        sasl.password_env: KAFKA_PASSWORD\n"));
-  EXPECT_TRUE(Contains(message, "cfg.yaml:8:9: destinations.orders.kafka.producer.sasl.password_env: environment "
-                                "variable KAFKA_PASSWORD is not set; export KAFKA_PASSWORD"));
+  EXPECT_TRUE(
+      Contains(message,
+               "cfg.yaml:8:9: destinations.orders.kafka.producer.sasl.password_env: environment "
+               "variable KAFKA_PASSWORD is not set; export KAFKA_PASSWORD"));
 
-  message = ErrorOf(WithKafka(head + "        sasl.password_env: KAFKA_PASSWORD\n"), MapEnv({{"KAFKA_PASSWORD", ""}}));
+  message = ErrorOf(WithKafka(head + "        sasl.password_env: KAFKA_PASSWORD\n"),
+                    MapEnv({{"KAFKA_PASSWORD", ""}}));
   EXPECT_TRUE(Contains(message, "environment variable KAFKA_PASSWORD is set but empty"));
 
   TempDir dir;
   const std::string missing = dir.Path("missing-password");
   message = ErrorOf(WithKafka(head + "        sasl.password_file: " + missing + "\n"));
-  EXPECT_TRUE(Contains(message, "producer.sasl.password_file: cannot read file " + missing + ": No such file or directory"));
+  EXPECT_TRUE(Contains(message, "producer.sasl.password_file: cannot read file " + missing +
+                                    ": No such file or directory"));
 
   message = ErrorOf(WithKafka(head + "        sasl.password_file: " + dir.Root() + "\n"));
   EXPECT_TRUE(Contains(message, "Is a directory"));
 
-  message = ErrorOf(WithKafka(head + "        sasl.password: a\n        sasl.password_env: P\n"), MapEnv({{"P", "b"}}));
-  EXPECT_TRUE(Contains(message, "sasl.password_env: sets `sasl.password` again (already set by `sasl.password`)"));
+  message = ErrorOf(WithKafka(head + "        sasl.password: a\n        sasl.password_env: P\n"),
+                    MapEnv({{"P", "b"}}));
+  EXPECT_TRUE(Contains(
+      message, "sasl.password_env: sets `sasl.password` again (already set by `sasl.password`)"));
 
   message = ErrorOf(WithKafka(head + "        _env: P\n"));
   EXPECT_TRUE(Contains(message, "producer._env: names no property"));
@@ -746,32 +825,49 @@ TEST(InvalidValues, Webhook) {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {WithDestination("hooks", "    webhook:\n" + s), "destinations.hooks.webhook: missing required key `url`"},
+      {WithDestination("hooks", "    webhook:\n" + s),
+       "destinations.hooks.webhook: missing required key `url`"},
       {WithDestination("hooks", "    webhook:\n      url: ftp://h/x\n" + s),
        "destinations.hooks.webhook.url: uses the scheme `ftp`; webhooks need http:// or https://"},
-      {WithDestination("hooks", "    webhook:\n      url: hooks.example/x\n" + s), "url: is not an absolute URL"},
+      {WithDestination("hooks", "    webhook:\n      url: hooks.example/x\n" + s),
+       "url: is not an absolute URL"},
       {WithDestination("hooks", "    webhook:\n      url: https:///x\n" + s), "url: has no host"},
-      {WithDestination("hooks", "    webhook:\n      url: https://h:99999/x\n" + s), "url: has an invalid port"},
-      {WithDestination("hooks", "    webhook:\n      url: \"https://h/a b\"\n" + s), "url: contains whitespace"},
-      {WithWebhook(""), "destinations.hooks.webhook: missing secret; set exactly one of `secret`, `secret_env`"},
-      {WithWebhook(s + "      secret_env: S\n"), "webhook.secret_env: set only one of `secret`, `secret_env` and `secret_file`"},
-      {WithWebhook(s + "      max_in_flight: 0\n"), "webhook.max_in_flight: 0 is out of range; set it between 1 and 1024"},
-      {WithWebhook(s + "      max_in_flight: 1025\n"), "webhook.max_in_flight: 1025 is out of range"},
+      {WithDestination("hooks", "    webhook:\n      url: https://h:99999/x\n" + s),
+       "url: has an invalid port"},
+      {WithDestination("hooks", "    webhook:\n      url: \"https://h/a b\"\n" + s),
+       "url: contains whitespace"},
+      {WithWebhook(""),
+       "destinations.hooks.webhook: missing secret; set exactly one of `secret`, `secret_env`"},
+      {WithWebhook(s + "      secret_env: S\n"),
+       "webhook.secret_env: set only one of `secret`, `secret_env` and `secret_file`"},
+      {WithWebhook(s + "      max_in_flight: 0\n"),
+       "webhook.max_in_flight: 0 is out of range; set it between 1 and 1024"},
+      {WithWebhook(s + "      max_in_flight: 1025\n"),
+       "webhook.max_in_flight: 1025 is out of range"},
       {WithWebhook(s + "      timeout_ms: 0\n"), "webhook.timeout_ms: 0 is out of range"},
-      {WithWebhook(s + "      connect_timeout_ms: 0\n"), "webhook.connect_timeout_ms: 0 is out of range"},
+      {WithWebhook(s + "      connect_timeout_ms: 0\n"),
+       "webhook.connect_timeout_ms: 0 is out of range"},
       {WithWebhook(s + "      ca_file: " + dir.Path("no-ca.pem") + "\n"),
-       "webhook.ca_file: cannot read " + dir.Path("no-ca.pem") + ": No such file or directory; point it at a readable PEM"},
+       "webhook.ca_file: cannot read " + dir.Path("no-ca.pem") +
+           ": No such file or directory; point it at a readable PEM"},
       {WithWebhook(s + "      headers:\n        webhook-signature: x\n"),
        "webhook.headers.webhook-signature: cannot be set here: the relay signs every delivery"},
-      {WithWebhook(s + "      headers:\n        Webhook-Custom: x\n"), "reserves the `webhook-` prefix"},
+      {WithWebhook(s + "      headers:\n        Webhook-Custom: x\n"),
+       "reserves the `webhook-` prefix"},
       {WithWebhook(s + "      headers:\n        Idempotency-Key: x\n"),
        "headers.Idempotency-Key: cannot be set here: the relay sets it"},
-      {WithWebhook(s + "      headers:\n        Connection: close\n"), "headers.Connection: cannot be set here"},
-      {WithWebhook(s + "      headers:\n        X-A: \"a\\u0001b\"\n"), "headers.X-A: has a line break or another control"},
-      {WithWebhook(s + "      headers:\n        Content-Type: text/plain\n"), "headers.Content-Type: cannot be set here"},
-      {WithWebhook(s + "      headers:\n        \"X Bad\": x\n"), "headers.X Bad: is not a valid HTTP header name"},
-      {WithWebhook(s + "      headers:\n        X-A: \"a\\r\\nX-Injected: 1\"\n"), "headers.X-A: has a line break"},
-      {WithWebhook(s + "      headers:\n        X-A: a\n        x-a: b\n"), "headers.x-a: repeats header `X-A`"},
+      {WithWebhook(s + "      headers:\n        Connection: close\n"),
+       "headers.Connection: cannot be set here"},
+      {WithWebhook(s + "      headers:\n        X-A: \"a\\u0001b\"\n"),
+       "headers.X-A: has a line break or another control"},
+      {WithWebhook(s + "      headers:\n        Content-Type: text/plain\n"),
+       "headers.Content-Type: cannot be set here"},
+      {WithWebhook(s + "      headers:\n        \"X Bad\": x\n"),
+       "headers.X Bad: is not a valid HTTP header name"},
+      {WithWebhook(s + "      headers:\n        X-A: \"a\\r\\nX-Injected: 1\"\n"),
+       "headers.X-A: has a line break"},
+      {WithWebhook(s + "      headers:\n        X-A: a\n        x-a: b\n"),
+       "headers.x-a: repeats header `X-A`"},
       {WithWebhook(s + "      headers:\n        X-A:\n"), "headers.X-A: has no value"},
   };
   for (const auto& c : cases) EXPECT_TRUE(Contains(ErrorOf(c.yaml), c.expected)) << c.yaml;
@@ -781,10 +877,10 @@ TEST(InvalidValues, Webhook) {
 // Webhook secrets
 
 TEST(WebhookSecrets, SeveralInOneValuePlusPreviousSecretsInOrderWithoutDuplicates) {
-  const RelayConfig config =
-      ParseConfig(WithWebhook("      secret_env: HOOK_SECRETS\n      previous_secrets:\n        - " + kSecretC + "\n        - " +
-                              kSecretA + "\n"),
-                  "cfg.yaml", MapEnv({{"HOOK_SECRETS", "  " + kSecretA + "   " + kSecretB + "\n"}}));
+  const RelayConfig config = ParseConfig(
+      WithWebhook("      secret_env: HOOK_SECRETS\n      previous_secrets:\n        - " + kSecretC +
+                  "\n        - " + kSecretA + "\n"),
+      "cfg.yaml", MapEnv({{"HOOK_SECRETS", "  " + kSecretA + "   " + kSecretB + "\n"}}));
   EXPECT_EQ(std::get<WebhookTarget>(config.destinations.at("hooks").target).secrets,
             (std::vector<std::string>{kSecretA, kSecretB, kSecretC}));
 }
@@ -792,8 +888,10 @@ TEST(WebhookSecrets, SeveralInOneValuePlusPreviousSecretsInOrderWithoutDuplicate
 TEST(WebhookSecrets, FromFile) {
   TempDir dir;
   const std::string file = dir.Write("hook-secret", kSecretB + "\n");
-  const RelayConfig config = ParseConfig(WithWebhook("      secret_file: " + file + "\n"), "cfg.yaml", kNoEnv);
-  EXPECT_EQ(std::get<WebhookTarget>(config.destinations.at("hooks").target).secrets, std::vector<std::string>{kSecretB});
+  const RelayConfig config =
+      ParseConfig(WithWebhook("      secret_file: " + file + "\n"), "cfg.yaml", kNoEnv);
+  EXPECT_EQ(std::get<WebhookTarget>(config.destinations.at("hooks").target).secrets,
+            std::vector<std::string>{kSecretB});
 
   const std::string empty = dir.Write("empty-secret", "\n");
   EXPECT_TRUE(Contains(ErrorOf(WithWebhook("      secret_file: " + empty + "\n")),
@@ -802,7 +900,9 @@ TEST(WebhookSecrets, FromFile) {
 
 TEST(WebhookSecrets, UnsetVariableIsNamed) {
   const std::string message = ErrorOf(WithWebhook("      secret_env: BILLING_WEBHOOK_SECRET\n"));
-  EXPECT_TRUE(Contains(message, "destinations.hooks.webhook.secret_env: environment variable BILLING_WEBHOOK_SECRET is not set"));
+  EXPECT_TRUE(Contains(message,
+                       "destinations.hooks.webhook.secret_env: environment variable "
+                       "BILLING_WEBHOOK_SECRET is not set"));
 }
 
 TEST(WebhookSecrets, InvalidSecretsAreNamedButNeverShown) {
@@ -814,20 +914,23 @@ TEST(WebhookSecrets, InvalidSecretsAreNamedButNeverShown) {
       {"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "does not start with `whsec_`"},
       {"whsec_", "has nothing after `whsec_`"},
       {"whsec_not*base64*at*all", "is not valid base64"},
-      {"whsec_abcde", "is not valid base64"},           // 5 characters cannot be base64
-      {"whsec_YWJj=", "is not valid base64"},           // bad padding
+      {"whsec_abcde", "is not valid base64"},  // 5 characters cannot be base64
+      {"whsec_YWJj=", "is not valid base64"},  // bad padding
       {"whsec_=", "is not valid base64"},
   };
   for (const auto& c : cases) {
     const std::string inline_message = ErrorOf(WithWebhook("      secret: \"" + c.secret + "\"\n"));
-    EXPECT_TRUE(Contains(inline_message, "destinations.hooks.webhook.secret: the secret (written in the config) " + c.expected))
+    EXPECT_TRUE(Contains(
+        inline_message,
+        "destinations.hooks.webhook.secret: the secret (written in the config) " + c.expected))
         << c.secret;
     EXPECT_TRUE(Contains(inline_message, "openssl rand -base64 32"));
 
-    const std::string env_message =
-        ErrorOf(WithWebhook("      secret_env: HOOK_SECRET\n"), MapEnv({{"HOOK_SECRET", kSecretA + " " + c.secret}}));
-    EXPECT_TRUE(Contains(env_message, "webhook.secret_env: secret 2 of 2 (from environment variable HOOK_SECRET) " +
-                                          c.expected))
+    const std::string env_message = ErrorOf(WithWebhook("      secret_env: HOOK_SECRET\n"),
+                                            MapEnv({{"HOOK_SECRET", kSecretA + " " + c.secret}}));
+    EXPECT_TRUE(Contains(
+        env_message,
+        "webhook.secret_env: secret 2 of 2 (from environment variable HOOK_SECRET) " + c.expected))
         << c.secret;
 
     if (c.secret.size() > std::string("whsec_").size() + 1) {
@@ -840,9 +943,12 @@ TEST(WebhookSecrets, InvalidSecretsAreNamedButNeverShown) {
 }
 
 TEST(WebhookSecrets, PreviousSecretsAreValidatedByPosition) {
-  const std::string message = ErrorOf(WithWebhook("      secret: " + kSecretA + "\n      previous_secrets: [" + kSecretB +
-                                                  ", whsec_bad!secret]\n"));
-  EXPECT_TRUE(Contains(message, "destinations.hooks.webhook.previous_secrets[1]: the secret (in previous_secrets) is not valid base64"));
+  const std::string message =
+      ErrorOf(WithWebhook("      secret: " + kSecretA + "\n      previous_secrets: [" + kSecretB +
+                          ", whsec_bad!secret]\n"));
+  EXPECT_TRUE(Contains(message,
+                       "destinations.hooks.webhook.previous_secrets[1]: the secret (in "
+                       "previous_secrets) is not valid base64"));
   EXPECT_TRUE(Lacks(message, "bad!secret"));
 }
 
@@ -855,25 +961,36 @@ TEST(WebhookSecrets, NoErrorEverEchoesSecretMaterial) {
       WithWebhook("      secret: " + kSecretA + "\n      secret_env: HOOK_SECRET\n"),
       WithWebhook("      secret: [" + kSecretA + "]\n"),
       WithWebhook("      secret: {" + kSecretA + ": 1}\n"),
-      WithWebhook("      secret_env: " + kSecretA + "\n"),                   // the secret pasted into *_env
+      WithWebhook("      secret_env: " + kSecretA + "\n"),  // the secret pasted into *_env
       WithWebhook("      secret_env: \"" + password + " x\"\n"),
       WithWebhook("      secret: " + kSecretA + "\n      max_in_flight: -3\n"),
-      WithWebhook("      secret: " + kSecretA + "\n      headers: {Authorization: \"Bearer " + password + "\", Host: h}\n"),
-      WithWebhook("      secret: " + kSecretA + "\n      headers: {X-Token: \"" + password + "\\n\"}\n"),
+      WithWebhook("      secret: " + kSecretA + "\n      headers: {Authorization: \"Bearer " +
+                  password + "\", Host: h}\n"),
+      WithWebhook("      secret: " + kSecretA + "\n      headers: {X-Token: \"" + password +
+                  "\\n\"}\n"),
       WithWebhook("      secret: " + kSecretA + "\n      previous_secrets: [" + password + "]\n"),
       WithWebhook("      secret: \"" + password + "\"\n"),
       WithWebhook("      secret: \"" + kSecretA + " " + password + "\"\n"),
-      WithDestination("hooks", "    webhook:\n      url: \"https://user:" + password + "@h:0/x\"\n      secret: x\n"),
-      WithDestination("hooks", "    webhook:\n      url: \"" + password + "://h/x\"\n      secret: x\n"),
-      WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        sasl.password: " + password +
-                "\n        sasl.password_env: KAFKA_PASSWORD\n"),
-      WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        acks_env: KAFKA_PASSWORD\n"),
-      WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        sasl.password: [" + password + "]\n"),
-      WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        sasl.password_env: \"" + password + "\"\n"),
-      "database_url: \"postgresql://relay:" + password + "@db/app\"\nbatch_size: 0\n"
-      "destinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n",
-      "database_url: \"mysql://relay:" + password + "@db/app\"\ndestinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n",
-      "database_url: \"" + password + "\"\ndatabase_url_env: X\ndestinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n",
+      WithDestination("hooks", "    webhook:\n      url: \"https://user:" + password +
+                                   "@h:0/x\"\n      secret: x\n"),
+      WithDestination("hooks",
+                      "    webhook:\n      url: \"" + password + "://h/x\"\n      secret: x\n"),
+      WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        sasl.password: " +
+                password + "\n        sasl.password_env: KAFKA_PASSWORD\n"),
+      WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        acks_env: "
+                "KAFKA_PASSWORD\n"),
+      WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n        sasl.password: [" +
+                password + "]\n"),
+      WithKafka(
+          "      brokers: k:9092\n      topic: o\n      producer:\n        sasl.password_env: \"" +
+          password + "\"\n"),
+      "database_url: \"postgresql://relay:" + password +
+          "@db/app\"\nbatch_size: 0\n"
+          "destinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n",
+      "database_url: \"mysql://relay:" + password +
+          "@db/app\"\ndestinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n",
+      "database_url: \"" + password +
+          "\"\ndatabase_url_env: X\ndestinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n",
   };
   for (const auto& yaml : yamls) {
     const std::string message = ErrorOf(yaml, env);
@@ -919,9 +1036,11 @@ TEST(Yaml, BadIndentationIsASyntaxError) {
 }
 
 TEST(Yaml, EmptyAndNonMappingDocuments) {
-  EXPECT_TRUE(Contains(ErrorOf(""), "cfg.yaml: the config is empty; it needs at least `database_url`"));
+  EXPECT_TRUE(
+      Contains(ErrorOf(""), "cfg.yaml: the config is empty; it needs at least `database_url`"));
   EXPECT_TRUE(Contains(ErrorOf("# nothing but a comment\n"), "the config is empty"));
-  EXPECT_TRUE(Contains(ErrorOf("- a\n- b\n"), "the config must be a mapping of `key: value` lines"));
+  EXPECT_TRUE(
+      Contains(ErrorOf("- a\n- b\n"), "the config must be a mapping of `key: value` lines"));
   EXPECT_TRUE(Contains(ErrorOf("just text\n"), "the config must be a mapping"));
 }
 
@@ -931,7 +1050,8 @@ TEST(Yaml, SeveralDocumentsAreRefused) {
 
 TEST(Yaml, DuplicateKeysAreRefused) {
   const std::string message = ErrorOf(Minimal("batch_size: 1\nbatch_size: 2\n"));
-  EXPECT_TRUE(Contains(message, "cfg.yaml:8:1: batch_size: duplicate key (first set at cfg.yaml:7:1)"));
+  EXPECT_TRUE(
+      Contains(message, "cfg.yaml:8:1: batch_size: duplicate key (first set at cfg.yaml:7:1)"));
 
   EXPECT_TRUE(Contains(ErrorOf(kDb + "destinations:\n  o: {kafka: {brokers: k:9092, topic: o}}\n"
                                      "  o: {kafka: {brokers: k:9092, topic: p}}\n"),
@@ -989,7 +1109,8 @@ TEST(LoadConfigFile, UnreadableFileNamesPathAndErrno) {
     LoadConfigFile(missing, kNoEnv);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
-    EXPECT_TRUE(Contains(e.what(), missing + ": cannot read the config file: No such file or directory"));
+    EXPECT_TRUE(
+        Contains(e.what(), missing + ": cannot read the config file: No such file or directory"));
   }
   try {
     LoadConfigFile(dir.Root(), kNoEnv);
@@ -1002,12 +1123,15 @@ TEST(LoadConfigFile, UnreadableFileNamesPathAndErrno) {
 // ---------------------------------------------------------------------------------------------
 // deploy/config/relay.example.yaml
 
-const std::string kExamplePath = std::string(OUTBOX_SOURCE_DIR) + "/deploy/config/relay.example.yaml";
+const std::string kExamplePath =
+    std::string(OUTBOX_SOURCE_DIR) + "/deploy/config/relay.example.yaml";
 
 TEST(ExampleConfig, LoadsWithTheVariablesItNames) {
-  const RelayConfig config = LoadConfigFile(
-      kExamplePath, MapEnv({{"KAFKA_PASSWORD", "kafka-secret"}, {"BILLING_WEBHOOK_SECRET", kSecretA + " " + kSecretB}}));
-  EXPECT_EQ(config.database_url, "postgresql://outbox_relay@db.internal:5432/app?sslmode=verify-full");
+  const RelayConfig config =
+      LoadConfigFile(kExamplePath, MapEnv({{"KAFKA_PASSWORD", "kafka-secret"},
+                                           {"BILLING_WEBHOOK_SECRET", kSecretA + " " + kSecretB}}));
+  EXPECT_EQ(config.database_url,
+            "postgresql://outbox_relay@db.internal:5432/app?sslmode=verify-full");
   EXPECT_EQ(config.admin_listen, "0.0.0.0:9090");
   EXPECT_EQ(config.log_format, LogFormat::kJson);
   ASSERT_EQ(config.destinations.size(), 2u);
@@ -1038,22 +1162,57 @@ TEST(ExampleConfig, NamesTheMissingVariable) {
         return std::string(std::istreambuf_iterator<char>(in), {});
       }(),
       MapEnv({{"KAFKA_PASSWORD", "kafka-secret"}}), kExamplePath);
-  EXPECT_TRUE(Contains(message, "destinations.billing-hooks.webhook.secret_env: environment variable "
-                                "BILLING_WEBHOOK_SECRET is not set"));
+  EXPECT_TRUE(Contains(message,
+                       "destinations.billing-hooks.webhook.secret_env: environment variable "
+                       "BILLING_WEBHOOK_SECRET is not set"));
 }
 
 TEST(ExampleConfig, DocumentsEveryKey) {
   std::ifstream in(kExamplePath);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   ASSERT_FALSE(text.empty());
-  for (const char* key :
-       {"database_url:", "database_url_env:", "database_url_file:", "batch_size:", "lease_ms:", "poll_interval_ms:",
-        "reap_interval_ms:", "full_sweep_interval_ms:", "shutdown_timeout_ms:", "admin_listen:", "log:", "level:",
-        "format:", "defaults:", "retry:", "max_attempts:", "initial_backoff_ms:", "max_backoff_ms:", "destinations:",
-        "kafka:", "brokers:", "topic:", "producer:", "webhook:", "url:", "secret:", "secret_env:", "secret_file:",
-        "previous_secrets:", "timeout_ms:", "connect_timeout_ms:", "max_in_flight:", "ca_file:", "verify_tls:",
-        "headers:", "OUTBOX_DATABASE_URL", "OUTBOX_BATCH_SIZE", "OUTBOX_LEASE_MS", "OUTBOX_POLL_INTERVAL_MS",
-        "OUTBOX_ADMIN_LISTEN", "OUTBOX_LOG_LEVEL", "OUTBOX_LOG_FORMAT"}) {
+  for (const char* key : {"database_url:",
+                          "database_url_env:",
+                          "database_url_file:",
+                          "batch_size:",
+                          "lease_ms:",
+                          "poll_interval_ms:",
+                          "reap_interval_ms:",
+                          "full_sweep_interval_ms:",
+                          "shutdown_timeout_ms:",
+                          "admin_listen:",
+                          "log:",
+                          "level:",
+                          "format:",
+                          "defaults:",
+                          "retry:",
+                          "max_attempts:",
+                          "initial_backoff_ms:",
+                          "max_backoff_ms:",
+                          "destinations:",
+                          "kafka:",
+                          "brokers:",
+                          "topic:",
+                          "producer:",
+                          "webhook:",
+                          "url:",
+                          "secret:",
+                          "secret_env:",
+                          "secret_file:",
+                          "previous_secrets:",
+                          "timeout_ms:",
+                          "connect_timeout_ms:",
+                          "max_in_flight:",
+                          "ca_file:",
+                          "verify_tls:",
+                          "headers:",
+                          "OUTBOX_DATABASE_URL",
+                          "OUTBOX_BATCH_SIZE",
+                          "OUTBOX_LEASE_MS",
+                          "OUTBOX_POLL_INTERVAL_MS",
+                          "OUTBOX_ADMIN_LISTEN",
+                          "OUTBOX_LOG_LEVEL",
+                          "OUTBOX_LOG_FORMAT"}) {
     EXPECT_TRUE(Contains(text, key));
   }
 }
@@ -1071,17 +1230,20 @@ namespace {
 
 TEST(ParseConfig, ClaimModeAndPartitionTimings) {
   EXPECT_EQ(ParseConfig(Minimal(), "cfg.yaml", kNoEnv).claim_mode, ClaimMode::kSkipLocked);
-  const auto cfg = ParseConfig(Minimal("claim_mode: partitioned\npartition_heartbeat_ms: 200\npartition_lease_ms: 900\n"),
-                               "cfg.yaml", kNoEnv);
+  const auto cfg = ParseConfig(
+      Minimal("claim_mode: partitioned\npartition_heartbeat_ms: 200\npartition_lease_ms: 900\n"),
+      "cfg.yaml", kNoEnv);
   EXPECT_EQ(cfg.claim_mode, ClaimMode::kPartitioned);
   EXPECT_EQ(cfg.partition_heartbeat, 200ms);
   EXPECT_EQ(cfg.partition_lease, 900ms);
-  EXPECT_EQ(ParseConfig(Minimal(), "cfg.yaml", MapEnv({{"OUTBOX_CLAIM_MODE", "partitioned"}})).claim_mode,
-            ClaimMode::kPartitioned);
+  EXPECT_EQ(
+      ParseConfig(Minimal(), "cfg.yaml", MapEnv({{"OUTBOX_CLAIM_MODE", "partitioned"}})).claim_mode,
+      ClaimMode::kPartitioned);
   const auto bad_mode = ErrorOf(Minimal("claim_mode: sharded\n"));
   EXPECT_TRUE(Contains(bad_mode, "claim_mode"));
   EXPECT_TRUE(Contains(bad_mode, "use `skip_locked`"));
-  const auto short_lease = ErrorOf(Minimal("partition_heartbeat_ms: 1000\npartition_lease_ms: 2000\n"));
+  const auto short_lease =
+      ErrorOf(Minimal("partition_heartbeat_ms: 1000\npartition_lease_ms: 2000\n"));
   EXPECT_TRUE(Contains(short_lease, "partition_lease_ms"));
   EXPECT_TRUE(Contains(short_lease, "at least 3 x partition_heartbeat_ms (3000)"));
 }
@@ -1097,16 +1259,19 @@ TEST(ParseConfig, RetentionSection) {
   EXPECT_FALSE(defaults.archive_delivered);
   EXPECT_EQ(defaults.archive_retention, std::chrono::hours(168));
   EXPECT_EQ(defaults.dead_letter_retention, std::chrono::hours(0));
-  const auto r = ParseConfig(Minimal("retention:\n  archive_delivered: true\n  archive_retention_hours: 24\n"
-                                     "  dead_letter_retention_hours: 720\n  cleanup_interval_ms: 5000\n"),
-                             "cfg.yaml", kNoEnv)
-                     .retention;
+  const auto r =
+      ParseConfig(Minimal("retention:\n  archive_delivered: true\n  archive_retention_hours: 24\n"
+                          "  dead_letter_retention_hours: 720\n  cleanup_interval_ms: 5000\n"),
+                  "cfg.yaml", kNoEnv)
+          .retention;
   EXPECT_TRUE(r.archive_delivered);
   EXPECT_EQ(r.archive_retention, std::chrono::hours(24));
   EXPECT_EQ(r.dead_letter_retention, std::chrono::hours(720));
   EXPECT_EQ(r.cleanup_interval, 5000ms);
-  EXPECT_TRUE(Contains(ErrorOf(Minimal("retention:\n  archive_days: 3\n")), "retention.archive_days"));
-  EXPECT_TRUE(Contains(ErrorOf(Minimal("retention:\n  archive_retention_hours: 0\n")), "retention.archive_retention_hours"));
+  EXPECT_TRUE(
+      Contains(ErrorOf(Minimal("retention:\n  archive_days: 3\n")), "retention.archive_days"));
+  EXPECT_TRUE(Contains(ErrorOf(Minimal("retention:\n  archive_retention_hours: 0\n")),
+                       "retention.archive_retention_hours"));
 }
 
 }  // namespace

@@ -58,7 +58,8 @@ TEST(Decide, MapsOutcomesToSettlements) {
 
   s = Decide(id, 4, Out(OutcomeKind::kRetry, "timeout"), p, "tok", 0.5, false);
   EXPECT_EQ(s.kind, Settlement::Kind::kDead) << "the fifth failure is the last allowed attempt";
-  EXPECT_NE(s.error.find("gave up after 5 attempts; last error: timeout"), std::string::npos) << s.error;
+  EXPECT_NE(s.error.find("gave up after 5 attempts; last error: timeout"), std::string::npos)
+      << s.error;
 
   s = Decide(id, 4, Out(OutcomeKind::kRetry, "shutdown"), p, "tok", 0.5, true);
   EXPECT_EQ(s.kind, Settlement::Kind::kRelease) << "shutting down hands back without counting";

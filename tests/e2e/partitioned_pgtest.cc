@@ -1,10 +1,10 @@
 // Several relays in partitioned mode, in one process (each Dispatcher is its own relay
 // instance with its own id), on a real PostgreSQL and librdkafka's mock cluster.
 #include <gtest/gtest.h>
-#include <pqxx/pqxx>
 
 #include <atomic>
 #include <map>
+#include <pqxx/pqxx>
 #include <set>
 #include <thread>
 
@@ -54,7 +54,9 @@ class PartitionedTest : public testing::PgTest {
 
   std::unique_ptr<Dispatcher> StartRelay(const RelayConfig& cfg) {
     std::map<std::string, SinkPtr> sinks;
-    sinks.emplace("orders", MakeKafkaSink("orders", std::get<KafkaTarget>(cfg.destinations.at("orders").target)));
+    sinks.emplace(
+        "orders",
+        MakeKafkaSink("orders", std::get<KafkaTarget>(cfg.destinations.at("orders").target)));
     auto relay = std::make_unique<Dispatcher>(cfg, std::move(sinks));
     relay->Start();
     return relay;
@@ -91,7 +93,8 @@ class PartitionedTest : public testing::PgTest {
         "SELECT (SELECT count(*) FROM outbox.relay_instances), "
         "(SELECT count(*) FROM outbox.bucket_owners WHERE owner IS NULL OR owner NOT IN "
         "  (SELECT instance_id FROM outbox.relay_instances)), "
-        "(SELECT coalesce(max(n) - min(n), 0) FROM (SELECT count(*) n FROM outbox.bucket_owners GROUP BY owner) s), "
+        "(SELECT coalesce(max(n) - min(n), 0) FROM (SELECT count(*) n FROM outbox.bucket_owners "
+        "GROUP BY owner) s), "
         "(SELECT count(DISTINCT owner) FROM outbox.bucket_owners)");
     return r[0].as<std::size_t>() == relays && r[1].as<int>() == 0 && r[2].as<int>() <= 1 &&
            r[3].as<std::size_t>() == relays;
@@ -115,7 +118,8 @@ TEST_F(PartitionedTest, OneThenFourThenTwoRelaysWhileMessagesFlow) {
   ASSERT_TRUE(WaitFor([&] { return relays[0]->stats().delivered.load() > 500; }, 30s));
   for (int i = 0; i < 3; ++i) relays.push_back(StartRelay(Config(ClaimMode::kPartitioned)));
   ASSERT_TRUE(WaitFor([&] { return Settled(4); }, 20s)) << "four relays, 16 buckets each";
-  ASSERT_TRUE(WaitFor([&] { return relays[3]->stats().delivered.load() > 100; }, 30s)) << "the newcomer works";
+  ASSERT_TRUE(WaitFor([&] { return relays[3]->stats().delivered.load() > 100; }, 30s))
+      << "the newcomer works";
   relays[0]->Stop();
   relays[1]->Stop();
   ASSERT_TRUE(WaitFor([&] { return Settled(2); }, 20s)) << "stopped relays hand their buckets back";

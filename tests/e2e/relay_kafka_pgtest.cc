@@ -1,9 +1,9 @@
 // The relay end to end, in process: real PostgreSQL, the dispatcher, the Kafka sink and
 // librdkafka's mock cluster, with an independent consumer checking what arrived.
 #include <gtest/gtest.h>
-#include <pqxx/pqxx>
 
 #include <map>
+#include <pqxx/pqxx>
 #include <set>
 
 #include "outbox/outbox.h"
@@ -54,7 +54,8 @@ class RelayKafkaTest : public testing::PgTest {
 
   std::unique_ptr<Dispatcher> StartRelay(const RelayConfig& cfg) {
     std::map<std::string, SinkPtr> sinks;
-    for (const auto& [name, d] : cfg.destinations) sinks.emplace(name, MakeKafkaSink(name, std::get<KafkaTarget>(d.target)));
+    for (const auto& [name, d] : cfg.destinations)
+      sinks.emplace(name, MakeKafkaSink(name, std::get<KafkaTarget>(d.target)));
     auto relay = std::make_unique<Dispatcher>(cfg, std::move(sinks));
     relay->Start();
     return relay;
@@ -67,7 +68,8 @@ class RelayKafkaTest : public testing::PgTest {
     std::vector<outbox::OutboxMessage> batch;
     for (int i = 0; i < n; ++i) {
       auto b = outbox::Message::To(dest);
-      std::string body = "{\"n\": " + std::to_string(i) + ", \"pad\": \"" + std::string(payload_size, 'x') + "\"}";
+      std::string body =
+          "{\"n\": " + std::to_string(i) + ", \"pad\": \"" + std::string(payload_size, 'x') + "\"}";
       b.Json(body).EventType("order.event").Header("tenant", "acme");
       if (keys > 0 && i % 4 != 3) b.Key("key-" + std::to_string(i % keys));  // every 4th has no key
       batch.push_back(b.Build());
@@ -116,7 +118,8 @@ TEST_F(RelayKafkaTest, EveryMessageArrivesWithKeyHeadersAndIdempotencyKeyInOrder
   auto ids = Enqueue(400);
   const auto keys = IdempotencyKeys();
   auto relay = StartRelay(Config());
-  ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 60s)) << Scalar("SELECT count(*) FROM outbox.messages");
+  ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 60s))
+      << Scalar("SELECT count(*) FROM outbox.messages");
   auto records = kafka_->ConsumeAll("orders", ids.size(), 30s);
   ASSERT_GE(records.size(), ids.size());
   std::set<std::int64_t> seen;
@@ -159,9 +162,10 @@ TEST_F(RelayKafkaTest, NewMessagesLeaveWithinMillisecondsThroughNotify) {
 
 TEST_F(RelayKafkaTest, RetriableBrokerErrorsAreRetriedThenSucceed) {
   auto ids = Enqueue(50);
-  kafka_->PushRequestErrors(RD_KAFKAP_Produce,
-                            {RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION, RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
-                             RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS, RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE});
+  kafka_->PushRequestErrors(
+      RD_KAFKAP_Produce,
+      {RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION, RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+       RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS, RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE});
   auto relay = StartRelay(Config());
   ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 60s));
   auto records = kafka_->ConsumeAll("orders", ids.size(), 30s);
@@ -178,9 +182,11 @@ TEST_F(RelayKafkaTest, BrokersDownForAWhileLoseNothingAndKeysStayStable) {
   kafka_->SetAllBrokersDown(true);
   auto relay = StartRelay(Config({{"message.timeout.ms", "700"}}));
   // Deliveries time out and go back to the queue as retries.
-  ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages WHERE attempts > 0") > 0; }, 30s));
+  ASSERT_TRUE(WaitFor(
+      [&] { return Scalar("SELECT count(*) FROM outbox.messages WHERE attempts > 0") > 0; }, 30s));
   kafka_->SetAllBrokersDown(false);
-  ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 90s)) << Scalar("SELECT count(*) FROM outbox.messages");
+  ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 90s))
+      << Scalar("SELECT count(*) FROM outbox.messages");
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
   auto records = kafka_->ConsumeAll("orders", ids.size(), 30s);
   std::set<std::int64_t> seen;
@@ -200,7 +206,9 @@ TEST_F(RelayKafkaTest, PermanentErrorsDeadLetterAtOnceWithTheReason) {
   auto relay = StartRelay(Config({{"message.max.bytes", "2000"}}));
   ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 30s));
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 3);
-  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE attempts = 1 AND reason ILIKE '%too large%'"), 3);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE attempts = 1 AND reason ILIKE "
+                   "'%too large%'"),
+            3);
   EXPECT_EQ(relay->stats().delivered.load(), 2);
 }
 
@@ -212,7 +220,9 @@ TEST_F(RelayKafkaTest, ExhaustedAttemptsDeadLetterAndReplayDeliversWithTheSameKe
   cfg.destinations.at("orders").retry.max_attempts = 2;
   auto relay = StartRelay(cfg);
   ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 60s));
-  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE attempts = 2 AND reason LIKE 'gave up after 2 attempts%'"), 4);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE attempts = 2 AND reason LIKE "
+                   "'gave up after 2 attempts%'"),
+            4);
   kafka_->SetAllBrokersDown(false);
   pqxx::connection c(db_url_);
   EXPECT_EQ(ReplayDeadLetters(c, {}, "orders").size(), 4u);
@@ -221,7 +231,8 @@ TEST_F(RelayKafkaTest, ExhaustedAttemptsDeadLetterAndReplayDeliversWithTheSameKe
   auto records = kafka_->ConsumeAll("orders", 4, 30s);
   std::set<std::string> delivered_keys;
   for (const auto& r : records) delivered_keys.insert(r.headers.at("idempotency-key"));
-  for (const auto& [id, key] : keys) EXPECT_EQ(delivered_keys.count(key), 1u) << "replayed with its idempotency key";
+  for (const auto& [id, key] : keys)
+    EXPECT_EQ(delivered_keys.count(key), 1u) << "replayed with its idempotency key";
 }
 
 TEST_F(RelayKafkaTest, UnknownDestinationIsDeadLetteredNotRetriedForever) {
@@ -239,7 +250,8 @@ TEST_F(RelayKafkaTest, GracefulShutdownLeavesNothingLeasedAndLosesNothing) {
   ASSERT_TRUE(WaitFor([&] { return relay->stats().delivered.load() > 0; }, 30s));
   EXPECT_TRUE(relay->Stop());
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE lease_owner IS NOT NULL"), 0);
-  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE attempts > 0"), 0) << "a shutdown is not a failed attempt";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE attempts > 0"), 0)
+      << "a shutdown is not a failed attempt";
   relay = StartRelay(Config());
   ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 120s));
   auto records = kafka_->ConsumeAll("orders", ids.size(), 30s);
@@ -255,7 +267,8 @@ TEST_F(RelayKafkaTest, PostgresRestartedMidRunLosesNothing) {
   ASSERT_TRUE(WaitFor([&] { return relay->stats().delivered.load() > 0; }, 30s));
   testing::PgCluster::Instance().Restart();
   auto more = Enqueue(500, "orders", 20);
-  ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 120s)) << Scalar("SELECT count(*) FROM outbox.messages");
+  ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 120s))
+      << Scalar("SELECT count(*) FROM outbox.messages");
   auto records = kafka_->ConsumeAll("orders", ids.size() + more.size(), 30s);
   std::set<std::int64_t> seen;
   for (const auto& r : records) seen.insert(std::stoll(r.headers.at("outbox-id")));

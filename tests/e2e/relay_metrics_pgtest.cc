@@ -2,9 +2,9 @@
 // away and comes back, through the real admin HTTP server.
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <pqxx/pqxx>
 
 #include <atomic>
+#include <pqxx/pqxx>
 #include <regex>
 
 #include "outbox/outbox.h"
@@ -77,8 +77,10 @@ TEST_F(RelayMetricsTest, MetricsReportExactCountsAfterAKnownWorkload) {
     pqxx::connection c(db_url_);
     pqxx::work tx(c);
     std::vector<outbox::OutboxMessage> batch;
-    for (int i = 0; i < 10; ++i) batch.push_back(outbox::Message::To("hooks").Json(R"({"kind": "ok"})").Build());
-    for (int i = 0; i < 3; ++i) batch.push_back(outbox::Message::To("hooks").Json(R"({"kind": "bad"})").Build());
+    for (int i = 0; i < 10; ++i)
+      batch.push_back(outbox::Message::To("hooks").Json(R"({"kind": "ok"})").Build());
+    for (int i = 0; i < 3; ++i)
+      batch.push_back(outbox::Message::To("hooks").Json(R"({"kind": "bad"})").Build());
     batch.push_back(outbox::Message::To("hooks").Json(R"({"kind": "flaky"})").Build());
     outbox::PublishMany(tx, batch);
     tx.commit();
@@ -86,9 +88,12 @@ TEST_F(RelayMetricsTest, MetricsReportExactCountsAfterAKnownWorkload) {
   RelayMetrics metrics("test");
   std::map<std::string, SinkPtr> sinks;
   const auto cfg = Config(hook);
-  sinks.emplace("hooks", MakeWebhookSink("hooks", std::get<WebhookTarget>(cfg.destinations.at("hooks").target)));
+  sinks.emplace(
+      "hooks",
+      MakeWebhookSink("hooks", std::get<WebhookTarget>(cfg.destinations.at("hooks").target)));
   Dispatcher relay(cfg, std::move(sinks), &metrics, 100ms);
-  AdminServer admin("127.0.0.1:0", metrics, [&] { return relay.Ready(); }, [] { return std::string("detail"); });
+  AdminServer admin(
+      "127.0.0.1:0", metrics, [&] { return relay.Ready(); }, [] { return std::string("detail"); });
   admin.Start();
   relay.Start();
   ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s));
@@ -106,9 +111,11 @@ TEST_F(RelayMetricsTest, MetricsReportExactCountsAfterAKnownWorkload) {
       10s))
       << text;
   EXPECT_EQ(Sample(text, "outbox_delivered_total{destination=\"hooks\"}"), 11);
-  EXPECT_EQ(Sample(text, "outbox_dead_lettered_total{destination=\"hooks\",reason=\"http_4xx\"}"), 3);
+  EXPECT_EQ(Sample(text, "outbox_dead_lettered_total{destination=\"hooks\",reason=\"http_4xx\"}"),
+            3);
   EXPECT_EQ(Sample(text, "outbox_retried_total{destination=\"hooks\",reason=\"http_5xx\"}"), 4);
-  EXPECT_EQ(Sample(text, "outbox_webhook_responses_total{destination=\"hooks\",class=\"2xx\"}"), 11);
+  EXPECT_EQ(Sample(text, "outbox_webhook_responses_total{destination=\"hooks\",class=\"2xx\"}"),
+            11);
   EXPECT_EQ(Sample(text, "outbox_webhook_responses_total{destination=\"hooks\",class=\"4xx\"}"), 3);
   EXPECT_EQ(Sample(text, "outbox_webhook_responses_total{destination=\"hooks\",class=\"5xx\"}"), 4);
   EXPECT_EQ(Sample(text, "outbox_enqueue_to_delivery_seconds_count{destination=\"hooks\"}"), 11);
@@ -124,9 +131,12 @@ TEST_F(RelayMetricsTest, ReadinessFlipsWhenTheDatabaseGoesAwayAndComesBack) {
   RelayMetrics metrics("test");
   std::map<std::string, SinkPtr> sinks;
   const auto cfg = Config(hook);
-  sinks.emplace("hooks", MakeWebhookSink("hooks", std::get<WebhookTarget>(cfg.destinations.at("hooks").target)));
+  sinks.emplace(
+      "hooks",
+      MakeWebhookSink("hooks", std::get<WebhookTarget>(cfg.destinations.at("hooks").target)));
   Dispatcher relay(cfg, std::move(sinks), &metrics, 100ms);
-  AdminServer admin("127.0.0.1:0", metrics, [&] { return relay.Ready(); }, [] { return std::string("db down"); });
+  AdminServer admin(
+      "127.0.0.1:0", metrics, [&] { return relay.Ready(); }, [] { return std::string("db down"); });
   admin.Start();
   relay.Start();
   httplib::Client client("127.0.0.1", admin.port());

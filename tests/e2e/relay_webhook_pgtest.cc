@@ -1,11 +1,11 @@
 // The relay end to end with webhook destinations: real PostgreSQL, the dispatcher, the
 // webhook sink and in-process HTTP receivers on loopback.
 #include <gtest/gtest.h>
-#include <pqxx/pqxx>
 
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <pqxx/pqxx>
 #include <set>
 #include <thread>
 
@@ -93,11 +93,15 @@ TEST_F(RelayWebhookTest, ASlowEndpointDoesNotHoldBackAnotherDestination) {
   Enqueue("fast", 300, 0);
   auto relay = StartRelay({Hook("slow", slow, 2), Hook("fast", fast, 8)});
   // The slow destination needs 40 x 1.5 s / 2 = 30 s; the fast one must not wait for it.
-  ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'fast'") == 0; },
-                      25s))
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'fast'") == 0;
+      },
+      25s))
       << fast.Count();
   EXPECT_GE(fast.Count(), 300u);
-  EXPECT_LT(slow.Count(), 40u) << "the slow endpoint was still busy: the fast one did not wait for it";
+  EXPECT_LT(slow.Count(), 40u)
+      << "the slow endpoint was still busy: the fast one did not wait for it";
   relay->Stop();
 }
 
@@ -168,14 +172,16 @@ TEST_F(RelayWebhookTest, FailuresRetryWithTheSameIdAndClientErrorsDeadLetter) {
             1);
   std::vector<std::string> ids_of_seq1;
   for (const auto& r : hook.Requests()) {
-    if (r.body.find("\"seq\": 1") != std::string::npos) ids_of_seq1.push_back(r.Header("webhook-id"));
+    if (r.body.find("\"seq\": 1") != std::string::npos)
+      ids_of_seq1.push_back(r.Header("webhook-id"));
   }
   ASSERT_EQ(ids_of_seq1.size(), 3u) << "two failures, then success";
   EXPECT_EQ(ids_of_seq1[0], ids_of_seq1[1]);
   EXPECT_EQ(ids_of_seq1[1], ids_of_seq1[2]);
   for (const auto& r : hook.Requests()) {
-    EXPECT_TRUE(VerifyStandardWebhook(kSecret, r.Header("webhook-id"), std::stoll(r.Header("webhook-timestamp")),
-                                      r.body, r.Header("webhook-signature")));
+    EXPECT_TRUE(VerifyStandardWebhook(kSecret, r.Header("webhook-id"),
+                                      std::stoll(r.Header("webhook-timestamp")), r.body,
+                                      r.Header("webhook-signature")));
   }
 }
 

@@ -1,8 +1,8 @@
 // The SDK and the SQL API against a real PostgreSQL: atomicity, fields, validation, roles.
 #include <gtest/gtest.h>
-#include <pqxx/pqxx>
 
 #include <atomic>
+#include <pqxx/pqxx>
 #include <set>
 #include <thread>
 
@@ -30,23 +30,27 @@ TEST_F(SdkTest, CommittedTransactionMakesExactlyItsMessagesVisibleWithEveryField
     pqxx::work tx(c);
     tx.exec("CREATE TABLE orders (id int PRIMARY KEY, state text)");
     tx.exec("INSERT INTO orders VALUES (42, 'paid')");
-    ids.push_back(outbox::Publish(tx, outbox::Message::To("orders")
-                                          .Json(R"({"order_id": 42, "state": "paid", "tags": ["a", "b"]})")
-                                          .Key("order-42")
-                                          .Header("tenant", "acme")
-                                          .Header("trace-id", "abc123")
-                                          .EventType("order.paid")
-                                          .IdempotencyKey("123e4567-e89b-12d3-a456-426614174000")
+    ids.push_back(
+        outbox::Publish(tx, outbox::Message::To("orders")
+                                .Json(R"({"order_id": 42, "state": "paid", "tags": ["a", "b"]})")
+                                .Key("order-42")
+                                .Header("tenant", "acme")
+                                .Header("trace-id", "abc123")
+                                .EventType("order.paid")
+                                .IdempotencyKey("123e4567-e89b-12d3-a456-426614174000")
+                                .Build()));
+    ids.push_back(outbox::Publish(tx, outbox::Message::To("blobs")
+                                          .Bytes(std::string("\x00\x01\xff binary", 10))
+                                          .DeliverAt(when)
                                           .Build()));
-    ids.push_back(outbox::Publish(
-        tx, outbox::Message::To("blobs").Bytes(std::string("\x00\x01\xff binary", 10)).DeliverAt(when).Build()));
     EXPECT_EQ(Count(db_url_), 0) << "uncommitted messages must not be visible to others";
     tx.commit();
   }
   ASSERT_EQ(Count(db_url_), 2);
   pqxx::nontransaction tx(c);
   auto r = tx.exec_params1(
-      "SELECT destination, ordering_key, idempotency_key::text, event_type, headers::text, payload::text, "
+      "SELECT destination, ordering_key, idempotency_key::text, event_type, headers::text, "
+      "payload::text, "
       "payload_bytes IS NULL, attempts, lease_owner IS NULL, parked, "
       "abs(extract(epoch FROM deliver_after - created_at)) < 1 "
       "FROM outbox.messages WHERE id = $1",
@@ -106,8 +110,8 @@ TEST_F(SdkTest, ConcurrentWritersProduceEveryRowOnceWithDistinctKeys) {
           std::vector<outbox::OutboxMessage> batch;
           for (int j = 0; j < kPerTx; ++j) {
             batch.push_back(outbox::Message::To("orders")
-                                .Json("{\"t\":" + std::to_string(t) + ",\"i\":" + std::to_string(i) +
-                                      ",\"j\":" + std::to_string(j) + "}")
+                                .Json("{\"t\":" + std::to_string(t) + ",\"i\":" +
+                                      std::to_string(i) + ",\"j\":" + std::to_string(j) + "}")
                                 .Key("key-" + std::to_string((t * 7 + j) % 5))
                                 .Build());
           }
@@ -125,11 +129,13 @@ TEST_F(SdkTest, ConcurrentWritersProduceEveryRowOnceWithDistinctKeys) {
   for (auto& th : threads) th.join();
   ASSERT_EQ(failures, 0);
   const int total = kThreads * kTxPerThread * kPerTx;
-  EXPECT_EQ(std::set<std::int64_t>(all_ids.begin(), all_ids.end()).size(), static_cast<std::size_t>(total));
+  EXPECT_EQ(std::set<std::int64_t>(all_ids.begin(), all_ids.end()).size(),
+            static_cast<std::size_t>(total));
   pqxx::connection c(db_url_);
   pqxx::nontransaction tx(c);
   auto r = tx.exec1(
-      "SELECT count(*), count(DISTINCT idempotency_key), count(DISTINCT payload::text) FROM outbox.messages");
+      "SELECT count(*), count(DISTINCT idempotency_key), count(DISTINCT payload::text) FROM "
+      "outbox.messages");
   EXPECT_EQ(r[0].as<int>(), total);
   EXPECT_EQ(r[1].as<int>(), total);
   EXPECT_EQ(r[2].as<int>(), total);
@@ -153,14 +159,16 @@ TEST_F(SdkTest, SqlFunctionAndSdkWriteIdenticalRows) {
   pqxx::nontransaction tx(c);
   const std::string cols =
       "destination, ordering_key, event_type, headers::text, payload::text, "
-      "encode(payload_bytes, 'hex'), attempts, parked, lease_owner::text, lease_until::text, last_error";
+      "encode(payload_bytes, 'hex'), attempts, parked, lease_owner::text, lease_until::text, "
+      "last_error";
   auto sdk = tx.exec("SELECT " + cols + " FROM outbox.messages WHERE id IN (1, 2) ORDER BY id");
   auto sql = tx.exec("SELECT " + cols + " FROM outbox.messages WHERE id IN (3, 4) ORDER BY id");
   ASSERT_EQ(sdk.size(), 2u);
   ASSERT_EQ(sql.size(), 2u);
   for (int row = 0; row < 2; ++row) {
     for (int col = 0; col < static_cast<int>(sdk[row].size()); ++col) {
-      EXPECT_EQ(sdk[row][col].is_null(), sql[row][col].is_null()) << "row " << row << " col " << col;
+      EXPECT_EQ(sdk[row][col].is_null(), sql[row][col].is_null())
+          << "row " << row << " col " << col;
       EXPECT_EQ(std::string(sdk[row][col].c_str()), std::string(sql[row][col].c_str()))
           << "row " << row << " col " << col;
     }
@@ -180,15 +188,22 @@ TEST(SdkValidation, BuilderRejectsBadInputWithClearMessages) {
   using outbox::Message;
   ExpectInvalid([] { return Message::To("").Json("{}").Build(); }, "destination must not be empty");
   ExpectInvalid([] { return Message::To("d").Build(); }, "has no payload; call Json() or Bytes()");
-  ExpectInvalid([] { return Message::To("d").Json("{not json").Build(); }, "payload is not valid JSON");
-  ExpectInvalid([] { return Message::To("d").Json("{}").Key("").Build(); }, "ordering key must not be empty");
-  ExpectInvalid([] { return Message::To("d").Json("{}").Header("a", "1").Header("a", "2").Build(); },
-                "header \"a\" is set twice");
-  ExpectInvalid([] { return Message::To("d").Json("{}").Header("", "1").Build(); }, "header name must not be empty");
-  ExpectInvalid([] { return Message::To("d").Json("{}").IdempotencyKey("nope").Build(); }, "is not a uuid");
-  ExpectInvalid([] { return Message::To(std::string(256, 'x')).Json("{}").Build(); }, "longer than 255");
-  ExpectInvalid([] { return Message::To("d").Json("{}").Jitter(std::chrono::milliseconds(-1)).Build(); },
-                "jitter must not be negative");
+  ExpectInvalid([] { return Message::To("d").Json("{not json").Build(); },
+                "payload is not valid JSON");
+  ExpectInvalid([] { return Message::To("d").Json("{}").Key("").Build(); },
+                "ordering key must not be empty");
+  ExpectInvalid(
+      [] { return Message::To("d").Json("{}").Header("a", "1").Header("a", "2").Build(); },
+      "header \"a\" is set twice");
+  ExpectInvalid([] { return Message::To("d").Json("{}").Header("", "1").Build(); },
+                "header name must not be empty");
+  ExpectInvalid([] { return Message::To("d").Json("{}").IdempotencyKey("nope").Build(); },
+                "is not a uuid");
+  ExpectInvalid([] { return Message::To(std::string(256, 'x')).Json("{}").Build(); },
+                "longer than 255");
+  ExpectInvalid(
+      [] { return Message::To("d").Json("{}").Jitter(std::chrono::milliseconds(-1)).Build(); },
+      "jitter must not be negative");
 }
 
 TEST_F(SdkTest, JitterSpreadsDeliverTimesInsideTheWindow) {
@@ -198,7 +213,8 @@ TEST_F(SdkTest, JitterSpreadsDeliverTimesInsideTheWindow) {
     pqxx::work tx(c);
     std::vector<outbox::OutboxMessage> batch;
     for (int i = 0; i < 1000; ++i) {
-      batch.push_back(outbox::Message::To("billing").Json("{}").DeliverAt(before + 1h).Jitter(5s).Build());
+      batch.push_back(
+          outbox::Message::To("billing").Json("{}").DeliverAt(before + 1h).Jitter(5s).Build());
     }
     outbox::PublishMany(tx, batch);
     tx.commit();
@@ -206,12 +222,14 @@ TEST_F(SdkTest, JitterSpreadsDeliverTimesInsideTheWindow) {
   pqxx::nontransaction tx(c);
   auto r = tx.exec_params1(
       "SELECT min(extract(epoch FROM deliver_after)) - $1::double precision, "
-      "max(extract(epoch FROM deliver_after)) - $1::double precision, count(DISTINCT deliver_after) "
+      "max(extract(epoch FROM deliver_after)) - $1::double precision, count(DISTINCT "
+      "deliver_after) "
       "FROM outbox.messages",
       std::chrono::duration<double>((before + 1h).time_since_epoch()).count());
   EXPECT_GE(r[0].as<double>(), -0.001);
   EXPECT_LT(r[1].as<double>(), 5.0);
-  EXPECT_GT(r[1].as<double>() - r[0].as<double>(), 4.0) << "1000 draws over 5 s cover most of the window";
+  EXPECT_GT(r[1].as<double>() - r[0].as<double>(), 4.0)
+      << "1000 draws over 5 s cover most of the window";
   EXPECT_GT(r[2].as<int>(), 990);
 }
 
@@ -224,15 +242,18 @@ TEST_F(SdkTest, SqlApiRejectsBadInputWithClearMessagesAndNoRows) {
   const std::vector<SqlCase> cases = {
       {"SELECT outbox.enqueue('', '{}'::jsonb)", "destination must not be empty"},
       {"SELECT outbox.enqueue('d', '{}'::jsonb, '')", "ordering_key must be NULL or non-empty"},
-      {"SELECT outbox.enqueue('d', '{}'::jsonb, NULL, '[1]')", "headers must be a JSON object, got array"},
-      {"SELECT outbox.enqueue('d', '{}'::jsonb, NULL, '{\"n\": 1}')", "header \"n\" is not a string"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, NULL, '[1]')",
+       "headers must be a JSON object, got array"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, NULL, '{\"n\": 1}')",
+       "header \"n\" is not a string"},
       {"SELECT outbox.enqueue('d', NULL::jsonb)", "payload must not be NULL"},
       {"SELECT outbox.enqueue('d', '{}'::jsonb, NULL, '{}', NULL)", "event_type must not be NULL"},
       {"SELECT outbox.enqueue_many('{}')", "messages must be a JSON array"},
       {"SELECT outbox.enqueue_many('[{\"destination\": \"d\", \"payload\": 1}, "
        "{\"destination\": \"d\", \"payload\": 2, \"colour\": \"red\"}]')",
        "element 1 has unknown key \"colour\""},
-      {"SELECT outbox.enqueue_many('[{\"destination\": \"d\", \"payload\": 1}, {\"destination\": \"\", "
+      {"SELECT outbox.enqueue_many('[{\"destination\": \"d\", \"payload\": 1}, {\"destination\": "
+       "\"\", "
        "\"payload\": 2}]')",
        "destination must not be empty"},
       {"SELECT outbox.enqueue_many('[{\"destination\": \"d\"}]')",
@@ -246,19 +267,25 @@ TEST_F(SdkTest, SqlApiRejectsBadInputWithClearMessagesAndNoRows) {
       tx.exec(tc.call);
       ADD_FAILURE() << "accepted: " << tc.call;
     } catch (const pqxx::sql_error& e) {
-      EXPECT_NE(std::string(e.what()).find(tc.message), std::string::npos) << tc.call << "\n" << e.what();
+      EXPECT_NE(std::string(e.what()).find(tc.message), std::string::npos) << tc.call << "\n"
+                                                                           << e.what();
     }
   }
   EXPECT_EQ(Count(db_url_), 0) << "a failed call aborts its transaction: nothing is half-written";
 
   // A duplicate idempotency key is refused, naming the key.
   pqxx::work tx(c);
-  tx.exec("SELECT outbox.enqueue('d', '{}'::jsonb, idempotency_key => '123e4567-e89b-12d3-a456-426614174000')");
+  tx.exec(
+      "SELECT outbox.enqueue('d', '{}'::jsonb, idempotency_key => "
+      "'123e4567-e89b-12d3-a456-426614174000')");
   try {
-    tx.exec("SELECT outbox.enqueue('d', '{}'::jsonb, idempotency_key => '123e4567-e89b-12d3-a456-426614174000')");
+    tx.exec(
+        "SELECT outbox.enqueue('d', '{}'::jsonb, idempotency_key => "
+        "'123e4567-e89b-12d3-a456-426614174000')");
     ADD_FAILURE() << "duplicate idempotency key accepted";
   } catch (const pqxx::sql_error& e) {
-    EXPECT_NE(std::string(e.what()).find("idempotency key 123e4567-e89b-12d3-a456-426614174000 is already queued"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "idempotency key 123e4567-e89b-12d3-a456-426614174000 is already queued"),
               std::string::npos)
         << e.what();
   }
@@ -268,8 +295,9 @@ TEST_F(SdkTest, WriterRoleCanOnlyEnqueue) {
   {
     pqxx::connection admin(db_url_);
     pqxx::nontransaction tx(admin);
-    tx.exec("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'app_writer') THEN "
-            "CREATE ROLE app_writer LOGIN; END IF; END $$");
+    tx.exec(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'app_writer') THEN "
+        "CREATE ROLE app_writer LOGIN; END IF; END $$");
     tx.exec("GRANT outbox_writer TO app_writer");
   }
   std::string url = db_url_;
@@ -281,11 +309,12 @@ TEST_F(SdkTest, WriterRoleCanOnlyEnqueue) {
     tx.exec("SELECT outbox.enqueue('orders', '{}'::jsonb)");
     tx.commit();
   }
-  for (const std::string stmt : {"SELECT * FROM outbox.messages", "DELETE FROM outbox.messages",
-                                 "UPDATE outbox.messages SET attempts = 0",
-                                 "INSERT INTO outbox.messages (destination, idempotency_key, payload, "
-                                 "deliver_after, created_at) VALUES ('d', gen_random_uuid(), '{}', now(), now())",
-                                 "SELECT * FROM outbox.dead_letters"}) {
+  for (const std::string stmt :
+       {"SELECT * FROM outbox.messages", "DELETE FROM outbox.messages",
+        "UPDATE outbox.messages SET attempts = 0",
+        "INSERT INTO outbox.messages (destination, idempotency_key, payload, "
+        "deliver_after, created_at) VALUES ('d', gen_random_uuid(), '{}', now(), now())",
+        "SELECT * FROM outbox.dead_letters"}) {
     pqxx::work tx(c);
     try {
       tx.exec(stmt);
@@ -300,7 +329,8 @@ TEST_F(SdkTest, WriterRoleCanOnlyEnqueue) {
 TEST_F(SdkTest, OneWakeUpPerTransactionNotPerRow) {
   pqxx::connection listener(db_url_);
   struct Counter : pqxx::notification_receiver {
-    Counter(pqxx::connection_base& c, std::atomic<int>& n) : pqxx::notification_receiver(c, "outbox_messages"), n_(n) {}
+    Counter(pqxx::connection_base& c, std::atomic<int>& n)
+        : pqxx::notification_receiver(c, "outbox_messages"), n_(n) {}
     void operator()(const std::string&, int) override { ++n_; }
     std::atomic<int>& n_;
   };
@@ -315,7 +345,8 @@ TEST_F(SdkTest, OneWakeUpPerTransactionNotPerRow) {
   }
   // The notification is delivered at commit; wait for it with a deadline.
   const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (n == 0 && std::chrono::steady_clock::now() < deadline) listener.await_notification(0, 100000);
+  while (n == 0 && std::chrono::steady_clock::now() < deadline)
+    listener.await_notification(0, 100000);
   listener.await_notification(0, 200000);  // anything more would arrive now
   EXPECT_EQ(n.load(), 1);
 }

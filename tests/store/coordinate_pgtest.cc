@@ -1,9 +1,9 @@
 // The partition coordinator (outbox.coordinate) and the fenced partitioned claim, on a real
 // PostgreSQL.
 #include <gtest/gtest.h>
-#include <pqxx/pqxx>
 
 #include <map>
+#include <pqxx/pqxx>
 #include <set>
 
 #include "outbox/outbox.h"
@@ -21,7 +21,8 @@ class CoordinateTest : public testing::PgTest {
     pqxx::connection c(db_url_);
     pqxx::nontransaction tx(c);
     std::map<std::string, int> out;
-    for (const auto& r : tx.exec("SELECT coalesce(owner::text, 'none'), count(*) FROM outbox.bucket_owners GROUP BY 1")) {
+    for (const auto& r : tx.exec("SELECT coalesce(owner::text, 'none'), count(*) FROM "
+                                 "outbox.bucket_owners GROUP BY 1")) {
       out[r[0].as<std::string>()] = r[1].as<int>();
     }
     return out;
@@ -87,7 +88,8 @@ TEST_F(CoordinateTest, AClaimWithStaleEpochsTakesNothingFromBucketsThatMoved) {
     pqxx::connection c(db_url_);
     pqxx::work tx(c);
     std::vector<outbox::OutboxMessage> batch;
-    for (int i = 0; i < 400; ++i) batch.push_back(outbox::Message::To("d").Json("1").Key("k" + std::to_string(i)).Build());
+    for (int i = 0; i < 400; ++i)
+      batch.push_back(outbox::Message::To("d").Json("1").Key("k" + std::to_string(i)).Build());
     outbox::PublishMany(tx, batch);
     tx.commit();
   }
@@ -105,8 +107,10 @@ TEST_F(CoordinateTest, AClaimWithStaleEpochsTakesNothingFromBucketsThatMoved) {
   pqxx::connection c(db_url_);
   pqxx::nontransaction tx(c);
   for (const auto& m : r.messages) {
-    const int bucket = tx.exec_params1("SELECT bucket FROM outbox.messages WHERE id = $1", Raw(m.id))[0].as<int>();
-    EXPECT_EQ(b_buckets.count(bucket), 0u) << "claimed from bucket " << bucket << " which moved to b";
+    const int bucket =
+        tx.exec_params1("SELECT bucket FROM outbox.messages WHERE id = $1", Raw(m.id))[0].as<int>();
+    EXPECT_EQ(b_buckets.count(bucket), 0u)
+        << "claimed from bucket " << bucket << " which moved to b";
   }
   EXPECT_GT(r.messages.size(), 0u) << "a still claims from the buckets it kept";
   // With the new view both claim their halves, and together everything.
@@ -119,16 +123,26 @@ TEST_F(CoordinateTest, BucketsFollowTheOrderingKeyAndTheCountCanChange) {
   pqxx::connection c(db_url_);
   {
     pqxx::work tx(c);
-    for (int i = 0; i < 3; ++i) outbox::Publish(tx, outbox::Message::To("d").Json("1").Key("same").Build());
+    for (int i = 0; i < 3; ++i)
+      outbox::Publish(tx, outbox::Message::To("d").Json("1").Key("same").Build());
     for (int i = 0; i < 200; ++i) outbox::Publish(tx, outbox::Message::To("d").Json("1").Build());
     tx.commit();
   }
   pqxx::nontransaction tx(c);
-  EXPECT_EQ(tx.exec1("SELECT count(DISTINCT bucket) FROM outbox.messages WHERE ordering_key = 'same'")[0].as<int>(), 1);
-  EXPECT_GT(tx.exec1("SELECT count(DISTINCT bucket) FROM outbox.messages WHERE ordering_key IS NULL")[0].as<int>(), 40)
+  EXPECT_EQ(
+      tx.exec1("SELECT count(DISTINCT bucket) FROM outbox.messages WHERE ordering_key = 'same'")[0]
+          .as<int>(),
+      1);
+  EXPECT_GT(
+      tx.exec1("SELECT count(DISTINCT bucket) FROM outbox.messages WHERE ordering_key IS NULL")[0]
+          .as<int>(),
+      40)
       << "messages without a key spread over the buckets";
   tx.exec("SELECT outbox.set_bucket_count(128)");
-  EXPECT_EQ(tx.exec1("SELECT max(bucket) < 128 AND count(DISTINCT bucket) > 64 FROM outbox.messages")[0].as<bool>(), true);
+  EXPECT_EQ(
+      tx.exec1("SELECT max(bucket) < 128 AND count(DISTINCT bucket) > 64 FROM outbox.messages")[0]
+          .as<bool>(),
+      true);
   Store store(db_url_);
   EXPECT_EQ(store.Coordinate(NewUuid(), 10s, false, "").size(), 128u);
 }

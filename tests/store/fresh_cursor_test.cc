@@ -7,8 +7,8 @@ namespace {
 
 // `scanned` rows up to `max_id`; a scan of kLimit rows stopped at its limit.
 constexpr int kLimit = 500;
-ClaimFacts Facts(std::int64_t seq, std::uint64_t xmin, std::uint64_t xmax /* own xid */, std::int64_t scanned,
-                 std::optional<std::int64_t> max_id = std::nullopt) {
+ClaimFacts Facts(std::int64_t seq, std::uint64_t xmin, std::uint64_t xmax /* own xid */,
+                 std::int64_t scanned, std::optional<std::int64_t> max_id = std::nullopt) {
   ClaimFacts f;
   f.seq_value = seq;
   f.snap_xmin = xmin;
@@ -22,17 +22,19 @@ TEST(FreshCursor, StaysAtZeroUntilACheckpointIsResolved) {
   FreshCursor c;
   c.Observe(Facts(100, 50, 60, 10, 100));  // seq 100 read; no xmax to pair with yet
   EXPECT_EQ(c.position(), 0);
-  c.Observe(Facts(120, 55, 70, 5, 120));   // pairs (100, 70); xmin 55 < 70: transactions may still run
+  c.Observe(
+      Facts(120, 55, 70, 5, 120));  // pairs (100, 70); xmin 55 < 70: transactions may still run
   EXPECT_EQ(c.position(), 0);
   EXPECT_EQ(c.pending_checkpoints(), 1u);
-  c.Observe(Facts(130, 70, 80, 0));        // xmin reached 70: ids <= 100 are settled
+  c.Observe(Facts(130, 70, 80, 0));  // xmin reached 70: ids <= 100 are settled
   EXPECT_EQ(c.position(), 100);
 }
 
 TEST(FreshCursor, NeverPassesARowOfATransactionStillRunning) {
   FreshCursor c;
   // A writer with xid 57 took id 90 and has not committed: every snapshot's xmin stays <= 57.
-  for (int i = 0; i < 20; ++i) c.Observe(Facts(200 + i, 57, 100 + static_cast<std::uint64_t>(i), 3, 200 + i));
+  for (int i = 0; i < 20; ++i)
+    c.Observe(Facts(200 + i, 57, 100 + static_cast<std::uint64_t>(i), 3, 200 + i));
   EXPECT_EQ(c.position(), 0);
   // It commits: xmin moves past every recorded xmax; the cursor may move up to the
   // latest resolved sequence value, which the scan of this same statement covered.

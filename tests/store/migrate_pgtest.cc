@@ -1,10 +1,9 @@
-#include "outbox_relay/migrate.h"
-
 #include <gtest/gtest.h>
-#include <pqxx/pqxx>
 
+#include <pqxx/pqxx>
 #include <thread>
 
+#include "outbox_relay/migrate.h"
 #include "outbox_test/pg.h"
 
 namespace outbox::relay {
@@ -24,9 +23,13 @@ TEST(Migrate, AppliesEverythingOnceAndIsIdempotent) {
   EXPECT_EQ(second.from_version, LatestMigrationVersion());
   pqxx::connection c(url);
   pqxx::nontransaction tx(c);
-  EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.schema_migrations")[0].as<int>(), LatestMigrationVersion());
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.schema_migrations")[0].as<int>(),
+            LatestMigrationVersion());
   // The queue table carries the queue tuning from the seeds.
-  const auto opts = tx.exec1("SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'outbox.messages'::regclass")[0].as<std::string>();
+  const auto opts = tx.exec1(
+                          "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = "
+                          "'outbox.messages'::regclass")[0]
+                        .as<std::string>();
   EXPECT_NE(opts.find("fillfactor=70"), std::string::npos) << opts;
   EXPECT_NE(opts.find("autovacuum_vacuum_scale_factor=0.01"), std::string::npos) << opts;
 }
@@ -57,7 +60,9 @@ TEST(Migrate, RefusesASchemaNewerThanItKnows) {
   {
     pqxx::connection c(url);
     pqxx::nontransaction tx(c);
-    tx.exec("INSERT INTO outbox.schema_migrations (version, name) VALUES (9999, '9999_from_the_future')");
+    tx.exec(
+        "INSERT INTO outbox.schema_migrations (version, name) VALUES (9999, "
+        "'9999_from_the_future')");
   }
   try {
     Migrate(url);

@@ -1,14 +1,13 @@
 // Retention of the delivery archive (migration 0002) and of dead letters, against a real
 // PostgreSQL: exactly the rows older than the retention go, nothing else.
-#include "outbox_relay/retention.h"
-
 #include <gtest/gtest.h>
-#include <pqxx/pqxx>
 
+#include <pqxx/pqxx>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "outbox_relay/retention.h"
 #include "outbox_test/pg.h"
 
 namespace outbox::relay {
@@ -32,19 +31,27 @@ class RetentionTest : public testing::PgTest {
   }
   /// An archived delivery with delivered_at = now() - `age`.
   void Archive(std::int64_t id, const std::string& age, const std::string& destination = "orders") {
-    Exec("INSERT INTO outbox.delivered_archive (id, destination, idempotency_key, event_type, headers, payload, "
-         "attempts, created_at, delivered_at) VALUES (" +
-         std::to_string(id) + ", '" + destination +
-         "', gen_random_uuid(), 'e', '{}', '{\"n\": 1}', 1, now() - interval '" + age + "' - interval '1 s', "
-         "now() - interval '" + age + "')");
+    Exec(
+        "INSERT INTO outbox.delivered_archive (id, destination, idempotency_key, event_type, "
+        "headers, payload, "
+        "attempts, created_at, delivered_at) VALUES (" +
+        std::to_string(id) + ", '" + destination +
+        "', gen_random_uuid(), 'e', '{}', '{\"n\": 1}', 1, now() - interval '" + age +
+        "' - interval '1 s', "
+        "now() - interval '" +
+        age + "')");
   }
   /// A dead letter with dead_at = now() - `age`.
   void Dead(std::int64_t id, const std::string& age) {
-    Exec("INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, payload, "
-         "attempts, reason, created_at, dead_at) VALUES (" +
-         std::to_string(id) +
-         ", 'orders', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now() - interval '30 days', now() - "
-         "interval '" + age + "')");
+    Exec(
+        "INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
+        "payload, "
+        "attempts, reason, created_at, dead_at) VALUES (" +
+        std::to_string(id) +
+        ", 'orders', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now() - interval '30 days', "
+        "now() - "
+        "interval '" +
+        age + "')");
   }
 };
 
@@ -53,16 +60,18 @@ TEST_F(RetentionTest, ArchiveTableHasTheDocumentedShape) {
     pqxx::connection c(db_url_);
     pqxx::nontransaction tx(c);
     std::vector<std::string> out;
-    for (const auto& r : tx.exec("SELECT column_name FROM information_schema.columns WHERE table_schema = 'outbox' "
-                                 "AND table_name = 'delivered_archive' ORDER BY ordinal_position")) {
+    for (const auto& r :
+         tx.exec("SELECT column_name FROM information_schema.columns WHERE table_schema = 'outbox' "
+                 "AND table_name = 'delivered_archive' ORDER BY ordinal_position")) {
       out.push_back(r[0].as<std::string>());
     }
     return out;
   }();
-  EXPECT_EQ(cols, (std::vector<std::string>{"id", "destination", "ordering_key", "idempotency_key", "event_type",
-                                            "headers", "payload", "payload_bytes", "attempts", "created_at",
-                                            "delivered_at"}));
-  EXPECT_EQ(Ids("SELECT count(*) FROM pg_indexes WHERE schemaname = 'outbox' AND tablename = 'delivered_archive' "
+  EXPECT_EQ(cols, (std::vector<std::string>{"id", "destination", "ordering_key", "idempotency_key",
+                                            "event_type", "headers", "payload", "payload_bytes",
+                                            "attempts", "created_at", "delivered_at"}));
+  EXPECT_EQ(Ids("SELECT count(*) FROM pg_indexes WHERE schemaname = 'outbox' AND tablename = "
+                "'delivered_archive' "
                 "AND indexdef LIKE '%(delivered_at)%'"),
             (std::vector<std::int64_t>{1}));
 }
@@ -71,7 +80,7 @@ TEST_F(RetentionTest, CleanupArchiveDeletesExactlyWhatIsOlderThanTheRetention) {
   Archive(1, "10 days");
   Archive(2, "3 days");
   Archive(3, "2 days");
-  Archive(4, "1 day 1 minute");  // just past a one-day retention
+  Archive(4, "1 day 1 minute");       // just past a one-day retention
   Archive(5, "23 hours 59 minutes");  // just inside it
   Archive(6, "1 hour");
   Archive(7, "0 seconds");
@@ -81,7 +90,8 @@ TEST_F(RetentionTest, CleanupArchiveDeletesExactlyWhatIsOlderThanTheRetention) {
 
   pqxx::connection c(db_url_);
   EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), /*batch=*/2), 4);  // 1..4 in three batches
-  EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive ORDER BY id"), (std::vector<std::int64_t>{5, 6, 7}));
+  EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive ORDER BY id"),
+            (std::vector<std::int64_t>{5, 6, 7}));
   EXPECT_EQ(Ids("SELECT count(*) FROM outbox.messages"), (std::vector<std::int64_t>{1}));
   EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters"), (std::vector<std::int64_t>{100}));
   EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), 2), 0) << "idempotent";
@@ -112,7 +122,8 @@ TEST_F(RetentionTest, CleanupDeadLettersDeletesExactlyTheOldOnes) {
 
   pqxx::connection c(db_url_);
   EXPECT_EQ(CleanupDeadLetters(c, std::chrono::hours(24 * 7), /*batch=*/1), 3);
-  EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters ORDER BY id"), (std::vector<std::int64_t>{4, 5}));
+  EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters ORDER BY id"),
+            (std::vector<std::int64_t>{4, 5}));
   EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{50}));
   EXPECT_EQ(Ids("SELECT count(*) FROM outbox.messages"), (std::vector<std::int64_t>{1}));
   EXPECT_EQ(CleanupDeadLetters(c, 0s, 10), 2) << "zero age: every dead letter";
@@ -129,31 +140,38 @@ TEST_F(RetentionTest, RejectsInvalidArguments) {
 }
 
 TEST_F(RetentionTest, TheRelayRoleMayArchiveAndClean) {
-  Exec("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'retention_relay_login') THEN "
-       "CREATE ROLE retention_relay_login LOGIN; END IF; END $$");
+  Exec(
+      "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'retention_relay_login') "
+      "THEN "
+      "CREATE ROLE retention_relay_login LOGIN; END IF; END $$");
   Exec("GRANT outbox_relay TO retention_relay_login");
   std::string url = db_url_;
   url.replace(url.find("postgres@"), 9, "retention_relay_login@");
   pqxx::connection c(url);
   {
     pqxx::work tx(c);
-    tx.exec("INSERT INTO outbox.delivered_archive (id, destination, idempotency_key, event_type, headers, payload, "
-            "attempts, created_at, delivered_at) VALUES (1, 'o', gen_random_uuid(), '', '{}', '1', 1, "
-            "now() - interval '3 days', now() - interval '2 days')");
+    tx.exec(
+        "INSERT INTO outbox.delivered_archive (id, destination, idempotency_key, event_type, "
+        "headers, payload, "
+        "attempts, created_at, delivered_at) VALUES (1, 'o', gen_random_uuid(), '', '{}', '1', 1, "
+        "now() - interval '3 days', now() - interval '2 days')");
     tx.commit();
   }
   Dead(2, "2 days");
   EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), 10), 1);
   EXPECT_EQ(CleanupDeadLetters(c, std::chrono::hours(24), 10), 1);
   // The writer role cannot read the archive.
-  Exec("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'retention_writer_login') THEN "
-       "CREATE ROLE retention_writer_login LOGIN; END IF; END $$");
+  Exec(
+      "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'retention_writer_login') "
+      "THEN "
+      "CREATE ROLE retention_writer_login LOGIN; END IF; END $$");
   Exec("GRANT outbox_writer TO retention_writer_login");
   std::string writer_url = db_url_;
   writer_url.replace(writer_url.find("postgres@"), 9, "retention_writer_login@");
   pqxx::connection w(writer_url);
   pqxx::nontransaction wtx(w);
-  EXPECT_THROW(wtx.exec("SELECT count(*) FROM outbox.delivered_archive"), pqxx::insufficient_privilege);
+  EXPECT_THROW(wtx.exec("SELECT count(*) FROM outbox.delivered_archive"),
+               pqxx::insufficient_privilege);
 }
 
 }  // namespace

@@ -1,15 +1,14 @@
 // ReadStatus against a real PostgreSQL after a known workload, and the status rendering
 // (table and JSON) of what it read.
-#include "outbox_relay/status.h"
-
 #include <gtest/gtest.h>
-#include <pqxx/pqxx>
 
 #include <atomic>
 #include <map>
+#include <pqxx/pqxx>
 #include <sstream>
 #include <thread>
 
+#include "outbox_relay/status.h"
 #include "outbox_relay/status_render.h"
 #include "outbox_test/pg.h"
 #include "outbox_test/wait.h"
@@ -30,14 +29,18 @@ class StatusTest : public testing::PgTest {
   std::int64_t Enqueue(const std::string& destination, const std::string& extra = "") {
     pqxx::connection c(db_url_);
     pqxx::nontransaction tx(c);
-    return tx.exec1("SELECT outbox.enqueue(" + tx.quote(destination) + ", '{\"n\": 1}'::jsonb" + extra + ")")[0]
+    return tx
+        .exec1("SELECT outbox.enqueue(" + tx.quote(destination) + ", '{\"n\": 1}'::jsonb" + extra +
+               ")")[0]
         .as<std::int64_t>();
   }
   void DeadLetter(std::int64_t id, const std::string& destination) {
-    Exec("INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, payload, "
-         "attempts, reason, created_at) VALUES (" +
-         std::to_string(id) + ", '" + destination +
-         "', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now() - interval '1 hour')");
+    Exec(
+        "INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
+        "payload, "
+        "attempts, reason, created_at) VALUES (" +
+        std::to_string(id) + ", '" + destination +
+        "', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now() - interval '1 hour')");
   }
   StatusSnapshot Read(const StatusOptions& o = {}) {
     pqxx::connection c(db_url_);
@@ -66,27 +69,47 @@ TEST_F(StatusTest, ReportsExactCountsPerDestination) {
   const auto retrying = Enqueue("orders");
   const auto blocked = Enqueue("orders", ", ordering_key => 'k'");
   const auto scheduled = Enqueue("orders", ", deliver_after => now() + interval '1 hour'");
-  Exec("UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = now() + interval '30 s', "
-       "created_at = now() - interval '2000 s' WHERE id = " + std::to_string(leased));
-  Exec("UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = now() - interval '1 s' "
-       "WHERE id = " + std::to_string(expired));
-  Exec("UPDATE outbox.messages SET attempts = 2, parked = true, deliver_after = now() + interval '1 min', "
-       "created_at = now() - interval '300 s' WHERE id = " + std::to_string(retrying));
-  Exec("UPDATE outbox.messages SET parked = true, deliver_after = 'infinity', "
-       "created_at = now() - interval '120 s' WHERE id = " + std::to_string(blocked));
-  Exec("UPDATE outbox.messages SET created_at = now() - interval '1000 s' WHERE id = " + std::to_string(scheduled));
-  Exec("UPDATE outbox.messages SET created_at = now() - interval '100 s', deliver_after = now() - interval '100 s' "
-       "WHERE id = " + std::to_string(fresh1));
+  Exec(
+      "UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = now() + interval "
+      "'30 s', "
+      "created_at = now() - interval '2000 s' WHERE id = " +
+      std::to_string(leased));
+  Exec(
+      "UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = now() - interval "
+      "'1 s' "
+      "WHERE id = " +
+      std::to_string(expired));
+  Exec(
+      "UPDATE outbox.messages SET attempts = 2, parked = true, deliver_after = now() + interval '1 "
+      "min', "
+      "created_at = now() - interval '300 s' WHERE id = " +
+      std::to_string(retrying));
+  Exec(
+      "UPDATE outbox.messages SET parked = true, deliver_after = 'infinity', "
+      "created_at = now() - interval '120 s' WHERE id = " +
+      std::to_string(blocked));
+  Exec("UPDATE outbox.messages SET created_at = now() - interval '1000 s' WHERE id = " +
+       std::to_string(scheduled));
+  Exec(
+      "UPDATE outbox.messages SET created_at = now() - interval '100 s', deliver_after = now() - "
+      "interval '100 s' "
+      "WHERE id = " +
+      std::to_string(fresh1));
   (void)fresh2;
   // billing: 2 fresh rows, the older one 50 s old.
   const auto b1 = Enqueue("billing");
   Enqueue("billing");
-  Exec("UPDATE outbox.messages SET created_at = now() - interval '50 s', deliver_after = now() - interval '50 s' "
-       "WHERE id = " + std::to_string(b1));
+  Exec(
+      "UPDATE outbox.messages SET created_at = now() - interval '50 s', deliver_after = now() - "
+      "interval '50 s' "
+      "WHERE id = " +
+      std::to_string(b1));
   // sched: enqueued long ago for a time that came 10 s ago: it waits since it became due.
   const auto s1 = Enqueue("sched");
-  Exec("UPDATE outbox.messages SET parked = true, created_at = now() - interval '5000 s', "
-       "deliver_after = now() - interval '10 s' WHERE id = " + std::to_string(s1));
+  Exec(
+      "UPDATE outbox.messages SET parked = true, created_at = now() - interval '5000 s', "
+      "deliver_after = now() - interval '10 s' WHERE id = " +
+      std::to_string(s1));
   // Dead letters: 3 of orders, 1 of a destination with nothing queued.
   DeadLetter(1001, "orders");
   DeadLetter(1002, "orders");
@@ -129,7 +152,8 @@ TEST_F(StatusTest, ReportsExactCountsPerDestination) {
   ASSERT_NE(sched, nullptr);
   EXPECT_EQ(sched->depth, 1);
   EXPECT_GE(sched->oldest_pending_age_seconds, 10);
-  EXPECT_LT(sched->oldest_pending_age_seconds, 70) << "counted from when it became due, not from enqueue";
+  EXPECT_LT(sched->oldest_pending_age_seconds, 70)
+      << "counted from when it became due, not from enqueue";
 
   const auto* gone = s.Find("gone");
   ASSERT_NE(gone, nullptr);
@@ -189,8 +213,10 @@ TEST_F(StatusTest, QueueAndDeadLettersAreReadFromOneSnapshot) {
   ASSERT_NE(before.Find("d"), nullptr);
   EXPECT_EQ(before.Find("d")->depth + before.Find("d")->dead_letters, 1);
   Exec("WITH m AS (DELETE FROM outbox.messages WHERE id = " + std::to_string(id) +
-       " RETURNING *) INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
-       "payload, attempts, reason, created_at) SELECT id, destination, idempotency_key, event_type, headers, "
+       " RETURNING *) INSERT INTO outbox.dead_letters (id, destination, idempotency_key, "
+       "event_type, headers, "
+       "payload, attempts, reason, created_at) SELECT id, destination, idempotency_key, "
+       "event_type, headers, "
        "payload, attempts, 'x', created_at FROM m");
   const auto after = Read();
   EXPECT_EQ(after.Find("d")->depth, 0);
@@ -199,7 +225,9 @@ TEST_F(StatusTest, QueueAndDeadLettersAreReadFromOneSnapshot) {
 
 TEST_F(StatusTest, ReportsTableStatisticsAndVacuum) {
   for (int i = 0; i < 10; ++i) Enqueue("t");
-  Exec("DELETE FROM outbox.messages WHERE id IN (SELECT id FROM outbox.messages ORDER BY id LIMIT 4)");
+  Exec(
+      "DELETE FROM outbox.messages WHERE id IN (SELECT id FROM outbox.messages ORDER BY id LIMIT "
+      "4)");
   // Statistics reach the shared stats when a backend flushes them (at latest when it exits).
   ASSERT_TRUE(WaitFor(
       [&] {
@@ -220,7 +248,8 @@ TEST_F(StatusTest, ReportsTableStatisticsAndVacuum) {
   ASSERT_TRUE(after.table.last_vacuum_epoch);
   EXPECT_NEAR(*after.table.last_vacuum_epoch, after.taken_at_epoch, 60);
   ASSERT_TRUE(after.table.LastAnyVacuumEpoch());
-  EXPECT_NE(RenderStatusTable(after).find("(manual)"), std::string::npos) << RenderStatusTable(after);
+  EXPECT_NE(RenderStatusTable(after).find("(manual)"), std::string::npos)
+      << RenderStatusTable(after);
 }
 
 TEST_F(StatusTest, CountsSessionsWaitingForLocksOnTheQueue) {
@@ -237,7 +266,8 @@ TEST_F(StatusTest, CountsSessionsWaitingForLocksOnTheQueue) {
     waiters.emplace_back([&] {
       pqxx::connection c(db_url_);
       pqxx::nontransaction tx(c);
-      tx.exec("UPDATE outbox.messages SET attempts = attempts + 1 WHERE id = " + std::to_string(id));
+      tx.exec("UPDATE outbox.messages SET attempts = attempts + 1 WHERE id = " +
+              std::to_string(id));
       ++finished;
     });
   }
@@ -255,7 +285,8 @@ TEST_F(StatusTest, CountsSessionsWaitingForLocksOnTheQueue) {
   EXPECT_EQ(finished, 2);
   const auto warnings = StatusWarnings(s);
   ASSERT_FALSE(warnings.empty());
-  EXPECT_NE(warnings[0].find("2 session(s) waiting for a lock on outbox.messages"), std::string::npos);
+  EXPECT_NE(warnings[0].find("2 session(s) waiting for a lock on outbox.messages"),
+            std::string::npos);
   EXPECT_EQ(Read().lock_waiters, 0) << "released";
 }
 
@@ -274,7 +305,8 @@ TEST_F(StatusTest, AdvisoryLockWaitsOfWritersAreNotQueueContention) {
       [&] {
         pqxx::connection c(db_url_);
         pqxx::nontransaction tx(c);
-        return tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'")[0].as<int>() == 1;
+        return tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'")[0]
+                   .as<int>() == 1;
       },
       20s, 20ms);
   const auto s = Read();
@@ -302,15 +334,18 @@ TEST_F(StatusTest, ReportsTheOldestOpenTransaction) {
   EXPECT_GE(s.xmin_lag_xids, 1) << "the open xid holds the horizon behind the finished one";
   const auto json = StatusToJson(s);
   EXPECT_EQ(json["oldest_transaction"]["pid"].get<int>(), pid);
-  EXPECT_NE(RenderStatusTable(s).find("oldest transaction: pid " + std::to_string(pid)), std::string::npos);
+  EXPECT_NE(RenderStatusTable(s).find("oldest transaction: pid " + std::to_string(pid)),
+            std::string::npos);
   open.abort();
   EXPECT_FALSE(Read().oldest_transaction);
 }
 
 TEST_F(StatusTest, WorksWithOnlyTheRelayRole) {
   Enqueue("r");
-  Exec("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'status_relay_login') THEN "
-       "CREATE ROLE status_relay_login LOGIN; END IF; END $$");
+  Exec(
+      "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'status_relay_login') "
+      "THEN "
+      "CREATE ROLE status_relay_login LOGIN; END IF; END $$");
   Exec("GRANT outbox_relay TO status_relay_login");
   std::string url = db_url_;
   url.replace(url.find("postgres@"), 9, "status_relay_login@");

@@ -1,11 +1,11 @@
 // The store's claim, settle, reap and cursor behaviour against a real PostgreSQL.
-#include "outbox_relay/store.h"
-
 #include <gtest/gtest.h>
+
 #include <pqxx/pqxx>
 
 #include "outbox/outbox.h"
 #include "outbox_relay/dead_letters.h"
+#include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
 
 namespace outbox::relay {
@@ -45,7 +45,12 @@ class StoreTest : public testing::PgTest {
 };
 
 TEST_F(StoreTest, ClaimLeasesInIdOrderWithEveryField) {
-  auto ids = Enqueue({outbox::Message::To("orders").Json(R"({"n": 1})").Key("a").Header("h", "v").EventType("t").Build(),
+  auto ids = Enqueue({outbox::Message::To("orders")
+                          .Json(R"({"n": 1})")
+                          .Key("a")
+                          .Header("h", "v")
+                          .EventType("t")
+                          .Build(),
                       outbox::Message::To("orders").Bytes(std::string("\0x", 2)).Build(),
                       outbox::Message::To("other").Json("3").Build()});
   Store store(db_url_);
@@ -79,12 +84,14 @@ TEST_F(StoreTest, OnlyTheHeadOfAKeyIsClaimedAndSettlingItWakesTheNext) {
   auto r1 = store.Claim("d", 0, 100, 100, 30s);
   EXPECT_EQ(Ids(r1), (std::vector<std::int64_t>{ids[0], ids[3], ids[4]}));
   EXPECT_EQ(r1.facts.held, 2) << "the two successors of k are parked";
-  EXPECT_TRUE(store.Claim("d", 0, 100, 100, 30s).messages.empty()) << "k is blocked while its head is leased";
+  EXPECT_TRUE(store.Claim("d", 0, 100, 100, 30s).messages.empty())
+      << "k is blocked while its head is leased";
 
   // The head fails and waits for a retry: its successors stay blocked.
-  auto c = store.Settle({Settle(r1.messages[0], r1.lease_token, Settlement::Kind::kRetry, 0ms, "boom"),
-                         Settle(r1.messages[1], r1.lease_token, Settlement::Kind::kDelivered),
-                         Settle(r1.messages[2], r1.lease_token, Settlement::Kind::kDelivered)});
+  auto c =
+      store.Settle({Settle(r1.messages[0], r1.lease_token, Settlement::Kind::kRetry, 0ms, "boom"),
+                    Settle(r1.messages[1], r1.lease_token, Settlement::Kind::kDelivered),
+                    Settle(r1.messages[2], r1.lease_token, Settlement::Kind::kDelivered)});
   EXPECT_EQ(c.retried, 1);
   EXPECT_EQ(c.delivered, 2);
   auto r2 = store.Claim("d", 0, 100, 100, 30s);
@@ -102,10 +109,13 @@ TEST_F(StoreTest, DeadLetteringTheHeadUnblocksItsKey) {
   Store store(db_url_);
   auto r = store.Claim("d", 0, 100, 100, 30s);
   ASSERT_EQ(Ids(r), (std::vector<std::int64_t>{ids[0]}));
-  auto c = store.Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kDead, 0ms, "http 404: nope")});
+  auto c = store.Settle(
+      {Settle(r.messages[0], r.lease_token, Settlement::Kind::kDead, 0ms, "http 404: nope")});
   EXPECT_EQ(c.dead, 1);
   EXPECT_EQ(c.woken, 1);
-  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE reason = 'http 404: nope' AND attempts = 1"), 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE reason = 'http 404: nope' AND "
+                   "attempts = 1"),
+            1);
   EXPECT_EQ(Ids(store.Claim("d", 0, 100, 100, 30s)), (std::vector<std::int64_t>{ids[1]}));
 }
 
@@ -131,8 +141,12 @@ TEST_F(StoreTest, ReaperReturnsExpiredLeasesAndTheOldOwnerCannotSettle) {
   auto again = store.Claim("d", 0, 100, 100, 30s);
   ASSERT_EQ(Ids(again), (std::vector<std::int64_t>{ids[0]}));
   EXPECT_EQ(again.messages[0].attempts, 1) << "a lost lease counts as an attempt";
-  EXPECT_EQ(store.Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kDelivered)}).fenced, 1);
-  EXPECT_EQ(store.Settle({Settle(again.messages[0], again.lease_token, Settlement::Kind::kDelivered)}).delivered, 1);
+  EXPECT_EQ(
+      store.Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kDelivered)}).fenced, 1);
+  EXPECT_EQ(
+      store.Settle({Settle(again.messages[0], again.lease_token, Settlement::Kind::kDelivered)})
+          .delivered,
+      1);
 }
 
 TEST_F(StoreTest, ScheduledMessagesWaitUntilDue) {
@@ -147,7 +161,8 @@ TEST_F(StoreTest, ScheduledMessagesWaitUntilDue) {
     for (auto id : Ids(store.Claim("d", 0, 100, 100, 30s))) got.push_back(id);
   }
   EXPECT_EQ(got.size(), 2u);
-  EXPECT_GE(std::chrono::steady_clock::now() - start, 1s) << "the 1.5 s message was not claimed early";
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 1s)
+      << "the 1.5 s message was not claimed early";
 }
 
 TEST_F(StoreTest, CursorNeverSkipsARowWhoseTransactionCommitsLate) {
@@ -207,7 +222,8 @@ TEST_F(StoreTest, CursorWaitsForTheNewestOpenTransactionOnAQuietDatabase) {
     cursor.Observe(r.facts);
     EXPECT_TRUE(r.messages.empty());
   }
-  EXPECT_LT(cursor.position(), late_id) << "the cursor passed a row whose transaction is still open";
+  EXPECT_LT(cursor.position(), late_id)
+      << "the cursor passed a row whose transaction is still open";
   open.commit();
   std::vector<std::int64_t> got;
   for (int i = 0; i < 5 && got.empty(); ++i) {
@@ -219,7 +235,8 @@ TEST_F(StoreTest, CursorWaitsForTheNewestOpenTransactionOnAQuietDatabase) {
 }
 
 TEST_F(StoreTest, UnknownDestinationsAreFoundAndDeadLettered) {
-  Enqueue({outbox::Message::To("known").Json("1").Build(), outbox::Message::To("typo").Json("2").Build(),
+  Enqueue({outbox::Message::To("known").Json("1").Build(),
+           outbox::Message::To("typo").Json("2").Build(),
            outbox::Message::To("typo").Json("3").DeliverAfter(1h).Build()});
   Store store(db_url_);
   auto dests = store.Destinations();
@@ -230,20 +247,25 @@ TEST_F(StoreTest, UnknownDestinationsAreFoundAndDeadLettered) {
 }
 
 TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
-  Enqueue({outbox::Message::To("d").Json("1").IdempotencyKey("123e4567-e89b-12d3-a456-426614174000").Build(),
+  Enqueue({outbox::Message::To("d")
+               .Json("1")
+               .IdempotencyKey("123e4567-e89b-12d3-a456-426614174000")
+               .Build(),
            outbox::Message::To("d").Json("2").Build(), outbox::Message::To("e").Json("3").Build()});
   Store store(db_url_);
   for (const std::string dest : {"d", "e"}) {
     auto r = store.Claim(dest, 0, 10, 10, 30s);
     std::vector<Settlement> dead;
-    for (const auto& m : r.messages) dead.push_back(Settle(m, r.lease_token, Settlement::Kind::kDead, 0ms, "bad"));
+    for (const auto& m : r.messages)
+      dead.push_back(Settle(m, r.lease_token, Settlement::Kind::kDead, 0ms, "bad"));
     store.Settle(dead);
   }
   pqxx::connection c(db_url_);
   auto list = ListDeadLetters(c, "", 10);
   ASSERT_EQ(list.size(), 3u);
   ASSERT_EQ(ListDeadLetters(c, "e", 10).size(), 1u);
-  auto one = std::find_if(list.begin(), list.end(), [](const DeadLetter& d) { return d.payload == "1"; });
+  auto one =
+      std::find_if(list.begin(), list.end(), [](const DeadLetter& d) { return d.payload == "1"; });
   ASSERT_NE(one, list.end());
   EXPECT_EQ(one->idempotency_key, "123e4567-e89b-12d3-a456-426614174000");
   auto replayed = ReplayDeadLetters(c, {one->id}, "");
@@ -260,19 +282,23 @@ TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
 }
 
 TEST_F(StoreTest, DeliveredMessagesAreArchivedOnlyWhenAsked) {
-  auto ids = Enqueue({outbox::Message::To("d").Json("1").Key("k").Build(), outbox::Message::To("d").Json("2").Build()});
+  auto ids = Enqueue({outbox::Message::To("d").Json("1").Key("k").Build(),
+                      outbox::Message::To("d").Json("2").Build()});
   Store store(db_url_);
   auto r = store.Claim("d", 0, 10, 10, 30s);
   ASSERT_EQ(r.messages.size(), 2u);
-  auto c = store.Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kDelivered)}, /*archive=*/true);
+  auto c = store.Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kDelivered)},
+                        /*archive=*/true);
   EXPECT_EQ(c.delivered, 1);
   EXPECT_EQ(c.archived, 1);
-  c = store.Settle({Settle(r.messages[1], r.lease_token, Settlement::Kind::kDelivered)}, /*archive=*/false);
+  c = store.Settle({Settle(r.messages[1], r.lease_token, Settlement::Kind::kDelivered)},
+                   /*archive=*/false);
   EXPECT_EQ(c.archived, 0);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 0);
-  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.delivered_archive WHERE id = " + std::to_string(ids[0]) +
-                   " AND attempts = 1 AND ordering_key = 'k' AND payload = '1'::jsonb"),
-            1);
+  EXPECT_EQ(
+      Scalar("SELECT count(*) FROM outbox.delivered_archive WHERE id = " + std::to_string(ids[0]) +
+             " AND attempts = 1 AND ordering_key = 'k' AND payload = '1'::jsonb"),
+      1);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.delivered_archive"), 1);
 }
 

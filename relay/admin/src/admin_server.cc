@@ -22,7 +22,8 @@ ListenAddress ParseListenAddress(const std::string& listen) {
     const auto close = listen.find(']');
     if (close == std::string::npos) throw bad("missing ']'");
     a.host = listen.substr(1, close - 1);
-    if (close + 1 >= listen.size() || listen[close + 1] != ':') throw bad("missing :port after ']'");
+    if (close + 1 >= listen.size() || listen[close + 1] != ':')
+      throw bad("missing :port after ']'");
     port_text = listen.substr(close + 2);
   } else {
     const auto colon = listen.rfind(':');
@@ -32,9 +33,11 @@ ListenAddress ParseListenAddress(const std::string& listen) {
     port_text = listen.substr(colon + 1);
   }
   if (a.host.empty()) a.host = "0.0.0.0";
-  if (port_text.empty() || port_text.size() > 5) throw bad("the port must be a number from 0 to 65535");
+  if (port_text.empty() || port_text.size() > 5)
+    throw bad("the port must be a number from 0 to 65535");
   for (const char c : port_text) {
-    if (!std::isdigit(static_cast<unsigned char>(c))) throw bad("the port must be a number from 0 to 65535");
+    if (!std::isdigit(static_cast<unsigned char>(c)))
+      throw bad("the port must be a number from 0 to 65535");
   }
   a.port = std::stoi(port_text);
   if (a.port > 65535) throw bad("the port must be a number from 0 to 65535");
@@ -90,7 +93,8 @@ struct AdminServer::Impl {
 
 AdminServer::AdminServer(std::string listen, RelayMetrics& metrics, std::function<bool()> ready,
                          std::function<std::string()> ready_detail)
-    : impl_(std::make_unique<Impl>(std::move(listen), metrics, std::move(ready), std::move(ready_detail))) {}
+    : impl_(std::make_unique<Impl>(std::move(listen), metrics, std::move(ready),
+                                   std::move(ready_detail))) {}
 
 AdminServer::~AdminServer() { Stop(); }
 
@@ -132,7 +136,8 @@ void AdminServer::Start() {
   });
   // listen_after_bind marks the server running as it enters its accept loop; stop() before
   // that would be lost, so wait for it (it takes microseconds).
-  while (!d.server.is_running() && !d.thread_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!d.server.is_running() && !d.thread_done)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (d.thread_done) {
     d.thread.join();
     d.metrics.ClearReadyCallback();
@@ -145,7 +150,8 @@ void AdminServer::Stop() {
   if (!d.thread.joinable()) return;
   // stop() acts only once the accept loop runs (it then closes the socket and wakes it);
   // the loop starts right after the thread does, so wait for one or the other.
-  while (!d.server.is_running() && !d.thread_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!d.server.is_running() && !d.thread_done)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (!d.thread_done) d.server.stop();
   d.thread.join();
   d.metrics.ClearReadyCallback();

@@ -10,16 +10,27 @@ namespace {
 // %* in the pattern: the message as the inside of a JSON string.
 class JsonEscapedMessage final : public spdlog::custom_flag_formatter {
  public:
-  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
     static constexpr char kHex[] = "0123456789abcdef";
     for (const char ch : std::string_view(msg.payload.data(), msg.payload.size())) {
       const auto c = static_cast<unsigned char>(ch);
       switch (c) {
-        case '"': dest.append(std::string_view("\\\"")); break;
-        case '\\': dest.append(std::string_view("\\\\")); break;
-        case '\n': dest.append(std::string_view("\\n")); break;
-        case '\r': dest.append(std::string_view("\\r")); break;
-        case '\t': dest.append(std::string_view("\\t")); break;
+        case '"':
+          dest.append(std::string_view("\\\""));
+          break;
+        case '\\':
+          dest.append(std::string_view("\\\\"));
+          break;
+        case '\n':
+          dest.append(std::string_view("\\n"));
+          break;
+        case '\r':
+          dest.append(std::string_view("\\r"));
+          break;
+        case '\t':
+          dest.append(std::string_view("\\t"));
+          break;
         default:
           if (c < 0x20) {
             const char esc[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
@@ -30,7 +41,9 @@ class JsonEscapedMessage final : public spdlog::custom_flag_formatter {
       }
     }
   }
-  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<JsonEscapedMessage>(); }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<JsonEscapedMessage>();
+  }
 };
 
 }  // namespace

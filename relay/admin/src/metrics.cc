@@ -40,7 +40,8 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 23> kKnownCl
 
 std::string Lower(std::string_view s) {
   std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   return out;
 }
 
@@ -64,7 +65,8 @@ std::string_view ReasonClass(std::string_view text) {
   const std::string t = Lower(text);
   if (Contains(t, "attempts exhausted")) return "attempts_exhausted";
   if (Contains(t, "lease expired")) return "lease_expired";
-  if (Contains(t, "not configured") || Contains(t, "unknown destination")) return "unknown_destination";
+  if (Contains(t, "not configured") || Contains(t, "unknown destination"))
+    return "unknown_destination";
   if (Contains(t, "shutdown")) return "shutdown";
   if (Contains(t, "http 429")) return "http_429";
   if (Contains(t, "http 408")) return "timeout";
@@ -72,8 +74,8 @@ std::string_view ReasonClass(std::string_view text) {
   if (Contains(t, "http 4")) return "http_4xx";
   if (Contains(t, "http ")) return "http_other";
   if (Contains(t, "timeout") || Contains(t, "timed out")) return "timeout";
-  if (Contains(t, "tls") || Contains(t, "ssl") || Contains(t, "certificate") || Contains(t, "connection") ||
-      Contains(t, "connect")) {
+  if (Contains(t, "tls") || Contains(t, "ssl") || Contains(t, "certificate") ||
+      Contains(t, "connection") || Contains(t, "connect")) {
     return "connection";
   }
   if (Contains(t, "too large")) return "message_rejected";
@@ -114,79 +116,99 @@ const std::vector<double>& DeliveryDurationBuckets() {
 
 const std::vector<double>& EnqueueToDeliveryBuckets() {
   // From a poll cycle to a day of retries.
-  static const std::vector<double> b = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,  1,    2.5,   5,
+  static const std::vector<double> b = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,  1,     2.5,  5,
                                         10,   30,    60,   300, 900,  3600, 14400, 86400};
   return b;
 }
 
 RelayMetrics::RelayMetrics(std::string version)
-    : queue_depth(registry.AddGauge("outbox_queue_depth",
-                                    "Messages in the queue and not leased (fresh, scheduled, blocked or waiting "
-                                    "for a retry), from the last status read.",
-                                    kDest)),
-      oldest_pending_age_seconds(registry.AddGauge(
-          "outbox_oldest_pending_age_seconds",
-          "Longest wait among unleased messages that are due, blocked or retrying, from the last status read.",
+    : queue_depth(registry.AddGauge(
+          "outbox_queue_depth",
+          "Messages in the queue and not leased (fresh, scheduled, blocked or waiting "
+          "for a retry), from the last status read.",
           kDest)),
-      in_flight(registry.AddGauge("outbox_in_flight", "Messages leased by a relay, from the last status read.", kDest)),
-      retrying(registry.AddGauge("outbox_retrying",
-                                 "Unleased messages that failed at least once, from the last status read.", kDest)),
-      blocked(registry.AddGauge("outbox_blocked",
-                                "Unleased messages waiting behind an earlier message of their ordering key, from "
-                                "the last status read.",
-                                kDest)),
-      dead_letters(registry.AddGauge("outbox_dead_letters", "Rows in outbox.dead_letters, from the last status read.",
-                                     kDest)),
-      queue_lock_waiters(registry.AddGauge("outbox_queue_lock_waiters",
-                                           "Sessions waiting for a lock on outbox.messages (should be 0 with SKIP "
-                                           "LOCKED), from the last status read.")),
-      queue_table_live_tuples(registry.AddGauge("outbox_queue_table_live_tuples",
-                                                "pg_stat_user_tables.n_live_tup of outbox.messages.")),
-      queue_table_dead_tuples(registry.AddGauge("outbox_queue_table_dead_tuples",
-                                                "pg_stat_user_tables.n_dead_tup of outbox.messages.")),
-      queue_table_last_vacuum(registry.AddGauge("outbox_queue_table_last_vacuum_timestamp_seconds",
-                                                "When outbox.messages was last vacuumed (manual or auto), Unix time; "
-                                                "absent if never.")),
-      oldest_transaction_age(registry.AddGauge("outbox_oldest_transaction_age_seconds",
-                                               "Age of the oldest open transaction holding back the xmin horizon "
-                                               "(blocks vacuum and the fresh-lane cursor); 0 if none.")),
-      xmin_lag(registry.AddGauge("outbox_xmin_lag_transactions",
-                                 "Transaction ids between the oldest running transaction and the next one.")),
-      status_timestamp(registry.AddGauge("outbox_status_timestamp_seconds",
-                                         "When the status gauges were last refreshed (database clock), Unix time.")),
+      oldest_pending_age_seconds(
+          registry.AddGauge("outbox_oldest_pending_age_seconds",
+                            "Longest wait among unleased messages that are due, blocked or "
+                            "retrying, from the last status read.",
+                            kDest)),
+      in_flight(registry.AddGauge("outbox_in_flight",
+                                  "Messages leased by a relay, from the last status read.", kDest)),
+      retrying(registry.AddGauge(
+          "outbox_retrying",
+          "Unleased messages that failed at least once, from the last status read.", kDest)),
+      blocked(registry.AddGauge(
+          "outbox_blocked",
+          "Unleased messages waiting behind an earlier message of their ordering key, from "
+          "the last status read.",
+          kDest)),
+      dead_letters(registry.AddGauge(
+          "outbox_dead_letters", "Rows in outbox.dead_letters, from the last status read.", kDest)),
+      queue_lock_waiters(
+          registry.AddGauge("outbox_queue_lock_waiters",
+                            "Sessions waiting for a lock on outbox.messages (should be 0 with SKIP "
+                            "LOCKED), from the last status read.")),
+      queue_table_live_tuples(registry.AddGauge(
+          "outbox_queue_table_live_tuples", "pg_stat_user_tables.n_live_tup of outbox.messages.")),
+      queue_table_dead_tuples(registry.AddGauge(
+          "outbox_queue_table_dead_tuples", "pg_stat_user_tables.n_dead_tup of outbox.messages.")),
+      queue_table_last_vacuum(
+          registry.AddGauge("outbox_queue_table_last_vacuum_timestamp_seconds",
+                            "When outbox.messages was last vacuumed (manual or auto), Unix time; "
+                            "absent if never.")),
+      oldest_transaction_age(
+          registry.AddGauge("outbox_oldest_transaction_age_seconds",
+                            "Age of the oldest open transaction holding back the xmin horizon "
+                            "(blocks vacuum and the fresh-lane cursor); 0 if none.")),
+      xmin_lag(registry.AddGauge(
+          "outbox_xmin_lag_transactions",
+          "Transaction ids between the oldest running transaction and the next one.")),
+      status_timestamp(registry.AddGauge(
+          "outbox_status_timestamp_seconds",
+          "When the status gauges were last refreshed (database clock), Unix time.")),
       claims_total(registry.AddCounter("outbox_claims_total", "Claim statements run.", kDest)),
-      empty_polls_total(registry.AddCounter("outbox_empty_polls_total", "Claim statements that leased nothing.",
-                                            kDest)),
-      messages_claimed_total(registry.AddCounter("outbox_messages_claimed_total", "Messages leased by claims.",
-                                                 kDest)),
-      poll_cycle_duration(registry.AddHistogram("outbox_poll_cycle_duration_seconds",
-                                                "Round trip of one claim statement (the poll cycle).", kDest,
-                                                PollCycleBuckets())),
-      delivered_total(registry.AddCounter("outbox_delivered_total", "Messages settled as delivered.", kDest)),
-      retried_total(registry.AddCounter("outbox_retried_total", "Messages settled for a later retry, by reason class.",
+      empty_polls_total(registry.AddCounter("outbox_empty_polls_total",
+                                            "Claim statements that leased nothing.", kDest)),
+      messages_claimed_total(registry.AddCounter("outbox_messages_claimed_total",
+                                                 "Messages leased by claims.", kDest)),
+      poll_cycle_duration(registry.AddHistogram(
+          "outbox_poll_cycle_duration_seconds",
+          "Round trip of one claim statement (the poll cycle).", kDest, PollCycleBuckets())),
+      delivered_total(
+          registry.AddCounter("outbox_delivered_total", "Messages settled as delivered.", kDest)),
+      retried_total(registry.AddCounter("outbox_retried_total",
+                                        "Messages settled for a later retry, by reason class.",
                                         {"destination", "reason"})),
-      dead_lettered_total(registry.AddCounter("outbox_dead_lettered_total",
-                                              "Messages moved to the dead letters, by reason class.",
-                                              {"destination", "reason"})),
-      enqueue_to_delivery(registry.AddHistogram("outbox_enqueue_to_delivery_seconds",
-                                                "From enqueue (created_at) to settled as delivered.", kDest,
-                                                EnqueueToDeliveryBuckets())),
-      delivery_duration(registry.AddHistogram("outbox_delivery_duration_seconds",
-                                              "One delivery attempt, from submit to the sink's completion.",
-                                              {"destination", "sink"}, DeliveryDurationBuckets())),
-      webhook_responses_total(registry.AddCounter("outbox_webhook_responses_total",
-                                                  "Webhook attempts by response class (2xx, 4xx, 5xx, timeout, ...).",
-                                                  {"destination", "class"})),
-      kafka_producer_queue_length(registry.AddGauge("outbox_kafka_producer_queue_length",
-                                                    "Messages and requests waiting in the Kafka producer.", kDest)),
-      settle_fenced_total(registry.AddCounter("outbox_settle_fenced_total",
-                                              "Settlements refused because the lease had expired and moved on.")),
-      reaper_requeued_total(registry.AddCounter("outbox_reaper_requeued_total",
-                                                "Messages whose lease expired, returned to the queue by the reaper.")),
-      db_errors_total(registry.AddCounter("outbox_db_errors_total", "Database errors the relay survived.")),
-      build_info(registry.AddGauge("outbox_relay_build_info", "Always 1; the version of this relay.", {"version"})),
-      relay_ready(registry.AddGauge("outbox_relay_ready",
-                                    "1 while the relay is ready (what /readyz answers 200 for), else 0.")) {
+      dead_lettered_total(registry.AddCounter(
+          "outbox_dead_lettered_total", "Messages moved to the dead letters, by reason class.",
+          {"destination", "reason"})),
+      enqueue_to_delivery(registry.AddHistogram(
+          "outbox_enqueue_to_delivery_seconds",
+          "From enqueue (created_at) to settled as delivered.", kDest, EnqueueToDeliveryBuckets())),
+      delivery_duration(
+          registry.AddHistogram("outbox_delivery_duration_seconds",
+                                "One delivery attempt, from submit to the sink's completion.",
+                                {"destination", "sink"}, DeliveryDurationBuckets())),
+      webhook_responses_total(
+          registry.AddCounter("outbox_webhook_responses_total",
+                              "Webhook attempts by response class (2xx, 4xx, 5xx, timeout, ...).",
+                              {"destination", "class"})),
+      kafka_producer_queue_length(
+          registry.AddGauge("outbox_kafka_producer_queue_length",
+                            "Messages and requests waiting in the Kafka producer.", kDest)),
+      settle_fenced_total(
+          registry.AddCounter("outbox_settle_fenced_total",
+                              "Settlements refused because the lease had expired and moved on.")),
+      reaper_requeued_total(registry.AddCounter(
+          "outbox_reaper_requeued_total",
+          "Messages whose lease expired, returned to the queue by the reaper.")),
+      db_errors_total(
+          registry.AddCounter("outbox_db_errors_total", "Database errors the relay survived.")),
+      build_info(registry.AddGauge("outbox_relay_build_info",
+                                   "Always 1; the version of this relay.", {"version"})),
+      relay_ready(
+          registry.AddGauge("outbox_relay_ready",
+                            "1 while the relay is ready (what /readyz answers 200 for), else 0.")) {
   build_info.Labels({std::move(version)}).Set(1);
   // Unlabelled counters exist from the start, at 0.
   settle_fenced_total.Labels({});
@@ -216,7 +238,8 @@ void RelayMetrics::RecordClaim(std::string_view destination, std::int64_t claime
   poll_cycle_duration.Labels(l).Observe(cycle.count());
 }
 
-void RelayMetrics::RecordDeliveryDuration(std::string_view destination, std::string_view sink, Seconds took) {
+void RelayMetrics::RecordDeliveryDuration(std::string_view destination, std::string_view sink,
+                                          Seconds took) {
   delivery_duration.Labels(L(destination, SinkLabel(sink))).Observe(took.count());
 }
 
@@ -232,16 +255,20 @@ void RelayMetrics::RecordDelivered(std::string_view destination, Seconds latency
   enqueue_to_delivery.Labels(l).Observe(std::max(0.0, latency.count()));
 }
 
-void RelayMetrics::RecordDelivered(std::string_view destination, std::chrono::system_clock::time_point created_at) {
+void RelayMetrics::RecordDelivered(std::string_view destination,
+                                   std::chrono::system_clock::time_point created_at) {
   RecordDelivered(destination, std::chrono::system_clock::now() - created_at);
 }
 
-void RelayMetrics::RecordRetried(std::string_view destination, std::string_view reason, std::int64_t n) {
+void RelayMetrics::RecordRetried(std::string_view destination, std::string_view reason,
+                                 std::int64_t n) {
   if (n > 0) retried_total.Labels(L(destination, ReasonClass(reason))).Inc(static_cast<double>(n));
 }
 
-void RelayMetrics::RecordDeadLettered(std::string_view destination, std::string_view reason, std::int64_t n) {
-  if (n > 0) dead_lettered_total.Labels(L(destination, ReasonClass(reason))).Inc(static_cast<double>(n));
+void RelayMetrics::RecordDeadLettered(std::string_view destination, std::string_view reason,
+                                      std::int64_t n) {
+  if (n > 0)
+    dead_lettered_total.Labels(L(destination, ReasonClass(reason))).Inc(static_cast<double>(n));
 }
 
 void RelayMetrics::RecordReaperRequeued(std::int64_t n) {
@@ -256,7 +283,8 @@ void RelayMetrics::RecordDbError(std::int64_t n) {
   if (n > 0) db_errors_total.Labels({}).Inc(static_cast<double>(n));
 }
 
-void RelayMetrics::SetKafkaProducerQueueLength(std::string_view destination, std::function<double()> fn) {
+void RelayMetrics::SetKafkaProducerQueueLength(std::string_view destination,
+                                               std::function<double()> fn) {
   kafka_producer_queue_length.SetCallback(L(destination), std::move(fn));
 }
 
@@ -289,7 +317,8 @@ void RelayMetrics::UpdateFromStatus(const StatusSnapshot& s) {
     dead_letters.Labels(l).Set(static_cast<double>(d.dead_letters));
   }
   const auto gone = [&](const LabelValues& l) { return present.count(l) == 0; };
-  for (auto* f : {&queue_depth, &oldest_pending_age_seconds, &in_flight, &retrying, &blocked, &dead_letters}) {
+  for (auto* f : {&queue_depth, &oldest_pending_age_seconds, &in_flight, &retrying, &blocked,
+                  &dead_letters}) {
     f->RemoveIf(gone);
   }
   queue_lock_waiters.Labels({}).Set(static_cast<double>(s.lock_waiters));
@@ -300,7 +329,8 @@ void RelayMetrics::UpdateFromStatus(const StatusSnapshot& s) {
   } else {
     queue_table_last_vacuum.Remove({});
   }
-  oldest_transaction_age.Labels({}).Set(s.oldest_transaction ? s.oldest_transaction->age_seconds : 0.0);
+  oldest_transaction_age.Labels({}).Set(s.oldest_transaction ? s.oldest_transaction->age_seconds
+                                                             : 0.0);
   xmin_lag.Labels({}).Set(static_cast<double>(s.xmin_lag_xids));
   status_timestamp.Labels({}).Set(s.taken_at_epoch);
 }

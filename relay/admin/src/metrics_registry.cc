@@ -45,9 +45,12 @@ void AtomicAdd(std::atomic<double>& a, double by) {
 
 const char* TypeName(MetricType t) {
   switch (t) {
-    case MetricType::kCounter: return "counter";
-    case MetricType::kGauge: return "gauge";
-    case MetricType::kHistogram: return "histogram";
+    case MetricType::kCounter:
+      return "counter";
+    case MetricType::kGauge:
+      return "gauge";
+    case MetricType::kHistogram:
+      return "histogram";
   }
   return "untyped";
 }
@@ -68,10 +71,17 @@ std::string EscapeLabelValue(std::string_view v) {
   out.reserve(v.size());
   for (const char c : v) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '"': out += "\\\""; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -82,9 +92,14 @@ std::string EscapeHelp(std::string_view v) {
   out.reserve(v.size());
   for (const char c : v) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -117,7 +132,8 @@ Histogram::Histogram(const std::vector<double>& bounds)
 void Histogram::Observe(double v) {
   if (std::isnan(v)) return;
   // First bound >= v: buckets are "less than or equal".
-  const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+  const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) -
+                                          bounds_.begin());
   counts_[i].fetch_add(1, std::memory_order_relaxed);
   AtomicAdd(sum_, v);
 }
@@ -145,25 +161,29 @@ FamilyBase::FamilyBase(std::string name, std::string help, MetricType type,
       type_(type),
       label_names_(std::move(label_names)),
       max_series_(max_series) {
-  if (!ValidMetricName(name_)) throw std::invalid_argument("metric name \"" + name_ + "\" is not valid");
+  if (!ValidMetricName(name_))
+    throw std::invalid_argument("metric name \"" + name_ + "\" is not valid");
   if (type_ == MetricType::kCounter && !EndsWith(name_, "_total")) {
     throw std::invalid_argument("counter \"" + name_ + "\" must end in _total");
   }
   std::set<std::string> seen;
   for (const auto& l : label_names_) {
-    if (!ValidLabelName(l)) throw std::invalid_argument("label name \"" + l + "\" of " + name_ + " is not valid");
+    if (!ValidLabelName(l))
+      throw std::invalid_argument("label name \"" + l + "\" of " + name_ + " is not valid");
     if (type_ == MetricType::kHistogram && l == "le") {
       throw std::invalid_argument("histogram " + name_ + " may not use the label \"le\"");
     }
-    if (!seen.insert(l).second) throw std::invalid_argument("label \"" + l + "\" repeated in " + name_);
+    if (!seen.insert(l).second)
+      throw std::invalid_argument("label \"" + l + "\" repeated in " + name_);
   }
-  if (max_series_ < 1) throw std::invalid_argument("max_series of " + name_ + " must be at least 1");
+  if (max_series_ < 1)
+    throw std::invalid_argument("max_series of " + name_ + " must be at least 1");
 }
 
 void FamilyBase::CheckArity(const LabelValues& values) const {
   if (values.size() != label_names_.size()) {
-    throw std::invalid_argument(name_ + " takes " + std::to_string(label_names_.size()) + " label values, got " +
-                                std::to_string(values.size()));
+    throw std::invalid_argument(name_ + " takes " + std::to_string(label_names_.size()) +
+                                " label values, got " + std::to_string(values.size()));
   }
 }
 
@@ -179,8 +199,9 @@ void FamilyBase::RenderHeader(std::string& out) const {
   out += '\n';
 }
 
-void FamilyBase::RenderSample(std::string& out, std::string_view suffix, const LabelValues& values, double value,
-                              std::string_view extra_name, std::string_view extra_value) const {
+void FamilyBase::RenderSample(std::string& out, std::string_view suffix, const LabelValues& values,
+                              double value, std::string_view extra_name,
+                              std::string_view extra_value) const {
   out += name_;
   out += suffix;
   if (!values.empty() || !extra_name.empty()) {
@@ -209,7 +230,8 @@ void FamilyBase::RenderSample(std::string& out, std::string_view suffix, const L
 }
 
 template <typename T>
-typename Family<T>::Series* Family<T>::FindOrCreateLocked(const LabelValues& values, bool allow_overflow) {
+typename Family<T>::Series* Family<T>::FindOrCreateLocked(const LabelValues& values,
+                                                          bool allow_overflow) {
   if (auto it = series_.find(values); it != series_.end()) return &it->second;
   const LabelValues overflow(label_names_.size(), std::string(kOverflowLabel));
   const bool has_overflow = series_.count(overflow) > 0;
@@ -256,9 +278,10 @@ template class Family<Counter>;
 template class Family<Gauge>;
 template class Family<Histogram>;
 
-CounterFamily::CounterFamily(std::string name, std::string help, std::vector<std::string> label_names,
-                             std::size_t max_series)
-    : Family(std::move(name), std::move(help), MetricType::kCounter, std::move(label_names), max_series) {}
+CounterFamily::CounterFamily(std::string name, std::string help,
+                             std::vector<std::string> label_names, std::size_t max_series)
+    : Family(std::move(name), std::move(help), MetricType::kCounter, std::move(label_names),
+             max_series) {}
 
 void CounterFamily::Render(std::string& out) const {
   RenderHeader(out);
@@ -268,7 +291,8 @@ void CounterFamily::Render(std::string& out) const {
 
 GaugeFamily::GaugeFamily(std::string name, std::string help, std::vector<std::string> label_names,
                          std::size_t max_series)
-    : Family(std::move(name), std::move(help), MetricType::kGauge, std::move(label_names), max_series) {}
+    : Family(std::move(name), std::move(help), MetricType::kGauge, std::move(label_names),
+             max_series) {}
 
 bool GaugeFamily::SetCallback(const LabelValues& values, std::function<double()> fn) {
   CheckArity(values);
@@ -301,16 +325,20 @@ void GaugeFamily::Render(std::string& out) const {
       // Left out of this scrape; the next one calls it again.
     }
   }
-  std::sort(values.begin(), values.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(values.begin(), values.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [labels, v] : values) RenderSample(out, "", labels, v);
 }
 
-HistogramFamily::HistogramFamily(std::string name, std::string help, std::vector<std::string> label_names,
-                                 std::vector<double> bounds, std::size_t max_series)
-    : Family(std::move(name), std::move(help), MetricType::kHistogram, std::move(label_names), max_series),
+HistogramFamily::HistogramFamily(std::string name, std::string help,
+                                 std::vector<std::string> label_names, std::vector<double> bounds,
+                                 std::size_t max_series)
+    : Family(std::move(name), std::move(help), MetricType::kHistogram, std::move(label_names),
+             max_series),
       bounds_(std::move(bounds)) {
   for (std::size_t i = 0; i < bounds_.size(); ++i) {
-    if (!std::isfinite(bounds_[i])) throw std::invalid_argument("histogram " + name_ + ": bounds must be finite");
+    if (!std::isfinite(bounds_[i]))
+      throw std::invalid_argument("histogram " + name_ + ": bounds must be finite");
     if (i > 0 && !(bounds_[i] > bounds_[i - 1])) {
       throw std::invalid_argument("histogram " + name_ + ": bounds must be strictly increasing");
     }
@@ -323,7 +351,8 @@ void HistogramFamily::Render(std::string& out) const {
   for (const auto& [labels, s] : series_) {
     const auto snap = s.metric->Collect();
     for (std::size_t i = 0; i < bounds_.size(); ++i) {
-      RenderSample(out, "_bucket", labels, static_cast<double>(snap.cumulative[i]), "le", FormatValue(bounds_[i]));
+      RenderSample(out, "_bucket", labels, static_cast<double>(snap.cumulative[i]), "le",
+                   FormatValue(bounds_[i]));
     }
     RenderSample(out, "_bucket", labels, static_cast<double>(snap.count), "le", "+Inf");
     RenderSample(out, "_sum", labels, snap.sum);
@@ -336,31 +365,35 @@ void HistogramFamily::Render(std::string& out) const {
 void Registry::Register(std::unique_ptr<FamilyBase> family) {
   std::lock_guard lk(mu_);
   for (const auto& f : families_) {
-    if (f->name() == family->name()) throw std::invalid_argument("metric \"" + family->name() + "\" registered twice");
+    if (f->name() == family->name())
+      throw std::invalid_argument("metric \"" + family->name() + "\" registered twice");
   }
   families_.push_back(std::move(family));
 }
 
-CounterFamily& Registry::AddCounter(std::string name, std::string help, std::vector<std::string> label_names,
-                                    std::size_t max_series) {
-  auto f = std::make_unique<CounterFamily>(std::move(name), std::move(help), std::move(label_names), max_series);
+CounterFamily& Registry::AddCounter(std::string name, std::string help,
+                                    std::vector<std::string> label_names, std::size_t max_series) {
+  auto f = std::make_unique<CounterFamily>(std::move(name), std::move(help), std::move(label_names),
+                                           max_series);
   auto& ref = *f;
   Register(std::move(f));
   return ref;
 }
 
-GaugeFamily& Registry::AddGauge(std::string name, std::string help, std::vector<std::string> label_names,
-                                std::size_t max_series) {
-  auto f = std::make_unique<GaugeFamily>(std::move(name), std::move(help), std::move(label_names), max_series);
+GaugeFamily& Registry::AddGauge(std::string name, std::string help,
+                                std::vector<std::string> label_names, std::size_t max_series) {
+  auto f = std::make_unique<GaugeFamily>(std::move(name), std::move(help), std::move(label_names),
+                                         max_series);
   auto& ref = *f;
   Register(std::move(f));
   return ref;
 }
 
-HistogramFamily& Registry::AddHistogram(std::string name, std::string help, std::vector<std::string> label_names,
+HistogramFamily& Registry::AddHistogram(std::string name, std::string help,
+                                        std::vector<std::string> label_names,
                                         std::vector<double> bounds, std::size_t max_series) {
-  auto f = std::make_unique<HistogramFamily>(std::move(name), std::move(help), std::move(label_names),
-                                             std::move(bounds), max_series);
+  auto f = std::make_unique<HistogramFamily>(std::move(name), std::move(help),
+                                             std::move(label_names), std::move(bounds), max_series);
   auto& ref = *f;
   Register(std::move(f));
   return ref;

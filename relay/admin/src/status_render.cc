@@ -70,22 +70,25 @@ std::string FormatEpoch(double epoch_seconds) {
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
   return buf;
 }
 
 std::vector<std::string> StatusWarnings(const StatusSnapshot& s) {
   std::vector<std::string> w;
   if (s.lock_waiters > 0) {
-    w.push_back(std::to_string(s.lock_waiters) + " session(s) waiting for a lock on outbox.messages (longest " +
+    w.push_back(std::to_string(s.lock_waiters) +
+                " session(s) waiting for a lock on outbox.messages (longest " +
                 FormatAge(s.longest_lock_wait_seconds) +
-                "): with SKIP LOCKED nothing should wait; look for statements or DDL contending on the queue "
+                "): with SKIP LOCKED nothing should wait; look for statements or DDL contending on "
+                "the queue "
                 "(runbook: OutboxQueueLockWaits)");
   }
   if (s.oldest_transaction && s.oldest_transaction->age_seconds >= kWarnOldestTransactionSeconds) {
     w.push_back("long transaction: " + Describe(*s.oldest_transaction) +
-                "; it holds back vacuum and the relay's fresh-lane cursor (runbook: OutboxLongTransaction)");
+                "; it holds back vacuum and the relay's fresh-lane cursor (runbook: "
+                "OutboxLongTransaction)");
   }
   if (s.table.dead_tuples >= kWarnDeadTupleMin && s.table.DeadRatio() >= kWarnDeadTupleRatio) {
     w.push_back("outbox.messages has " + std::to_string(s.table.dead_tuples) + " dead tuples (" +
@@ -95,19 +98,22 @@ std::vector<std::string> StatusWarnings(const StatusSnapshot& s) {
   for (const auto& d : s.destinations) {
     if (d.expired_leases > 0) {
       w.push_back(d.destination + ": " + std::to_string(d.expired_leases) +
-                  " lease(s) expired and not yet reaped: a relay stopped or stalled (runbook: OutboxReaperSpike)");
+                  " lease(s) expired and not yet reaped: a relay stopped or stalled (runbook: "
+                  "OutboxReaperSpike)");
     }
   }
   return w;
 }
 
 std::string RenderStatusTable(const StatusSnapshot& s) {
-  const std::vector<std::string> header = {"DESTINATION", "PENDING",      "IN_FLIGHT",    "RETRYING",
-                                           "BLOCKED",     "EXPIRED_LEASES", "DEAD_LETTERS", "OLDEST_PENDING"};
+  const std::vector<std::string> header = {"DESTINATION",  "PENDING",       "IN_FLIGHT",
+                                           "RETRYING",     "BLOCKED",       "EXPIRED_LEASES",
+                                           "DEAD_LETTERS", "OLDEST_PENDING"};
   std::vector<std::vector<std::string>> rows;
   for (const auto& d : s.destinations) {
-    rows.push_back({d.destination, std::to_string(d.depth), std::to_string(d.in_flight), std::to_string(d.retrying),
-                    std::to_string(d.blocked), std::to_string(d.expired_leases), std::to_string(d.dead_letters),
+    rows.push_back({d.destination, std::to_string(d.depth), std::to_string(d.in_flight),
+                    std::to_string(d.retrying), std::to_string(d.blocked),
+                    std::to_string(d.expired_leases), std::to_string(d.dead_letters),
                     FormatAge(d.oldest_pending_age_seconds)});
   }
   std::vector<std::size_t> width(header.size());
@@ -132,8 +138,8 @@ std::string RenderStatusTable(const StatusSnapshot& s) {
   if (rows.empty()) out += "(no destinations: the queue and the dead letters are empty)\n";
 
   out += "\nqueue table outbox.messages: " + std::to_string(s.table.live_tuples) + " live, " +
-         std::to_string(s.table.dead_tuples) + " dead tuples (" + Fixed(s.table.DeadRatio() * 100, 1) +
-         "% dead), " + Bytes(s.table.total_bytes) + "\n";
+         std::to_string(s.table.dead_tuples) + " dead tuples (" +
+         Fixed(s.table.DeadRatio() * 100, 1) + "% dead), " + Bytes(s.table.total_bytes) + "\n";
   out += "last vacuum: ";
   if (const auto v = s.table.LastAnyVacuumEpoch()) {
     const bool auto_ran = s.table.last_autovacuum_epoch && *s.table.last_autovacuum_epoch == *v;
@@ -141,13 +147,13 @@ std::string RenderStatusTable(const StatusSnapshot& s) {
   } else {
     out += "never";
   }
-  out += "; " + std::to_string(s.table.autovacuum_count) + " autovacuum, " + std::to_string(s.table.vacuum_count) +
-         " manual since statistics reset\n";
+  out += "; " + std::to_string(s.table.autovacuum_count) + " autovacuum, " +
+         std::to_string(s.table.vacuum_count) + " manual since statistics reset\n";
   out += "lock waits on the queue table: " + std::to_string(s.lock_waiters);
   if (s.lock_waiters > 0) out += " (longest " + FormatAge(s.longest_lock_wait_seconds) + ")";
   out += "\n";
-  out += "oldest transaction: " + (s.oldest_transaction ? Describe(*s.oldest_transaction) : std::string("none")) +
-         "\n";
+  out += "oldest transaction: " +
+         (s.oldest_transaction ? Describe(*s.oldest_transaction) : std::string("none")) + "\n";
   out += "xmin lag: " + std::to_string(s.xmin_lag_xids) + " transactions\n";
   for (const auto& w : StatusWarnings(s)) out += "WARNING: " + w + "\n";
   return out;
@@ -176,7 +182,8 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
               {"state", t.state},
               {"gid", t.gid},
               {"age_seconds", t.age_seconds},
-              {"xmin_age_xids", t.xmin_age_xids ? nlohmann::json(*t.xmin_age_xids) : nlohmann::json(nullptr)}};
+              {"xmin_age_xids",
+               t.xmin_age_xids ? nlohmann::json(*t.xmin_age_xids) : nlohmann::json(nullptr)}};
   }
   return {{"taken_at", FormatEpoch(s.taken_at_epoch)},
           {"destinations", std::move(dests)},
@@ -189,7 +196,8 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
             {"last_autovacuum_at", OptEpoch(s.table.last_autovacuum_epoch)},
             {"vacuum_count", s.table.vacuum_count},
             {"autovacuum_count", s.table.autovacuum_count}}},
-          {"lock_waits", {{"waiters", s.lock_waiters}, {"longest_wait_seconds", s.longest_lock_wait_seconds}}},
+          {"lock_waits",
+           {{"waiters", s.lock_waiters}, {"longest_wait_seconds", s.longest_lock_wait_seconds}}},
           {"oldest_transaction", std::move(oldest)},
           {"xmin_lag_transactions", s.xmin_lag_xids},
           {"warnings", StatusWarnings(s)}};

@@ -1,25 +1,25 @@
 #include "commands.h"
 
-#include <nlohmann/json.hpp>
-#include <pqxx/pqxx>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <csignal>
 #include <iomanip>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
 
 #include "build_info.h"
 #include "outbox_relay/admin_server.h"
 #include "outbox_relay/config.h"
-#include "outbox_relay/metrics.h"
-#include "outbox_relay/status.h"
-#include "outbox_relay/status_render.h"
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/dispatcher.h"
 #include "outbox_relay/kafka_sink.h"
 #include "outbox_relay/logging.h"
+#include "outbox_relay/metrics.h"
 #include "outbox_relay/migrate.h"
+#include "outbox_relay/status.h"
+#include "outbox_relay/status_render.h"
 #include "outbox_relay/webhook_sink.h"
 
 namespace outbox::relay::app {
@@ -37,13 +37,15 @@ bool CheckSchema(const std::string& url) {
   const int have = CurrentSchemaVersion(url);
   const int want = LatestMigrationVersion();
   if (have < want) {
-    spdlog::error("database schema is at version {}, this relay needs {}: run `outbox-relay migrate` first",
-                  have, want);
+    spdlog::error(
+        "database schema is at version {}, this relay needs {}: run `outbox-relay migrate` first",
+        have, want);
     return false;
   }
   if (have > want) {
-    spdlog::error("database schema is at version {}, newer than this relay knows ({}): upgrade outbox-relay",
-                  have, want);
+    spdlog::error(
+        "database schema is at version {}, newer than this relay knows ({}): upgrade outbox-relay",
+        have, want);
     return false;
   }
   return true;
@@ -66,7 +68,8 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   // --database-url wins over the file and the environment, and may stand in for both.
   const EnvLookup process_env = ProcessEnv();
   const EnvLookup env = [&](const std::string& name) -> std::optional<std::string> {
-    if (name == "OUTBOX_DATABASE_URL" && !database_url_override.empty()) return database_url_override;
+    if (name == "OUTBOX_DATABASE_URL" && !database_url_override.empty())
+      return database_url_override;
     return process_env(name);
   };
   try {
@@ -107,7 +110,8 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   RelayMetrics metrics(OUTBOX_RELAY_VERSION);
   for (const auto& [name, sink] : sinks) {
     if (auto* kafka = dynamic_cast<KafkaSink*>(sink.get())) {
-      metrics.SetKafkaProducerQueueLength(name, [kafka] { return static_cast<double>(kafka->QueueLength()); });
+      metrics.SetKafkaProducerQueueLength(
+          name, [kafka] { return static_cast<double>(kafka->QueueLength()); });
     }
   }
   Dispatcher dispatcher(cfg, std::move(sinks), &metrics);
@@ -116,8 +120,9 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
     admin = std::make_unique<AdminServer>(
         cfg.admin_listen, metrics, [&dispatcher] { return dispatcher.Ready(); },
         [&dispatcher] {
-          return dispatcher.Ready() ? std::string("ready")
-                                    : std::string("not ready: the database or a sink is unreachable");
+          return dispatcher.Ready()
+                     ? std::string("ready")
+                     : std::string("not ready: the database or a sink is unreachable");
         });
     try {
       admin->Start();
@@ -128,8 +133,8 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
     spdlog::info("admin server on {} (/metrics, /healthz, /readyz)", cfg.admin_listen);
   }
   dispatcher.Start();
-  spdlog::info("outbox-relay {} running: {} destination(s), batch {}, lease {} ms", OUTBOX_RELAY_VERSION,
-               cfg.destinations.size(), cfg.batch_size, cfg.lease.count());
+  spdlog::info("outbox-relay {} running: {} destination(s), batch {}, lease {} ms",
+               OUTBOX_RELAY_VERSION, cfg.destinations.size(), cfg.batch_size, cfg.lease.count());
   int sig = 0;
   sigwait(&set, &sig);
   spdlog::info("received {}, shutting down (up to {} ms)", sig == SIGINT ? "SIGINT" : "SIGTERM",
@@ -137,9 +142,10 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   const bool clean = dispatcher.Stop();
   if (admin) admin->Stop();
   const auto& s = dispatcher.stats();
-  spdlog::info("stopped: delivered {}, retried {}, dead-lettered {}, released {}{}", s.delivered.load(),
-               s.retried.load(), s.dead.load(), s.released.load(),
-               clean ? "" : " (some outcomes unsettled: their leases expire and they are redelivered)");
+  spdlog::info(
+      "stopped: delivered {}, retried {}, dead-lettered {}, released {}{}", s.delivered.load(),
+      s.retried.load(), s.dead.load(), s.released.load(),
+      clean ? "" : " (some outcomes unsettled: their leases expire and they are redelivered)");
   return 0;
 }
 
@@ -150,7 +156,8 @@ int RunMigrate(const std::string& database_url) {
       std::cout << "schema is up to date at version " << r.to_version << "\n";
     } else {
       for (const auto& name : r.applied) std::cout << "applied " << name << "\n";
-      std::cout << "schema migrated from version " << r.from_version << " to " << r.to_version << "\n";
+      std::cout << "schema migrated from version " << r.from_version << " to " << r.to_version
+                << "\n";
     }
     return 0;
   } catch (const MigrationError& e) {
@@ -163,18 +170,19 @@ int RunMigrate(const std::string& database_url) {
 namespace {
 
 nlohmann::json ToJson(const DeadLetter& d) {
-  return {{"id", d.id},
-          {"destination", d.destination},
-          {"ordering_key", d.ordering_key ? nlohmann::json(*d.ordering_key) : nlohmann::json(nullptr)},
-          {"idempotency_key", d.idempotency_key},
-          {"event_type", d.event_type},
-          {"headers", nlohmann::json::parse(d.headers)},
-          {"payload", d.payload},
-          {"attempts", d.attempts},
-          {"reason", d.reason},
-          {"last_error", d.last_error ? nlohmann::json(*d.last_error) : nlohmann::json(nullptr)},
-          {"created_at", d.created_at},
-          {"dead_at", d.dead_at}};
+  return {
+      {"id", d.id},
+      {"destination", d.destination},
+      {"ordering_key", d.ordering_key ? nlohmann::json(*d.ordering_key) : nlohmann::json(nullptr)},
+      {"idempotency_key", d.idempotency_key},
+      {"event_type", d.event_type},
+      {"headers", nlohmann::json::parse(d.headers)},
+      {"payload", d.payload},
+      {"attempts", d.attempts},
+      {"reason", d.reason},
+      {"last_error", d.last_error ? nlohmann::json(*d.last_error) : nlohmann::json(nullptr)},
+      {"created_at", d.created_at},
+      {"dead_at", d.dead_at}};
 }
 
 template <class F>
@@ -210,12 +218,13 @@ int RunDlqList(const DlqArgs& a) {
       for (const auto& d : rows) std::cout << ToJson(d).dump() << "\n";
       return 0;
     }
-    std::cout << std::left << std::setw(10) << "ID" << std::setw(20) << "DESTINATION" << std::setw(9)
-              << "ATTEMPTS" << std::setw(26) << "DEAD AT" << "REASON\n";
+    std::cout << std::left << std::setw(10) << "ID" << std::setw(20) << "DESTINATION"
+              << std::setw(9) << "ATTEMPTS" << std::setw(26) << "DEAD AT"
+              << "REASON\n";
     for (const auto& d : rows) {
       std::string reason = d.reason.substr(0, 80);
-      std::cout << std::left << std::setw(10) << d.id << std::setw(20) << d.destination << std::setw(9)
-                << d.attempts << std::setw(26) << d.dead_at << reason << "\n";
+      std::cout << std::left << std::setw(10) << d.id << std::setw(20) << d.destination
+                << std::setw(9) << d.attempts << std::setw(26) << d.dead_at << reason << "\n";
     }
     std::cout << rows.size() << " dead letter(s)\n";
     return 0;
@@ -225,7 +234,9 @@ int RunDlqList(const DlqArgs& a) {
 int RunDlqShow(const DlqArgs& a) {
   return WithConnection(a.database_url, [&](pqxx::connection& c) {
     const auto d = GetDeadLetter(c, a.ids.at(0));
-    if (!d) return Fail("no dead letter with id " + std::to_string(a.ids.at(0)) + " (see `outbox-relay dlq list`)");
+    if (!d)
+      return Fail("no dead letter with id " + std::to_string(a.ids.at(0)) +
+                  " (see `outbox-relay dlq list`)");
     std::cout << ToJson(*d).dump(2) << "\n";
     return 0;
   });
@@ -238,7 +249,8 @@ int RunDlqReplay(const DlqArgs& a) {
     const auto ids = ReplayDeadLetters(c, a.ids, a.destination);
     std::cout << "replayed " << ids.size() << " message(s)\n";
     if (!a.ids.empty() && ids.size() != a.ids.size()) {
-      std::cerr << "warning: " << a.ids.size() - ids.size() << " of the given ids were not dead letters\n";
+      std::cerr << "warning: " << a.ids.size() - ids.size()
+                << " of the given ids were not dead letters\n";
     }
     return 0;
   });

@@ -1,17 +1,18 @@
 // outbox-dev-broker: a local Kafka-protocol broker for development and the quickstart.
 // It is librdkafka's mock cluster: it speaks the real protocol on loopback ports, keeps
 // everything in memory, and is gone when this process exits. Never use it in production.
-#include <CLI/CLI.hpp>
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
 
+#include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 
 int main(int argc, char** argv) {
-  CLI::App app{"outbox-dev-broker: in-memory Kafka-protocol broker (librdkafka mock cluster) for local use"};
+  CLI::App app{
+      "outbox-dev-broker: in-memory Kafka-protocol broker (librdkafka mock cluster) for local use"};
   int brokers = 1;
   int partitions = 3;
   std::vector<std::string> topics;

@@ -1,6 +1,5 @@
 // outbox-relay: moves committed outbox messages from PostgreSQL to Kafka and webhooks.
 #include <CLI/CLI.hpp>
-
 #include <cstdlib>
 #include <iostream>
 
@@ -19,7 +18,8 @@ std::string EnvOr(const char* name, const std::string& fallback = "") {
 
 int main(int argc, char** argv) {
   using namespace outbox::relay::app;
-  CLI::App app{"outbox-relay: delivers transactional outbox messages from PostgreSQL to Kafka and webhooks"};
+  CLI::App app{
+      "outbox-relay: delivers transactional outbox messages from PostgreSQL to Kafka and webhooks"};
   app.require_subcommand(1);
   app.set_version_flag("--version", OUTBOX_RELAY_VERSION);
 
@@ -30,17 +30,23 @@ int main(int argc, char** argv) {
                     "PostgreSQL URL (default: $OUTBOX_DATABASE_URL)");
   };
 
-  auto* version = app.add_subcommand("version", "Print the version and the schema version it carries");
+  auto* version =
+      app.add_subcommand("version", "Print the version and the schema version it carries");
 
-  auto* migrate = app.add_subcommand("migrate", "Apply pending schema migrations (idempotent, safe to run concurrently)");
+  auto* migrate = app.add_subcommand(
+      "migrate", "Apply pending schema migrations (idempotent, safe to run concurrently)");
   add_db(migrate);
 
   auto* run = app.add_subcommand("run", "Run the relay until SIGINT/SIGTERM");
-  run->add_option("--config,-c", config_path, "YAML config file")->required()->check(CLI::ExistingFile);
+  run->add_option("--config,-c", config_path, "YAML config file")
+      ->required()
+      ->check(CLI::ExistingFile);
   add_db(run);
 
   bool status_json = false;
-  auto* status = app.add_subcommand("status", "Queue depth, age, in flight, retrying and dead letters per destination, and health signals");
+  auto* status = app.add_subcommand(
+      "status",
+      "Queue depth, age, in flight, retrying and dead letters per destination, and health signals");
   add_db(status);
   status->add_flag("--json", status_json, "JSON instead of a table");
 
@@ -51,7 +57,8 @@ int main(int argc, char** argv) {
   auto* dlq_cmd = app.add_subcommand("dlq", "Inspect, replay and purge dead letters");
   dlq_cmd->require_subcommand(1);
   auto add_dlq_common = [&](CLI::App* cmd) {
-    cmd->add_option("--database-url", dlq.database_url, "PostgreSQL URL (default: $OUTBOX_DATABASE_URL)");
+    cmd->add_option("--database-url", dlq.database_url,
+                    "PostgreSQL URL (default: $OUTBOX_DATABASE_URL)");
     cmd->add_option("--destination,-d", dlq.destination, "Only this destination");
   };
   auto* dlq_list = dlq_cmd->add_subcommand("list", "List dead letters, newest first");
@@ -61,14 +68,16 @@ int main(int argc, char** argv) {
   auto* dlq_show = dlq_cmd->add_subcommand("show", "Show one dead letter with its payload");
   add_dlq_common(dlq_show);
   dlq_show->add_option("id", dlq.ids, "Dead letter id")->required()->expected(1);
-  auto* dlq_replay = dlq_cmd->add_subcommand("replay", "Put dead letters back in the queue (same idempotency keys)");
+  auto* dlq_replay = dlq_cmd->add_subcommand(
+      "replay", "Put dead letters back in the queue (same idempotency keys)");
   add_dlq_common(dlq_replay);
   dlq_replay->add_option("ids", dlq.ids, "Dead letter ids");
   dlq_replay->add_flag("--all", dlq.all, "Every dead letter (of --destination if given)");
   auto* dlq_purge = dlq_cmd->add_subcommand("purge", "Delete dead letters for good");
   add_dlq_common(dlq_purge);
   dlq_purge->add_option("ids", dlq.ids, "Dead letter ids");
-  dlq_purge->add_option("--older-than", dlq.older_than, "Only those dead longer than this interval, e.g. '7 days'");
+  dlq_purge->add_option("--older-than", dlq.older_than,
+                        "Only those dead longer than this interval, e.g. '7 days'");
 
   try {
     app.parse(argc, argv);

@@ -1,9 +1,9 @@
 // outbox-sample-receiver: a webhook endpoint that verifies Standard Webhooks signatures,
 // drops duplicates by webhook-id, and prints what it accepts. For the quickstart and for
 // trying a destination by hand.
-#include <CLI/CLI.hpp>
 #include <httplib.h>
 
+#include <CLI/CLI.hpp>
 #include <csignal>
 #include <ctime>
 #include <iostream>
@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   long long tolerance = 300;
   app.add_option("--port,-p", port, "Port on 127.0.0.1");
   app.add_option("--secret", secret, "whsec_... secret shared with the relay")->required();
-  app.add_option("--tolerance", tolerance, "Reject timestamps older or newer than this many seconds");
+  app.add_option("--tolerance", tolerance,
+                 "Reject timestamps older or newer than this many seconds");
   CLI11_PARSE(app, argc, argv);
 
   httplib::Server server;

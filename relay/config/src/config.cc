@@ -2,6 +2,8 @@
 // docs/configuration.md and deploy/config/relay.example.yaml describe every key read here.
 #include "outbox_relay/config.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -10,8 +12,6 @@
 #include <set>
 #include <string_view>
 #include <utility>
-
-#include <yaml-cpp/yaml.h>
 
 #include "fields.h"
 #include "sources.h"
@@ -26,11 +26,13 @@ using detail::Mapping;
 
 namespace {
 
-constexpr std::int64_t kMaxDurationMs = 86'400'000;  // 24 h: longer is a mistake, and keeps time math far from overflow
+constexpr std::int64_t kMaxDurationMs =
+    86'400'000;  // 24 h: longer is a mistake, and keeps time math far from overflow
 constexpr std::int64_t kMaxBatchSize = 10'000;
 constexpr std::int64_t kMaxInFlight = 1024;
-constexpr std::size_t kMaxDestinationName = 255;  // outbox.messages.destination allows 255 characters
-constexpr std::size_t kMaxTopicName = 249;        // Kafka's limit
+constexpr std::size_t kMaxDestinationName =
+    255;                                    // outbox.messages.destination allows 255 characters
+constexpr std::size_t kMaxTopicName = 249;  // Kafka's limit
 constexpr std::string_view kMsHint = " of milliseconds, e.g. 30000 for 30 s";
 
 const char* const kExample = "see deploy/config/relay.example.yaml";
@@ -59,8 +61,9 @@ bool HasSpaceOrControl(std::string_view text) {
 
 // Characters, as PostgreSQL's length() counts them for UTF-8 text.
 std::size_t Utf8Length(std::string_view text) {
-  return static_cast<std::size_t>(
-      std::count_if(text.begin(), text.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+  return static_cast<std::size_t>(std::count_if(text.begin(), text.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }));
 }
 
 std::vector<std::string> SplitOnWhitespace(std::string_view text) {
@@ -101,8 +104,8 @@ struct StringSetting {
 void CheckIntRange(const IntSetting& s) {
   if (s.value < s.min || s.value > s.max) {
     Fail(s.origin, s.key,
-         std::to_string(s.value) + " is out of range; set it between " + std::to_string(s.min) + " and " +
-             std::to_string(s.max) + " (" + s.meaning + ")");
+         std::to_string(s.value) + " is out of range; set it between " + std::to_string(s.min) +
+             " and " + std::to_string(s.max) + " (" + s.meaning + ")");
   }
 }
 
@@ -138,7 +141,8 @@ RetryLayer ParseRetry(const Field& field, bool destination_level) {
                   const char* meaning) -> std::optional<RetryValue> {
     auto f = m.Get(key);
     if (!f) return std::nullopt;
-    return RetryValue{detail::ReadIntegerIn(*f, min, max, hint, meaning), f->path, f->Origin(), destination_level};
+    return RetryValue{detail::ReadIntegerIn(*f, min, max, hint, meaning), f->path, f->Origin(),
+                      destination_level};
   };
   layer.max_attempts = read("max_attempts", 1, std::numeric_limits<int>::max(), ", e.g. 12",
                             "attempts before a message is dead-lettered; 1 means no retry");
@@ -149,27 +153,34 @@ RetryLayer ParseRetry(const Field& field, bool destination_level) {
   return layer;
 }
 
-RetryPolicy ResolveRetry(const RetryLayer& destination, const RetryLayer& defaults, const std::string& destination_path,
-                         const std::string& source) {
+RetryPolicy ResolveRetry(const RetryLayer& destination, const RetryLayer& defaults,
+                         const std::string& destination_path, const std::string& source) {
   const RetryPolicy builtin;
-  auto pick = [](const std::optional<RetryValue>& a, const std::optional<RetryValue>& b, std::int64_t fallback) {
+  auto pick = [](const std::optional<RetryValue>& a, const std::optional<RetryValue>& b,
+                 std::int64_t fallback) {
     if (a) return *a;
     if (b) return *b;
     return RetryValue{fallback, "built-in default", "", false};
   };
-  const RetryValue attempts = pick(destination.max_attempts, defaults.max_attempts, builtin.max_attempts);
-  const RetryValue initial = pick(destination.initial_backoff_ms, defaults.initial_backoff_ms, builtin.initial_backoff.count());
-  const RetryValue max = pick(destination.max_backoff_ms, defaults.max_backoff_ms, builtin.max_backoff.count());
+  const RetryValue attempts =
+      pick(destination.max_attempts, defaults.max_attempts, builtin.max_attempts);
+  const RetryValue initial = pick(destination.initial_backoff_ms, defaults.initial_backoff_ms,
+                                  builtin.initial_backoff.count());
+  const RetryValue max =
+      pick(destination.max_backoff_ms, defaults.max_backoff_ms, builtin.max_backoff.count());
   if (initial.value > max.value) {
     const bool at_destination = initial.destination_level || max.destination_level;
-    const std::string path = at_destination ? ChildPath(destination_path, "retry") : "defaults.retry";
-    std::string origin = !initial.origin.empty() && (initial.destination_level || !at_destination) ? initial.origin
-                                                                                                   : max.origin;
+    const std::string path =
+        at_destination ? ChildPath(destination_path, "retry") : "defaults.retry";
+    std::string origin = !initial.origin.empty() && (initial.destination_level || !at_destination)
+                             ? initial.origin
+                             : max.origin;
     if (origin.empty()) origin = source;
     Fail(origin, path,
-         "initial_backoff_ms " + std::to_string(initial.value) + " (" + initial.from + ") is greater than max_backoff_ms " +
-             std::to_string(max.value) + " (" + max.from +
-             "); lower initial_backoff_ms or raise max_backoff_ms so that initial_backoff_ms <= max_backoff_ms");
+         "initial_backoff_ms " + std::to_string(initial.value) + " (" + initial.from +
+             ") is greater than max_backoff_ms " + std::to_string(max.value) + " (" + max.from +
+             "); lower initial_backoff_ms or raise max_backoff_ms so that initial_backoff_ms <= "
+             "max_backoff_ms");
   }
   RetryPolicy policy;
   policy.max_attempts = static_cast<int>(attempts.value);
@@ -190,23 +201,30 @@ constexpr std::array<OwnedProperty, 8> kOwnedProducerProperties = {{
     {"bootstrap.servers", "the relay sets it from `brokers`; list the servers there instead"},
     {"metadata.broker.list", "the relay sets the servers from `brokers`; list them there instead"},
     {"enable.idempotence",
-     "the relay always enables the idempotent producer so that its retries cannot duplicate or reorder messages; "
+     "the relay always enables the idempotent producer so that its retries cannot duplicate or "
+     "reorder messages; "
      "remove it"},
     {"acks",
-     "the relay requires acks=all, so a message counts as delivered only once every in-sync replica has it; "
+     "the relay requires acks=all, so a message counts as delivered only once every in-sync "
+     "replica has it; "
      "remove it"},
     {"request.required.acks",
-     "the relay requires acks=all, so a message counts as delivered only once every in-sync replica has it; "
+     "the relay requires acks=all, so a message counts as delivered only once every in-sync "
+     "replica has it; "
      "remove it"},
-    {"dr_msg_cb", "the relay installs its own delivery report callback to mark messages delivered; remove it"},
-    {"dr_cb", "the relay installs its own delivery report callback to mark messages delivered; remove it"},
-    {"transactional.id", "the relay uses the idempotent producer, not Kafka transactions; remove it"},
+    {"dr_msg_cb",
+     "the relay installs its own delivery report callback to mark messages delivered; remove it"},
+    {"dr_cb",
+     "the relay installs its own delivery report callback to mark messages delivered; remove it"},
+    {"transactional.id",
+     "the relay uses the idempotent producer, not Kafka transactions; remove it"},
 }};
 
 std::string ReadBrokers(const Field& field) {
   std::vector<std::string> parts;
   if (field.node.IsSequence()) {
-    for (const auto& element : detail::ReadList(field)) parts.push_back(detail::ReadNonEmptyString(element));
+    for (const auto& element : detail::ReadList(field))
+      parts.push_back(detail::ReadNonEmptyString(element));
   } else {
     const std::string text = detail::ReadNonEmptyString(field);
     std::string current;
@@ -225,30 +243,39 @@ std::string ReadBrokers(const Field& field) {
     const auto last = part.find_last_not_of(" \t");
     part = first == std::string::npos ? "" : part.substr(first, last - first + 1);
     if (part.empty()) {
-      Fail(field, "has an empty entry; write the bootstrap servers as `host:port` separated by commas, e.g. "
-                  "`kafka-1:9092,kafka-2:9092`");
+      Fail(field,
+           "has an empty entry; write the bootstrap servers as `host:port` separated by commas, "
+           "e.g. "
+           "`kafka-1:9092,kafka-2:9092`");
     }
     if (HasSpaceOrControl(part)) {
-      Fail(field, "entry " + Quote(part) + " contains whitespace; write `host:port` entries separated by commas");
+      Fail(field, "entry " + Quote(part) +
+                      " contains whitespace; write `host:port` entries separated by commas");
     }
     if (!joined.empty()) joined += ',';
     joined += part;
   }
   if (joined.empty()) {
-    Fail(field, "lists no servers; write at least one bootstrap server as `host:port`, e.g. `kafka-1:9092`");
+    Fail(field,
+         "lists no servers; write at least one bootstrap server as `host:port`, e.g. "
+         "`kafka-1:9092`");
   }
   return joined;
 }
 
 void ValidateTopic(const Field& field, const std::string& topic) {
-  if (topic == "." || topic == "..") Fail(field, "`.` and `..` are not valid Kafka topic names; choose another name");
+  if (topic == "." || topic == "..")
+    Fail(field, "`.` and `..` are not valid Kafka topic names; choose another name");
   if (topic.size() > kMaxTopicName) {
-    Fail(field, "is " + std::to_string(topic.size()) + " characters long; Kafka topic names have at most 249");
+    Fail(field, "is " + std::to_string(topic.size()) +
+                    " characters long; Kafka topic names have at most 249");
   }
   for (char c : topic) {
     const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
     if (!ok) {
-      Fail(field, Quote(topic) + " is not a valid Kafka topic name; use only letters, digits, `.`, `_` and `-`");
+      Fail(field,
+           Quote(topic) +
+               " is not a valid Kafka topic name; use only letters, digits, `.`, `_` and `-`");
     }
   }
 }
@@ -267,15 +294,18 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
       property = key.substr(0, key.size() - 5);
     }
     if (property.empty()) {
-      Fail(value_field, "names no property; write `<librdkafka property>_env` or `<property>_file`, e.g. "
-                        "`sasl.password_env: KAFKA_PASSWORD`");
+      Fail(value_field,
+           "names no property; write `<librdkafka property>_env` or `<property>_file`, e.g. "
+           "`sasl.password_env: KAFKA_PASSWORD`");
     }
     for (const auto& owned : kOwnedProducerProperties) {
-      if (property == owned.name) Fail(value_field, "`" + property + "` cannot be set here: " + std::string(owned.why));
+      if (property == owned.name)
+        Fail(value_field, "`" + property + "` cannot be set here: " + std::string(owned.why));
     }
     if (auto it = written_as.find(property); it != written_as.end()) {
-      Fail(value_field, "sets `" + property + "` again (already set by `" + it->second + "`); keep only one of `" +
-                            property + "`, `" + property + "_env` and `" + property + "_file`");
+      Fail(value_field, "sets `" + property + "` again (already set by `" + it->second +
+                            "`); keep only one of `" + property + "`, `" + property +
+                            "_env` and `" + property + "_file`");
     }
     written_as.emplace(property, key);
 
@@ -293,7 +323,8 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
           Fail(value_field, "has no value; give the librdkafka property a value or remove the key");
         }
         if (!node.IsScalar()) {
-          Fail(value_field, "expected a string, number or boolean, got " + detail::DescribeKind(node) +
+          Fail(value_field, "expected a string, number or boolean, got " +
+                                detail::DescribeKind(node) +
                                 "; librdkafka properties take one value (join lists with commas)");
         }
         value = node.Scalar();
@@ -312,11 +343,15 @@ KafkaTarget ParseKafka(const Field& field, const EnvLookup& env) {
   KafkaTarget kafka;
   auto brokers = m.Get("brokers");
   if (!brokers) {
-    Fail(field, "missing required key `brokers`; list the bootstrap servers, e.g. `brokers: kafka-1:9092,kafka-2:9092`");
+    Fail(field,
+         "missing required key `brokers`; list the bootstrap servers, e.g. `brokers: "
+         "kafka-1:9092,kafka-2:9092`");
   }
   kafka.brokers = ReadBrokers(*brokers);
   auto topic = m.Get("topic");
-  if (!topic) Fail(field, "missing required key `topic`; name the Kafka topic to produce to, e.g. `topic: orders`");
+  if (!topic)
+    Fail(field,
+         "missing required key `topic`; name the Kafka topic to produce to, e.g. `topic: orders`");
   kafka.topic = detail::ReadNonEmptyString(*topic);
   ValidateTopic(*topic, kafka.topic);
   if (auto producer = m.Get("producer")) kafka.producer = ReadProducer(*producer, env);
@@ -333,25 +368,30 @@ void ValidateUrl(const Field& field, const std::string& url) {
   if (scheme_end == std::string::npos) Fail(field, "is not an absolute URL" + fix);
   const std::string scheme = Lowercase(url.substr(0, scheme_end));
   if (scheme != "http" && scheme != "https") {
-    const bool printable = scheme.size() <= 10 && std::all_of(scheme.begin(), scheme.end(), [](char c) {
-                             return std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.';
-                           });
+    const bool printable =
+        scheme.size() <= 10 && std::all_of(scheme.begin(), scheme.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.';
+        });
     Fail(field, "uses the scheme " + (printable ? Quote(scheme) : std::string("given")) +
                     "; webhooks need http:// or https://" + fix);
   }
-  if (HasSpaceOrControl(url)) Fail(field, "contains whitespace or control characters; percent-encode them" + fix);
+  if (HasSpaceOrControl(url))
+    Fail(field, "contains whitespace or control characters; percent-encode them" + fix);
   const std::string rest = url.substr(scheme_end + 3);
   std::string authority = rest.substr(0, rest.find_first_of("/?#"));
-  if (const auto at = authority.rfind('@'); at != std::string::npos) authority = authority.substr(at + 1);
+  if (const auto at = authority.rfind('@'); at != std::string::npos)
+    authority = authority.substr(at + 1);
   std::string host;
   std::string port;
   if (authority.starts_with('[')) {
     const auto close = authority.find(']');
-    if (close == std::string::npos) Fail(field, "has an unterminated IPv6 address (missing `]`)" + fix);
+    if (close == std::string::npos)
+      Fail(field, "has an unterminated IPv6 address (missing `]`)" + fix);
     host = authority.substr(1, close - 1);
     const std::string after = authority.substr(close + 1);
     if (!after.empty()) {
-      if (after[0] != ':') Fail(field, "has characters after the IPv6 address that are not a port" + fix);
+      if (after[0] != ':')
+        Fail(field, "has characters after the IPv6 address that are not a port" + fix);
       port = after.substr(1);
     }
   } else {
@@ -381,7 +421,8 @@ struct OwnedHeader {
 // The webhook sink sets these itself (and skips configured ones), so refuse them up front.
 constexpr std::array<OwnedHeader, 12> kOwnedHeaders = {{
     {"idempotency-key", "the relay sets it to the message's idempotency key"},
-    {"content-type", "the relay sets it from the message (application/json or application/octet-stream)"},
+    {"content-type",
+     "the relay sets it from the message (application/json or application/octet-stream)"},
     {"content-length", "the HTTP client sets it from the body"},
     {"host", "the HTTP client sets it from `url`"},
     {"connection", "the HTTP client manages connections"},
@@ -399,30 +440,36 @@ std::map<std::string, std::string> ReadHeaders(const Field& field) {
   std::map<std::string, std::string> by_lowercase;
   for (const auto& [name, value_field] : detail::Entries(field)) {
     if (name.empty() || !std::all_of(name.begin(), name.end(), IsHeaderNameChar)) {
-      Fail(value_field, "is not a valid HTTP header name; use letters, digits and `-`, e.g. `X-Team: billing`");
+      Fail(value_field,
+           "is not a valid HTTP header name; use letters, digits and `-`, e.g. `X-Team: billing`");
     }
     const std::string lower = Lowercase(name);
     if (lower.starts_with("webhook-")) {
-      Fail(value_field, "cannot be set here: the relay signs every delivery with the Standard Webhooks headers "
-                        "(webhook-id, webhook-timestamp, webhook-signature) and reserves the `webhook-` prefix; "
-                        "remove it or choose another name");
+      Fail(value_field,
+           "cannot be set here: the relay signs every delivery with the Standard Webhooks headers "
+           "(webhook-id, webhook-timestamp, webhook-signature) and reserves the `webhook-` prefix; "
+           "remove it or choose another name");
     }
     for (const auto& owned : kOwnedHeaders) {
-      if (lower == owned.name) Fail(value_field, "cannot be set here: " + std::string(owned.why) + "; remove it");
+      if (lower == owned.name)
+        Fail(value_field, "cannot be set here: " + std::string(owned.why) + "; remove it");
     }
     if (auto it = by_lowercase.find(lower); it != by_lowercase.end()) {
-      Fail(value_field, "repeats header `" + it->second + "` (header names ignore case); keep only one");
+      Fail(value_field,
+           "repeats header `" + it->second + "` (header names ignore case); keep only one");
     }
     by_lowercase.emplace(lower, name);
     const YAML::Node& node = value_field.node;
-    if (node.IsNull() || !node.IsDefined()) Fail(value_field, "has no value; give the header a value or remove it");
+    if (node.IsNull() || !node.IsDefined())
+      Fail(value_field, "has no value; give the header a value or remove it");
     const std::string value = detail::ReadString(value_field);
     if (std::any_of(value.begin(), value.end(), [](char c) {
           const auto u = static_cast<unsigned char>(c);
           return (u < 0x20 && c != '\t') || u == 0x7F;
         })) {
-      Fail(value_field, "has a line break or another control character in its value; header values must be one "
-                        "line of text");
+      Fail(value_field,
+           "has a line break or another control character in its value; header values must be one "
+           "line of text");
     }
     headers.emplace(name, value);
   }
@@ -435,13 +482,15 @@ void AddSecrets(const Field& field, const std::string& text, const std::string& 
                 std::vector<std::string>& out) {
   const std::vector<std::string> secrets = SplitOnWhitespace(text);
   if (secrets.empty()) {
-    Fail(field, described + " contains no secret; provide a Standard Webhooks secret `whsec_<base64>`");
+    Fail(field,
+         described + " contains no secret; provide a Standard Webhooks secret `whsec_<base64>`");
   }
   for (std::size_t i = 0; i < secrets.size(); ++i) {
     const std::string problem = detail::CheckWebhookSecret(secrets[i], nullptr);
     if (!problem.empty()) {
-      const std::string which =
-          secrets.size() == 1 ? "the secret" : "secret " + std::to_string(i + 1) + " of " + std::to_string(secrets.size());
+      const std::string which = secrets.size() == 1 ? "the secret"
+                                                    : "secret " + std::to_string(i + 1) + " of " +
+                                                          std::to_string(secrets.size());
       Fail(field, which + " " + described + " " + problem);
     }
     if (std::find(out.begin(), out.end(), secrets[i]) == out.end()) out.push_back(secrets[i]);
@@ -449,12 +498,15 @@ void AddSecrets(const Field& field, const std::string& text, const std::string& 
 }
 
 WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
-  Mapping m(field, {"url", "secret", "secret_env", "secret_file", "previous_secrets", "timeout_ms", "connect_timeout_ms",
-                    "max_in_flight", "ca_file", "verify_tls", "headers"});
+  Mapping m(field, {"url", "secret", "secret_env", "secret_file", "previous_secrets", "timeout_ms",
+                    "connect_timeout_ms", "max_in_flight", "ca_file", "verify_tls", "headers"});
   WebhookTarget webhook;
 
   auto url = m.Get("url");
-  if (!url) Fail(field, "missing required key `url`; set the endpoint, e.g. `url: https://billing.internal/hooks/outbox`");
+  if (!url)
+    Fail(field,
+         "missing required key `url`; set the endpoint, e.g. `url: "
+         "https://billing.internal/hooks/outbox`");
   webhook.url = detail::ReadNonEmptyString(*url);
   ValidateUrl(*url, webhook.url);
 
@@ -463,48 +515,56 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
     if (auto f = m.Get(key)) secret_keys.push_back(*f);
   }
   if (secret_keys.empty()) {
-    Fail(field, "missing secret; set exactly one of `secret`, `secret_env` (the name of an environment variable that "
-                "holds it) or `secret_file` (a file that holds it) to a Standard Webhooks secret `whsec_<base64>`");
+    Fail(field,
+         "missing secret; set exactly one of `secret`, `secret_env` (the name of an environment "
+         "variable that "
+         "holds it) or `secret_file` (a file that holds it) to a Standard Webhooks secret "
+         "`whsec_<base64>`");
   }
   if (secret_keys.size() > 1) {
     Fail(secret_keys[1], "set only one of `secret`, `secret_env` and `secret_file` (found `" +
-                             secret_keys[0].path.substr(secret_keys[0].path.rfind('.') + 1) + "` too); remove the others");
+                             secret_keys[0].path.substr(secret_keys[0].path.rfind('.') + 1) +
+                             "` too); remove the others");
   }
   const Field& secret = secret_keys[0];
   const std::string secret_key = secret.path.substr(secret.path.rfind('.') + 1);
   if (secret_key == "secret") {
-    AddSecrets(secret, detail::ReadNonEmptyString(secret), "(written in the config)", webhook.secrets);
+    AddSecrets(secret, detail::ReadNonEmptyString(secret), "(written in the config)",
+               webhook.secrets);
   } else if (secret_key == "secret_env") {
     const std::string value = detail::ReadEnvReference(secret, env);
-    AddSecrets(secret, value, "(from environment variable " + detail::ReadString(secret) + ")", webhook.secrets);
+    AddSecrets(secret, value, "(from environment variable " + detail::ReadString(secret) + ")",
+               webhook.secrets);
   } else {
     const std::string value = detail::ReadFileReference(secret);
     AddSecrets(secret, value, "(from file " + detail::ReadString(secret) + ")", webhook.secrets);
   }
   if (auto previous = m.Get("previous_secrets")) {
     for (const auto& element : detail::ReadList(*previous)) {
-      AddSecrets(element, detail::ReadNonEmptyString(element), "(in previous_secrets)", webhook.secrets);
+      AddSecrets(element, detail::ReadNonEmptyString(element), "(in previous_secrets)",
+                 webhook.secrets);
     }
   }
 
   if (auto f = m.Get("timeout_ms")) {
-    webhook.timeout = Millis{detail::ReadIntegerIn(*f, 1, kMaxDurationMs, kMsHint,
-                                                   "time limit of a whole request, in milliseconds")};
+    webhook.timeout = Millis{detail::ReadIntegerIn(
+        *f, 1, kMaxDurationMs, kMsHint, "time limit of a whole request, in milliseconds")};
   }
   if (auto f = m.Get("connect_timeout_ms")) {
-    webhook.connect_timeout = Millis{detail::ReadIntegerIn(*f, 1, kMaxDurationMs, kMsHint,
-                                                           "time limit to establish a connection, in milliseconds")};
+    webhook.connect_timeout = Millis{detail::ReadIntegerIn(
+        *f, 1, kMaxDurationMs, kMsHint, "time limit to establish a connection, in milliseconds")};
   }
   if (auto f = m.Get("max_in_flight")) {
-    webhook.max_in_flight = static_cast<int>(
-        detail::ReadIntegerIn(*f, 1, kMaxInFlight, ", e.g. 32", "concurrent requests to this endpoint"));
+    webhook.max_in_flight = static_cast<int>(detail::ReadIntegerIn(
+        *f, 1, kMaxInFlight, ", e.g. 32", "concurrent requests to this endpoint"));
   }
   if (auto f = m.Get("ca_file")) {
     const std::string path = detail::ReadNonEmptyString(*f);
     std::string error;
     if (!detail::ReadWholeFile(path, &error)) {
-      Fail(*f, "cannot read " + path + ": " + error +
-                   "; point it at a readable PEM bundle, or remove the key to trust the system's CAs");
+      Fail(*f,
+           "cannot read " + path + ": " + error +
+               "; point it at a readable PEM bundle, or remove the key to trust the system's CAs");
     }
     webhook.ca_file = path;
   }
@@ -517,9 +577,17 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
 // Destinations
 
 constexpr std::array<std::string_view, 3> kKafkaKeys = {"brokers", "topic", "producer"};
-constexpr std::array<std::string_view, 11> kWebhookKeys = {
-    "url", "secret", "secret_env", "secret_file", "previous_secrets", "timeout_ms", "connect_timeout_ms",
-    "max_in_flight", "ca_file", "verify_tls", "headers"};
+constexpr std::array<std::string_view, 11> kWebhookKeys = {"url",
+                                                           "secret",
+                                                           "secret_env",
+                                                           "secret_file",
+                                                           "previous_secrets",
+                                                           "timeout_ms",
+                                                           "connect_timeout_ms",
+                                                           "max_in_flight",
+                                                           "ca_file",
+                                                           "verify_tls",
+                                                           "headers"};
 
 struct ParsedDestination {
   Destination destination;
@@ -527,15 +595,18 @@ struct ParsedDestination {
   std::string path;
 };
 
-ParsedDestination ParseDestination(const std::string& name, const Field& field, const EnvLookup& env) {
+ParsedDestination ParseDestination(const std::string& name, const Field& field,
+                                   const EnvLookup& env) {
   if (name.empty()) {
-    Fail(field, "a destination name must not be empty; use the name applications pass to outbox.enqueue, "
-                "e.g. `orders`");
+    Fail(field,
+         "a destination name must not be empty; use the name applications pass to outbox.enqueue, "
+         "e.g. `orders`");
   }
   if (Utf8Length(name) > kMaxDestinationName) {
     Fail(field.Origin(), "destinations",
          "destination name is " + std::to_string(Utf8Length(name)) +
-             " characters long; the limit is 255 (the same as outbox.messages.destination), use a shorter name");
+             " characters long; the limit is 255 (the same as outbox.messages.destination), use a "
+             "shorter name");
   }
   if (field.node.IsNull() || !field.node.IsDefined()) {
     Fail(field, "is empty; give the destination a `kafka:` or `webhook:` section");
@@ -559,11 +630,15 @@ ParsedDestination ParseDestination(const std::string& name, const Field& field, 
   auto kafka = m.Get("kafka");
   auto webhook = m.Get("webhook");
   if (kafka && webhook) {
-    Fail(*webhook, "a destination has exactly one target, and this one also has `kafka`; keep one and move the other "
-                   "to a destination of its own");
+    Fail(*webhook,
+         "a destination has exactly one target, and this one also has `kafka`; keep one and move "
+         "the other "
+         "to a destination of its own");
   }
   if (!kafka && !webhook) {
-    Fail(field, "has no target; add a `kafka:` section (brokers, topic) or a `webhook:` section (url, secret)");
+    Fail(field,
+         "has no target; add a `kafka:` section (brokers, topic) or a `webhook:` section (url, "
+         "secret)");
   }
   if (kafka) {
     parsed.destination.target = ParseKafka(*kafka, env);
@@ -573,7 +648,8 @@ ParsedDestination ParseDestination(const std::string& name, const Field& field, 
   if (auto retry = m.Get("retry")) parsed.retry = ParseRetry(*retry, true);
   if (auto f = m.Get("batch_size")) {
     parsed.destination.batch_size = static_cast<int>(detail::ReadIntegerIn(
-        *f, 0, kMaxBatchSize, ", e.g. 100", "rows claimed per query for this destination; 0 uses the global batch_size"));
+        *f, 0, kMaxBatchSize, ", e.g. 100",
+        "rows claimed per query for this destination; 0 uses the global batch_size"));
   }
   return parsed;
 }
@@ -585,8 +661,10 @@ std::string TopLevelHint(const std::string& key, const Field& value) {
   if (key == "kafka" || key == "webhook") {
     return "Targets belong to a destination: `destinations: {<name>: {" + key + ": ...}}`.";
   }
-  if (key == "retry" || key == "max_attempts" || key == "initial_backoff_ms" || key == "max_backoff_ms") {
-    return "Retry settings go under `defaults.retry` (for every destination) or `destinations.<name>.retry`.";
+  if (key == "retry" || key == "max_attempts" || key == "initial_backoff_ms" ||
+      key == "max_backoff_ms") {
+    return "Retry settings go under `defaults.retry` (for every destination) or "
+           "`destinations.<name>.retry`.";
   }
   if (key == "level" || key == "format") return "It belongs under `log:`.";
   if (value.node.IsMap() && (value.node["kafka"] || value.node["webhook"])) {
@@ -610,18 +688,22 @@ std::optional<std::string> AdminListenProblem(const std::string& address) {
     if (colon == std::string::npos) return "has no port";
     host = address.substr(0, colon);
     port = address.substr(colon + 1);
-    if (host.find(':') != std::string::npos) return "has an IPv6 address without brackets (write `[::1]:9090`)";
+    if (host.find(':') != std::string::npos)
+      return "has an IPv6 address without brackets (write `[::1]:9090`)";
   }
-  if (host.empty()) return "has no host (use 0.0.0.0 for every interface, 127.0.0.1 for local only)";
+  if (host.empty())
+    return "has no host (use 0.0.0.0 for every interface, 127.0.0.1 for local only)";
   auto number = detail::ParseInteger(port);
-  if (port.empty() || !number || port[0] == '+' || port[0] == '-' || *number < 1 || *number > 65535) {
+  if (port.empty() || !number || port[0] == '+' || port[0] == '-' || *number < 1 ||
+      *number > 65535) {
     return "has an invalid port (it must be a number from 1 to 65535)";
   }
   return std::nullopt;
 }
 
 bool LooksLikePostgresConnectionString(const std::string& url) {
-  return url.starts_with("postgresql://") || url.starts_with("postgres://") || url.find('=') != std::string::npos;
+  return url.starts_with("postgresql://") || url.starts_with("postgres://") ||
+         url.find('=') != std::string::npos;
 }
 
 constexpr std::array<std::string_view, 5> kLogLevels = {"trace", "debug", "info", "warn", "error"};
@@ -638,50 +720,66 @@ const char* ToString(LogFormat format) {
   return "text";
 }
 
-RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source, const EnvLookup& env) {
+RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
+                        const EnvLookup& env) {
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& e) {
     Fail(detail::FormatOrigin(source, e.mark), "",
-         "invalid YAML: " + e.msg + "; fix the syntax at this line and column (indentation, quotes, brackets, `key: value`)");
+         "invalid YAML: " + e.msg +
+             "; fix the syntax at this line and column (indentation, quotes, brackets, `key: "
+             "value`)");
   }
   if (documents.size() > 1) {
-    Fail(source, "", "contains " + std::to_string(documents.size()) +
-                         " YAML documents (separated by `---`); the relay reads exactly one, so merge or remove the others");
+    Fail(source, "",
+         "contains " + std::to_string(documents.size()) +
+             " YAML documents (separated by `---`); the relay reads exactly one, so merge or "
+             "remove the others");
   }
-  const Field root{"", source, YAML::Mark::null_mark(), documents.empty() ? YAML::Node() : documents[0]};
+  const Field root{"", source, YAML::Mark::null_mark(),
+                   documents.empty() ? YAML::Node() : documents[0]};
   if (root.node.IsNull() || !root.node.IsDefined()) {
-    Fail(source, "", std::string("the config is empty; it needs at least `database_url` and one entry under "
-                                 "`destinations` (") + kExample + ")");
+    Fail(source, "",
+         std::string("the config is empty; it needs at least `database_url` and one entry under "
+                     "`destinations` (") +
+             kExample + ")");
   }
   if (!root.node.IsMap()) {
-    Fail(source, "", "the config must be a mapping of `key: value` lines (database_url, destinations, ...), not " +
-                         detail::DescribeKind(root.node) + " (" + kExample + ")");
+    Fail(source, "",
+         "the config must be a mapping of `key: value` lines (database_url, destinations, ...), "
+         "not " +
+             detail::DescribeKind(root.node) + " (" + kExample + ")");
   }
 
   Mapping top(root,
-              {"database_url", "database_url_env", "database_url_file", "batch_size", "lease_ms", "poll_interval_ms",
-               "reap_interval_ms", "full_sweep_interval_ms", "shutdown_timeout_ms", "admin_listen", "log", "defaults",
-               "destinations", "claim_mode", "partition_heartbeat_ms", "partition_lease_ms", "retention"},
+              {"database_url", "database_url_env", "database_url_file", "batch_size", "lease_ms",
+               "poll_interval_ms", "reap_interval_ms", "full_sweep_interval_ms",
+               "shutdown_timeout_ms", "admin_listen", "log", "defaults", "destinations",
+               "claim_mode", "partition_heartbeat_ms", "partition_lease_ms", "retention"},
               TopLevelHint);
 
   const RelayConfig builtin;
   std::array<IntSetting, 8> ints = {{
-      {"batch_size", "OUTBOX_BATCH_SIZE", 1, kMaxBatchSize, ", e.g. 500", "rows claimed per query", builtin.batch_size, ""},
+      {"batch_size", "OUTBOX_BATCH_SIZE", 1, kMaxBatchSize, ", e.g. 500", "rows claimed per query",
+       builtin.batch_size, ""},
       {"lease_ms", "OUTBOX_LEASE_MS", 1000, kMaxDurationMs, kMsHint,
        "milliseconds a claimed message is held before the reaper may take it back; at least 1000",
        builtin.lease.count(), ""},
       {"poll_interval_ms", "OUTBOX_POLL_INTERVAL_MS", 1, kMaxDurationMs, kMsHint,
-       "milliseconds between polls when no notification arrives", builtin.poll_interval.count(), ""},
-      {"reap_interval_ms", nullptr, 1, kMaxDurationMs, kMsHint, "milliseconds between scans for expired leases",
-       builtin.reap_interval.count(), ""},
+       "milliseconds between polls when no notification arrives", builtin.poll_interval.count(),
+       ""},
+      {"reap_interval_ms", nullptr, 1, kMaxDurationMs, kMsHint,
+       "milliseconds between scans for expired leases", builtin.reap_interval.count(), ""},
       {"full_sweep_interval_ms", nullptr, 1, kMaxDurationMs, kMsHint,
-       "milliseconds between rescans of the fresh lane from its start", builtin.full_sweep_interval.count(), ""},
+       "milliseconds between rescans of the fresh lane from its start",
+       builtin.full_sweep_interval.count(), ""},
       {"shutdown_timeout_ms", nullptr, 0, kMaxDurationMs, kMsHint,
-       "milliseconds to finish in-flight deliveries after SIGTERM", builtin.shutdown_timeout.count(), ""},
+       "milliseconds to finish in-flight deliveries after SIGTERM",
+       builtin.shutdown_timeout.count(), ""},
       {"partition_heartbeat_ms", nullptr, 50, kMaxDurationMs, kMsHint,
-       "milliseconds between heartbeats in claim_mode partitioned", builtin.partition_heartbeat.count(), ""},
+       "milliseconds between heartbeats in claim_mode partitioned",
+       builtin.partition_heartbeat.count(), ""},
       {"partition_lease_ms", nullptr, 150, kMaxDurationMs, kMsHint,
        "milliseconds without a heartbeat after which a relay is dead and loses its buckets",
        builtin.partition_lease.count(), ""},
@@ -706,22 +804,25 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
                    "cleanup_interval_ms"});
     if (auto v = r.Get("archive_delivered")) retention.archive_delivered = detail::ReadBool(*v);
     if (auto v = r.Get("archive_retention_hours")) {
-      retention.archive_retention = std::chrono::hours(
-          detail::ReadIntegerIn(*v, 1, 24 * 3650, ", e.g. 168 for a week", "hours delivered messages stay archived"));
+      retention.archive_retention = std::chrono::hours(detail::ReadIntegerIn(
+          *v, 1, 24 * 3650, ", e.g. 168 for a week", "hours delivered messages stay archived"));
     }
     if (auto v = r.Get("dead_letter_retention_hours")) {
       retention.dead_letter_retention = std::chrono::hours(detail::ReadIntegerIn(
-          *v, 0, 24 * 3650, ", e.g. 720 for 30 days, or 0 to keep them until purged", "hours dead letters are kept"));
+          *v, 0, 24 * 3650, ", e.g. 720 for 30 days, or 0 to keep them until purged",
+          "hours dead letters are kept"));
     }
     if (auto v = r.Get("cleanup_interval_ms")) {
-      retention.cleanup_interval = Millis(detail::ReadIntegerIn(*v, 1000, kMaxDurationMs, kMsHint,
-                                                                "milliseconds between retention cleanups"));
+      retention.cleanup_interval = Millis(detail::ReadIntegerIn(
+          *v, 1000, kMaxDurationMs, kMsHint, "milliseconds between retention cleanups"));
     }
   }
   if (auto f = top.Get("log")) {
     Mapping log(*f, {"level", "format"});
-    if (auto level = log.Get("level")) log_level = {detail::ReadString(*level), level->Origin(), true};
-    if (auto format = log.Get("format")) log_format = {detail::ReadString(*format), format->Origin(), true};
+    if (auto level = log.Get("level"))
+      log_level = {detail::ReadString(*level), level->Origin(), true};
+    if (auto format = log.Get("format"))
+      log_format = {detail::ReadString(*format), format->Origin(), true};
   }
 
   std::vector<Field> database_url_keys;
@@ -729,8 +830,9 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     if (auto f = top.Get(key)) database_url_keys.push_back(*f);
   }
   if (database_url_keys.size() > 1) {
-    Fail(database_url_keys[1], "set only one of `database_url`, `database_url_env` and `database_url_file` (found `" +
-                                   database_url_keys[0].path + "` too); remove the others");
+    Fail(database_url_keys[1],
+         "set only one of `database_url`, `database_url_env` and `database_url_file` (found `" +
+             database_url_keys[0].path + "` too); remove the others");
   }
 
   RetryLayer default_retry;
@@ -755,16 +857,21 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     auto number = detail::ParseInteger(*value);
     if (!number) {
       Fail(EnvOrigin(setting.env), setting.key,
-           "expected an integer, got " + Quote(*value) + "; set " + setting.env + " to a whole number" +
-               std::string(setting.unit_hint) + ", or unset it to use the config file");
+           "expected an integer, got " + Quote(*value) + "; set " + setting.env +
+               " to a whole number" + std::string(setting.unit_hint) +
+               ", or unset it to use the config file");
     }
     setting.value = *number;
     setting.origin = EnvOrigin(setting.env);
   }
-  if (auto value = Override(env, "OUTBOX_CLAIM_MODE")) claim_mode = {*value, EnvOrigin("OUTBOX_CLAIM_MODE"), true};
-  if (auto value = Override(env, "OUTBOX_ADMIN_LISTEN")) admin_listen = {*value, EnvOrigin("OUTBOX_ADMIN_LISTEN"), true};
-  if (auto value = Override(env, "OUTBOX_LOG_LEVEL")) log_level = {*value, EnvOrigin("OUTBOX_LOG_LEVEL"), true};
-  if (auto value = Override(env, "OUTBOX_LOG_FORMAT")) log_format = {*value, EnvOrigin("OUTBOX_LOG_FORMAT"), true};
+  if (auto value = Override(env, "OUTBOX_CLAIM_MODE"))
+    claim_mode = {*value, EnvOrigin("OUTBOX_CLAIM_MODE"), true};
+  if (auto value = Override(env, "OUTBOX_ADMIN_LISTEN"))
+    admin_listen = {*value, EnvOrigin("OUTBOX_ADMIN_LISTEN"), true};
+  if (auto value = Override(env, "OUTBOX_LOG_LEVEL"))
+    log_level = {*value, EnvOrigin("OUTBOX_LOG_LEVEL"), true};
+  if (auto value = Override(env, "OUTBOX_LOG_FORMAT"))
+    log_format = {*value, EnvOrigin("OUTBOX_LOG_FORMAT"), true};
 
   StringSetting database_url;
   if (auto value = Override(env, "OUTBOX_DATABASE_URL")) {
@@ -784,13 +891,15 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   RelayConfig config;
   if (!database_url.set) {
     Fail(source, "database_url",
-         "is not set; set database_url in the config or OUTBOX_DATABASE_URL in the environment (or use "
+         "is not set; set database_url in the config or OUTBOX_DATABASE_URL in the environment (or "
+         "use "
          "database_url_env / database_url_file to read it from another variable or a file)");
   }
   if (!LooksLikePostgresConnectionString(database_url.value)) {
     Fail(database_url.origin, "database_url",
          "does not look like a PostgreSQL connection string; write a URI such as "
-         "postgresql://outbox_relay@db.internal:5432/app or key=value pairs such as `host=db.internal dbname=app`");
+         "postgresql://outbox_relay@db.internal:5432/app or key=value pairs such as "
+         "`host=db.internal dbname=app`");
   }
   config.database_url = database_url.value;
 
@@ -806,8 +915,10 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   config.partition_lease = Millis{ints[7].value};
   if (config.partition_lease < 3 * config.partition_heartbeat) {
     Fail(ints[7].origin.empty() ? source : ints[7].origin, "partition_lease_ms",
-         "must be at least 3 x partition_heartbeat_ms (" + std::to_string(3 * config.partition_heartbeat.count()) +
-             "), so one late heartbeat does not move a live relay's buckets; raise it or lower the heartbeat");
+         "must be at least 3 x partition_heartbeat_ms (" +
+             std::to_string(3 * config.partition_heartbeat.count()) +
+             "), so one late heartbeat does not move a live relay's buckets; raise it or lower the "
+             "heartbeat");
   }
   if (claim_mode.value == "skip_locked") {
     config.claim_mode = ClaimMode::kSkipLocked;
@@ -815,8 +926,9 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     config.claim_mode = ClaimMode::kPartitioned;
   } else {
     Fail(claim_mode.origin.empty() ? source : claim_mode.origin, "claim_mode",
-         Quote(claim_mode.value) + " is not a claim mode; use `skip_locked` (default: every relay claims from the "
-                                   "whole queue) or `partitioned` (each relay claims only from the buckets it owns)");
+         Quote(claim_mode.value) +
+             " is not a claim mode; use `skip_locked` (default: every relay claims from the "
+             "whole queue) or `partitioned` (each relay claims only from the buckets it owns)");
   }
 
   if (!admin_listen.value.empty()) {
@@ -830,7 +942,8 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
 
   if (std::find(kLogLevels.begin(), kLogLevels.end(), log_level.value) == kLogLevels.end()) {
     std::string message = Quote(log_level.value) + " is not a log level";
-    if (auto close = detail::ClosestMatch(log_level.value, std::vector<std::string>(kLogLevels.begin(), kLogLevels.end()))) {
+    if (auto close = detail::ClosestMatch(
+            log_level.value, std::vector<std::string>(kLogLevels.begin(), kLogLevels.end()))) {
       message += " (did you mean `" + *close + "`?)";
     }
     Fail(log_level.origin, "log.level", message + "; use one of trace, debug, info, warn, error");
@@ -843,13 +956,16 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     config.log_format = LogFormat::kJson;
   } else {
     Fail(log_format.origin, "log.format",
-         Quote(log_format.value) + " is not a log format; use `text` (for people) or `json` (for log collectors)");
+         Quote(log_format.value) +
+             " is not a log format; use `text` (for people) or `json` (for log collectors)");
   }
 
   if (destinations.empty()) {
     Fail(destinations_field ? destinations_field->Origin() : source, "destinations",
-         std::string("no destinations configured; add at least one under `destinations:`, each with a `kafka:` or "
-                     "`webhook:` section (") + kExample + ")");
+         std::string("no destinations configured; add at least one under `destinations:`, each "
+                     "with a `kafka:` or "
+                     "`webhook:` section (") +
+             kExample + ")");
   }
   for (auto& parsed : destinations) {
     Destination& destination = parsed.destination;

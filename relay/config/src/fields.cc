@@ -34,7 +34,9 @@ void Fail(const std::string& origin, const std::string& path, const std::string&
   throw ConfigError(text);
 }
 
-void Fail(const Field& field, const std::string& message) { Fail(field.Origin(), field.path, message); }
+void Fail(const Field& field, const std::string& message) {
+  Fail(field.Origin(), field.path, message);
+}
 
 std::string DescribeKind(const YAML::Node& node) {
   switch (node.Type()) {
@@ -76,7 +78,8 @@ std::size_t EditDistance(std::string_view a, std::string_view b) {
     for (std::size_t j = 1; j <= m; ++j) {
       const std::size_t cost = Lower(a[i - 1]) == Lower(b[j - 1]) ? 0 : 1;
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && Lower(a[i - 1]) == Lower(b[j - 2]) && Lower(a[i - 2]) == Lower(b[j - 1])) {
+      if (i > 1 && j > 1 && Lower(a[i - 1]) == Lower(b[j - 2]) &&
+          Lower(a[i - 2]) == Lower(b[j - 1])) {
         d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
       }
     }
@@ -84,7 +87,8 @@ std::size_t EditDistance(std::string_view a, std::string_view b) {
   return d[n][m];
 }
 
-std::optional<std::string> ClosestMatch(std::string_view word, const std::vector<std::string>& candidates) {
+std::optional<std::string> ClosestMatch(std::string_view word,
+                                        const std::vector<std::string>& candidates) {
   std::optional<std::string> best;
   std::size_t best_distance = std::numeric_limits<std::size_t>::max();
   std::string lower_word;
@@ -96,7 +100,8 @@ std::optional<std::string> ClosestMatch(std::string_view word, const std::vector
     // "lease" for "lease_ms", "poll_interval" for "poll_interval_ms": a prefix is a plausible slip.
     std::string lower_candidate;
     for (char c : candidate) lower_candidate += Lower(c);
-    if (lower_word.size() >= 3 && (lower_candidate.starts_with(lower_word) || lower_word.starts_with(lower_candidate))) {
+    if (lower_word.size() >= 3 &&
+        (lower_candidate.starts_with(lower_word) || lower_word.starts_with(lower_candidate))) {
       plausible = true;
     }
     if (plausible && distance < best_distance) {
@@ -132,7 +137,8 @@ void AppendEntries(const Field& map, std::vector<std::pair<std::string, Field>>&
     }
     for (const auto& [seen, seen_field] : explicit_entries) {
       if (seen == name) {
-        Fail(child, "duplicate key (first set at " + seen_field.Origin() + "); keep only one of them");
+        Fail(child,
+             "duplicate key (first set at " + seen_field.Origin() + "); keep only one of them");
       }
     }
     explicit_entries.emplace_back(name, std::move(child));
@@ -142,7 +148,8 @@ void AppendEntries(const Field& map, std::vector<std::pair<std::string, Field>>&
   for (const auto& merge : merges) {
     std::vector<Field> sources;
     if (merge.node.IsSequence()) {
-      for (const auto& element : merge.node) sources.push_back(Field{map.path, map.source, element.Mark(), element});
+      for (const auto& element : merge.node)
+        sources.push_back(Field{map.path, map.source, element.Mark(), element});
     } else if (merge.node.IsMap()) {
       sources.push_back(Field{map.path, map.source, merge.mark, merge.node});
     } else {
@@ -173,7 +180,8 @@ std::vector<std::pair<std::string, Field>> Entries(const Field& map) {
   return out;
 }
 
-Mapping::Mapping(const Field& field, std::initializer_list<std::string_view> known, const Hint& hint)
+Mapping::Mapping(const Field& field, std::initializer_list<std::string_view> known,
+                 const Hint& hint)
     : self_(field), entries_(Entries(field)) {
   std::vector<std::string> known_keys(known.begin(), known.end());
   for (const auto& [key, child] : entries_) {
@@ -188,8 +196,9 @@ Mapping::Mapping(const Field& field, std::initializer_list<std::string_view> kno
       std::string extra = hint(key, child);
       if (!extra.empty()) message += " " + extra;
     }
-    message += " Keys allowed in " + (field.path.empty() ? std::string("the top level") : "`" + field.path + "`") +
-               ": " + JoinKeys(known_keys) + ".";
+    message += " Keys allowed in " +
+               (field.path.empty() ? std::string("the top level") : "`" + field.path + "`") + ": " +
+               JoinKeys(known_keys) + ".";
     Fail(child, message);
   }
 }
@@ -249,7 +258,8 @@ bool AllDigits(std::string_view text) {
 
 std::int64_t ReadInteger(const Field& field, std::string_view unit_hint) {
   const std::string fix = "; set it to a whole number" + std::string(unit_hint);
-  if (!field.node.IsScalar()) Fail(field, "expected an integer, got " + DescribeKind(field.node) + fix);
+  if (!field.node.IsScalar())
+    Fail(field, "expected an integer, got " + DescribeKind(field.node) + fix);
   const std::string& text = field.node.Scalar();
   auto value = ParseInteger(text);
   if (!value) {
@@ -259,22 +269,25 @@ std::int64_t ReadInteger(const Field& field, std::string_view unit_hint) {
   return *value;
 }
 
-std::int64_t ReadIntegerIn(const Field& field, std::int64_t min, std::int64_t max, std::string_view unit_hint,
-                           std::string_view meaning) {
+std::int64_t ReadIntegerIn(const Field& field, std::int64_t min, std::int64_t max,
+                           std::string_view unit_hint, std::string_view meaning) {
   const std::int64_t value = ReadInteger(field, unit_hint);
   if (value < min || value > max) {
-    Fail(field, std::to_string(value) + " is out of range; set it between " + std::to_string(min) + " and " +
-                    std::to_string(max) + " (" + std::string(meaning) + ")");
+    Fail(field, std::to_string(value) + " is out of range; set it between " + std::to_string(min) +
+                    " and " + std::to_string(max) + " (" + std::string(meaning) + ")");
   }
   return value;
 }
 
 bool ReadBool(const Field& field) {
   const std::string fix = "; write `true` or `false`";
-  if (!field.node.IsScalar()) Fail(field, "expected true or false, got " + DescribeKind(field.node) + fix);
+  if (!field.node.IsScalar())
+    Fail(field, "expected true or false, got " + DescribeKind(field.node) + fix);
   const std::string& text = field.node.Scalar();
-  static const char* const kTrue[] = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"};
-  static const char* const kFalse[] = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"};
+  static const char* const kTrue[] = {"true", "True", "TRUE", "yes", "Yes",
+                                      "YES",  "on",   "On",   "ON"};
+  static const char* const kFalse[] = {"false", "False", "FALSE", "no", "No",
+                                       "NO",    "off",   "Off",   "OFF"};
   for (const char* t : kTrue) {
     if (text == t) return true;
   }
@@ -309,7 +322,8 @@ std::vector<Field> ReadList(const Field& field) {
   for (const auto& element : field.node) {
     YAML::Mark mark = element.Mark();
     if (mark.is_null() || element.IsNull()) mark = field.mark;
-    out.push_back(Field{field.path + "[" + std::to_string(index) + "]", field.source, mark, element});
+    out.push_back(
+        Field{field.path + "[" + std::to_string(index) + "]", field.source, mark, element});
     ++index;
   }
   return out;

@@ -2,6 +2,8 @@
 // dotted key path, where it is written (file:line:column) and how to fix it.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -11,15 +13,14 @@
 #include <utility>
 #include <vector>
 
-#include <yaml-cpp/yaml.h>
-
 namespace outbox::relay::detail {
 
 /// One value of the document and how it was reached.
 struct Field {
   std::string path;    ///< Dotted key path, "destinations.orders.kafka.topic"; "" for the root.
   std::string source;  ///< File path or "<string>".
-  YAML::Mark mark = YAML::Mark::null_mark();  ///< Of the key (or list element) that holds the value.
+  YAML::Mark mark =
+      YAML::Mark::null_mark();  ///< Of the key (or list element) that holds the value.
   YAML::Node node;
 
   /// "relay.yaml:12:7", or just the source when the position is unknown.
@@ -32,8 +33,10 @@ std::string FormatOrigin(const std::string& source, const YAML::Mark& mark);
 /// "a.b" + "c" -> "a.b.c"; "" + "c" -> "c".
 std::string ChildPath(const std::string& path, std::string_view key);
 
-/// Throws ConfigError("<origin>: <path>: <message>"). `message` says what is wrong and how to fix it.
-[[noreturn]] void Fail(const std::string& origin, const std::string& path, const std::string& message);
+/// Throws ConfigError("<origin>: <path>: <message>"). `message` says what is wrong and how to fix
+/// it.
+[[noreturn]] void Fail(const std::string& origin, const std::string& path,
+                       const std::string& message);
 [[noreturn]] void Fail(const Field& field, const std::string& message);
 
 /// "a mapping", "a list", "an empty value", ... for type errors (never the value itself).
@@ -43,7 +46,8 @@ std::string DescribeKind(const YAML::Node& node);
 std::size_t EditDistance(std::string_view a, std::string_view b);
 
 /// The candidate closest to `word`, when it is close enough to be a plausible typo.
-std::optional<std::string> ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
+std::optional<std::string> ClosestMatch(std::string_view word,
+                                        const std::vector<std::string>& candidates);
 
 /// The entries of a mapping in document order, each as a Field whose path is the parent's
 /// plus the key. An empty (null) value counts as an empty mapping. YAML merge keys (`<<: *anchor`)
@@ -77,8 +81,8 @@ std::optional<std::int64_t> ParseInteger(std::string_view text);
 std::int64_t ReadInteger(const Field& field, std::string_view unit_hint);
 
 /// An integer within [min, max]; `meaning` explains the key in the range error.
-std::int64_t ReadIntegerIn(const Field& field, std::int64_t min, std::int64_t max, std::string_view unit_hint,
-                           std::string_view meaning);
+std::int64_t ReadIntegerIn(const Field& field, std::int64_t min, std::int64_t max,
+                           std::string_view unit_hint, std::string_view meaning);
 
 /// true/false (also True/TRUE/yes/no/on/off as YAML 1.1 writes them).
 bool ReadBool(const Field& field);

@@ -22,7 +22,8 @@ namespace outbox::relay::detail {
 
 std::optional<std::string> ReadWholeFile(const std::string& path, std::string* error) {
   errno = 0;
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
+                                                       &std::fclose);
   if (!file) {
     *error = std::strerror(errno != 0 ? errno : ENOENT);
     return std::nullopt;
@@ -69,14 +70,16 @@ std::string ReadEnvReference(const Field& field, const EnvLookup& env) {
   // The value is echoed in the errors below, so make sure it is a variable name and not a
   // secret pasted into the wrong key.
   if (!IsEnvVarName(name) || name.starts_with("whsec_")) {
-    Fail(field, "must name an environment variable (letters, digits and _, e.g. KAFKA_PASSWORD), and the "
-                "value given is not one; put the variable's name here, or the value itself under the key "
-                "without the `_env` suffix");
+    Fail(field,
+         "must name an environment variable (letters, digits and _, e.g. KAFKA_PASSWORD), and the "
+         "value given is not one; put the variable's name here, or the value itself under the key "
+         "without the `_env` suffix");
   }
   auto value = Lookup(env, name);
   if (!value) {
-    Fail(field, "environment variable " + name + " is not set; export " + name +
-                    " in the relay's environment, or change the key to name a variable that is set");
+    Fail(field,
+         "environment variable " + name + " is not set; export " + name +
+             " in the relay's environment, or change the key to name a variable that is set");
   }
   if (value->empty()) {
     Fail(field, "environment variable " + name + " is set but empty; give " + name + " a value");
@@ -89,7 +92,8 @@ std::string ReadFileReference(const Field& field) {
   std::string error;
   auto content = ReadWholeFile(path, &error);
   if (!content) {
-    Fail(field, "cannot read file " + path + ": " + error + "; check that the file exists and the relay may read it");
+    Fail(field, "cannot read file " + path + ": " + error +
+                    "; check that the file exists and the relay may read it");
   }
   std::string value = TrimTrailingNewlines(std::move(*content));
   if (value.empty()) Fail(field, "file " + path + " is empty; write the value into it");

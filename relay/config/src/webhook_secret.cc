@@ -51,7 +51,9 @@ std::string CheckWebhookSecret(std::string_view secret, std::string* key) {
   const std::string_view encoded = secret.substr(kWebhookSecretPrefix.size());
   if (encoded.empty()) return "has nothing after `whsec_`" + how;
   auto decoded = DecodeBase64(encoded);
-  if (!decoded) return "is not valid base64 after `whsec_` (standard alphabet A-Z a-z 0-9 + /, `=` padding)" + how;
+  if (!decoded)
+    return "is not valid base64 after `whsec_` (standard alphabet A-Z a-z 0-9 + /, `=` padding)" +
+           how;
   if (decoded->empty()) return "decodes to an empty key" + how;
   if (key != nullptr) *key = std::move(*decoded);
   return "";

@@ -1,6 +1,7 @@
 #include "outbox_relay/dispatcher.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -10,13 +11,11 @@
 #include <thread>
 #include <vector>
 
-#include <unistd.h>
-
 #include "outbox_relay/fresh_cursor.h"
 #include "outbox_relay/metrics.h"
-#include "outbox_relay/status.h"
 #include "outbox_relay/retention.h"
 #include "outbox_relay/retry.h"
+#include "outbox_relay/status.h"
 #include "outbox_relay/store.h"
 
 namespace outbox::relay {
@@ -39,7 +38,8 @@ const char* SinkKind(const Destination& d) {
 }
 
 int InFlightCap(const Destination& d, int batch) {
-  if (const auto* w = std::get_if<WebhookTarget>(&d.target)) return std::max(w->max_in_flight * 4, 8);
+  if (const auto* w = std::get_if<WebhookTarget>(&d.target))
+    return std::max(w->max_in_flight * 4, 8);
   return batch * 4;
 }
 
@@ -127,7 +127,8 @@ struct Dispatcher::Impl {
         buckets = OwnedBuckets();
         if (buckets.empty()) {  // nothing assigned (yet): wait for the coordinator
           std::unique_lock lk(mu);
-          wake_cv.wait_for(lk, config.poll_interval, [&] { return stopping.load() || wake_gen != seen_gen; });
+          wake_cv.wait_for(lk, config.poll_interval,
+                           [&] { return stopping.load() || wake_gen != seen_gen; });
           seen_gen = wake_gen;
           continue;
         }
@@ -137,8 +138,8 @@ struct Dispatcher::Impl {
         if (partitioned) {
           const int per_bucket = std::max(1, (fresh_limit + static_cast<int>(buckets.size()) - 1) /
                                                  static_cast<int>(buckets.size()));
-          claim = store.ClaimPartitioned(dest.name, cursor.position(), per_bucket, slow_limit, config.lease,
-                                         instance_id, buckets);
+          claim = store.ClaimPartitioned(dest.name, cursor.position(), per_bucket, slow_limit,
+                                         config.lease, instance_id, buckets);
         } else {
           claim = store.Claim(dest.name, cursor.position(), fresh_limit, slow_limit, config.lease);
         }
@@ -148,7 +149,8 @@ struct Dispatcher::Impl {
       } catch (const std::exception& e) {
         DbError();
         db_ok = false;
-        if (failures++ == 0) spdlog::warn("{}: claim failed, reconnecting: {}", dest.name, e.what());
+        if (failures++ == 0)
+          spdlog::warn("{}: claim failed, reconnecting: {}", dest.name, e.what());
         store.Reset();
         cursor.Reset();
         WaitFor(ReconnectDelay(failures), [] { return false; });
@@ -158,9 +160,11 @@ struct Dispatcher::Impl {
         const auto before = cursor.position();
         cursor.Observe(claim.facts);
         if (spdlog::should_log(spdlog::level::trace)) {
-          spdlog::trace("{}: claim cursor {} -> {} seq {} xmin {} xid {} fresh {} leased {} parked {}", dest.name,
-                        before, cursor.position(), claim.facts.seq_value, claim.facts.snap_xmin,
-                        claim.facts.own_xid, claim.facts.fresh_scanned, claim.messages.size(), claim.facts.held);
+          spdlog::trace(
+              "{}: claim cursor {} -> {} seq {} xmin {} xid {} fresh {} leased {} parked {}",
+              dest.name, before, cursor.position(), claim.facts.seq_value, claim.facts.snap_xmin,
+              claim.facts.own_xid, claim.facts.fresh_scanned, claim.messages.size(),
+              claim.facts.held);
         }
       }
       if (metrics) {
@@ -201,7 +205,8 @@ struct Dispatcher::Impl {
     const auto created_at = msg.created_at;
     const auto submitted = Clock::now();
     const Destination* d = &dest;
-    sink.Submit(std::move(msg), [this, id, attempts, d, token, created_at, submitted](Outcome outcome) {
+    sink.Submit(std::move(msg), [this, id, attempts, d, token, created_at,
+                                 submitted](Outcome outcome) {
       if (outcome.kind != OutcomeKind::kDelivered) {
         spdlog::debug("message {}: {} ({})", Raw(id), ToString(outcome.kind), outcome.reason);
       }
@@ -215,19 +220,22 @@ struct Dispatcher::Impl {
   void Record(const Destination& d, const Outcome& outcome, const Settlement& s,
               std::chrono::system_clock::time_point created_at, Clock::time_point submitted) {
     const char* kind = SinkKind(d);
-    metrics->RecordDeliveryDuration(d.name, kind, std::chrono::duration<double>(Clock::now() - submitted));
+    metrics->RecordDeliveryDuration(d.name, kind,
+                                    std::chrono::duration<double>(Clock::now() - submitted));
     if (std::string_view(kind) == "webhook") metrics->RecordWebhookResponse(d.name, outcome);
     switch (s.kind) {
       case Settlement::Kind::kDelivered:
         metrics->RecordDelivered(d.name, created_at);
         break;
       case Settlement::Kind::kRetry:
-        metrics->RecordRetried(d.name, outcome.reason_class.empty() ? outcome.reason : outcome.reason_class);
+        metrics->RecordRetried(
+            d.name, outcome.reason_class.empty() ? outcome.reason : outcome.reason_class);
         break;
       case Settlement::Kind::kDead:
-        metrics->RecordDeadLettered(d.name, outcome.kind == OutcomeKind::kRetry
-                                                ? "attempts_exhausted"
-                                                : (outcome.reason_class.empty() ? outcome.reason : outcome.reason_class));
+        metrics->RecordDeadLettered(
+            d.name, outcome.kind == OutcomeKind::kRetry
+                        ? "attempts_exhausted"
+                        : (outcome.reason_class.empty() ? outcome.reason : outcome.reason_class));
         break;
       case Settlement::Kind::kRelease:
         break;
@@ -261,8 +269,9 @@ struct Dispatcher::Impl {
           if (c.woken > 0) Wake();  // the next message of a settled key may go now
           if (metrics && c.fenced > 0) metrics->RecordSettleFenced(c.fenced);
           if (c.fenced > 0) {
-            spdlog::warn("{} settlements fenced: their lease expired and moved on (redelivery follows)",
-                         c.fenced);
+            spdlog::warn(
+                "{} settlements fenced: their lease expired and moved on (redelivery follows)",
+                c.fenced);
           }
           if (failures > 0) spdlog::info("settler: database reachable again");
           failures = 0;
@@ -329,15 +338,17 @@ struct Dispatcher::Impl {
         if (Clock::now() - last_ok > config.partition_lease - config.partition_heartbeat) {
           std::lock_guard lk(owned_mu);
           if (!owned.empty()) {
-            spdlog::warn("partitioned: no heartbeat for {} ms; giving up all buckets until it succeeds",
-                         config.partition_lease.count());
+            spdlog::warn(
+                "partitioned: no heartbeat for {} ms; giving up all buckets until it succeeds",
+                config.partition_lease.count());
             owned.clear();
           }
         }
       }
       std::unique_lock lk(mu);
-      wake_cv.wait_for(lk, config.partition_heartbeat,
-                       [&] { return stopping.load() || (rebalance_requested && wake_gen != seen_gen); });
+      wake_cv.wait_for(lk, config.partition_heartbeat, [&] {
+        return stopping.load() || (rebalance_requested && wake_gen != seen_gen);
+      });
       seen_gen = wake_gen;
       rebalance_requested = false;
     }
@@ -346,7 +357,9 @@ struct Dispatcher::Impl {
       store.Coordinate(instance_id, config.partition_lease, true, description);
       spdlog::info("partitioned: handed back all buckets");
     } catch (const std::exception& e) {
-      spdlog::warn("partitioned: could not hand back buckets (they move when our lease expires): {}", e.what());
+      spdlog::warn(
+          "partitioned: could not hand back buckets (they move when our lease expires): {}",
+          e.what());
     }
   }
 
@@ -365,7 +378,8 @@ struct Dispatcher::Impl {
         }
         failures = 0;
       } catch (const std::exception& e) {
-        if (failures++ == 0) spdlog::warn("LISTEN connection lost, polling until it is back: {}", e.what());
+        if (failures++ == 0)
+          spdlog::warn("LISTEN connection lost, polling until it is back: {}", e.what());
         store.Reset();
         WaitFor(ReconnectDelay(failures), [] { return false; });
       }
@@ -406,7 +420,8 @@ struct Dispatcher::Impl {
             std::int64_t n = 0, moved = 0;
             while ((moved = store.DeadLetterAll(name, reason)) > 0) n += moved;
             stats.dead += n;
-            if (n > 0) spdlog::warn("dead-lettered {} messages for unknown destination \"{}\"", n, name);
+            if (n > 0)
+              spdlog::warn("dead-lettered {} messages for unknown destination \"{}\"", n, name);
           }
         }
         if (now >= next_cleanup) {
@@ -414,11 +429,15 @@ struct Dispatcher::Impl {
           const auto& r = config.retention;
           if (r.archive_delivered) {
             const auto n = CleanupArchive(store.Connection(), r.archive_retention, 1000);
-            if (n > 0) spdlog::info("retention: removed {} archived messages older than {} h", n, r.archive_retention.count());
+            if (n > 0)
+              spdlog::info("retention: removed {} archived messages older than {} h", n,
+                           r.archive_retention.count());
           }
           if (r.dead_letter_retention.count() > 0) {
             const auto n = CleanupDeadLetters(store.Connection(), r.dead_letter_retention, 1000);
-            if (n > 0) spdlog::info("retention: removed {} dead letters older than {} h", n, r.dead_letter_retention.count());
+            if (n > 0)
+              spdlog::info("retention: removed {} dead letters older than {} h", n,
+                           r.dead_letter_retention.count());
           }
         }
         if (metrics && now >= next_status) {
@@ -444,15 +463,16 @@ struct Dispatcher::Impl {
   std::thread coordinator;
 };
 
-Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks, RelayMetrics* metrics,
-                       Millis status_interval)
+Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
+                       RelayMetrics* metrics, Millis status_interval)
     : impl_(std::make_unique<Impl>()) {
   impl_->config = std::move(config);
   impl_->sinks = std::move(sinks);
   impl_->metrics = metrics;
   impl_->status_interval = status_interval;
   if (metrics) {
-    for (const auto& [name, dest] : impl_->config.destinations) metrics->InitDestination(name, SinkKind(dest));
+    for (const auto& [name, dest] : impl_->config.destinations)
+      metrics->InitDestination(name, SinkKind(dest));
   }
   for (const auto& [name, dest] : impl_->config.destinations) {
     if (!impl_->sinks.count(name)) throw std::invalid_argument("no sink for destination " + name);

@@ -9,8 +9,8 @@ Millis BackoffDelay(const RetryPolicy& policy, int failures, double u01,
                     std::optional<Millis> retry_after) {
   const double cap = static_cast<double>(policy.max_backoff.count());
   const int exponent = std::clamp(failures - 1, 0, 62);
-  const double ceiling =
-      std::min(cap, static_cast<double>(policy.initial_backoff.count()) * std::ldexp(1.0, exponent));
+  const double ceiling = std::min(
+      cap, static_cast<double>(policy.initial_backoff.count()) * std::ldexp(1.0, exponent));
   auto delay = Millis(static_cast<long long>(std::clamp(u01, 0.0, 1.0) * ceiling));
   if (retry_after) delay = std::max(delay, *retry_after);
   return std::min(delay, policy.max_backoff);
@@ -39,7 +39,8 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
   const int failures = attempts + 1;
   if (failures >= policy.max_attempts) {
     s.kind = Settlement::Kind::kDead;
-    s.error = "gave up after " + std::to_string(failures) + " attempts; last error: " + outcome.reason;
+    s.error =
+        "gave up after " + std::to_string(failures) + " attempts; last error: " + outcome.reason;
     return s;
   }
   s.kind = Settlement::Kind::kRetry;

@@ -4,9 +4,12 @@ namespace outbox::relay {
 
 const char* ToString(OutcomeKind kind) {
   switch (kind) {
-    case OutcomeKind::kDelivered: return "delivered";
-    case OutcomeKind::kRetry: return "retry";
-    case OutcomeKind::kPermanent: return "permanent";
+    case OutcomeKind::kDelivered:
+      return "delivered";
+    case OutcomeKind::kRetry:
+      return "retry";
+    case OutcomeKind::kPermanent:
+      return "permanent";
   }
   return "unknown";
 }

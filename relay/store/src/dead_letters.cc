@@ -1,7 +1,6 @@
 #include "outbox_relay/dead_letters.h"
 
 #include <pqxx/pqxx>
-
 #include <stdexcept>
 
 #include "queries.h"
@@ -38,10 +37,12 @@ DeadLetter FromRow(const pqxx::row& r) {
 
 }  // namespace
 
-std::vector<DeadLetter> ListDeadLetters(pqxx::connection& c, const std::string& destination, int limit) {
+std::vector<DeadLetter> ListDeadLetters(pqxx::connection& c, const std::string& destination,
+                                        int limit) {
   pqxx::nontransaction tx(c);
   std::vector<DeadLetter> out;
-  for (const auto& r : tx.exec_params(std::string(sql::queries::kdlq_list), destination, 0, limit)) {
+  for (const auto& r :
+       tx.exec_params(std::string(sql::queries::kdlq_list), destination, 0, limit)) {
     out.push_back(FromRow(r));
   }
   return out;
@@ -54,11 +55,13 @@ std::optional<DeadLetter> GetDeadLetter(pqxx::connection& c, std::int64_t id) {
   return FromRow(r[0]);
 }
 
-std::vector<std::int64_t> ReplayDeadLetters(pqxx::connection& c, const std::vector<std::int64_t>& ids,
+std::vector<std::int64_t> ReplayDeadLetters(pqxx::connection& c,
+                                            const std::vector<std::int64_t>& ids,
                                             const std::string& destination) {
   pqxx::work tx(c);
   std::vector<std::int64_t> out;
-  for (const auto& r : tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids), destination)) {
+  for (const auto& r :
+       tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids), destination)) {
     out.push_back(r[0].as<std::int64_t>());
   }
   tx.commit();
@@ -73,7 +76,8 @@ std::int64_t PurgeDeadLetters(pqxx::connection& c, const std::vector<std::int64_
         "--older-than '0 seconds'");
   }
   pqxx::work tx(c);
-  const auto r = tx.exec_params(std::string(sql::queries::kdlq_purge), ArrayLiteral(ids), older_than, destination);
+  const auto r = tx.exec_params(std::string(sql::queries::kdlq_purge), ArrayLiteral(ids),
+                                older_than, destination);
   tx.commit();
   return static_cast<std::int64_t>(r.size());
 }

@@ -23,7 +23,8 @@ void FreshCursor::Observe(const ClaimFacts& facts) {
   if (!resolved) return;
 
   // The scan saw every visible fresh row above low_ unless it stopped at its limit.
-  const std::int64_t bound = facts.fresh_full_bound.value_or(std::numeric_limits<std::int64_t>::max());
+  const std::int64_t bound =
+      facts.fresh_full_bound.value_or(std::numeric_limits<std::int64_t>::max());
   low_ = std::max(low_, std::min(*resolved, bound));
 }
 

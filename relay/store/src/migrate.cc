@@ -1,8 +1,7 @@
 #include "outbox_relay/migrate.h"
 
-#include <pqxx/pqxx>
-
 #include <charconv>
+#include <pqxx/pqxx>
 #include <string>
 
 #include "migrations.h"
@@ -24,7 +23,8 @@ int VersionOf(std::string_view name) {
 
 int ReadVersion(pqxx::connection& conn) {
   pqxx::work tx(conn);
-  auto exists = tx.exec1("SELECT to_regclass('outbox.schema_migrations') IS NOT NULL")[0].as<bool>();
+  auto exists =
+      tx.exec1("SELECT to_regclass('outbox.schema_migrations') IS NOT NULL")[0].as<bool>();
   if (!exists) return 0;
   auto r = tx.exec1("SELECT coalesce(max(version), 0) FROM outbox.schema_migrations");
   return r[0].as<int>();
@@ -45,17 +45,19 @@ int CurrentSchemaVersion(const std::string& database_url) {
 
 MigrationResult Migrate(const std::string& database_url) {
   pqxx::connection conn(database_url);
-  pqxx::nontransaction(conn).exec("SELECT pg_advisory_lock(" + std::to_string(kMigrateLockKey) + ")");
+  pqxx::nontransaction(conn).exec("SELECT pg_advisory_lock(" + std::to_string(kMigrateLockKey) +
+                                  ")");
   MigrationResult result;
   try {
     result.from_version = ReadVersion(conn);
     const int latest = LatestMigrationVersion();
     if (result.from_version > latest) {
-      throw MigrationError(
-          "database schema is at version " + std::to_string(result.from_version) +
-          " but this outbox-relay only knows migrations up to " + std::to_string(latest) +
-          "; upgrade outbox-relay to a release that includes migration " +
-          std::to_string(result.from_version) + " (never run an older relay against a newer schema)");
+      throw MigrationError("database schema is at version " + std::to_string(result.from_version) +
+                           " but this outbox-relay only knows migrations up to " +
+                           std::to_string(latest) +
+                           "; upgrade outbox-relay to a release that includes migration " +
+                           std::to_string(result.from_version) +
+                           " (never run an older relay against a newer schema)");
     }
     int version = result.from_version;
     for (const auto& [name, text] : sql::migrations::kAll) {
@@ -78,12 +80,14 @@ MigrationResult Migrate(const std::string& database_url) {
     result.to_version = version;
   } catch (...) {
     try {
-      pqxx::nontransaction(conn).exec("SELECT pg_advisory_unlock(" + std::to_string(kMigrateLockKey) + ")");
+      pqxx::nontransaction(conn).exec("SELECT pg_advisory_unlock(" +
+                                      std::to_string(kMigrateLockKey) + ")");
     } catch (...) {
     }
     throw;
   }
-  pqxx::nontransaction(conn).exec("SELECT pg_advisory_unlock(" + std::to_string(kMigrateLockKey) + ")");
+  pqxx::nontransaction(conn).exec("SELECT pg_advisory_unlock(" + std::to_string(kMigrateLockKey) +
+                                  ")");
   return result;
 }
 

@@ -1,8 +1,7 @@
 #include "outbox_relay/retention.h"
 
-#include <pqxx/pqxx>
-
 #include <algorithm>
+#include <pqxx/pqxx>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -12,11 +11,14 @@
 namespace outbox::relay {
 namespace {
 
-std::int64_t BatchedDelete(pqxx::connection& c, std::string_view delete_sql, std::chrono::seconds age,
-                           int batch, std::int64_t max_rows, const char* what) {
-  if (age.count() < 0) throw std::invalid_argument(std::string(what) + ": the age must not be negative");
+std::int64_t BatchedDelete(pqxx::connection& c, std::string_view delete_sql,
+                           std::chrono::seconds age, int batch, std::int64_t max_rows,
+                           const char* what) {
+  if (age.count() < 0)
+    throw std::invalid_argument(std::string(what) + ": the age must not be negative");
   if (batch < 1) throw std::invalid_argument(std::string(what) + ": batch must be at least 1");
-  if (max_rows < 1) throw std::invalid_argument(std::string(what) + ": max_rows must be at least 1");
+  if (max_rows < 1)
+    throw std::invalid_argument(std::string(what) + ": max_rows must be at least 1");
 
   std::string cutoff;
   {
@@ -30,7 +32,8 @@ std::int64_t BatchedDelete(pqxx::connection& c, std::string_view delete_sql, std
   while (deleted < max_rows) {
     const auto limit = static_cast<int>(std::min<std::int64_t>(batch, max_rows - deleted));
     pqxx::work tx(c);
-    const auto n = static_cast<std::int64_t>(tx.exec_params(statement, cutoff, limit).affected_rows());
+    const auto n =
+        static_cast<std::int64_t>(tx.exec_params(statement, cutoff, limit).affected_rows());
     tx.commit();
     deleted += n;
     if (n < limit) break;  // nothing older is left (or a concurrent cleaner took some)
@@ -42,7 +45,8 @@ std::int64_t BatchedDelete(pqxx::connection& c, std::string_view delete_sql, std
 
 std::int64_t CleanupArchive(pqxx::connection& c, std::chrono::seconds retention, int batch,
                             std::int64_t max_rows) {
-  return BatchedDelete(c, sql::queries::kretention_archive, retention, batch, max_rows, "CleanupArchive");
+  return BatchedDelete(c, sql::queries::kretention_archive, retention, batch, max_rows,
+                       "CleanupArchive");
 }
 
 std::int64_t CleanupDeadLetters(pqxx::connection& c, std::chrono::seconds max_age, int batch,

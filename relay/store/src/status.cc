@@ -1,9 +1,8 @@
 #include "outbox_relay/status.h"
 
-#include <pqxx/pqxx>
-
 #include <algorithm>
 #include <map>
+#include <pqxx/pqxx>
 
 #include "queries.h"
 
@@ -28,7 +27,8 @@ double QueueTableStatus::DeadRatio() const {
 }
 
 std::optional<double> QueueTableStatus::LastAnyVacuumEpoch() const {
-  if (last_vacuum_epoch && last_autovacuum_epoch) return std::max(*last_vacuum_epoch, *last_autovacuum_epoch);
+  if (last_vacuum_epoch && last_autovacuum_epoch)
+    return std::max(*last_vacuum_epoch, *last_autovacuum_epoch);
   return last_vacuum_epoch ? last_vacuum_epoch : last_autovacuum_epoch;
 }
 

@@ -1,9 +1,8 @@
 #include "outbox_relay/store.h"
 
+#include <atomic>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
-
-#include <atomic>
 #include <random>
 
 #include "queries.h"
@@ -33,17 +32,22 @@ std::vector<std::pair<std::string, std::string>> ParseHeaders(const pqxx::field&
   if (f.is_null()) return out;
   const auto j = nlohmann::json::parse(f.c_str());
   for (auto it = j.begin(); it != j.end(); ++it) {
-    out.emplace_back(it.key(), it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+    out.emplace_back(it.key(),
+                     it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
   }
   return out;
 }
 
 const char* KindName(Settlement::Kind k) {
   switch (k) {
-    case Settlement::Kind::kDelivered: return "delivered";
-    case Settlement::Kind::kRetry: return "retry";
-    case Settlement::Kind::kDead: return "dead";
-    case Settlement::Kind::kRelease: return "release";
+    case Settlement::Kind::kDelivered:
+      return "delivered";
+    case Settlement::Kind::kRetry:
+      return "retry";
+    case Settlement::Kind::kDead:
+      return "dead";
+    case Settlement::Kind::kRelease:
+      return "release";
   }
   return "release";
 }
@@ -79,9 +83,7 @@ Store::Store(std::string database_url) : impl_(std::make_unique<Impl>()) {
   impl_->url = std::move(database_url);
 }
 
-Store::~Store() {
-  impl_->receiver.reset();
-}
+Store::~Store() { impl_->receiver.reset(); }
 
 pqxx::connection& Store::Connection() { return impl_->Get(); }
 
@@ -150,8 +152,8 @@ ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, in
   auto& c = impl_->Get();
   std::string token = NewUuid();
   pqxx::nontransaction tx(c);
-  const pqxx::result r = tx.exec_prepared("claim", destination, cursor, fresh_limit, slow_limit, token,
-                                          static_cast<long long>(lease.count()));
+  const pqxx::result r = tx.exec_prepared("claim", destination, cursor, fresh_limit, slow_limit,
+                                          token, static_cast<long long>(lease.count()));
   return ParseClaim(r, destination, std::move(token));
 }
 
@@ -162,11 +164,11 @@ ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t
   auto& c = impl_->Get();
   std::string token = NewUuid();
   pqxx::nontransaction tx(c);
-  const pqxx::result r = tx.exec_prepared(
-      "claim_partitioned", destination, cursor, per_bucket_limit, slow_limit, token,
-      static_cast<long long>(lease.count()), instance_id,
-      ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
-      ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }));
+  const pqxx::result r =
+      tx.exec_prepared("claim_partitioned", destination, cursor, per_bucket_limit, slow_limit,
+                       token, static_cast<long long>(lease.count()), instance_id,
+                       ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
+                       ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }));
   return ParseClaim(r, destination, std::move(token));
 }
 
@@ -176,7 +178,8 @@ std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Milli
   pqxx::work tx(c);
   std::vector<BucketLease> out;
   const auto r = tx.exec_params(
-      "SELECT bucket, epoch FROM outbox.coordinate($1::uuid, make_interval(secs => $2::bigint / 1000.0), $3, $4)",
+      "SELECT bucket, epoch FROM outbox.coordinate($1::uuid, make_interval(secs => $2::bigint / "
+      "1000.0), $3, $4)",
       instance_id, static_cast<long long>(dead_after.count()), leaving, description);
   for (const auto& row : r) out.push_back({row[0].as<int>(), row[1].as<std::int64_t>()});
   tx.commit();
@@ -240,7 +243,8 @@ std::int64_t Store::DeadLetterAll(const std::string& destination, const std::str
 void Store::Listen() {
   impl_->listening = true;
   auto& c = impl_->Get();
-  if (!impl_->receiver) impl_->receiver = std::make_unique<WakeReceiver>(c, impl_->notifications, impl_->rebalances);
+  if (!impl_->receiver)
+    impl_->receiver = std::make_unique<WakeReceiver>(c, impl_->notifications, impl_->rebalances);
 }
 
 bool Store::WaitForNotification(Millis timeout) {
@@ -259,9 +263,9 @@ std::string NewUuid() {
   hi = (hi & 0xFFFFFFFFFFFF0FFFULL) | 0x0000000000004000ULL;  // version 4
   lo = (lo & 0x3FFFFFFFFFFFFFFFULL) | 0x8000000000000000ULL;  // variant 10
   char buf[37];
-  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx",
-                static_cast<unsigned>(hi >> 32), static_cast<unsigned>((hi >> 16) & 0xFFFF),
-                static_cast<unsigned>(hi & 0xFFFF), static_cast<unsigned>(lo >> 48),
+  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(hi >> 32),
+                static_cast<unsigned>((hi >> 16) & 0xFFFF), static_cast<unsigned>(hi & 0xFFFF),
+                static_cast<unsigned>(lo >> 48),
                 static_cast<unsigned long long>(lo & 0xFFFFFFFFFFFFULL));
   return buf;
 }

@@ -17,11 +17,10 @@
 // shared between threads (libpqxx's rule).
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <pqxx/pqxx>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -41,7 +40,7 @@ using Clock = std::chrono::system_clock;
 /// A validated, immutable outbox message. Build one with Message::To(...)...Build().
 struct OutboxMessage {
   std::string destination;
-  std::string payload;          ///< JSON text when payload_is_json, raw bytes otherwise.
+  std::string payload;  ///< JSON text when payload_is_json, raw bytes otherwise.
   bool payload_is_json = true;
   std::optional<std::string> ordering_key;
   std::vector<std::pair<std::string, std::string>> headers;
@@ -88,7 +87,9 @@ class MessageBuilder {
 
 /// Entry point of the builder: Message::To("orders").Json(...).Build().
 struct Message {
-  static MessageBuilder To(std::string destination) { return MessageBuilder(std::move(destination)); }
+  static MessageBuilder To(std::string destination) {
+    return MessageBuilder(std::move(destination));
+  }
 };
 
 /// Writes one message inside `tx` and returns its id. Throws InvalidMessage for invalid

@@ -91,10 +91,10 @@ TEST(ClassifyDeliveryError, TimedOutReasonSaysSo) {
 
 // reason_class feeds a metrics label: it must come from a small fixed set, whatever the code.
 TEST(ClassifyDeliveryError, ReasonClassIsBoundedOverAllCodes) {
-  const std::set<std::string> allowed = {
-      "msg_too_large", "invalid_message", "authorization", "invalid_topic", "config",
-      "unknown_topic", "timeout",         "broker",        "queue_full",    "purged",
-      "fatal",         "other"};
+  const std::set<std::string> allowed = {"msg_too_large", "invalid_message", "authorization",
+                                         "invalid_topic", "config",          "unknown_topic",
+                                         "timeout",       "broker",          "queue_full",
+                                         "purged",        "fatal",           "other"};
   const struct rd_kafka_err_desc* descs = nullptr;
   size_t count = 0;
   rd_kafka_get_err_descs(&descs, &count);

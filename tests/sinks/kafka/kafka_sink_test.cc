@@ -1,4 +1,6 @@
 // The Kafka sink against librdkafka's mock cluster (the real protocol on loopback).
+#include "outbox_relay/kafka_sink.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "outbox_relay/kafka_sink.h"
 #include "outbox_test/kafka_mock.h"
 #include "outbox_test/wait.h"
 
@@ -114,9 +115,9 @@ TEST_F(KafkaSinkTest, DeliversKeyValueAndHeadersExactlyOnce) {
   auto sink = MakeKafkaSink("orders", Target());
   constexpr int kCount = 200;
   for (int i = 1; i <= kCount; ++i) {
-    Message msg = MakeMessage(i, i % 2 == 0 ? std::optional<std::string>("customer-" +
-                                                                         std::to_string(i % 7))
-                                            : std::nullopt);
+    Message msg =
+        MakeMessage(i, i % 2 == 0 ? std::optional<std::string>("customer-" + std::to_string(i % 7))
+                                  : std::nullopt);
     if (i % 5 == 0) msg.event_type.clear();
     msg.headers = {{"trace-id", "trace-" + std::to_string(i)}, {"tenant", "acme"}};
     sink->Submit(std::move(msg), rec.Callback());
@@ -176,13 +177,13 @@ TEST_F(KafkaSinkTest, RetriableBrokerErrorsAreRetriedInternally) {
   auto sink = MakeKafkaSink("orders", Target());
   ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);
 
-  cluster_->PushRequestErrors(RD_KAFKAP_Produce,
-                              {RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
-                               RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
-                               RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
-                               RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
-                               RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION});
-  for (int i = 2; i <= 21; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i % 3)), rec.Callback());
+  cluster_->PushRequestErrors(
+      RD_KAFKAP_Produce,
+      {RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION, RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+       RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS, RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+       RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION});
+  for (int i = 2; i <= 21; ++i)
+    sink->Submit(MakeMessage(i, "k" + std::to_string(i % 3)), rec.Callback());
   ASSERT_TRUE(rec.WaitCount(20));
   for (const Outcome& out : rec.outcomes()) {
     EXPECT_EQ(out.kind, OutcomeKind::kDelivered) << Raw(out.id) << ": " << out.reason;
@@ -240,7 +241,8 @@ TEST_F(KafkaSinkTest, AllBrokersDownTimesOutThenRecovers) {
   ASSERT_TRUE(WaitFor([&] { return sink->Ready(); }, kWait));
 
   cluster_->SetAllBrokersDown(true);
-  for (int i = 2; i <= 6; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i)), down_rec.Callback());
+  for (int i = 2; i <= 6; ++i)
+    sink->Submit(MakeMessage(i, "k" + std::to_string(i)), down_rec.Callback());
   ASSERT_TRUE(down_rec.WaitCount(5, 10s));
   for (const Outcome& out : down_rec.outcomes()) {
     EXPECT_EQ(out.kind, OutcomeKind::kRetry);
@@ -251,7 +253,8 @@ TEST_F(KafkaSinkTest, AllBrokersDownTimesOutThenRecovers) {
 
   cluster_->SetAllBrokersDown(false);
   EXPECT_TRUE(WaitFor([&] { return sink->Ready(); }, kWait));
-  for (int i = 7; i <= 11; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i)), up_rec.Callback());
+  for (int i = 7; i <= 11; ++i)
+    sink->Submit(MakeMessage(i, "k" + std::to_string(i)), up_rec.Callback());
   ASSERT_TRUE(up_rec.WaitCount(5));
   for (const Outcome& out : up_rec.outcomes()) {
     EXPECT_EQ(out.kind, OutcomeKind::kDelivered) << Raw(out.id) << ": " << out.reason;
@@ -273,7 +276,8 @@ TEST_F(KafkaSinkTest, ShutdownCompletesStuckMessagesWithinTheDeadline) {
   auto sink = MakeKafkaSink("orders", Target());  // message.timeout.ms stays 30 s
   ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);
   cluster_->SetAllBrokersDown(true);
-  for (int i = 2; i <= 11; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i)), rec.Callback());
+  for (int i = 2; i <= 11; ++i)
+    sink->Submit(MakeMessage(i, "k" + std::to_string(i)), rec.Callback());
   EXPECT_EQ(sink->InFlight(), 10u);
 
   constexpr auto kDeadline = 1000ms;
@@ -303,7 +307,8 @@ TEST_F(KafkaSinkTest, ShutdownCompletesStuckMessagesWithinTheDeadline) {
 TEST_F(KafkaSinkTest, ShutdownFlushesWhatCanBeDelivered) {
   Recorder rec;
   auto sink = MakeKafkaSink("orders", Target({{"linger.ms", "200"}}));
-  for (int i = 1; i <= 50; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i % 4)), rec.Callback());
+  for (int i = 1; i <= 50; ++i)
+    sink->Submit(MakeMessage(i, "k" + std::to_string(i % 4)), rec.Callback());
   sink->Shutdown(10s);
   ASSERT_EQ(rec.size(), 50u);
   for (const Outcome& out : rec.outcomes()) {
@@ -364,7 +369,8 @@ TEST_F(KafkaSinkTest, FullLocalQueueRetriesWithoutBlockingLong) {
   auto sink = MakeKafkaSink("orders", Target({{"queue.buffering.max.messages", "3"}}));
   ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);
   cluster_->SetAllBrokersDown(true);
-  for (int i = 2; i <= 4; ++i) sink->Submit(MakeMessage(i, "k" + std::to_string(i)), rec.Callback());
+  for (int i = 2; i <= 4; ++i)
+    sink->Submit(MakeMessage(i, "k" + std::to_string(i)), rec.Callback());
   EXPECT_EQ(rec.size(), 0u);
   EXPECT_GE(static_cast<KafkaSink&>(*sink).QueueLength(), 3u);  // plus queued requests
 

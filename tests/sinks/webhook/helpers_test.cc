@@ -32,10 +32,10 @@ TEST(WebhookUrl, SplitsSchemeHostPortAndKeepsQuery) {
 }
 
 TEST(WebhookUrl, RejectsWhatCannotBePosted) {
-  for (const std::string url : {"", "example.com/hook", "ftp://example.com/", "http://",
-                                "http:///path", "http://host:/x", "http://host:0/",
-                                "http://host:65536/", "http://host:12ab/", "http://user:pw@host/",
-                                "http://[::1/", "http://host/a b", "https://host/\r\nX: y"}) {
+  for (const std::string url :
+       {"", "example.com/hook", "ftp://example.com/", "http://", "http:///path", "http://host:/x",
+        "http://host:0/", "http://host:65536/", "http://host:12ab/", "http://user:pw@host/",
+        "http://[::1/", "http://host/a b", "https://host/\r\nX: y"}) {
     EXPECT_THROW(ParseUrl(url), std::invalid_argument) << url;
   }
 }

@@ -64,11 +64,12 @@ TEST(StandardWebhooksSignature, RotationHeaderVerifiesWithEitherSecret) {
 
 TEST(StandardWebhooksSignature, AgreesWithIndependentHmacOnAnyBytes) {
   const std::string binary("\x00\x01\xff\xfe payload \x80", 13);
-  for (const std::string& body : {std::string(), std::string("plain text"), binary,
-                                  std::string(100000, 'x')}) {
+  for (const std::string& body :
+       {std::string(), std::string("plain text"), binary, std::string(100000, 'x')}) {
     for (const auto& secret : {kVectorSecret, kOtherSecret}) {
-      EXPECT_EQ(SignStandardWebhook(secret, "0b6f5ad2-9a56-4ff3-b8a4-4a6b0d5e0c11", 1700000123, body),
-                SpecSignature(secret, "0b6f5ad2-9a56-4ff3-b8a4-4a6b0d5e0c11", "1700000123", body));
+      EXPECT_EQ(
+          SignStandardWebhook(secret, "0b6f5ad2-9a56-4ff3-b8a4-4a6b0d5e0c11", 1700000123, body),
+          SpecSignature(secret, "0b6f5ad2-9a56-4ff3-b8a4-4a6b0d5e0c11", "1700000123", body));
     }
   }
 }
@@ -81,8 +82,9 @@ TEST(StandardWebhooksSignature, RejectsMalformedSecrets) {
   EXPECT_THROW(VerifyStandardWebhook("whsec_@@@@", "m", 1, "b", kVectorSignature),
                std::invalid_argument);
   // Unpadded base64 is accepted, as the reference libraries do.
-  EXPECT_EQ(SignStandardWebhook("whsec_b3V0Ym94LXJlbGF5IHJvdGF0aW9uIHRlc3Qga2V5LCAzMmIhIQ", "m", 1, "b"),
-            SignStandardWebhook(kOtherSecret, "m", 1, "b"));
+  EXPECT_EQ(
+      SignStandardWebhook("whsec_b3V0Ym94LXJlbGF5IHJvdGF0aW9uIHRlc3Qga2V5LCAzMmIhIQ", "m", 1, "b"),
+      SignStandardWebhook(kOtherSecret, "m", 1, "b"));
 }
 
 }  // namespace

@@ -32,7 +32,8 @@ inline std::string SpecSignature(const std::string& whsec_secret, const std::str
        content.size(), mac, &mac_len);
   std::vector<unsigned char> encoded(4 * ((mac_len + 2) / 3) + 1);
   const int n = EVP_EncodeBlock(encoded.data(), mac, static_cast<int>(mac_len));
-  return "v1," + std::string(reinterpret_cast<const char*>(encoded.data()), static_cast<std::size_t>(n));
+  return "v1," +
+         std::string(reinterpret_cast<const char*>(encoded.data()), static_cast<std::size_t>(n));
 }
 
 /// The entries of a webhook-signature header.
@@ -41,7 +42,8 @@ inline std::set<std::string> SignatureEntries(const std::string& header) {
   std::size_t start = 0;
   while (start <= header.size()) {
     const std::size_t space = header.find(' ', start);
-    const std::string entry = header.substr(start, space == std::string::npos ? std::string::npos : space - start);
+    const std::string entry =
+        header.substr(start, space == std::string::npos ? std::string::npos : space - start);
     if (!entry.empty()) out.insert(entry);
     if (space == std::string::npos) break;
     start = space + 1;

@@ -152,7 +152,8 @@ TEST(WebhookSink, RejectsUnusableConfiguration) {
   WebhookTarget good = Target("http://127.0.0.1:9/hook");
   EXPECT_NO_THROW(MakeWebhookSink("hooks", good)->Shutdown(0ms));
 
-  for (const std::string url : {"ftp://127.0.0.1/", "127.0.0.1:80/hook", "http://", "http://h:99999/"}) {
+  for (const std::string url :
+       {"ftp://127.0.0.1/", "127.0.0.1:80/hook", "http://", "http://h:99999/"}) {
     WebhookTarget t = good;
     t.url = url;
     EXPECT_THROW(MakeWebhookSink("hooks", t), std::invalid_argument) << url;
@@ -393,7 +394,8 @@ TEST(WebhookSink, ConnectTimeoutIsRetried) {
     fillers.push_back(c);
   }
 
-  WebhookTarget target = Target("http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/hook");
+  WebhookTarget target =
+      Target("http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/hook");
   target.connect_timeout = 300ms;
   const auto start = std::chrono::steady_clock::now();
   const Outcome o = DeliverOne(target);
@@ -510,7 +512,8 @@ TEST(WebhookSink, ShutdownReturnsQueuedMessagesAndFinishesTheOneInFlight) {
   // The three that never started come back at once; the sent one is still waiting.
   ASSERT_TRUE(done.WaitForSize(3));
   EXPECT_FALSE(sink->Ready());
-  const std::int64_t first = std::stoll(receiver.Requests().front().Header("webhook-id").substr(24));
+  const std::int64_t first =
+      std::stoll(receiver.Requests().front().Header("webhook-id").substr(24));
   for (const auto& o : done.All()) {
     EXPECT_NE(Raw(o.id), first);
     EXPECT_EQ(o.kind, OutcomeKind::kRetry);

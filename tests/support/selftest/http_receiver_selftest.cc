@@ -1,6 +1,5 @@
-#include <httplib.h>
-
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <chrono>
 #include <filesystem>
@@ -21,8 +20,8 @@ TEST(HttpReceiverTest, RecordsPostedRequest) {
   EXPECT_EQ(rx.Url(), "http://127.0.0.1:" + std::to_string(rx.port()) + "/");
 
   httplib::Client cli("http://127.0.0.1:" + std::to_string(rx.port()));
-  const auto res = cli.Post("/hooks/a?token=t%201", httplib::Headers{{"X-Outbox-Id", "42"}}, R"({"a":1})",
-                            "application/json");
+  const auto res = cli.Post("/hooks/a?token=t%201", httplib::Headers{{"X-Outbox-Id", "42"}},
+                            R"({"a":1})", "application/json");
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   EXPECT_EQ(res->status, 200);
   EXPECT_EQ(res->body, "ok");

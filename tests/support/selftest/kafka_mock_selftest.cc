@@ -22,12 +22,12 @@ class Producer {
   Producer(const std::string& bootstraps, const std::map<std::string, std::string>& extra = {}) {
     rd_kafka_conf_t* conf = rd_kafka_conf_new();
     char errstr[512];
-    std::map<std::string, std::string> settings{{"bootstrap.servers", bootstraps},
-                                                {"retry.backoff.ms", "10"},
-                                                {"linger.ms", "0"}};
+    std::map<std::string, std::string> settings{
+        {"bootstrap.servers", bootstraps}, {"retry.backoff.ms", "10"}, {"linger.ms", "0"}};
     for (const auto& [k, v] : extra) settings[k] = v;
     for (const auto& [k, v] : settings) {
-      if (rd_kafka_conf_set(conf, k.c_str(), v.c_str(), errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+      if (rd_kafka_conf_set(conf, k.c_str(), v.c_str(), errstr, sizeof errstr) !=
+          RD_KAFKA_CONF_OK) {
         ADD_FAILURE() << k << ": " << errstr;
       }
     }
@@ -45,7 +45,8 @@ class Producer {
     rd_kafka_destroy(rk_);
   }
 
-  void Produce(const std::string& topic, const std::optional<std::string>& key, const std::string& value,
+  void Produce(const std::string& topic, const std::optional<std::string>& key,
+               const std::string& value,
                const std::vector<std::pair<std::string, std::string>>& headers = {}) {
     rd_kafka_headers_t* hdrs = rd_kafka_headers_new(headers.size());
     for (const auto& [name, val] : headers) {
@@ -84,7 +85,8 @@ class Producer {
   std::vector<rd_kafka_resp_err_t> reports_;
 };
 
-const ConsumedRecord* FindByValue(const std::vector<ConsumedRecord>& records, const std::string& value) {
+const ConsumedRecord* FindByValue(const std::vector<ConsumedRecord>& records,
+                                  const std::string& value) {
   for (const auto& r : records) {
     if (r.value == value) return &r;
   }
@@ -191,7 +193,8 @@ TEST(KafkaMockTest, PushedProduceErrorsAreRetriedOrFatal) {
   producer.Produce("t", std::nullopt, "refused");
   reports = producer.WaitReports(2, 20s);
   ASSERT_EQ(reports.size(), 2u);
-  EXPECT_EQ(reports[1], RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED) << rd_kafka_err2str(reports[1]);
+  EXPECT_EQ(reports[1], RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED)
+      << rd_kafka_err2str(reports[1]);
 
   const auto records = kafka.ConsumeAll("t", 1, 20s);
   ASSERT_EQ(records.size(), 1u);

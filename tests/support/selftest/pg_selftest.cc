@@ -1,16 +1,15 @@
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-#include <pqxx/pqxx>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <pqxx/pqxx>
 #include <sstream>
 #include <string>
 
@@ -209,8 +208,7 @@ TEST(PgWatchdogTest, NormalExitRemovesEverythingAndLeavesNoWatchdog) {
 
 TEST(PgWatchdogTest, SigkillIsCleanedUpByWatchdog) {
   const ChildCluster child = RunWatchdogChild("kill");
-  ASSERT_TRUE(KilledBy(child.wait_status, SIGKILL))
-      << "status " << child.wait_status;
+  ASSERT_TRUE(KilledBy(child.wait_status, SIGKILL)) << "status " << child.wait_status;
   ASSERT_GT(child.port, 0);
   ASSERT_EQ(child.base_dir.rfind("/tmp/outbox-pg-", 0), 0u) << child.base_dir;
   EXPECT_TRUE(WaitFor(
@@ -225,8 +223,7 @@ TEST(PgWatchdogTest, SigkillIsCleanedUpByWatchdog) {
 
 TEST(PgWatchdogTest, AbortIsCleanedUpByWatchdog) {
   const ChildCluster child = RunWatchdogChild("abort");
-  ASSERT_TRUE(KilledBy(child.wait_status, SIGABRT))
-      << "status " << child.wait_status;
+  ASSERT_TRUE(KilledBy(child.wait_status, SIGABRT)) << "status " << child.wait_status;
   ASSERT_GT(child.port, 0);
   EXPECT_TRUE(WaitFor(
       [&] {

@@ -75,7 +75,8 @@ struct HttpReceiver::Impl {
     cv.notify_all();
 
     const Reply reply = respond ? respond(r) : Reply{};
-    if (reply.delay.count() > 0) std::this_thread::sleep_for(reply.delay);  // simulated slow endpoint
+    if (reply.delay.count() > 0)
+      std::this_thread::sleep_for(reply.delay);  // simulated slow endpoint
     res.status = reply.status;
     std::string content_type = "text/plain";
     for (const auto& [k, v] : reply.headers) {
@@ -143,8 +144,8 @@ HttpReceiver::~HttpReceiver() = default;
 int HttpReceiver::port() const { return impl_->port; }
 
 std::string HttpReceiver::Url(const std::string& path) const {
-  std::string url = std::string(impl_->tls ? "https" : "http") + "://127.0.0.1:" +
-                    std::to_string(impl_->port);
+  std::string url =
+      std::string(impl_->tls ? "https" : "http") + "://127.0.0.1:" + std::to_string(impl_->port);
   if (path.empty() || path.front() != '/') url += '/';
   return url + path;
 }
@@ -271,10 +272,12 @@ TestPki MakeTestPki() {
     }
   }
 
-  RunOpenssl(pki.dir,
-             "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -config ca.cnf");
-  RunOpenssl(pki.dir,
-             "req -new -newkey rsa:2048 -nodes -keyout server.key -out server.csr -config server.cnf");
+  RunOpenssl(
+      pki.dir,
+      "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -config ca.cnf");
+  RunOpenssl(
+      pki.dir,
+      "req -new -newkey rsa:2048 -nodes -keyout server.key -out server.csr -config server.cnf");
   RunOpenssl(pki.dir,
              "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt "
              "-days 3650 -extfile server.ext");

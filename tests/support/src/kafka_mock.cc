@@ -160,7 +160,8 @@ std::vector<ConsumedRecord> KafkaMockCluster::ConsumeAll(const std::string& topi
         const bool all_at_end = std::all_of(at_end.begin(), at_end.end(), [](bool b) { return b; });
         if (records.size() >= min_count && all_at_end) break;
         if (Clock::now() >= deadline) break;
-        rd_kafka_message_t* msg = rd_kafka_consumer_poll(rk, std::max(RemainingMs(deadline, 100), 1));
+        rd_kafka_message_t* msg =
+            rd_kafka_consumer_poll(rk, std::max(RemainingMs(deadline, 100), 1));
         if (msg == nullptr) continue;
         const auto part = static_cast<std::size_t>(msg->partition);
         if (msg->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
@@ -178,15 +179,17 @@ std::vector<ConsumedRecord> KafkaMockCluster::ConsumeAll(const std::string& topi
             rec.value.assign(static_cast<const char*>(msg->payload), msg->len);
           }
           rd_kafka_headers_t* hdrs = nullptr;
-          if (rd_kafka_message_headers(msg, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs != nullptr) {
+          if (rd_kafka_message_headers(msg, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+              hdrs != nullptr) {
             const char* name = nullptr;
             const void* value = nullptr;
             size_t size = 0;
-            for (size_t i = 0;
-                 rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
+            for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) ==
+                               RD_KAFKA_RESP_ERR_NO_ERROR;
                  ++i) {
-              rec.headers[name] =
-                  value != nullptr ? std::string(static_cast<const char*>(value), size) : std::string();
+              rec.headers[name] = value != nullptr
+                                      ? std::string(static_cast<const char*>(value), size)
+                                      : std::string();
             }
           }
           records.push_back(std::move(rec));

@@ -12,8 +12,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <pqxx/pqxx>
-
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -24,6 +22,7 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <pqxx/pqxx>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -219,8 +218,8 @@ struct PgCluster::Impl {
                                  "--no-sync", "-E", "UTF8", "--no-locale"}),
                             base);
       if (init.exit_code != 0) {
-        throw std::runtime_error("initdb failed (exit " + std::to_string(init.exit_code) +
-                                 "):\n" + init.output);
+        throw std::runtime_error("initdb failed (exit " + std::to_string(init.exit_code) + "):\n" +
+                                 init.output);
       }
       StartFirstTime();
     } catch (...) {
@@ -258,10 +257,12 @@ struct PgCluster::Impl {
     const std::string run_as = as_postgres ? ShellQuote(runuser) + " -u postgres -- " : "";
     const std::string script =
         "cat >/dev/null 2>&1\n"
-        "if [ -f " + ShellQuote(data + "/postmaster.pid") + " ]; then " + run_as +
-        ShellQuote(bin + "/pg_ctl") + " stop -D " + ShellQuote(data) +
+        "if [ -f " +
+        ShellQuote(data + "/postmaster.pid") + " ]; then " + run_as + ShellQuote(bin + "/pg_ctl") +
+        " stop -D " + ShellQuote(data) +
         " -m immediate -w -t 30 >/dev/null 2>&1; fi\n"
-        "rm -rf " + ShellQuote(base) + "\n";
+        "rm -rf " +
+        ShellQuote(base) + "\n";
     const char* argv[] = {"/bin/sh", "-c", script.c_str(), "outbox-pg-watchdog", nullptr};
 
     const pid_t pid = ::fork();
@@ -316,8 +317,8 @@ struct PgCluster::Impl {
                              " -c unix_socket_directories=" + base +
                              " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
                              " -c max_connections=200 -c shared_buffers=128MB";
-    const auto r = Run(Cmd({bin + "/pg_ctl", "start", "-D", data, "-l", log, "-w", "-t", "60", "-o", opts}),
-                       base);
+    const auto r = Run(
+        Cmd({bin + "/pg_ctl", "start", "-D", data, "-l", log, "-w", "-t", "60", "-o", opts}), base);
     if (r.exit_code == 0) {
       running = true;
       return true;
@@ -340,7 +341,8 @@ struct PgCluster::Impl {
 
   void StopLocked(const char* mode) {
     if (!running) return;
-    const auto r = Run(Cmd({bin + "/pg_ctl", "stop", "-D", data, "-m", mode, "-w", "-t", "60"}), base);
+    const auto r =
+        Run(Cmd({bin + "/pg_ctl", "stop", "-D", data, "-m", mode, "-w", "-t", "60"}), base);
     if (r.exit_code != 0) {
       throw std::runtime_error("pg_ctl stop -m " + std::string(mode) + " failed (exit " +
                                std::to_string(r.exit_code) + "):\n" + r.output);
@@ -394,7 +396,8 @@ struct PgCluster::Impl {
     if (!base.empty()) {
       std::error_code ec;
       std::filesystem::remove_all(base, ec);
-      if (ec) std::cerr << "[outbox_test] could not remove " << base << ": " << ec.message() << "\n";
+      if (ec)
+        std::cerr << "[outbox_test] could not remove " << base << ": " << ec.message() << "\n";
     }
     if (watchdog_in >= 0) {
       ::close(watchdog_in);  // EOF: the watchdog finds nothing left to do and exits

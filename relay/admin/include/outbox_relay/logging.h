@@ -1,10 +1,10 @@
 // Log set-up for the relay: spdlog, text for people or JSON lines for collectors.
 #pragma once
 
+#include <spdlog/logger.h>
+
 #include <memory>
 #include <string>
-
-#include <spdlog/logger.h>
 
 namespace outbox::relay {
 

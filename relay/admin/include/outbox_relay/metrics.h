@@ -46,39 +46,44 @@ struct RelayMetrics {
   metrics::Registry registry;
 
   // ---- gauges from the status query (UpdateFromStatus) ----
-  metrics::GaugeFamily& queue_depth;                 // outbox_queue_depth{destination}
-  metrics::GaugeFamily& oldest_pending_age_seconds;  // outbox_oldest_pending_age_seconds{destination}
-  metrics::GaugeFamily& in_flight;                   // outbox_in_flight{destination}
-  metrics::GaugeFamily& retrying;                    // outbox_retrying{destination}
-  metrics::GaugeFamily& blocked;                     // outbox_blocked{destination}
-  metrics::GaugeFamily& dead_letters;                // outbox_dead_letters{destination}
-  metrics::GaugeFamily& queue_lock_waiters;          // outbox_queue_lock_waiters
-  metrics::GaugeFamily& queue_table_live_tuples;     // outbox_queue_table_live_tuples
-  metrics::GaugeFamily& queue_table_dead_tuples;     // outbox_queue_table_dead_tuples
-  metrics::GaugeFamily& queue_table_last_vacuum;     // outbox_queue_table_last_vacuum_timestamp_seconds
-  metrics::GaugeFamily& oldest_transaction_age;      // outbox_oldest_transaction_age_seconds
-  metrics::GaugeFamily& xmin_lag;                    // outbox_xmin_lag_transactions
-  metrics::GaugeFamily& status_timestamp;            // outbox_status_timestamp_seconds
+  metrics::GaugeFamily& queue_depth;  // outbox_queue_depth{destination}
+  metrics::GaugeFamily&
+      oldest_pending_age_seconds;                 // outbox_oldest_pending_age_seconds{destination}
+  metrics::GaugeFamily& in_flight;                // outbox_in_flight{destination}
+  metrics::GaugeFamily& retrying;                 // outbox_retrying{destination}
+  metrics::GaugeFamily& blocked;                  // outbox_blocked{destination}
+  metrics::GaugeFamily& dead_letters;             // outbox_dead_letters{destination}
+  metrics::GaugeFamily& queue_lock_waiters;       // outbox_queue_lock_waiters
+  metrics::GaugeFamily& queue_table_live_tuples;  // outbox_queue_table_live_tuples
+  metrics::GaugeFamily& queue_table_dead_tuples;  // outbox_queue_table_dead_tuples
+  metrics::GaugeFamily&
+      queue_table_last_vacuum;                   // outbox_queue_table_last_vacuum_timestamp_seconds
+  metrics::GaugeFamily& oldest_transaction_age;  // outbox_oldest_transaction_age_seconds
+  metrics::GaugeFamily& xmin_lag;                // outbox_xmin_lag_transactions
+  metrics::GaugeFamily& status_timestamp;        // outbox_status_timestamp_seconds
 
   // ---- claim loop ----
-  metrics::CounterFamily& claims_total;              // outbox_claims_total{destination}
-  metrics::CounterFamily& empty_polls_total;         // outbox_empty_polls_total{destination}
-  metrics::CounterFamily& messages_claimed_total;    // outbox_messages_claimed_total{destination}
-  metrics::HistogramFamily& poll_cycle_duration;     // outbox_poll_cycle_duration_seconds{destination}
+  metrics::CounterFamily& claims_total;            // outbox_claims_total{destination}
+  metrics::CounterFamily& empty_polls_total;       // outbox_empty_polls_total{destination}
+  metrics::CounterFamily& messages_claimed_total;  // outbox_messages_claimed_total{destination}
+  metrics::HistogramFamily& poll_cycle_duration;  // outbox_poll_cycle_duration_seconds{destination}
 
   // ---- delivery and settling ----
-  metrics::CounterFamily& delivered_total;           // outbox_delivered_total{destination}
-  metrics::CounterFamily& retried_total;             // outbox_retried_total{destination,reason}
-  metrics::CounterFamily& dead_lettered_total;       // outbox_dead_lettered_total{destination,reason}
-  metrics::HistogramFamily& enqueue_to_delivery;     // outbox_enqueue_to_delivery_seconds{destination}
-  metrics::HistogramFamily& delivery_duration;       // outbox_delivery_duration_seconds{destination,sink}
-  metrics::CounterFamily& webhook_responses_total;   // outbox_webhook_responses_total{destination,class}
-  metrics::GaugeFamily& kafka_producer_queue_length; // outbox_kafka_producer_queue_length{destination}
-  metrics::CounterFamily& settle_fenced_total;       // outbox_settle_fenced_total
-  metrics::CounterFamily& reaper_requeued_total;     // outbox_reaper_requeued_total
-  metrics::CounterFamily& db_errors_total;           // outbox_db_errors_total
-  metrics::GaugeFamily& build_info;                  // outbox_relay_build_info{version}
-  metrics::GaugeFamily& relay_ready;                 // outbox_relay_ready (set by AdminServer)
+  metrics::CounterFamily& delivered_total;        // outbox_delivered_total{destination}
+  metrics::CounterFamily& retried_total;          // outbox_retried_total{destination,reason}
+  metrics::CounterFamily& dead_lettered_total;    // outbox_dead_lettered_total{destination,reason}
+  metrics::HistogramFamily& enqueue_to_delivery;  // outbox_enqueue_to_delivery_seconds{destination}
+  metrics::HistogramFamily&
+      delivery_duration;  // outbox_delivery_duration_seconds{destination,sink}
+  metrics::CounterFamily&
+      webhook_responses_total;  // outbox_webhook_responses_total{destination,class}
+  metrics::GaugeFamily&
+      kafka_producer_queue_length;                // outbox_kafka_producer_queue_length{destination}
+  metrics::CounterFamily& settle_fenced_total;    // outbox_settle_fenced_total
+  metrics::CounterFamily& reaper_requeued_total;  // outbox_reaper_requeued_total
+  metrics::CounterFamily& db_errors_total;        // outbox_db_errors_total
+  metrics::GaugeFamily& build_info;               // outbox_relay_build_info{version}
+  metrics::GaugeFamily& relay_ready;              // outbox_relay_ready (set by AdminServer)
 
   /// Creates the series of a configured destination at 0 (claims, empty polls, claimed,
   /// delivered, the histograms), so rates and alerts see them before the first message.
@@ -94,11 +99,13 @@ struct RelayMetrics {
   /// A message settled as delivered, `latency` after it was enqueued.
   void RecordDelivered(std::string_view destination, Seconds latency);
   /// Same, from the message's created_at and the current time (negative clamps to 0).
-  void RecordDelivered(std::string_view destination, std::chrono::system_clock::time_point created_at);
+  void RecordDelivered(std::string_view destination,
+                       std::chrono::system_clock::time_point created_at);
   /// A message settled for a later retry / moved to the dead letters; `reason` is a sink's
   /// reason_class or free text, labelled through ReasonClass.
   void RecordRetried(std::string_view destination, std::string_view reason, std::int64_t n = 1);
-  void RecordDeadLettered(std::string_view destination, std::string_view reason, std::int64_t n = 1);
+  void RecordDeadLettered(std::string_view destination, std::string_view reason,
+                          std::int64_t n = 1);
   void RecordReaperRequeued(std::int64_t n);
   void RecordSettleFenced(std::int64_t n);
   void RecordDbError(std::int64_t n = 1);

@@ -86,15 +86,16 @@ class FamilyBase {
   virtual void Render(std::string& out) const = 0;
 
  protected:
-  FamilyBase(std::string name, std::string help, MetricType type, std::vector<std::string> label_names,
-             std::size_t max_series);
+  FamilyBase(std::string name, std::string help, MetricType type,
+             std::vector<std::string> label_names, std::size_t max_series);
   /// Throws std::invalid_argument when the number of values differs from the label names.
   void CheckArity(const LabelValues& values) const;
   /// `# HELP` and `# TYPE` lines.
   void RenderHeader(std::string& out) const;
   /// `name<suffix>{a="x",b="y"[,extra="v"]} value` and a newline.
-  void RenderSample(std::string& out, std::string_view suffix, const LabelValues& values, double value,
-                    std::string_view extra_name = {}, std::string_view extra_value = {}) const;
+  void RenderSample(std::string& out, std::string_view suffix, const LabelValues& values,
+                    double value, std::string_view extra_name = {},
+                    std::string_view extra_value = {}) const;
 
   std::string name_, help_;
   MetricType type_;
@@ -185,12 +186,15 @@ class Registry {
   /// Names follow Prometheus rules ([a-zA-Z_:][a-zA-Z0-9_:]*; labels [a-zA-Z_][a-zA-Z0-9_]*,
   /// not starting with "__"); counter names must end in "_total"; histograms may not use the
   /// label "le". A name may be registered once. Violations throw std::invalid_argument.
-  CounterFamily& AddCounter(std::string name, std::string help, std::vector<std::string> label_names = {},
+  CounterFamily& AddCounter(std::string name, std::string help,
+                            std::vector<std::string> label_names = {},
                             std::size_t max_series = kDefaultMaxSeries);
-  GaugeFamily& AddGauge(std::string name, std::string help, std::vector<std::string> label_names = {},
+  GaugeFamily& AddGauge(std::string name, std::string help,
+                        std::vector<std::string> label_names = {},
                         std::size_t max_series = kDefaultMaxSeries);
-  HistogramFamily& AddHistogram(std::string name, std::string help, std::vector<std::string> label_names,
-                                std::vector<double> bounds, std::size_t max_series = kDefaultMaxSeries);
+  HistogramFamily& AddHistogram(std::string name, std::string help,
+                                std::vector<std::string> label_names, std::vector<double> bounds,
+                                std::size_t max_series = kDefaultMaxSeries);
 
   /// Every family in the text exposition format 0.0.4. A family without series renders only
   /// its HELP and TYPE lines.

@@ -2,10 +2,9 @@
 // people or as JSON for scripts. Both carry the same facts and the same warnings.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "outbox_relay/status.h"
 

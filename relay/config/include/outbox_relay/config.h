@@ -17,9 +17,9 @@ using Millis = std::chrono::milliseconds;
 
 /// Exponential backoff with full jitter, capped, and a bound on attempts.
 struct RetryPolicy {
-  int max_attempts = 12;            ///< Attempts before dead-lettering (>= 1).
-  Millis initial_backoff{500};      ///< Cap of the first retry's random delay.
-  Millis max_backoff{300'000};      ///< No delay is longer than this.
+  int max_attempts = 12;        ///< Attempts before dead-lettering (>= 1).
+  Millis initial_backoff{500};  ///< Cap of the first retry's random delay.
+  Millis max_backoff{300'000};  ///< No delay is longer than this.
 };
 
 struct KafkaTarget {
@@ -35,9 +35,9 @@ struct WebhookTarget {
   /// Standard Webhooks secrets, each "whsec_<base64>". Every one signs each delivery, so a
   /// receiver that knows either the new or the old secret verifies during rotation.
   std::vector<std::string> secrets;
-  Millis timeout{10'000};          ///< Whole request.
+  Millis timeout{10'000};  ///< Whole request.
   Millis connect_timeout{5'000};
-  int max_in_flight = 32;          ///< Concurrent requests to this endpoint.
+  int max_in_flight = 32;              ///< Concurrent requests to this endpoint.
   std::optional<std::string> ca_file;  ///< PEM bundle to trust instead of the system one.
   bool verify_tls = true;
   std::map<std::string, std::string> headers;  ///< Extra static headers on every request.
@@ -54,10 +54,10 @@ enum class LogFormat { kText, kJson };
 
 /// What leaves the queue where, and for how long it is kept (docs/operations.md).
 struct RetentionPolicy {
-  bool archive_delivered = false;            ///< Copy delivered messages to outbox.delivered_archive.
-  std::chrono::hours archive_retention{168}; ///< Archive rows older than this are deleted.
+  bool archive_delivered = false;  ///< Copy delivered messages to outbox.delivered_archive.
+  std::chrono::hours archive_retention{168};    ///< Archive rows older than this are deleted.
   std::chrono::hours dead_letter_retention{0};  ///< 0: keep dead letters until purged.
-  Millis cleanup_interval{60'000};           ///< How often the batched cleanup runs.
+  Millis cleanup_interval{60'000};              ///< How often the batched cleanup runs.
 };
 
 /// How relays share the queue (docs/scaling.md).
@@ -67,20 +67,20 @@ enum class ClaimMode {
 };
 
 struct RelayConfig {
-  std::string database_url;                   ///< Required (or OUTBOX_DATABASE_URL).
+  std::string database_url;                         ///< Required (or OUTBOX_DATABASE_URL).
   std::map<std::string, Destination> destinations;  ///< At least one.
-  int batch_size = 500;                       ///< Rows per claim.
-  Millis lease{30'000};                       ///< How long a claim is held before the reaper may take it back.
-  Millis poll_interval{1'000};                ///< Fallback poll when no notification arrives.
+  int batch_size = 500;                             ///< Rows per claim.
+  Millis lease{30'000};         ///< How long a claim is held before the reaper may take it back.
+  Millis poll_interval{1'000};  ///< Fallback poll when no notification arrives.
   Millis reap_interval{5'000};
-  Millis full_sweep_interval{30'000};         ///< Rescan the fresh lane from the start this often.
-  Millis shutdown_timeout{10'000};            ///< SIGTERM: finish in-flight work within this.
-  std::string admin_listen;                   ///< "host:port" for /metrics, /healthz, /readyz; empty = off.
+  Millis full_sweep_interval{30'000};  ///< Rescan the fresh lane from the start this often.
+  Millis shutdown_timeout{10'000};     ///< SIGTERM: finish in-flight work within this.
+  std::string admin_listen;  ///< "host:port" for /metrics, /healthz, /readyz; empty = off.
   ClaimMode claim_mode = ClaimMode::kSkipLocked;
-  Millis partition_heartbeat{1'000};          ///< Heartbeat period in claim_mode partitioned.
-  Millis partition_lease{5'000};              ///< No heartbeat for this long: dead, buckets move.
+  Millis partition_heartbeat{1'000};  ///< Heartbeat period in claim_mode partitioned.
+  Millis partition_lease{5'000};      ///< No heartbeat for this long: dead, buckets move.
   RetentionPolicy retention;
-  std::string log_level = "info";             ///< trace, debug, info, warn, error.
+  std::string log_level = "info";  ///< trace, debug, info, warn, error.
   LogFormat log_format = LogFormat::kText;
 };
 
@@ -96,7 +96,8 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 EnvLookup ProcessEnv();
 
 /// Parses YAML text. `source` names it in errors (a path, or "<string>").
-RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source, const EnvLookup& env);
+RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
+                        const EnvLookup& env);
 
 /// Reads and parses a file. Throws ConfigError when it cannot be read or is invalid.
 RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env);

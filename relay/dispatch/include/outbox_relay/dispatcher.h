@@ -19,16 +19,16 @@ namespace outbox::relay {
 
 /// Monotonic counters, readable from any thread.
 struct DispatcherStats {
-  std::atomic<std::int64_t> claims{0};         ///< Claim statements run.
-  std::atomic<std::int64_t> empty_claims{0};   ///< Claims that leased nothing.
-  std::atomic<std::int64_t> claimed{0};        ///< Messages leased.
-  std::atomic<std::int64_t> delivered{0};      ///< Settled as delivered.
-  std::atomic<std::int64_t> retried{0};        ///< Settled for a later retry.
-  std::atomic<std::int64_t> dead{0};           ///< Moved to the dead letters.
-  std::atomic<std::int64_t> released{0};       ///< Handed back at shutdown.
-  std::atomic<std::int64_t> fenced{0};         ///< Settles refused: the lease had moved on.
-  std::atomic<std::int64_t> reaped{0};         ///< Expired leases returned to the queue.
-  std::atomic<std::int64_t> db_errors{0};      ///< Database errors survived.
+  std::atomic<std::int64_t> claims{0};        ///< Claim statements run.
+  std::atomic<std::int64_t> empty_claims{0};  ///< Claims that leased nothing.
+  std::atomic<std::int64_t> claimed{0};       ///< Messages leased.
+  std::atomic<std::int64_t> delivered{0};     ///< Settled as delivered.
+  std::atomic<std::int64_t> retried{0};       ///< Settled for a later retry.
+  std::atomic<std::int64_t> dead{0};          ///< Moved to the dead letters.
+  std::atomic<std::int64_t> released{0};      ///< Handed back at shutdown.
+  std::atomic<std::int64_t> fenced{0};        ///< Settles refused: the lease had moved on.
+  std::atomic<std::int64_t> reaped{0};        ///< Expired leases returned to the queue.
+  std::atomic<std::int64_t> db_errors{0};     ///< Database errors survived.
 };
 
 /// Owns one sink per destination and the threads that feed them. Start() once, Stop() once
@@ -38,8 +38,8 @@ class Dispatcher {
  public:
   /// `metrics` (optional, must outlive the dispatcher) receives every claim, delivery and
   /// settle event, and the queue status every `status_interval`.
-  Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks, RelayMetrics* metrics = nullptr,
-             Millis status_interval = Millis(5000));
+  Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
+             RelayMetrics* metrics = nullptr, Millis status_interval = Millis(5000));
   ~Dispatcher();
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;

@@ -23,9 +23,9 @@ struct Message {
   std::string idempotency_key;              ///< uuid text, stable across redeliveries.
   std::string event_type;                   ///< May be empty.
   std::vector<std::pair<std::string, std::string>> headers;  ///< The message's own headers.
-  std::string payload;       ///< Bytes exactly as written (JSON text for JSON payloads).
+  std::string payload;  ///< Bytes exactly as written (JSON text for JSON payloads).
   bool payload_is_json = true;
-  int attempts = 0;          ///< Failed attempts before this one.
+  int attempts = 0;  ///< Failed attempts before this one.
   std::chrono::system_clock::time_point created_at{};
 };
 

@@ -23,14 +23,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr milliseconds kPollTimeout{50};        // rd_kafka_poll on the poll thread
-constexpr milliseconds kQueueFullWait{200};     // Submit's bound when the local queue is full
+constexpr milliseconds kPollTimeout{50};     // rd_kafka_poll on the poll thread
+constexpr milliseconds kQueueFullWait{200};  // Submit's bound when the local queue is full
 constexpr milliseconds kQueueFullBackoff{2};
-constexpr milliseconds kProbeInterval{500};     // metadata probe while not Ready
+constexpr milliseconds kProbeInterval{500};  // metadata probe while not Ready
 constexpr milliseconds kProbeTimeout{250};
-constexpr milliseconds kRetireDrain{2'000};     // reports of a broken producer after purge
-constexpr milliseconds kRecreateBackoff{1'000}; // when creating a replacement failed
-constexpr milliseconds kShutdownReserve{250};   // part of the deadline kept for the purge
+constexpr milliseconds kRetireDrain{2'000};      // reports of a broken producer after purge
+constexpr milliseconds kRecreateBackoff{1'000};  // when creating a replacement failed
+constexpr milliseconds kShutdownReserve{250};    // part of the deadline kept for the purge
 
 // Producer defaults; every one can be overridden through KafkaTarget::producer.
 const std::vector<std::pair<std::string, std::string>>& Defaults() {
@@ -147,12 +147,14 @@ struct KafkaSink::Impl {
     for (const auto& [key, value] : target.producer) props[key] = value;
     if (props["bootstrap.servers"].empty()) Invalid("bootstrap.servers (brokers) is empty");
     if (props.count("transactional.id")) {
-      Invalid("producer property \"transactional.id\" is not supported: the relay uses the "
-              "idempotent, non-transactional producer");
+      Invalid(
+          "producer property \"transactional.id\" is not supported: the relay uses the "
+          "idempotent, non-transactional producer");
     }
     if (auto it = props.find("enable.idempotence"); it != props.end() && it->second != "true") {
-      Invalid("producer property \"enable.idempotence\" must stay true: the relay relies on the "
-              "idempotent producer for ordering and no duplicates across retries");
+      Invalid(
+          "producer property \"enable.idempotence\" must stay true: the relay relies on the "
+          "idempotent producer for ordering and no duplicates across retries");
     }
     props["enable.idempotence"] = "true";
     if (!props.count("acks") && !props.count("request.required.acks")) props["acks"] = "all";
@@ -340,8 +342,7 @@ struct KafkaSink::Impl {
       out = ClassifyDeliveryError(entry->id, m->err, false);
       // Could not reach the partition leader in message.timeout.ms: not ready until the
       // metadata probe (or a delivery) shows a broker answers again.
-      if ((out.reason_class == "timeout" || out.reason_class == "broker") &&
-          p == producer.get()) {
+      if ((out.reason_class == "timeout" || out.reason_class == "broker") && p == producer.get()) {
         ready.store(false);
       }
     }
@@ -381,7 +382,8 @@ struct KafkaSink::Impl {
       return;
     }
     // Connection trouble is also in librdkafka's own log (LogCb); keep it out of warn here.
-    const bool connection = err == RD_KAFKA_RESP_ERR__TRANSPORT || err == RD_KAFKA_RESP_ERR__RESOLVE;
+    const bool connection =
+        err == RD_KAFKA_RESP_ERR__TRANSPORT || err == RD_KAFKA_RESP_ERR__RESOLVE;
     spdlog::log(connection ? spdlog::level::debug : spdlog::level::warn,
                 "kafka destination \"{}\": {}: {}", destination, rd_kafka_err2name(err), reason);
   }

@@ -53,22 +53,24 @@ std::optional<long long> ParseHttpDate(const std::string& s) {
     ok = true;
   }
   // RFC 850: "Sunday, 06-Nov-94 08:49:37 GMT"
-  if (!ok && std::sscanf(s.c_str(), "%15[A-Za-z], %2d-%3[A-Za-z]-%4d %2d:%2d:%2d GMT%n", weekday,
-                         &day, mon, &year, &hour, &minute, &second, &used) == 7 &&
+  if (!ok &&
+      std::sscanf(s.c_str(), "%15[A-Za-z], %2d-%3[A-Za-z]-%4d %2d:%2d:%2d GMT%n", weekday, &day,
+                  mon, &year, &hour, &minute, &second, &used) == 7 &&
       static_cast<std::size_t>(used) == s.size()) {
     ok = true;
     if (year < 100) year += year < 70 ? 2000 : 1900;
   }
   // asctime: "Sun Nov  6 08:49:37 1994"
-  if (!ok && std::sscanf(s.c_str(), "%15[A-Za-z] %3[A-Za-z] %2d %2d:%2d:%2d %4d%n", weekday, mon,
-                         &day, &hour, &minute, &second, &year, &used) == 7 &&
+  if (!ok &&
+      std::sscanf(s.c_str(), "%15[A-Za-z] %3[A-Za-z] %2d %2d:%2d:%2d %4d%n", weekday, mon, &day,
+                  &hour, &minute, &second, &year, &used) == 7 &&
       static_cast<std::size_t>(used) == s.size()) {
     ok = true;
   }
   if (!ok) return std::nullopt;
   const int month = MonthIndex(mon);
-  if (month < 0 || day < 1 || day > 31 || year < 1970 || hour > 23 || minute > 59 ||
-      second > 60 || hour < 0 || minute < 0 || second < 0) {
+  if (month < 0 || day < 1 || day > 31 || year < 1970 || hour > 23 || minute > 59 || second > 60 ||
+      hour < 0 || minute < 0 || second < 0) {
     return std::nullopt;
   }
   std::tm tm{};
@@ -177,8 +179,8 @@ ParsedUrl ParseUrl(const std::string& url) {
   return out;
 }
 
-std::optional<std::chrono::milliseconds> ParseRetryAfter(std::string_view value,
-                                                         std::chrono::system_clock::time_point now) {
+std::optional<std::chrono::milliseconds> ParseRetryAfter(
+    std::string_view value, std::chrono::system_clock::time_point now) {
   value = TrimOws(value);
   // Bound what a receiver can ask for so the arithmetic never overflows (about 31 years).
   constexpr long long kMaxSeconds = 1'000'000'000;

@@ -44,9 +44,9 @@ std::string Lower(std::string_view s) {
 /// Headers the sink owns: a message or target header of this name is skipped.
 bool IsReservedHeader(const std::string& name) {
   static const std::set<std::string> kReserved = {
-      "idempotency-key", "content-type", "content-length", "host",      "connection",
-      "transfer-encoding", "keep-alive", "te",             "trailer",   "upgrade",
-      "expect",          "proxy-connection"};
+      "idempotency-key", "content-type",      "content-length", "host",
+      "connection",      "transfer-encoding", "keep-alive",     "te",
+      "trailer",         "upgrade",           "expect",         "proxy-connection"};
   const std::string lower = Lower(name);
   return lower.rfind("webhook-", 0) == 0 || kReserved.count(lower) > 0;
 }
@@ -102,7 +102,8 @@ class WebhookSink final : public Sink {
     if (target_.secrets.empty()) {
       throw std::invalid_argument("webhook " + destination_ + ": at least one secret is required");
     }
-    for (const auto& secret : target_.secrets) keys_.push_back(webhook_detail::DecodeSecret(secret));
+    for (const auto& secret : target_.secrets)
+      keys_.push_back(webhook_detail::DecodeSecret(secret));
     if (target_.max_in_flight < 1) {
       throw std::invalid_argument("webhook " + destination_ + ": max_in_flight must be >= 1");
     }
@@ -186,7 +187,8 @@ class WebhookSink final : public Sink {
                    queued.size());
     }
     for (auto& job : queued) {
-      Complete(job.done, Retry(job.msg.id, "shutdown: not sent before the relay stopped", "shutdown"));
+      Complete(job.done,
+               Retry(job.msg.id, "shutdown: not sent before the relay stopped", "shutdown"));
     }
 
     // Let requests already sent finish; take over the completions of those that do not.
@@ -204,11 +206,13 @@ class WebhookSink final : public Sink {
       }
     }
     if (!abandoned.empty()) {
-      spdlog::warn("webhook {}: {} requests still running at the shutdown deadline; they will be retried",
-                   destination_, abandoned.size());
+      spdlog::warn(
+          "webhook {}: {} requests still running at the shutdown deadline; they will be retried",
+          destination_, abandoned.size());
     }
     for (auto& [id, done] : abandoned) {
-      Complete(done, Retry(id, "shutdown: request still running at the shutdown deadline", "shutdown"));
+      Complete(done,
+               Retry(id, "shutdown: request still running at the shutdown deadline", "shutdown"));
     }
     // Abort the abandoned requests so the workers return promptly (a connect in progress
     // still runs to its connect_timeout).
@@ -357,8 +361,10 @@ class WebhookSink final : public Sink {
     const auto start = Clock::now();
     const auto deadline = start + target_.timeout;
     std::string kept;  // start of the response body, for reasons
-    req.content_receiver = [&kept](const char* data, std::size_t len, std::uint64_t, std::uint64_t) {
-      if (kept.size() < kKeptBodyBytes) kept.append(data, std::min(len, kKeptBodyBytes - kept.size()));
+    req.content_receiver = [&kept](const char* data, std::size_t len, std::uint64_t,
+                                   std::uint64_t) {
+      if (kept.size() < kKeptBodyBytes)
+        kept.append(data, std::min(len, kKeptBodyBytes - kept.size()));
       return true;
     };
     // Reading a body that trickles in must not take longer than the whole-request timeout.
@@ -367,7 +373,8 @@ class WebhookSink final : public Sink {
     httplib::Response res;
     httplib::Error error = httplib::Error::Success;
     const bool sent = client.send(req, res, error);
-    const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    const auto elapsed =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
 
     Outcome outcome;
     if (!sent) {
@@ -390,8 +397,9 @@ class WebhookSink final : public Sink {
     const std::string what = httplib::to_string(error);
     switch (error) {
       case httplib::Error::ConnectionTimeout:
-        return Retry(id, "timeout: could not connect within " +
-                             std::to_string(target_.connect_timeout.count()) + "ms",
+        return Retry(id,
+                     "timeout: could not connect within " +
+                         std::to_string(target_.connect_timeout.count()) + "ms",
                      "timeout");
       case httplib::Error::SSLConnection:
       case httplib::Error::SSLLoadingCerts:
@@ -410,8 +418,9 @@ class WebhookSink final : public Sink {
       case httplib::Error::Write:
       case httplib::Error::Canceled:
         if (elapsed >= target_.timeout) {
-          return Retry(id, "timeout: no complete response within " +
-                               std::to_string(target_.timeout.count()) + "ms (" + what + ")",
+          return Retry(id,
+                       "timeout: no complete response within " +
+                           std::to_string(target_.timeout.count()) + "ms (" + what + ")",
                        "timeout");
         }
         return Retry(id, "connection error: " + what, "connection");
@@ -435,7 +444,8 @@ class WebhookSink final : public Sink {
       outcome.kind = OutcomeKind::kPermanent;
       outcome.reason_class = "http_3xx";
       outcome.reason = head + ": redirects are not followed";
-      const std::string location = webhook_detail::Snippet(res.get_header_value("Location"), kReasonBodyBytes);
+      const std::string location =
+          webhook_detail::Snippet(res.get_header_value("Location"), kReasonBodyBytes);
       if (!location.empty()) outcome.reason += " (Location: " + location + ")";
       return outcome;
     }

@@ -3,10 +3,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <pqxx/connection>
 #include <string>
 #include <vector>
-
-#include <pqxx/connection>
 
 namespace outbox::relay {
 
@@ -26,11 +25,13 @@ struct DeadLetter {
 };
 
 /// Newest first. `destination` empty: all.
-std::vector<DeadLetter> ListDeadLetters(pqxx::connection& c, const std::string& destination, int limit);
+std::vector<DeadLetter> ListDeadLetters(pqxx::connection& c, const std::string& destination,
+                                        int limit);
 std::optional<DeadLetter> GetDeadLetter(pqxx::connection& c, std::int64_t id);
 /// Puts dead letters back in the queue with their idempotency keys; `ids` empty: every one
 /// (of `destination` if given). Returns the new message ids.
-std::vector<std::int64_t> ReplayDeadLetters(pqxx::connection& c, const std::vector<std::int64_t>& ids,
+std::vector<std::int64_t> ReplayDeadLetters(pqxx::connection& c,
+                                            const std::vector<std::int64_t>& ids,
                                             const std::string& destination);
 /// Deletes dead letters: by id, and/or dead longer than `older_than` (a PostgreSQL interval
 /// such as "7 days"). Returns how many. Refuses to run with neither ids nor older_than nor

@@ -12,8 +12,8 @@ namespace outbox::relay {
 
 /// Facts one claim statement returns about its own snapshot and scan.
 struct ClaimFacts {
-  std::int64_t seq_value = 0;    ///< Highest id handed out, read after the snapshot was taken.
-  std::uint64_t snap_xmin = 0;   ///< Oldest transaction still running at the snapshot.
+  std::int64_t seq_value = 0;   ///< Highest id handed out, read after the snapshot was taken.
+  std::uint64_t snap_xmin = 0;  ///< Oldest transaction still running at the snapshot.
   /// The statement's own xid, assigned during the statement (so after the previous
   /// statement read its seq_value). Not the snapshot's xmax: that is latestCompletedXid + 1,
   /// and a transaction can hold a larger xid that the snapshot then knows nothing about.
@@ -22,7 +22,7 @@ struct ClaimFacts {
   /// Set when the fresh scan stopped at its limit (in any bucket): the cursor may not pass
   /// this id, since rows above it were not looked at.
   std::optional<std::int64_t> fresh_full_bound;
-  std::int64_t held = 0;         ///< Rows parked by the statement.
+  std::int64_t held = 0;  ///< Rows parked by the statement.
 };
 
 /// Not thread-safe; one per destination loop.

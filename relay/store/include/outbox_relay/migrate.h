@@ -8,8 +8,8 @@
 namespace outbox::relay {
 
 struct MigrationResult {
-  int from_version = 0;           ///< Version before (0: empty database).
-  int to_version = 0;             ///< Version after.
+  int from_version = 0;              ///< Version before (0: empty database).
+  int to_version = 0;                ///< Version after.
   std::vector<std::string> applied;  ///< Names of the migrations applied now.
 };
 

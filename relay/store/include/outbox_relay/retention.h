@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cstdint>
-
 #include <pqxx/connection>
 
 namespace outbox::relay {

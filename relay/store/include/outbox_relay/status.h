@@ -5,10 +5,9 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <pqxx/connection>
 #include <string>
 #include <vector>
-
-#include <pqxx/connection>
 
 namespace outbox::relay {
 
@@ -33,7 +32,7 @@ struct DestinationStatus {
 /// by up to a second or so).
 struct QueueTableStatus {
   std::int64_t live_tuples = 0;
-  std::int64_t dead_tuples = 0;   ///< Growing steadily: vacuum is not keeping up.
+  std::int64_t dead_tuples = 0;                 ///< Growing steadily: vacuum is not keeping up.
   std::optional<double> last_vacuum_epoch;      ///< Manual VACUUM, Unix seconds.
   std::optional<double> last_autovacuum_epoch;  ///< Autovacuum, Unix seconds.
   std::int64_t vacuum_count = 0;
@@ -48,13 +47,13 @@ struct QueueTableStatus {
 
 /// The transaction that has been open longest among those holding back the xmin horizon.
 struct OldestTransaction {
-  std::string kind;  ///< "session" or "prepared" (a two-phase-commit transaction).
-  std::optional<int> pid;                 ///< Sessions only.
+  std::string kind;        ///< "session" or "prepared" (a two-phase-commit transaction).
+  std::optional<int> pid;  ///< Sessions only.
   std::string user;
-  std::string application_name;           ///< Sessions only.
-  std::string state;                      ///< e.g. "idle in transaction"; sessions only.
-  std::string gid;                        ///< Prepared transactions only.
-  double age_seconds = 0;                 ///< Since the transaction (or PREPARE) began.
+  std::string application_name;  ///< Sessions only.
+  std::string state;             ///< e.g. "idle in transaction"; sessions only.
+  std::string gid;               ///< Prepared transactions only.
+  double age_seconds = 0;        ///< Since the transaction (or PREPARE) began.
   std::optional<std::int64_t> xmin_age_xids;
 };
 

@@ -6,13 +6,12 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <pqxx/connection>
 #include <string>
 #include <vector>
 
 #include "outbox_relay/fresh_cursor.h"
 #include "outbox_relay/message.h"
-
-#include <pqxx/connection>
 
 namespace outbox::relay {
 
@@ -36,8 +35,8 @@ struct Settlement {
   MessageId id{};
   std::string lease_token;
   Kind kind = Kind::kDelivered;
-  Millis delay{0};    ///< kRetry: wait this long before the next attempt.
-  std::string error;  ///< kRetry, kDead: the reason recorded on the row.
+  Millis delay{0};             ///< kRetry: wait this long before the next attempt.
+  std::string error;           ///< kRetry, kDead: the reason recorded on the row.
   bool counts_attempt = true;  ///< kDead: false when no delivery was tried (exhausted, unknown).
 };
 
@@ -74,7 +73,7 @@ class Store {
   /// Heartbeat + failure detection + rebalancing (outbox.coordinate). Returns the buckets
   /// `instance_id` owns afterwards. `leaving`: hand every bucket back now.
   std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
-                                             bool leaving, const std::string& description);
+                                      bool leaving, const std::string& description);
 
   /// Applies outcomes in one statement, fenced by lease token. `archive`: also copy delivered
   /// messages to outbox.delivered_archive.

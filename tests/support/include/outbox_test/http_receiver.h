@@ -17,7 +17,8 @@ struct ReceivedRequest {
   std::string method;
   std::string path;    ///< Percent-decoded path, without the query string.
   std::string target;  ///< Request target exactly as sent: raw path plus "?query" if any.
-  std::multimap<std::string, std::string> headers;  ///< Names as sent (httplib compares case-insensitively).
+  std::multimap<std::string, std::string>
+      headers;  ///< Names as sent (httplib compares case-insensitively).
   std::string body;
   std::string remote_addr;
   int remote_port = 0;  ///< Distinct (addr, port) pairs = distinct TCP connections.
