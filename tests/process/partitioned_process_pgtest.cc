@@ -8,12 +8,10 @@
 // first occurrences never go backwards; and an invariant monitor samples throughout that no
 // two messages of one key are leased at once and that no bucket is owned by an unregistered
 // instance. The harness is process_harness.h.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-
-#include <gtest/gtest.h>
-#include <pqxx/pqxx>
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <pqxx/pqxx>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -45,13 +44,13 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kBuckets = 64;                 // outbox.partitioning.bucket_count (default)
-constexpr Millis kHeartbeat{200};            // partition_heartbeat_ms
-constexpr Millis kPartitionLease{1500};      // partition_lease_ms
-constexpr Millis kLease{2000};               // lease_ms (in RelayProcessFixture::Yaml)
-constexpr Millis kReapInterval{200};         // reap_interval_ms (in RelayProcessFixture::Yaml)
-constexpr int kKeys = 40;                    // ordering keys of the producer
-constexpr int kUnkeyedEvery = 8;             // every 8th message has no key
+constexpr int kBuckets = 64;             // outbox.partitioning.bucket_count (default)
+constexpr Millis kHeartbeat{200};        // partition_heartbeat_ms
+constexpr Millis kPartitionLease{1500};  // partition_lease_ms
+constexpr Millis kLease{2000};           // lease_ms (in RelayProcessFixture::Yaml)
+constexpr Millis kReapInterval{200};     // reap_interval_ms (in RelayProcessFixture::Yaml)
+constexpr int kKeys = 40;                // ordering keys of the producer
+constexpr int kUnkeyedEvery = 8;         // every 8th message has no key
 
 Millis Since(Clock::time_point t) { return std::chrono::duration_cast<Millis>(Clock::now() - t); }
 
@@ -99,15 +98,18 @@ class ContinuousProducer {
         std::vector<outbox::OutboxMessage> batch;
         for (int i = 0; i < per_transaction_; ++i, ++n) {
           auto b = outbox::Message::To(kTopic);
-          b.Json("{\"n\": " + std::to_string(n) + ", \"tag\": \"partitioned-process-test\"}").EventType("order.event");
-          if (n % kUnkeyedEvery != kUnkeyedEvery - 1) b.Key("key-" + std::to_string(keyed++ % kKeys));
+          b.Json("{\"n\": " + std::to_string(n) + ", \"tag\": \"partitioned-process-test\"}")
+              .EventType("order.event");
+          if (n % kUnkeyedEvery != kUnkeyedEvery - 1)
+            b.Key("key-" + std::to_string(keyed++ % kKeys));
           batch.push_back(b.Build());
         }
         const auto ids = outbox::PublishMany(tx, batch);
         ExpectedMap got = ReadBackExpected(tx, ids);
         tx.commit();
-        if (got.size() != ids.size()) throw std::runtime_error("read back " + std::to_string(got.size()) + " of " +
-                                                               std::to_string(ids.size()) + " messages");
+        if (got.size() != ids.size())
+          throw std::runtime_error("read back " + std::to_string(got.size()) + " of " +
+                                   std::to_string(ids.size()) + " messages");
         {
           std::lock_guard lk(mu_);
           expected_.merge(got);
@@ -138,11 +140,11 @@ class ContinuousProducer {
 // ---------------------------------------------------------------------------------------
 // The coordinator's state, read in one snapshot.
 struct Assignment {
-  int buckets = 0;   // rows of outbox.bucket_owners
-  int unowned = 0;   // owner IS NULL
-  int orphaned = 0;  // owner not registered in outbox.relay_instances
-  std::map<std::string, int> owned;      // owner -> number of buckets
-  std::map<std::string, pid_t> pid_of;   // registered instance -> pid (from its description)
+  int buckets = 0;                      // rows of outbox.bucket_owners
+  int unowned = 0;                      // owner IS NULL
+  int orphaned = 0;                     // owner not registered in outbox.relay_instances
+  std::map<std::string, int> owned;     // owner -> number of buckets
+  std::map<std::string, pid_t> pid_of;  // registered instance -> pid (from its description)
 
   std::optional<std::string> InstanceOf(pid_t pid) const {
     for (const auto& [id, p] : pid_of) {
@@ -157,11 +159,13 @@ struct Assignment {
     return it == owned.end() ? 0 : it->second;
   }
   std::string Describe() const {
-    std::string s = std::to_string(buckets) + " buckets, " + std::to_string(unowned) + " unowned, " +
-                    std::to_string(orphaned) + " owned by unregistered instances; registered:";
+    std::string s = std::to_string(buckets) + " buckets, " + std::to_string(unowned) +
+                    " unowned, " + std::to_string(orphaned) +
+                    " owned by unregistered instances; registered:";
     for (const auto& [id, pid] : pid_of) {
       const auto it = owned.find(id);
-      s += " pid " + std::to_string(pid) + " owns " + std::to_string(it == owned.end() ? 0 : it->second) + ";";
+      s += " pid " + std::to_string(pid) + " owns " +
+           std::to_string(it == owned.end() ? 0 : it->second) + ";";
     }
     if (pid_of.empty()) s += " none";
     return s;
@@ -182,7 +186,8 @@ pid_t PidFromDescription(const std::string& description) {
 int LastOwnedCount(const std::string& log) {
   static const std::regex re(R"(now owns (\d+) bucket\(s\))");
   int last = -1;
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+       ++it) {
     last = std::stoi((*it)[1].str());
   }
   return last;
@@ -192,7 +197,8 @@ int LastOwnedCount(const std::string& log) {
 std::int64_t FencedSettlements(const std::string& log) {
   static const std::regex re(R"((\d+) settlements fenced)");
   std::int64_t sum = 0;
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+       ++it) {
     sum += std::stoll((*it)[1].str());
   }
   return sum;
@@ -216,12 +222,16 @@ class PartitionedProcessTest : public RelayProcessFixture {
   std::string PartitionedConfig(std::optional<Millis> full_sweep = std::nullopt) {
     std::string yaml = Yaml(db_url_, {},
                             "claim_mode: partitioned\n"
-                            "partition_heartbeat_ms: " + std::to_string(kHeartbeat.count()) + "\n"
-                            "partition_lease_ms: " + std::to_string(kPartitionLease.count()) + "\n");
+                            "partition_heartbeat_ms: " +
+                                std::to_string(kHeartbeat.count()) +
+                                "\n"
+                                "partition_lease_ms: " +
+                                std::to_string(kPartitionLease.count()) + "\n");
     if (full_sweep) {
       const std::string key = "\nfull_sweep_interval_ms: ";
       const auto at = yaml.find(key);
-      if (at == std::string::npos) throw std::logic_error("the harness config has no full_sweep_interval_ms");
+      if (at == std::string::npos)
+        throw std::logic_error("the harness config has no full_sweep_interval_ms");
       const auto end = yaml.find('\n', at + 1);
       yaml.replace(at, end - at, key + std::to_string(full_sweep->count()));
     }
@@ -233,8 +243,9 @@ class PartitionedProcessTest : public RelayProcessFixture {
     if (!instance) return {};
     pqxx::nontransaction tx(Probe());
     std::vector<int> out;
-    for (const auto& row : tx.exec_params("SELECT bucket FROM outbox.bucket_owners WHERE owner = $1::uuid ORDER BY 1",
-                                          *instance)) {
+    for (const auto& row :
+         tx.exec_params("SELECT bucket FROM outbox.bucket_owners WHERE owner = $1::uuid ORDER BY 1",
+                        *instance)) {
       out.push_back(row[0].as<int>());
     }
     return out;
@@ -244,7 +255,8 @@ class PartitionedProcessTest : public RelayProcessFixture {
   static std::vector<InvariantMonitor::Check> Checks() {
     return {InvariantMonitor::NoKeyLeasedTwice(),
             {"bucket owned by an unregistered instance",
-             "SELECT o.bucket, o.owner FROM outbox.bucket_owners o WHERE o.owner IS NOT NULL AND NOT EXISTS "
+             "SELECT o.bucket, o.owner FROM outbox.bucket_owners o WHERE o.owner IS NOT NULL AND "
+             "NOT EXISTS "
              "(SELECT 1 FROM outbox.relay_instances r WHERE r.instance_id = o.owner)"}};
   }
 
@@ -255,12 +267,14 @@ class PartitionedProcessTest : public RelayProcessFixture {
 
   Assignment ReadAssignment() {
     try {
-      pqxx::transaction<pqxx::isolation_level::repeatable_read, pqxx::readwrite_policy::read_only> tx(Probe());
+      pqxx::transaction<pqxx::isolation_level::repeatable_read, pqxx::readwrite_policy::read_only>
+          tx(Probe());
       Assignment a;
-      for (const auto& row : tx.exec(
-               "SELECT o.owner::text, count(*), count(*) FILTER (WHERE o.owner IS NOT NULL AND r.instance_id IS NULL) "
-               "FROM outbox.bucket_owners o LEFT JOIN outbox.relay_instances r ON r.instance_id = o.owner "
-               "GROUP BY o.owner")) {
+      for (const auto& row : tx.exec("SELECT o.owner::text, count(*), count(*) FILTER (WHERE "
+                                     "o.owner IS NOT NULL AND r.instance_id IS NULL) "
+                                     "FROM outbox.bucket_owners o LEFT JOIN outbox.relay_instances "
+                                     "r ON r.instance_id = o.owner "
+                                     "GROUP BY o.owner")) {
         const int n = row[1].as<int>();
         a.buckets += n;
         a.orphaned += row[2].as<int>();
@@ -270,7 +284,8 @@ class PartitionedProcessTest : public RelayProcessFixture {
           a.owned[row[0].as<std::string>()] = n;
         }
       }
-      for (const auto& row : tx.exec("SELECT instance_id::text, description FROM outbox.relay_instances")) {
+      for (const auto& row :
+           tx.exec("SELECT instance_id::text, description FROM outbox.relay_instances")) {
         a.pid_of[row[0].as<std::string>()] = PidFromDescription(row[1].as<std::string>());
       }
       tx.commit();
@@ -289,7 +304,8 @@ class PartitionedProcessTest : public RelayProcessFixture {
     std::set<pid_t> want, have;
     for (const auto* r : live) want.insert(r->pid());
     for (const auto& [id, pid] : a.pid_of) have.insert(pid);
-    if (want != have || a.pid_of.size() != live.size()) return "registered instances are not the live relays";
+    if (want != have || a.pid_of.size() != live.size())
+      return "registered instances are not the live relays";
     int lo = kBuckets, hi = 0;
     for (const auto& [id, pid] : a.pid_of) {
       const auto it = a.owned.find(id);
@@ -326,8 +342,9 @@ class PartitionedProcessTest : public RelayProcessFixture {
       if (!r->Running()) return ::testing::AssertionFailure() << r->Describe() << " exited";
     }
     if (!ok) {
-      return ::testing::AssertionFailure() << "assignment for pids " << Pids(live) << " not settled within "
-                                           << timeout.count() << " ms (" << why << "): " << last.Describe();
+      return ::testing::AssertionFailure()
+             << "assignment for pids " << Pids(live) << " not settled within " << timeout.count()
+             << " ms (" << why << "): " << last.Describe();
     }
     return ::testing::AssertionSuccess();
   }
@@ -344,15 +361,16 @@ class PartitionedProcessTest : public RelayProcessFixture {
           for (auto* r : relays) {
             const int logged = LastOwnedCount(r->Stderr());
             const int owned = a.OwnedBy(r->pid());
-            last += " " + r->name() + " logged " + std::to_string(logged) + ", owns " + std::to_string(owned) + ";";
+            last += " " + r->name() + " logged " + std::to_string(logged) + ", owns " +
+                    std::to_string(owned) + ";";
             all = all && logged == owned && owned > 0;
           }
           return all;
         },
         timeout, kDbPoll);
     if (ok) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "the relays did not log their share within " << timeout.count()
-                                         << " ms:" << last;
+    return ::testing::AssertionFailure()
+           << "the relays did not log their share within " << timeout.count() << " ms:" << last;
   }
 
   // Ends the flow and checks the outcome: the live relays drain the queue, nothing is
@@ -370,13 +388,13 @@ class PartitionedProcessTest : public RelayProcessFixture {
     const auto violations = monitor.violations();
     EXPECT_TRUE(violations.empty()) << violations.size() << " invariant violations sampled, first: "
                                     << (violations.empty() ? "" : violations.front());
-    EXPECT_GT(monitor.samples(), 100) << "the invariant monitor hardly ran; errors " << monitor.errors() << ", last "
-                                      << monitor.last_error();
+    EXPECT_GT(monitor.samples(), 100) << "the invariant monitor hardly ran; errors "
+                                      << monitor.errors() << ", last " << monitor.last_error();
     const auto records = ConsumeAtLeast(expected.size());
     const std::size_t duplicates = ExpectAllDeliveredInKeyOrder(records, expected);
-    std::cout << "[ info ] " << expected.size() << " messages enqueued while relays changed, " << records.size()
-              << " records, " << duplicates << " redeliveries; " << monitor.samples() << " invariant samples"
-              << std::endl;
+    std::cout << "[ info ] " << expected.size() << " messages enqueued while relays changed, "
+              << records.size() << " records, " << duplicates << " redeliveries; "
+              << monitor.samples() << " invariant samples" << std::endl;
     return duplicates;
   }
 
@@ -408,7 +426,8 @@ TEST_F(PartitionedProcessTest, JoinAndGracefulLeaveRebalanceQuicklyAndLoseNothin
   std::vector<ChildProcess*> four{&first};
   for (int i = 0; i < 3; ++i) four.push_back(&StartRelay(config));
   ASSERT_TRUE(WaitSettled(four, 30s, t, &took));
-  std::cout << "[ info ] 4 relays: settled " << took.count() << " ms after the start of 3 more" << std::endl;
+  std::cout << "[ info ] 4 relays: settled " << took.count() << " ms after the start of 3 more"
+            << std::endl;
   ASSERT_TRUE(WaitLearned(four, 5s));
   ASSERT_TRUE(producer.WaitForMore(500, 30s)) << producer.error();
   // Four relays claim from their own buckets: the backlog stays bounded.
@@ -421,15 +440,16 @@ TEST_F(PartitionedProcessTest, JoinAndGracefulLeaveRebalanceQuicklyAndLoseNothin
   for (auto* r : leaving) r->Signal(SIGTERM);
   ASSERT_TRUE(WaitSettled(staying, 30s, t, &took));
   const Millis bound = 2 * kHeartbeat + 500ms;
-  EXPECT_LT(took, bound) << "after SIGTERM of 2 of 4 relays the others owned every bucket only after "
-                         << took.count() << " ms; handing back is immediate, the partition lease is "
-                         << kPartitionLease.count() << " ms";
+  EXPECT_LT(took, bound)
+      << "after SIGTERM of 2 of 4 relays the others owned every bucket only after " << took.count()
+      << " ms; handing back is immediate, the partition lease is " << kPartitionLease.count()
+      << " ms";
   const Millis learn_bound = bound + 500ms;
   ASSERT_TRUE(WaitLearned(staying, learn_bound - Since(t)));
   const Millis learned = Since(t);
-  std::cout << "[ info ] SIGTERM 2 of 4: the other 2 owned all " << kBuckets << " buckets after " << took.count()
-            << " ms (bound " << bound.count() << " ms), both had logged it after " << learned.count() << " ms"
-            << std::endl;
+  std::cout << "[ info ] SIGTERM 2 of 4: the other 2 owned all " << kBuckets << " buckets after "
+            << took.count() << " ms (bound " << bound.count() << " ms), both had logged it after "
+            << learned.count() << " ms" << std::endl;
   for (auto* r : leaving) {
     EXPECT_TRUE(r->WaitExit(kShutdownTimeout + kShutdownMargin)) << r->Describe();
     EXPECT_TRUE(r->ExitedWith(0)) << r->Describe();
@@ -463,25 +483,31 @@ TEST_F(PartitionedProcessTest, SigkilledRelaysBucketsMoveAfterThePartitionLease)
   const int victim_buckets = before.OwnedBy(victim.pid());
   ASSERT_GT(victim_buckets, 0);
   // How old its last heartbeat is: its buckets may move once that is partition_lease_ms old.
-  const Millis heartbeat_age{Scalar("SELECT (extract(epoch FROM clock_timestamp() - heartbeat_at) * 1000)::bigint "
-                                    "FROM outbox.relay_instances WHERE instance_id = '" +
-                                    *before.InstanceOf(victim.pid()) + "'")};
+  const Millis heartbeat_age{
+      Scalar("SELECT (extract(epoch FROM clock_timestamp() - heartbeat_at) * 1000)::bigint "
+             "FROM outbox.relay_instances WHERE instance_id = '" +
+             *before.InstanceOf(victim.pid()) + "'")};
   const auto killed_at = Clock::now();
   victim.Kill();
-  ASSERT_TRUE(victim.status() && WIFSIGNALED(*victim.status()) && WTERMSIG(*victim.status()) == SIGKILL)
+  ASSERT_TRUE(victim.status() && WIFSIGNALED(*victim.status()) &&
+              WTERMSIG(*victim.status()) == SIGKILL)
       << victim.Describe();
   const std::vector<ChildProcess*> survivors{three[0], three[2]};
   Millis took{};
   ASSERT_TRUE(WaitSettled(survivors, kPartitionLease + 10s, killed_at, &took));
   const Millis bound = kPartitionLease + 3s;
-  EXPECT_LT(took, bound) << "the killed relay's buckets moved only " << took.count() << " ms after SIGKILL";
-  // Not before its last heartbeat (read just before the kill, or a later one) was partition_lease_ms old.
+  EXPECT_LT(took, bound) << "the killed relay's buckets moved only " << took.count()
+                         << " ms after SIGKILL";
+  // Not before its last heartbeat (read just before the kill, or a later one) was
+  // partition_lease_ms old.
   EXPECT_GE(took, kPartitionLease - heartbeat_age - 100ms)
-      << "buckets moved before the partition lease ran out; the last heartbeat was " << heartbeat_age.count()
-      << " ms old at the kill";
-  std::cout << "[ info ] SIGKILL 1 of 3: its " << victim_buckets << " buckets moved to the survivors " << took.count()
-            << " ms after the kill (partition lease " << kPartitionLease.count() << " ms, bound " << bound.count()
-            << " ms; last heartbeat " << heartbeat_age.count() << " ms before the kill)" << std::endl;
+      << "buckets moved before the partition lease ran out; the last heartbeat was "
+      << heartbeat_age.count() << " ms old at the kill";
+  std::cout << "[ info ] SIGKILL 1 of 3: its " << victim_buckets
+            << " buckets moved to the survivors " << took.count()
+            << " ms after the kill (partition lease " << kPartitionLease.count() << " ms, bound "
+            << bound.count() << " ms; last heartbeat " << heartbeat_age.count()
+            << " ms before the kill)" << std::endl;
   ASSERT_TRUE(WaitLearned(survivors, 5s));
   ASSERT_TRUE(producer.WaitForMore(500, 30s)) << producer.error();
 
@@ -535,7 +561,8 @@ TEST_F(PartitionedProcessTest, SigstoppedRelayIsFencedAfterItsLeasesAndRejoinsOn
   }
   ASSERT_FALSE(frozen.empty()) << "never caught the relay with messages in flight";
   std::string frozen_ids;
-  for (const auto& [id, token] : frozen) frozen_ids += (frozen_ids.empty() ? "" : ",") + std::to_string(id);
+  for (const auto& [id, token] : frozen)
+    frozen_ids += (frozen_ids.empty() ? "" : ",") + std::to_string(id);
 
   // Stopped until the other relay owns every bucket and has delivered every message the
   // stopped one held (they can only leave its hands through the reaper, after lease_ms).
@@ -544,26 +571,34 @@ TEST_F(PartitionedProcessTest, SigstoppedRelayIsFencedAfterItsLeasesAndRejoinsOn
   const bool taken_over = WaitFor(
       [&] {
         if (!other.Running()) return true;
-        if (!moved_after && Unsettled(ReadAssignment(), {&other}).empty()) moved_after = Since(stopped_at);
+        if (!moved_after && Unsettled(ReadAssignment(), {&other}).empty())
+          moved_after = Since(stopped_at);
         if (!moved_after) return false;
-        delivered_by_other =
-            Scalar("SELECT count(*) FROM outbox.messages WHERE id = ANY('{" + frozen_ids + "}'::bigint[])") == 0;
+        delivered_by_other = Scalar("SELECT count(*) FROM outbox.messages WHERE id = ANY('{" +
+                                    frozen_ids + "}'::bigint[])") == 0;
         return delivered_by_other;
       },
       kPartitionLease + kLease + 20s, kDbPoll);
   const Millis stopped_for = Since(stopped_at);
   ASSERT_TRUE(other.Running()) << other.Describe();
   ASSERT_TRUE(taken_over) << "while " << paused.name() << " was stopped for " << stopped_for.count()
-                          << " ms: " << (moved_after ? "the other relay took every bucket, " : "the other relay did not take every bucket, ")
-                          << (delivered_by_other ? "" : "the messages it held were not delivered by the other; ")
+                          << " ms: "
+                          << (moved_after ? "the other relay took every bucket, "
+                                          : "the other relay did not take every bucket, ")
+                          << (delivered_by_other
+                                  ? ""
+                                  : "the messages it held were not delivered by the other; ")
                           << ReadAssignment().Describe();
   EXPECT_LT(*moved_after, kPartitionLease + 3s) << "the stopped relay's buckets moved late";
-  EXPECT_GE(stopped_for, lease_left) << "a message left the stopped relay's hands before its lease expired";
+  EXPECT_GE(stopped_for, lease_left)
+      << "a message left the stopped relay's hands before its lease expired";
   EXPECT_TRUE(paused.Running()) << paused.Describe();
-  std::cout << "[ info ] SIGSTOP 1 of 2 with " << frozen.size() << " messages in flight: the other owned all "
-            << kBuckets << " buckets after " << moved_after->count() << " ms and had delivered those messages after "
-            << stopped_for.count() << " ms (partition lease " << kPartitionLease.count() << " ms, lease "
-            << kLease.count() << " ms, reap interval " << kReapInterval.count() << " ms)" << std::endl;
+  std::cout << "[ info ] SIGSTOP 1 of 2 with " << frozen.size()
+            << " messages in flight: the other owned all " << kBuckets << " buckets after "
+            << moved_after->count() << " ms and had delivered those messages after "
+            << stopped_for.count() << " ms (partition lease " << kPartitionLease.count()
+            << " ms, lease " << kLease.count() << " ms, reap interval " << kReapInterval.count()
+            << " ms)" << std::endl;
 
   const std::size_t log_mark = paused.Stderr().size();
   const auto continued_at = Clock::now();
@@ -572,7 +607,8 @@ TEST_F(PartitionedProcessTest, SigstoppedRelayIsFencedAfterItsLeasesAndRejoinsOn
   ASSERT_TRUE(WaitSettled({&paused, &other}, 10s, continued_at, &rejoined));
   EXPECT_LT(rejoined, 2 * kHeartbeat + 2s) << "the resumed relay rejoined late";
   ASSERT_TRUE(WaitLearned({&paused, &other}, 5s));
-  std::cout << "[ info ] SIGCONT: 2 relays own 32/32 buckets again after " << rejoined.count() << " ms" << std::endl;
+  std::cout << "[ info ] SIGCONT: 2 relays own 32/32 buckets again after " << rejoined.count()
+            << " ms" << std::endl;
 
   // Everything it had in flight ends in a settlement with a stale lease token, and is fenced.
   std::int64_t fenced = 0;
@@ -582,18 +618,19 @@ TEST_F(PartitionedProcessTest, SigstoppedRelayIsFencedAfterItsLeasesAndRejoinsOn
         return fenced >= static_cast<std::int64_t>(frozen.size());
       },
       15s, kDbPoll);
-  EXPECT_TRUE(all_fenced) << "the resumed relay reported " << fenced << " fenced settlements, it held "
-                          << frozen.size() << " leases that expired while it was stopped";
-  EXPECT_EQ(FencedSettlements(other.Stderr()), 0) << "the relay that never stopped had settlements fenced";
-  std::cout << "[ info ] the resumed relay's late settlements: " << fenced << " fenced (" << frozen.size()
-            << " were in flight when it stopped)" << std::endl;
+  EXPECT_TRUE(all_fenced) << "the resumed relay reported " << fenced
+                          << " fenced settlements, it held " << frozen.size()
+                          << " leases that expired while it was stopped";
+  EXPECT_EQ(FencedSettlements(other.Stderr()), 0)
+      << "the relay that never stopped had settlements fenced";
+  std::cout << "[ info ] the resumed relay's late settlements: " << fenced << " fenced ("
+            << frozen.size() << " were in flight when it stopped)" << std::endl;
   ASSERT_TRUE(producer.WaitForMore(500, 30s)) << producer.error();
 
   StopFlowAndCheck(producer, monitor, {&paused, &other});
   StopGracefully(paused);
   StopGracefully(other);
 }
-
 
 // 4. After a failover the backlog of the moved buckets is claimed by their new owners within
 // a few heartbeats (docs/scaling.md: buckets are redistributed within partition_lease_ms +
@@ -623,7 +660,8 @@ TEST_F(PartitionedProcessTest, MovedBucketsBacklogIsClaimedWithoutWaitingForAFul
   const std::vector<ChildProcess*> survivors{three[0], three[2]};
   ASSERT_TRUE(WaitSettled(survivors, kPartitionLease + 10s, killed_at));
   const Millis moved_after = Since(killed_at);
-  const std::string handover = pqxx::nontransaction(Probe()).exec1("SELECT clock_timestamp()::text")[0].as<std::string>();
+  const std::string handover =
+      pqxx::nontransaction(Probe()).exec1("SELECT clock_timestamp()::text")[0].as<std::string>();
   const auto handover_at = Clock::now();
   const std::string backlog_sql = "FROM outbox.messages m WHERE m.bucket = ANY('{" + moved_list +
                                   "}'::int[]) AND m.created_at <= '" + handover + "'::timestamptz";
@@ -632,40 +670,55 @@ TEST_F(PartitionedProcessTest, MovedBucketsBacklogIsClaimedWithoutWaitingForAFul
   // The new owners learn at their next heartbeat (or at once) and claim at their next poll;
   // the killed relay's leases have expired or are about to (lease_ms after its last claim).
   const Millis bound = kLease + 2 * kHeartbeat + 1s;
-  const bool claimed = WaitFor([&] { return Scalar("SELECT count(*) " + backlog_sql) == 0; }, bound, kDbPoll);
+  const bool claimed =
+      WaitFor([&] { return Scalar("SELECT count(*) " + backlog_sql) == 0; }, bound, kDbPoll);
   const Millis took = Since(handover_at);
   std::string known_bug;
   if (!claimed) {
     // The signature of the bug: rows never claimed nor parked (the fresh lane) in the moved
     // buckets, and later messages of their keys scanned and parked behind them.
-    const std::int64_t fresh = Scalar("SELECT count(*) " + backlog_sql + " AND NOT m.parked AND m.lease_owner IS NULL");
-    const std::int64_t min_fresh =
-        Scalar("SELECT coalesce(min(m.id), 0) " + backlog_sql + " AND NOT m.parked AND m.lease_owner IS NULL");
+    const std::int64_t fresh =
+        Scalar("SELECT count(*) " + backlog_sql + " AND NOT m.parked AND m.lease_owner IS NULL");
+    const std::int64_t min_fresh = Scalar("SELECT coalesce(min(m.id), 0) " + backlog_sql +
+                                          " AND NOT m.parked AND m.lease_owner IS NULL");
     const std::int64_t top = Scalar("SELECT coalesce(max(id), 0) FROM outbox.messages");
     const std::int64_t parked_behind = Scalar(
-        "SELECT count(*) FROM outbox.messages m WHERE m.parked AND m.deliver_after = 'infinity' AND EXISTS ("
-        "SELECT 1 FROM outbox.messages p WHERE p.destination = m.destination AND p.ordering_key = m.ordering_key "
-        "AND p.id < m.id AND NOT p.parked AND p.lease_owner IS NULL AND p.bucket = ANY('{" + moved_list + "}'::int[]))");
+        "SELECT count(*) FROM outbox.messages m WHERE m.parked AND m.deliver_after = 'infinity' "
+        "AND EXISTS ("
+        "SELECT 1 FROM outbox.messages p WHERE p.destination = m.destination AND p.ordering_key = "
+        "m.ordering_key "
+        "AND p.id < m.id AND NOT p.parked AND p.lease_owner IS NULL AND p.bucket = ANY('{" +
+        moved_list + "}'::int[]))");
     const std::int64_t left = Scalar("SELECT count(*) " + backlog_sql);
     std::ostringstream why;
     why << "of the " << backlog << " messages in the killed relay's " << moved.size()
-        << " buckets at the handover (" << moved_after.count() << " ms after SIGKILL), " << left << " were still queued "
-        << took.count() << " ms later (bound " << bound.count() << " ms): " << fresh
-        << " of them never claimed nor parked (lowest id " << min_fresh << ", newest id in the queue " << top << "), "
-        << parked_behind << " later messages of their keys parked at 'infinity' behind them";
+        << " buckets at the handover (" << moved_after.count() << " ms after SIGKILL), " << left
+        << " were still queued " << took.count() << " ms later (bound " << bound.count()
+        << " ms): " << fresh << " of them never claimed nor parked (lowest id " << min_fresh
+        << ", newest id in the queue " << top << "), " << parked_behind
+        << " later messages of their keys parked at 'infinity' behind them";
     if (fresh == 0) {
-      ADD_FAILURE() << "the moved buckets' backlog was claimed late, without the known bug's signature: " << why.str();
+      ADD_FAILURE()
+          << "the moved buckets' backlog was claimed late, without the known bug's signature: "
+          << why.str();
     } else {
-      known_bug = "KNOWN RELAY BUG (claim_mode partitioned): Dispatcher ClaimLoop keeps its FreshCursor when the "
-                  "coordinator gives the relay new buckets; the cursor already passed the ids of buckets it did not "
-                  "own, so the fresh rows of a gained bucket that its previous owner had not claimed are not scanned "
-                  "until the next full sweep (full_sweep_interval_ms, default 30 s), and every later message of their "
-                  "keys waits parked behind them. Here " + why.str();
+      known_bug =
+          "KNOWN RELAY BUG (claim_mode partitioned): Dispatcher ClaimLoop keeps its FreshCursor "
+          "when the "
+          "coordinator gives the relay new buckets; the cursor already passed the ids of buckets "
+          "it did not "
+          "own, so the fresh rows of a gained bucket that its previous owner had not claimed are "
+          "not scanned "
+          "until the next full sweep (full_sweep_interval_ms, default 30 s), and every later "
+          "message of their "
+          "keys waits parked behind them. Here " +
+          why.str();
       std::cout << "[ info ] " << known_bug << std::endl;
     }
   } else {
-    std::cout << "[ info ] SIGKILL 1 of 3: its " << backlog << " queued messages were claimed " << took.count()
-              << " ms after the handover (bound " << bound.count() << " ms)" << std::endl;
+    std::cout << "[ info ] SIGKILL 1 of 3: its " << backlog << " queued messages were claimed "
+              << took.count() << " ms after the handover (bound " << bound.count() << " ms)"
+              << std::endl;
   }
 
   // However long it took, nothing is lost and per-key order holds (the full sweep picks the

@@ -49,7 +49,9 @@ std::vector<std::string> ChildEnvironment() {
 
 }  // namespace
 
-void ThrowErrno(const std::string& what) { throw std::system_error(errno, std::generic_category(), what); }
+void ThrowErrno(const std::string& what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
 
 std::string ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -61,7 +63,8 @@ std::string ReadWholeFile(const std::string& path) {
 std::string DescribeWaitStatus(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
-    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" + ::strsignal(WTERMSIG(status)) + ")";
+    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           ::strsignal(WTERMSIG(status)) + ")";
   }
   return "wait status " + std::to_string(status);
 }
@@ -69,8 +72,11 @@ std::string DescribeWaitStatus(int status) {
 // ---------------------------------------------------------------------------------------
 // ChildProcess
 
-ChildProcess::ChildProcess(std::string name, const std::vector<std::string>& args, const std::string& dir)
-    : name_(std::move(name)), stdout_path_(dir + "/" + name_ + ".stdout"), stderr_path_(dir + "/" + name_ + ".stderr") {
+ChildProcess::ChildProcess(std::string name, const std::vector<std::string>& args,
+                           const std::string& dir)
+    : name_(std::move(name)),
+      stdout_path_(dir + "/" + name_ + ".stdout"),
+      stderr_path_(dir + "/" + name_ + ".stderr") {
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull < 0) ThrowErrno("open /dev/null");
   const int out = ::open(stdout_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -151,13 +157,17 @@ void ChildProcess::Kill() {
   if (r == pid_) status_ = status;
 }
 
-bool ChildProcess::WaitExit(Millis timeout) { return WaitFor([&] { return !Running(); }, timeout, 5ms); }
+bool ChildProcess::WaitExit(Millis timeout) {
+  return WaitFor([&] { return !Running(); }, timeout, 5ms);
+}
 
 bool ChildProcess::ExitedWith(int code) const {
   return status_ && WIFEXITED(*status_) && WEXITSTATUS(*status_) == code;
 }
 
-bool ChildProcess::ExitedNonZero() const { return status_ && WIFEXITED(*status_) && WEXITSTATUS(*status_) != 0; }
+bool ChildProcess::ExitedNonZero() const {
+  return status_ && WIFEXITED(*status_) && WEXITSTATUS(*status_) != 0;
+}
 
 std::string ChildProcess::Describe() const {
   return name_ + " (pid " + std::to_string(pid_) + ", " +
@@ -171,8 +181,10 @@ ExpectedMap ReadBackExpected(pqxx::transaction_base& tx, const std::vector<std::
   std::string list;
   for (const auto id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
   ExpectedMap out;
-  for (const auto& row : tx.exec("SELECT id, idempotency_key::text, ordering_key, payload::text FROM outbox.messages "
-                                 "WHERE id = ANY('{" + list + "}'::bigint[])")) {
+  for (const auto& row :
+       tx.exec("SELECT id, idempotency_key::text, ordering_key, payload::text FROM outbox.messages "
+               "WHERE id = ANY('{" +
+               list + "}'::bigint[])")) {
     Expected e;
     e.idempotency_key = row[1].as<std::string>();
     if (!row[2].is_null()) e.ordering_key = row[2].as<std::string>();
@@ -182,20 +194,24 @@ ExpectedMap ReadBackExpected(pqxx::transaction_base& tx, const std::vector<std::
   return out;
 }
 
-std::size_t ExpectAllDeliveredInKeyOrder(std::vector<ConsumedRecord> records, const ExpectedMap& expected) {
+std::size_t ExpectAllDeliveredInKeyOrder(std::vector<ConsumedRecord> records,
+                                         const ExpectedMap& expected) {
   // Consumption order = log order; one key lives in one partition.
-  std::stable_sort(records.begin(), records.end(), [](const ConsumedRecord& a, const ConsumedRecord& b) {
-    return std::tie(a.partition, a.offset) < std::tie(b.partition, b.offset);
-  });
+  std::stable_sort(records.begin(), records.end(),
+                   [](const ConsumedRecord& a, const ConsumedRecord& b) {
+                     return std::tie(a.partition, a.offset) < std::tie(b.partition, b.offset);
+                   });
   int problems = 0;
   auto problem = [&](const std::string& what) {
     if (++problems <= 20) ADD_FAILURE() << what;
   };
-  std::map<std::int64_t, std::string> first_key_of;   // outbox-id -> idempotency-key, first occurrence
+  std::map<std::int64_t, std::string>
+      first_key_of;  // outbox-id -> idempotency-key, first occurrence
   std::map<std::string, std::int64_t> last_first_id;  // ordering key -> last first-occurrence id
   std::size_t duplicates = 0;
   for (const auto& r : records) {
-    const std::string where = "partition " + std::to_string(r.partition) + " offset " + std::to_string(r.offset);
+    const std::string where =
+        "partition " + std::to_string(r.partition) + " offset " + std::to_string(r.offset);
     const auto id_header = r.headers.find("outbox-id");
     if (id_header == r.headers.end()) {
       problem("record without outbox-id header at " + where);
@@ -208,25 +224,27 @@ std::size_t ExpectAllDeliveredInKeyOrder(std::vector<ConsumedRecord> records, co
       continue;
     }
     const auto key_header = r.headers.find("idempotency-key");
-    const std::string idem = key_header == r.headers.end() ? std::string("<missing>") : key_header->second;
+    const std::string idem =
+        key_header == r.headers.end() ? std::string("<missing>") : key_header->second;
     if (idem != e->second.idempotency_key) {
-      problem("outbox-id " + std::to_string(id) + " at " + where + ": idempotency-key " + idem + ", enqueued with " +
-              e->second.idempotency_key);
+      problem("outbox-id " + std::to_string(id) + " at " + where + ": idempotency-key " + idem +
+              ", enqueued with " + e->second.idempotency_key);
     }
     if (r.key != e->second.ordering_key) {
-      problem("outbox-id " + std::to_string(id) + " at " + where + ": record key " + r.key.value_or("<null>") +
-              ", ordering key " + e->second.ordering_key.value_or("<null>"));
+      problem("outbox-id " + std::to_string(id) + " at " + where + ": record key " +
+              r.key.value_or("<null>") + ", ordering key " +
+              e->second.ordering_key.value_or("<null>"));
     }
     if (r.value != e->second.payload) {
-      problem("outbox-id " + std::to_string(id) + " at " + where + ": value " + r.value + ", payload " +
-              e->second.payload);
+      problem("outbox-id " + std::to_string(id) + " at " + where + ": value " + r.value +
+              ", payload " + e->second.payload);
     }
     const auto [first, is_first] = first_key_of.emplace(id, idem);
     if (!is_first) {
       ++duplicates;
       if (idem != first->second) {
-        problem("duplicate of outbox-id " + std::to_string(id) + " at " + where + " has idempotency-key " + idem +
-                ", its first occurrence had " + first->second);
+        problem("duplicate of outbox-id " + std::to_string(id) + " at " + where +
+                " has idempotency-key " + idem + ", its first occurrence had " + first->second);
       }
       continue;
     }
@@ -234,8 +252,9 @@ std::size_t ExpectAllDeliveredInKeyOrder(std::vector<ConsumedRecord> records, co
     const auto [last, fresh] = last_first_id.emplace(*e->second.ordering_key, id);
     if (!fresh) {
       if (id <= last->second) {
-        problem("key " + *e->second.ordering_key + " went backwards: outbox-id " + std::to_string(id) +
-                " first consumed at " + where + ", after outbox-id " + std::to_string(last->second));
+        problem("key " + *e->second.ordering_key + " went backwards: outbox-id " +
+                std::to_string(id) + " first consumed at " + where + ", after outbox-id " +
+                std::to_string(last->second));
       } else {
         last->second = id;
       }
@@ -248,8 +267,8 @@ std::size_t ExpectAllDeliveredInKeyOrder(std::vector<ConsumedRecord> records, co
     if (++missing <= 20) missing_ids += " " + std::to_string(id);
   }
   EXPECT_EQ(missing, 0u) << "messages never consumed (first 20):" << missing_ids;
-  EXPECT_EQ(problems, 0) << "problems in the consumed records (first 20 reported above); " << records.size()
-                         << " records, " << duplicates << " duplicates";
+  EXPECT_EQ(problems, 0) << "problems in the consumed records (first 20 reported above); "
+                         << records.size() << " records, " << duplicates << " duplicates";
   return duplicates;
 }
 
@@ -297,7 +316,8 @@ void InvariantMonitor::Run() {
         std::lock_guard lk(mu_);
         for (const auto& row : rows) {
           std::string what = check.name + ":";
-          for (const auto& field : row) what += " " + (field.is_null() ? std::string("NULL") : field.as<std::string>());
+          for (const auto& field : row)
+            what += " " + (field.is_null() ? std::string("NULL") : field.as<std::string>());
           violations_.push_back(std::move(what));
         }
       }
@@ -334,7 +354,8 @@ void RelayProcessFixture::TearDown() {
       std::string err = c->Stderr();
       constexpr std::size_t kMax = 24 * 1024;
       if (err.size() > kMax) {
-        err = "[... " + std::to_string(err.size() - kMax) + " bytes cut ...]\n" + err.substr(err.size() - kMax);
+        err = "[... " + std::to_string(err.size() - kMax) + " bytes cut ...]\n" +
+              err.substr(err.size() - kMax);
       }
       std::cerr << err;
       const std::string out = c->Stdout();
@@ -360,8 +381,7 @@ std::string RelayProcessFixture::Yaml(const std::string& database_url,
     << "reap_interval_ms: 200\n"
     << "full_sweep_interval_ms: 2000\n"
     << "shutdown_timeout_ms: " << kShutdownTimeout.count() << "\n"
-    << top_level_extra
-    << "log:\n"
+    << top_level_extra << "log:\n"
     << "  level: info\n"
     << "  format: text\n"
     << "destinations:\n"
@@ -380,7 +400,8 @@ std::string RelayProcessFixture::Yaml(const std::string& database_url,
   return y.str();
 }
 
-std::string RelayProcessFixture::WriteConfig(const std::string& name, const std::string& yaml) const {
+std::string RelayProcessFixture::WriteConfig(const std::string& name,
+                                             const std::string& yaml) const {
   const std::string path = dir_ + "/" + name;
   std::ofstream out(path, std::ios::trunc);
   out << yaml;
@@ -389,7 +410,8 @@ std::string RelayProcessFixture::WriteConfig(const std::string& name, const std:
   return path;
 }
 
-ChildProcess& RelayProcessFixture::Spawn(const std::string& name, const std::vector<std::string>& args) {
+ChildProcess& RelayProcessFixture::Spawn(const std::string& name,
+                                         const std::vector<std::string>& args) {
   std::vector<std::string> argv{kRelayBin};
   argv.insert(argv.end(), args.begin(), args.end());
   children_.push_back(std::make_unique<ChildProcess>(name, argv, dir_));
@@ -408,7 +430,8 @@ ExpectedMap RelayProcessFixture::Enqueue(int n, int keys, int unkeyed_every) {
   int keyed = 0;
   for (int i = 0; i < n; ++i) {
     auto b = outbox::Message::To(kTopic);
-    b.Json("{\"n\": " + std::to_string(i) + ", \"tag\": \"process-test\"}").EventType("order.event");
+    b.Json("{\"n\": " + std::to_string(i) + ", \"tag\": \"process-test\"}")
+        .EventType("order.event");
     if (unkeyed_every <= 0 || i % unkeyed_every != unkeyed_every - 1) {
       b.Key("key-" + std::to_string(keyed++ % keys));
     }
@@ -435,7 +458,8 @@ std::vector<std::int64_t> RelayProcessFixture::Ids(const std::string& sql) const
   return out;
 }
 
-::testing::AssertionResult RelayProcessFixture::DrainedBy(const std::vector<ChildProcess*>& relays, Millis timeout) {
+::testing::AssertionResult RelayProcessFixture::DrainedBy(const std::vector<ChildProcess*>& relays,
+                                                          Millis timeout) {
   const bool ok = WaitFor(
       [&] {
         for (auto* r : relays) {
@@ -445,18 +469,21 @@ std::vector<std::int64_t> RelayProcessFixture::Ids(const std::string& sql) const
       },
       timeout, kDbPoll);
   for (auto* r : relays) {
-    if (!r->Running()) return ::testing::AssertionFailure() << r->Describe() << " exited while draining";
+    if (!r->Running())
+      return ::testing::AssertionFailure() << r->Describe() << " exited while draining";
   }
   if (!ok) {
-    return ::testing::AssertionFailure() << "queue not drained within " << timeout.count() << " ms: " << Queued()
-                                         << " left, " << Leased() << " leased";
+    return ::testing::AssertionFailure()
+           << "queue not drained within " << timeout.count() << " ms: " << Queued() << " left, "
+           << Leased() << " leased";
   }
   return ::testing::AssertionSuccess();
 }
 
 void RelayProcessFixture::StopGracefully(ChildProcess& relay) {
   relay.Signal(SIGTERM);
-  EXPECT_TRUE(relay.WaitExit(kShutdownTimeout + kShutdownMargin)) << relay.Describe() << " ignored SIGTERM";
+  EXPECT_TRUE(relay.WaitExit(kShutdownTimeout + kShutdownMargin))
+      << relay.Describe() << " ignored SIGTERM";
   EXPECT_TRUE(relay.ExitedWith(0)) << relay.Describe();
 }
 

@@ -5,10 +5,8 @@
 // compared with what was enqueued.
 #pragma once
 
-#include <sys/types.h>
-
 #include <gtest/gtest.h>
-#include <pqxx/pqxx>
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,7 +103,8 @@ ExpectedMap ReadBackExpected(pqxx::transaction_base& tx, const std::vector<std::
 ///    increasing by outbox-id (a redelivery of an earlier message may appear later; a later
 ///    message may never appear before an earlier one first did).
 /// Reports failures with ADD_FAILURE/EXPECT; returns the number of duplicate records.
-std::size_t ExpectAllDeliveredInKeyOrder(std::vector<ConsumedRecord> records, const ExpectedMap& expected);
+std::size_t ExpectAllDeliveredInKeyOrder(std::vector<ConsumedRecord> records,
+                                         const ExpectedMap& expected);
 
 /// Samples, from its own thread and connection, invariants that must hold at every instant:
 /// each check is a query that returns one row per violation. The default check: no two
@@ -162,7 +162,8 @@ class RelayProcessFixture : public PgTest {
   void TearDown() override;
 
   /// A relay config with the small timings every process test uses.
-  std::string Yaml(const std::string& database_url, const std::vector<ProducerSetting>& producer_extra = {},
+  std::string Yaml(const std::string& database_url,
+                   const std::vector<ProducerSetting>& producer_extra = {},
                    const std::string& top_level_extra = "") const;
   std::string WriteConfig(const std::string& name, const std::string& yaml) const;
 
@@ -176,9 +177,13 @@ class RelayProcessFixture : public PgTest {
   std::int64_t Scalar(const std::string& sql) const;
   std::vector<std::int64_t> Ids(const std::string& sql) const;
   std::int64_t Queued() const { return Scalar("SELECT count(*) FROM outbox.messages"); }
-  std::int64_t Leased() const { return Scalar("SELECT count(*) FROM outbox.messages WHERE lease_owner IS NOT NULL"); }
+  std::int64_t Leased() const {
+    return Scalar("SELECT count(*) FROM outbox.messages WHERE lease_owner IS NOT NULL");
+  }
   std::int64_t DeadLetters() const { return Scalar("SELECT count(*) FROM outbox.dead_letters"); }
-  std::int64_t WithAttempts() const { return Scalar("SELECT count(*) FROM outbox.messages WHERE attempts > 0"); }
+  std::int64_t WithAttempts() const {
+    return Scalar("SELECT count(*) FROM outbox.messages WHERE attempts > 0");
+  }
 
   /// Waits until the queue is empty, or a relay in `relays` exits, or `timeout`.
   ::testing::AssertionResult DrainedBy(const std::vector<ChildProcess*>& relays, Millis timeout);

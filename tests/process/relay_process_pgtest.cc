@@ -5,16 +5,15 @@
 // PostgreSQL under a running relay, and check start-up errors. What arrived is read back
 // with an independent consumer and compared with what was enqueued. The harness (child
 // processes, configs, the results check) is in process_harness.h.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
-
-#include <gtest/gtest.h>
-#include <pqxx/pqxx>
 
 #include <chrono>
 #include <cstdint>
 #include <iostream>
 #include <ostream>
+#include <pqxx/pqxx>
 #include <string>
 #include <vector>
 
@@ -31,7 +30,9 @@ using Clock = std::chrono::steady_clock;
 
 class RelayProcessTest : public RelayProcessFixture {};
 
-std::string WithSignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig); }
+std::string WithSignalName(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig);
+}
 
 // 1. A relay SIGKILLed mid-batch, again and again, loses nothing; redeliveries keep their
 // idempotency keys, and per key no message is ever delivered before an earlier one was.
@@ -51,7 +52,8 @@ TEST_F(RelayProcessTest, SigkilledMidBatchRepeatedlyLosesNothingAndKeepsKeyOrder
         << " more within 60 s; " << Queued() << " queued";
     ASSERT_TRUE(relay.Running()) << relay.Describe() << " exited by itself";
     relay.Kill();
-    ASSERT_TRUE(relay.status() && WIFSIGNALED(*relay.status()) && WTERMSIG(*relay.status()) == SIGKILL)
+    ASSERT_TRUE(relay.status() && WIFSIGNALED(*relay.status()) &&
+                WTERMSIG(*relay.status()) == SIGKILL)
         << relay.Describe();
     if (Leased() > 0) ++kills_mid_batch;
     queued = Queued();
@@ -65,8 +67,9 @@ TEST_F(RelayProcessTest, SigkilledMidBatchRepeatedlyLosesNothingAndKeepsKeyOrder
   EXPECT_EQ(Leased(), 0);
   const auto records = ConsumeAtLeast(expected.size());
   const std::size_t duplicates = ExpectAllDeliveredInKeyOrder(records, expected);
-  std::cout << "[ info ] " << records.size() << " records for " << expected.size() << " messages, " << duplicates
-            << " redeliveries; " << kills_mid_batch << " of " << kKills << " kills left leases behind" << std::endl;
+  std::cout << "[ info ] " << records.size() << " records for " << expected.size() << " messages, "
+            << duplicates << " redeliveries; " << kills_mid_batch << " of " << kKills
+            << " kills left leases behind" << std::endl;
   StopGracefully(last);
 }
 
@@ -82,10 +85,12 @@ TEST_F(RelayProcessTest, FourRelaysWithBrokerFailuresKeepPerKeyOrder) {
   std::vector<ChildProcess*> relays;
   for (int i = 0; i < 4; ++i) relays.push_back(&StartRelay(config));
 
-  const std::vector<rd_kafka_resp_err_t> burst{
-      RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION, RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
-      RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,      RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
-      RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND, RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT};
+  const std::vector<rd_kafka_resp_err_t> burst{RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+                                               RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+                                               RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+                                               RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+                                               RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                                               RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT};
   const auto total = static_cast<std::int64_t>(expected.size());
   // Faults are injected as the backlog shrinks (progress-driven, not timed).
   auto wait_progress = [&](std::int64_t left) {
@@ -108,7 +113,8 @@ TEST_F(RelayProcessTest, FourRelaysWithBrokerFailuresKeepPerKeyOrder) {
     kafka_->SetAllBrokersDown(false);
     ASSERT_TRUE(retried) << "no retry recorded while every broker was down";
     std::cout << "[ info ] brokers down for "
-              << std::chrono::duration_cast<Millis>(Clock::now() - down_at).count() << " ms" << std::endl;
+              << std::chrono::duration_cast<Millis>(Clock::now() - down_at).count() << " ms"
+              << std::endl;
   }
   for (const std::int64_t left : {total * 4 / 10, total * 2 / 10}) {
     if (!wait_progress(left)) break;  // checked by the drain below
@@ -122,15 +128,16 @@ TEST_F(RelayProcessTest, FourRelaysWithBrokerFailuresKeepPerKeyOrder) {
   EXPECT_EQ(DeadLetters(), 0);
   EXPECT_EQ(Leased(), 0);
   const auto violations = monitor.violations();
-  EXPECT_TRUE(violations.empty()) << violations.size() << " samples saw one key leased twice, first: "
+  EXPECT_TRUE(violations.empty()) << violations.size()
+                                  << " samples saw one key leased twice, first: "
                                   << violations.front();
-  EXPECT_GT(monitor.samples(), 100) << "the lease monitor hardly ran; errors " << monitor.errors() << ", last "
-                                    << monitor.last_error();
+  EXPECT_GT(monitor.samples(), 100) << "the lease monitor hardly ran; errors " << monitor.errors()
+                                    << ", last " << monitor.last_error();
   const auto records = ConsumeAtLeast(expected.size());
   const std::size_t duplicates = ExpectAllDeliveredInKeyOrder(records, expected);
-  std::cout << "[ info ] " << records.size() << " records for " << expected.size() << " messages, " << duplicates
-            << " redeliveries; " << bursts << " error bursts; " << monitor.samples() << " lease samples"
-            << std::endl;
+  std::cout << "[ info ] " << records.size() << " records for " << expected.size() << " messages, "
+            << duplicates << " redeliveries; " << bursts << " error bursts; " << monitor.samples()
+            << " lease samples" << std::endl;
   for (auto* r : relays) r->Signal(SIGTERM);
   for (auto* r : relays) {
     EXPECT_TRUE(r->WaitExit(kShutdownTimeout + kShutdownMargin)) << r->Describe();
@@ -151,7 +158,8 @@ void PrintTo(const ShutdownCase& c, std::ostream* os) {
   *os << WithSignalName(c.signal) << (c.brokers_down ? ", brokers down" : ", brokers up");
 }
 
-class RelayShutdownTest : public RelayProcessTest, public ::testing::WithParamInterface<ShutdownCase> {};
+class RelayShutdownTest : public RelayProcessTest,
+                          public ::testing::WithParamInterface<ShutdownCase> {};
 
 TEST_P(RelayShutdownTest, ExitsZeroInTimeHandsBackEverythingAndTheNextRelayDrains) {
   const ShutdownCase param = GetParam();
@@ -161,13 +169,15 @@ TEST_P(RelayShutdownTest, ExitsZeroInTimeHandsBackEverythingAndTheNextRelayDrain
   const std::string config = WriteConfig("relay.yaml", Yaml(db_url_, {{"linger.ms", "50"}}));
 
   ChildProcess& relay = StartRelay(config);
-  ASSERT_TRUE(WaitFor([&] { return !relay.Running() || (Queued() <= total - 200 && Leased() > 0); }, 60s, kDbPoll))
+  ASSERT_TRUE(WaitFor([&] { return !relay.Running() || (Queued() <= total - 200 && Leased() > 0); },
+                      60s, kDbPoll))
       << "relay not delivering: " << Queued() << " queued, " << Leased() << " leased";
   ASSERT_TRUE(relay.Running()) << relay.Describe();
   if (param.brokers_down) {
     kafka_->SetAllBrokersDown(true);
     // The relay keeps claiming what it can no longer deliver (until message.timeout.ms).
-    ASSERT_TRUE(WaitFor([&] { return Leased() > 0; }, 10s, kDbPoll)) << "nothing in flight with the brokers down";
+    ASSERT_TRUE(WaitFor([&] { return Leased() > 0; }, 10s, kDbPoll))
+        << "nothing in flight with the brokers down";
   }
   // What is in flight now. With the brokers down it can no longer be acknowledged (short of
   // an acknowledgement already on its way), so it has to be handed back.
@@ -178,24 +188,30 @@ TEST_P(RelayShutdownTest, ExitsZeroInTimeHandsBackEverythingAndTheNextRelayDrain
   const auto took = std::chrono::duration_cast<Millis>(Clock::now() - signalled_at);
   if (param.brokers_down) kafka_->SetAllBrokersDown(false);
   ASSERT_TRUE(exited) << relay.Describe() << " still running " << took.count() << " ms after "
-                      << WithSignalName(param.signal) << " (shutdown_timeout_ms " << kShutdownTimeout.count() << ")";
+                      << WithSignalName(param.signal) << " (shutdown_timeout_ms "
+                      << kShutdownTimeout.count() << ")";
   EXPECT_TRUE(relay.ExitedWith(0)) << relay.Describe();
-  std::cout << "[ info ] exited " << took.count() << " ms after " << WithSignalName(param.signal) << std::endl;
+  std::cout << "[ info ] exited " << took.count() << " ms after " << WithSignalName(param.signal)
+            << std::endl;
 
   EXPECT_EQ(Leased(), 0) << "rows still leased after a graceful shutdown";
   EXPECT_EQ(WithAttempts(), 0) << "a shutdown is not a failed attempt";
   EXPECT_EQ(DeadLetters(), 0);
-  EXPECT_GT(Queued(), 0) << "the relay drained everything before the signal: nothing was left to hand over";
+  EXPECT_GT(Queued(), 0)
+      << "the relay drained everything before the signal: nothing was left to hand over";
   std::string in_flight_list;
-  for (const auto id : in_flight) in_flight_list += (in_flight_list.empty() ? "" : ",") + std::to_string(id);
-  const std::int64_t handed_back = Scalar("SELECT count(*) FROM outbox.messages WHERE id = ANY('{" +
-                                          in_flight_list + "}'::bigint[]) AND lease_owner IS NULL AND attempts = 0");
+  for (const auto id : in_flight)
+    in_flight_list += (in_flight_list.empty() ? "" : ",") + std::to_string(id);
+  const std::int64_t handed_back =
+      Scalar("SELECT count(*) FROM outbox.messages WHERE id = ANY('{" + in_flight_list +
+             "}'::bigint[]) AND lease_owner IS NULL AND attempts = 0");
   if (param.brokers_down) {
-    EXPECT_GT(handed_back, 0) << "of " << in_flight.size() << " messages in flight at the signal, none is back in "
+    EXPECT_GT(handed_back, 0) << "of " << in_flight.size()
+                              << " messages in flight at the signal, none is back in "
                               << "the queue with its lease released and no attempt counted";
   }
-  std::cout << "[ info ] " << in_flight.size() << " in flight at the signal, " << handed_back << " handed back"
-            << std::endl;
+  std::cout << "[ info ] " << in_flight.size() << " in flight at the signal, " << handed_back
+            << " handed back" << std::endl;
 
   ChildProcess& next = StartRelay(config);
   ASSERT_TRUE(DrainedBy({&next}, 120s));
@@ -206,8 +222,9 @@ TEST_P(RelayShutdownTest, ExitsZeroInTimeHandsBackEverythingAndTheNextRelayDrain
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, RelayShutdownTest,
-                         ::testing::Values(ShutdownCase{SIGTERM, false}, ShutdownCase{SIGINT, false},
-                                           ShutdownCase{SIGTERM, true}, ShutdownCase{SIGINT, true}),
+                         ::testing::Values(ShutdownCase{SIGTERM, false},
+                                           ShutdownCase{SIGINT, false}, ShutdownCase{SIGTERM, true},
+                                           ShutdownCase{SIGINT, true}),
                          [](const ::testing::TestParamInfo<ShutdownCase>& info) {
                            return WithSignalName(info.param.signal) +
                                   (info.param.brokers_down ? "_BrokersDown" : "_BrokersUp");
@@ -262,7 +279,8 @@ TEST_F(RelayProcessTest, UnmigratedDatabaseStopsStartupAskingForMigrate) {
   const std::string err = relay.Stderr();
   EXPECT_NE(err.find("run `outbox-relay migrate`"), std::string::npos) << err;
   pqxx::connection c(empty_db);
-  EXPECT_TRUE(pqxx::nontransaction(c).exec1("SELECT to_regclass('outbox.messages') IS NULL")[0].as<bool>())
+  EXPECT_TRUE(
+      pqxx::nontransaction(c).exec1("SELECT to_regclass('outbox.messages') IS NULL")[0].as<bool>())
       << "run must not create the schema itself";
 }
 
@@ -270,7 +288,8 @@ TEST_F(RelayProcessTest, SchemaNewerThanTheBinaryStopsMigrateAndRunAskingForUpgr
   {
     pqxx::connection c(db_url_);
     pqxx::nontransaction(c).exec(
-        "INSERT INTO outbox.schema_migrations (version, name) VALUES (9999, '9999_from_the_future.sql')");
+        "INSERT INTO outbox.schema_migrations (version, name) VALUES (9999, "
+        "'9999_from_the_future.sql')");
   }
   const std::int64_t migrations_before = Scalar("SELECT count(*) FROM outbox.schema_migrations");
 
@@ -283,8 +302,10 @@ TEST_F(RelayProcessTest, SchemaNewerThanTheBinaryStopsMigrateAndRunAskingForUpgr
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.schema_migrations"), migrations_before);
 
   // The relay refuses that database too (URL from --database-url, over the file's).
-  const std::string config = WriteConfig("relay.yaml", Yaml(PgCluster::Instance().CreateMigratedDatabase()));
-  ChildProcess& relay = Spawn("relay-newer-schema", {"run", "--config", config, "--database-url", db_url_});
+  const std::string config =
+      WriteConfig("relay.yaml", Yaml(PgCluster::Instance().CreateMigratedDatabase()));
+  ChildProcess& relay =
+      Spawn("relay-newer-schema", {"run", "--config", config, "--database-url", db_url_});
   ASSERT_TRUE(relay.WaitExit(30s)) << relay.Describe();
   EXPECT_TRUE(relay.ExitedNonZero()) << relay.Describe();
   const std::string relay_err = relay.Stderr();
