@@ -1,10 +1,16 @@
 -- wake_orphans: safety net for a blocked row whose predecessor settled between the claim's
--- snapshot and its park (a benign race): wake rows at 'infinity' that head their key.
+-- snapshot and its park (a benign race): wake the rows at 'infinity' that head their key.
+-- One probe per blocked key, not per blocked row: only a key's first row can be its head.
 --   $1 destination
+WITH blocked_keys AS (
+  SELECT DISTINCT ordering_key
+  FROM outbox.messages
+  WHERE destination = $1 AND parked AND deliver_after = 'infinity'
+)
 UPDATE outbox.messages m
 SET deliver_after = clock_timestamp()
-WHERE m.destination = $1 AND m.parked AND m.deliver_after = 'infinity' AND m.lease_owner IS NULL
-  AND NOT EXISTS (SELECT 1 FROM outbox.messages p
-                  WHERE p.destination = m.destination AND p.ordering_key = m.ordering_key
-                    AND p.id < m.id)
+FROM blocked_keys k
+WHERE m.id = (SELECT min(n.id) FROM outbox.messages n
+              WHERE n.destination = $1 AND n.ordering_key = k.ordering_key)
+  AND m.parked AND m.deliver_after = 'infinity' AND m.lease_owner IS NULL
 RETURNING m.id

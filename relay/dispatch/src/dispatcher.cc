@@ -100,6 +100,7 @@ struct Dispatcher::Impl {
     Store store(config.database_url);
     FreshCursor cursor;
     const bool partitioned = config.claim_mode == ClaimMode::kPartitioned;
+    std::vector<BucketLease> last_buckets;
     const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
     const int cap = InFlightCap(dest, batch);
     auto last_sweep = Clock::now();
@@ -125,6 +126,12 @@ struct Dispatcher::Impl {
       std::vector<BucketLease> buckets;
       if (partitioned) {
         buckets = OwnedBuckets();
+        // Buckets this relay just gained hold rows below the cursor, which so far only
+        // scanned the buckets it owned: start the lane over.
+        if (buckets != last_buckets) {
+          cursor.Reset();
+          last_buckets = buckets;
+        }
         if (buckets.empty()) {  // nothing assigned (yet): wait for the coordinator
           std::unique_lock lk(mu);
           wake_cv.wait_for(lk, config.poll_interval,
@@ -406,12 +413,12 @@ struct Dispatcher::Impl {
             spdlog::warn("reaper: returned {} messages whose lease expired", reaped.size());
             Wake();
           }
-          std::int64_t woken = 0;
-          for (const auto& [name, dest] : config.destinations) woken += store.WakeOrphans(name);
-          if (woken > 0) Wake();
         }
         if (now >= next_unknown) {
           next_unknown = now + config.full_sweep_interval;
+          std::int64_t woken = 0;
+          for (const auto& [name, dest] : config.destinations) woken += store.WakeOrphans(name);
+          if (woken > 0) Wake();
           for (const auto& name : store.Destinations()) {
             if (config.destinations.count(name)) continue;
             const std::string reason = "destination \"" + name +
@@ -519,9 +526,10 @@ bool Dispatcher::Stop() {
   d.stopping = true;
   d.wake_cv.notify_all();
   for (auto& t : d.loops) t.join();
-  if (d.coordinator.joinable()) d.coordinator.join();  // hands the buckets back
+  if (d.coordinator.joinable()) d.coordinator.join();  // hands the buckets back at once
   if (d.listener.joinable()) d.listener.join();
-  if (d.maintenance.joinable()) d.maintenance.join();
+  // In-flight deliveries come before maintenance, which may be inside a long query: it is
+  // joined after the sinks have had their shutdown budget.
   // Sinks finish what they hold; what they cannot is completed as retry -> released.
   for (auto& [name, sink] : d.sinks) {
     const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
@@ -537,6 +545,7 @@ bool Dispatcher::Stop() {
   }
   d.settle_cv.notify_all();
   d.settler.join();
+  if (d.maintenance.joinable()) d.maintenance.join();
   return all;
 }
 
