@@ -101,9 +101,9 @@ ClaimResult WrappedClaimPartitioned(Store* self, const std::string& destination,
                                     const std::vector<BucketLease>& owned)
     __asm__("__wrap_" OUTBOX_BENCH_CLAIM_PARTITIONED_SYMBOL) __attribute__((used));
 
-SettleCounts RealSettle(Store* self, const std::vector<Settlement>& settlements)
+SettleCounts RealSettle(Store* self, const std::vector<Settlement>& settlements, bool archive)
     __asm__("__real_" OUTBOX_BENCH_SETTLE_SYMBOL) __attribute__((weak));
-SettleCounts WrappedSettle(Store* self, const std::vector<Settlement>& settlements)
+SettleCounts WrappedSettle(Store* self, const std::vector<Settlement>& settlements, bool archive)
     __asm__("__wrap_" OUTBOX_BENCH_SETTLE_SYMBOL) __attribute__((used));
 
 static std::int64_t Since(std::chrono::steady_clock::time_point start) {
@@ -133,9 +133,9 @@ ClaimResult WrappedClaimPartitioned(Store* self, const std::string& destination,
   return result;
 }
 
-SettleCounts WrappedSettle(Store* self, const std::vector<Settlement>& settlements) {
+SettleCounts WrappedSettle(Store* self, const std::vector<Settlement>& settlements, bool archive) {
   const auto start = std::chrono::steady_clock::now();
-  SettleCounts counts = RealSettle(self, settlements);
+  SettleCounts counts = RealSettle(self, settlements, archive);
   SettleProbe().Record(Since(start), static_cast<std::int64_t>(settlements.size()));
   return counts;
 }
@@ -143,3 +143,4 @@ SettleCounts WrappedSettle(Store* self, const std::vector<Settlement>& settlemen
 }  // namespace outbox::bench::wrap
 
 bool outbox::bench::ClaimProbeLinked() { return &wrap::RealClaim != nullptr; }
+bool outbox::bench::SettleProbeLinked() { return &wrap::RealSettle != nullptr; }

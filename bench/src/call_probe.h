@@ -34,6 +34,8 @@ CallProbe& SettleProbe();
 /// False when this build could not wrap Store::Claim (its signature changed): claim timing
 /// is then unavailable and the report says so.
 bool ClaimProbeLinked();
+/// The same for Store::Settle.
+bool SettleProbeLinked();
 
 /// Writes one line per claim (time, thread, cursor, sequence value, leased ids) to `path`:
 /// the raw material for checking the fresh-lane cursor. False if the file cannot be opened.

@@ -115,6 +115,11 @@ bool ResetPeakRss() {
   return static_cast<bool>(out);
 }
 
+double LoadAverage() {
+  const auto words = SplitWords(ReadTextFile("/proc/loadavg"));
+  return words.empty() ? 0 : std::stod(words[0]);
+}
+
 double Slope(const std::vector<double>& x, const std::vector<double>& y) {
   const std::size_t n = std::min(x.size(), y.size());
   if (n < 2) return 0;

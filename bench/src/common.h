@@ -42,6 +42,9 @@ std::int64_t PeakRssBytes();
 /// Restarts the VmHWM peak (Linux: "5" into /proc/self/clear_refs). False if not supported.
 bool ResetPeakRss();
 
+/// 1-minute load average (/proc/loadavg).
+double LoadAverage();
+
 /// Least-squares slope of y over x; 0 with fewer than two points.
 double Slope(const std::vector<double>& x, const std::vector<double>& y);
 double Median(std::vector<double> v);

@@ -89,6 +89,7 @@ class Receiver {
     for (const auto& a : arrivals) {
       distinct.insert(a.webhook_id);
       std::int64_t start = ref_us;
+      if (ref_us > 0 && a.at_us < ref_us) continue;  // a warm-up, delivered before the instant
       if (start <= 0) {
         const auto it = created.by_key.find(a.webhook_id);
         if (it != created.by_key.end()) start = it->second;

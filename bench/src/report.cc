@@ -1,5 +1,7 @@
 #include "report.h"
 
+#include "common.h"
+
 #include <httplib.h>
 #include <librdkafka/rdkafka.h>
 #include <sys/utsname.h>
@@ -51,6 +53,12 @@ std::string FirstLineWith(const std::string& path, const std::string& key) {
   return "?";
 }
 
+std::string Load(const ScenarioResult& r) {
+  if (!r.details.contains("loadavg_1m")) return "–";
+  const auto& l = r.details["loadavg_1m"];
+  return Num(l["before"].get<double>(), 1) + "→" + Num(l["after"].get<double>(), 1);
+}
+
 std::string TargetsCell(const ScenarioResult& r) {
   std::string out;
   for (const auto& t : r.targets) {
@@ -71,6 +79,8 @@ std::string MachineDescription(const std::string& postgres) {
       << "- Memory: " << FirstLineWith("/proc/meminfo", "MemTotal") << "\n"
       << "- Kernel: " << u.sysname << " " << u.release << " " << u.machine << "\n"
       << "- " << postgres << "\n"
+      << "- Load average (1 min) when the run started: " << LoadAverage()
+      << " (other work on the machine; each scenario's row shows it before→after)\n"
       << "- librdkafka " << rd_kafka_version_str() << " (mock cluster), cpp-httplib "
       << CPPHTTPLIB_VERSION << "\n";
   return out.str();
@@ -80,15 +90,15 @@ std::string MarkdownReport(const std::vector<ScenarioResult>& results) {
   std::ostringstream out;
   out << "| scenario | messages | events/s | × SQL ceiling | × HTTP ceiling | "
          "latency p50 / p95 / p99 / max (ms) | claim p50 / p99 (ms) | relay CPU µs/msg | "
-         "Postgres CPU µs/msg | peak RSS MiB | targets |\n"
-      << "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|\n";
+         "Postgres CPU µs/msg | peak RSS MiB | load 1m | targets |\n"
+      << "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|\n";
   for (const auto& r : results) {
     if (r.skipped) {
-      out << "| " << r.name << " | – | skipped | | | | | | | | " << r.skip_reason << " |\n";
+      out << "| " << r.name << " | – | skipped | | | | | | | | | " << r.skip_reason << " |\n";
       continue;
     }
     if (r.details.contains("error")) {
-      out << "| " << r.name << " | – | failed | | | | | | | | " << r.details["error"].get<std::string>() << " |\n";
+      out << "| " << r.name << " | – | failed | | | | | | | | | " << r.details["error"].get<std::string>() << " |\n";
       continue;
     }
     out << "| " << r.name << (r.keys > 0 ? " (" + std::to_string(r.keys) + " keys)" : "")
@@ -108,7 +118,7 @@ std::string MarkdownReport(const std::vector<ScenarioResult>& results) {
       out << "–";
     }
     out << " | " << Opt(r.relay_cpu_us_per_msg, 1) << " | " << Opt(r.pg_cpu_us_per_msg, 1) << " | "
-        << Opt(r.peak_rss_mib, 0) << " | " << TargetsCell(r) << " |\n";
+        << Opt(r.peak_rss_mib, 0) << " | " << Load(r) << " | " << TargetsCell(r) << " |\n";
   }
   out << "\n| scenario | target | measured | result |\n|---|---|---|---|\n";
   for (const auto& r : results) {

@@ -119,6 +119,7 @@ class Bench {
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
   ScenarioResult HttpCeiling();
   ScenarioResult WebhookDrain();
+  ScenarioResult KafkaPathLatency();
   ScenarioResult OpenLoop(const std::string& name, const std::string& sink, int keys);
   ScenarioResult Burst(const Variant& v);
   ScenarioResult Sustained();
