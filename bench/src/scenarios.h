@@ -115,7 +115,7 @@ class Bench {
   };
   static relay::ClaimMode Mode(const Variant& v);
 
-  ScenarioResult SqlCeiling();
+  ScenarioResult SqlCeiling(const std::string& name);
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
   ScenarioResult HttpCeiling();
   ScenarioResult WebhookDrain();
