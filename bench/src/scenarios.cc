@@ -186,6 +186,25 @@ class Relay {
 
 constexpr int kWarmUpMessages = 20;
 
+// Row-level counters of the queue table (pg_stat_user_tables) after a scenario: with
+// n_tup_hot_upd / n_tup_upd they show whether the claim's lease update stayed HOT (no new
+// index entries), as docs/adr/0001-claim-path.md intends. Read after the relay stopped, so
+// its backends have flushed their statistics.
+json TableStats(const std::string& url) {
+  pqxx::connection c(url);
+  pqxx::nontransaction tx(c);
+  tx.exec("SELECT pg_stat_force_next_flush()");
+  const auto row = tx.exec1(
+      "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables "
+      "WHERE schemaname = 'outbox' AND relname = 'messages'");
+  const auto upd = row[1].as<std::int64_t>(), hot = row[2].as<std::int64_t>();
+  return {{"inserted", row[0].as<std::int64_t>()},
+          {"updated", upd},
+          {"hot_updated", hot},
+          {"deleted", row[3].as<std::int64_t>()},
+          {"hot_ratio", upd > 0 ? static_cast<double>(hot) / static_cast<double>(upd) : 0.0}};
+}
+
 std::function<std::int64_t()> Delivered(const Relay& relay) {
   return [&relay] { return relay.delivered(); };
 }
@@ -484,6 +503,7 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   const std::int64_t delivered = relay.delivered();
   relay.Stop();
   r.details["dispatcher"] = relay.StatsJson();
+  r.details["queue_table"] = TableStats(url);
   FillCommon(r, obs, delivered);
   FillDelivery(r, json::parse(Kafka().Call(
                       "FINISH " + std::to_string(delivered) + " 120 - 0", 180)));
@@ -527,6 +547,7 @@ ScenarioResult Bench::WebhookDrain() {
   const std::int64_t delivered = relay.delivered();
   relay.Stop();
   r.details["dispatcher"] = relay.StatsJson();
+  r.details["queue_table"] = TableStats(url);
   FillCommon(r, obs, delivered);
   FillDelivery(r, json::parse(Http().Call("FINISH " + std::to_string(delivered) + " 60 " + url + " 0", 120)));
   r.latency_source += "; a drain's latency is mostly the wait in the backlog";
@@ -617,6 +638,7 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
   obs.End();
   const std::int64_t delivered = relay->delivered();
   relay->Stop();
+  r.details["queue_table"] = TableStats(url);
   r.messages = inserted;
   r.details["producer"] = produced;
   r.details["dispatcher"] = relay->StatsJson();
@@ -674,6 +696,7 @@ ScenarioResult Bench::Burst(const Variant& v) {
   const std::int64_t delivered = relay.delivered();
   relay.Stop();
   r.details["dispatcher"] = relay.StatsJson();
+  r.details["queue_table"] = TableStats(url);
   FillCommon(r, obs, delivered);
   FillDelivery(r, json::parse(Kafka().Call("FINISH " + std::to_string(delivered + relay.warmed()) +
                                                " 120 - " + std::to_string(burst_at),
@@ -725,6 +748,7 @@ ScenarioResult Bench::Sustained() {
                           [&] { return IdsHandedOut(sampler) - ids_before; });
   const double catch_up_s = MonoSeconds() - drain_start;
   relay.Stop();
+  r.details["queue_table"] = TableStats(url);
   r.messages = inserted;
   r.details["producer"] = produced;
   r.details["dispatcher"] = relay.StatsJson();
