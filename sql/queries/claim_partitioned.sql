@@ -47,9 +47,11 @@ WITH owned AS (
          -- The cursor may pass no bucket whose scan stopped at its limit.
          (SELECT min(top) FROM (SELECT max(id) AS top FROM fresh GROUP BY bucket
                                 HAVING count(*) >= $3) full_buckets) AS fresh_full_bound,
-         (SELECT count(*) FROM held) AS held
+         (SELECT count(*) FROM held) AS held,
+         (SELECT coalesce(jsonb_agg(DISTINCT blocked_key), '[]'::jsonb) FROM held
+           WHERE blocked_key IS NOT NULL)::text AS blocked_keys
 )
-SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.held,
+SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.held, f.blocked_keys,
        l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
        l.payload_bytes, l.attempts, l.created_us
 FROM facts f LEFT JOIN leased l ON true

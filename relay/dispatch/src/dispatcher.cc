@@ -101,6 +101,8 @@ struct Dispatcher::Impl {
     FreshCursor cursor;
     const bool partitioned = config.claim_mode == ClaimMode::kPartitioned;
     std::vector<BucketLease> last_buckets;
+    std::deque<std::pair<std::string, Clock::time_point>> recheck;  // recently blocked keys
+    auto next_recheck = Clock::now();
     const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
     const int cap = InFlightCap(dest, batch);
     auto last_sweep = Clock::now();
@@ -182,9 +184,30 @@ struct Dispatcher::Impl {
       if (claim.messages.empty()) ++stats.empty_claims;
       stats.claimed += static_cast<std::int64_t>(claim.messages.size());
       for (auto& msg : claim.messages) Submit(dest, sink, claim.lease_token, std::move(msg));
+      // Keys this claim blocked may have lost their predecessor while it ran (its settle
+      // committed after our snapshot): recheck them for a second, every 50 ms, so they do not
+      // wait for the periodic orphan sweep.
+      for (auto& key : claim.facts.blocked_keys) recheck.emplace_back(std::move(key), Clock::now());
+      if (!recheck.empty() && Clock::now() >= next_recheck) {
+        next_recheck = Clock::now() + Millis(50);
+        while (!recheck.empty() && Clock::now() - recheck.front().second > Millis(1000)) {
+          recheck.pop_front();
+        }
+        std::vector<std::string> keys;
+        keys.reserve(recheck.size());
+        for (const auto& entry : recheck) keys.push_back(entry.first);
+        try {
+          if (store.WakeKeys(dest.name, keys) > 0) continue;  // claim the woken rows now
+        } catch (const std::exception& e) {
+          DbError();
+          spdlog::warn("{}: recheck of blocked keys failed: {}", dest.name, e.what());
+          store.Reset();
+          cursor.Reset();
+        }
+      }
       if (claim.messages.empty() && claim.facts.held == 0) {
         std::unique_lock lk(mu);
-        wake_cv.wait_for(lk, config.poll_interval,
+        wake_cv.wait_for(lk, recheck.empty() ? config.poll_interval : Millis(50),
                          [&] { return stopping.load() || wake_gen != seen_gen; });
         seen_gen = wake_gen;
       }
@@ -413,12 +436,13 @@ struct Dispatcher::Impl {
             spdlog::warn("reaper: returned {} messages whose lease expired", reaped.size());
             Wake();
           }
-        }
-        if (now >= next_unknown) {
-          next_unknown = now + config.full_sweep_interval;
+          // Safety net behind the claim loops' recheck of blocked keys: one probe per blocked key.
           std::int64_t woken = 0;
           for (const auto& [name, dest] : config.destinations) woken += store.WakeOrphans(name);
           if (woken > 0) Wake();
+        }
+        if (now >= next_unknown) {
+          next_unknown = now + config.full_sweep_interval;
           for (const auto& name : store.Destinations()) {
             if (config.destinations.count(name)) continue;
             const std::string reason = "destination \"" + name +

@@ -71,6 +71,7 @@ struct Store::Impl {
       conn->prepare("settle", std::string(q::ksettle));
       conn->prepare("reap", std::string(q::kreap));
       conn->prepare("wake_orphans", std::string(q::kwake_orphans));
+      conn->prepare("wake_keys", std::string(q::kwake_keys));
       conn->prepare("destinations", std::string(q::kdestinations));
       conn->prepare("dead_letter_all", std::string(q::kdead_letter_all));
       if (listening) receiver = std::make_unique<WakeReceiver>(*conn, notifications, rebalances);
@@ -109,6 +110,9 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
     out.facts.fresh_full_bound = first["fresh_full_bound"].as<std::int64_t>();
   }
   out.facts.held = first["held"].as<std::int64_t>(0);
+  for (const auto& key : nlohmann::json::parse(first["blocked_keys"].c_str())) {
+    out.facts.blocked_keys.push_back(key.get<std::string>());
+  }
   out.messages.reserve(r.size());
   for (const auto& row : r) {
     if (row["id"].is_null()) continue;  // nothing leased: only the facts row
@@ -224,6 +228,14 @@ std::int64_t Store::WakeOrphans(const std::string& destination) {
   auto& c = impl_->Get();
   pqxx::nontransaction tx(c);
   return static_cast<std::int64_t>(tx.exec_prepared("wake_orphans", destination).size());
+}
+
+std::int64_t Store::WakeKeys(const std::string& destination, const std::vector<std::string>& keys) {
+  if (keys.empty()) return 0;
+  auto& c = impl_->Get();
+  pqxx::nontransaction tx(c);
+  return static_cast<std::int64_t>(
+      tx.exec_prepared("wake_keys", destination, nlohmann::json(keys).dump()).size());
 }
 
 std::vector<std::string> Store::Destinations() {

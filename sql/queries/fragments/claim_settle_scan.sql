@@ -30,4 +30,4 @@ ready AS (
                            ELSE s.deliver_after END
   FROM scan s
   WHERE m.id = s.id AND NOT EXISTS (SELECT 1 FROM ready r WHERE r.id = s.id)
-  RETURNING m.id
+  RETURNING m.id, CASE WHEN m.deliver_after = 'infinity' THEN m.ordering_key END AS blocked_key

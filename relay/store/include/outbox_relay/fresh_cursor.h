@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace outbox::relay {
 
@@ -23,6 +25,8 @@ struct ClaimFacts {
   /// this id, since rows above it were not looked at.
   std::optional<std::int64_t> fresh_full_bound;
   std::int64_t held = 0;  ///< Rows parked by the statement.
+  /// Keys of the rows it parked behind an earlier message (at 'infinity').
+  std::vector<std::string> blocked_keys;
 };
 
 /// Not thread-safe; one per destination loop.

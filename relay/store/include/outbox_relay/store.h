@@ -83,6 +83,8 @@ class Store {
   std::vector<std::string> Reap();
   /// Wakes rows blocked at 'infinity' whose key has no earlier message left.
   std::int64_t WakeOrphans(const std::string& destination);
+  /// WakeOrphans for just these keys of `destination`; returns how many rows were woken.
+  std::int64_t WakeKeys(const std::string& destination, const std::vector<std::string>& keys);
   /// Distinct destinations that have messages in the queue.
   std::vector<std::string> Destinations();
   /// Dead-letters up to 5000 unleased messages of `destination` with `reason`; returns how many.
