@@ -7,10 +7,11 @@
 #                 left out), with the 20 ms p99 target
 #   bottom left:  sustained load: backlog, produced/s and delivered/s over time
 #   bottom right: sustained load: relay RSS and claim poll-cycle p99 over time
-# Usage: bench/plot.sh RESULTS_DIR [OUTPUT.png]      (needs gnuplot: apt-get install gnuplot-nox)
+# Usage: bench/plot.sh RESULTS_DIR [OUTPUT.png [TITLE]]   (needs gnuplot: apt-get install gnuplot-nox)
 set -euo pipefail
 dir="${1:?usage: bench/plot.sh RESULTS_DIR [OUTPUT.png]}"
 out="${2:-$dir/benchmarks.png}"
+title="${3:-outbox-bench: $(basename "$dir")}"
 command -v gnuplot >/dev/null || { echo "plot.sh: gnuplot not found (apt-get install gnuplot-nox)" >&2; exit 1; }
 [ -f "$dir/throughput.tsv" ] || { echo "plot.sh: $dir/throughput.tsv missing" >&2; exit 1; }
 
@@ -38,7 +39,7 @@ gnuplot <<EOF
 set terminal pngcairo size 1500,1050 font "sans,10"
 set output "$out"
 set datafile separator "\t"
-set multiplot layout 2,2 title "outbox-bench: $(basename "$dir")"
+set multiplot layout 2,2 title "$title"
 
 set title "Throughput (events/s; label: x SQL ceiling of this run)"
 set style fill solid 0.7 border -1
