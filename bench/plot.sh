@@ -57,11 +57,15 @@ set style data histograms
 set style histogram clustered gap 1
 set yrange [0.5:*]
 set key outside right top vertical
-plot "$tmp/latency" using 2:xtic(1) title "p50" lc rgb "#66ccee", \
-     "" using 3 title "p95" lc rgb "#4477aa", \
-     "" using 4 title "p99" lc rgb "#ee6677", \
-     "" using 5 title "max" lc rgb "#aa3377", \
-     20 with lines dt 2 lc rgb "black" notitle
+if (system("test -s $tmp/latency && echo 1") eq "1") {
+  plot "$tmp/latency" using 2:xtic(1) title "p50" lc rgb "#66ccee", \
+       "" using 3 title "p95" lc rgb "#4477aa", \
+       "" using 4 title "p99" lc rgb "#ee6677", \
+       "" using 5 title "max" lc rgb "#aa3377", \
+       20 with lines dt 2 lc rgb "black" notitle
+} else {
+  set multiplot next
+}
 set key inside
 
 set style data lines

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 namespace outbox::bench {
 namespace {
@@ -142,6 +143,21 @@ double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+bool WaitUntil(const std::function<bool()>& done, double timeout_s, int poll_ms) {
+  const double deadline = MonoSeconds() + timeout_s;
+  while (!done()) {
+    if (MonoSeconds() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
+  }
+  return true;
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
 }
 
 void Say(const std::string& line) {

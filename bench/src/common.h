@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,12 @@ double LoadAverage();
 /// Least-squares slope of y over x; 0 with fewer than two points.
 double Slope(const std::vector<double>& x, const std::vector<double>& y);
 double Median(std::vector<double> v);
+
+/// Polls `done` every `poll_ms` until it is true (returns true) or `timeout_s` passed.
+bool WaitUntil(const std::function<bool()>& done, double timeout_s, int poll_ms = 5);
+
+/// `v` with `digits` decimals ("%.*f").
+std::string Fixed(double v, int digits);
 
 /// One progress line on stderr, prefixed with the seconds since the program started.
 void Say(const std::string& line);

@@ -133,10 +133,7 @@ int RunHttpHelper() {
     if (cmd == "COUNT" && receiver) return std::to_string(receiver->count());
     if (cmd == "FINISH" && w.size() == 5 && receiver) {
       const auto expected = static_cast<std::size_t>(std::stoll(w[1]));
-      const double deadline = MonoSeconds() + std::stod(w[2]);
-      while (receiver->count() < expected && MonoSeconds() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
+      WaitUntil([&] { return receiver->count() >= expected; }, std::stod(w[2]), 20);
       return receiver->Summary(w[3] == "-" ? "" : w[3], std::stoll(w[4])).dump();
     }
     throw std::runtime_error("bad command");

@@ -264,11 +264,7 @@ void WarmUp(const std::string& bootstraps, const std::string& topic, int partiti
   }
   rd_kafka_flush(rk, 30'000);
   rd_kafka_destroy(rk);
-  const double deadline = MonoSeconds() + 30;
-  while (consumer.warmups() < static_cast<std::size_t>(partitions) && MonoSeconds() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (consumer.warmups() < static_cast<std::size_t>(partitions)) {
+  if (!WaitUntil([&] { return consumer.warmups() >= static_cast<std::size_t>(partitions); }, 30)) {
     throw std::runtime_error("the consumer did not see its warm-up records within 30 s");
   }
 }
@@ -362,10 +358,7 @@ int RunKafkaHelper() {
     }
     if (cmd == "FINISH" && w.size() == 5 && consumer) {
       const auto expected = static_cast<std::size_t>(std::stoll(w[1]));
-      const double deadline = MonoSeconds() + std::stod(w[2]);
-      while (consumer->count() < expected && MonoSeconds() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
+      WaitUntil([&] { return consumer->count() >= expected; }, std::stod(w[2]), 20);
       consumer->Stop();
       const auto summary = Summary(*consumer, w[3] == "-" ? "" : w[3], std::stoll(w[4]));
       consumer.reset();

@@ -15,27 +15,21 @@
 namespace outbox::bench {
 namespace {
 
-std::string Num(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 // 123456.7 -> "123.5k"; small values keep their digits.
 std::string Rate(double v) {
-  if (v >= 10'000) return Num(v / 1000, 1) + "k";
-  return Num(v, 0);
+  if (v >= 10'000) return Fixed(v / 1000, 1) + "k";
+  return Fixed(v, 0);
 }
 
 std::string Ms(double v) {
-  if (v >= 1000) return Num(v / 1000, 1) + " s";
-  if (v >= 100) return Num(v, 0);
-  if (v >= 10) return Num(v, 1);
-  return Num(v, 2);
+  if (v >= 1000) return Fixed(v / 1000, 1) + " s";
+  if (v >= 100) return Fixed(v, 0);
+  if (v >= 10) return Fixed(v, 1);
+  return Fixed(v, 2);
 }
 
 std::string Opt(const std::optional<double>& v, int digits, const std::string& suffix = "") {
-  return v ? Num(*v, digits) + suffix : "–";
+  return v ? Fixed(*v, digits) + suffix : "–";
 }
 
 std::string FirstLineWith(const std::string& path, const std::string& key) {
@@ -56,7 +50,7 @@ std::string FirstLineWith(const std::string& path, const std::string& key) {
 std::string Load(const ScenarioResult& r) {
   if (!r.details.contains("loadavg_1m")) return "–";
   const auto& l = r.details["loadavg_1m"];
-  return Num(l["before"].get<double>(), 1) + "→" + Num(l["after"].get<double>(), 1);
+  return Fixed(l["before"].get<double>(), 1) + "→" + Fixed(l["after"].get<double>(), 1);
 }
 
 std::string TargetsCell(const ScenarioResult& r) {

@@ -50,12 +50,6 @@ std::string Rfc3339(std::int64_t us) {
 
 double Mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 json PercentilesJson(const Percentiles& p) {
   return {{"count", p.count}, {"p50_ms", p.p50_ms}, {"p95_ms", p.p95_ms}, {"p99_ms", p.p99_ms},
           {"max_ms", p.max_ms}};
@@ -111,9 +105,9 @@ class Relay {
         sink = relay::MakeWebhookSink(dest.name, std::get<relay::WebhookTarget>(dest.target));
       }
       // The clock starts at the first claim, not while the producer finds its brokers.
-      const double deadline = MonoSeconds() + 30;
-      while (!sink->Ready() && MonoSeconds() < deadline) std::this_thread::sleep_for(10ms);
-      if (!sink->Ready()) throw std::runtime_error("the sink did not become ready in 30 s");
+      if (!WaitUntil([&] { return sink->Ready(); }, 30)) {
+        throw std::runtime_error("the sink did not become ready in 30 s");
+      }
       std::map<std::string, relay::SinkPtr> sinks;
       sinks.emplace(dest.name, std::move(sink));
       cfg.destinations.emplace(dest.name, dest);
@@ -140,9 +134,9 @@ class Relay {
   void WarmUp(const std::string& db_url, int n) {
     const std::int64_t before = delivered();
     Preload(db_url, n, {}, 1);
-    const double deadline = MonoSeconds() + 30;
-    while (delivered() - before < n && MonoSeconds() < deadline) std::this_thread::sleep_for(5ms);
-    if (delivered() - before < n) throw std::runtime_error("warm-up messages not delivered within 30 s");
+    if (!WaitUntil([&] { return delivered() - before >= n; }, 30)) {
+      throw std::runtime_error("warm-up messages not delivered within 30 s");
+    }
     warmed_ += n;
   }
   std::int64_t claims() const {
@@ -151,12 +145,12 @@ class Relay {
 
   // Waits until every instance ran its first claim (connected, listening), up to 30 s.
   void WaitForFirstClaims() const {
-    const double deadline = MonoSeconds() + 30;
-    for (const auto& d : dispatchers_) {
-      while (d->stats().claims.load() == 0 && MonoSeconds() < deadline) {
-        std::this_thread::sleep_for(5ms);
+    WaitUntil([this] {
+      for (const auto& d : dispatchers_) {
+        if (d->stats().claims.load() == 0) return false;
       }
-    }
+      return true;
+    }, 30);
   }
 
   json StatsJson() const {
