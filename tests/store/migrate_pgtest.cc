@@ -30,7 +30,7 @@ TEST(Migrate, AppliesEverythingOnceAndIsIdempotent) {
                           "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = "
                           "'outbox.messages'::regclass")[0]
                         .as<std::string>();
-  EXPECT_NE(opts.find("fillfactor=70"), std::string::npos) << opts;
+  EXPECT_NE(opts.find("fillfactor=40"), std::string::npos) << opts;
   EXPECT_NE(opts.find("autovacuum_vacuum_scale_factor=0.01"), std::string::npos) << opts;
 }
 
