@@ -19,25 +19,9 @@ WITH fresh AS (
   FOR UPDATE SKIP LOCKED
 ), scan AS (
   SELECT * FROM fresh UNION ALL SELECT * FROM slow
+), bound AS (
+  -- The cursor may not pass what a scan that stopped at its limit did not reach.
+  SELECT CASE WHEN (SELECT count(*) FROM fresh) >= $3 THEN (SELECT max(id) FROM fresh) END
+           AS fresh_full_bound
 ),
 -- @include claim_settle_scan.sql
-), facts AS (
-  SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
-            FROM outbox.messages_id_seq) AS seq_value,
-         pg_snapshot_xmin(pg_current_snapshot())::text AS snap_xmin,
-         -- An xid assigned now, after the previous claim read its sequence value: every
-         -- transaction that took an id up to that value holds a smaller xid (ADR 0001).
-         pg_current_xact_id()::text AS own_xid,
-         (SELECT count(*) FROM fresh) AS fresh_scanned,
-         -- The cursor may not pass what a scan that stopped at its limit did not reach.
-         CASE WHEN (SELECT count(*) FROM fresh) >= $3 THEN (SELECT max(id) FROM fresh) END
-           AS fresh_full_bound,
-         (SELECT count(*) FROM held) AS held,
-         (SELECT coalesce(jsonb_agg(DISTINCT blocked_key), '[]'::jsonb) FROM held
-           WHERE blocked_key IS NOT NULL)::text AS blocked_keys
-)
-SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.held, f.blocked_keys,
-       l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
-       l.payload_bytes, l.attempts, l.created_us
-FROM facts f LEFT JOIN leased l ON true
-ORDER BY l.id

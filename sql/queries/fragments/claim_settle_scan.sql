@@ -1,6 +1,8 @@
 -- Fragment of claim.sql and claim_partitioned.sql, spliced in where they say
--- `-- @include claim_settle_scan.sql`: given `scan` (the candidate rows, locked), lease the
--- ready ones and park the rest. Not a statement on its own.
+-- `-- @include claim_settle_scan.sql`: given `fresh` and `scan` (the candidate rows, locked)
+-- and `bound` (how far the fresh scan looked), lease the ready rows, park the rest, and
+-- return the facts the fresh-lane cursor needs with every leased row. Not a statement on
+-- its own; it ends the statement.
 ready AS (
   -- Due, and the head of its key: no earlier message of the key is still in the queue
   -- (pending, leased or waiting for a retry).
@@ -31,3 +33,21 @@ ready AS (
   FROM scan s
   WHERE m.id = s.id AND NOT EXISTS (SELECT 1 FROM ready r WHERE r.id = s.id)
   RETURNING m.id, CASE WHEN m.deliver_after = 'infinity' THEN m.ordering_key END AS blocked_key
+), facts AS (
+  SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
+            FROM outbox.messages_id_seq) AS seq_value,
+         pg_snapshot_xmin(pg_current_snapshot())::text AS snap_xmin,
+         -- An xid assigned now, after the previous claim read its sequence value: every
+         -- transaction that took an id up to that value holds a smaller xid (ADR 0001).
+         pg_current_xact_id()::text AS own_xid,
+         (SELECT count(*) FROM fresh) AS fresh_scanned,
+         (SELECT fresh_full_bound FROM bound) AS fresh_full_bound,
+         (SELECT count(*) FROM held) AS held,
+         (SELECT coalesce(jsonb_agg(DISTINCT blocked_key), '[]'::jsonb) FROM held
+           WHERE blocked_key IS NOT NULL)::text AS blocked_keys
+)
+SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.held, f.blocked_keys,
+       l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
+       l.payload_bytes, l.attempts, l.created_us
+FROM facts f LEFT JOIN leased l ON true
+ORDER BY l.id
