@@ -544,6 +544,20 @@ TEST_F(PartitionedProcessTest, SigstoppedRelayIsFencedAfterItsLeasesAndRejoinsOn
     paused.Signal(SIGSTOP);
     stopped_at = Clock::now();
     pqxx::nontransaction tx(Probe());
+    // A statement the relay sent just before the stop still runs to its end on the server
+    // (a settle can delete its rows): wait until every statement that started before the
+    // stop has finished, then read what the stopped relay holds.
+    const std::string stop_ts = tx.exec1("SELECT clock_timestamp()::text")[0].as<std::string>();
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          return tx.exec_params1(
+                       "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                       "AND query_start < $1::timestamptz AND pid <> pg_backend_pid() "
+                       "AND datname = current_database()",
+                       stop_ts)[0]
+                     .as<int>() == 0;
+        },
+        10s, kDbPoll));
     for (const auto& row : tx.exec_params(
              "SELECT m.id, m.lease_owner::text, "
              "       (extract(epoch FROM m.lease_until - clock_timestamp()) * 1000)::bigint "
