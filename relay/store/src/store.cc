@@ -61,10 +61,12 @@ struct Store::Impl {
   std::atomic<int> notifications{0};
   std::atomic<int> rebalances{0};
   bool listening = false;
+  bool claim_session = false;  // claim_session.sql applied on this connection
 
   pqxx::connection& Get() {
     if (!conn || !conn->is_open()) {
       receiver.reset();
+      claim_session = false;
       conn = std::make_unique<pqxx::connection>(url);
       conn->prepare("claim", std::string(q::kclaim));
       conn->prepare("claim_partitioned", std::string(q::kclaim_partitioned));
@@ -77,6 +79,16 @@ struct Store::Impl {
       if (listening) receiver = std::make_unique<WakeReceiver>(*conn, notifications, rebalances);
     }
     return *conn;
+  }
+
+  // The connection for a claim: with the claim's planner settings, before its first plan.
+  pqxx::connection& ForClaims() {
+    auto& c = Get();
+    if (!claim_session) {
+      pqxx::nontransaction(c).exec(std::string(q::kclaim_session));
+      claim_session = true;
+    }
+    return c;
   }
 };
 
@@ -91,6 +103,7 @@ pqxx::connection& Store::Connection() { return impl_->Get(); }
 void Store::Reset() {
   impl_->receiver.reset();
   impl_->conn.reset();
+  impl_->claim_session = false;
 }
 
 bool Store::Connected() const { return impl_->conn && impl_->conn->is_open(); }
@@ -132,6 +145,7 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
       m.payload_is_json = false;
     }
     m.attempts = row["attempts"].as<int>();
+    if (!row["parked"].as<bool>()) out.fresh_lane.push_back(m.id);
     m.created_at = std::chrono::system_clock::time_point(
         std::chrono::microseconds(row["created_us"].as<std::int64_t>()));
     out.messages.push_back(std::move(m));
@@ -153,7 +167,7 @@ std::string ArrayLiteral(const std::vector<T>& v, F f) {
 
 ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                          int slow_limit, Millis lease) {
-  auto& c = impl_->Get();
+  auto& c = impl_->ForClaims();
   std::string token = NewUuid();
   pqxx::nontransaction tx(c);
   const pqxx::result r = tx.exec_prepared("claim", destination, cursor, fresh_limit, slow_limit,
@@ -165,7 +179,7 @@ ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t
                                     int per_bucket_limit, int slow_limit, Millis lease,
                                     const std::string& instance_id,
                                     const std::vector<BucketLease>& owned) {
-  auto& c = impl_->Get();
+  auto& c = impl_->ForClaims();
   std::string token = NewUuid();
   pqxx::nontransaction tx(c);
   const pqxx::result r =

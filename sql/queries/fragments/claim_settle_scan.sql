@@ -3,36 +3,42 @@
 -- and `bound` (how far the fresh scan looked), lease the ready rows, park the rest, and
 -- return the facts the fresh-lane cursor needs with every leased row. Not a statement on
 -- its own; it ends the statement.
-ready AS (
-  -- Due, and the head of its key: no earlier message of the key is still in the queue
-  -- (pending, leased or waiting for a retry).
-  -- clock_timestamp(), not now(): a row committed between this transaction's start and its
-  -- snapshot is visible and due, though its deliver_after may be later than now().
-  SELECT s.id FROM scan s
-  WHERE s.deliver_after <= clock_timestamp()
-    AND (s.ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM outbox.messages p
-          WHERE p.destination = s.destination AND p.ordering_key = s.ordering_key
-            AND p.id < s.id))
+timed AS MATERIALIZED (
+  -- Whether each row is due, read off the clock once: clock_timestamp(), not now(), since a
+  -- row committed between this transaction's start and its snapshot is visible and due
+  -- though its deliver_after may be later than now(). Read once because the lease and the
+  -- park below must agree: reading the clock again in the park let a row that fell due in
+  -- between be parked at 'infinity' as if blocked behind its key, and without a key nothing
+  -- ever woke it.
+  SELECT s.id, s.destination, s.ordering_key, s.deliver_after <= clock_timestamp() AS due
+  FROM scan s
+), classified AS MATERIALIZED (
+  -- Ready: due, and the head of its key: no earlier message of the key is still in the
+  -- queue (pending, leased or waiting for a retry).
+  SELECT t.id, t.ordering_key, t.due,
+         t.due AND (t.ordering_key IS NULL OR NOT EXISTS (
+           SELECT 1 FROM outbox.messages p
+           WHERE p.destination = t.destination AND p.ordering_key = t.ordering_key
+             AND p.id < t.id)) AS ready
+  FROM timed t
 ), leased AS (
   UPDATE outbox.messages m
   SET lease_owner = $5::uuid,
       lease_until = clock_timestamp() + make_interval(secs => $6::bigint / 1000.0)
-  FROM ready r
-  WHERE m.id = r.id
+  FROM classified r
+  WHERE m.id = r.id AND r.ready
   RETURNING m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,
-            m.payload_bytes, m.attempts,
+            m.payload_bytes, m.attempts, m.parked,
             (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us
 ), held AS (
   -- Not ready: park it. A row that is due but blocked behind its key waits at 'infinity'
   -- until settling the earlier message wakes it (settle.sql).
   UPDATE outbox.messages m
   SET parked = true,
-      deliver_after = CASE WHEN s.deliver_after <= clock_timestamp() THEN 'infinity'::timestamptz
-                           ELSE s.deliver_after END
-  FROM scan s
-  WHERE m.id = s.id AND NOT EXISTS (SELECT 1 FROM ready r WHERE r.id = s.id)
-  RETURNING m.id, CASE WHEN m.deliver_after = 'infinity' THEN m.ordering_key END AS blocked_key
+      deliver_after = CASE WHEN c.due THEN 'infinity'::timestamptz ELSE m.deliver_after END
+  FROM classified c
+  WHERE m.id = c.id AND NOT c.ready
+  RETURNING m.id, CASE WHEN c.due THEN m.ordering_key END AS blocked_key
 ), facts AS (
   SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
             FROM outbox.messages_id_seq) AS seq_value,
@@ -48,6 +54,6 @@ ready AS (
 )
 SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.held, f.blocked_keys,
        l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
-       l.payload_bytes, l.attempts, l.created_us
+       l.payload_bytes, l.attempts, l.parked, l.created_us
 FROM facts f LEFT JOIN leased l ON true
 ORDER BY l.id

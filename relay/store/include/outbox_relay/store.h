@@ -27,6 +27,9 @@ struct BucketLease {
 struct ClaimResult {
   std::string lease_token;        ///< Fences the settle of these messages.
   std::vector<Message> messages;  ///< Leased, in id order; at most one per ordering key.
+  /// Ids of those `messages` that came from the fresh lane (never parked before), in id
+  /// order: what a full sweep finds below where the cursor had been is a miss of the lane.
+  std::vector<MessageId> fresh_lane;
   ClaimFacts facts;
 };
 
@@ -59,6 +62,10 @@ class Store {
   /// Leases up to fresh_limit + slow_limit deliverable messages of `destination`: fresh
   /// rows above `cursor`, then parked rows that are due. Rows that are not deliverable yet
   /// (scheduled, or behind an earlier message of their key) are parked by the same statement.
+  /// The first claim on a connection sets its planner settings (sql/queries/claim_session.sql:
+  /// no bitmap or sequential scans, no sorts), so each claim reads on the order of its batch
+  /// whatever the table's statistics say; they stay for every later statement on this
+  /// connection, so give claims a Store of their own (the dispatcher's claim loops do).
   ClaimResult Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                     int slow_limit, Millis lease);
 

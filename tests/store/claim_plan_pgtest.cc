@@ -1,0 +1,137 @@
+// The claim's cost does not depend on the planner's statistics (docs/adr/0001-claim-path.md,
+// "Plan stability"). A queue table that was last analyzed while empty and then receives a
+// burst is the ordinary case after a deploy, a batch job or a replay: with row estimates of
+// 1-5 the planner once chose a bitmap scan that fetched the whole backlog past the cursor and
+// sorted it to keep 500. These tests set up exactly that (analyzed empty, autoanalyze kept
+// from running, 300k rows queued) and read what the claim statement touched from
+// EXPLAIN (ANALYZE, BUFFERS): rows examined and buffers, never wall time.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+
+#include "outbox_relay/store.h"
+#include "outbox_test/pg.h"
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+constexpr int kBacklog = 300'000;
+constexpr int kBatch = 200;
+
+struct Touched {
+  std::int64_t max_rows_examined = 0;  // one plan node: (rows + rows removed) x loops
+  std::int64_t buffers = 0;            // shared buffers hit or read, whole statement
+  bool sorted_on_disk = false;
+  bool jit = false;  // compiled: costs hundreds of ms per claim
+  std::string plan;  // node by node, for the failure message
+};
+
+void Walk(const json& node, Touched& t, int depth = 0) {
+  const auto loops = node.value("Actual Loops", std::int64_t{1});
+  std::int64_t examined = node.value("Actual Rows", std::int64_t{0});
+  examined += node.value("Rows Removed by Filter", std::int64_t{0});
+  examined += node.value("Rows Removed by Index Recheck", std::int64_t{0});
+  t.max_rows_examined = std::max(t.max_rows_examined, examined * loops);
+  if (node.value("Sort Space Type", "") == "Disk") t.sorted_on_disk = true;
+  t.plan += std::string(2 * depth, ' ') + node.value("Node Type", "?") + " " +
+            node.value("Index Name", node.value("Relation Name", "")) + ": examined " +
+            std::to_string(examined) + " x " + std::to_string(loops) + " loops\n";
+  if (node.contains("Plans")) {
+    for (const auto& child : node["Plans"]) Walk(child, t, depth + 1);
+  }
+}
+
+class ClaimPlanTest : public testing::PgTest {
+ protected:
+  // The table as autoanalyze last saw it: empty. Then a burst it has not analyzed since
+  // (autovacuum off on the table stands for "autoanalyze has not run yet").
+  void QueueBurstAfterEmptyAnalyze() {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    tx.exec("ALTER TABLE outbox.messages SET (autovacuum_enabled = false)");
+    tx.exec("ANALYZE outbox.messages");
+    // Straight into the table (as the superuser) for speed: the claim's plan is the subject
+    // here, not the enqueue path. Rows look like enqueue's: fresh, due, one bucket each.
+    tx.exec(
+        "INSERT INTO outbox.messages (destination, idempotency_key, payload, deliver_after, "
+        "created_at, bucket) "
+        "SELECT 'd', gen_random_uuid(), jsonb_build_object('n', g, 'pad', repeat('x', 100)), "
+        "now(), now(), g % 64 FROM generate_series(1, " +
+        std::to_string(kBacklog) + ") g");
+  }
+
+  // EXPLAIN ANALYZE of the Store's own prepared claim statement on the Store's own
+  // connection, so the plan is the one the relay would use (its settings, its plan cache).
+  Touched Explain(Store& store, const std::string& execute, const std::string& plan_cache_mode) {
+    auto& c = store.Connection();
+    pqxx::nontransaction tx(c);
+    tx.exec("SET plan_cache_mode = " + plan_cache_mode);
+    const auto r = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + execute);
+    tx.exec("RESET plan_cache_mode");
+    const json plan = json::parse(r[0].c_str())[0];
+    Touched t;
+    Walk(plan["Plan"], t);
+    t.jit = plan.contains("JIT") && plan["JIT"].value("Functions", 0) > 0;
+    t.buffers = plan["Plan"].value("Shared Hit Blocks", std::int64_t{0}) +
+                plan["Plan"].value("Shared Read Blocks", std::int64_t{0});
+    return t;
+  }
+
+  // On the order of the batch: a few index probes and a heap page or two per claimed row.
+  // Fetching the backlog (300k rows, ~20k pages) is two orders of magnitude above.
+  static void ExpectBatchSized(const Touched& t, const std::string& what) {
+    EXPECT_LE(t.max_rows_examined, 10 * kBatch) << what << ": a plan node walked the backlog\n"
+                                                << t.plan;
+    EXPECT_LE(t.buffers, 25 * kBatch) << what << ": buffers far beyond the batch\n" << t.plan;
+    EXPECT_FALSE(t.sorted_on_disk) << what << ": sorted on disk\n" << t.plan;
+    EXPECT_FALSE(t.jit) << what << ": JIT-compiled\n" << t.plan;
+  }
+};
+
+TEST_F(ClaimPlanTest, ClaimReadsTheBatchNotTheBacklogWhenStatisticsSayEmpty) {
+  QueueBurstAfterEmptyAnalyze();
+  Store store(db_url_);
+  // As the relay does: claims before the burst was known to the planner, so a plan may be
+  // cached. Then the statement as the relay runs it, with custom and with generic plans.
+  ASSERT_EQ(store.Claim("d", 0, kBatch, kBatch / 2, 30s).messages.size(), std::size_t{kBatch});
+  for (const char* mode : {"force_generic_plan", "force_custom_plan", "auto"}) {
+    const auto t = Explain(store,
+                           "EXECUTE claim('d', 0, " + std::to_string(kBatch) + ", " +
+                               std::to_string(kBatch / 2) + ", '" + NewUuid() + "', 30000)",
+                           mode);
+    ExpectBatchSized(t, std::string("claim, ") + mode);
+  }
+}
+
+TEST_F(ClaimPlanTest, PartitionedClaimReadsTheBatchNotTheBacklogWhenStatisticsSayEmpty) {
+  QueueBurstAfterEmptyAnalyze();
+  Store store(db_url_);
+  const std::string me = NewUuid();
+  const auto owned = store.Coordinate(me, 10s, false, "claim_plan_pgtest");
+  ASSERT_EQ(owned.size(), 64u);
+  const int per_bucket = (kBatch + 63) / 64;
+  ASSERT_GT(store.ClaimPartitioned("d", 0, per_bucket, kBatch / 2, 30s, me, owned).messages.size(),
+            0u);
+  std::string buckets = "{", epochs = "{";
+  for (std::size_t i = 0; i < owned.size(); ++i) {
+    buckets += (i ? "," : "") + std::to_string(owned[i].bucket);
+    epochs += (i ? "," : "") + std::to_string(owned[i].epoch);
+  }
+  buckets += "}";
+  epochs += "}";
+  for (const char* mode : {"force_generic_plan", "force_custom_plan", "auto"}) {
+    const auto t = Explain(store,
+                           "EXECUTE claim_partitioned('d', 0, " + std::to_string(per_bucket) +
+                               ", " + std::to_string(kBatch / 2) + ", '" + NewUuid() +
+                               "', 30000, '" + me + "', '" + buckets + "', '" + epochs + "')",
+                           mode);
+    ExpectBatchSized(t, std::string("claim_partitioned, ") + mode);
+  }
+}
+
+}  // namespace
+}  // namespace outbox::relay
