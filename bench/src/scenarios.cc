@@ -159,7 +159,8 @@ class Relay {
     const std::pair<const char*, std::atomic<std::int64_t> S::*> fields[] = {
         {"claims", &S::claims},   {"empty_claims", &S::empty_claims}, {"claimed", &S::claimed},
         {"delivered", &S::delivered}, {"retried", &S::retried},   {"dead", &S::dead},
-        {"fenced", &S::fenced},   {"reaped", &S::reaped},             {"db_errors", &S::db_errors}};
+        {"fenced", &S::fenced},   {"reaped", &S::reaped},             {"db_errors", &S::db_errors},
+        {"sweep_found", &S::sweep_found}};
     for (const auto& [name, field] : fields) {
       j[name] = Sum([field](const S& s) { return (s.*field).load(); });
     }
@@ -648,8 +649,22 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
            std::nullopt};
   t.pass = r.completed && r.latency->count > 0 && r.latency->p99_ms < 20.0;
   r.targets.push_back(t);
+  r.targets.push_back(NoMessageWaitsForTheSweep(r));
   timelines_.emplace_back(name, obs.timeline);
   return r;
+}
+
+// Live traffic: no message takes over a second, and the full sweep found nothing the fresh
+// lane had passed (docs/adr/0001-claim-path.md).
+Target Bench::NoMessageWaitsForTheSweep(const ScenarioResult& r) {
+  const auto over_1s = r.details["delivery"].value("latency_over_1s", std::int64_t{-1});
+  const auto swept = r.details["dispatcher"].value("sweep_found", std::int64_t{-1});
+  Target t{"0 messages over 1 s, 0 found by the sweep",
+           std::to_string(over_1s) + " over 1 s (max " + Fixed(r.latency ? r.latency->max_ms : 0, 0) +
+               " ms), " + std::to_string(swept) + " found by the sweep",
+           std::nullopt};
+  t.pass = r.completed && over_1s == 0 && swept == 0;
+  return t;
 }
 
 ScenarioResult Bench::Burst(const Variant& v) {
@@ -777,6 +792,7 @@ ScenarioResult Bench::Sustained() {
                        "trend " + Fixed(slope, 0) + "/s vs produce " + Fixed(produce_rate, 0) +
                            "/s, " + std::to_string(backlog_at_end) + " left at stop",
                        bounded});
+  r.targets.push_back(NoMessageWaitsForTheSweep(r));
 
   // Flat RSS: after a 20% warm-up, the median of the last third is within max(4 MiB, 5%) of
   // the median of the first third.

@@ -123,6 +123,7 @@ class Bench {
   ScenarioResult OpenLoop(const std::string& name, const std::string& sink, int keys);
   ScenarioResult Burst(const Variant& v);
   ScenarioResult Sustained();
+  static Target NoMessageWaitsForTheSweep(const ScenarioResult& r);
 
   Helper& Kafka();
   Helper& Http();

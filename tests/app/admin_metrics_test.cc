@@ -308,6 +308,7 @@ TEST(RelayMetrics, RecordsEveryMetricWithItsLabels) {
   m.RecordDeadLettered("orders", "attempts exhausted (12) before this delivery");
   m.RecordReaperRequeued(4);
   m.RecordSettleFenced(1);
+  m.RecordSweepFound("orders", 2);
   m.RecordDbError();
   int queue = 17;
   m.SetKafkaProducerQueueLength("orders", [&] { return static_cast<double>(queue); });
@@ -335,6 +336,7 @@ TEST(RelayMetrics, RecordsEveryMetricWithItsLabels) {
       text, "outbox_dead_lettered_total{destination=\"orders\",reason=\"attempts_exhausted\"} 1"));
   EXPECT_TRUE(Has(text, "outbox_reaper_requeued_total 4"));
   EXPECT_TRUE(Has(text, "outbox_settle_fenced_total 1"));
+  EXPECT_TRUE(Has(text, "outbox_sweep_found_total{destination=\"orders\"} 2"));
   EXPECT_TRUE(Has(text, "outbox_db_errors_total 1"));
   EXPECT_TRUE(Has(text, "outbox_kafka_producer_queue_length{destination=\"orders\"} 17"));
   queue = 3;
@@ -413,7 +415,7 @@ TEST(RelayMetrics, EveryNameFollowsConventions) {
     ++families;
     pos = end;
   }
-  EXPECT_EQ(families, 29u);
+  EXPECT_EQ(families, 30u);
 }
 
 }  // namespace

@@ -62,5 +62,30 @@ TEST(FreshCursor, NeverMovesBackwardsExceptOnReset) {
   EXPECT_EQ(c.position(), 0);
 }
 
+TEST(FreshCursor, ASweepTellsRowsTheLaneHadPassedFromNewOnes) {
+  FreshCursor c;
+  c.Observe(Facts(50, 1, 1, 0));
+  c.Observe(Facts(60, 2, 2, 0));
+  ASSERT_EQ(c.position(), 50);
+  EXPECT_TRUE(c.Missed({MessageId{40}}).empty()) << "no sweep is on";
+  c.StartSweep();
+  EXPECT_EQ(c.position(), 0);
+  EXPECT_EQ(c.Missed({MessageId{7}, MessageId{50}, MessageId{51}}),
+            (std::vector<MessageId>{MessageId{7}, MessageId{50}}));
+  // The sweep ends once the lane is back where it was: later rows are new, not misses.
+  c.Observe(Facts(70, 3, 3, 0));
+  EXPECT_EQ(c.position(), 60);
+  EXPECT_TRUE(c.Missed({MessageId{45}}).empty());
+}
+
+TEST(FreshCursor, AResetIsNotASweep) {
+  FreshCursor c;
+  c.Observe(Facts(50, 1, 1, 0));
+  c.Observe(Facts(60, 2, 2, 0));
+  c.StartSweep();
+  c.Reset();  // e.g. partitioned mode gained buckets: rows below are new to this relay
+  EXPECT_TRUE(c.Missed({MessageId{10}}).empty());
+}
+
 }  // namespace
 }  // namespace outbox::relay

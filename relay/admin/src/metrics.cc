@@ -196,6 +196,11 @@ RelayMetrics::RelayMetrics(std::string version)
       kafka_producer_queue_length(
           registry.AddGauge("outbox_kafka_producer_queue_length",
                             "Messages and requests waiting in the Kafka producer.", kDest)),
+      sweep_found_total(registry.AddCounter(
+          "outbox_sweep_found_total",
+          "Fresh messages only the periodic full sweep found: the fresh lane had passed them "
+          "(by design 0; each one waited up to full_sweep_interval_ms).",
+          kDest)),
       settle_fenced_total(
           registry.AddCounter("outbox_settle_fenced_total",
                               "Settlements refused because the lease had expired and moved on.")),
@@ -221,6 +226,7 @@ void RelayMetrics::InitDestination(std::string_view destination, std::string_vie
   claims_total.Labels(l);
   empty_polls_total.Labels(l);
   messages_claimed_total.Labels(l);
+  sweep_found_total.Labels(l);
   delivered_total.Labels(l);
   poll_cycle_duration.Labels(l);
   enqueue_to_delivery.Labels(l);
@@ -273,6 +279,10 @@ void RelayMetrics::RecordDeadLettered(std::string_view destination, std::string_
 
 void RelayMetrics::RecordReaperRequeued(std::int64_t n) {
   if (n > 0) reaper_requeued_total.Labels({}).Inc(static_cast<double>(n));
+}
+
+void RelayMetrics::RecordSweepFound(std::string_view destination, std::int64_t n) {
+  if (n > 0) sweep_found_total.Labels(L(destination)).Inc(static_cast<double>(n));
 }
 
 void RelayMetrics::RecordSettleFenced(std::int64_t n) {

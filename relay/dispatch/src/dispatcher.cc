@@ -114,7 +114,7 @@ struct Dispatcher::Impl {
     }
     while (!stopping) {
       if (Clock::now() - last_sweep >= config.full_sweep_interval) {
-        cursor.Reset();
+        cursor.StartSweep();
         last_sweep = Clock::now();
       }
       const int room = cap - static_cast<int>(sink.InFlight());
@@ -167,6 +167,9 @@ struct Dispatcher::Impl {
       }
       {
         const auto before = cursor.position();
+        if (const auto missed = cursor.Missed(claim.fresh_lane); !missed.empty()) {
+          RecordSweepFinds(dest, missed, claim.facts);
+        }
         cursor.Observe(claim.facts);
         if (spdlog::should_log(spdlog::level::trace)) {
           spdlog::trace(
@@ -212,6 +215,21 @@ struct Dispatcher::Impl {
         seen_gen = wake_gen;
       }
     }
+  }
+
+  // The fresh lane passed these rows and only the sweep found them: by design this never
+  // happens, so each is counted and the first is logged with what the cursor knew.
+  void RecordSweepFinds(const Destination& dest, const std::vector<MessageId>& missed,
+                        const ClaimFacts& facts) {
+    const auto n = static_cast<std::int64_t>(missed.size());
+    if (stats.sweep_found.fetch_add(n) == 0) {
+      spdlog::warn(
+          "{}: the full sweep found {} message(s) the fresh lane had passed (first id {}; "
+          "sequence {}, snapshot xmin {}); they waited up to full_sweep_interval_ms. Counted in "
+          "outbox_sweep_found_total; please report it with this line",
+          dest.name, n, Raw(missed.front()), facts.seq_value, facts.snap_xmin);
+    }
+    if (metrics) metrics->RecordSweepFound(dest.name, n);
   }
 
   void Submit(const Destination& dest, Sink& sink, const std::string& token, Message msg) {

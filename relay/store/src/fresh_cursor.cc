@@ -26,6 +26,15 @@ void FreshCursor::Observe(const ClaimFacts& facts) {
   const std::int64_t bound =
       facts.fresh_full_bound.value_or(std::numeric_limits<std::int64_t>::max());
   low_ = std::max(low_, std::min(*resolved, bound));
+  if (low_ >= sweep_below_) sweep_below_ = 0;  // the sweep has covered the lane
+}
+
+std::vector<MessageId> FreshCursor::Missed(const std::vector<MessageId>& fresh_ids) const {
+  std::vector<MessageId> out;
+  for (const auto id : fresh_ids) {
+    if (Raw(id) <= sweep_below_) out.push_back(id);
+  }
+  return out;
 }
 
 }  // namespace outbox::relay

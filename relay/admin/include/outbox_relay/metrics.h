@@ -79,6 +79,7 @@ struct RelayMetrics {
       webhook_responses_total;  // outbox_webhook_responses_total{destination,class}
   metrics::GaugeFamily&
       kafka_producer_queue_length;                // outbox_kafka_producer_queue_length{destination}
+  metrics::CounterFamily& sweep_found_total;      // outbox_sweep_found_total{destination}
   metrics::CounterFamily& settle_fenced_total;    // outbox_settle_fenced_total
   metrics::CounterFamily& reaper_requeued_total;  // outbox_reaper_requeued_total
   metrics::CounterFamily& db_errors_total;        // outbox_db_errors_total
@@ -108,6 +109,9 @@ struct RelayMetrics {
                           std::int64_t n = 1);
   void RecordReaperRequeued(std::int64_t n);
   void RecordSettleFenced(std::int64_t n);
+  /// Fresh messages of `destination` that only the periodic full sweep found: the fresh lane
+  /// had passed them (should stay 0; see docs/adr/0001-claim-path.md).
+  void RecordSweepFound(std::string_view destination, std::int64_t n);
   void RecordDbError(std::int64_t n = 1);
 
   /// outbox_kafka_producer_queue_length{destination} = fn() at each scrape (e.g. the

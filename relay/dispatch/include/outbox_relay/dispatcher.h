@@ -22,6 +22,8 @@ struct DispatcherStats {
   std::atomic<std::int64_t> claims{0};        ///< Claim statements run.
   std::atomic<std::int64_t> empty_claims{0};  ///< Claims that leased nothing.
   std::atomic<std::int64_t> claimed{0};       ///< Messages leased.
+  /// Fresh messages only the periodic full sweep found (the fresh lane had passed them).
+  std::atomic<std::int64_t> sweep_found{0};
   std::atomic<std::int64_t> delivered{0};     ///< Settled as delivered.
   std::atomic<std::int64_t> retried{0};       ///< Settled for a later retry.
   std::atomic<std::int64_t> dead{0};          ///< Moved to the dead letters.

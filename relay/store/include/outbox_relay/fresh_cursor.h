@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "outbox_relay/message.h"
+
 namespace outbox::relay {
 
 /// Facts one claim statement returns about its own snapshot and scan.
@@ -38,15 +40,31 @@ class FreshCursor {
   /// Feeds the facts of the claim statement that scanned from position().
   void Observe(const ClaimFacts& facts);
 
-  /// Back to the start of the lane: the next scan is a full sweep. Used periodically and
-  /// after any error, as a safety net.
-  void Reset() { low_ = 0; }
+  /// Back to the start of the lane: the next scan starts from the lowest id. After an
+  /// error, or when the rows the lane covers change (partitioned mode gained buckets).
+  void Reset() {
+    low_ = 0;
+    sweep_below_ = 0;
+  }
+
+  /// The periodic safety net: back to the start of the lane like Reset(), remembering how
+  /// far the lane had got. Fresh rows the sweep then claims below that point are rows the
+  /// lane passed without claiming (Missed), which by design never happens.
+  void StartSweep() {
+    sweep_below_ = low_;
+    low_ = 0;
+  }
+
+  /// Of these fresh-lane ids, claimed by a scan from position(), the ones a sweep found below
+  /// where the lane had got before it started. Call before Observe() of the same claim.
+  std::vector<MessageId> Missed(const std::vector<MessageId>& fresh_ids) const;
 
   /// Checkpoints waiting for their transactions to finish (for tests and metrics).
   std::size_t pending_checkpoints() const { return checkpoints_.size(); }
 
  private:
   std::int64_t low_ = 0;
+  std::int64_t sweep_below_ = 0;  // a sweep is on until low_ passes this (0: none)
   std::optional<std::int64_t> unpaired_seq_;
   // (seq value, an xid assigned after it was read), both non-decreasing.
   std::deque<std::pair<std::int64_t, std::uint64_t>> checkpoints_;
