@@ -112,6 +112,9 @@ class Bench {
     int keys = 0;
     int relays = 1;
     bool partitioned = false;
+    /// The queue table as autoanalyze last saw it: empty (analyzed before the preload, with
+    /// autovacuum off on it), so the planner believes a handful of rows.
+    bool stale_stats = false;
   };
   static relay::ClaimMode Mode(const Variant& v);
 
@@ -141,6 +144,7 @@ class Bench {
   int http_port_ = 0;
   std::optional<double> sql_ceiling_, http_ceiling_;
   double preload_rate_ = 0;
+  double kafka_drain_rate_ = 0;  ///< events/s of kafka_drain in this run (baseline of stale_stats)
   std::vector<std::pair<std::string, std::vector<Sample>>> timelines_;
 };
 
