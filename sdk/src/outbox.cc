@@ -78,12 +78,43 @@ void Validate(const OutboxMessage& m) {
     throw InvalidMessage(
         "outbox: ordering key must not be empty; omit Key() for unordered messages");
   }
+  if (m.ordering_key && m.ordering_key->size() > kMaxOrderingKeyBytes) {
+    throw InvalidMessage("outbox: ordering key is " + std::to_string(m.ordering_key->size()) +
+                         " bytes long, the limit is " + std::to_string(kMaxOrderingKeyBytes) +
+                         "; use an entity id such as \"order-42\", or a hash of a longer key");
+  }
+  if (m.event_type.size() > kMaxEventTypeBytes) {
+    throw InvalidMessage("outbox: event type is " + std::to_string(m.event_type.size()) +
+                         " bytes long, the limit is " + std::to_string(kMaxEventTypeBytes) +
+                         "; use a short name such as \"order.paid\"");
+  }
+  if (m.headers.size() > kMaxHeaders) {
+    throw InvalidMessage("outbox: " + std::to_string(m.headers.size()) +
+                         " headers, the limit is " + std::to_string(kMaxHeaders) +
+                         "; put bulk data in the payload");
+  }
+  if (m.deliver_after && *m.deliver_after > Clock::now() + kSchedulingHorizon) {
+    throw InvalidMessage(
+        "outbox: deliver time is more than 1 year ahead (the scheduling horizon); keep later "
+        "work in your own table and publish it nearer the time");
+  }
   if (m.payload_is_json && !nlohmann::json::accept(m.payload)) {
     throw InvalidMessage(
         "outbox: payload is not valid JSON; pass JSON text to Json() or raw bytes to Bytes()");
   }
   for (std::size_t i = 0; i < m.headers.size(); ++i) {
-    if (m.headers[i].first.empty()) throw InvalidMessage("outbox: header name must not be empty");
+    const auto& [name, value] = m.headers[i];
+    if (name.empty()) throw InvalidMessage("outbox: header name must not be empty");
+    if (name.size() > kMaxHeaderNameBytes) {
+      throw InvalidMessage("outbox: header name is " + std::to_string(name.size()) +
+                           " bytes long, the limit is " + std::to_string(kMaxHeaderNameBytes) +
+                           "; use a short name such as \"tenant\"");
+    }
+    if (value.size() > kMaxHeaderValueBytes) {
+      throw InvalidMessage("outbox: header \"" + name + "\" has a value of " +
+                           std::to_string(value.size()) + " bytes, the limit is " +
+                           std::to_string(kMaxHeaderValueBytes) + "; put bulk data in the payload");
+    }
     for (std::size_t j = 0; j < i; ++j) {
       if (m.headers[j].first == m.headers[i].first) {
         throw InvalidMessage("outbox: header \"" + m.headers[i].first +

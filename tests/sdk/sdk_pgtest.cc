@@ -204,6 +204,35 @@ TEST(SdkValidation, BuilderRejectsBadInputWithClearMessages) {
   ExpectInvalid(
       [] { return Message::To("d").Json("{}").Jitter(std::chrono::milliseconds(-1)).Build(); },
       "jitter must not be negative");
+  // The limits of docs/sdk.md, the same as the SQL functions'.
+  ExpectInvalid([] { return Message::To("d").Json("{}").Key(std::string(1025, 'k')).Build(); },
+                "ordering key is 1025 bytes long, the limit is 1024");
+  ExpectInvalid([] { return Message::To("d").Json("{}").EventType(std::string(256, 't')).Build(); },
+                "event type is 256 bytes long, the limit is 255");
+  ExpectInvalid(
+      [] {
+        auto b = Message::To("d").Json("{}");
+        for (int i = 0; i < 65; ++i) b.Header("h" + std::to_string(i), "v");
+        return b.Build();
+      },
+      "65 headers, the limit is 64");
+  ExpectInvalid([] { return Message::To("d").Json("{}").Header(std::string(256, 'n'), "v").Build(); },
+                "header name is 256 bytes long, the limit is 255");
+  ExpectInvalid([] { return Message::To("d").Json("{}").Header("big", std::string(4097, 'v')).Build(); },
+                "header \"big\" has a value of 4097 bytes, the limit is 4096");
+  ExpectInvalid(
+      [] {
+        return Message::To("d").Json("{}").DeliverAfter(std::chrono::hours(24 * 367)).Build();
+      },
+      "more than 1 year ahead");
+  // At the limits: accepted.
+  EXPECT_NO_THROW(Message::To("d")
+                      .Json("{}")
+                      .Key(std::string(1024, 'k'))
+                      .EventType(std::string(255, 't'))
+                      .Header(std::string(255, 'n'), std::string(4096, 'v'))
+                      .DeliverAfter(std::chrono::hours(24 * 364))
+                      .Build());
 }
 
 TEST_F(SdkTest, JitterSpreadsDeliverTimesInsideTheWindow) {
@@ -258,6 +287,29 @@ TEST_F(SdkTest, SqlApiRejectsBadInputWithClearMessagesAndNoRows) {
        "destination must not be empty"},
       {"SELECT outbox.enqueue_many('[{\"destination\": \"d\"}]')",
        "needs exactly one of payload and payload_base64"},
+      // Limits (0003_limits.sql): each names the argument instead of failing in an index.
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, repeat('k', 3000))",
+       "ordering_key is 3000 bytes long, the limit is 1024"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, event_type => repeat('t', 256))",
+       "event_type is 256 bytes long, the limit is 255"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, headers => (SELECT jsonb_object_agg('h' || g, "
+       "'v') FROM generate_series(1, 65) g))",
+       "headers has 65 entries, the limit is 64"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, headers => jsonb_build_object(repeat('n', 256), "
+       "'v'))",
+       "must be 1 to 255 bytes long"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, headers => jsonb_build_object('big', "
+       "repeat('v', 4097)))",
+       "header \"big\" has a value over 4096 bytes"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, deliver_after => 'infinity')",
+       "deliver_after must be a finite time"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, deliver_after => '-infinity')",
+       "deliver_after must be a finite time"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, deliver_after => '9999-12-31')",
+       "is more than 1 year ahead"},
+      {"SELECT outbox.enqueue_many('[{\"destination\": \"d\", \"payload\": 1, "
+       "\"deliver_after\": \"infinity\"}]')",
+       "deliver_after must be a finite time"},
   };
   pqxx::connection c(db_url_);
   for (const auto& tc : cases) {

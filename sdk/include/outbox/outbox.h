@@ -37,6 +37,16 @@ class InvalidMessage : public std::invalid_argument {
 
 using Clock = std::chrono::system_clock;
 
+/// Limits on a message, the same as the SQL functions' (sql/migrations/0003_limits.sql and
+/// docs/sdk.md): Build() and Publish throw InvalidMessage beyond them.
+inline constexpr std::size_t kMaxOrderingKeyBytes = 1024;
+inline constexpr std::size_t kMaxEventTypeBytes = 255;
+inline constexpr std::size_t kMaxHeaders = 64;
+inline constexpr std::size_t kMaxHeaderNameBytes = 255;
+inline constexpr std::size_t kMaxHeaderValueBytes = 4096;
+/// How far ahead a message may be scheduled (deliver time).
+inline constexpr auto kSchedulingHorizon = std::chrono::hours(24 * 365);
+
 /// A validated, immutable outbox message. Build one with Message::To(...)...Build().
 struct OutboxMessage {
   std::string destination;
