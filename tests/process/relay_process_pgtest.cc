@@ -313,5 +313,38 @@ TEST_F(RelayProcessTest, SchemaNewerThanTheBinaryStopsMigrateAndRunAskingForUpgr
   EXPECT_NE(relay_err.find("upgrade outbox-relay"), std::string::npos) << relay_err;
 }
 
+// check-config and run share one validation: whatever run refuses at start-up, check-config
+// refuses with the same message (it used to say "ok" to both of these).
+TEST_F(RelayProcessTest, CheckConfigRefusesExactlyWhatRunRefuses) {
+  struct Case {
+    std::string name, yaml, message;
+  };
+  const std::vector<Case> cases = {
+      {"bad-kafka-property", Yaml(db_url_, {{"linger.ms", "not-a-number"}}),
+       "invalid producer property \"linger.ms\""},
+      {"webhook-credentials",
+       "database_url: \"" + db_url_ +
+           "\"\n"
+           "destinations:\n"
+           "  hooks:\n"
+           "    webhook:\n"
+           "      url: \"https://user:password@example.com/hooks\"\n"
+           "      secret: \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
+       "must not contain credentials"},
+  };
+  for (const auto& c : cases) {
+    const std::string config = WriteConfig(c.name + ".yaml", c.yaml);
+    ChildProcess& check = Spawn("check-" + c.name, {"check-config", "--config", config});
+    ChildProcess& run = StartRelay(config);
+    ASSERT_TRUE(check.WaitExit(30s)) << check.Describe();
+    ASSERT_TRUE(run.WaitExit(30s)) << run.Describe();
+    EXPECT_TRUE(check.ExitedNonZero()) << c.name << ": check-config said ok\n" << check.Stdout();
+    EXPECT_TRUE(run.ExitedNonZero()) << c.name << ": run started";
+    EXPECT_NE(check.Stderr().find(c.message), std::string::npos) << c.name << ": " << check.Stderr();
+    EXPECT_NE(run.Stderr().find(c.message), std::string::npos) << c.name << ": " << run.Stderr();
+    EXPECT_NE(check.Stderr().find(config), std::string::npos) << "names the file: " << check.Stderr();
+  }
+}
+
 }  // namespace
 }  // namespace outbox::testing

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
@@ -51,11 +52,30 @@ bool CheckSchema(const std::string& url) {
   return true;
 }
 
+// What the sinks themselves refuse (librdkafka's view of the producer properties, the
+// webhook URL's credentials, secrets, ca_file), checked without connecting. check-config and
+// run both ask here, so check-config accepts exactly what run starts with.
+std::optional<std::string> SinkConfigProblem(const std::string& config_path, const RelayConfig& cfg) {
+  try {
+    for (const auto& [name, dest] : cfg.destinations) {
+      if (const auto* k = std::get_if<KafkaTarget>(&dest.target)) {
+        ValidateKafkaTarget(name, *k);
+      } else {
+        ValidateWebhookTarget(name, std::get<WebhookTarget>(dest.target));
+      }
+    }
+  } catch (const std::invalid_argument& e) {
+    return config_path + ": destinations: " + e.what();
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int RunCheckConfig(const std::string& config_path) {
   try {
     const RelayConfig cfg = LoadConfigFile(config_path, ProcessEnv());
+    if (auto problem = SinkConfigProblem(config_path, cfg)) return Fail(*problem);
     std::cout << config_path << ": ok, " << cfg.destinations.size() << " destination(s)\n";
     return 0;
   } catch (const ConfigError& e) {
@@ -77,6 +97,7 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   } catch (const ConfigError& e) {
     return Fail(e.what());
   }
+  if (auto problem = SinkConfigProblem(config_path, cfg)) return Fail(*problem);
   SetupLogging(cfg.log_level, cfg.log_format == LogFormat::kJson);
 
   try {

@@ -93,6 +93,44 @@ struct ConfDeleter {
   void operator()(rd_kafka_conf_t* conf) const { rd_kafka_conf_destroy(conf); }
 };
 
+[[noreturn]] void Invalid(const std::string& destination, const std::string& what) {
+  throw std::invalid_argument("kafka destination \"" + destination + "\": " + what);
+}
+
+// The producer's configuration: the relay's defaults, the target's brokers and properties,
+// the settings the relay relies on, each property through librdkafka's own parser. The one
+// check of a Kafka target: the sink and check-config both come here.
+std::unique_ptr<rd_kafka_conf_t, ConfDeleter> ProducerConf(const std::string& destination,
+                                                           const KafkaTarget& target) {
+  std::map<std::string, std::string> props;
+  for (const auto& [key, value] : Defaults()) props[key] = value;
+  props["bootstrap.servers"] = target.brokers;
+  for (const auto& [key, value] : target.producer) props[key] = value;
+  if (props["bootstrap.servers"].empty()) Invalid(destination, "bootstrap.servers (brokers) is empty");
+  if (props.count("transactional.id")) {
+    Invalid(destination,
+            "producer property \"transactional.id\" is not supported: the relay uses the "
+            "idempotent, non-transactional producer");
+  }
+  if (auto it = props.find("enable.idempotence"); it != props.end() && it->second != "true") {
+    Invalid(destination,
+            "producer property \"enable.idempotence\" must stay true: the relay relies on the "
+            "idempotent producer for ordering and no duplicates across retries");
+  }
+  props["enable.idempotence"] = "true";
+  if (!props.count("acks") && !props.count("request.required.acks")) props["acks"] = "all";
+
+  std::unique_ptr<rd_kafka_conf_t, ConfDeleter> conf(rd_kafka_conf_new());
+  char errstr[512];
+  for (const auto& [key, value] : props) {
+    if (rd_kafka_conf_set(conf.get(), key.c_str(), value.c_str(), errstr, sizeof errstr) !=
+        RD_KAFKA_CONF_OK) {
+      Invalid(destination, std::string("invalid producer property \"") + key + "\": " + errstr);
+    }
+  }
+  return conf;
+}
+
 }  // namespace
 
 // One librdkafka producer handle. Replaced as a whole after a fatal error.
@@ -136,37 +174,9 @@ struct KafkaSink::Impl {
 
   // --- producer lifecycle ------------------------------------------------------------
 
-  [[noreturn]] void Invalid(const std::string& what) const {
-    throw std::invalid_argument("kafka destination \"" + destination + "\": " + what);
-  }
-
   std::unique_ptr<Producer> CreateProducer() {
-    std::map<std::string, std::string> props;
-    for (const auto& [key, value] : Defaults()) props[key] = value;
-    props["bootstrap.servers"] = target.brokers;
-    for (const auto& [key, value] : target.producer) props[key] = value;
-    if (props["bootstrap.servers"].empty()) Invalid("bootstrap.servers (brokers) is empty");
-    if (props.count("transactional.id")) {
-      Invalid(
-          "producer property \"transactional.id\" is not supported: the relay uses the "
-          "idempotent, non-transactional producer");
-    }
-    if (auto it = props.find("enable.idempotence"); it != props.end() && it->second != "true") {
-      Invalid(
-          "producer property \"enable.idempotence\" must stay true: the relay relies on the "
-          "idempotent producer for ordering and no duplicates across retries");
-    }
-    props["enable.idempotence"] = "true";
-    if (!props.count("acks") && !props.count("request.required.acks")) props["acks"] = "all";
-
-    std::unique_ptr<rd_kafka_conf_t, ConfDeleter> conf(rd_kafka_conf_new());
+    std::unique_ptr<rd_kafka_conf_t, ConfDeleter> conf = ProducerConf(destination, target);
     char errstr[512];
-    for (const auto& [key, value] : props) {
-      if (rd_kafka_conf_set(conf.get(), key.c_str(), value.c_str(), errstr, sizeof errstr) !=
-          RD_KAFKA_CONF_OK) {
-        Invalid(std::string("invalid producer property \"") + key + "\": " + errstr);
-      }
-    }
     auto p = std::make_unique<Producer>();
     p->impl = this;
     rd_kafka_conf_set_opaque(conf.get(), p.get());
@@ -175,7 +185,10 @@ struct KafkaSink::Impl {
     rd_kafka_conf_set_log_cb(conf.get(), &Impl::LogCb);
 
     p->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr, sizeof errstr);
-    if (p->rk == nullptr) Invalid(std::string("cannot create the producer: ") + errstr);
+    if (p->rk == nullptr) {
+      throw std::invalid_argument("kafka destination \"" + destination +
+                                  "\": cannot create the producer: " + errstr);
+    }
     conf.release();  // owned by rk now
     return p;
   }
@@ -529,6 +542,10 @@ std::size_t KafkaSink::QueueLength() const {
 }
 
 const std::string& KafkaSink::destination() const { return impl_->destination; }
+
+void ValidateKafkaTarget(const std::string& destination, const KafkaTarget& target) {
+  ProducerConf(destination, target);
+}
 
 SinkPtr MakeKafkaSink(std::string destination, const KafkaTarget& target) {
   return std::make_unique<KafkaSink>(std::move(destination), target);

@@ -84,6 +84,28 @@ ParsedUrl ParseTargetUrl(const std::string& destination, const std::string& url)
   }
 }
 
+}  // namespace
+
+void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& target) {
+  const ParsedUrl url = ParseTargetUrl(destination, target.url);
+  if (target.secrets.empty()) {
+    throw std::invalid_argument("webhook " + destination + ": at least one secret is required");
+  }
+  for (const auto& secret : target.secrets) webhook_detail::DecodeSecret(secret);
+  if (target.max_in_flight < 1) {
+    throw std::invalid_argument("webhook " + destination + ": max_in_flight must be >= 1");
+  }
+  if (target.timeout.count() <= 0 || target.connect_timeout.count() <= 0) {
+    throw std::invalid_argument("webhook " + destination + ": timeouts must be positive");
+  }
+  if (url.https && target.ca_file && !std::ifstream(*target.ca_file).good()) {
+    throw std::invalid_argument("webhook " + destination + ": cannot read ca_file " +
+                                *target.ca_file);
+  }
+}
+
+namespace {
+
 Outcome Retry(MessageId id, std::string reason, std::string reason_class) {
   Outcome o;
   o.id = id;
@@ -99,21 +121,9 @@ class WebhookSink final : public Sink {
       : destination_(std::move(destination)),
         target_(target),
         url_(ParseTargetUrl(destination_, target.url)) {
-    if (target_.secrets.empty()) {
-      throw std::invalid_argument("webhook " + destination_ + ": at least one secret is required");
-    }
+    ValidateWebhookTarget(destination_, target_);
     for (const auto& secret : target_.secrets)
       keys_.push_back(webhook_detail::DecodeSecret(secret));
-    if (target_.max_in_flight < 1) {
-      throw std::invalid_argument("webhook " + destination_ + ": max_in_flight must be >= 1");
-    }
-    if (target_.timeout.count() <= 0 || target_.connect_timeout.count() <= 0) {
-      throw std::invalid_argument("webhook " + destination_ + ": timeouts must be positive");
-    }
-    if (url_.https && target_.ca_file && !std::ifstream(*target_.ca_file).good()) {
-      throw std::invalid_argument("webhook " + destination_ + ": cannot read ca_file " +
-                                  *target_.ca_file);
-    }
     for (const auto& [name, value] : target_.headers) {
       if (!webhook_detail::IsToken(name) || !IsValidHeaderValue(value)) {
         spdlog::warn("webhook {}: ignoring configured header '{}': invalid name or value",

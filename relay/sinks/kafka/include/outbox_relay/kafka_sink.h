@@ -98,6 +98,12 @@ class KafkaSink final : public Sink {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Checks `target` exactly as the sink does, without connecting: brokers, the settings the
+/// relay relies on, and every producer property through librdkafka's parser. Throws
+/// std::invalid_argument naming the destination and the property. `check-config` and `run`
+/// both rely on it.
+void ValidateKafkaTarget(const std::string& destination, const KafkaTarget& target);
+
 /// Creates a KafkaSink; throws std::invalid_argument as the constructor does.
 SinkPtr MakeKafkaSink(std::string destination, const KafkaTarget& target);
 

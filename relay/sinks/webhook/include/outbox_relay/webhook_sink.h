@@ -53,6 +53,11 @@ namespace outbox::relay {
 /// validation should have caught it first).
 SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target);
 
+/// The checks MakeWebhookSink makes, without starting anything: url (no credentials, a host,
+/// a port), secrets, max_in_flight, timeouts, ca_file. Throws std::invalid_argument naming
+/// the destination. `check-config` and `run` both rely on it.
+void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& target);
+
 /// The Standard Webhooks signature of one delivery: "v1," + base64(HMAC-SHA256(key,
 /// msg_id + "." + timestamp_seconds + "." + body)), where key is the base64-decoded part of
 /// `whsec_secret` after the "whsec_" prefix. Throws std::invalid_argument when the secret is
