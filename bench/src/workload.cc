@@ -114,8 +114,8 @@ CreatedAt LoadCreatedAt(const std::string& url) {
 
 std::int64_t IdsHandedOut(pqxx::connection& conn) {
   pqxx::nontransaction tx(conn);
-  return tx.exec1("SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
-                  "FROM outbox.messages_id_seq")[0]
+  // Under the sequence's lock, like the claim (see claim_settle_scan.sql).
+  return tx.exec1("SELECT coalesce(pg_sequence_last_value('outbox.messages_id_seq'), 0)")[0]
       .as<std::int64_t>();
 }
 

@@ -1,6 +1,8 @@
 // The store's claim, settle, reap and cursor behaviour against a real PostgreSQL.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
 #include <pqxx/pqxx>
 
 #include "outbox/outbox.h"
@@ -163,6 +165,47 @@ TEST_F(StoreTest, ScheduledMessagesWaitUntilDue) {
   EXPECT_EQ(got.size(), 2u);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 1s)
       << "the 1.5 s message was not claimed early";
+}
+
+// The cursor trusts the claim's sequence value: no claim may report ids as handed out that
+// were not yet, or the cursor passes them and their rows wait for the full sweep. Reading
+// last_value from the sequence's heap tuple (as claims once did) happens without the buffer
+// lock, while every 32nd nextval writes last_value + 32 there until its WAL record is in; the
+// claim now reads pg_sequence_last_value, under the lock. Writers take ids as fast as they can
+// while claims run. (On 2 cores the unlocked read never showed the transient value in our
+// runs, so this guards the property rather than reproducing a failure.)
+TEST_F(StoreTest, ClaimNeverReportsASequenceValueNotYetHandedOut) {
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 2; ++w) {
+    writers.emplace_back([&] {
+      pqxx::connection c(db_url_);
+      c.prepare("next", "SELECT nextval('outbox.messages_id_seq')");
+      while (!stop) pqxx::nontransaction(c).exec_prepared("next");
+    });
+  }
+  Store store(db_url_);
+  pqxx::connection truth(db_url_);
+  truth.prepare("last", "SELECT pg_sequence_last_value('outbox.messages_id_seq')");
+  int claims = 0, ahead = 0;
+  std::int64_t worst = 0;
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while (std::chrono::steady_clock::now() < until) {
+    const auto r = store.Claim("d", 0, 10, 10, 30s);
+    // Read after the claim returned: the sequence never goes back, so this bounds what
+    // had been handed out while the claim ran.
+    const auto handed_out =
+        pqxx::nontransaction(truth).exec_prepared1("last")[0].as<std::int64_t>(0);
+    ++claims;
+    if (r.facts.seq_value > handed_out) {
+      ++ahead;
+      worst = std::max(worst, r.facts.seq_value - handed_out);
+    }
+  }
+  stop = true;
+  for (auto& t : writers) t.join();
+  EXPECT_EQ(ahead, 0) << ahead << " of " << claims
+                      << " claims reported ids not handed out yet (up to " << worst << " ahead)";
 }
 
 TEST_F(StoreTest, CursorNeverSkipsARowWhoseTransactionCommitsLate) {

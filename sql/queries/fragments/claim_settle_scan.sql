@@ -40,8 +40,12 @@ timed AS MATERIALIZED (
   WHERE m.id = c.id AND NOT c.ready
   RETURNING m.id, CASE WHEN c.due THEN m.ordering_key END AS blocked_key
 ), facts AS (
-  SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
-            FROM outbox.messages_id_seq) AS seq_value,
+  -- The highest id handed out, read under the sequence's buffer lock. Not `SELECT last_value
+  -- FROM outbox.messages_id_seq`: a heap scan reads the tuple after releasing that lock, and
+  -- every 32nd nextval (the one that WAL-logs ahead) writes last_value + 32 there until its
+  -- WAL record is in; a claim that read it would let the cursor pass ids not handed out yet.
+  -- (Not observed on 2 cores; see tests/store/store_pgtest.cc.)
+  SELECT coalesce(pg_sequence_last_value('outbox.messages_id_seq'), 0) AS seq_value,
          pg_snapshot_xmin(pg_current_snapshot())::text AS snap_xmin,
          -- An xid assigned now, after the previous claim read its sequence value: every
          -- transaction that took an id up to that value holds a smaller xid (ADR 0001).
