@@ -4,7 +4,10 @@
 --                       "delay_ms" (retry), "error" (retry, dead),
 --                       "counted": whether this outcome ends an attempt (dead)}
 --   $2 boolean: also copy delivered messages to outbox.delivered_archive
--- Returns counts of delivered, dead, retried, released and woken rows.
+-- Returns counts of delivered, dead, retried, released and woken rows, and of `gone`: inputs
+-- whose row no longer exists (settled by an earlier run of this same write whose reply was
+-- lost, e.g. in a database restart, or delivered by another relay after the lease expired).
+-- The rest were fenced: the row is there, leased by someone else or returned to the queue.
 WITH input AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb)
     AS x(id bigint, token uuid, outcome text, delay_ms bigint, error text, counted boolean)
@@ -71,4 +74,11 @@ WITH input AS (
 )
 SELECT (SELECT count(*) FROM delivered) AS delivered, (SELECT count(*) FROM buried) AS dead,
        (SELECT count(*) FROM retried) AS retried, (SELECT count(*) FROM released) AS released,
-       (SELECT count(*) FROM woken) AS woken, (SELECT count(*) FROM archived) AS archived
+       (SELECT count(*) FROM woken) AS woken, (SELECT count(*) FROM archived) AS archived,
+       -- The statement's snapshot still holds the rows it deletes itself.
+       (SELECT count(*) FROM input i
+         WHERE NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id)) AS gone,
+       -- What this write did, by id, for the metrics (a fenced outcome counts nothing).
+       (SELECT coalesce(jsonb_agg(w.id), '[]'::jsonb)
+          FROM (SELECT id FROM delivered UNION ALL SELECT id FROM buried
+                UNION ALL SELECT id FROM retried) w)::text AS written

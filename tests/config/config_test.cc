@@ -1132,7 +1132,7 @@ TEST(ExampleConfig, LoadsWithTheVariablesItNames) {
                                            {"BILLING_WEBHOOK_SECRET", kSecretA + " " + kSecretB}}));
   EXPECT_EQ(config.database_url,
             "postgresql://outbox_relay@db.internal:5432/app?sslmode=verify-full");
-  EXPECT_EQ(config.admin_listen, "0.0.0.0:9090");
+  EXPECT_EQ(config.admin_listen, "") << "the example shows the documented default: no admin server";
   EXPECT_EQ(config.log_format, LogFormat::kJson);
   ASSERT_EQ(config.destinations.size(), 2u);
 

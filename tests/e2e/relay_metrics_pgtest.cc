@@ -4,6 +4,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <future>
 #include <pqxx/pqxx>
 #include <regex>
 
@@ -124,6 +125,68 @@ TEST_F(RelayMetricsTest, MetricsReportExactCountsAfterAKnownWorkload) {
   EXPECT_EQ(Sample(text, "outbox_relay_build_info{version=\"test\"}"), 1);
   EXPECT_NE(text.find("# TYPE outbox_poll_cycle_duration_seconds histogram"), std::string::npos);
   relay.Stop();
+}
+
+// The delivery counters count what the settle wrote (docs/operations.md): an outcome whose
+// lease had moved on counts nothing, a message dead-lettered before any attempt (its attempts
+// used up) counts under attempts_exhausted, and one the reaper takes back from a relay that
+// died counts as a retry for lease_expired.
+TEST_F(RelayMetricsTest, CountersCountWhatTheSettleWrote) {
+  testing::HttpReceiver hook;
+  std::atomic<int> requests{0};
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  hook.SetResponder([&](const testing::ReceivedRequest&) {
+    if (requests.fetch_add(1) == 0) released.wait_for(30s);  // the first attempt hangs
+    return testing::Reply{};
+  });
+  std::int64_t stolen = 0;
+  {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    stolen = outbox::Publish(tx, outbox::Message::To("hooks").Json(R"({"kind": "stolen"})").Build());
+    const auto exhausted =
+        outbox::Publish(tx, outbox::Message::To("hooks").Json(R"({"kind": "exhausted"})").Build());
+    const auto orphan =
+        outbox::Publish(tx, outbox::Message::To("hooks").Json(R"({"kind": "orphan"})").Build());
+    tx.exec0("UPDATE outbox.messages SET attempts = 5, parked = true WHERE id = " +
+             std::to_string(exhausted));
+    // Leased by a relay that died a while ago: the reaper takes it back.
+    tx.exec0("UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = "
+             "clock_timestamp() - interval '1 minute' WHERE id = " + std::to_string(orphan));
+    tx.commit();
+  }
+  RelayMetrics metrics("test");
+  std::map<std::string, SinkPtr> sinks;
+  const auto cfg = Config(hook);
+  sinks.emplace(
+      "hooks",
+      MakeWebhookSink("hooks", std::get<WebhookTarget>(cfg.destinations.at("hooks").target)));
+  Dispatcher relay(cfg, std::move(sinks), &metrics, 100ms);
+  relay.Start();
+  // The first attempt of `stolen` hangs; meanwhile its lease moves on (as the reaper would
+  // do after expiry) and the relay delivers it again.
+  ASSERT_TRUE(WaitFor([&] { return requests.load() >= 1; }, 20s));
+  Scalar("WITH r AS (UPDATE outbox.messages SET lease_owner = NULL, lease_until = NULL, "
+         "parked = true, deliver_after = clock_timestamp(), attempts = attempts + 1 WHERE id = " +
+         std::to_string(stolen) + " RETURNING 1) SELECT count(*) FROM r");
+  ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s));
+  release.set_value();  // the first attempt's 200 now settles nothing: the message is gone
+  const std::string ok_series =
+      "outbox_webhook_responses_total{destination=\"hooks\",class=\"2xx\"}";
+  ASSERT_TRUE(WaitFor([&] { return Sample(metrics.Render(), ok_series) == 3; }, 20s))
+      << metrics.Render();
+  relay.Stop();
+  const std::string text = metrics.Render();
+  EXPECT_EQ(Sample(text, "outbox_delivered_total{destination=\"hooks\"}"), 2)
+      << "stolen once, orphan once; the stolen message's first 200 wrote nothing\n" << text;
+  EXPECT_EQ(Sample(text, "outbox_enqueue_to_delivery_seconds_count{destination=\"hooks\"}"), 2);
+  EXPECT_EQ(Sample(text,
+                   "outbox_dead_lettered_total{destination=\"hooks\",reason=\"attempts_exhausted\"}"),
+            1);
+  EXPECT_EQ(Sample(text, "outbox_retried_total{destination=\"hooks\",reason=\"lease_expired\"}"),
+            1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 1);
 }
 
 TEST_F(RelayMetricsTest, ReadinessFlipsWhenTheDatabaseGoesAwayAndComesBack) {

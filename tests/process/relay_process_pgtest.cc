@@ -346,5 +346,28 @@ TEST_F(RelayProcessTest, CheckConfigRefusesExactlyWhatRunRefuses) {
   }
 }
 
+// Operators have the relay's config file at hand: the operator commands take it for its
+// database_url (docs/operations.md shows `status --config relay.yaml`).
+TEST_F(RelayProcessTest, OperatorCommandsTakeTheConfigFileForTheDatabase) {
+  Enqueue(3, 1, 1);
+  const std::string config = WriteConfig("relay.yaml", Yaml(db_url_));
+  ChildProcess& status = Spawn("status", {"status", "--config", config, "--json"});
+  ChildProcess& dlq = Spawn("dlq-list", {"dlq", "list", "--config", config});
+  ChildProcess& migrate = Spawn("migrate", {"migrate", "--config", config});
+  for (ChildProcess* p : {&status, &dlq, &migrate}) {
+    ASSERT_TRUE(p->WaitExit(30s)) << p->Describe();
+    EXPECT_FALSE(p->ExitedNonZero()) << p->Describe() << "\n" << p->Stderr();
+  }
+  EXPECT_NE(status.Stdout().find(kTopic), std::string::npos) << status.Stdout();
+  EXPECT_NE(dlq.Stdout().find("0 dead letter(s)"), std::string::npos) << dlq.Stdout();
+  EXPECT_NE(migrate.Stdout().find("up to date"), std::string::npos) << migrate.Stdout();
+
+  ChildProcess& nowhere = Spawn("status-no-db", {"status"});
+  ASSERT_TRUE(nowhere.WaitExit(30s)) << nowhere.Describe();
+  EXPECT_TRUE(nowhere.ExitedNonZero());
+  EXPECT_NE(nowhere.Stderr().find("pass --config relay.yaml or --database-url"), std::string::npos)
+      << nowhere.Stderr();
+}
+
 }  // namespace
 }  // namespace outbox::testing

@@ -132,6 +132,27 @@ TEST_F(StoreTest, SettleIsFencedByLeaseToken) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 1);
 }
 
+// A settle whose reply was lost (the database restarted after it committed) is written again
+// by the settler: its messages are gone, which is not a fence (no redelivery follows).
+TEST_F(StoreTest, ASettleWrittenTwiceReportsItsMessagesGoneNotFenced) {
+  Enqueue({outbox::Message::To("d").Json("1").Build(), outbox::Message::To("d").Json("2").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 2u);
+  const std::vector<Settlement> batch = {
+      Settle(r.messages[0], r.lease_token, Settlement::Kind::kDelivered),
+      Settle(r.messages[1], r.lease_token, Settlement::Kind::kRetry, 0ms, "boom")};
+  const auto first = store.Settle(batch);
+  EXPECT_EQ(first.delivered, 1);
+  EXPECT_EQ(first.retried, 1);
+  EXPECT_EQ(first.fenced, 0);
+  EXPECT_EQ(first.gone, 0);
+  const auto again = store.Settle(batch);
+  EXPECT_EQ(again.delivered, 0);
+  EXPECT_EQ(again.gone, 1) << "the delivered one left the queue with the first write";
+  EXPECT_EQ(again.fenced, 1) << "the retried one is back in the queue, no longer ours";
+}
+
 TEST_F(StoreTest, ReaperReturnsExpiredLeasesAndTheOldOwnerCannotSettle) {
   auto ids = Enqueue({outbox::Message::To("d").Json("1").Key("k").Build()});
   Store store(db_url_);

@@ -141,9 +141,8 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
     admin = std::make_unique<AdminServer>(
         cfg.admin_listen, metrics, [&dispatcher] { return dispatcher.Ready(); },
         [&dispatcher] {
-          return dispatcher.Ready()
-                     ? std::string("ready")
-                     : std::string("not ready: the database or a sink is unreachable");
+          const std::string why = dispatcher.WhyNotReady();
+          return why.empty() ? std::string("ready") : "not ready: " + why;
         });
     try {
       admin->Start();
@@ -168,6 +167,21 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
       s.retried.load(), s.dead.load(), s.released.load(),
       clean ? "" : " (some outcomes unsettled: their leases expire and they are redelivered)");
   return 0;
+}
+
+std::string DatabaseUrlFor(const std::string& flag, const std::string& config_path) {
+  if (!flag.empty()) return flag;
+  if (!config_path.empty()) {
+    try {
+      return LoadConfigFile(config_path, ProcessEnv()).database_url;
+    } catch (const ConfigError& e) {
+      Fail(e.what());
+      return "";
+    }
+  }
+  if (auto url = ProcessEnv()("OUTBOX_DATABASE_URL"); url && !url->empty()) return *url;
+  Fail("no database: pass --config relay.yaml or --database-url, or set OUTBOX_DATABASE_URL");
+  return "";
 }
 
 int RunMigrate(const std::string& database_url) {

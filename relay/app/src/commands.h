@@ -27,6 +27,12 @@ int RunDlqShow(const DlqArgs& a);
 int RunDlqReplay(const DlqArgs& a);
 int RunDlqPurge(const DlqArgs& a);
 
+/// The database of an operator command: `flag` (--database-url) if given, else the
+/// database_url of the config file at `config_path` (--config, with its environment
+/// overrides), else $OUTBOX_DATABASE_URL. Empty, with the reason printed, when there is none
+/// or the config file is invalid.
+std::string DatabaseUrlFor(const std::string& flag, const std::string& config_path);
+
 /// Sets up spdlog: level name and "text" or "json".
 void SetupLogging(const std::string& level, bool json);
 

@@ -32,7 +32,12 @@ int main(int argc, char** argv) {
   std::string config_path;
   auto add_db = [&](CLI::App* cmd) {
     cmd->add_option("--database-url", database_url,
-                    "PostgreSQL URL (default: $OUTBOX_DATABASE_URL)");
+                    "PostgreSQL URL (default: the --config file's, else $OUTBOX_DATABASE_URL)");
+  };
+  // Operator commands also take the relay's config file, which names the database.
+  auto add_config = [&](CLI::App* cmd) {
+    cmd->add_option("--config,-c", config_path, "Relay config file, for its database_url")
+        ->check(CLI::ExistingFile);
   };
 
   auto* version =
@@ -41,6 +46,7 @@ int main(int argc, char** argv) {
   auto* migrate = app.add_subcommand(
       "migrate", "Apply pending schema migrations (idempotent, safe to run concurrently)");
   add_db(migrate);
+  add_config(migrate);
 
   auto* run = app.add_subcommand("run", "Run the relay until SIGINT/SIGTERM");
   run->add_option("--config,-c", config_path, "YAML config file")
@@ -53,6 +59,7 @@ int main(int argc, char** argv) {
       "status",
       "Queue depth, age, in flight, retrying and dead letters per destination, and health signals");
   add_db(status);
+  add_config(status);
   status->add_flag("--json", status_json, "JSON instead of a table");
 
   auto* check = app.add_subcommand("check-config", "Validate a config file and exit");
@@ -63,7 +70,8 @@ int main(int argc, char** argv) {
   dlq_cmd->require_subcommand(1);
   auto add_dlq_common = [&](CLI::App* cmd) {
     cmd->add_option("--database-url", dlq.database_url,
-                    "PostgreSQL URL (default: $OUTBOX_DATABASE_URL)");
+                    "PostgreSQL URL (default: the --config file's, else $OUTBOX_DATABASE_URL)");
+    add_config(cmd);
     cmd->add_option("--destination,-d", dlq.destination, "Only this destination");
   };
   auto* dlq_list = dlq_cmd->add_subcommand("list", "List dead letters, newest first");
@@ -98,27 +106,17 @@ int main(int argc, char** argv) {
   }
   if (*check) return RunCheckConfig(config_path);
   if (*run) return RunRelay(config_path, database_url);
-  if (database_url.empty()) database_url = EnvOr("OUTBOX_DATABASE_URL");
   if (*status) {
-    if (database_url.empty()) {
-      std::cerr << "error: no database: pass --database-url or set OUTBOX_DATABASE_URL\n";
-      return 2;
-    }
-    return RunStatus(database_url, status_json);
+    database_url = DatabaseUrlFor(database_url, config_path);
+    return database_url.empty() ? 2 : RunStatus(database_url, status_json);
   }
   if (*migrate) {
-    if (database_url.empty()) {
-      std::cerr << "error: no database: pass --database-url or set OUTBOX_DATABASE_URL\n";
-      return 2;
-    }
-    return RunMigrate(database_url);
+    database_url = DatabaseUrlFor(database_url, config_path);
+    return database_url.empty() ? 2 : RunMigrate(database_url);
   }
   if (*dlq_cmd) {
-    if (dlq.database_url.empty()) dlq.database_url = EnvOr("OUTBOX_DATABASE_URL");
-    if (dlq.database_url.empty()) {
-      std::cerr << "error: no database: pass --database-url or set OUTBOX_DATABASE_URL\n";
-      return 2;
-    }
+    dlq.database_url = DatabaseUrlFor(dlq.database_url, config_path);
+    if (dlq.database_url.empty()) return 2;
     if (*dlq_list) return RunDlqList(dlq);
     if (*dlq_show) return RunDlqShow(dlq);
     if (*dlq_replay) return RunDlqReplay(dlq);

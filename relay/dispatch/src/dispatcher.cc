@@ -9,6 +9,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "outbox_relay/fresh_cursor.h"
@@ -245,6 +246,9 @@ struct Dispatcher::Impl {
       s.counts_attempt = false;
       s.error = "attempts exhausted (" + std::to_string(msg.attempts) +
                 ") before this delivery; the last ones ended by lease expiry";
+      s.reason_class = "attempts_exhausted";
+      s.destination = dest.name;
+      s.created_at = msg.created_at;
       Enqueue(std::move(s));
       return;
     }
@@ -259,34 +263,44 @@ struct Dispatcher::Impl {
         spdlog::debug("message {}: {} ({})", Raw(id), ToString(outcome.kind), outcome.reason);
       }
       Settlement s = Decide(id, attempts, outcome, d->retry, token, Uniform01(), stopping.load());
-      if (metrics) Record(*d, outcome, s, created_at, submitted);
+      s.destination = d->name;
+      s.created_at = created_at;
+      if (metrics) RecordAttempt(*d, outcome, submitted);
       Enqueue(std::move(s));
       wake_cv.notify_all();  // room in flight
     });
   }
 
-  void Record(const Destination& d, const Outcome& outcome, const Settlement& s,
-              std::chrono::system_clock::time_point created_at, Clock::time_point submitted) {
+  // One delivery attempt, whatever its settle finds: how long it took, what the endpoint said.
+  void RecordAttempt(const Destination& d, const Outcome& outcome, Clock::time_point submitted) {
     const char* kind = SinkKind(d);
     metrics->RecordDeliveryDuration(d.name, kind,
                                     std::chrono::duration<double>(Clock::now() - submitted));
     if (std::string_view(kind) == "webhook") metrics->RecordWebhookResponse(d.name, outcome);
-    switch (s.kind) {
-      case Settlement::Kind::kDelivered:
-        metrics->RecordDelivered(d.name, created_at);
-        break;
-      case Settlement::Kind::kRetry:
-        metrics->RecordRetried(
-            d.name, outcome.reason_class.empty() ? outcome.reason : outcome.reason_class);
-        break;
-      case Settlement::Kind::kDead:
-        metrics->RecordDeadLettered(
-            d.name, outcome.kind == OutcomeKind::kRetry
-                        ? "attempts_exhausted"
-                        : (outcome.reason_class.empty() ? outcome.reason : outcome.reason_class));
-        break;
-      case Settlement::Kind::kRelease:
-        break;
+  }
+
+  // What a settle wrote, message by message: a fenced outcome (the lease had moved on) and a
+  // message already gone count nothing, so the counters match the queue and the dead letters.
+  void RecordSettled(const std::vector<Settlement>& batch, const SettleCounts& c) {
+    if (!metrics || c.written.empty()) return;
+    std::unordered_set<std::int64_t> written;
+    written.reserve(c.written.size());
+    for (const auto id : c.written) written.insert(Raw(id));
+    for (const auto& s : batch) {
+      if (!written.count(Raw(s.id))) continue;
+      switch (s.kind) {
+        case Settlement::Kind::kDelivered:
+          metrics->RecordDelivered(s.destination, s.created_at);
+          break;
+        case Settlement::Kind::kRetry:
+          metrics->RecordRetried(s.destination, s.reason_class);
+          break;
+        case Settlement::Kind::kDead:
+          metrics->RecordDeadLettered(s.destination, s.reason_class);
+          break;
+        case Settlement::Kind::kRelease:
+          break;
+      }
     }
   }
 
@@ -314,12 +328,19 @@ struct Dispatcher::Impl {
           stats.dead += c.dead;
           stats.released += c.released;
           stats.fenced += c.fenced;
+          RecordSettled(batch, c);
           if (c.woken > 0) Wake();  // the next message of a settled key may go now
           if (metrics && c.fenced > 0) metrics->RecordSettleFenced(c.fenced);
           if (c.fenced > 0) {
             spdlog::warn(
                 "{} settlements fenced: their lease expired and moved on (redelivery follows)",
                 c.fenced);
+          }
+          if (c.gone > 0) {
+            spdlog::info(
+                "{} settlements found their message already gone: settled by an earlier try of "
+                "this write whose reply was lost, or delivered by another relay; nothing to do",
+                c.gone);
           }
           if (failures > 0) spdlog::info("settler: database reachable again");
           failures = 0;
@@ -450,7 +471,10 @@ struct Dispatcher::Impl {
           const auto reaped = store.Reap();
           if (!reaped.empty()) {
             stats.reaped += static_cast<std::int64_t>(reaped.size());
-            if (metrics) metrics->RecordReaperRequeued(static_cast<std::int64_t>(reaped.size()));
+            if (metrics) {
+              metrics->RecordReaperRequeued(static_cast<std::int64_t>(reaped.size()));
+              for (const auto& dest : reaped) metrics->RecordRetried(dest, "lease_expired");
+            }
             spdlog::warn("reaper: returned {} messages whose lease expired", reaped.size());
             Wake();
           }
@@ -532,12 +556,14 @@ Dispatcher::~Dispatcher() { Stop(); }
 
 const DispatcherStats& Dispatcher::stats() const { return impl_->stats; }
 
-bool Dispatcher::Ready() const {
-  if (!impl_->db_ok) return false;
+bool Dispatcher::Ready() const { return WhyNotReady().empty(); }
+
+std::string Dispatcher::WhyNotReady() const {
+  if (!impl_->db_ok) return "database: not reached yet, or the last call failed";
   for (const auto& [name, sink] : impl_->sinks) {
-    if (!sink->Ready()) return false;
+    if (auto why = sink->WhyNotReady(); !why.empty()) return name + ": " + why;
   }
-  return true;
+  return "";
 }
 
 void Dispatcher::Start() {

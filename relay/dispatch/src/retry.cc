@@ -28,6 +28,7 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
     case OutcomeKind::kPermanent:
       s.kind = Settlement::Kind::kDead;
       s.error = outcome.reason.empty() ? "permanent failure" : outcome.reason;
+      s.reason_class = outcome.reason_class.empty() ? outcome.reason : outcome.reason_class;
       return s;
     case OutcomeKind::kRetry:
       break;
@@ -41,11 +42,13 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
     s.kind = Settlement::Kind::kDead;
     s.error =
         "gave up after " + std::to_string(failures) + " attempts; last error: " + outcome.reason;
+    s.reason_class = "attempts_exhausted";
     return s;
   }
   s.kind = Settlement::Kind::kRetry;
   s.delay = BackoffDelay(policy, failures, u01, outcome.retry_after);
   s.error = outcome.reason;
+  s.reason_class = outcome.reason_class.empty() ? outcome.reason : outcome.reason_class;
   return s;
 }
 

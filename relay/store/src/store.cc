@@ -225,8 +225,12 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
   counts.released = row["released"].as<std::int64_t>();
   counts.woken = row["woken"].as<std::int64_t>();
   counts.archived = row["archived"].as<std::int64_t>();
+  counts.gone = row["gone"].as<std::int64_t>();
+  for (const auto& id : nlohmann::json::parse(row["written"].c_str())) {
+    counts.written.push_back(MessageId{id.get<std::int64_t>()});
+  }
   counts.fenced = static_cast<std::int64_t>(settlements.size()) - counts.delivered - counts.dead -
-                  counts.retried - counts.released;
+                  counts.retried - counts.released - counts.gone;
   return counts;
 }
 

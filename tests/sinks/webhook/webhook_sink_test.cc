@@ -374,6 +374,55 @@ TEST(WebhookSink, ConnectionRefusedIsRetried) {
   EXPECT_EQ(o.reason.rfind("connection error: ", 0), 0u) << o.reason;
 }
 
+// /readyz reflects a webhook endpoint that cannot be reached (docs/operations.md): after a
+// few attempts in a row without any HTTP answer the sink is not ready and says why; the first
+// answer makes it ready again.
+TEST(WebhookSink, NotReadyWhileTheEndpointIsUnreachableReadyAgainOnAnswer) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);  // bound, not listening yet: refused
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  WebhookTarget target = Target("http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/hook");
+  target.max_in_flight = 1;
+  auto sink = MakeWebhookSink("hooks", target);
+  EXPECT_TRUE(sink->Ready()) << "no verdict before the first attempt";
+  Completions done;
+  for (int n = 1; n <= 3; ++n) {
+    sink->Submit(MakeMessage(n), done.Callback());
+    ASSERT_TRUE(done.WaitForSize(static_cast<std::size_t>(n)));
+    if (n < 3) {
+      EXPECT_TRUE(sink->Ready()) << "one failure is no outage";
+    }
+  }
+  EXPECT_FALSE(sink->Ready());
+  EXPECT_NE(sink->WhyNotReady().find("endpoint unreachable"), std::string::npos)
+      << sink->WhyNotReady();
+  EXPECT_NE(sink->WhyNotReady().find("connection error"), std::string::npos)
+      << sink->WhyNotReady();
+
+  // The endpoint comes back (listens on the same port) and answers.
+  ASSERT_EQ(::listen(fd, 4), 0);
+  std::jthread server([fd] {
+    const int conn = ::accept(fd, nullptr, nullptr);
+    if (conn < 0) return;
+    char buf[4096];
+    (void)::recv(conn, buf, sizeof buf, 0);
+    const char reply[] = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    (void)::send(conn, reply, sizeof reply - 1, 0);
+    ::close(conn);
+  });
+  sink->Submit(MakeMessage(4), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(4));
+  EXPECT_EQ(done.All().back().kind, OutcomeKind::kDelivered);
+  EXPECT_TRUE(sink->Ready()) << sink->WhyNotReady();
+  sink->Shutdown(5s);
+  ::close(fd);
+}
+
 TEST(WebhookSink, ConnectTimeoutIsRetried) {
   // A listener with a full accept queue that never accepts: the kernel drops further SYNs,
   // so connecting hangs as it does to an unreachable host.

@@ -55,6 +55,9 @@ class Dispatcher {
   const DispatcherStats& stats() const;
   /// True once every sink is ready and the last database call succeeded.
   bool Ready() const;
+  /// Why not Ready(), naming the database or the destination and its sink's reason; empty
+  /// when ready. What /readyz answers with its 503.
+  std::string WhyNotReady() const;
 
  private:
   struct Impl;

@@ -51,8 +51,13 @@ class Sink {
   /// still in flight then completes with kRetry ("shutdown"). Idempotent.
   virtual void Shutdown(std::chrono::milliseconds deadline) = 0;
 
-  /// True while the sink can deliver (e.g. the Kafka producer reached a broker).
+  /// True while the sink can deliver (e.g. the Kafka producer reached a broker, the webhook
+  /// endpoint answers).
   virtual bool Ready() const = 0;
+
+  /// Why the sink is not ready, for /readyz and logs ("no broker reachable"); empty when
+  /// Ready().
+  virtual std::string WhyNotReady() const { return Ready() ? std::string() : "not ready"; }
 
   /// Messages accepted by Submit whose completion has not run yet.
   virtual std::size_t InFlight() const = 0;

@@ -533,6 +533,11 @@ void KafkaSink::Shutdown(std::chrono::milliseconds deadline) { impl_->Shutdown(d
 
 bool KafkaSink::Ready() const { return impl_->ready.load(); }
 
+std::string KafkaSink::WhyNotReady() const {
+  if (Ready()) return "";
+  return "no Kafka broker reachable (bootstrap.servers " + impl_->target.brokers + ")";
+}
+
 std::size_t KafkaSink::InFlight() const { return impl_->in_flight.load(); }
 
 std::size_t KafkaSink::QueueLength() const {

@@ -186,6 +186,7 @@ class WebhookSink final : public Sink {
     const auto until = Clock::now() + deadline;
 
     std::deque<Job> queued;
+    stopping_now_ = true;
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
@@ -233,9 +234,20 @@ class WebhookSink final : public Sink {
     joined_ = true;
   }
 
-  bool Ready() const override {
-    std::lock_guard lock(mu_);
-    return !stopping_;
+  // Not ready while the endpoint cannot be reached at all: the last kUnreachableAfter
+  // attempts in a row failed to connect, timed out or broke the connection. Any HTTP answer,
+  // 5xx included, means it is reachable.
+  bool Ready() const override { return WhyNotReady().empty(); }
+
+  std::string WhyNotReady() const override {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return "shutting down";
+    }
+    if (unreachable_in_a_row_.load() < kUnreachableAfter) return "";
+    std::lock_guard lock(last_failure_mu_);
+    return "endpoint unreachable: the last " + std::to_string(unreachable_in_a_row_.load()) +
+           " attempts failed (" + last_failure_ + ")";
   }
 
   std::size_t InFlight() const override { return in_flight_.load(); }
@@ -389,8 +401,14 @@ class WebhookSink final : public Sink {
     Outcome outcome;
     if (!sent) {
       outcome = TransportFailure(client, msg.id, error, elapsed);
+      if (!stopping_now_.load()) {
+        std::lock_guard lock(last_failure_mu_);
+        last_failure_ = outcome.reason;
+        unreachable_in_a_row_.fetch_add(1);
+      }
     } else {
       outcome = FromStatus(msg.id, res, kept);
+      unreachable_in_a_row_.store(0);
     }
     if (outcome.kind == OutcomeKind::kDelivered) {
       spdlog::trace("webhook {}: message {} delivered ({} in {}ms)", destination_, Raw(msg.id),
@@ -495,6 +513,12 @@ class WebhookSink final : public Sink {
   bool stopping_ = false;
   std::size_t running_ = 0;  ///< Workers between taking a job and finishing its request.
   std::atomic<std::size_t> in_flight_{0};
+  static constexpr int kUnreachableAfter = 3;
+  // Written by Deliver (const: it changes no configuration, only this record of the endpoint).
+  mutable std::atomic<int> unreachable_in_a_row_{0};  ///< Attempts without any HTTP answer.
+  std::atomic<bool> stopping_now_{false};  ///< Shutdown's aborted requests are no verdict.
+  mutable std::mutex last_failure_mu_;
+  mutable std::string last_failure_;  ///< Guarded by last_failure_mu_.
   std::vector<std::unique_ptr<Worker>> workers_;
 
   std::mutex shutdown_mu_;  ///< Serializes Shutdown calls.

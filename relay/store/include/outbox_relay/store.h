@@ -41,12 +41,23 @@ struct Settlement {
   Millis delay{0};             ///< kRetry: wait this long before the next attempt.
   std::string error;           ///< kRetry, kDead: the reason recorded on the row.
   bool counts_attempt = true;  ///< kDead: false when no delivery was tried (exhausted, unknown).
+  // Not written; what the metrics need once the settle has written it.
+  std::string destination;
+  std::string reason_class;  ///< kRetry, kDead: the metrics' reason ("http_5xx", ...).
+  std::chrono::system_clock::time_point created_at{};
 };
 
 struct SettleCounts {
   std::int64_t delivered = 0, dead = 0, retried = 0, released = 0, woken = 0, archived = 0;
-  /// Settlements whose lease had moved on (expired and reaped): nothing was written for them.
+  /// Settlements whose lease had moved on (expired and reaped): nothing was written for them,
+  /// and the message will be delivered again.
   std::int64_t fenced = 0;
+  /// Settlements whose message was already gone: an earlier run of the same write committed
+  /// although its reply was lost (a database restart), or another relay delivered it after
+  /// the lease expired. Nothing to do.
+  std::int64_t gone = 0;
+  /// Ids this write delivered, dead-lettered or returned for a retry: what metrics count.
+  std::vector<MessageId> written;
 };
 
 /// A single PostgreSQL connection and the relay's statements on it. Not thread-safe: each

@@ -86,6 +86,7 @@ class KafkaSink final : public Sink {
   /// from inside a completion.
   void Shutdown(std::chrono::milliseconds deadline) override;
   bool Ready() const override;
+  std::string WhyNotReady() const override;
   std::size_t InFlight() const override;
 
   /// Messages and requests librdkafka still holds (rd_kafka_outq_len), for metrics.
