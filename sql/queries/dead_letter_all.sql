@@ -1,5 +1,6 @@
--- dead_letter_all: move every unleased message of a destination to the dead letters
--- (used for destinations the relay has no configuration for).
+-- dead_letter_all: move up to 5000 unleased messages of a destination to the dead letters;
+-- `outbox-relay dlq bury` repeats it until none is left (an operator's decision for a
+-- destination no relay will serve; a relay never does this on its own).
 --   $1 destination   $2 reason
 WITH moved AS (
   DELETE FROM outbox.messages m

@@ -415,7 +415,7 @@ TEST(RelayMetrics, EveryNameFollowsConventions) {
     ++families;
     pos = end;
   }
-  EXPECT_EQ(families, 30u);
+  EXPECT_EQ(families, 32u);
 }
 
 }  // namespace

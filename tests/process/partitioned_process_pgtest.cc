@@ -193,9 +193,11 @@ int LastOwnedCount(const std::string& log) {
   return last;
 }
 
-// The sum over "N settlements fenced" lines of a relay's log.
+// The sum over a relay's log of settlements that wrote nothing: "N settlements fenced" (the
+// row is leased by someone else or back in the queue) and "N settlements found their message
+// already gone" (another relay delivered it meanwhile).
 std::int64_t FencedSettlements(const std::string& log) {
-  static const std::regex re(R"((\d+) settlements fenced)");
+  static const std::regex re(R"((\d+) settlements (fenced|found their message already gone))");
   std::int64_t sum = 0;
   for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
        ++it) {

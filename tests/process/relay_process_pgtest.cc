@@ -13,10 +13,12 @@
 #include <cstdint>
 #include <iostream>
 #include <ostream>
+#include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <string>
 #include <vector>
 
+#include "outbox/outbox.h"
 #include "outbox_test/kafka_mock.h"
 #include "outbox_test/pg.h"
 #include "outbox_test/wait.h"
@@ -367,6 +369,63 @@ TEST_F(RelayProcessTest, OperatorCommandsTakeTheConfigFileForTheDatabase) {
   EXPECT_TRUE(nowhere.ExitedNonZero());
   EXPECT_NE(nowhere.Stderr().find("pass --config relay.yaml or --database-url"), std::string::npos)
       << nowhere.Stderr();
+}
+
+// Issue: a relay dead-lettered messages of destinations it does not know while another relay
+// was delivering them (a rolling deploy that adds a destination, a canary). Now a relay leaves
+// other relays' destinations alone, says once when nothing serves one, and status shows it.
+TEST_F(RelayProcessTest, ARelayLeavesDestinationsItDoesNotServeToOtherRelays) {
+  kafka_->CreateTopic("hooks", 3);
+  {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    std::vector<outbox::OutboxMessage> batch;
+    for (int i = 0; i < 300; ++i) {
+      batch.push_back(outbox::Message::To("hooks").Json("1").Key("k" + std::to_string(i % 7)).Build());
+    }
+    outbox::PublishMany(tx, batch);
+    tx.commit();
+  }
+  // The old relay: only kTopic.
+  const std::string old_config = WriteConfig("old.yaml", Yaml(db_url_));
+  ChildProcess& old_relay = StartRelay(old_config);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return old_relay.Stderr().find("\"hooks\" has messages that no running relay serves") !=
+               std::string::npos;
+      },
+      30s))
+      << old_relay.Stderr();
+  EXPECT_EQ(DeadLetters(), 0) << "a relay must not dead-letter a destination it does not serve";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'hooks'"), 300);
+
+  ChildProcess& status = Spawn("status", {"status", "--config", old_config, "--json"});
+  ASSERT_TRUE(status.WaitExit(30s)) << status.Describe();
+  const auto snapshot = nlohmann::json::parse(status.Stdout());
+  bool seen = false;
+  for (const auto& d : snapshot["destinations"]) {
+    if (d["destination"] == "hooks") {
+      seen = true;
+      EXPECT_TRUE(d["unserved"].get<bool>()) << d.dump();
+      EXPECT_EQ(d["relays"].get<int>(), 0);
+    }
+    if (d["destination"] == kTopic) {
+      EXPECT_EQ(d["relays"].get<int>(), 1) << d.dump();
+    }
+  }
+  EXPECT_TRUE(seen) << status.Stdout();
+
+  // The new relay serves both; the old one keeps running beside it, through its sweeps.
+  const std::string new_config =
+      WriteConfig("new.yaml", Yaml(db_url_) + "  hooks:\n    kafka:\n      brokers: \"" +
+                                  kafka_->bootstraps() + "\"\n      topic: hooks\n");
+  ChildProcess& new_relay = StartRelay(new_config);
+  ASSERT_TRUE(DrainedBy({&old_relay, &new_relay}, 60s));
+  EXPECT_EQ(DeadLetters(), 0);
+  StopGracefully(new_relay);
+  StopGracefully(old_relay);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.relay_heartbeats"), 0)
+      << "relays that stop cleanly leave";
 }
 
 }  // namespace

@@ -115,10 +115,19 @@ TEST_F(StatusTest, ReportsExactCountsPerDestination) {
   DeadLetter(1002, "orders");
   DeadLetter(1003, "orders");
   DeadLetter(1004, "gone");
+  // Two live relays serve orders, one of them billing too; nothing serves sched.
+  Exec("INSERT INTO outbox.relay_heartbeats (instance_id, destinations, heartbeat_at) VALUES "
+       "(gen_random_uuid(), '{orders,billing}', now()), (gen_random_uuid(), '{orders}', now()), "
+       "(gen_random_uuid(), '{sched}', now() - interval '1 hour')");
 
   StatusOptions o;
   o.destinations = {"orders", "billing", "idle"};
   const auto s = Read(o);
+  EXPECT_EQ(s.Find("orders")->relays, 2);
+  EXPECT_EQ(s.Find("billing")->relays, 1);
+  EXPECT_EQ(s.Find("sched")->relays, 0) << "its relay has been silent for an hour";
+  EXPECT_TRUE(s.Find("sched")->Unserved());
+  EXPECT_FALSE(s.Find("orders")->Unserved());
 
   ASSERT_EQ(s.destinations.size(), 5u);
   std::vector<std::string> names;
@@ -179,7 +188,7 @@ TEST_F(StatusTest, ReportsExactCountsPerDestination) {
     std::vector<std::string> v;
     std::string cell;
     while (cells >> cell) v.push_back(cell);
-    ASSERT_EQ(v.size(), 8u) << line;
+    ASSERT_EQ(v.size(), 9u) << line;
     rows[v[0]] = v;
   }
   ASSERT_EQ(rows.size(), json["destinations"].size()) << table;
@@ -192,17 +201,23 @@ TEST_F(StatusTest, ReportsExactCountsPerDestination) {
     EXPECT_EQ(r[5], std::to_string(d["expired_leases"].get<std::int64_t>()));
     EXPECT_EQ(r[6], std::to_string(d["dead_letters"].get<std::int64_t>()));
     EXPECT_EQ(r[7], FormatAge(d["oldest_pending_age_seconds"].get<double>()));
+    EXPECT_EQ(r[8], std::to_string(d["relays"].get<std::int64_t>()));
   }
   EXPECT_EQ(rows.at("orders")[1], "5");
   EXPECT_EQ(rows.at("orders")[6], "3");
   EXPECT_EQ(json["queue_table"]["live_tuples"].get<std::int64_t>(), s.table.live_tuples);
   EXPECT_EQ(json["lock_waits"]["waiters"].get<std::int64_t>(), 0);
   EXPECT_TRUE(json["oldest_transaction"].is_null());
-  // The expired lease is the one warning, in both renderings.
-  ASSERT_EQ(json["warnings"].size(), 1u);
-  const auto warning = json["warnings"][0].get<std::string>();
-  EXPECT_NE(warning.find("orders: 1 lease(s) expired"), std::string::npos) << warning;
-  EXPECT_NE(table.find("WARNING: " + warning + "\n"), std::string::npos) << table;
+  // The expired lease and the unserved destination are the warnings, in both renderings.
+  ASSERT_EQ(json["warnings"].size(), 2u) << json["warnings"].dump();
+  std::string all;
+  for (const auto& w : json["warnings"]) {
+    all += w.get<std::string>() + "\n";
+    EXPECT_NE(table.find("WARNING: " + w.get<std::string>() + "\n"), std::string::npos) << table;
+  }
+  EXPECT_NE(all.find("orders: 1 lease(s) expired"), std::string::npos) << all;
+  EXPECT_NE(all.find("sched: 1 message(s) that no running relay serves"), std::string::npos) << all;
+  EXPECT_NE(all.find("outbox-relay dlq bury --destination sched"), std::string::npos) << all;
 }
 
 TEST_F(StatusTest, QueueAndDeadLettersAreReadFromOneSnapshot) {

@@ -173,8 +173,9 @@ TEST_F(StoreTest, ReaperReturnsExpiredLeasesAndTheOldOwnerCannotSettle) {
 }
 
 TEST_F(StoreTest, ScheduledMessagesWaitUntilDue) {
+  // 800 ms: still the fresh lane (under 1 s), and room for a slow first claim on a busy box.
   Enqueue({outbox::Message::To("d").Json("1").DeliverAfter(1500ms).Build(),
-           outbox::Message::To("d").Json("2").DeliverAfter(100ms).Build()});
+           outbox::Message::To("d").Json("2").DeliverAfter(800ms).Build()});
   Store store(db_url_);
   auto r = store.Claim("d", 0, 100, 100, 30s);
   EXPECT_TRUE(r.messages.empty());
@@ -298,7 +299,7 @@ TEST_F(StoreTest, CursorWaitsForTheNewestOpenTransactionOnAQuietDatabase) {
   EXPECT_EQ(got, (std::vector<std::int64_t>{late_id}));
 }
 
-TEST_F(StoreTest, UnknownDestinationsAreFoundAndDeadLettered) {
+TEST_F(StoreTest, RelaysSayWhatTheyServeAndUnservedMessagesAreBuriedOnlyOnRequest) {
   Enqueue({outbox::Message::To("known").Json("1").Build(),
            outbox::Message::To("typo").Json("2").Build(),
            outbox::Message::To("typo").Json("3").DeliverAfter(1h).Build()});
@@ -306,8 +307,22 @@ TEST_F(StoreTest, UnknownDestinationsAreFoundAndDeadLettered) {
   auto dests = store.Destinations();
   std::sort(dests.begin(), dests.end());
   EXPECT_EQ(dests, (std::vector<std::string>{"known", "typo"}));
-  EXPECT_EQ(store.DeadLetterAll("typo", "not configured"), 2);
+
+  const std::string a = NewUuid(), b = NewUuid();
+  store.Heartbeat(a, {"known", "other \"quoted\""}, "relay a");
+  store.Heartbeat(b, {"known"}, "relay b");
+  pqxx::connection c(db_url_);
+  auto live = LiveRelaysByDestination(c, 30s);
+  EXPECT_EQ(live, (std::map<std::string, std::int64_t>{{"known", 2}, {"other \"quoted\"", 1}}));
+  store.Leave(a);
+  EXPECT_EQ(LiveRelaysByDestination(c, 30s), (std::map<std::string, std::int64_t>{{"known", 1}}));
+  Scalar("UPDATE outbox.relay_heartbeats SET heartbeat_at = now() - interval '1 minute' "
+         "RETURNING 1");
+  EXPECT_TRUE(LiveRelaysByDestination(c, 30s).empty()) << "a silent relay serves nothing";
+
+  EXPECT_EQ(BuryDestination(c, "typo", "not configured"), 2);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE reason = 'not configured'"), 2);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'known'"), 1);
 }
 
 TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {

@@ -144,6 +144,16 @@ RelayMetrics::RelayMetrics(std::string version)
           kDest)),
       dead_letters(registry.AddGauge(
           "outbox_dead_letters", "Rows in outbox.dead_letters, from the last status read.", kDest)),
+      destination_relays(registry.AddGauge(
+          "outbox_destination_relays",
+          "Live relays (heartbeat in outbox.relay_heartbeats) that serve the destination, from "
+          "the last status read.",
+          kDest)),
+      unserved_oldest_age(registry.AddGauge(
+          "outbox_unserved_oldest_age_seconds",
+          "Age of the oldest waiting message of a destination that no live relay serves; 0 "
+          "while one does. From the last status read.",
+          kDest)),
       queue_lock_waiters(
           registry.AddGauge("outbox_queue_lock_waiters",
                             "Sessions waiting for a lock on outbox.messages (should be 0 with SKIP "
@@ -325,10 +335,12 @@ void RelayMetrics::UpdateFromStatus(const StatusSnapshot& s) {
     retrying.Labels(l).Set(static_cast<double>(d.retrying));
     blocked.Labels(l).Set(static_cast<double>(d.blocked));
     dead_letters.Labels(l).Set(static_cast<double>(d.dead_letters));
+    destination_relays.Labels(l).Set(static_cast<double>(d.relays));
+    unserved_oldest_age.Labels(l).Set(d.Unserved() ? d.oldest_pending_age_seconds : 0.0);
   }
   const auto gone = [&](const LabelValues& l) { return present.count(l) == 0; };
   for (auto* f : {&queue_depth, &oldest_pending_age_seconds, &in_flight, &retrying, &blocked,
-                  &dead_letters}) {
+                  &dead_letters, &destination_relays, &unserved_oldest_age}) {
     f->RemoveIf(gone);
   }
   queue_lock_waiters.Labels({}).Set(static_cast<double>(s.lock_waiters));

@@ -96,6 +96,14 @@ std::vector<std::string> StatusWarnings(const StatusSnapshot& s) {
                 "% of the table): vacuum is not keeping up (runbook: OutboxQueueBloat)");
   }
   for (const auto& d : s.destinations) {
+    if (d.Unserved()) {
+      w.push_back(d.destination + ": " + std::to_string(d.depth + d.in_flight) +
+                  " message(s) that no running relay serves (oldest waiting " +
+                  FormatAge(d.oldest_pending_age_seconds) +
+                  "): add the destination to a relay's config, or dead-letter them with "
+                  "`outbox-relay dlq bury --destination " +
+                  d.destination + "` (runbook: OutboxUnservedMessages)");
+    }
     if (d.expired_leases > 0) {
       w.push_back(d.destination + ": " + std::to_string(d.expired_leases) +
                   " lease(s) expired and not yet reaped: a relay stopped or stalled (runbook: "
@@ -108,13 +116,13 @@ std::vector<std::string> StatusWarnings(const StatusSnapshot& s) {
 std::string RenderStatusTable(const StatusSnapshot& s) {
   const std::vector<std::string> header = {"DESTINATION",  "PENDING",       "IN_FLIGHT",
                                            "RETRYING",     "BLOCKED",       "EXPIRED_LEASES",
-                                           "DEAD_LETTERS", "OLDEST_PENDING"};
+                                           "DEAD_LETTERS", "OLDEST_PENDING", "RELAYS"};
   std::vector<std::vector<std::string>> rows;
   for (const auto& d : s.destinations) {
     rows.push_back({d.destination, std::to_string(d.depth), std::to_string(d.in_flight),
                     std::to_string(d.retrying), std::to_string(d.blocked),
                     std::to_string(d.expired_leases), std::to_string(d.dead_letters),
-                    FormatAge(d.oldest_pending_age_seconds)});
+                    FormatAge(d.oldest_pending_age_seconds), std::to_string(d.relays)});
   }
   std::vector<std::size_t> width(header.size());
   for (std::size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
@@ -170,7 +178,9 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
                      {"expired_leases", d.expired_leases},
                      {"dead_letters", d.dead_letters},
                      {"oldest_pending_age_seconds", d.oldest_pending_age_seconds},
-                     {"newest_dead_letter_at", OptEpoch(d.newest_dead_letter_epoch)}});
+                     {"newest_dead_letter_at", OptEpoch(d.newest_dead_letter_epoch)},
+                     {"relays", d.relays},
+                     {"unserved", d.Unserved()}});
   }
   nlohmann::json oldest = nullptr;
   if (s.oldest_transaction) {

@@ -299,4 +299,26 @@ int RunDlqPurge(const DlqArgs& a) {
   });
 }
 
+int RunDlqBury(const DlqArgs& a) {
+  if (a.destination.empty()) return Fail("name the destination: dlq bury --destination NAME");
+  return WithConnection(a.database_url, [&](pqxx::connection& c) {
+    const auto live = LiveRelaysByDestination(c, StatusOptions{}.relay_heartbeat_expiry);
+    if (const auto it = live.find(a.destination); it != live.end() && !a.force) {
+      return Fail("destination \"" + a.destination + "\" is served by " +
+                  std::to_string(it->second) +
+                  " running relay(s), which deliver its messages; stop them first, or pass "
+                  "--force to dead-letter what is queued anyway");
+    }
+    const std::string reason =
+        a.reason.empty() ? "dead-lettered by an operator (outbox-relay dlq bury): no relay "
+                           "serves destination \"" + a.destination + "\""
+                         : a.reason;
+    const auto n = BuryDestination(c, a.destination, reason);
+    std::cout << "moved " << n << " message(s) of \"" << a.destination
+              << "\" to the dead letters; `outbox-relay dlq replay --all --destination "
+              << a.destination << "` puts them back\n";
+    return 0;
+  });
+}
+
 }  // namespace outbox::relay::app

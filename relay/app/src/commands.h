@@ -21,11 +21,16 @@ struct DlqArgs {
   bool json = false;
   int limit = 50;
   std::string older_than;
+  bool force = false;  ///< bury: even when a live relay serves the destination
+  std::string reason;  ///< bury: recorded on each dead letter
 };
 int RunDlqList(const DlqArgs& a);
 int RunDlqShow(const DlqArgs& a);
 int RunDlqReplay(const DlqArgs& a);
 int RunDlqPurge(const DlqArgs& a);
+/// Moves every queued, unleased message of a destination to the dead letters: an operator's
+/// decision for a destination no relay will serve. Refuses while a live relay serves it.
+int RunDlqBury(const DlqArgs& a);
 
 /// The database of an operator command: `flag` (--database-url) if given, else the
 /// database_url of the config file at `config_path` (--config, with its environment

@@ -92,6 +92,13 @@ int main(int argc, char** argv) {
   dlq_purge->add_option("--older-than", dlq.older_than,
                         "Only those dead longer than this interval, e.g. '7 days'");
 
+  auto* dlq_bury = dlq_cmd->add_subcommand(
+      "bury",
+      "Move every queued message of a destination no relay serves to the dead letters");
+  add_dlq_common(dlq_bury);
+  dlq_bury->add_flag("--force", dlq.force, "Even while a running relay serves the destination");
+  dlq_bury->add_option("--reason", dlq.reason, "Recorded on each dead letter");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -121,6 +128,7 @@ int main(int argc, char** argv) {
     if (*dlq_show) return RunDlqShow(dlq);
     if (*dlq_replay) return RunDlqReplay(dlq);
     if (*dlq_purge) return RunDlqPurge(dlq);
+    if (*dlq_bury) return RunDlqBury(dlq);
   }
   return 2;
 }

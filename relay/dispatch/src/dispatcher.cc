@@ -8,10 +8,12 @@
 #include <deque>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_set>
 #include <vector>
 
+#include "outbox_relay/dead_letters.h"
 #include "outbox_relay/fresh_cursor.h"
 #include "outbox_relay/metrics.h"
 #include "outbox_relay/retention.h"
@@ -23,6 +25,12 @@ namespace outbox::relay {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How often each relay records in outbox.relay_heartbeats that it is alive and which
+// destinations it serves, and after how long without one a relay no longer counts (the
+// status read uses the same expiry: StatusOptions::relay_heartbeat_expiry).
+constexpr Millis kRelayHeartbeat{5'000};
+constexpr Millis kRelayHeartbeatExpiry{30'000};
 
 double Uniform01() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -458,7 +466,8 @@ struct Dispatcher::Impl {
   void MaintenanceLoop() {
     Store store(config.database_url);
     auto next_reap = Clock::now();
-    auto next_unknown = Clock::now();
+    auto next_heartbeat = Clock::now();
+    auto next_unknown = Clock::now() + kRelayHeartbeat;  // after our first heartbeat
     auto next_status = Clock::now();
     auto next_cleanup = Clock::now();
     while (!stopping) {
@@ -483,19 +492,13 @@ struct Dispatcher::Impl {
           for (const auto& [name, dest] : config.destinations) woken += store.WakeOrphans(name);
           if (woken > 0) Wake();
         }
+        if (now >= next_heartbeat) {
+          next_heartbeat = now + kRelayHeartbeat;
+          store.Heartbeat(instance_id, destination_names, description);
+        }
         if (now >= next_unknown) {
           next_unknown = now + config.full_sweep_interval;
-          for (const auto& name : store.Destinations()) {
-            if (config.destinations.count(name)) continue;
-            const std::string reason = "destination \"" + name +
-                                       "\" is not configured in this relay; add it under "
-                                       "destinations: and replay with `outbox-relay dlq replay`";
-            std::int64_t n = 0, moved = 0;
-            while ((moved = store.DeadLetterAll(name, reason)) > 0) n += moved;
-            stats.dead += n;
-            if (n > 0)
-              spdlog::warn("dead-lettered {} messages for unknown destination \"{}\"", n, name);
-          }
+          WarnAboutUnservedDestinations(store);
         }
         if (now >= next_cleanup) {
           next_cleanup = now + config.retention.cleanup_interval;
@@ -523,9 +526,43 @@ struct Dispatcher::Impl {
         store.Reset();
       }
     }
+    try {
+      store.Leave(instance_id);  // the others stop counting us at once, not after the expiry
+    } catch (const std::exception& e) {
+      spdlog::debug("could not remove this relay's heartbeat (it expires): {}", e.what());
+    }
+  }
+
+  // Messages of destinations this relay does not serve belong to other relays (a rolling
+  // deploy that adds a destination, a canary, another team's relay). They are never
+  // dead-lettered here; when no live relay serves them at all, say so once per destination
+  // (and status/metrics show it: outbox_unserved_oldest_age_seconds).
+  void WarnAboutUnservedDestinations(Store& store) {
+    const auto queued = store.Destinations();
+    std::vector<std::string> foreign;
+    for (const auto& name : queued) {
+      if (!config.destinations.count(name)) foreign.push_back(name);
+    }
+    if (foreign.empty()) return;
+    const auto live = LiveRelaysByDestination(store.Connection(), kRelayHeartbeatExpiry);
+    for (const auto& name : foreign) {
+      if (live.count(name)) {
+        spdlog::debug("destination \"{}\" is served by {} other relay(s)", name, live.at(name));
+        continue;
+      }
+      if (warned_unserved.insert(name).second) {
+        spdlog::warn(
+            "destination \"{}\" has messages that no running relay serves: add it under "
+            "destinations: in a relay's config, or, if nothing will ever serve it, dead-letter "
+            "them with `outbox-relay dlq bury --destination {}`",
+            name, name);
+      }
+    }
   }
 
   bool settler_give_up = false;
+  std::set<std::string> warned_unserved;  // maintenance thread only
+  std::vector<std::string> destination_names;
 
   // claim_mode partitioned
   std::string instance_id = NewUuid();
@@ -570,13 +607,16 @@ void Dispatcher::Start() {
   auto& d = *impl_;
   if (d.started) return;
   d.started = true;
+  {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    d.description = std::string(host) + " pid " + std::to_string(getpid());
+  }
+  for (const auto& [name, dest] : d.config.destinations) d.destination_names.push_back(name);
   d.settler = std::thread([&d] { d.SettleLoop(); });
   d.listener = std::thread([&d] { d.ListenLoop(); });
   d.maintenance = std::thread([&d] { d.MaintenanceLoop(); });
   if (d.config.claim_mode == ClaimMode::kPartitioned) {
-    char host[256] = {0};
-    gethostname(host, sizeof host - 1);
-    d.description = std::string(host) + " pid " + std::to_string(getpid());
     d.coordinator = std::thread([&d] { d.CoordinatorLoop(); });
   }
   for (const auto& [name, dest] : d.config.destinations) {

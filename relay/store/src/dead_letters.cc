@@ -68,6 +68,29 @@ std::vector<std::int64_t> ReplayDeadLetters(pqxx::connection& c,
   return out;
 }
 
+std::map<std::string, std::int64_t> LiveRelaysByDestination(pqxx::connection& c,
+                                                            std::chrono::milliseconds expiry) {
+  pqxx::nontransaction tx(c);
+  std::map<std::string, std::int64_t> out;
+  for (const auto& r : tx.exec_params(std::string(sql::queries::kstatus_relays),
+                                      static_cast<double>(expiry.count()) / 1000.0)) {
+    out[r["destination"].as<std::string>()] = r["relays"].as<std::int64_t>();
+  }
+  return out;
+}
+
+std::int64_t BuryDestination(pqxx::connection& c, const std::string& destination,
+                             const std::string& reason) {
+  std::int64_t total = 0;
+  while (true) {
+    pqxx::nontransaction tx(c);
+    const auto moved = static_cast<std::int64_t>(
+        tx.exec_params(std::string(sql::queries::kdead_letter_all), destination, reason).size());
+    if (moved == 0) return total;
+    total += moved;
+  }
+}
+
 std::int64_t PurgeDeadLetters(pqxx::connection& c, const std::vector<std::int64_t>& ids,
                               const std::string& older_than, const std::string& destination) {
   if (ids.empty() && older_than.empty() && destination.empty()) {

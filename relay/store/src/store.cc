@@ -75,7 +75,8 @@ struct Store::Impl {
       conn->prepare("wake_orphans", std::string(q::kwake_orphans));
       conn->prepare("wake_keys", std::string(q::kwake_keys));
       conn->prepare("destinations", std::string(q::kdestinations));
-      conn->prepare("dead_letter_all", std::string(q::kdead_letter_all));
+      conn->prepare("relay_heartbeat", std::string(q::krelay_heartbeat));
+      conn->prepare("relay_leave", std::string(q::krelay_leave));
       if (listening) receiver = std::make_unique<WakeReceiver>(*conn, notifications, rebalances);
     }
     return *conn;
@@ -264,10 +265,28 @@ std::vector<std::string> Store::Destinations() {
   return out;
 }
 
-std::int64_t Store::DeadLetterAll(const std::string& destination, const std::string& reason) {
+void Store::Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
+                      const std::string& description) {
   auto& c = impl_->Get();
   pqxx::nontransaction tx(c);
-  return static_cast<std::int64_t>(tx.exec_prepared("dead_letter_all", destination, reason).size());
+  std::string array = "{";
+  for (std::size_t i = 0; i < destinations.size(); ++i) {
+    if (i) array += ',';
+    array += '"';
+    for (const char ch : destinations[i]) {
+      if (ch == '"' || ch == '\\') array += '\\';
+      array += ch;
+    }
+    array += '"';
+  }
+  array += '}';
+  tx.exec_prepared("relay_heartbeat", instance_id, array, description);
+}
+
+void Store::Leave(const std::string& instance_id) {
+  auto& c = impl_->Get();
+  pqxx::nontransaction tx(c);
+  tx.exec_prepared("relay_leave", instance_id);
 }
 
 void Store::Listen() {

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <chrono>
+#include <map>
 #include <optional>
 #include <pqxx/connection>
 #include <string>
@@ -33,6 +35,17 @@ std::optional<DeadLetter> GetDeadLetter(pqxx::connection& c, std::int64_t id);
 std::vector<std::int64_t> ReplayDeadLetters(pqxx::connection& c,
                                             const std::vector<std::int64_t>& ids,
                                             const std::string& destination);
+/// Live relays (heartbeat within `expiry`) per destination they serve.
+std::map<std::string, std::int64_t> LiveRelaysByDestination(pqxx::connection& c,
+                                                            std::chrono::milliseconds expiry);
+
+/// Moves every queued, unleased message of `destination` to the dead letters with `reason`
+/// (in batches; leased ones stay with their relay). For destinations no relay will ever
+/// serve: an operator's explicit decision (`outbox-relay dlq bury`), never the relay's.
+/// Returns how many moved.
+std::int64_t BuryDestination(pqxx::connection& c, const std::string& destination,
+                             const std::string& reason);
+
 /// Deletes dead letters: by id, and/or dead longer than `older_than` (a PostgreSQL interval
 /// such as "7 days"). Returns how many. Refuses to run with neither ids nor older_than nor
 /// destination (throws std::invalid_argument) so a typo cannot purge everything.

@@ -26,6 +26,12 @@ struct DestinationStatus {
   double oldest_pending_age_seconds = 0;
   /// When the newest dead letter of this destination arrived (Unix seconds), if any.
   std::optional<double> newest_dead_letter_epoch;
+  /// Live relays that serve this destination (outbox.relay_heartbeats). 0 with messages
+  /// queued: nothing delivers them (see Unserved()).
+  std::int64_t relays = 0;
+
+  /// Messages are waiting and no live relay serves the destination.
+  bool Unserved() const { return relays == 0 && depth + in_flight > 0; }
 };
 
 /// outbox.messages as the statistics system sees it (pg_stat_user_tables; its counts lag
@@ -79,6 +85,9 @@ struct StatusSnapshot {
 struct StatusOptions {
   /// Destinations to report even when they have no rows (the configured ones).
   std::vector<std::string> destinations;
+  /// A relay whose last heartbeat is older than this no longer counts as serving its
+  /// destinations (relays beat every few seconds).
+  std::chrono::milliseconds relay_heartbeat_expiry{30'000};
   /// Each statement of the read is cancelled after this (the queue count is one pass over
   /// the queue table, which may be large during an incident).
   std::chrono::milliseconds statement_timeout{10'000};

@@ -105,8 +105,11 @@ class Store {
   std::int64_t WakeKeys(const std::string& destination, const std::vector<std::string>& keys);
   /// Distinct destinations that have messages in the queue.
   std::vector<std::string> Destinations();
-  /// Dead-letters up to 5000 unleased messages of `destination` with `reason`; returns how many.
-  std::int64_t DeadLetterAll(const std::string& destination, const std::string& reason);
+  /// This relay is alive and serves `destinations` (outbox.relay_heartbeats).
+  void Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
+                 const std::string& description);
+  /// This relay stops: it no longer counts as serving its destinations.
+  void Leave(const std::string& instance_id);
 
   /// Subscribes to wake-ups (LISTEN). Call once on a Store used only for waiting.
   void Listen();
