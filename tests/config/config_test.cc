@@ -1276,3 +1276,53 @@ TEST(ParseConfig, RetentionSection) {
 
 }  // namespace
 }  // namespace outbox::relay
+
+// --- lease_ms against the longest delivery attempt ---------------------------------------
+
+namespace outbox::relay {
+namespace {
+
+const std::string kHook =
+    "    webhook:\n"
+    "      url: https://example.com/hook\n"
+    "      secret: whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n";
+
+TEST(LeaseBounds, ALeaseShorterThanAWebhookAttemptIsRefusedNamingBothKeys) {
+  const std::string message =
+      ErrorOf(WithDestination("hooks", kHook + "      timeout_ms: 10000\n", "lease_ms: 8000\n"));
+  EXPECT_TRUE(Contains(message, "lease_ms")) << message;
+  EXPECT_TRUE(Contains(message, "destinations.hooks.webhook.timeout_ms + connect_timeout_ms = 15000 ms"))
+      << message;
+  EXPECT_TRUE(Contains(message, "raise lease_ms to at least 16000")) << message;
+}
+
+TEST(LeaseBounds, ALeaseShorterThanAKafkaMessageTimeoutIsRefusedNamingBothKeys) {
+  const std::string message = ErrorOf(kDb + "lease_ms: 30000\n" +
+                                      "destinations:\n"
+                                      "  orders:\n"
+                                      "    kafka:\n"
+                                      "      brokers: k1:9092\n"
+                                      "      topic: orders\n"
+                                      "      producer:\n"
+                                      "        message.timeout.ms: 30000\n");
+  EXPECT_TRUE(Contains(message, "lease_ms")) << message;
+  EXPECT_TRUE(Contains(message, "destinations.orders.kafka.producer.message.timeout.ms")) << message;
+}
+
+TEST(LeaseBounds, WithoutLeaseMsTheLeaseOutlastsTheLongestAttemptAndKafkaFitsInside) {
+  const RelayConfig slow = ParseConfig(
+      WithDestination("hooks", kHook + "      timeout_ms: 60000\n"), "cfg.yaml", kNoEnv);
+  EXPECT_EQ(slow.lease, std::chrono::milliseconds(60000 + 5000 + 10000));
+
+  const RelayConfig plain = ParseConfig(Minimal(), "cfg.yaml", kNoEnv);
+  EXPECT_EQ(plain.lease, std::chrono::milliseconds(30000));
+  EXPECT_EQ(std::get<KafkaTarget>(plain.destinations.at("orders").target).attempt_timeout,
+            std::chrono::milliseconds(20000))
+      << "2/3 of the lease: a Kafka attempt ends inside its lease";
+  const RelayConfig short_lease = ParseConfig(Minimal("lease_ms: 3000\n"), "cfg.yaml", kNoEnv);
+  EXPECT_EQ(std::get<KafkaTarget>(short_lease.destinations.at("orders").target).attempt_timeout,
+            std::chrono::milliseconds(2000));
+}
+
+}  // namespace
+}  // namespace outbox::relay

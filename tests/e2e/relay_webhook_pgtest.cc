@@ -43,9 +43,11 @@ class RelayWebhookTest : public testing::PgTest {
     return d;
   }
 
-  std::unique_ptr<Dispatcher> StartRelay(const std::vector<Destination>& dests) {
+  std::unique_ptr<Dispatcher> StartRelay(const std::vector<Destination>& dests,
+                                         Millis lease = Millis(30'000)) {
     RelayConfig cfg;
     cfg.database_url = db_url_;
+    cfg.lease = lease;
     cfg.batch_size = 100;
     cfg.poll_interval = 100ms;
     cfg.reap_interval = 500ms;
@@ -103,6 +105,27 @@ TEST_F(RelayWebhookTest, ASlowEndpointDoesNotHoldBackAnotherDestination) {
   EXPECT_LT(slow.Count(), 40u)
       << "the slow endpoint was still busy: the fast one did not wait for it";
   relay->Stop();
+}
+
+// Messages waiting in the sink behind a slow endpoint wait longer than their lease, though
+// each attempt fits in one: the relay renews the leases of what it still holds, so nothing is
+// reaped, sent twice or charged an extra attempt.
+TEST_F(RelayWebhookTest, LeasesOfMessagesStillQueuedInTheSinkAreRenewedNotReaped) {
+  HttpReceiver slow;
+  slow.SetResponder([](const testing::ReceivedRequest&) {
+    Reply r;
+    r.delay = 500ms;
+    return r;
+  });
+  Enqueue("slow", 8, 0);
+  // One request at a time: the 8th claimed message waits ~3.5 s, over twice the lease.
+  auto relay = StartRelay({Hook("slow", slow, 1)}, 1500ms);
+  ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s));
+  relay->Stop();
+  EXPECT_EQ(slow.Count(), 8u) << "a message was sent twice";
+  EXPECT_EQ(relay->stats().reaped.load(), 0);
+  EXPECT_EQ(relay->stats().fenced.load(), 0);
+  EXPECT_EQ(relay->stats().delivered.load(), 8);
 }
 
 TEST_F(RelayWebhookTest, PerKeyOrderHoldsWithSeveralKeysInFlightAndFailures) {

@@ -390,7 +390,7 @@ std::string RelayProcessFixture::Yaml(const std::string& database_url,
     << "      brokers: \"" << kafka_->bootstraps() << "\"\n"
     << "      topic: " << kTopic << "\n"
     << "      producer:\n"
-    << "        message.timeout.ms: 2000\n"
+    << "        message.timeout.ms: 1000\n"
     << "        reconnect.backoff.max.ms: 200\n";
   for (const auto& p : producer_extra) y << "        " << p.name << ": \"" << p.value << "\"\n";
   y << "    retry:\n"

@@ -428,5 +428,32 @@ TEST_F(RelayProcessTest, ARelayLeavesDestinationsItDoesNotServeToOtherRelays) {
       << "relays that stop cleanly leave";
 }
 
+// Issue: with the lease equal to the producer's message.timeout.ms, every broker outage longer
+// than the lease expired and reaped what was in flight (an attempt counted each) and fenced
+// its settles. Now an attempt ends inside its lease (config refuses or derives the bounds) and
+// the relay renews the leases of what it still holds: an outage of three leases reaps nothing.
+TEST_F(RelayProcessTest, ABrokerOutageLongerThanTheLeaseExpiresNoLease) {
+  const ExpectedMap expected = Enqueue(300, 10, 4);
+  kafka_->SetAllBrokersDown(true);
+  ChildProcess& relay = StartRelay(WriteConfig("relay.yaml", Yaml(db_url_)));  // lease 2000 ms
+  const auto down_since = Clock::now();
+  // Down for three leases, while the relay keeps trying (its attempts time out and retry).
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return !relay.Running() || (Clock::now() - down_since > 6s && WithAttempts() > 0);
+      },
+      60s, kDbPoll));
+  ASSERT_TRUE(relay.Running()) << relay.Describe();
+  kafka_->SetAllBrokersDown(false);
+  ASSERT_TRUE(DrainedBy({&relay}, 60s));
+  const auto records = ConsumeAtLeast(expected.size());
+  ExpectAllDeliveredInKeyOrder(records, expected);
+  StopGracefully(relay);
+  const std::string log = relay.Stderr();
+  EXPECT_EQ(log.find("reaper: returned"), std::string::npos) << "a lease expired:\n" << log;
+  EXPECT_EQ(log.find("settlements fenced"), std::string::npos) << log;
+  EXPECT_EQ(DeadLetters(), 0);
+}
+
 }  // namespace
 }  // namespace outbox::testing

@@ -589,6 +589,60 @@ constexpr std::array<std::string_view, 11> kWebhookKeys = {"url",
                                                            "verify_tls",
                                                            "headers"};
 
+// Every delivery attempt must end inside its lease, with room to spare: otherwise the lease
+// expires while the attempt still runs, a reaper hands the message out again (a duplicate, and
+// an attempt counted twice) and the first settle is fenced. (Waiting in a sink's queue before
+// the attempt starts is covered by the dispatcher renewing the leases of what is in flight.)
+constexpr Millis kLeaseSpare{1'000};       // an attempt ends at least this long before its lease
+constexpr Millis kDerivedLeaseSpare{10'000};  // what a derived lease_ms adds to the longest attempt
+
+// The longest a single attempt can take, if the destination bounds it explicitly: a webhook's
+// timeouts; a Kafka producer's message.timeout.ms (alias delivery.timeout.ms) when set.
+std::optional<std::pair<Millis, std::string>> AttemptBound(const Destination& d) {
+  const std::string path = "destinations." + d.name;
+  if (const auto* w = std::get_if<WebhookTarget>(&d.target)) {
+    return std::make_pair(w->timeout + w->connect_timeout,
+                          path + ".webhook.timeout_ms + connect_timeout_ms");
+  }
+  const auto& producer = std::get<KafkaTarget>(d.target).producer;
+  for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
+    if (auto it = producer.find(key); it != producer.end()) {
+      try {
+        return std::make_pair(Millis{std::stoll(it->second)}, path + ".kafka.producer." + key);
+      } catch (const std::exception&) {
+        return std::nullopt;  // librdkafka's own check names it (check-config, run)
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+void ApplyLeaseBounds(RelayConfig& config, const std::string& lease_origin) {
+  const bool lease_given = !lease_origin.empty();
+  for (const auto& [name, d] : config.destinations) {
+    const auto bound = AttemptBound(d);
+    if (!bound) continue;
+    if (!lease_given) {
+      config.lease = std::max(config.lease, bound->first + kDerivedLeaseSpare);
+    } else if (bound->first + kLeaseSpare > config.lease) {
+      Fail(lease_origin, "lease_ms",
+           std::to_string(config.lease.count()) + " ms is shorter than one delivery attempt may "
+           "take: " + bound->second + " = " + std::to_string(bound->first.count()) +
+               " ms, and a lease must outlast its attempt by at least " +
+               std::to_string(kLeaseSpare.count()) + " ms; raise lease_ms to at least " +
+               std::to_string((bound->first + kLeaseSpare).count()) + " or lower " +
+               bound->second);
+    }
+  }
+  // Kafka attempts without an explicit bound get one that fits: 2/3 of the lease, at most
+  // librdkafka's usual 30 s.
+  for (auto& [name, d] : config.destinations) {
+    if (auto* k = std::get_if<KafkaTarget>(&d.target)) {
+      k->attempt_timeout = Millis{std::min<long long>(30'000, config.lease.count() * 2 / 3)};
+    }
+  }
+}
+
 struct ParsedDestination {
   Destination destination;
   RetryLayer retry;
@@ -974,6 +1028,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     const std::string name = destination.name;
     config.destinations.emplace(name, std::move(destination));
   }
+  ApplyLeaseBounds(config, ints[1].origin.empty() ? std::string() : ints[1].origin);
   return config;
 }
 

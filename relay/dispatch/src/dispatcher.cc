@@ -10,6 +10,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -76,6 +77,9 @@ struct Dispatcher::Impl {
   std::condition_variable settle_cv;
   std::vector<Settlement> settle_queue;
   std::int64_t unsettled = 0;  // submitted or queued, not yet written by the settler
+  // The lease token of every message from Submit until the settler wrote its outcome: the
+  // maintenance loop renews these leases, so none expires while its message is still ours.
+  std::unordered_map<std::int64_t, std::string> held_leases;  // guarded by settle_mu
   bool settler_stop = false;
 
   std::vector<std::thread> loops;
@@ -245,6 +249,7 @@ struct Dispatcher::Impl {
     {
       std::lock_guard lk(settle_mu);
       ++unsettled;
+      held_leases[Raw(msg.id)] = token;
     }
     if (msg.attempts >= dest.retry.max_attempts) {
       Settlement s;
@@ -364,6 +369,7 @@ struct Dispatcher::Impl {
             spdlog::error("shutdown: {} outcomes could not be written; their leases will expire",
                           batch.size());
             unsettled -= static_cast<std::int64_t>(batch.size());
+            for (const auto& s : batch) held_leases.erase(Raw(s.id));
             batch.clear();
             break;
           }
@@ -373,6 +379,12 @@ struct Dispatcher::Impl {
       {
         std::lock_guard lk(settle_mu);
         unsettled -= static_cast<std::int64_t>(batch.size());
+        for (const auto& s : batch) {
+          // A message claimed again under a new token since (after a fence) stays held.
+          if (auto it = held_leases.find(Raw(s.id)); it != held_leases.end() && it->second == s.lease_token) {
+            held_leases.erase(it);
+          }
+        }
       }
       settle_cv.notify_all();
       batch.clear();
@@ -467,6 +479,7 @@ struct Dispatcher::Impl {
     Store store(config.database_url);
     auto next_reap = Clock::now();
     auto next_heartbeat = Clock::now();
+    auto next_renewal = Clock::now() + config.lease / 3;
     auto next_unknown = Clock::now() + kRelayHeartbeat;  // after our first heartbeat
     auto next_status = Clock::now();
     auto next_cleanup = Clock::now();
@@ -491,6 +504,16 @@ struct Dispatcher::Impl {
           std::int64_t woken = 0;
           for (const auto& [name, dest] : config.destinations) woken += store.WakeOrphans(name);
           if (woken > 0) Wake();
+        }
+        if (now >= next_renewal) {
+          next_renewal = now + config.lease / 3;
+          std::vector<std::pair<MessageId, std::string>> held;
+          {
+            std::lock_guard lk(settle_mu);
+            held.reserve(held_leases.size());
+            for (const auto& [id, token] : held_leases) held.emplace_back(MessageId{id}, token);
+          }
+          store.RenewLeases(held, config.lease);
         }
         if (now >= next_heartbeat) {
           next_heartbeat = now + kRelayHeartbeat;

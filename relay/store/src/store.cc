@@ -72,6 +72,7 @@ struct Store::Impl {
       conn->prepare("claim_partitioned", std::string(q::kclaim_partitioned));
       conn->prepare("settle", std::string(q::ksettle));
       conn->prepare("reap", std::string(q::kreap));
+      conn->prepare("renew_leases", std::string(q::krenew_leases));
       conn->prepare("wake_orphans", std::string(q::kwake_orphans));
       conn->prepare("wake_keys", std::string(q::kwake_keys));
       conn->prepare("destinations", std::string(q::kdestinations));
@@ -233,6 +234,17 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
   counts.fenced = static_cast<std::int64_t>(settlements.size()) - counts.delivered - counts.dead -
                   counts.retried - counts.released - counts.gone;
   return counts;
+}
+
+std::int64_t Store::RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
+                               Millis lease) {
+  if (held.empty()) return 0;
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& [id, token] : held) arr.push_back({{"id", Raw(id)}, {"token", token}});
+  auto& c = impl_->Get();
+  pqxx::nontransaction tx(c);
+  return static_cast<std::int64_t>(
+      tx.exec_prepared("renew_leases", arr.dump(), static_cast<long long>(lease.count())).size());
 }
 
 std::vector<std::string> Store::Reap() {

@@ -28,6 +28,9 @@ struct KafkaTarget {
   /// librdkafka properties passed through as they are (compression.type, linger.ms,
   /// security.protocol, sasl.*, ssl.*, ...). Secrets resolved from *_env / *_file keys.
   std::map<std::string, std::string> producer;
+  /// message.timeout.ms when `producer` sets none: how long one attempt may take. The config
+  /// derives it from lease_ms (2/3 of it, at most 30 s) so an attempt ends inside its lease.
+  Millis attempt_timeout{30'000};
 };
 
 struct WebhookTarget {

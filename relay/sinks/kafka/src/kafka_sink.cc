@@ -36,7 +36,6 @@ constexpr milliseconds kShutdownReserve{250};    // part of the deadline kept fo
 const std::vector<std::pair<std::string, std::string>>& Defaults() {
   static const std::vector<std::pair<std::string, std::string>> defaults = {
       {"linger.ms", "5"},
-      {"message.timeout.ms", "30000"},  // the delivery bound: then kRetry "timed out"
       {"queue.buffering.max.messages", "100000"},
       // Same key -> partition mapping as the Java client, so records of one key land on the
       // partition other (Java) producers of the topic would pick.
@@ -104,6 +103,9 @@ std::unique_ptr<rd_kafka_conf_t, ConfDeleter> ProducerConf(const std::string& de
                                                            const KafkaTarget& target) {
   std::map<std::string, std::string> props;
   for (const auto& [key, value] : Defaults()) props[key] = value;
+  if (!target.producer.count("message.timeout.ms") && !target.producer.count("delivery.timeout.ms")) {
+    props["message.timeout.ms"] = std::to_string(target.attempt_timeout.count());
+  }
   props["bootstrap.servers"] = target.brokers;
   for (const auto& [key, value] : target.producer) props[key] = value;
   if (props["bootstrap.servers"].empty()) Invalid(destination, "bootstrap.servers (brokers) is empty");

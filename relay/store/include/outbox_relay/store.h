@@ -97,6 +97,10 @@ class Store {
   /// messages to outbox.delivered_archive.
   SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive = false);
 
+  /// Extends to now + `lease` the leases of these (id, lease token) pairs that are still held
+  /// with that token; returns how many.
+  std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held, Millis lease);
+
   /// Returns expired leases to the queue; returns the destination of each returned row.
   std::vector<std::string> Reap();
   /// Wakes rows blocked at 'infinity' whose key has no earlier message left.
