@@ -7,6 +7,15 @@
 // processes, configs, the results check) is in process_harness.h.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <memory>
+#include <string_view>
+#include <thread>
+#include <mutex>
+#include <atomic>
+#include <sys/socket.h>
+#include <poll.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -29,6 +38,99 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+
+// A TCP proxy between a relay process and PostgreSQL that can lose the server's replies: once
+// armed, the first connection that executes the prepared claim statement (its Bind message
+// names "claim") gets none of the server's answers from then on, though the server runs and
+// commits what it is sent, as when the database restarts after committing a statement and
+// before its reply reaches the relay. CutAll() then breaks every connection; new ones are
+// forwarded normally.
+class ReplyLosingProxy {
+ public:
+  explicit ReplyLosingProxy(int target_port) : target_port_(target_port) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::listen(listen_fd_, 64) != 0) {
+      throw std::runtime_error("proxy: cannot listen");
+    }
+    socklen_t len = sizeof addr;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~ReplyLosingProxy() {
+    stop_ = true;
+    CutAll();
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    ::close(listen_fd_);
+    acceptor_.join();
+    std::lock_guard lk(mu_);
+    for (auto& t : pumps_) t.join();
+  }
+  int port() const { return port_; }
+  void ArmOnClaim() { armed_ = true; }
+  void CutAll() {
+    std::lock_guard lk(mu_);
+    for (const int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+  }
+
+ private:
+  void AcceptLoop() {
+    while (!stop_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const int client = ::accept(listen_fd_, nullptr, nullptr);
+      if (client < 0) continue;
+      const int server = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<uint16_t>(target_port_));
+      if (::connect(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+        ::close(client);
+        ::close(server);
+        continue;
+      }
+      std::lock_guard lk(mu_);
+      fds_.push_back(client);
+      fds_.push_back(server);
+      auto lost = std::make_shared<std::atomic<bool>>(false);
+      pumps_.emplace_back([this, client, server, lost] { Pump(client, server, nullptr, lost); });
+      pumps_.emplace_back([this, client, server, lost] { Pump(server, client, lost, nullptr); });
+    }
+  }
+  // `drop_if`: replies of this connection are dropped once it is set; `arm`: the flag this
+  // client's claim statement sets while the proxy is armed.
+  void Pump(int from, int to, std::shared_ptr<std::atomic<bool>> drop_if,
+            std::shared_ptr<std::atomic<bool>> arm) {
+    static const std::string kClaimBind("\0claim\0", 7);
+    char buf[16384];
+    while (true) {
+      const ssize_t n = ::recv(from, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      if (arm && armed_ && std::string_view(buf, static_cast<std::size_t>(n)).find(kClaimBind) !=
+                               std::string_view::npos) {
+        armed_ = false;
+        *arm = true;
+      }
+      if (drop_if && *drop_if) continue;
+      if (::send(to, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL) != n) break;
+    }
+    ::shutdown(to, SHUT_RDWR);
+  }
+
+  int target_port_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false}, armed_{false};
+  std::mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::thread> pumps_;
+  std::thread acceptor_;
+};
 
 class RelayProcessTest : public RelayProcessFixture {};
 
@@ -453,6 +555,43 @@ TEST_F(RelayProcessTest, ABrokerOutageLongerThanTheLeaseExpiresNoLease) {
   EXPECT_EQ(log.find("reaper: returned"), std::string::npos) << "a lease expired:\n" << log;
   EXPECT_EQ(log.find("settlements fenced"), std::string::npos) << log;
   EXPECT_EQ(DeadLetters(), 0);
+}
+
+// Issue: after `pg_ctl restart -m immediate`, a claim that committed but whose reply never
+// reached the relay kept its rows leased for the whole lease, and every later message of those
+// keys waited behind them. The relay knows the token it sent: on reconnecting it hands back
+// what that claim leased, so the keys move within a reconnect.
+TEST_F(RelayProcessTest, AClaimWhoseReplyWasLostIsHandedBackOnReconnect) {
+  ReplyLosingProxy proxy(PgCluster::Instance().port());
+  std::string via_proxy = db_url_;
+  const std::string pg_port = ":" + std::to_string(PgCluster::Instance().port()) + "/";
+  via_proxy.replace(via_proxy.find(pg_port), pg_port.size(), ":" + std::to_string(proxy.port()) + "/");
+  std::string yaml = Yaml(via_proxy);
+  yaml.replace(yaml.find("lease_ms: 2000"), 14, "lease_ms: 30000");  // the stranded wait
+  // Claims only on wake-ups (no idle polls), so the next claim is the one for our messages.
+  yaml.replace(yaml.find("poll_interval_ms: 200"), 21, "poll_interval_ms: 60000");
+  ChildProcess& relay = StartRelay(WriteConfig("relay.yaml", yaml));
+  // Unkeyed, so no blocked key keeps the claim loop rechecking: afterwards it only claims
+  // when woken by a new message.
+  const ExpectedMap warm = Enqueue(5, 1, 1);
+  ASSERT_TRUE(DrainedBy({&relay}, 30s)) << "the relay does not deliver through the proxy";
+
+  proxy.ArmOnClaim();
+  ExpectedMap expected = Enqueue(40, 2, 1000);  // two keys
+  ASSERT_TRUE(WaitFor([&] { return !relay.Running() || Leased() > 0; }, 30s, kDbPoll))
+      << "no claim committed; queued " << Queued() << "\n" << relay.Stderr();
+  // The claim committed; its reply is gone. Now the connections break, as in a restart.
+  proxy.CutAll();
+  // Within a reconnect or two, far inside the 30 s lease.
+  ASSERT_TRUE(DrainedBy({&relay}, 10s))
+      << Leased() << " still leased: the lost claim's rows were not handed back";
+  for (const auto& [id, e] : warm) expected.emplace(id, e);
+  const auto records = ConsumeAtLeast(expected.size());
+  ExpectAllDeliveredInKeyOrder(records, expected);
+  EXPECT_EQ(WithAttempts(), 0) << "handing back a lost claim is not a failed attempt";
+  EXPECT_NE(relay.Stderr().find("leased by a claim whose reply was lost"), std::string::npos)
+      << relay.Stderr();
+  StopGracefully(relay);
 }
 
 }  // namespace

@@ -115,6 +115,7 @@ struct Dispatcher::Impl {
     const bool partitioned = config.claim_mode == ClaimMode::kPartitioned;
     std::vector<BucketLease> last_buckets;
     std::deque<std::pair<std::string, Clock::time_point>> recheck;  // recently blocked keys
+    std::vector<std::string> lost_claims;  // tokens of claims that failed: maybe committed
     auto next_recheck = Clock::now();
     const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
     const int cap = InFlightCap(dest, batch);
@@ -155,6 +156,25 @@ struct Dispatcher::Impl {
           continue;
         }
       }
+      // Claims that failed may have committed with their reply lost (the database restarted,
+      // the connection broke): hand back what they leased before claiming again, so their
+      // keys move within a reconnect instead of after the whole lease.
+      if (!lost_claims.empty()) {
+        try {
+          const auto released = store.ReleaseLostClaims(lost_claims);
+          if (released > 0) {
+            spdlog::warn("{}: handed back {} message(s) leased by a claim whose reply was lost",
+                         dest.name, released);
+            Wake();
+          }
+          lost_claims.clear();
+        } catch (const std::exception& e) {
+          DbError();
+          store.Reset();
+          WaitFor(ReconnectDelay(++failures), [] { return false; });
+          continue;
+        }
+      }
       const auto claim_started = Clock::now();
       try {
         if (partitioned) {
@@ -171,6 +191,7 @@ struct Dispatcher::Impl {
       } catch (const std::exception& e) {
         DbError();
         db_ok = false;
+        if (!store.last_claim_token().empty()) lost_claims.push_back(store.last_claim_token());
         if (failures++ == 0)
           spdlog::warn("{}: claim failed, reconnecting: {}", dest.name, e.what());
         store.Reset();

@@ -62,6 +62,7 @@ struct Store::Impl {
   std::atomic<int> rebalances{0};
   bool listening = false;
   bool claim_session = false;  // claim_session.sql applied on this connection
+  std::string last_claim_token;
 
   pqxx::connection& Get() {
     if (!conn || !conn->is_open()) {
@@ -72,6 +73,7 @@ struct Store::Impl {
       conn->prepare("claim_partitioned", std::string(q::kclaim_partitioned));
       conn->prepare("settle", std::string(q::ksettle));
       conn->prepare("reap", std::string(q::kreap));
+      conn->prepare("release_lost_claims", std::string(q::krelease_lost_claims));
       conn->prepare("renew_leases", std::string(q::krenew_leases));
       conn->prepare("wake_orphans", std::string(q::kwake_orphans));
       conn->prepare("wake_keys", std::string(q::kwake_keys));
@@ -169,8 +171,10 @@ std::string ArrayLiteral(const std::vector<T>& v, F f) {
 
 ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                          int slow_limit, Millis lease) {
+  impl_->last_claim_token.clear();  // a failure before the statement was sent leased nothing
   auto& c = impl_->ForClaims();
   std::string token = NewUuid();
+  impl_->last_claim_token = token;
   pqxx::nontransaction tx(c);
   const pqxx::result r = tx.exec_prepared("claim", destination, cursor, fresh_limit, slow_limit,
                                           token, static_cast<long long>(lease.count()));
@@ -181,8 +185,10 @@ ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t
                                     int per_bucket_limit, int slow_limit, Millis lease,
                                     const std::string& instance_id,
                                     const std::vector<BucketLease>& owned) {
+  impl_->last_claim_token.clear();  // a failure before the statement was sent leased nothing
   auto& c = impl_->ForClaims();
   std::string token = NewUuid();
+  impl_->last_claim_token = token;
   pqxx::nontransaction tx(c);
   const pqxx::result r =
       tx.exec_prepared("claim_partitioned", destination, cursor, per_bucket_limit, slow_limit,
@@ -245,6 +251,18 @@ std::int64_t Store::RenewLeases(const std::vector<std::pair<MessageId, std::stri
   pqxx::nontransaction tx(c);
   return static_cast<std::int64_t>(
       tx.exec_prepared("renew_leases", arr.dump(), static_cast<long long>(lease.count())).size());
+}
+
+const std::string& Store::last_claim_token() const { return impl_->last_claim_token; }
+
+std::int64_t Store::ReleaseLostClaims(const std::vector<std::string>& tokens) {
+  if (tokens.empty()) return 0;
+  std::string array = "{";
+  for (std::size_t i = 0; i < tokens.size(); ++i) array += (i ? "," : "") + tokens[i];
+  array += "}";
+  auto& c = impl_->Get();
+  pqxx::nontransaction tx(c);
+  return static_cast<std::int64_t>(tx.exec_prepared("release_lost_claims", array).size());
 }
 
 std::vector<std::string> Store::Reap() {

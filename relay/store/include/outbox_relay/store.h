@@ -101,6 +101,14 @@ class Store {
   /// with that token; returns how many.
   std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held, Millis lease);
 
+  /// The lease token of the last Claim or ClaimPartitioned, set just before the statement is
+  /// sent (empty when that call failed earlier): when the call throws, the claim may still
+  /// have committed with its reply lost.
+  const std::string& last_claim_token() const;
+  /// Hands back what claims with these tokens leased (their reply never arrived); returns how
+  /// many rows. Counts no attempt.
+  std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens);
+
   /// Returns expired leases to the queue; returns the destination of each returned row.
   std::vector<std::string> Reap();
   /// Wakes rows blocked at 'infinity' whose key has no earlier message left.
