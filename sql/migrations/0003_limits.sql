@@ -121,3 +121,14 @@ BEGIN
   RETURN new_id;
 END
 $$;
+
+-- 'infinity' in deliver_after means one thing only: parked behind an earlier message of its
+-- key (the claim sets it; settling that message wakes it). Writers can no longer set it (above);
+-- the table now refuses it for anything else. Rows an earlier version accepted with
+-- deliver_after 'infinity' or '-infinity' from a writer become due at their enqueue time,
+-- which is what their writer got before for keyed ones, and what unkeyed ones never got.
+UPDATE outbox.messages
+SET deliver_after = created_at
+WHERE NOT isfinite(deliver_after) AND NOT (parked AND ordering_key IS NOT NULL);
+ALTER TABLE outbox.messages ADD CONSTRAINT messages_blocked_check
+  CHECK (isfinite(deliver_after) OR (parked AND ordering_key IS NOT NULL));

@@ -343,6 +343,31 @@ TEST_F(SdkTest, SqlApiRejectsBadInputWithClearMessagesAndNoRows) {
   }
 }
 
+// 'infinity' in deliver_after is the relay's "blocked behind an earlier message of its key"
+// and nothing else: even a privileged direct write cannot make an unkeyed or unparked row
+// look blocked (it would never be delivered).
+TEST_F(SdkTest, OnlyAParkedKeyedRowCanBeBlocked) {
+  pqxx::connection c(db_url_);
+  for (const char* row :
+       {"'d', NULL, false", "'d', 'k', false", "'d', NULL, true"}) {
+    pqxx::work tx(c);
+    try {
+      tx.exec0(std::string("INSERT INTO outbox.messages (destination, ordering_key, parked, "
+                           "idempotency_key, payload, deliver_after, created_at) VALUES (") +
+               row + ", gen_random_uuid(), '1', 'infinity', now())");
+      ADD_FAILURE() << "accepted a blocked row: " << row;
+    } catch (const pqxx::check_violation& e) {
+      EXPECT_NE(std::string(e.what()).find("messages_blocked_check"), std::string::npos);
+    }
+  }
+  pqxx::work tx(c);
+  tx.exec0(
+      "INSERT INTO outbox.messages (destination, ordering_key, parked, idempotency_key, payload, "
+      "deliver_after, created_at) VALUES ('d', 'k', true, gen_random_uuid(), '1', 'infinity', "
+      "now())");
+  tx.commit();
+}
+
 TEST_F(SdkTest, WriterRoleCanOnlyEnqueue) {
   {
     pqxx::connection admin(db_url_);
