@@ -89,9 +89,8 @@ void Validate(const OutboxMessage& m) {
                          "; use a short name such as \"order.paid\"");
   }
   if (m.headers.size() > kMaxHeaders) {
-    throw InvalidMessage("outbox: " + std::to_string(m.headers.size()) +
-                         " headers, the limit is " + std::to_string(kMaxHeaders) +
-                         "; put bulk data in the payload");
+    throw InvalidMessage("outbox: " + std::to_string(m.headers.size()) + " headers, the limit is " +
+                         std::to_string(kMaxHeaders) + "; put bulk data in the payload");
   }
   if (m.deliver_after && *m.deliver_after > Clock::now() + kSchedulingHorizon) {
     throw InvalidMessage(

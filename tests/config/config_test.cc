@@ -1291,7 +1291,8 @@ TEST(LeaseBounds, ALeaseShorterThanAWebhookAttemptIsRefusedNamingBothKeys) {
   const std::string message =
       ErrorOf(WithDestination("hooks", kHook + "      timeout_ms: 10000\n", "lease_ms: 8000\n"));
   EXPECT_TRUE(Contains(message, "lease_ms")) << message;
-  EXPECT_TRUE(Contains(message, "destinations.hooks.webhook.timeout_ms + connect_timeout_ms = 15000 ms"))
+  EXPECT_TRUE(
+      Contains(message, "destinations.hooks.webhook.timeout_ms + connect_timeout_ms = 15000 ms"))
       << message;
   EXPECT_TRUE(Contains(message, "raise lease_ms to at least 16000")) << message;
 }
@@ -1306,7 +1307,8 @@ TEST(LeaseBounds, ALeaseShorterThanAKafkaMessageTimeoutIsRefusedNamingBothKeys) 
                                       "      producer:\n"
                                       "        message.timeout.ms: 30000\n");
   EXPECT_TRUE(Contains(message, "lease_ms")) << message;
-  EXPECT_TRUE(Contains(message, "destinations.orders.kafka.producer.message.timeout.ms")) << message;
+  EXPECT_TRUE(Contains(message, "destinations.orders.kafka.producer.message.timeout.ms"))
+      << message;
 }
 
 TEST(LeaseBounds, WithoutLeaseMsTheLeaseOutlastsTheLongestAttemptAndKafkaFitsInside) {

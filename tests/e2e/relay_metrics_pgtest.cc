@@ -144,7 +144,8 @@ TEST_F(RelayMetricsTest, CountersCountWhatTheSettleWrote) {
   {
     pqxx::connection c(db_url_);
     pqxx::work tx(c);
-    stolen = outbox::Publish(tx, outbox::Message::To("hooks").Json(R"({"kind": "stolen"})").Build());
+    stolen =
+        outbox::Publish(tx, outbox::Message::To("hooks").Json(R"({"kind": "stolen"})").Build());
     const auto exhausted =
         outbox::Publish(tx, outbox::Message::To("hooks").Json(R"({"kind": "exhausted"})").Build());
     const auto orphan =
@@ -152,8 +153,10 @@ TEST_F(RelayMetricsTest, CountersCountWhatTheSettleWrote) {
     tx.exec0("UPDATE outbox.messages SET attempts = 5, parked = true WHERE id = " +
              std::to_string(exhausted));
     // Leased by a relay that died a while ago: the reaper takes it back.
-    tx.exec0("UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = "
-             "clock_timestamp() - interval '1 minute' WHERE id = " + std::to_string(orphan));
+    tx.exec0(
+        "UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = "
+        "clock_timestamp() - interval '1 minute' WHERE id = " +
+        std::to_string(orphan));
     tx.commit();
   }
   RelayMetrics metrics("test");
@@ -167,9 +170,10 @@ TEST_F(RelayMetricsTest, CountersCountWhatTheSettleWrote) {
   // The first attempt of `stolen` hangs; meanwhile its lease moves on (as the reaper would
   // do after expiry) and the relay delivers it again.
   ASSERT_TRUE(WaitFor([&] { return requests.load() >= 1; }, 20s));
-  Scalar("WITH r AS (UPDATE outbox.messages SET lease_owner = NULL, lease_until = NULL, "
-         "parked = true, deliver_after = clock_timestamp(), attempts = attempts + 1 WHERE id = " +
-         std::to_string(stolen) + " RETURNING 1) SELECT count(*) FROM r");
+  Scalar(
+      "WITH r AS (UPDATE outbox.messages SET lease_owner = NULL, lease_until = NULL, "
+      "parked = true, deliver_after = clock_timestamp(), attempts = attempts + 1 WHERE id = " +
+      std::to_string(stolen) + " RETURNING 1) SELECT count(*) FROM r");
   ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s));
   release.set_value();  // the first attempt's 200 now settles nothing: the message is gone
   const std::string ok_series =
@@ -179,11 +183,13 @@ TEST_F(RelayMetricsTest, CountersCountWhatTheSettleWrote) {
   relay.Stop();
   const std::string text = metrics.Render();
   EXPECT_EQ(Sample(text, "outbox_delivered_total{destination=\"hooks\"}"), 2)
-      << "stolen once, orphan once; the stolen message's first 200 wrote nothing\n" << text;
+      << "stolen once, orphan once; the stolen message's first 200 wrote nothing\n"
+      << text;
   EXPECT_EQ(Sample(text, "outbox_enqueue_to_delivery_seconds_count{destination=\"hooks\"}"), 2);
-  EXPECT_EQ(Sample(text,
-                   "outbox_dead_lettered_total{destination=\"hooks\",reason=\"attempts_exhausted\"}"),
-            1);
+  EXPECT_EQ(
+      Sample(text,
+             "outbox_dead_lettered_total{destination=\"hooks\",reason=\"attempts_exhausted\"}"),
+      1);
   EXPECT_EQ(Sample(text, "outbox_retried_total{destination=\"hooks\",reason=\"lease_expired\"}"),
             1);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 1);

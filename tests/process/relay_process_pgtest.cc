@@ -5,26 +5,26 @@
 // PostgreSQL under a running relay, and check start-up errors. What arrived is read back
 // with an independent consumer and compared with what was enqueued. The harness (child
 // processes, configs, the results check) is in process_harness.h.
-#include <gtest/gtest.h>
-#include <signal.h>
-#include <memory>
-#include <string_view>
-#include <thread>
-#include <mutex>
-#include <atomic>
-#include <sys/socket.h>
-#include <poll.h>
-#include <netinet/in.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <iostream>
-#include <ostream>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <pqxx/pqxx>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "outbox/outbox.h"
@@ -111,8 +111,9 @@ class ReplyLosingProxy {
     while (true) {
       const ssize_t n = ::recv(from, buf, sizeof buf, 0);
       if (n <= 0) break;
-      if (arm && armed_ && std::string_view(buf, static_cast<std::size_t>(n)).find(kClaimBind) !=
-                               std::string_view::npos) {
+      if (arm && armed_ &&
+          std::string_view(buf, static_cast<std::size_t>(n)).find(kClaimBind) !=
+              std::string_view::npos) {
         armed_ = false;
         *arm = true;
       }
@@ -444,9 +445,11 @@ TEST_F(RelayProcessTest, CheckConfigRefusesExactlyWhatRunRefuses) {
     ASSERT_TRUE(run.WaitExit(30s)) << run.Describe();
     EXPECT_TRUE(check.ExitedNonZero()) << c.name << ": check-config said ok\n" << check.Stdout();
     EXPECT_TRUE(run.ExitedNonZero()) << c.name << ": run started";
-    EXPECT_NE(check.Stderr().find(c.message), std::string::npos) << c.name << ": " << check.Stderr();
+    EXPECT_NE(check.Stderr().find(c.message), std::string::npos)
+        << c.name << ": " << check.Stderr();
     EXPECT_NE(run.Stderr().find(c.message), std::string::npos) << c.name << ": " << run.Stderr();
-    EXPECT_NE(check.Stderr().find(config), std::string::npos) << "names the file: " << check.Stderr();
+    EXPECT_NE(check.Stderr().find(config), std::string::npos)
+        << "names the file: " << check.Stderr();
   }
 }
 
@@ -483,7 +486,8 @@ TEST_F(RelayProcessTest, ARelayLeavesDestinationsItDoesNotServeToOtherRelays) {
     pqxx::work tx(c);
     std::vector<outbox::OutboxMessage> batch;
     for (int i = 0; i < 300; ++i) {
-      batch.push_back(outbox::Message::To("hooks").Json("1").Key("k" + std::to_string(i % 7)).Build());
+      batch.push_back(
+          outbox::Message::To("hooks").Json("1").Key("k" + std::to_string(i % 7)).Build());
     }
     outbox::PublishMany(tx, batch);
     tx.commit();
@@ -541,9 +545,7 @@ TEST_F(RelayProcessTest, ABrokerOutageLongerThanTheLeaseExpiresNoLease) {
   const auto down_since = Clock::now();
   // Down for three leases, while the relay keeps trying (its attempts time out and retry).
   ASSERT_TRUE(WaitFor(
-      [&] {
-        return !relay.Running() || (Clock::now() - down_since > 6s && WithAttempts() > 0);
-      },
+      [&] { return !relay.Running() || (Clock::now() - down_since > 6s && WithAttempts() > 0); },
       60s, kDbPoll));
   ASSERT_TRUE(relay.Running()) << relay.Describe();
   kafka_->SetAllBrokersDown(false);
@@ -565,7 +567,8 @@ TEST_F(RelayProcessTest, AClaimWhoseReplyWasLostIsHandedBackOnReconnect) {
   ReplyLosingProxy proxy(PgCluster::Instance().port());
   std::string via_proxy = db_url_;
   const std::string pg_port = ":" + std::to_string(PgCluster::Instance().port()) + "/";
-  via_proxy.replace(via_proxy.find(pg_port), pg_port.size(), ":" + std::to_string(proxy.port()) + "/");
+  via_proxy.replace(via_proxy.find(pg_port), pg_port.size(),
+                    ":" + std::to_string(proxy.port()) + "/");
   std::string yaml = Yaml(via_proxy);
   yaml.replace(yaml.find("lease_ms: 2000"), 14, "lease_ms: 30000");  // the stranded wait
   // Claims only on wake-ups (no idle polls), so the next claim is the one for our messages.
@@ -579,7 +582,8 @@ TEST_F(RelayProcessTest, AClaimWhoseReplyWasLostIsHandedBackOnReconnect) {
   proxy.ArmOnClaim();
   ExpectedMap expected = Enqueue(40, 2, 1000);  // two keys
   ASSERT_TRUE(WaitFor([&] { return !relay.Running() || Leased() > 0; }, 30s, kDbPoll))
-      << "no claim committed; queued " << Queued() << "\n" << relay.Stderr();
+      << "no claim committed; queued " << Queued() << "\n"
+      << relay.Stderr();
   // The claim committed; its reply is gone. Now the connections break, as in a restart.
   proxy.CutAll();
   // Within a reconnect or two, far inside the 30 s lease.

@@ -216,14 +216,14 @@ TEST(SdkValidation, BuilderRejectsBadInputWithClearMessages) {
         return b.Build();
       },
       "65 headers, the limit is 64");
-  ExpectInvalid([] { return Message::To("d").Json("{}").Header(std::string(256, 'n'), "v").Build(); },
-                "header name is 256 bytes long, the limit is 255");
-  ExpectInvalid([] { return Message::To("d").Json("{}").Header("big", std::string(4097, 'v')).Build(); },
-                "header \"big\" has a value of 4097 bytes, the limit is 4096");
   ExpectInvalid(
-      [] {
-        return Message::To("d").Json("{}").DeliverAfter(std::chrono::hours(24 * 367)).Build();
-      },
+      [] { return Message::To("d").Json("{}").Header(std::string(256, 'n'), "v").Build(); },
+      "header name is 256 bytes long, the limit is 255");
+  ExpectInvalid(
+      [] { return Message::To("d").Json("{}").Header("big", std::string(4097, 'v')).Build(); },
+      "header \"big\" has a value of 4097 bytes, the limit is 4096");
+  ExpectInvalid(
+      [] { return Message::To("d").Json("{}").DeliverAfter(std::chrono::hours(24 * 367)).Build(); },
       "more than 1 year ahead");
   // At the limits: accepted.
   EXPECT_NO_THROW(Message::To("d")
@@ -348,8 +348,7 @@ TEST_F(SdkTest, SqlApiRejectsBadInputWithClearMessagesAndNoRows) {
 // look blocked (it would never be delivered).
 TEST_F(SdkTest, OnlyAParkedKeyedRowCanBeBlocked) {
   pqxx::connection c(db_url_);
-  for (const char* row :
-       {"'d', NULL, false", "'d', 'k', false", "'d', NULL, true"}) {
+  for (const char* row : {"'d', NULL, false", "'d', 'k', false", "'d', NULL, true"}) {
     pqxx::work tx(c);
     try {
       tx.exec0(std::string("INSERT INTO outbox.messages (destination, ordering_key, parked, "

@@ -116,9 +116,10 @@ TEST_F(StatusTest, ReportsExactCountsPerDestination) {
   DeadLetter(1003, "orders");
   DeadLetter(1004, "gone");
   // Two live relays serve orders, one of them billing too; nothing serves sched.
-  Exec("INSERT INTO outbox.relay_heartbeats (instance_id, destinations, heartbeat_at) VALUES "
-       "(gen_random_uuid(), '{orders,billing}', now()), (gen_random_uuid(), '{orders}', now()), "
-       "(gen_random_uuid(), '{sched}', now() - interval '1 hour')");
+  Exec(
+      "INSERT INTO outbox.relay_heartbeats (instance_id, destinations, heartbeat_at) VALUES "
+      "(gen_random_uuid(), '{orders,billing}', now()), (gen_random_uuid(), '{orders}', now()), "
+      "(gen_random_uuid(), '{sched}', now() - interval '1 hour')");
 
   StatusOptions o;
   o.destinations = {"orders", "billing", "idle"};

@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <thread>
 #include <pqxx/pqxx>
+#include <thread>
 
 #include "outbox/outbox.h"
 #include "outbox_relay/dead_letters.h"
@@ -316,8 +316,9 @@ TEST_F(StoreTest, RelaysSayWhatTheyServeAndUnservedMessagesAreBuriedOnlyOnReques
   EXPECT_EQ(live, (std::map<std::string, std::int64_t>{{"known", 2}, {"other \"quoted\"", 1}}));
   store.Leave(a);
   EXPECT_EQ(LiveRelaysByDestination(c, 30s), (std::map<std::string, std::int64_t>{{"known", 1}}));
-  Scalar("UPDATE outbox.relay_heartbeats SET heartbeat_at = now() - interval '1 minute' "
-         "RETURNING 1");
+  Scalar(
+      "UPDATE outbox.relay_heartbeats SET heartbeat_at = now() - interval '1 minute' "
+      "RETURNING 1");
   EXPECT_TRUE(LiveRelaysByDestination(c, 30s).empty()) << "a silent relay serves nothing";
 
   EXPECT_EQ(BuryDestination(c, "typo", "not configured"), 2);

@@ -114,8 +114,8 @@ std::vector<std::string> StatusWarnings(const StatusSnapshot& s) {
 }
 
 std::string RenderStatusTable(const StatusSnapshot& s) {
-  const std::vector<std::string> header = {"DESTINATION",  "PENDING",       "IN_FLIGHT",
-                                           "RETRYING",     "BLOCKED",       "EXPIRED_LEASES",
+  const std::vector<std::string> header = {"DESTINATION",  "PENDING",        "IN_FLIGHT",
+                                           "RETRYING",     "BLOCKED",        "EXPIRED_LEASES",
                                            "DEAD_LETTERS", "OLDEST_PENDING", "RELAYS"};
   std::vector<std::vector<std::string>> rows;
   for (const auto& d : s.destinations) {

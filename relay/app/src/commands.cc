@@ -6,8 +6,8 @@
 #include <csignal>
 #include <iomanip>
 #include <iostream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <pqxx/pqxx>
 
 #include "build_info.h"
@@ -55,7 +55,8 @@ bool CheckSchema(const std::string& url) {
 // What the sinks themselves refuse (librdkafka's view of the producer properties, the
 // webhook URL's credentials, secrets, ca_file), checked without connecting. check-config and
 // run both ask here, so check-config accepts exactly what run starts with.
-std::optional<std::string> SinkConfigProblem(const std::string& config_path, const RelayConfig& cfg) {
+std::optional<std::string> SinkConfigProblem(const std::string& config_path,
+                                             const RelayConfig& cfg) {
   try {
     for (const auto& [name, dest] : cfg.destinations) {
       if (const auto* k = std::get_if<KafkaTarget>(&dest.target)) {
@@ -311,7 +312,8 @@ int RunDlqBury(const DlqArgs& a) {
     }
     const std::string reason =
         a.reason.empty() ? "dead-lettered by an operator (outbox-relay dlq bury): no relay "
-                           "serves destination \"" + a.destination + "\""
+                           "serves destination \"" +
+                               a.destination + "\""
                          : a.reason;
     const auto n = BuryDestination(c, a.destination, reason);
     std::cout << "moved " << n << " message(s) of \"" << a.destination

@@ -93,8 +93,7 @@ int main(int argc, char** argv) {
                         "Only those dead longer than this interval, e.g. '7 days'");
 
   auto* dlq_bury = dlq_cmd->add_subcommand(
-      "bury",
-      "Move every queued message of a destination no relay serves to the dead letters");
+      "bury", "Move every queued message of a destination no relay serves to the dead letters");
   add_dlq_common(dlq_bury);
   dlq_bury->add_flag("--force", dlq.force, "Even while a running relay serves the destination");
   dlq_bury->add_option("--reason", dlq.reason, "Recorded on each dead letter");

@@ -593,7 +593,7 @@ constexpr std::array<std::string_view, 11> kWebhookKeys = {"url",
 // expires while the attempt still runs, a reaper hands the message out again (a duplicate, and
 // an attempt counted twice) and the first settle is fenced. (Waiting in a sink's queue before
 // the attempt starts is covered by the dispatcher renewing the leases of what is in flight.)
-constexpr Millis kLeaseSpare{1'000};       // an attempt ends at least this long before its lease
+constexpr Millis kLeaseSpare{1'000};          // an attempt ends at least this long before its lease
 constexpr Millis kDerivedLeaseSpare{10'000};  // what a derived lease_ms adds to the longest attempt
 
 // The longest a single attempt can take, if the destination bounds it explicitly: a webhook's
@@ -626,12 +626,13 @@ void ApplyLeaseBounds(RelayConfig& config, const std::string& lease_origin) {
       config.lease = std::max(config.lease, bound->first + kDerivedLeaseSpare);
     } else if (bound->first + kLeaseSpare > config.lease) {
       Fail(lease_origin, "lease_ms",
-           std::to_string(config.lease.count()) + " ms is shorter than one delivery attempt may "
-           "take: " + bound->second + " = " + std::to_string(bound->first.count()) +
+           std::to_string(config.lease.count()) +
+               " ms is shorter than one delivery attempt may "
+               "take: " +
+               bound->second + " = " + std::to_string(bound->first.count()) +
                " ms, and a lease must outlast its attempt by at least " +
                std::to_string(kLeaseSpare.count()) + " ms; raise lease_ms to at least " +
-               std::to_string((bound->first + kLeaseSpare).count()) + " or lower " +
-               bound->second);
+               std::to_string((bound->first + kLeaseSpare).count()) + " or lower " + bound->second);
     }
   }
   // Kafka attempts without an explicit bound get one that fits: 2/3 of the lease, at most

@@ -402,7 +402,8 @@ struct Dispatcher::Impl {
         unsettled -= static_cast<std::int64_t>(batch.size());
         for (const auto& s : batch) {
           // A message claimed again under a new token since (after a fence) stays held.
-          if (auto it = held_leases.find(Raw(s.id)); it != held_leases.end() && it->second == s.lease_token) {
+          if (auto it = held_leases.find(Raw(s.id));
+              it != held_leases.end() && it->second == s.lease_token) {
             held_leases.erase(it);
           }
         }

@@ -68,8 +68,9 @@ StatusSnapshot ReadStatus(pqxx::connection& c, const StatusOptions& options) {
     d.dead_letters = r["dead_letters"].as<std::int64_t>();
     d.newest_dead_letter_epoch = OptDouble(r["newest_dead_at_epoch"]);
   }
-  for (const auto& r : tx.exec_params(std::string(q::kstatus_relays),
-                                      static_cast<double>(options.relay_heartbeat_expiry.count()) / 1000.0)) {
+  for (const auto& r :
+       tx.exec_params(std::string(q::kstatus_relays),
+                      static_cast<double>(options.relay_heartbeat_expiry.count()) / 1000.0)) {
     auto& d = by_name[r["destination"].as<std::string>()];
     d.destination = r["destination"].as<std::string>();
     d.relays = r["relays"].as<std::int64_t>();

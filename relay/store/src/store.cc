@@ -243,7 +243,7 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
 }
 
 std::int64_t Store::RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
-                               Millis lease) {
+                                Millis lease) {
   if (held.empty()) return 0;
   nlohmann::json arr = nlohmann::json::array();
   for (const auto& [id, token] : held) arr.push_back({{"id", Raw(id)}, {"token", token}});

@@ -386,7 +386,8 @@ TEST(WebhookSink, NotReadyWhileTheEndpointIsUnreachableReadyAgainOnAnswer) {
   ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   socklen_t len = sizeof addr;
   ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  WebhookTarget target = Target("http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/hook");
+  WebhookTarget target =
+      Target("http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/hook");
   target.max_in_flight = 1;
   auto sink = MakeWebhookSink("hooks", target);
   EXPECT_TRUE(sink->Ready()) << "no verdict before the first attempt";
@@ -401,8 +402,7 @@ TEST(WebhookSink, NotReadyWhileTheEndpointIsUnreachableReadyAgainOnAnswer) {
   EXPECT_FALSE(sink->Ready());
   EXPECT_NE(sink->WhyNotReady().find("endpoint unreachable"), std::string::npos)
       << sink->WhyNotReady();
-  EXPECT_NE(sink->WhyNotReady().find("connection error"), std::string::npos)
-      << sink->WhyNotReady();
+  EXPECT_NE(sink->WhyNotReady().find("connection error"), std::string::npos) << sink->WhyNotReady();
 
   // The endpoint comes back (listens on the same port) and answers.
   ASSERT_EQ(::listen(fd, 4), 0);

@@ -24,13 +24,13 @@ struct DispatcherStats {
   std::atomic<std::int64_t> claimed{0};       ///< Messages leased.
   /// Fresh messages only the periodic full sweep found (the fresh lane had passed them).
   std::atomic<std::int64_t> sweep_found{0};
-  std::atomic<std::int64_t> delivered{0};     ///< Settled as delivered.
-  std::atomic<std::int64_t> retried{0};       ///< Settled for a later retry.
-  std::atomic<std::int64_t> dead{0};          ///< Moved to the dead letters.
-  std::atomic<std::int64_t> released{0};      ///< Handed back at shutdown.
-  std::atomic<std::int64_t> fenced{0};        ///< Settles refused: the lease had moved on.
-  std::atomic<std::int64_t> reaped{0};        ///< Expired leases returned to the queue.
-  std::atomic<std::int64_t> db_errors{0};     ///< Database errors survived.
+  std::atomic<std::int64_t> delivered{0};  ///< Settled as delivered.
+  std::atomic<std::int64_t> retried{0};    ///< Settled for a later retry.
+  std::atomic<std::int64_t> dead{0};       ///< Moved to the dead letters.
+  std::atomic<std::int64_t> released{0};   ///< Handed back at shutdown.
+  std::atomic<std::int64_t> fenced{0};     ///< Settles refused: the lease had moved on.
+  std::atomic<std::int64_t> reaped{0};     ///< Expired leases returned to the queue.
+  std::atomic<std::int64_t> db_errors{0};  ///< Database errors survived.
 };
 
 /// Owns one sink per destination and the threads that feed them. Start() once, Stop() once

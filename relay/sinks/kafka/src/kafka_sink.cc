@@ -103,12 +103,14 @@ std::unique_ptr<rd_kafka_conf_t, ConfDeleter> ProducerConf(const std::string& de
                                                            const KafkaTarget& target) {
   std::map<std::string, std::string> props;
   for (const auto& [key, value] : Defaults()) props[key] = value;
-  if (!target.producer.count("message.timeout.ms") && !target.producer.count("delivery.timeout.ms")) {
+  if (!target.producer.count("message.timeout.ms") &&
+      !target.producer.count("delivery.timeout.ms")) {
     props["message.timeout.ms"] = std::to_string(target.attempt_timeout.count());
   }
   props["bootstrap.servers"] = target.brokers;
   for (const auto& [key, value] : target.producer) props[key] = value;
-  if (props["bootstrap.servers"].empty()) Invalid(destination, "bootstrap.servers (brokers) is empty");
+  if (props["bootstrap.servers"].empty())
+    Invalid(destination, "bootstrap.servers (brokers) is empty");
   if (props.count("transactional.id")) {
     Invalid(destination,
             "producer property \"transactional.id\" is not supported: the relay uses the "

@@ -1,8 +1,8 @@
 // Operations on outbox.dead_letters for `outbox-relay dlq`.
 #pragma once
 
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <pqxx/connection>

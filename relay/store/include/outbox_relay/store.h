@@ -99,7 +99,8 @@ class Store {
 
   /// Extends to now + `lease` the leases of these (id, lease token) pairs that are still held
   /// with that token; returns how many.
-  std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held, Millis lease);
+  std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
+                           Millis lease);
 
   /// The lease token of the last Claim or ClaimPartitioned, set just before the statement is
   /// sent (empty when that call failed earlier): when the call throws, the claim may still
