@@ -128,6 +128,27 @@ TEST_F(RelayWebhookTest, LeasesOfMessagesStillQueuedInTheSinkAreRenewedNotReaped
   EXPECT_EQ(relay->stats().delivered.load(), 8);
 }
 
+// What docs/webhooks.md promises a receiver: a JSON payload arrives in jsonb's normal form
+// (keys sorted, duplicates reduced, one space after ':' and ','), a bytes payload byte for byte.
+TEST_F(RelayWebhookTest, AReceiverGetsJsonInItsNormalFormAndBytesAsWritten) {
+  HttpReceiver hook;
+  {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    outbox::PublishMany(
+        tx, {outbox::Message::To("hooks").Json(R"({"b":1,"a":2,"a":3,"list":[1,2]})").Build(),
+             outbox::Message::To("hooks").Bytes(std::string("{\"b\":1,\"a\":2}\0\xff", 15)).Build()});
+    tx.commit();
+  }
+  auto relay = StartRelay({Hook("hooks", hook)});
+  ASSERT_TRUE(hook.WaitForCount(2, 30s));
+  relay->Stop();
+  std::set<std::string> bodies;
+  for (const auto& r : hook.Requests()) bodies.insert(r.body);
+  EXPECT_EQ(bodies.count(R"({"a": 3, "b": 1, "list": [1, 2]})"), 1u);
+  EXPECT_EQ(bodies.count(std::string("{\"b\":1,\"a\":2}\0\xff", 15)), 1u);
+}
+
 TEST_F(RelayWebhookTest, PerKeyOrderHoldsWithSeveralKeysInFlightAndFailures) {
   HttpReceiver hook;
   std::atomic<int> calls{0}, in_flight{0}, max_in_flight{0};
