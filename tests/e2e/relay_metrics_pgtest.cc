@@ -45,6 +45,15 @@ class RelayMetricsTest : public testing::PgTest {
     return cfg;
   }
 
+  // The sink of Config(hook)'s one destination.
+  std::map<std::string, SinkPtr> HookSink(const testing::HttpReceiver& hook) {
+    std::map<std::string, SinkPtr> sinks;
+    sinks.emplace("hooks",
+                  MakeWebhookSink("hooks", std::get<WebhookTarget>(
+                                               Config(hook).destinations.at("hooks").target)));
+    return sinks;
+  }
+
   std::int64_t Scalar(const std::string& sql) {
     pqxx::connection c(db_url_);
     pqxx::nontransaction tx(c);
@@ -87,12 +96,7 @@ TEST_F(RelayMetricsTest, MetricsReportExactCountsAfterAKnownWorkload) {
     tx.commit();
   }
   RelayMetrics metrics("test");
-  std::map<std::string, SinkPtr> sinks;
-  const auto cfg = Config(hook);
-  sinks.emplace(
-      "hooks",
-      MakeWebhookSink("hooks", std::get<WebhookTarget>(cfg.destinations.at("hooks").target)));
-  Dispatcher relay(cfg, std::move(sinks), &metrics, 100ms);
+  Dispatcher relay(Config(hook), HookSink(hook), &metrics, 100ms);
   AdminServer admin(
       "127.0.0.1:0", metrics, [&] { return relay.Ready(); }, [] { return std::string("detail"); });
   admin.Start();
@@ -160,12 +164,7 @@ TEST_F(RelayMetricsTest, CountersCountWhatTheSettleWrote) {
     tx.commit();
   }
   RelayMetrics metrics("test");
-  std::map<std::string, SinkPtr> sinks;
-  const auto cfg = Config(hook);
-  sinks.emplace(
-      "hooks",
-      MakeWebhookSink("hooks", std::get<WebhookTarget>(cfg.destinations.at("hooks").target)));
-  Dispatcher relay(cfg, std::move(sinks), &metrics, 100ms);
+  Dispatcher relay(Config(hook), HookSink(hook), &metrics, 100ms);
   relay.Start();
   // The first attempt of `stolen` hangs; meanwhile its lease moves on (as the reaper would
   // do after expiry) and the relay delivers it again.
@@ -198,12 +197,7 @@ TEST_F(RelayMetricsTest, CountersCountWhatTheSettleWrote) {
 TEST_F(RelayMetricsTest, ReadinessFlipsWhenTheDatabaseGoesAwayAndComesBack) {
   testing::HttpReceiver hook;
   RelayMetrics metrics("test");
-  std::map<std::string, SinkPtr> sinks;
-  const auto cfg = Config(hook);
-  sinks.emplace(
-      "hooks",
-      MakeWebhookSink("hooks", std::get<WebhookTarget>(cfg.destinations.at("hooks").target)));
-  Dispatcher relay(cfg, std::move(sinks), &metrics, 100ms);
+  Dispatcher relay(Config(hook), HookSink(hook), &metrics, 100ms);
   AdminServer admin(
       "127.0.0.1:0", metrics, [&] { return relay.Ready(); }, [] { return std::string("db down"); });
   admin.Start();

@@ -136,8 +136,9 @@ TEST_F(RelayWebhookTest, AReceiverGetsJsonInItsNormalFormAndBytesAsWritten) {
     pqxx::connection c(db_url_);
     pqxx::work tx(c);
     outbox::PublishMany(
-        tx, {outbox::Message::To("hooks").Json(R"({"b":1,"a":2,"a":3,"list":[1,2]})").Build(),
-             outbox::Message::To("hooks").Bytes(std::string("{\"b\":1,\"a\":2}\0\xff", 15)).Build()});
+        tx,
+        {outbox::Message::To("hooks").Json(R"({"b":1,"a":2,"a":3,"list":[1,2]})").Build(),
+         outbox::Message::To("hooks").Bytes(std::string("{\"b\":1,\"a\":2}\0\xff", 15)).Build()});
     tx.commit();
   }
   auto relay = StartRelay({Hook("hooks", hook)});

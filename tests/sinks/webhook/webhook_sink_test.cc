@@ -355,20 +355,29 @@ TEST(WebhookSink, SlowReceiverTimesOut) {
   EXPECT_LT(took, 5s);
 }
 
-TEST(WebhookSink, ConnectionRefusedIsRetried) {
-  // A bound socket that never listens: connecting to it is refused.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const int port = ntohs(addr.sin_port);
+/// A loopback socket bound to a free port and not listening (yet): connecting is refused.
+/// listen() on it later makes the same port reachable. Closes on destruction.
+struct RefusingPort {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int port = 0;
+  RefusingPort() {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      throw std::runtime_error("cannot bind a loopback socket");
+    }
+    port = ntohs(addr.sin_port);
+  }
+  ~RefusingPort() { ::close(fd); }
+  std::string Url() const { return "http://127.0.0.1:" + std::to_string(port) + "/hook"; }
+};
 
-  const Outcome o = DeliverOne(Target("http://127.0.0.1:" + std::to_string(port) + "/hook"));
-  ::close(fd);
+TEST(WebhookSink, ConnectionRefusedIsRetried) {
+  RefusingPort refusing;
+  const Outcome o = DeliverOne(Target(refusing.Url()));
   EXPECT_EQ(o.kind, OutcomeKind::kRetry);
   EXPECT_EQ(o.reason_class, "connection");
   EXPECT_EQ(o.reason.rfind("connection error: ", 0), 0u) << o.reason;
@@ -378,16 +387,9 @@ TEST(WebhookSink, ConnectionRefusedIsRetried) {
 // few attempts in a row without any HTTP answer the sink is not ready and says why; the first
 // answer makes it ready again.
 TEST(WebhookSink, NotReadyWhileTheEndpointIsUnreachableReadyAgainOnAnswer) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);  // bound, not listening yet: refused
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  WebhookTarget target =
-      Target("http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/hook");
+  RefusingPort refusing;
+  const int fd = refusing.fd;
+  WebhookTarget target = Target(refusing.Url());
   target.max_in_flight = 1;
   auto sink = MakeWebhookSink("hooks", target);
   EXPECT_TRUE(sink->Ready()) << "no verdict before the first attempt";
@@ -420,7 +422,6 @@ TEST(WebhookSink, NotReadyWhileTheEndpointIsUnreachableReadyAgainOnAnswer) {
   EXPECT_EQ(done.All().back().kind, OutcomeKind::kDelivered);
   EXPECT_TRUE(sink->Ready()) << sink->WhyNotReady();
   sink->Shutdown(5s);
-  ::close(fd);
 }
 
 TEST(WebhookSink, ConnectTimeoutIsRetried) {
