@@ -47,7 +47,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kBuckets = 64;             // outbox.partitioning.bucket_count (default)
 constexpr Millis kHeartbeat{200};        // partition_heartbeat_ms
 constexpr Millis kPartitionLease{1500};  // partition_lease_ms
-constexpr Millis kLease{2000};           // lease_ms (in RelayProcessFixture::Yaml)
+constexpr Millis kLease{3000};           // lease_ms (in RelayProcessFixture::Yaml)
 constexpr Millis kReapInterval{200};     // reap_interval_ms (in RelayProcessFixture::Yaml)
 constexpr int kKeys = 40;                // ordering keys of the producer
 constexpr int kUnkeyedEvery = 8;         // every 8th message has no key

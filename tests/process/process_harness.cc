@@ -376,7 +376,7 @@ std::string RelayProcessFixture::Yaml(const std::string& database_url,
   y << "# written by a process test\n"
     << "database_url: \"" << database_url << "\"\n"
     << "batch_size: 100\n"
-    << "lease_ms: 2000\n"
+    << "lease_ms: 3000\n"
     << "poll_interval_ms: 200\n"
     << "reap_interval_ms: 200\n"
     << "full_sweep_interval_ms: 2000\n"
@@ -390,7 +390,7 @@ std::string RelayProcessFixture::Yaml(const std::string& database_url,
     << "      brokers: \"" << kafka_->bootstraps() << "\"\n"
     << "      topic: " << kTopic << "\n"
     << "      producer:\n"
-    << "        message.timeout.ms: 1000\n"
+    << "        message.timeout.ms: 2000\n"
     << "        reconnect.backoff.max.ms: 200\n";
   for (const auto& p : producer_extra) y << "        " << p.name << ": \"" << p.value << "\"\n";
   y << "    retry:\n"

@@ -541,11 +541,11 @@ TEST_F(RelayProcessTest, ARelayLeavesDestinationsItDoesNotServeToOtherRelays) {
 TEST_F(RelayProcessTest, ABrokerOutageLongerThanTheLeaseExpiresNoLease) {
   const ExpectedMap expected = Enqueue(300, 10, 4);
   kafka_->SetAllBrokersDown(true);
-  ChildProcess& relay = StartRelay(WriteConfig("relay.yaml", Yaml(db_url_)));  // lease 2000 ms
+  ChildProcess& relay = StartRelay(WriteConfig("relay.yaml", Yaml(db_url_)));  // lease 3000 ms
   const auto down_since = Clock::now();
   // Down for three leases, while the relay keeps trying (its attempts time out and retry).
   ASSERT_TRUE(WaitFor(
-      [&] { return !relay.Running() || (Clock::now() - down_since > 6s && WithAttempts() > 0); },
+      [&] { return !relay.Running() || (Clock::now() - down_since > 9s && WithAttempts() > 0); },
       60s, kDbPoll));
   ASSERT_TRUE(relay.Running()) << relay.Describe();
   kafka_->SetAllBrokersDown(false);
@@ -570,7 +570,7 @@ TEST_F(RelayProcessTest, AClaimWhoseReplyWasLostIsHandedBackOnReconnect) {
   via_proxy.replace(via_proxy.find(pg_port), pg_port.size(),
                     ":" + std::to_string(proxy.port()) + "/");
   std::string yaml = Yaml(via_proxy);
-  yaml.replace(yaml.find("lease_ms: 2000"), 14, "lease_ms: 30000");  // the stranded wait
+  yaml.replace(yaml.find("lease_ms: 3000"), 14, "lease_ms: 30000");  // the stranded wait
   // Claims only on wake-ups (no idle polls), so the next claim is the one for our messages.
   yaml.replace(yaml.find("poll_interval_ms: 200"), 21, "poll_interval_ms: 60000");
   ChildProcess& relay = StartRelay(WriteConfig("relay.yaml", yaml));
