@@ -104,14 +104,16 @@ TEST_F(RelayMetricsTest, MetricsReportExactCountsAfterAKnownWorkload) {
   ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s));
   httplib::Client client("127.0.0.1", admin.port());
   std::string text;
-  // The status gauges refresh every 100 ms: wait until they show the final state.
+  // The status gauges refresh every 100 ms: wait until they show the final state (a read taken
+  // while the last message was still leased shows it in flight, not pending).
   ASSERT_TRUE(WaitFor(
       [&] {
         auto res = client.Get("/metrics");
         if (!res || res->status != 200) return false;
         text = res->body;
         return Sample(text, "outbox_dead_letters{destination=\"hooks\"}") == 3 &&
-               Sample(text, "outbox_queue_depth{destination=\"hooks\"}") == 0;
+               Sample(text, "outbox_queue_depth{destination=\"hooks\"}") == 0 &&
+               Sample(text, "outbox_in_flight{destination=\"hooks\"}") == 0;
       },
       10s))
       << text;
