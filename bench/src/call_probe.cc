@@ -1,10 +1,6 @@
-// Link-time wrappers of Store::Claim, Store::ClaimPartitioned and Store::Settle. The linker
-// (--wrap=SYM) sends every call the dispatcher makes to __wrap_SYM, defined here, and
-// __real_SYM names the original. The wrappers are free functions with the member function's
-// signature plus `Store*` first: under the Itanium C++ ABI both pass the hidden return slot
-// first and then `this`, so the calls line up. __real_SYM is weak: if the relay changes a
-// signature, the mangled name no longer matches anything, nothing is wrapped, and
-// ClaimProbeLinked() reports it.
+// Timing of the relay's own claim and settle calls: a decorator of relay::QueueStore that the
+// benchmark's dispatchers get as their store factory (DispatcherEnv::stores), so every call the
+// dispatcher makes passes through here on its way to the PostgreSQL store.
 #include "call_probe.h"
 
 #include <unistd.h>
@@ -14,6 +10,9 @@
 #include <string>
 
 #include "outbox_relay/store.h"
+
+#include <memory>
+#include <utility>
 
 namespace outbox::bench {
 
@@ -74,73 +73,106 @@ bool TraceClaimsTo(const std::string& path) {
 
 }  // namespace outbox::bench
 
-// External linkage on purpose: the linker must find __wrap_SYM and resolve __real_SYM.
-namespace outbox::bench::wrap {
+namespace outbox::bench {
+namespace {
 
-using outbox::relay::BucketLease;
-using outbox::relay::ClaimResult;
-using outbox::relay::Millis;
-using outbox::relay::SettleCounts;
-using outbox::relay::Settlement;
-using outbox::relay::Store;
+using relay::BucketLease;
+using relay::ClaimResult;
+using relay::Millis;
+using relay::SettleCounts;
+using relay::Settlement;
 
-ClaimResult RealClaim(Store* self, const std::string& destination, std::int64_t cursor,
-                      int fresh_limit, int slow_limit, Millis lease)
-    __asm__("__real_" OUTBOX_BENCH_CLAIM_SYMBOL) __attribute__((weak));
-ClaimResult WrappedClaim(Store* self, const std::string& destination, std::int64_t cursor,
-                         int fresh_limit, int slow_limit, Millis lease)
-    __asm__("__wrap_" OUTBOX_BENCH_CLAIM_SYMBOL) __attribute__((used));
-
-ClaimResult RealClaimPartitioned(Store* self, const std::string& destination, std::int64_t cursor,
-                                 int per_bucket_limit, int slow_limit, Millis lease,
-                                 const std::string& instance_id, const std::vector<BucketLease>& owned)
-    __asm__("__real_" OUTBOX_BENCH_CLAIM_PARTITIONED_SYMBOL) __attribute__((weak));
-ClaimResult WrappedClaimPartitioned(Store* self, const std::string& destination,
-                                    std::int64_t cursor, int per_bucket_limit, int slow_limit,
-                                    Millis lease, const std::string& instance_id,
-                                    const std::vector<BucketLease>& owned)
-    __asm__("__wrap_" OUTBOX_BENCH_CLAIM_PARTITIONED_SYMBOL) __attribute__((used));
-
-SettleCounts RealSettle(Store* self, const std::vector<Settlement>& settlements, bool archive)
-    __asm__("__real_" OUTBOX_BENCH_SETTLE_SYMBOL) __attribute__((weak));
-SettleCounts WrappedSettle(Store* self, const std::vector<Settlement>& settlements, bool archive)
-    __asm__("__wrap_" OUTBOX_BENCH_SETTLE_SYMBOL) __attribute__((used));
-
-static std::int64_t Since(std::chrono::steady_clock::time_point start) {
+std::int64_t Since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
                                                                start)
       .count();
 }
 
-ClaimResult WrappedClaim(Store* self, const std::string& destination, std::int64_t cursor,
-                         int fresh_limit, int slow_limit, Millis lease) {
-  const auto start = std::chrono::steady_clock::now();
-  ClaimResult result = RealClaim(self, destination, cursor, fresh_limit, slow_limit, lease);
-  ClaimProbe().Record(Since(start), static_cast<std::int64_t>(result.messages.size()));
-  TraceClaim(cursor, result);
-  return result;
+// Forwards every call to `inner`; times Claim, ClaimPartitioned and Settle.
+class TimedStore final : public relay::QueueStore {
+ public:
+  explicit TimedStore(std::unique_ptr<relay::QueueStore> inner) : inner_(std::move(inner)) {}
+
+  ClaimResult Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                    int slow_limit, Millis lease) override {
+    const auto start = std::chrono::steady_clock::now();
+    ClaimResult result = inner_->Claim(destination, cursor, fresh_limit, slow_limit, lease);
+    ClaimProbe().Record(Since(start), static_cast<std::int64_t>(result.messages.size()));
+    TraceClaim(cursor, result);
+    return result;
+  }
+  ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
+                               int per_bucket_limit, int slow_limit, Millis lease,
+                               const std::string& instance_id,
+                               const std::vector<BucketLease>& owned) override {
+    const auto start = std::chrono::steady_clock::now();
+    ClaimResult result = inner_->ClaimPartitioned(destination, cursor, per_bucket_limit,
+                                                  slow_limit, lease, instance_id, owned);
+    ClaimProbe().Record(Since(start), static_cast<std::int64_t>(result.messages.size()));
+    TraceClaim(cursor, result);
+    return result;
+  }
+  SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive) override {
+    const auto start = std::chrono::steady_clock::now();
+    SettleCounts counts = inner_->Settle(settlements, archive);
+    SettleProbe().Record(Since(start), static_cast<std::int64_t>(settlements.size()));
+    return counts;
+  }
+
+  const std::string& last_claim_token() const override { return inner_->last_claim_token(); }
+  std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) override {
+    return inner_->ReleaseLostClaims(tokens);
+  }
+  std::int64_t RenewLeases(const std::vector<std::pair<relay::MessageId, std::string>>& held,
+                           Millis lease) override {
+    return inner_->RenewLeases(held, lease);
+  }
+  std::vector<std::string> Reap() override { return inner_->Reap(); }
+  std::int64_t WakeOrphans(const std::string& destination) override {
+    return inner_->WakeOrphans(destination);
+  }
+  std::int64_t WakeKeys(const std::string& destination,
+                        const std::vector<std::string>& keys) override {
+    return inner_->WakeKeys(destination, keys);
+  }
+  std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
+                                      bool leaving, const std::string& description) override {
+    return inner_->Coordinate(instance_id, dead_after, leaving, description);
+  }
+  void Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
+                 const std::string& description) override {
+    inner_->Heartbeat(instance_id, destinations, description);
+  }
+  void Leave(const std::string& instance_id) override { inner_->Leave(instance_id); }
+  std::vector<std::string> Destinations() override { return inner_->Destinations(); }
+  std::map<std::string, std::int64_t> LiveRelays(Millis expiry) override {
+    return inner_->LiveRelays(expiry);
+  }
+  void Listen() override { inner_->Listen(); }
+  bool WaitForNotification(Millis timeout) override { return inner_->WaitForNotification(timeout); }
+  bool TakeRebalance() override { return inner_->TakeRebalance(); }
+  relay::StatusSnapshot ReadStatus(const relay::StatusOptions& options) override {
+    return inner_->ReadStatus(options);
+  }
+  std::int64_t CleanupArchive(std::chrono::seconds retention, int batch) override {
+    return inner_->CleanupArchive(retention, batch);
+  }
+  std::int64_t CleanupDeadLetters(std::chrono::seconds max_age, int batch) override {
+    return inner_->CleanupDeadLetters(max_age, batch);
+  }
+  void Reset() override { inner_->Reset(); }
+  bool Connected() const override { return inner_->Connected(); }
+
+ private:
+  std::unique_ptr<relay::QueueStore> inner_;
+};
+
+}  // namespace
+
+relay::StoreFactory TimedStores(std::string database_url) {
+  return [inner = relay::PostgresStores(std::move(database_url))]() {
+    return std::unique_ptr<relay::QueueStore>(std::make_unique<TimedStore>(inner()));
+  };
 }
 
-ClaimResult WrappedClaimPartitioned(Store* self, const std::string& destination,
-                                    std::int64_t cursor, int per_bucket_limit, int slow_limit,
-                                    Millis lease, const std::string& instance_id,
-                                    const std::vector<BucketLease>& owned) {
-  const auto start = std::chrono::steady_clock::now();
-  ClaimResult result = RealClaimPartitioned(self, destination, cursor, per_bucket_limit,
-                                            slow_limit, lease, instance_id, owned);
-  ClaimProbe().Record(Since(start), static_cast<std::int64_t>(result.messages.size()));
-  TraceClaim(cursor, result);
-  return result;
-}
-
-SettleCounts WrappedSettle(Store* self, const std::vector<Settlement>& settlements, bool archive) {
-  const auto start = std::chrono::steady_clock::now();
-  SettleCounts counts = RealSettle(self, settlements, archive);
-  SettleProbe().Record(Since(start), static_cast<std::int64_t>(settlements.size()));
-  return counts;
-}
-
-}  // namespace outbox::bench::wrap
-
-bool outbox::bench::ClaimProbeLinked() { return &wrap::RealClaim != nullptr; }
-bool outbox::bench::SettleProbeLinked() { return &wrap::RealSettle != nullptr; }
+}  // namespace outbox::bench

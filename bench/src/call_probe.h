@@ -1,11 +1,13 @@
 // Timing of the relay's own claim and settle statements, taken around Store::Claim and
-// Store::Settle as the dispatcher calls them (link-time wrapping, see bench/CMakeLists.txt).
+// Store::Settle as the dispatcher calls them: a decorator of its store (TimedStores).
 #pragma once
 
 #include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "outbox_relay/queue_store.h"
 
 namespace outbox::bench {
 
@@ -31,11 +33,10 @@ class CallProbe {
 CallProbe& ClaimProbe();
 /// Calls of Store::Settle made by the settler.
 CallProbe& SettleProbe();
-/// False when this build could not wrap Store::Claim (its signature changed): claim timing
-/// is then unavailable and the report says so.
-bool ClaimProbeLinked();
-/// The same for Store::Settle.
-bool SettleProbeLinked();
+/// The PostgreSQL stores of `database_url`, each wrapped so that its Claim, ClaimPartitioned
+/// and Settle calls are recorded in ClaimProbe() / SettleProbe() (and traced, TraceClaimsTo).
+/// For DispatcherEnv::stores.
+relay::StoreFactory TimedStores(std::string database_url);
 
 /// Writes one line per claim (time, thread, cursor, sequence value, leased ids) to `path`:
 /// the raw material for checking the fresh-lane cursor. False if the file cannot be opened.

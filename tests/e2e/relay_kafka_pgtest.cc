@@ -10,6 +10,7 @@
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/dispatcher.h"
 #include "outbox_relay/kafka_sink.h"
+#include "outbox_relay/store.h"
 #include "outbox_test/kafka_mock.h"
 #include "outbox_test/pg.h"
 #include "outbox_test/wait.h"
@@ -224,7 +225,7 @@ TEST_F(RelayKafkaTest, ExhaustedAttemptsDeadLetterAndReplayDeliversWithTheSameKe
                    "'gave up after 2 attempts%'"),
             4);
   kafka_->SetAllBrokersDown(false);
-  pqxx::connection c(db_url_);
+  Store c(db_url_);
   EXPECT_EQ(ReplayDeadLetters(c, {}, "orders").size(), 4u);
   ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 60s));
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);

@@ -12,6 +12,7 @@
 
 #include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
+#include "store_access.h"  // this module's own test: the Store's connection
 
 namespace outbox::relay {
 namespace {
@@ -67,7 +68,7 @@ class ClaimPlanTest : public testing::PgTest {
   // EXPLAIN ANALYZE of the Store's own prepared claim statement on the Store's own
   // connection, so the plan is the one the relay would use (its settings, its plan cache).
   Touched Explain(Store& store, const std::string& execute, const std::string& plan_cache_mode) {
-    auto& c = store.Connection();
+    auto& c = StoreAccess::Connection(store);
     pqxx::nontransaction tx(c);
     tx.exec("SET plan_cache_mode = " + plan_cache_mode);
     const auto r = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + execute);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "outbox_relay/retention.h"
+#include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
 
 namespace outbox::relay {
@@ -88,7 +89,7 @@ TEST_F(RetentionTest, CleanupArchiveDeletesExactlyWhatIsOlderThanTheRetention) {
   Exec("SELECT outbox.enqueue('orders', '1'::jsonb)");
   Dead(100, "10 days");
 
-  pqxx::connection c(db_url_);
+  Store c(db_url_);
   EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), /*batch=*/2), 4);  // 1..4 in three batches
   EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive ORDER BY id"),
             (std::vector<std::int64_t>{5, 6, 7}));
@@ -102,7 +103,7 @@ TEST_F(RetentionTest, CleanupArchiveDeletesExactlyWhatIsOlderThanTheRetention) {
 TEST_F(RetentionTest, CleanupStopsAtTheRowCapOldestFirst) {
   for (int i = 1; i <= 7; ++i) Archive(i, std::to_string(100 - i) + " days");  // id 1 is the oldest
   Archive(8, "1 hour");
-  pqxx::connection c(db_url_);
+  Store c(db_url_);
   EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), /*batch=*/2, /*max_rows=*/3), 3);
   EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive ORDER BY id"),
             (std::vector<std::int64_t>{4, 5, 6, 7, 8}));
@@ -120,7 +121,7 @@ TEST_F(RetentionTest, CleanupDeadLettersDeletesExactlyTheOldOnes) {
   Archive(50, "400 days");
   Exec("SELECT outbox.enqueue('orders', '1'::jsonb)");
 
-  pqxx::connection c(db_url_);
+  Store c(db_url_);
   EXPECT_EQ(CleanupDeadLetters(c, std::chrono::hours(24 * 7), /*batch=*/1), 3);
   EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters ORDER BY id"),
             (std::vector<std::int64_t>{4, 5}));
@@ -131,7 +132,7 @@ TEST_F(RetentionTest, CleanupDeadLettersDeletesExactlyTheOldOnes) {
 }
 
 TEST_F(RetentionTest, RejectsInvalidArguments) {
-  pqxx::connection c(db_url_);
+  Store c(db_url_);
   EXPECT_THROW(CleanupArchive(c, -1s, 10), std::invalid_argument);
   EXPECT_THROW(CleanupArchive(c, 10s, 0), std::invalid_argument);
   EXPECT_THROW(CleanupArchive(c, 10s, 10, 0), std::invalid_argument);
@@ -158,8 +159,9 @@ TEST_F(RetentionTest, TheRelayRoleMayArchiveAndClean) {
     tx.commit();
   }
   Dead(2, "2 days");
-  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), 10), 1);
-  EXPECT_EQ(CleanupDeadLetters(c, std::chrono::hours(24), 10), 1);
+  Store relay_store(url);
+  EXPECT_EQ(CleanupArchive(relay_store, std::chrono::hours(24), 10), 1);
+  EXPECT_EQ(CleanupDeadLetters(relay_store, std::chrono::hours(24), 10), 1);
   // The writer role cannot read the archive.
   Exec(
       "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'retention_writer_login') "

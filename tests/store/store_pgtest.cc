@@ -311,7 +311,7 @@ TEST_F(StoreTest, RelaysSayWhatTheyServeAndUnservedMessagesAreBuriedOnlyOnReques
   const std::string a = NewUuid(), b = NewUuid();
   store.Heartbeat(a, {"known", "other \"quoted\""}, "relay a");
   store.Heartbeat(b, {"known"}, "relay b");
-  pqxx::connection c(db_url_);
+  Store c(db_url_);
   auto live = LiveRelaysByDestination(c, 30s);
   EXPECT_EQ(live, (std::map<std::string, std::int64_t>{{"known", 2}, {"other \"quoted\"", 1}}));
   store.Leave(a);
@@ -340,7 +340,7 @@ TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
       dead.push_back(Settle(m, r.lease_token, Settlement::Kind::kDead, 0ms, "bad"));
     store.Settle(dead);
   }
-  pqxx::connection c(db_url_);
+  Store c(db_url_);
   auto list = ListDeadLetters(c, "", 10);
   ASSERT_EQ(list.size(), 3u);
   ASSERT_EQ(ListDeadLetters(c, "e", 10).size(), 1u);

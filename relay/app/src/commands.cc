@@ -8,7 +8,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <pqxx/pqxx>
 
 #include "build_info.h"
 #include "outbox_relay/admin_server.h"
@@ -21,6 +20,7 @@
 #include "outbox_relay/migrate.h"
 #include "outbox_relay/status.h"
 #include "outbox_relay/status_render.h"
+#include "outbox_relay/store.h"
 #include "outbox_relay/webhook_sink.h"
 
 namespace outbox::relay::app {
@@ -224,8 +224,8 @@ nlohmann::json ToJson(const DeadLetter& d) {
 template <class F>
 int WithConnection(const std::string& url, F f) {
   try {
-    pqxx::connection c(url);
-    return f(c);
+    Store store(url);
+    return f(store);
   } catch (const std::invalid_argument& e) {
     return Fail(e.what());
   } catch (const std::exception& e) {
@@ -236,7 +236,7 @@ int WithConnection(const std::string& url, F f) {
 }  // namespace
 
 int RunStatus(const std::string& database_url, bool json) {
-  return WithConnection(database_url, [&](pqxx::connection& c) {
+  return WithConnection(database_url, [&](Store& c) {
     const StatusSnapshot snapshot = ReadStatus(c);
     if (json) {
       std::cout << StatusToJson(snapshot).dump(2) << "\n";
@@ -248,7 +248,7 @@ int RunStatus(const std::string& database_url, bool json) {
 }
 
 int RunDlqList(const DlqArgs& a) {
-  return WithConnection(a.database_url, [&](pqxx::connection& c) {
+  return WithConnection(a.database_url, [&](Store& c) {
     const auto rows = ListDeadLetters(c, a.destination, a.limit);
     if (a.json) {
       for (const auto& d : rows) std::cout << ToJson(d).dump() << "\n";
@@ -268,7 +268,7 @@ int RunDlqList(const DlqArgs& a) {
 }
 
 int RunDlqShow(const DlqArgs& a) {
-  return WithConnection(a.database_url, [&](pqxx::connection& c) {
+  return WithConnection(a.database_url, [&](Store& c) {
     const auto d = GetDeadLetter(c, a.ids.at(0));
     if (!d)
       return Fail("no dead letter with id " + std::to_string(a.ids.at(0)) +
@@ -281,7 +281,7 @@ int RunDlqShow(const DlqArgs& a) {
 int RunDlqReplay(const DlqArgs& a) {
   if (a.ids.empty() && !a.all) return Fail("name the dead letters to replay, or pass --all");
   if (!a.ids.empty() && a.all) return Fail("pass either ids or --all, not both");
-  return WithConnection(a.database_url, [&](pqxx::connection& c) {
+  return WithConnection(a.database_url, [&](Store& c) {
     const auto ids = ReplayDeadLetters(c, a.ids, a.destination);
     std::cout << "replayed " << ids.size() << " message(s)\n";
     if (!a.ids.empty() && ids.size() != a.ids.size()) {
@@ -293,7 +293,7 @@ int RunDlqReplay(const DlqArgs& a) {
 }
 
 int RunDlqPurge(const DlqArgs& a) {
-  return WithConnection(a.database_url, [&](pqxx::connection& c) {
+  return WithConnection(a.database_url, [&](Store& c) {
     const auto n = PurgeDeadLetters(c, a.ids, a.older_than, a.destination);
     std::cout << "purged " << n << " dead letter(s)\n";
     return 0;
@@ -302,7 +302,7 @@ int RunDlqPurge(const DlqArgs& a) {
 
 int RunDlqBury(const DlqArgs& a) {
   if (a.destination.empty()) return Fail("name the destination: dlq bury --destination NAME");
-  return WithConnection(a.database_url, [&](pqxx::connection& c) {
+  return WithConnection(a.database_url, [&](Store& c) {
     const auto live = LiveRelaysByDestination(c, StatusOptions{}.relay_heartbeat_expiry);
     if (const auto it = live.find(a.destination); it != live.end() && !a.force) {
       return Fail("destination \"" + a.destination + "\" is served by " +

@@ -14,10 +14,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "outbox_relay/dead_letters.h"
+#include "outbox_relay/clock.h"
 #include "outbox_relay/fresh_cursor.h"
 #include "outbox_relay/metrics.h"
-#include "outbox_relay/retention.h"
 #include "outbox_relay/retry.h"
 #include "outbox_relay/status.h"
 #include "outbox_relay/store.h"
@@ -25,7 +24,7 @@
 namespace outbox::relay {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyTime = Clock::Steady::time_point;
 
 // How often each relay records in outbox.relay_heartbeats that it is alive and which
 // destinations it serves, and after how long without one a relay no longer counts (the
@@ -58,6 +57,9 @@ int InFlightCap(const Destination& d, int batch) {
 struct Dispatcher::Impl {
   RelayConfig config;
   std::map<std::string, SinkPtr> sinks;
+  StoreFactory stores;
+  const Clock* clock = &RealClock();
+  SteadyTime Now() const { return clock->Now(); }
   DispatcherStats stats;
   RelayMetrics* metrics = nullptr;  // optional
   Millis status_interval{5000};
@@ -110,16 +112,17 @@ struct Dispatcher::Impl {
   }
 
   void ClaimLoop(const Destination& dest, Sink& sink) {
-    Store store(config.database_url);
+    const auto owned_store = stores();
+    QueueStore& store = *owned_store;
     FreshCursor cursor;
     const bool partitioned = config.claim_mode == ClaimMode::kPartitioned;
     std::vector<BucketLease> last_buckets;
-    std::deque<std::pair<std::string, Clock::time_point>> recheck;  // recently blocked keys
+    std::deque<std::pair<std::string, SteadyTime>> recheck;  // recently blocked keys
     std::vector<std::string> lost_claims;  // tokens of claims that failed: maybe committed
-    auto next_recheck = Clock::now();
+    auto next_recheck = Now();
     const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
     const int cap = InFlightCap(dest, batch);
-    auto last_sweep = Clock::now();
+    auto last_sweep = Now();
     int failures = 0;
     std::uint64_t seen_gen;
     {
@@ -127,9 +130,9 @@ struct Dispatcher::Impl {
       seen_gen = wake_gen;
     }
     while (!stopping) {
-      if (Clock::now() - last_sweep >= config.full_sweep_interval) {
+      if (Now() - last_sweep >= config.full_sweep_interval) {
         cursor.StartSweep();
-        last_sweep = Clock::now();
+        last_sweep = Now();
       }
       const int room = cap - static_cast<int>(sink.InFlight());
       if (room <= 0) {
@@ -175,7 +178,7 @@ struct Dispatcher::Impl {
           continue;
         }
       }
-      const auto claim_started = Clock::now();
+      const auto claim_started = Now();
       try {
         if (partitioned) {
           const int per_bucket = std::max(1, (fresh_limit + static_cast<int>(buckets.size()) - 1) /
@@ -215,7 +218,7 @@ struct Dispatcher::Impl {
       }
       if (metrics) {
         metrics->RecordClaim(dest.name, static_cast<std::int64_t>(claim.messages.size()),
-                             std::chrono::duration<double>(Clock::now() - claim_started));
+                             std::chrono::duration<double>(Now() - claim_started));
       }
       ++stats.claims;
       if (claim.messages.empty()) ++stats.empty_claims;
@@ -224,10 +227,10 @@ struct Dispatcher::Impl {
       // Keys this claim blocked may have lost their predecessor while it ran (its settle
       // committed after our snapshot): recheck them for a second, every 50 ms, so they do not
       // wait for the periodic orphan sweep.
-      for (auto& key : claim.facts.blocked_keys) recheck.emplace_back(std::move(key), Clock::now());
-      if (!recheck.empty() && Clock::now() >= next_recheck) {
-        next_recheck = Clock::now() + Millis(50);
-        while (!recheck.empty() && Clock::now() - recheck.front().second > Millis(1000)) {
+      for (auto& key : claim.facts.blocked_keys) recheck.emplace_back(std::move(key), Now());
+      if (!recheck.empty() && Now() >= next_recheck) {
+        next_recheck = Now() + Millis(50);
+        while (!recheck.empty() && Now() - recheck.front().second > Millis(1000)) {
           recheck.pop_front();
         }
         std::vector<std::string> keys;
@@ -289,7 +292,7 @@ struct Dispatcher::Impl {
     const MessageId id = msg.id;
     const int attempts = msg.attempts;
     const auto created_at = msg.created_at;
-    const auto submitted = Clock::now();
+    const auto submitted = Now();
     const Destination* d = &dest;
     sink.Submit(std::move(msg), [this, id, attempts, d, token, created_at,
                                  submitted](Outcome outcome) {
@@ -306,10 +309,9 @@ struct Dispatcher::Impl {
   }
 
   // One delivery attempt, whatever its settle finds: how long it took, what the endpoint said.
-  void RecordAttempt(const Destination& d, const Outcome& outcome, Clock::time_point submitted) {
+  void RecordAttempt(const Destination& d, const Outcome& outcome, SteadyTime submitted) {
     const char* kind = SinkKind(d);
-    metrics->RecordDeliveryDuration(d.name, kind,
-                                    std::chrono::duration<double>(Clock::now() - submitted));
+    metrics->RecordDeliveryDuration(d.name, kind, std::chrono::duration<double>(Now() - submitted));
     if (std::string_view(kind) == "webhook") metrics->RecordWebhookResponse(d.name, outcome);
   }
 
@@ -341,7 +343,8 @@ struct Dispatcher::Impl {
   // Writes outcomes in batches. Keeps them until the database takes them: nothing is lost
   // while it is away, and leases that expire meanwhile are fenced by their token.
   void SettleLoop() {
-    Store store(config.database_url);
+    const auto owned_store = stores();
+    QueueStore& store = *owned_store;
     int failures = 0;
     std::vector<Settlement> batch;
     while (true) {
@@ -422,14 +425,15 @@ struct Dispatcher::Impl {
   // from all of them when heartbeats fail for longer than the partition lease (by then the
   // others consider this relay dead and have taken its buckets).
   void CoordinatorLoop() {
-    Store store(config.database_url);
-    auto last_ok = Clock::now();
+    const auto owned_store = stores();
+    QueueStore& store = *owned_store;
+    auto last_ok = Now();
     int failures = 0;
     std::uint64_t seen_gen = 0;
     while (!stopping) {
       try {
         auto now_owned = store.Coordinate(instance_id, config.partition_lease, false, description);
-        last_ok = Clock::now();
+        last_ok = Now();
         if (failures > 0) spdlog::info("coordinator: database reachable again");
         failures = 0;
         bool changed = false;
@@ -446,7 +450,7 @@ struct Dispatcher::Impl {
         DbError();
         if (failures++ == 0) spdlog::warn("coordinator: heartbeat failed: {}", e.what());
         store.Reset();
-        if (Clock::now() - last_ok > config.partition_lease - config.partition_heartbeat) {
+        if (Now() - last_ok > config.partition_lease - config.partition_heartbeat) {
           std::lock_guard lk(owned_mu);
           if (!owned.empty()) {
             spdlog::warn(
@@ -475,7 +479,8 @@ struct Dispatcher::Impl {
   }
 
   void ListenLoop() {
-    Store store(config.database_url);
+    const auto owned_store = stores();
+    QueueStore& store = *owned_store;
     int failures = 0;
     while (!stopping) {
       try {
@@ -498,17 +503,18 @@ struct Dispatcher::Impl {
   }
 
   void MaintenanceLoop() {
-    Store store(config.database_url);
-    auto next_reap = Clock::now();
-    auto next_heartbeat = Clock::now();
-    auto next_renewal = Clock::now() + config.lease / 3;
-    auto next_unknown = Clock::now() + kRelayHeartbeat;  // after our first heartbeat
-    auto next_status = Clock::now();
-    auto next_cleanup = Clock::now();
+    const auto owned_store = stores();
+    QueueStore& store = *owned_store;
+    auto next_reap = Now();
+    auto next_heartbeat = Now();
+    auto next_renewal = Now() + config.lease / 3;
+    auto next_unknown = Now() + kRelayHeartbeat;  // after our first heartbeat
+    auto next_status = Now();
+    auto next_cleanup = Now();
     while (!stopping) {
       WaitFor(Millis(100), [] { return false; });
       if (stopping) break;
-      const auto now = Clock::now();
+      const auto now = Now();
       try {
         if (now >= next_reap) {
           next_reap = now + config.reap_interval;
@@ -549,13 +555,13 @@ struct Dispatcher::Impl {
           next_cleanup = now + config.retention.cleanup_interval;
           const auto& r = config.retention;
           if (r.archive_delivered) {
-            const auto n = CleanupArchive(store.Connection(), r.archive_retention, 1000);
+            const auto n = store.CleanupArchive(r.archive_retention, 1000);
             if (n > 0)
               spdlog::info("retention: removed {} archived messages older than {} h", n,
                            r.archive_retention.count());
           }
           if (r.dead_letter_retention.count() > 0) {
-            const auto n = CleanupDeadLetters(store.Connection(), r.dead_letter_retention, 1000);
+            const auto n = store.CleanupDeadLetters(r.dead_letter_retention, 1000);
             if (n > 0)
               spdlog::info("retention: removed {} dead letters older than {} h", n,
                            r.dead_letter_retention.count());
@@ -563,7 +569,7 @@ struct Dispatcher::Impl {
         }
         if (metrics && now >= next_status) {
           next_status = now + status_interval;
-          metrics->UpdateFromStatus(ReadStatus(store.Connection()));
+          metrics->UpdateFromStatus(store.ReadStatus(StatusOptions{}));
         }
       } catch (const std::exception& e) {
         DbError();
@@ -582,14 +588,14 @@ struct Dispatcher::Impl {
   // deploy that adds a destination, a canary, another team's relay). They are never
   // dead-lettered here; when no live relay serves them at all, say so once per destination
   // (and status/metrics show it: outbox_unserved_oldest_age_seconds).
-  void WarnAboutUnservedDestinations(Store& store) {
+  void WarnAboutUnservedDestinations(QueueStore& store) {
     const auto queued = store.Destinations();
     std::vector<std::string> foreign;
     for (const auto& name : queued) {
       if (!config.destinations.count(name)) foreign.push_back(name);
     }
     if (foreign.empty()) return;
-    const auto live = LiveRelaysByDestination(store.Connection(), kRelayHeartbeatExpiry);
+    const auto live = store.LiveRelays(kRelayHeartbeatExpiry);
     for (const auto& name : foreign) {
       if (live.count(name)) {
         spdlog::debug("destination \"{}\" is served by {} other relay(s)", name, live.at(name));
@@ -620,11 +626,18 @@ struct Dispatcher::Impl {
 
 Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
                        RelayMetrics* metrics, Millis status_interval)
+    : Dispatcher(std::move(config), std::move(sinks),
+                 DispatcherEnv{{}, nullptr, metrics, status_interval}) {}
+
+Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks, DispatcherEnv env)
     : impl_(std::make_unique<Impl>()) {
   impl_->config = std::move(config);
   impl_->sinks = std::move(sinks);
+  impl_->stores = env.stores ? std::move(env.stores) : PostgresStores(impl_->config.database_url);
+  if (env.clock) impl_->clock = env.clock;
+  auto* metrics = env.metrics;
   impl_->metrics = metrics;
-  impl_->status_interval = status_interval;
+  impl_->status_interval = env.status_interval;
   if (metrics) {
     for (const auto& [name, dest] : impl_->config.destinations)
       metrics->InitDestination(name, SinkKind(dest));
@@ -675,7 +688,7 @@ bool Dispatcher::Stop() {
   auto& d = *impl_;
   if (!d.started || d.stopped) return true;
   d.stopped = true;
-  const auto deadline = Clock::now() + d.config.shutdown_timeout;
+  const auto deadline = d.Now() + d.config.shutdown_timeout;
   d.stopping = true;
   d.wake_cv.notify_all();
   for (auto& t : d.loops) t.join();
@@ -685,14 +698,16 @@ bool Dispatcher::Stop() {
   // joined after the sinks have had their shutdown budget.
   // Sinks finish what they hold; what they cannot is completed as retry -> released.
   for (auto& [name, sink] : d.sinks) {
-    const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    const auto left = std::chrono::duration_cast<Millis>(deadline - d.Now());
     sink->Shutdown(std::max(left, Millis(100)));
   }
   bool all = true;
   {
     std::unique_lock lk(d.settle_mu);
-    const auto settle_deadline = std::max(deadline, Clock::now() + Millis(2000));
-    all = d.settle_cv.wait_until(lk, settle_deadline, [&] { return d.unsettled == 0; });
+    // A real wait of what is left of the budget (at least 2 s), measured on the given clock.
+    const auto settle_wait =
+        std::max(std::chrono::duration_cast<Millis>(deadline - d.Now()), Millis(2000));
+    all = d.settle_cv.wait_for(lk, settle_wait, [&] { return d.unsettled == 0; });
     d.settler_stop = true;
     d.settler_give_up = true;
   }

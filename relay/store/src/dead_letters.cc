@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "queries.h"
+#include "store_access.h"
 
 namespace outbox::relay {
 namespace {
@@ -37,72 +38,88 @@ DeadLetter FromRow(const pqxx::row& r) {
 
 }  // namespace
 
-std::vector<DeadLetter> ListDeadLetters(pqxx::connection& c, const std::string& destination,
-                                        int limit) {
-  pqxx::nontransaction tx(c);
-  std::vector<DeadLetter> out;
-  for (const auto& r :
-       tx.exec_params(std::string(sql::queries::kdlq_list), destination, 0, limit)) {
-    out.push_back(FromRow(r));
-  }
-  return out;
-}
-
-std::optional<DeadLetter> GetDeadLetter(pqxx::connection& c, std::int64_t id) {
-  pqxx::nontransaction tx(c);
-  const auto r = tx.exec_params(std::string(sql::queries::kdlq_list), std::string(), id, 1);
-  if (r.empty()) return std::nullopt;
-  return FromRow(r[0]);
-}
-
-std::vector<std::int64_t> ReplayDeadLetters(pqxx::connection& c,
-                                            const std::vector<std::int64_t>& ids,
-                                            const std::string& destination) {
-  pqxx::work tx(c);
-  std::vector<std::int64_t> out;
-  for (const auto& r :
-       tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids), destination)) {
-    out.push_back(r[0].as<std::int64_t>());
-  }
-  tx.commit();
-  return out;
-}
-
-std::map<std::string, std::int64_t> LiveRelaysByDestination(pqxx::connection& c,
-                                                            std::chrono::milliseconds expiry) {
-  pqxx::nontransaction tx(c);
-  std::map<std::string, std::int64_t> out;
-  for (const auto& r : tx.exec_params(std::string(sql::queries::kstatus_relays),
-                                      static_cast<double>(expiry.count()) / 1000.0)) {
-    out[r["destination"].as<std::string>()] = r["relays"].as<std::int64_t>();
-  }
-  return out;
-}
-
-std::int64_t BuryDestination(pqxx::connection& c, const std::string& destination,
-                             const std::string& reason) {
-  std::int64_t total = 0;
-  while (true) {
+std::vector<DeadLetter> ListDeadLetters(Store& store, const std::string& destination, int limit) {
+  return Translated([&]() -> std::vector<DeadLetter> {
+    pqxx::connection& c = StoreAccess::Connection(store);
     pqxx::nontransaction tx(c);
-    const auto moved = static_cast<std::int64_t>(
-        tx.exec_params(std::string(sql::queries::kdead_letter_all), destination, reason).size());
-    if (moved == 0) return total;
-    total += moved;
-  }
+    std::vector<DeadLetter> out;
+    for (const auto& r :
+         tx.exec_params(std::string(sql::queries::kdlq_list), destination, 0, limit)) {
+      out.push_back(FromRow(r));
+    }
+    return out;
+  });
 }
 
-std::int64_t PurgeDeadLetters(pqxx::connection& c, const std::vector<std::int64_t>& ids,
+std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id) {
+  return Translated([&]() -> std::optional<DeadLetter> {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    pqxx::nontransaction tx(c);
+    const auto r = tx.exec_params(std::string(sql::queries::kdlq_list), std::string(), id, 1);
+    if (r.empty()) return std::nullopt;
+    return FromRow(r[0]);
+  });
+}
+
+std::vector<std::int64_t> ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
+                                            const std::string& destination) {
+  return Translated([&]() -> std::vector<std::int64_t> {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    pqxx::work tx(c);
+    std::vector<std::int64_t> out;
+    for (const auto& r :
+         tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids), destination)) {
+      out.push_back(r[0].as<std::int64_t>());
+    }
+    tx.commit();
+    return out;
+  });
+}
+
+std::map<std::string, std::int64_t> LiveRelaysByDestination(Store& store,
+                                                            std::chrono::milliseconds expiry) {
+  return Translated([&]() -> std::map<std::string, std::int64_t> {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    pqxx::nontransaction tx(c);
+    std::map<std::string, std::int64_t> out;
+    for (const auto& r : tx.exec_params(std::string(sql::queries::kstatus_relays),
+                                        static_cast<double>(expiry.count()) / 1000.0)) {
+      out[r["destination"].as<std::string>()] = r["relays"].as<std::int64_t>();
+    }
+    return out;
+  });
+}
+
+std::int64_t BuryDestination(Store& store, const std::string& destination,
+                             const std::string& reason) {
+  return Translated([&]() -> std::int64_t {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    std::int64_t total = 0;
+    while (true) {
+      pqxx::nontransaction tx(c);
+      const auto moved = static_cast<std::int64_t>(
+          tx.exec_params(std::string(sql::queries::kdead_letter_all), destination, reason).size());
+      if (moved == 0) return total;
+      total += moved;
+    }
+  });
+}
+
+std::int64_t PurgeDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                               const std::string& older_than, const std::string& destination) {
-  if (ids.empty() && older_than.empty() && destination.empty()) {
-    throw std::invalid_argument(
-        "purge needs ids, --older-than or --destination; to delete every dead letter say "
-        "--older-than '0 seconds'");
-  }
-  pqxx::work tx(c);
-  const auto r = tx.exec_params(std::string(sql::queries::kdlq_purge), ArrayLiteral(ids),
-                                older_than, destination);
-  tx.commit();
-  return static_cast<std::int64_t>(r.size());
+  return Translated([&]() -> std::int64_t {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    if (ids.empty() && older_than.empty() && destination.empty()) {
+      throw std::invalid_argument(
+          "purge needs ids, --older-than or --destination; to delete every dead letter say "
+          "--older-than '0 seconds'");
+    }
+    pqxx::work tx(c);
+    const auto r = tx.exec_params(std::string(sql::queries::kdlq_purge), ArrayLiteral(ids),
+                                  older_than, destination);
+    tx.commit();
+    return static_cast<std::int64_t>(r.size());
+  });
 }
 
 }  // namespace outbox::relay

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "queries.h"
+#include "store_access.h"
 
 namespace outbox::relay {
 namespace {
@@ -43,16 +44,22 @@ std::int64_t BatchedDelete(pqxx::connection& c, std::string_view delete_sql,
 
 }  // namespace
 
-std::int64_t CleanupArchive(pqxx::connection& c, std::chrono::seconds retention, int batch,
+std::int64_t CleanupArchive(Store& store, std::chrono::seconds retention, int batch,
                             std::int64_t max_rows) {
-  return BatchedDelete(c, sql::queries::kretention_archive, retention, batch, max_rows,
-                       "CleanupArchive");
+  return Translated([&]() -> std::int64_t {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    return BatchedDelete(c, sql::queries::kretention_archive, retention, batch, max_rows,
+                         "CleanupArchive");
+  });
 }
 
-std::int64_t CleanupDeadLetters(pqxx::connection& c, std::chrono::seconds max_age, int batch,
+std::int64_t CleanupDeadLetters(Store& store, std::chrono::seconds max_age, int batch,
                                 std::int64_t max_rows) {
-  return BatchedDelete(c, sql::queries::kretention_dead_letters, max_age, batch, max_rows,
-                       "CleanupDeadLetters");
+  return Translated([&]() -> std::int64_t {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    return BatchedDelete(c, sql::queries::kretention_dead_letters, max_age, batch, max_rows,
+                         "CleanupDeadLetters");
+  });
 }
 
 }  // namespace outbox::relay

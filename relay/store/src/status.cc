@@ -5,6 +5,7 @@
 #include <pqxx/pqxx>
 
 #include "queries.h"
+#include "store_access.h"
 
 namespace outbox::relay {
 namespace q = sql::queries;
@@ -39,79 +40,82 @@ const DestinationStatus* StatusSnapshot::Find(const std::string& destination) co
   return nullptr;
 }
 
-StatusSnapshot ReadStatus(pqxx::connection& c) { return ReadStatus(c, StatusOptions{}); }
+StatusSnapshot ReadStatus(Store& store) { return ReadStatus(store, StatusOptions{}); }
 
-StatusSnapshot ReadStatus(pqxx::connection& c, const StatusOptions& options) {
-  // One snapshot for every statement, so the queue and the dead letters agree with each
-  // other (a message is never counted in both, nor in neither).
-  pqxx::transaction<pqxx::repeatable_read, pqxx::read_only> tx(c);
-  tx.exec("SET LOCAL statement_timeout = " +
-          std::to_string(std::max<long long>(1, options.statement_timeout.count())));
+StatusSnapshot ReadStatus(Store& store, const StatusOptions& options) {
+  return Translated([&]() -> StatusSnapshot {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    // One snapshot for every statement, so the queue and the dead letters agree with each
+    // other (a message is never counted in both, nor in neither).
+    pqxx::transaction<pqxx::repeatable_read, pqxx::read_only> tx(c);
+    tx.exec("SET LOCAL statement_timeout = " +
+            std::to_string(std::max<long long>(1, options.statement_timeout.count())));
 
-  StatusSnapshot s;
-  std::map<std::string, DestinationStatus> by_name;
-  for (const auto& name : options.destinations) by_name[name].destination = name;
+    StatusSnapshot s;
+    std::map<std::string, DestinationStatus> by_name;
+    for (const auto& name : options.destinations) by_name[name].destination = name;
 
-  for (const auto& r : tx.exec(std::string(q::kstatus_queue))) {
-    auto& d = by_name[r["destination"].as<std::string>()];
-    d.destination = r["destination"].as<std::string>();
-    d.depth = r["depth"].as<std::int64_t>();
-    d.in_flight = r["in_flight"].as<std::int64_t>();
-    d.retrying = r["retrying"].as<std::int64_t>();
-    d.blocked = r["blocked"].as<std::int64_t>();
-    d.expired_leases = r["expired_leases"].as<std::int64_t>();
-    d.oldest_pending_age_seconds = r["oldest_pending_age_seconds"].as<double>();
-  }
-  for (const auto& r : tx.exec(std::string(q::kstatus_dead_letters))) {
-    auto& d = by_name[r["destination"].as<std::string>()];
-    d.destination = r["destination"].as<std::string>();
-    d.dead_letters = r["dead_letters"].as<std::int64_t>();
-    d.newest_dead_letter_epoch = OptDouble(r["newest_dead_at_epoch"]);
-  }
-  for (const auto& r :
-       tx.exec_params(std::string(q::kstatus_relays),
-                      static_cast<double>(options.relay_heartbeat_expiry.count()) / 1000.0)) {
-    auto& d = by_name[r["destination"].as<std::string>()];
-    d.destination = r["destination"].as<std::string>();
-    d.relays = r["relays"].as<std::int64_t>();
-  }
-  s.destinations.reserve(by_name.size());
-  for (auto& [name, d] : by_name) s.destinations.push_back(std::move(d));
-
-  {
-    const auto r = tx.exec1(std::string(q::kstatus_table));
-    s.taken_at_epoch = r["now_epoch"].as<double>();
-    s.table.live_tuples = r["n_live_tup"].as<std::int64_t>();
-    s.table.dead_tuples = r["n_dead_tup"].as<std::int64_t>();
-    s.table.last_vacuum_epoch = OptDouble(r["last_vacuum_epoch"]);
-    s.table.last_autovacuum_epoch = OptDouble(r["last_autovacuum_epoch"]);
-    s.table.vacuum_count = r["vacuum_count"].as<std::int64_t>();
-    s.table.autovacuum_count = r["autovacuum_count"].as<std::int64_t>();
-    s.table.total_bytes = r["total_bytes"].as<std::int64_t>();
-  }
-  {
-    const auto r = tx.exec1(std::string(q::kstatus_lock_waits));
-    s.lock_waiters = r["lock_waiters"].as<std::int64_t>();
-    s.longest_lock_wait_seconds = r["longest_wait_seconds"].as<double>();
-  }
-  {
-    const auto r = tx.exec1(std::string(q::kstatus_oldest_xact));
-    s.xmin_lag_xids = r["xmin_lag_xids"].as<std::int64_t>();
-    if (!r["kind"].is_null()) {
-      OldestTransaction t;
-      t.kind = r["kind"].as<std::string>();
-      if (!r["pid"].is_null()) t.pid = r["pid"].as<int>();
-      t.user = TextOr(r["usename"]);
-      t.application_name = TextOr(r["application_name"]);
-      t.state = TextOr(r["state"]);
-      t.gid = TextOr(r["gid"]);
-      t.age_seconds = r["age_seconds"].is_null() ? 0.0 : r["age_seconds"].as<double>();
-      if (!r["xmin_age_xids"].is_null()) t.xmin_age_xids = r["xmin_age_xids"].as<std::int64_t>();
-      s.oldest_transaction = std::move(t);
+    for (const auto& r : tx.exec(std::string(q::kstatus_queue))) {
+      auto& d = by_name[r["destination"].as<std::string>()];
+      d.destination = r["destination"].as<std::string>();
+      d.depth = r["depth"].as<std::int64_t>();
+      d.in_flight = r["in_flight"].as<std::int64_t>();
+      d.retrying = r["retrying"].as<std::int64_t>();
+      d.blocked = r["blocked"].as<std::int64_t>();
+      d.expired_leases = r["expired_leases"].as<std::int64_t>();
+      d.oldest_pending_age_seconds = r["oldest_pending_age_seconds"].as<double>();
     }
-  }
-  tx.commit();
-  return s;
+    for (const auto& r : tx.exec(std::string(q::kstatus_dead_letters))) {
+      auto& d = by_name[r["destination"].as<std::string>()];
+      d.destination = r["destination"].as<std::string>();
+      d.dead_letters = r["dead_letters"].as<std::int64_t>();
+      d.newest_dead_letter_epoch = OptDouble(r["newest_dead_at_epoch"]);
+    }
+    for (const auto& r :
+         tx.exec_params(std::string(q::kstatus_relays),
+                        static_cast<double>(options.relay_heartbeat_expiry.count()) / 1000.0)) {
+      auto& d = by_name[r["destination"].as<std::string>()];
+      d.destination = r["destination"].as<std::string>();
+      d.relays = r["relays"].as<std::int64_t>();
+    }
+    s.destinations.reserve(by_name.size());
+    for (auto& [name, d] : by_name) s.destinations.push_back(std::move(d));
+
+    {
+      const auto r = tx.exec1(std::string(q::kstatus_table));
+      s.taken_at_epoch = r["now_epoch"].as<double>();
+      s.table.live_tuples = r["n_live_tup"].as<std::int64_t>();
+      s.table.dead_tuples = r["n_dead_tup"].as<std::int64_t>();
+      s.table.last_vacuum_epoch = OptDouble(r["last_vacuum_epoch"]);
+      s.table.last_autovacuum_epoch = OptDouble(r["last_autovacuum_epoch"]);
+      s.table.vacuum_count = r["vacuum_count"].as<std::int64_t>();
+      s.table.autovacuum_count = r["autovacuum_count"].as<std::int64_t>();
+      s.table.total_bytes = r["total_bytes"].as<std::int64_t>();
+    }
+    {
+      const auto r = tx.exec1(std::string(q::kstatus_lock_waits));
+      s.lock_waiters = r["lock_waiters"].as<std::int64_t>();
+      s.longest_lock_wait_seconds = r["longest_wait_seconds"].as<double>();
+    }
+    {
+      const auto r = tx.exec1(std::string(q::kstatus_oldest_xact));
+      s.xmin_lag_xids = r["xmin_lag_xids"].as<std::int64_t>();
+      if (!r["kind"].is_null()) {
+        OldestTransaction t;
+        t.kind = r["kind"].as<std::string>();
+        if (!r["pid"].is_null()) t.pid = r["pid"].as<int>();
+        t.user = TextOr(r["usename"]);
+        t.application_name = TextOr(r["application_name"]);
+        t.state = TextOr(r["state"]);
+        t.gid = TextOr(r["gid"]);
+        t.age_seconds = r["age_seconds"].is_null() ? 0.0 : r["age_seconds"].as<double>();
+        if (!r["xmin_age_xids"].is_null()) t.xmin_age_xids = r["xmin_age_xids"].as<std::int64_t>();
+        s.oldest_transaction = std::move(t);
+      }
+    }
+    tx.commit();
+    return s;
+  });
 }
 
 }  // namespace outbox::relay

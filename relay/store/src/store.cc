@@ -5,7 +5,11 @@
 #include <pqxx/pqxx>
 #include <random>
 
+#include "outbox_relay/dead_letters.h"
+#include "outbox_relay/retention.h"
+#include "outbox_relay/status.h"
 #include "queries.h"
+#include "store_access.h"
 
 namespace outbox::relay {
 namespace q = sql::queries;
@@ -102,7 +106,65 @@ Store::Store(std::string database_url) : impl_(std::make_unique<Impl>()) {
 
 Store::~Store() { impl_->receiver.reset(); }
 
-pqxx::connection& Store::Connection() { return impl_->Get(); }
+pqxx::connection& StoreAccess::Connection(Store& store) {
+  return Translated([&]() -> pqxx::connection& { return store.impl_->Get(); });
+}
+
+bool IsTransientSqlState(const std::string& sqlstate) {
+  if (sqlstate.size() != 5) return false;
+  const std::string cls = sqlstate.substr(0, 2);
+  // 08 connection exception, 40 transaction rollback (serialization failure, deadlock,
+  // completion unknown), 53 insufficient resources (too many connections, out of memory or
+  // disk), 57 operator intervention (admin shutdown, crash shutdown, cannot connect now,
+  // query canceled: the statement timeout), 58 system error (I/O); 55P03 lock not available.
+  return cls == "08" || cls == "40" || cls == "53" || cls == "57" || cls == "58" ||
+         sqlstate == "55P03";
+}
+
+void ThrowStoreError() {
+  using K = StoreError::Kind;
+  try {
+    throw;
+  } catch (const StoreError&) {
+    throw;
+  } catch (const pqxx::broken_connection& e) {
+    throw StoreError(K::kTransient, "", e.what());
+  } catch (const pqxx::in_doubt_error& e) {
+    throw StoreError(K::kTransient, "", e.what());
+  } catch (const pqxx::sql_error& e) {
+    const std::string state = e.sqlstate();
+    throw StoreError(IsTransientSqlState(state) ? K::kTransient : K::kPermanent, state, e.what());
+  } catch (const pqxx::failure& e) {
+    // libpq lost the server without a SQLSTATE ("server closed the connection").
+    throw StoreError(K::kTransient, "", e.what());
+  } catch (const pqxx::usage_error& e) {
+    throw StoreError(K::kPermanent, "", e.what());
+  } catch (const pqxx::conversion_error& e) {
+    throw StoreError(K::kPermanent, "", e.what());
+  }
+}
+
+StoreFactory PostgresStores(std::string database_url) {
+  return [url = std::move(database_url)]() -> std::unique_ptr<QueueStore> {
+    return std::make_unique<Store>(url);
+  };
+}
+
+std::map<std::string, std::int64_t> Store::LiveRelays(Millis expiry) {
+  return LiveRelaysByDestination(*this, expiry);
+}
+
+StatusSnapshot Store::ReadStatus(const StatusOptions& options) {
+  return outbox::relay::ReadStatus(*this, options);
+}
+
+std::int64_t Store::CleanupArchive(std::chrono::seconds retention, int batch) {
+  return outbox::relay::CleanupArchive(*this, retention, batch);
+}
+
+std::int64_t Store::CleanupDeadLetters(std::chrono::seconds max_age, int batch) {
+  return outbox::relay::CleanupDeadLetters(*this, max_age, batch);
+}
 
 void Store::Reset() {
   impl_->receiver.reset();
@@ -171,167 +233,196 @@ std::string ArrayLiteral(const std::vector<T>& v, F f) {
 
 ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                          int slow_limit, Millis lease) {
-  impl_->last_claim_token.clear();  // a failure before the statement was sent leased nothing
-  auto& c = impl_->ForClaims();
-  std::string token = NewUuid();
-  impl_->last_claim_token = token;
-  pqxx::nontransaction tx(c);
-  const pqxx::result r = tx.exec_prepared("claim", destination, cursor, fresh_limit, slow_limit,
-                                          token, static_cast<long long>(lease.count()));
-  return ParseClaim(r, destination, std::move(token));
+  return Translated([&]() -> ClaimResult {
+    impl_->last_claim_token.clear();  // a failure before the statement was sent leased nothing
+    auto& c = impl_->ForClaims();
+    std::string token = NewUuid();
+    impl_->last_claim_token = token;
+    pqxx::nontransaction tx(c);
+    const pqxx::result r = tx.exec_prepared("claim", destination, cursor, fresh_limit, slow_limit,
+                                            token, static_cast<long long>(lease.count()));
+    return ParseClaim(r, destination, std::move(token));
+  });
 }
 
 ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t cursor,
                                     int per_bucket_limit, int slow_limit, Millis lease,
                                     const std::string& instance_id,
                                     const std::vector<BucketLease>& owned) {
-  impl_->last_claim_token.clear();  // a failure before the statement was sent leased nothing
-  auto& c = impl_->ForClaims();
-  std::string token = NewUuid();
-  impl_->last_claim_token = token;
-  pqxx::nontransaction tx(c);
-  const pqxx::result r =
-      tx.exec_prepared("claim_partitioned", destination, cursor, per_bucket_limit, slow_limit,
-                       token, static_cast<long long>(lease.count()), instance_id,
-                       ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
-                       ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }));
-  return ParseClaim(r, destination, std::move(token));
+  return Translated([&]() -> ClaimResult {
+    impl_->last_claim_token.clear();  // a failure before the statement was sent leased nothing
+    auto& c = impl_->ForClaims();
+    std::string token = NewUuid();
+    impl_->last_claim_token = token;
+    pqxx::nontransaction tx(c);
+    const pqxx::result r =
+        tx.exec_prepared("claim_partitioned", destination, cursor, per_bucket_limit, slow_limit,
+                         token, static_cast<long long>(lease.count()), instance_id,
+                         ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
+                         ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }));
+    return ParseClaim(r, destination, std::move(token));
+  });
 }
 
 std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Millis dead_after,
                                            bool leaving, const std::string& description) {
-  auto& c = impl_->Get();
-  pqxx::work tx(c);
-  std::vector<BucketLease> out;
-  const auto r = tx.exec_params(
-      "SELECT bucket, epoch FROM outbox.coordinate($1::uuid, make_interval(secs => $2::bigint / "
-      "1000.0), $3, $4)",
-      instance_id, static_cast<long long>(dead_after.count()), leaving, description);
-  for (const auto& row : r) out.push_back({row[0].as<int>(), row[1].as<std::int64_t>()});
-  tx.commit();
-  return out;
+  return Translated([&]() -> std::vector<BucketLease> {
+    auto& c = impl_->Get();
+    pqxx::work tx(c);
+    std::vector<BucketLease> out;
+    const auto r = tx.exec_params(
+        "SELECT bucket, epoch FROM outbox.coordinate($1::uuid, make_interval(secs => $2::bigint / "
+        "1000.0), $3, $4)",
+        instance_id, static_cast<long long>(dead_after.count()), leaving, description);
+    for (const auto& row : r) out.push_back({row[0].as<int>(), row[1].as<std::int64_t>()});
+    tx.commit();
+    return out;
+  });
 }
 
 SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool archive) {
-  SettleCounts counts;
-  if (settlements.empty()) return counts;
-  nlohmann::json arr = nlohmann::json::array();
-  for (const auto& s : settlements) {
-    arr.push_back({{"id", Raw(s.id)},
-                   {"token", s.lease_token},
-                   {"outcome", KindName(s.kind)},
-                   {"delay_ms", s.delay.count()},
-                   {"error", s.error},
-                   {"counted", s.counts_attempt}});
-  }
-  auto& c = impl_->Get();
-  pqxx::nontransaction tx(c);
-  const auto row = tx.exec_prepared1("settle", arr.dump(), archive);
-  counts.delivered = row["delivered"].as<std::int64_t>();
-  counts.dead = row["dead"].as<std::int64_t>();
-  counts.retried = row["retried"].as<std::int64_t>();
-  counts.released = row["released"].as<std::int64_t>();
-  counts.woken = row["woken"].as<std::int64_t>();
-  counts.archived = row["archived"].as<std::int64_t>();
-  counts.gone = row["gone"].as<std::int64_t>();
-  for (const auto& id : nlohmann::json::parse(row["written"].c_str())) {
-    counts.written.push_back(MessageId{id.get<std::int64_t>()});
-  }
-  counts.fenced = static_cast<std::int64_t>(settlements.size()) - counts.delivered - counts.dead -
-                  counts.retried - counts.released - counts.gone;
-  return counts;
+  return Translated([&]() -> SettleCounts {
+    SettleCounts counts;
+    if (settlements.empty()) return counts;
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& s : settlements) {
+      arr.push_back({{"id", Raw(s.id)},
+                     {"token", s.lease_token},
+                     {"outcome", KindName(s.kind)},
+                     {"delay_ms", s.delay.count()},
+                     {"error", s.error},
+                     {"counted", s.counts_attempt}});
+    }
+    auto& c = impl_->Get();
+    pqxx::nontransaction tx(c);
+    const auto row = tx.exec_prepared1("settle", arr.dump(), archive);
+    counts.delivered = row["delivered"].as<std::int64_t>();
+    counts.dead = row["dead"].as<std::int64_t>();
+    counts.retried = row["retried"].as<std::int64_t>();
+    counts.released = row["released"].as<std::int64_t>();
+    counts.woken = row["woken"].as<std::int64_t>();
+    counts.archived = row["archived"].as<std::int64_t>();
+    counts.gone = row["gone"].as<std::int64_t>();
+    for (const auto& id : nlohmann::json::parse(row["written"].c_str())) {
+      counts.written.push_back(MessageId{id.get<std::int64_t>()});
+    }
+    counts.fenced = static_cast<std::int64_t>(settlements.size()) - counts.delivered - counts.dead -
+                    counts.retried - counts.released - counts.gone;
+    return counts;
+  });
 }
 
 std::int64_t Store::RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
                                 Millis lease) {
-  if (held.empty()) return 0;
-  nlohmann::json arr = nlohmann::json::array();
-  for (const auto& [id, token] : held) arr.push_back({{"id", Raw(id)}, {"token", token}});
-  auto& c = impl_->Get();
-  pqxx::nontransaction tx(c);
-  return static_cast<std::int64_t>(
-      tx.exec_prepared("renew_leases", arr.dump(), static_cast<long long>(lease.count())).size());
+  return Translated([&]() -> std::int64_t {
+    if (held.empty()) return 0;
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& [id, token] : held) arr.push_back({{"id", Raw(id)}, {"token", token}});
+    auto& c = impl_->Get();
+    pqxx::nontransaction tx(c);
+    return static_cast<std::int64_t>(
+        tx.exec_prepared("renew_leases", arr.dump(), static_cast<long long>(lease.count())).size());
+  });
 }
 
 const std::string& Store::last_claim_token() const { return impl_->last_claim_token; }
 
 std::int64_t Store::ReleaseLostClaims(const std::vector<std::string>& tokens) {
-  if (tokens.empty()) return 0;
-  std::string array = "{";
-  for (std::size_t i = 0; i < tokens.size(); ++i) array += (i ? "," : "") + tokens[i];
-  array += "}";
-  auto& c = impl_->Get();
-  pqxx::nontransaction tx(c);
-  return static_cast<std::int64_t>(tx.exec_prepared("release_lost_claims", array).size());
+  return Translated([&]() -> std::int64_t {
+    if (tokens.empty()) return 0;
+    std::string array = "{";
+    for (std::size_t i = 0; i < tokens.size(); ++i) array += (i ? "," : "") + tokens[i];
+    array += "}";
+    auto& c = impl_->Get();
+    pqxx::nontransaction tx(c);
+    return static_cast<std::int64_t>(tx.exec_prepared("release_lost_claims", array).size());
+  });
 }
 
 std::vector<std::string> Store::Reap() {
-  auto& c = impl_->Get();
-  pqxx::nontransaction tx(c);
-  std::vector<std::string> out;
-  for (const auto& row : tx.exec_prepared("reap")) out.push_back(row[0].as<std::string>());
-  return out;
+  return Translated([&]() -> std::vector<std::string> {
+    auto& c = impl_->Get();
+    pqxx::nontransaction tx(c);
+    std::vector<std::string> out;
+    for (const auto& row : tx.exec_prepared("reap")) out.push_back(row[0].as<std::string>());
+    return out;
+  });
 }
 
 std::int64_t Store::WakeOrphans(const std::string& destination) {
-  auto& c = impl_->Get();
-  pqxx::nontransaction tx(c);
-  return static_cast<std::int64_t>(tx.exec_prepared("wake_orphans", destination).size());
+  return Translated([&]() -> std::int64_t {
+    auto& c = impl_->Get();
+    pqxx::nontransaction tx(c);
+    return static_cast<std::int64_t>(tx.exec_prepared("wake_orphans", destination).size());
+  });
 }
 
 std::int64_t Store::WakeKeys(const std::string& destination, const std::vector<std::string>& keys) {
-  if (keys.empty()) return 0;
-  auto& c = impl_->Get();
-  pqxx::nontransaction tx(c);
-  return static_cast<std::int64_t>(
-      tx.exec_prepared("wake_keys", destination, nlohmann::json(keys).dump()).size());
+  return Translated([&]() -> std::int64_t {
+    if (keys.empty()) return 0;
+    auto& c = impl_->Get();
+    pqxx::nontransaction tx(c);
+    return static_cast<std::int64_t>(
+        tx.exec_prepared("wake_keys", destination, nlohmann::json(keys).dump()).size());
+  });
 }
 
 std::vector<std::string> Store::Destinations() {
-  auto& c = impl_->Get();
-  pqxx::nontransaction tx(c);
-  std::vector<std::string> out;
-  for (const auto& row : tx.exec_prepared("destinations")) out.push_back(row[0].as<std::string>());
-  return out;
+  return Translated([&]() -> std::vector<std::string> {
+    auto& c = impl_->Get();
+    pqxx::nontransaction tx(c);
+    std::vector<std::string> out;
+    for (const auto& row : tx.exec_prepared("destinations"))
+      out.push_back(row[0].as<std::string>());
+    return out;
+  });
 }
 
 void Store::Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
                       const std::string& description) {
-  auto& c = impl_->Get();
-  pqxx::nontransaction tx(c);
-  std::string array = "{";
-  for (std::size_t i = 0; i < destinations.size(); ++i) {
-    if (i) array += ',';
-    array += '"';
-    for (const char ch : destinations[i]) {
-      if (ch == '"' || ch == '\\') array += '\\';
-      array += ch;
+  Translated([&]() -> void {
+    auto& c = impl_->Get();
+    pqxx::nontransaction tx(c);
+    std::string array = "{";
+    for (std::size_t i = 0; i < destinations.size(); ++i) {
+      if (i) array += ',';
+      array += '"';
+      for (const char ch : destinations[i]) {
+        if (ch == '"' || ch == '\\') array += '\\';
+        array += ch;
+      }
+      array += '"';
     }
-    array += '"';
-  }
-  array += '}';
-  tx.exec_prepared("relay_heartbeat", instance_id, array, description);
+    array += '}';
+    tx.exec_prepared("relay_heartbeat", instance_id, array, description);
+  });
 }
 
 void Store::Leave(const std::string& instance_id) {
-  auto& c = impl_->Get();
-  pqxx::nontransaction tx(c);
-  tx.exec_prepared("relay_leave", instance_id);
+  Translated([&]() -> void {
+    auto& c = impl_->Get();
+    pqxx::nontransaction tx(c);
+    tx.exec_prepared("relay_leave", instance_id);
+  });
 }
 
 void Store::Listen() {
-  impl_->listening = true;
-  auto& c = impl_->Get();
-  if (!impl_->receiver)
-    impl_->receiver = std::make_unique<WakeReceiver>(c, impl_->notifications, impl_->rebalances);
+  Translated([&]() -> void {
+    impl_->listening = true;
+    auto& c = impl_->Get();
+    if (!impl_->receiver)
+      impl_->receiver = std::make_unique<WakeReceiver>(c, impl_->notifications, impl_->rebalances);
+  });
 }
 
 bool Store::WaitForNotification(Millis timeout) {
-  auto& c = impl_->Get();
-  if (impl_->notifications.exchange(0) > 0) return true;
-  const long long us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
-  c.await_notification(static_cast<long>(us / 1'000'000), static_cast<long>(us % 1'000'000));
-  return impl_->notifications.exchange(0) > 0;
+  return Translated([&]() -> bool {
+    auto& c = impl_->Get();
+    if (impl_->notifications.exchange(0) > 0) return true;
+    const long long us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
+    c.await_notification(static_cast<long>(us / 1'000'000), static_cast<long>(us % 1'000'000));
+    return impl_->notifications.exchange(0) > 0;
+  });
 }
 
 bool Store::TakeRebalance() { return impl_->rebalances.exchange(0) > 0; }

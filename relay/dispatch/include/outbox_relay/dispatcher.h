@@ -8,7 +8,9 @@
 #include <memory>
 #include <string>
 
+#include "outbox_relay/clock.h"
 #include "outbox_relay/config.h"
+#include "outbox_relay/queue_store.h"
 #include "outbox_relay/sink.h"
 
 namespace outbox::relay {
@@ -33,6 +35,20 @@ struct DispatcherStats {
   std::atomic<std::int64_t> db_errors{0};  ///< Database errors survived.
 };
 
+/// What a dispatcher runs on besides its config and sinks. Defaults: the PostgreSQL store of
+/// config.database_url, the real clock, no metrics.
+struct DispatcherEnv {
+  /// Makes the store of each of the dispatcher's threads (claim loops, settler, listener,
+  /// maintenance, coordinator); empty: PostgresStores(config.database_url).
+  StoreFactory stores;
+  /// Must outlive the dispatcher; null: RealClock().
+  const Clock* clock = nullptr;
+  /// Optional, must outlive the dispatcher: receives every claim, delivery and settle event,
+  /// and the queue status every `status_interval`.
+  RelayMetrics* metrics = nullptr;
+  Millis status_interval{5000};
+};
+
 /// Owns one sink per destination and the threads that feed them. Start() once, Stop() once
 /// (or let the destructor stop it). Thread-safe: Stop() and stats() may be called from any
 /// thread.
@@ -42,6 +58,7 @@ class Dispatcher {
   /// settle event, and the queue status every `status_interval`.
   Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
              RelayMetrics* metrics = nullptr, Millis status_interval = Millis(5000));
+  Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks, DispatcherEnv env);
   ~Dispatcher();
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "outbox_relay/config.h"
+#include "outbox_relay/queue_store.h"
 #include "outbox_relay/sink.h"
-#include "outbox_relay/store.h"
 
 namespace outbox::relay {
 

@@ -5,11 +5,12 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <pqxx/connection>
 #include <string>
 #include <vector>
 
 namespace outbox::relay {
+
+class Store;
 
 struct DeadLetter {
   std::int64_t id = 0;
@@ -27,29 +28,27 @@ struct DeadLetter {
 };
 
 /// Newest first. `destination` empty: all.
-std::vector<DeadLetter> ListDeadLetters(pqxx::connection& c, const std::string& destination,
-                                        int limit);
-std::optional<DeadLetter> GetDeadLetter(pqxx::connection& c, std::int64_t id);
+std::vector<DeadLetter> ListDeadLetters(Store& store, const std::string& destination, int limit);
+std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id);
 /// Puts dead letters back in the queue with their idempotency keys; `ids` empty: every one
 /// (of `destination` if given). Returns the new message ids.
-std::vector<std::int64_t> ReplayDeadLetters(pqxx::connection& c,
-                                            const std::vector<std::int64_t>& ids,
+std::vector<std::int64_t> ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                                             const std::string& destination);
 /// Live relays (heartbeat within `expiry`) per destination they serve.
-std::map<std::string, std::int64_t> LiveRelaysByDestination(pqxx::connection& c,
+std::map<std::string, std::int64_t> LiveRelaysByDestination(Store& store,
                                                             std::chrono::milliseconds expiry);
 
 /// Moves every queued, unleased message of `destination` to the dead letters with `reason`
 /// (in batches; leased ones stay with their relay). For destinations no relay will ever
 /// serve: an operator's explicit decision (`outbox-relay dlq bury`), never the relay's.
 /// Returns how many moved.
-std::int64_t BuryDestination(pqxx::connection& c, const std::string& destination,
+std::int64_t BuryDestination(Store& store, const std::string& destination,
                              const std::string& reason);
 
 /// Deletes dead letters: by id, and/or dead longer than `older_than` (a PostgreSQL interval
 /// such as "7 days"). Returns how many. Refuses to run with neither ids nor older_than nor
 /// destination (throws std::invalid_argument) so a typo cannot purge everything.
-std::int64_t PurgeDeadLetters(pqxx::connection& c, const std::vector<std::int64_t>& ids,
+std::int64_t PurgeDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                               const std::string& older_than, const std::string& destination);
 
 }  // namespace outbox::relay

@@ -5,9 +5,10 @@
 
 #include <chrono>
 #include <cstdint>
-#include <pqxx/connection>
 
 namespace outbox::relay {
+
+class Store;
 
 /// Default bound on the rows one cleanup call deletes (the next call continues).
 inline constexpr std::int64_t kDefaultCleanupRowCap = 1'000'000;
@@ -17,13 +18,13 @@ inline constexpr std::int64_t kDefaultCleanupRowCap = 1'000'000;
 /// batch is shortened so it never deletes more; call again to continue). The cutoff is read
 /// from the server's clock once, at the start. Returns the number of rows deleted.
 /// Throws std::invalid_argument for a negative retention, batch < 1 or max_rows < 1, and
-/// pqxx exceptions on database errors (batches committed before the error stay deleted).
-std::int64_t CleanupArchive(pqxx::connection& c, std::chrono::seconds retention, int batch,
+/// StoreError on database errors (batches committed before the error stay deleted).
+std::int64_t CleanupArchive(Store& store, std::chrono::seconds retention, int batch,
                             std::int64_t max_rows = kDefaultCleanupRowCap);
 
 /// The same for outbox.dead_letters, by dead_at: dead letters older than `max_age` are
 /// deleted for good (the manual equivalent is `outbox-relay dlq purge --older-than`).
-std::int64_t CleanupDeadLetters(pqxx::connection& c, std::chrono::seconds max_age, int batch,
+std::int64_t CleanupDeadLetters(Store& store, std::chrono::seconds max_age, int batch,
                                 std::int64_t max_rows = kDefaultCleanupRowCap);
 
 }  // namespace outbox::relay

@@ -5,11 +5,12 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
-#include <pqxx/connection>
 #include <string>
 #include <vector>
 
 namespace outbox::relay {
+
+class Store;
 
 /// The queue of one destination. "Pending" means in outbox.messages and not leased.
 struct DestinationStatus {
@@ -95,9 +96,9 @@ struct StatusOptions {
 
 /// Reads a snapshot in one read-only transaction. Needs only the outbox_relay role; with
 /// pg_monitor (or pg_read_all_stats) it also sees other roles' sessions for lock waits and
-/// the oldest transaction. Throws pqxx exceptions on database errors (including the
+/// the oldest transaction. Throws StoreError on database errors (including the
 /// statement timeout).
-StatusSnapshot ReadStatus(pqxx::connection& c, const StatusOptions& options);
-StatusSnapshot ReadStatus(pqxx::connection& c);
+StatusSnapshot ReadStatus(Store& store, const StatusOptions& options);
+StatusSnapshot ReadStatus(Store& store);
 
 }  // namespace outbox::relay

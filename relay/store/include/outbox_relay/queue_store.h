@@ -1,0 +1,175 @@
+// What the dispatcher needs from the database, and nothing about how it is reached: claim,
+// settle, reap, wake, coordinate, listen, and the maintenance reads. The PostgreSQL
+// implementation is `Store` (store.h); tests drive the dispatcher with an in-memory one
+// (tests/dispatch/fake_store.h). No libpqxx type appears here or in any header of this module.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "outbox_relay/fresh_cursor.h"
+#include "outbox_relay/message.h"
+#include "outbox_relay/status.h"
+
+namespace outbox::relay {
+
+using Millis = std::chrono::milliseconds;
+
+/// A bucket this relay owns, with the epoch (fencing token) of its assignment.
+struct BucketLease {
+  int bucket = 0;
+  std::int64_t epoch = 0;
+  bool operator==(const BucketLease&) const = default;
+};
+
+struct ClaimResult {
+  std::string lease_token;        ///< Fences the settle of these messages.
+  std::vector<Message> messages;  ///< Leased, in id order; at most one per ordering key.
+  /// Ids of those `messages` that came from the fresh lane (never parked before), in id
+  /// order: what a full sweep finds below where the cursor had been is a miss of the lane.
+  std::vector<MessageId> fresh_lane;
+  ClaimFacts facts;
+};
+
+struct Settlement {
+  enum class Kind { kDelivered, kRetry, kDead, kRelease };
+  MessageId id{};
+  std::string lease_token;
+  Kind kind = Kind::kDelivered;
+  Millis delay{0};             ///< kRetry: wait this long before the next attempt.
+  std::string error;           ///< kRetry, kDead: the reason recorded on the row.
+  bool counts_attempt = true;  ///< kDead: false when no delivery was tried (exhausted, unknown).
+  // Not written; what the metrics need once the settle has written it.
+  std::string destination;
+  std::string reason_class;  ///< kRetry, kDead: the metrics' reason ("http_5xx", ...).
+  std::chrono::system_clock::time_point created_at{};
+};
+
+struct SettleCounts {
+  std::int64_t delivered = 0, dead = 0, retried = 0, released = 0, woken = 0, archived = 0;
+  /// Settlements whose lease had moved on (expired and reaped): nothing was written for them,
+  /// and the message will be delivered again.
+  std::int64_t fenced = 0;
+  /// Settlements whose message was already gone: an earlier run of the same write committed
+  /// although its reply was lost (a database restart), or another relay delivered it after
+  /// the lease expired. Nothing to do.
+  std::int64_t gone = 0;
+  /// Ids this write delivered, dead-lettered or returned for a retry: what metrics count.
+  std::vector<MessageId> written;
+};
+
+/// Every failure of a store call. `transient()`: the database could not be reached or asked
+/// to try again (connection lost, server shutting down or starting, serialization failure,
+/// deadlock, out of connections or resources, statement or lock timeout); the call may
+/// succeed after Reset() and a pause. Otherwise permanent: the statement itself is wrong for
+/// this database (a missing migration, a permission, a constraint), and repeating it does not
+/// help; what() says what to fix.
+class StoreError : public std::runtime_error {
+ public:
+  enum class Kind { kTransient, kPermanent };
+  StoreError(Kind kind, std::string sqlstate, const std::string& what)
+      : std::runtime_error(what), kind_(kind), sqlstate_(std::move(sqlstate)) {}
+  Kind kind() const { return kind_; }
+  bool transient() const { return kind_ == Kind::kTransient; }
+  /// The SQLSTATE the server sent, empty when the failure was not the server's answer.
+  const std::string& sqlstate() const { return sqlstate_; }
+
+ private:
+  Kind kind_;
+  std::string sqlstate_;
+};
+
+/// Whether a SQLSTATE means "try again" (see StoreError).
+bool IsTransientSqlState(const std::string& sqlstate);
+
+/// One connection's worth of the relay's statements. Not thread-safe: each dispatcher thread
+/// owns its own. Connects lazily; every method throws StoreError on failure, after which the
+/// caller calls Reset() (the next call reconnects).
+class QueueStore {
+ public:
+  virtual ~QueueStore() = default;
+
+  /// Leases up to fresh_limit + slow_limit deliverable messages of `destination`: fresh
+  /// rows above `cursor`, then parked rows that are due. Rows that are not deliverable yet
+  /// (scheduled, or behind an earlier message of their key) are parked by the same call.
+  virtual ClaimResult Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                            int slow_limit, Millis lease) = 0;
+  /// claim_mode: partitioned. Like Claim, but only from `owned` buckets, and only those the
+  /// coordinator still assigns to `instance_id` at the given epochs; `per_bucket_limit`
+  /// fresh rows per bucket.
+  virtual ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
+                                       int per_bucket_limit, int slow_limit, Millis lease,
+                                       const std::string& instance_id,
+                                       const std::vector<BucketLease>& owned) = 0;
+  /// The lease token of the last Claim or ClaimPartitioned, set just before the statement is
+  /// sent (empty when that call failed earlier): when the call throws, the claim may still
+  /// have committed with its reply lost.
+  virtual const std::string& last_claim_token() const = 0;
+  /// Hands back what claims with these tokens leased (their reply never arrived); returns how
+  /// many rows. Counts no attempt.
+  virtual std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) = 0;
+
+  /// Applies outcomes in one write, fenced by lease token. `archive`: also copy delivered
+  /// messages to the archive.
+  virtual SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive) = 0;
+  /// Extends to now + `lease` the leases of these (id, lease token) pairs that are still held
+  /// with that token; returns how many.
+  virtual std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
+                                   Millis lease) = 0;
+
+  /// Returns expired leases to the queue; returns the destination of each returned row.
+  virtual std::vector<std::string> Reap() = 0;
+  /// Wakes rows blocked behind their key whose key has no earlier message left.
+  virtual std::int64_t WakeOrphans(const std::string& destination) = 0;
+  /// WakeOrphans for just these keys of `destination`; returns how many rows were woken.
+  virtual std::int64_t WakeKeys(const std::string& destination,
+                                const std::vector<std::string>& keys) = 0;
+
+  /// Heartbeat + failure detection + rebalancing of buckets. Returns the buckets
+  /// `instance_id` owns afterwards. `leaving`: hand every bucket back now.
+  virtual std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
+                                              bool leaving, const std::string& description) = 0;
+  /// This relay is alive and serves `destinations`.
+  virtual void Heartbeat(const std::string& instance_id,
+                         const std::vector<std::string>& destinations,
+                         const std::string& description) = 0;
+  /// This relay stops: it no longer counts as serving its destinations.
+  virtual void Leave(const std::string& instance_id) = 0;
+  /// Distinct destinations that have messages in the queue.
+  virtual std::vector<std::string> Destinations() = 0;
+  /// Live relays (heartbeat within `expiry`) per destination they serve.
+  virtual std::map<std::string, std::int64_t> LiveRelays(Millis expiry) = 0;
+
+  /// Subscribes to wake-ups. Call once on a store used only for waiting.
+  virtual void Listen() = 0;
+  /// Waits up to `timeout` for a wake-up; true if one (or more) arrived.
+  virtual bool WaitForNotification(Millis timeout) = 0;
+  /// True (once) if a relay handed its buckets back since the last call.
+  virtual bool TakeRebalance() = 0;
+
+  /// The queue status the metrics collector publishes.
+  virtual StatusSnapshot ReadStatus(const StatusOptions& options) = 0;
+  /// Retention: deletes up to `batch` x some archived deliveries / dead letters older than
+  /// the age; returns how many (see retention.h).
+  virtual std::int64_t CleanupArchive(std::chrono::seconds retention, int batch) = 0;
+  virtual std::int64_t CleanupDeadLetters(std::chrono::seconds max_age, int batch) = 0;
+
+  /// Drops the connection; the next call reconnects.
+  virtual void Reset() = 0;
+  virtual bool Connected() const = 0;
+};
+
+/// Makes one store per dispatcher thread.
+using StoreFactory = std::function<std::unique_ptr<QueueStore>()>;
+
+/// A random uuid v4 (lease tokens).
+std::string NewUuid();
+
+}  // namespace outbox::relay

@@ -1,0 +1,401 @@
+// The dispatcher on an in-memory store and a clock the test moves (fake_store.h): ordering,
+// backpressure, retries, leases, reconnects, lost claim replies, the sweep and shutdown,
+// without PostgreSQL. Nothing here waits on wall time for a lease or a retry to come due:
+// the test advances the clock. Waits are on conditions, with deadlines.
+#include "outbox_relay/dispatcher.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "fake_store.h"
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::FakeClock;
+using testing::FakeDatabase;
+
+template <class Pred>
+bool WaitFor(Pred pred, std::chrono::milliseconds deadline = 10s) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return pred();
+}
+
+// A sink that records what it was given and completes on its own thread, in shuffled order,
+// as a real sink's callbacks arrive. `decide` says per message what happens: an outcome now,
+// or nullopt to hold it until Release() (or Shutdown).
+class RecordingSink final : public Sink {
+ public:
+  using Decide = std::function<std::optional<Outcome>(const Message&)>;
+
+  explicit RecordingSink(Decide decide) : decide_(std::move(decide)) {
+    worker_ = std::thread([this] { Run(); });
+  }
+  ~RecordingSink() override {
+    {
+      std::lock_guard lk(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  void Submit(Message msg, Completion done) override {
+    std::unique_lock lk(mu_);
+    if (shut_) {
+      lk.unlock();
+      done(Outcome{msg.id, OutcomeKind::kRetry, "shutdown", "shutdown", std::nullopt});
+      return;
+    }
+    ++in_flight_;
+    max_in_flight_ = std::max(max_in_flight_, in_flight_);
+    if (msg.ordering_key) {
+      if (!keys_in_flight_.insert(*msg.ordering_key).second) ++key_overlaps_;
+    }
+    submitted_.push_back(Raw(msg.id));
+    const auto outcome = decide_(msg);
+    Pending p{std::move(msg), std::move(done), outcome.value_or(Outcome{})};
+    if (outcome) {
+      ready_.push_back(std::move(p));
+      cv_.notify_all();
+    } else {
+      held_.push_back(std::move(p));
+    }
+  }
+
+  void Shutdown(std::chrono::milliseconds) override {
+    std::deque<Pending> held;
+    {
+      std::lock_guard lk(mu_);
+      shut_ = true;
+      held.swap(held_);
+    }
+    for (auto& p : held) {
+      p.outcome = Outcome{p.msg.id, OutcomeKind::kRetry, "shutdown", "shutdown", std::nullopt};
+      Complete(std::move(p));
+    }
+  }
+  bool Ready() const override { return true; }
+  std::size_t InFlight() const override {
+    std::lock_guard lk(mu_);
+    return static_cast<std::size_t>(in_flight_);
+  }
+
+  /// Delivers everything held.
+  void Release() {
+    std::lock_guard lk(mu_);
+    for (auto& p : held_) {
+      p.outcome = Outcome{p.msg.id, OutcomeKind::kDelivered, "", "", std::nullopt};
+      ready_.push_back(std::move(p));
+    }
+    held_.clear();
+    cv_.notify_all();
+  }
+
+  std::size_t Held() const {
+    std::lock_guard lk(mu_);
+    return held_.size();
+  }
+  int max_in_flight() const {
+    std::lock_guard lk(mu_);
+    return max_in_flight_;
+  }
+  int key_overlaps() const {
+    std::lock_guard lk(mu_);
+    return key_overlaps_;
+  }
+  std::vector<std::int64_t> submitted() const {
+    std::lock_guard lk(mu_);
+    return submitted_;
+  }
+
+ private:
+  struct Pending {
+    Message msg;
+    Completion done;
+    Outcome outcome;  // what it completes with (set when it is ready)
+  };
+
+  void Run() {
+    std::mt19937 rng(7);
+    std::unique_lock lk(mu_);
+    while (true) {
+      cv_.wait(lk, [&] { return quit_ || !ready_.empty(); });
+      if (quit_ && ready_.empty()) return;
+      std::shuffle(ready_.begin(), ready_.end(), rng);
+      std::deque<Pending> batch;
+      batch.swap(ready_);
+      lk.unlock();
+      for (auto& p : batch) Complete(std::move(p));
+      lk.lock();
+    }
+  }
+
+  void Complete(Pending p) {
+    Outcome o = std::move(p.outcome);
+    o.id = p.msg.id;
+    {
+      std::lock_guard lk(mu_);
+      --in_flight_;
+      if (p.msg.ordering_key) keys_in_flight_.erase(*p.msg.ordering_key);
+    }
+    p.done(std::move(o));
+  }
+
+  Decide decide_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> ready_, held_;
+  std::set<std::string> keys_in_flight_;
+  std::vector<std::int64_t> submitted_;
+  int in_flight_ = 0, max_in_flight_ = 0, key_overlaps_ = 0;
+  bool shut_ = false, quit_ = false;
+  std::thread worker_;
+};
+
+std::optional<Outcome> DeliverAll(const Message& m) {
+  return Outcome{m.id, OutcomeKind::kDelivered, "", "", std::nullopt};
+}
+
+class DispatcherTest : public ::testing::Test {
+ protected:
+  RelayConfig Config(int batch = 50) {
+    RelayConfig c;
+    c.database_url = "postgresql://unused.invalid/none";  // the fake store never connects
+    c.batch_size = batch;
+    c.poll_interval = 20ms;
+    c.lease = 30s;
+    c.reap_interval = 5s;
+    c.full_sweep_interval = 30s;
+    c.shutdown_timeout = 300ms;
+    Destination d;
+    d.name = "orders";
+    d.target = KafkaTarget{};
+    d.retry.max_attempts = 5;
+    c.destinations.emplace(d.name, d);
+    return c;
+  }
+
+  // Starts a dispatcher for `config` whose only destination's sink is `sink`.
+  Dispatcher& Start(RelayConfig config, RecordingSink::Decide decide) {
+    auto sink = std::make_unique<RecordingSink>(std::move(decide));
+    sink_ = sink.get();
+    std::map<std::string, SinkPtr> sinks;
+    sinks.emplace("orders", std::move(sink));
+    DispatcherEnv env;
+    env.stores = db_.Stores();
+    env.clock = &clock_;
+    dispatcher_ = std::make_unique<Dispatcher>(std::move(config), std::move(sinks), std::move(env));
+    dispatcher_->Start();
+    return *dispatcher_;
+  }
+
+  void TearDown() override {
+    if (dispatcher_) dispatcher_->Stop();
+  }
+
+  FakeClock clock_;
+  FakeDatabase db_{clock_};
+  RecordingSink* sink_ = nullptr;
+  std::unique_ptr<Dispatcher> dispatcher_;
+};
+
+TEST_F(DispatcherTest, DeliversEveryMessageOnceAndEachKeyInOrder) {
+  std::map<std::string, std::vector<std::int64_t>> by_key;
+  for (int i = 0; i < 400; ++i) {
+    std::optional<std::string> key;
+    if (i % 9 != 0) key = "k" + std::to_string(i % 7);
+    const auto id = db_.Enqueue("orders", key);
+    if (key) by_key[*key].push_back(id);
+  }
+  Start(Config(/*batch=*/25), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << db_.Queued() << " left";
+
+  const auto delivered = db_.Delivered();
+  EXPECT_EQ(delivered.size(), 400u);
+  EXPECT_EQ(std::set<std::int64_t>(delivered.begin(), delivered.end()).size(), 400u)
+      << "a message was delivered twice";
+  EXPECT_EQ(sink_->submitted().size(), 400u) << "a message was submitted twice";
+  EXPECT_EQ(sink_->key_overlaps(), 0) << "two messages of one key were in flight together";
+  for (const auto& [key, ids] : by_key) {
+    std::vector<std::int64_t> order;
+    for (const auto id : delivered)
+      if (std::find(ids.begin(), ids.end(), id) != ids.end()) order.push_back(id);
+    EXPECT_EQ(order, ids) << "key " << key << " was delivered out of order";
+  }
+  EXPECT_EQ(dispatcher_->stats().delivered.load(), 400);
+}
+
+TEST_F(DispatcherTest, InFlightStaysWithinTheCapUntilTheSinkCompletes) {
+  for (int i = 0; i < 300; ++i) db_.Enqueue("orders", std::nullopt);
+  // Kafka destinations: at most 4 batches in flight.
+  Start(Config(/*batch=*/10), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 40u; })) << sink_->Held() << " held";
+  EXPECT_EQ(sink_->max_in_flight(), 40);
+  EXPECT_EQ(db_.Leased(), 40u);
+  sink_->Release();
+  // What it then claims it holds again, 40 at a time.
+  ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() >= 40u && sink_->Held() == 40u; }));
+  EXPECT_EQ(sink_->max_in_flight(), 40);
+  while (db_.Queued() > 0) {
+    sink_->Release();
+    ASSERT_TRUE(WaitFor([&] { return sink_->Held() > 0 || db_.Queued() == 0; }));
+  }
+  EXPECT_EQ(db_.Delivered().size(), 300u);
+  EXPECT_LE(sink_->max_in_flight(), 40);
+}
+
+TEST_F(DispatcherTest, ARetryWaitsForItsDelayOnTheClockNotOnTheWall) {
+  for (int i = 0; i < 20; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 4));
+  std::mutex mu;
+  std::set<std::int64_t> failed_once;
+  auto cfg = Config();
+  cfg.destinations.at("orders").retry.initial_backoff = 1h;
+  cfg.destinations.at("orders").retry.max_backoff = 2h;
+  Start(cfg, [&](const Message& m) -> std::optional<Outcome> {
+    std::lock_guard lk(mu);
+    if (Raw(m.id) <= 4 && failed_once.insert(Raw(m.id)).second) {
+      // The endpoint asks for an hour: the delay is at least that (and at most max_backoff).
+      return Outcome{m.id, OutcomeKind::kRetry, "http 503", "http_5xx", std::chrono::hours(1)};
+    }
+    return Outcome{m.id, OutcomeKind::kDelivered, "", "", std::nullopt};
+  });
+  // The head of each key (ids 1-4) fails once and waits; the rest of each key waits behind it.
+  ASSERT_TRUE(WaitFor([&] { return dispatcher_->stats().retried.load() == 4; }));
+  const auto claims = db_.Calls("claim");
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 5; })) << "polls go on";
+  EXPECT_TRUE(db_.Delivered().empty()) << "a retry came due before its delay";
+  EXPECT_EQ(db_.Leased(), 0u);
+  for (const auto id : {1, 2, 3, 4}) {
+    const auto row = db_.Find(id);
+    ASSERT_TRUE(row);
+    EXPECT_EQ(row->attempts, 1);
+    EXPECT_GE(row->deliver_after, clock_.WallNow() + 1h);
+  }
+  clock_.Advance(2h + 1s);
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << db_.Queued() << " left";
+  EXPECT_EQ(db_.Delivered().size(), 20u);
+  EXPECT_EQ(sink_->key_overlaps(), 0);
+}
+
+TEST_F(DispatcherTest, TheLastAllowedAttemptDeadLetters) {
+  db_.Enqueue("orders", "a");
+  db_.Enqueue("orders", "a");
+  auto cfg = Config();
+  cfg.destinations.at("orders").retry.max_attempts = 3;
+  cfg.destinations.at("orders").retry.initial_backoff = 1min;
+  cfg.destinations.at("orders").retry.max_backoff = 1min;
+  Start(cfg, [](const Message& m) -> std::optional<Outcome> {
+    if (Raw(m.id) == 1) return Outcome{m.id, OutcomeKind::kRetry, "timeout", "timeout", {}};
+    return Outcome{m.id, OutcomeKind::kDelivered, "", "", std::nullopt};
+  });
+  for (int attempt = 1; attempt < 3; ++attempt) {
+    ASSERT_TRUE(WaitFor([&] {
+      const auto row = db_.Find(1);
+      return row && row->attempts == attempt && !row->lease_owner;
+    })) << "attempt "
+        << attempt;
+    clock_.Advance(1min + 1s);
+  }
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
+  EXPECT_EQ(db_.DeadLetters(), std::vector<std::int64_t>{1});
+  EXPECT_EQ(db_.Delivered(), std::vector<std::int64_t>{2})
+      << "the key moved on after the dead letter";
+}
+
+TEST_F(DispatcherTest, LeasesOfMessagesStillInTheSinkAreRenewedNotReaped) {
+  db_.Enqueue("orders", "a");
+  Start(Config(), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  const auto token = db_.Find(1)->lease_owner;
+  ASSERT_TRUE(token);
+  // Two whole leases pass on the clock while the sink still holds the message.
+  for (int step = 0; step < 6; ++step) {
+    const auto renewed = db_.RenewedLeases();
+    clock_.Advance(10s + 1ms);  // lease / 3
+    ASSERT_TRUE(WaitFor([&] { return db_.RenewedLeases() > renewed; })) << "step " << step;
+  }
+  const auto row = db_.Find(1);
+  ASSERT_TRUE(row);
+  EXPECT_EQ(row->lease_owner, token) << "the lease moved on while the message was in the sink";
+  EXPECT_EQ(row->attempts, 0);
+  EXPECT_EQ(dispatcher_->stats().reaped.load(), 0);
+  sink_->Release();
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
+  EXPECT_EQ(dispatcher_->stats().fenced.load(), 0);
+}
+
+TEST_F(DispatcherTest, ReconnectsAfterTransientErrorsAndLosesNothing) {
+  for (int i = 0; i < 60; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 3));
+  db_.FailNext("claim", 1);
+  db_.FailNext("settle", 1);
+  Start(Config(/*batch=*/10), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << db_.Queued() << " left";
+  EXPECT_EQ(db_.Delivered().size(), 60u);
+  EXPECT_GE(dispatcher_->stats().db_errors.load(), 2);
+  EXPECT_EQ(sink_->key_overlaps(), 0);
+  EXPECT_EQ(sink_->submitted().size(), 60u) << "a settle that failed was delivered again";
+}
+
+TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackNotLeftToItsLease) {
+  for (int i = 0; i < 10; ++i) db_.Enqueue("orders", "k");
+  db_.LoseNextClaimReply();
+  Start(Config(), DeliverAll);
+  // Without the hand-back, the lost claim's lease would hold key "k" for 30 s of clock time,
+  // which never passes here.
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << db_.Queued() << " left";
+  EXPECT_EQ(db_.Calls("release_lost_claims"), 1);
+  EXPECT_EQ(dispatcher_->stats().reaped.load(), 0);
+  EXPECT_EQ(db_.Delivered().size(), 10u);
+}
+
+TEST_F(DispatcherTest, TheFullSweepFindsARowTheLaneHadPassedAndCountsIt) {
+  for (int i = 0; i < 10; ++i) db_.Enqueue("orders", std::nullopt);
+  Start(Config(), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == 10u; }));
+  // Polls go on with the cursor past id 10; a row with id 3 appears (its id was taken long
+  // before it committed). The lane never looks below its cursor again ...
+  db_.EnqueueLate("orders", 3);
+  const auto claims = db_.Calls("claim");
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 5; }));
+  EXPECT_EQ(db_.Queued(), 1u);
+  EXPECT_EQ(dispatcher_->stats().sweep_found.load(), 0);
+  // ... until the full sweep interval has passed on the clock.
+  clock_.Advance(30s);
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
+  EXPECT_EQ(dispatcher_->stats().sweep_found.load(), 1);
+}
+
+TEST_F(DispatcherTest, StopHandsBackWhatTheSinkStillHoldsWithoutCountingAnAttempt) {
+  for (int i = 0; i < 30; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 5));
+  Start(Config(), [](const Message& m) -> std::optional<Outcome> {
+    if (Raw(m.id) % 2 == 0) return Outcome{m.id, OutcomeKind::kDelivered, "", "", std::nullopt};
+    return std::nullopt;  // the odd ones never finish
+  });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 5u; })) << sink_->Held();
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_TRUE(dispatcher_->Stop()) << "not everything was settled";
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 3s);
+  EXPECT_EQ(db_.Leased(), 0u) << "a lease was left for the reaper";
+  EXPECT_EQ(dispatcher_->stats().released.load(), 5);
+  for (std::int64_t id = 1; id <= 30; ++id) {
+    if (const auto row = db_.Find(id)) {
+      EXPECT_EQ(row->attempts, 0) << "id " << id << ": a handed-back message counted an attempt";
+    }
+  }
+  EXPECT_EQ(db_.Queued() + db_.Delivered().size(), 30u);
+}
+
+}  // namespace
+}  // namespace outbox::relay

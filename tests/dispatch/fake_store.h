@@ -1,0 +1,456 @@
+// An in-memory QueueStore with the semantics of the relay's SQL (sql/queries/claim.sql and its
+// fragment, settle.sql, reap.sql, renew_leases.sql, release_lost_claims.sql, wake_*.sql), and
+// a clock the test moves: the dispatcher's unit tests run on these, without PostgreSQL and
+// without waiting for leases or retries to come due. Every store a FakeDatabase makes shares
+// its rows; one mutex makes each call atomic, as one statement is.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "outbox_relay/clock.h"
+#include "outbox_relay/queue_store.h"
+
+namespace outbox::relay::testing {
+
+/// Starts at the real time of its construction and moves only when told to.
+class FakeClock final : public Clock {
+ public:
+  Steady::time_point Now() const override { return steady_base_ + Offset(); }
+  System::time_point WallNow() const override {
+    return std::chrono::time_point_cast<System::duration>(system_base_ + Offset());
+  }
+  void Advance(std::chrono::nanoseconds d) { offset_ns_ += d.count(); }
+
+ private:
+  std::chrono::nanoseconds Offset() const { return std::chrono::nanoseconds(offset_ns_.load()); }
+  const Steady::time_point steady_base_ = Steady::now();
+  const System::time_point system_base_ = System::now();
+  std::atomic<std::int64_t> offset_ns_{0};
+};
+
+class FakeDatabase {
+ public:
+  using Time = Clock::System::time_point;
+  static constexpr Time kInfinity = Time::max();  // 'infinity': blocked behind its key
+
+  struct Row {
+    std::int64_t id = 0;
+    std::string destination;
+    std::optional<std::string> key;
+    std::string payload;
+    bool parked = false;
+    Time deliver_after{};
+    std::optional<std::string> lease_owner;
+    Time lease_until{};
+    int attempts = 0;
+  };
+
+  explicit FakeDatabase(const FakeClock& clock) : clock_(clock) {}
+
+  /// outbox.enqueue: a committed message, due now (or after `delay`: then parked, like a
+  /// message scheduled more than a second ahead).
+  std::int64_t Enqueue(const std::string& destination, std::optional<std::string> key,
+                       std::chrono::milliseconds delay = {}) {
+    std::int64_t id;
+    {
+      std::lock_guard lk(mu_);
+      id = ++seq_;
+      Insert(id, destination, std::move(key), delay);
+    }
+    Notify();
+    return id;
+  }
+  /// A message whose id was taken long before it committed: below where the fresh lane's
+  /// cursor may already be (what only the full sweep can find).
+  std::int64_t EnqueueLate(const std::string& destination, std::int64_t id) {
+    {
+      std::lock_guard lk(mu_);
+      Insert(id, destination, std::nullopt, {});
+    }
+    Notify();
+    return id;
+  }
+
+  /// The next `n` calls of `op` ("claim", "settle", "reap", "renew", ...) fail with a
+  /// transient StoreError before doing anything.
+  void FailNext(const std::string& op, int n) {
+    std::lock_guard lk(mu_);
+    failures_[op] += n;
+  }
+  /// The next claim leases its rows and then fails as if its reply was lost.
+  void LoseNextClaimReply() {
+    std::lock_guard lk(mu_);
+    lose_claim_reply_ = true;
+  }
+
+  // What the queue holds now.
+  std::size_t Queued() const {
+    std::lock_guard lk(mu_);
+    return rows_.size();
+  }
+  std::size_t Leased() const {
+    std::lock_guard lk(mu_);
+    return static_cast<std::size_t>(std::count_if(rows_.begin(), rows_.end(), [](const auto& r) {
+      return r.second.lease_owner.has_value();
+    }));
+  }
+  std::optional<Row> Find(std::int64_t id) const {
+    std::lock_guard lk(mu_);
+    const auto it = rows_.find(id);
+    if (it == rows_.end()) return std::nullopt;
+    return it->second;
+  }
+  /// Ids in the order their delivery was settled.
+  std::vector<std::int64_t> Delivered() const {
+    std::lock_guard lk(mu_);
+    return delivered_;
+  }
+  std::vector<std::int64_t> DeadLetters() const {
+    std::lock_guard lk(mu_);
+    return dead_;
+  }
+  std::int64_t Calls(const std::string& op) const {
+    std::lock_guard lk(mu_);
+    const auto it = calls_.find(op);
+    return it == calls_.end() ? 0 : it->second;
+  }
+  std::int64_t RenewedLeases() const {
+    std::lock_guard lk(mu_);
+    return renewed_;
+  }
+
+  StoreFactory Stores();
+
+ private:
+  friend class FakeStore;
+
+  void Insert(std::int64_t id, const std::string& destination, std::optional<std::string> key,
+              std::chrono::milliseconds delay) {
+    Row r;
+    r.id = id;
+    r.destination = destination;
+    r.key = std::move(key);
+    r.payload = "{\"n\":" + std::to_string(id) + "}";
+    r.deliver_after = clock_.WallNow() + delay;
+    r.parked = delay > std::chrono::seconds(1);
+    rows_[id] = std::move(r);
+  }
+
+  void Notify() {
+    {
+      std::lock_guard lk(notify_mu_);
+      ++notifications_;
+    }
+    notify_cv_.notify_all();
+  }
+
+  // Called with mu_ held at the start of every operation.
+  void Enter(const std::string& op) {
+    ++calls_[op];
+    if (auto it = failures_.find(op); it != failures_.end() && it->second > 0) {
+      --it->second;
+      throw StoreError(StoreError::Kind::kTransient, "08006", "injected: " + op + " failed");
+    }
+  }
+
+  bool HasEarlierOfKey(const Row& r) const {
+    if (!r.key) return false;
+    for (const auto& [id, other] : rows_) {
+      if (id >= r.id) break;
+      if (other.destination == r.destination && other.key == r.key) return true;
+    }
+    return false;
+  }
+
+  // A keyed message left the queue: its key's next message, if blocked, may go now.
+  std::int64_t WakeSuccessor(const Row& gone) {
+    if (!gone.key) return 0;
+    for (auto& [id, r] : rows_) {
+      if (id <= gone.id || r.destination != gone.destination || r.key != gone.key) continue;
+      if (r.parked && r.deliver_after == kInfinity && !HasEarlierOfKey(r)) {
+        r.deliver_after = clock_.WallNow();
+        return 1;
+      }
+      return 0;
+    }
+    return 0;
+  }
+
+  std::int64_t WakeBlocked(const std::string& destination, const std::set<std::string>* keys) {
+    std::int64_t woken = 0;
+    for (auto& [id, r] : rows_) {
+      if (r.destination != destination || !r.parked || r.deliver_after != kInfinity) continue;
+      if (keys && (!r.key || !keys->count(*r.key))) continue;
+      if (!HasEarlierOfKey(r)) {
+        r.deliver_after = clock_.WallNow();
+        ++woken;
+      }
+    }
+    return woken;
+  }
+
+  const FakeClock& clock_;
+  mutable std::mutex mu_;
+  std::map<std::int64_t, Row> rows_;
+  std::int64_t seq_ = 0;
+  std::uint64_t xid_ = 100;
+  std::vector<std::int64_t> delivered_, dead_;
+  std::map<std::string, int> failures_;
+  std::map<std::string, std::int64_t> calls_;
+  std::int64_t renewed_ = 0;
+  bool lose_claim_reply_ = false;
+
+  std::mutex notify_mu_;
+  std::condition_variable notify_cv_;
+  std::uint64_t notifications_ = 0;
+};
+
+class FakeStore final : public QueueStore {
+ public:
+  explicit FakeStore(FakeDatabase& db) : db_(db) {}
+
+  ClaimResult Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                    int slow_limit, Millis lease) override {
+    std::lock_guard lk(db_.mu_);
+    last_token_.clear();
+    db_.Enter("claim");
+    last_token_ = NewUuid();
+    const auto now = db_.clock_.WallNow();
+    std::vector<std::int64_t> fresh, slow;
+    for (const auto& [id, r] : db_.rows_) {
+      if (static_cast<int>(fresh.size()) >= fresh_limit) break;
+      if (r.destination == destination && id > cursor && !r.parked && !r.lease_owner)
+        fresh.push_back(id);
+    }
+    std::vector<const FakeDatabase::Row*> due_parked;
+    for (const auto& [id, r] : db_.rows_) {
+      if (r.destination == destination && r.parked && !r.lease_owner && r.deliver_after <= now)
+        due_parked.push_back(&r);
+    }
+    std::sort(due_parked.begin(), due_parked.end(), [](const auto* a, const auto* b) {
+      return std::tie(a->deliver_after, a->id) < std::tie(b->deliver_after, b->id);
+    });
+    for (const auto* r : due_parked) {
+      if (static_cast<int>(slow.size()) >= slow_limit) break;
+      slow.push_back(r->id);
+    }
+
+    ClaimResult out;
+    out.lease_token = last_token_;
+    std::set<std::string> blocked;
+    std::vector<std::int64_t> candidates = fresh;
+    candidates.insert(candidates.end(), slow.begin(), slow.end());
+    std::vector<std::int64_t> leased;
+    for (const auto id : candidates) {
+      auto& r = db_.rows_.at(id);
+      const bool due = r.deliver_after <= now;
+      if (due && !db_.HasEarlierOfKey(r)) {
+        r.lease_owner = last_token_;
+        r.lease_until = now + lease;
+        leased.push_back(id);
+        if (!r.parked) out.fresh_lane.push_back(MessageId{id});
+      } else {
+        r.parked = true;
+        if (due) {
+          r.deliver_after = FakeDatabase::kInfinity;
+          if (r.key) blocked.insert(*r.key);
+        }
+        ++out.facts.held;
+      }
+    }
+    std::sort(leased.begin(), leased.end());
+    std::sort(out.fresh_lane.begin(), out.fresh_lane.end());
+    for (const auto id : leased) {
+      const auto& r = db_.rows_.at(id);
+      Message m;
+      m.id = MessageId{id};
+      m.destination = destination;
+      m.ordering_key = r.key;
+      m.idempotency_key = "key-" + std::to_string(id);
+      m.payload = r.payload;
+      m.attempts = r.attempts;
+      out.messages.push_back(std::move(m));
+    }
+    // No transaction is ever in progress here: every id handed out is committed.
+    out.facts.seq_value = db_.seq_;
+    out.facts.own_xid = ++db_.xid_;
+    out.facts.snap_xmin = out.facts.own_xid;
+    out.facts.fresh_scanned = static_cast<std::int64_t>(fresh.size());
+    if (static_cast<int>(fresh.size()) >= fresh_limit && !fresh.empty())
+      out.facts.fresh_full_bound = fresh.back();
+    out.facts.blocked_keys.assign(blocked.begin(), blocked.end());
+    if (db_.lose_claim_reply_) {
+      db_.lose_claim_reply_ = false;
+      throw StoreError(StoreError::Kind::kTransient, "08006", "injected: claim reply lost");
+    }
+    return out;
+  }
+
+  ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
+                               int per_bucket_limit, int slow_limit, Millis lease,
+                               const std::string&, const std::vector<BucketLease>&) override {
+    return Claim(destination, cursor, per_bucket_limit, slow_limit, lease);
+  }
+
+  const std::string& last_claim_token() const override { return last_token_; }
+
+  std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) override {
+    std::lock_guard lk(db_.mu_);
+    db_.Enter("release_lost_claims");
+    std::int64_t n = 0;
+    for (auto& [id, r] : db_.rows_) {
+      if (r.lease_owner &&
+          std::find(tokens.begin(), tokens.end(), *r.lease_owner) != tokens.end()) {
+        Requeue(r);
+        ++n;
+      }
+    }
+    return n;
+  }
+
+  SettleCounts Settle(const std::vector<Settlement>& settlements, bool) override {
+    std::lock_guard lk(db_.mu_);
+    db_.Enter("settle");
+    SettleCounts c;
+    for (const auto& s : settlements) {
+      const auto it = db_.rows_.find(Raw(s.id));
+      if (it == db_.rows_.end()) {
+        ++c.gone;
+        continue;
+      }
+      auto& r = it->second;
+      if (r.lease_owner != s.lease_token) {
+        ++c.fenced;
+        continue;
+      }
+      switch (s.kind) {
+        case Settlement::Kind::kDelivered:
+        case Settlement::Kind::kDead: {
+          const FakeDatabase::Row gone = r;
+          db_.rows_.erase(it);
+          (s.kind == Settlement::Kind::kDelivered ? db_.delivered_ : db_.dead_).push_back(gone.id);
+          ++(s.kind == Settlement::Kind::kDelivered ? c.delivered : c.dead);
+          c.woken += db_.WakeSuccessor(gone);
+          c.written.push_back(s.id);
+          break;
+        }
+        case Settlement::Kind::kRetry:
+          Requeue(r);
+          r.attempts += 1;
+          r.deliver_after = db_.clock_.WallNow() + s.delay;
+          ++c.retried;
+          c.written.push_back(s.id);
+          break;
+        case Settlement::Kind::kRelease:
+          Requeue(r);
+          ++c.released;
+          break;
+      }
+    }
+    return c;
+  }
+
+  std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
+                           Millis lease) override {
+    std::lock_guard lk(db_.mu_);
+    db_.Enter("renew");
+    std::int64_t n = 0;
+    for (const auto& [id, token] : held) {
+      const auto it = db_.rows_.find(Raw(id));
+      if (it == db_.rows_.end() || it->second.lease_owner != token) continue;
+      it->second.lease_until = db_.clock_.WallNow() + lease;
+      ++n;
+    }
+    db_.renewed_ += n;
+    return n;
+  }
+
+  std::vector<std::string> Reap() override {
+    std::lock_guard lk(db_.mu_);
+    db_.Enter("reap");
+    std::vector<std::string> out;
+    const auto now = db_.clock_.WallNow();
+    for (auto& [id, r] : db_.rows_) {
+      if (r.lease_owner && r.lease_until < now) {
+        Requeue(r);
+        r.attempts += 1;
+        out.push_back(r.destination);
+      }
+    }
+    return out;
+  }
+
+  std::int64_t WakeOrphans(const std::string& destination) override {
+    std::lock_guard lk(db_.mu_);
+    db_.Enter("wake_orphans");
+    return db_.WakeBlocked(destination, nullptr);
+  }
+  std::int64_t WakeKeys(const std::string& destination,
+                        const std::vector<std::string>& keys) override {
+    std::lock_guard lk(db_.mu_);
+    db_.Enter("wake_keys");
+    const std::set<std::string> set(keys.begin(), keys.end());
+    return db_.WakeBlocked(destination, &set);
+  }
+
+  std::vector<BucketLease> Coordinate(const std::string&, Millis, bool,
+                                      const std::string&) override {
+    return {};
+  }
+  void Heartbeat(const std::string&, const std::vector<std::string>&, const std::string&) override {
+    std::lock_guard lk(db_.mu_);
+    db_.Enter("heartbeat");
+  }
+  void Leave(const std::string&) override {}
+  std::vector<std::string> Destinations() override {
+    std::lock_guard lk(db_.mu_);
+    std::set<std::string> names;
+    for (const auto& [id, r] : db_.rows_) names.insert(r.destination);
+    return {names.begin(), names.end()};
+  }
+  std::map<std::string, std::int64_t> LiveRelays(Millis) override { return {}; }
+
+  void Listen() override {}
+  bool WaitForNotification(Millis timeout) override {
+    std::unique_lock lk(db_.notify_mu_);
+    const bool got =
+        db_.notify_cv_.wait_for(lk, timeout, [&] { return db_.notifications_ != seen_; });
+    seen_ = db_.notifications_;
+    return got;
+  }
+  bool TakeRebalance() override { return false; }
+
+  StatusSnapshot ReadStatus(const StatusOptions&) override { return {}; }
+  std::int64_t CleanupArchive(std::chrono::seconds, int) override { return 0; }
+  std::int64_t CleanupDeadLetters(std::chrono::seconds, int) override { return 0; }
+
+  void Reset() override {}
+  bool Connected() const override { return true; }
+
+ private:
+  // Back to the queue, due now (a retry then sets its own time).
+  void Requeue(FakeDatabase::Row& r) {
+    r.lease_owner.reset();
+    r.parked = true;
+    r.deliver_after = db_.clock_.WallNow();
+  }
+
+  FakeDatabase& db_;
+  std::string last_token_;
+  std::uint64_t seen_ = 0;
+};
+
+inline StoreFactory FakeDatabase::Stores() {
+  return [this]() -> std::unique_ptr<QueueStore> { return std::make_unique<FakeStore>(*this); };
+}
+
+}  // namespace outbox::relay::testing
