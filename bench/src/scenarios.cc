@@ -15,7 +15,9 @@
 #include "call_probe.h"
 #include "helper.h"
 #include "outbox_relay/dispatcher.h"
+#include "outbox_relay/sink_registry.h"
 #include "outbox_relay/kafka_sink.h"
+#include "outbox_relay/sink_registry.h"
 #include "outbox_relay/webhook_sink.h"
 #include "pg_server.h"
 #include "workload.h"
@@ -98,12 +100,7 @@ class Relay {
       relay::RelayConfig cfg;
       cfg.database_url = db_url;
       cfg.claim_mode = mode;
-      relay::SinkPtr sink;
-      if (const auto* k = std::get_if<relay::KafkaTarget>(&dest.target)) {
-        sink = relay::MakeKafkaSink(dest.name, *k);
-      } else {
-        sink = relay::MakeWebhookSink(dest.name, std::get<relay::WebhookTarget>(dest.target));
-      }
+      relay::SinkPtr sink = relay::MakeSink(dest);
       // The clock starts at the first claim, not while the producer finds its brokers.
       if (!WaitUntil([&] { return sink->Ready(); }, 30)) {
         throw std::runtime_error("the sink did not become ready in 30 s");

@@ -87,6 +87,7 @@ class RecordingSink final : public Sink {
     }
   }
   bool Ready() const override { return true; }
+  std::string_view Kind() const override { return "recording"; }
   std::size_t InFlight() const override {
     std::lock_guard lk(mu_);
     return static_cast<std::size_t>(in_flight_);

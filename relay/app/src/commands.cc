@@ -14,14 +14,13 @@
 #include "outbox_relay/config.h"
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/dispatcher.h"
-#include "outbox_relay/kafka_sink.h"
 #include "outbox_relay/logging.h"
 #include "outbox_relay/metrics.h"
 #include "outbox_relay/migrate.h"
+#include "outbox_relay/sink_registry.h"
 #include "outbox_relay/status.h"
 #include "outbox_relay/status_render.h"
 #include "outbox_relay/store.h"
-#include "outbox_relay/webhook_sink.h"
 
 namespace outbox::relay::app {
 
@@ -58,13 +57,7 @@ bool CheckSchema(const std::string& url) {
 std::optional<std::string> SinkConfigProblem(const std::string& config_path,
                                              const RelayConfig& cfg) {
   try {
-    for (const auto& [name, dest] : cfg.destinations) {
-      if (const auto* k = std::get_if<KafkaTarget>(&dest.target)) {
-        ValidateKafkaTarget(name, *k);
-      } else {
-        ValidateWebhookTarget(name, std::get<WebhookTarget>(dest.target));
-      }
-    }
+    for (const auto& [name, dest] : cfg.destinations) ValidateSink(dest);
   } catch (const std::invalid_argument& e) {
     return config_path + ": destinations: " + e.what();
   }
@@ -110,13 +103,7 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
 
   std::map<std::string, SinkPtr> sinks;
   try {
-    for (const auto& [name, dest] : cfg.destinations) {
-      if (const auto* k = std::get_if<KafkaTarget>(&dest.target)) {
-        sinks.emplace(name, MakeKafkaSink(name, *k));
-      } else {
-        sinks.emplace(name, MakeWebhookSink(name, std::get<WebhookTarget>(dest.target)));
-      }
-    }
+    for (const auto& [name, dest] : cfg.destinations) sinks.emplace(name, MakeSink(dest));
   } catch (const std::exception& e) {
     return Fail(std::string("cannot create sink: ") + e.what());
   }
@@ -131,9 +118,10 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
 
   RelayMetrics metrics(OUTBOX_RELAY_VERSION);
   for (const auto& [name, sink] : sinks) {
-    if (auto* kafka = dynamic_cast<KafkaSink*>(sink.get())) {
+    if (sink->ClientQueueLength()) {
+      const Sink* s = sink.get();
       metrics.SetKafkaProducerQueueLength(
-          name, [kafka] { return static_cast<double>(kafka->QueueLength()); });
+          name, [s] { return static_cast<double>(s->ClientQueueLength().value_or(0)); });
     }
   }
   Dispatcher dispatcher(cfg, std::move(sinks), &metrics);

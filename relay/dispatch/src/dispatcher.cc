@@ -42,16 +42,6 @@ Millis ReconnectDelay(int failures) {
   return Millis(std::min<long long>(5000, 100LL << std::min(failures, 6)));
 }
 
-const char* SinkKind(const Destination& d) {
-  return std::holds_alternative<WebhookTarget>(d.target) ? "webhook" : "kafka";
-}
-
-int InFlightCap(const Destination& d, int batch) {
-  if (const auto* w = std::get_if<WebhookTarget>(&d.target))
-    return std::max(w->max_in_flight * 4, 8);
-  return batch * 4;
-}
-
 }  // namespace
 
 struct Dispatcher::Impl {
@@ -121,7 +111,7 @@ struct Dispatcher::Impl {
     std::vector<std::string> lost_claims;  // tokens of claims that failed: maybe committed
     auto next_recheck = Now();
     const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
-    const int cap = InFlightCap(dest, batch);
+    const int cap = static_cast<int>(sink.MaxInFlight(batch));
     auto last_sweep = Now();
     int failures = 0;
     std::uint64_t seen_gen;
@@ -294,7 +284,7 @@ struct Dispatcher::Impl {
     const auto created_at = msg.created_at;
     const auto submitted = Now();
     const Destination* d = &dest;
-    sink.Submit(std::move(msg), [this, id, attempts, d, token, created_at,
+    sink.Submit(std::move(msg), [this, id, attempts, d, &sink, token, created_at,
                                  submitted](Outcome outcome) {
       if (outcome.kind != OutcomeKind::kDelivered) {
         spdlog::debug("message {}: {} ({})", Raw(id), ToString(outcome.kind), outcome.reason);
@@ -302,17 +292,18 @@ struct Dispatcher::Impl {
       Settlement s = Decide(id, attempts, outcome, d->retry, token, Uniform01(), stopping.load());
       s.destination = d->name;
       s.created_at = created_at;
-      if (metrics) RecordAttempt(*d, outcome, submitted);
+      if (metrics) RecordAttempt(*d, sink, outcome, submitted);
       Enqueue(std::move(s));
       wake_cv.notify_all();  // room in flight
     });
   }
 
   // One delivery attempt, whatever its settle finds: how long it took, what the endpoint said.
-  void RecordAttempt(const Destination& d, const Outcome& outcome, SteadyTime submitted) {
-    const char* kind = SinkKind(d);
-    metrics->RecordDeliveryDuration(d.name, kind, std::chrono::duration<double>(Now() - submitted));
-    if (std::string_view(kind) == "webhook") metrics->RecordWebhookResponse(d.name, outcome);
+  void RecordAttempt(const Destination& d, const Sink& sink, const Outcome& outcome,
+                     SteadyTime submitted) {
+    metrics->RecordDeliveryDuration(d.name, sink.Kind(),
+                                    std::chrono::duration<double>(Now() - submitted));
+    if (sink.OutcomesAreResponses()) metrics->RecordWebhookResponse(d.name, outcome);
   }
 
   // What a settle wrote, message by message: a fenced outcome (the lease had moved on) and a
@@ -638,12 +629,11 @@ Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
   auto* metrics = env.metrics;
   impl_->metrics = metrics;
   impl_->status_interval = env.status_interval;
-  if (metrics) {
-    for (const auto& [name, dest] : impl_->config.destinations)
-      metrics->InitDestination(name, SinkKind(dest));
-  }
   for (const auto& [name, dest] : impl_->config.destinations) {
     if (!impl_->sinks.count(name)) throw std::invalid_argument("no sink for destination " + name);
+  }
+  if (metrics) {
+    for (const auto& [name, sink] : impl_->sinks) metrics->InitDestination(name, sink->Kind());
   }
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "outbox_relay/message.h"
 
@@ -61,8 +62,42 @@ class Sink {
 
   /// Messages accepted by Submit whose completion has not run yet.
   virtual std::size_t InFlight() const = 0;
+
+  /// The kind of sink ("kafka", "webhook"): the `sink` label of the metrics.
+  virtual std::string_view Kind() const = 0;
+
+  /// How many messages the dispatcher may have in this sink at once when it claims
+  /// `claim_batch` at a time: enough to keep the target busy while the next claim runs.
+  virtual std::size_t MaxInFlight(int claim_batch) const {
+    return static_cast<std::size_t>(claim_batch) * 4;
+  }
+
+  /// Messages the sink's client library still holds (Kafka: the producer queue), published
+  /// as a gauge; nullopt when the sink has no such queue.
+  virtual std::optional<std::size_t> ClientQueueLength() const { return std::nullopt; }
+
+  /// True when each outcome is a response of the target (an HTTP status, a timeout), counted
+  /// per response class in outbox_webhook_responses_total.
+  virtual bool OutcomesAreResponses() const { return false; }
 };
 
 using SinkPtr = std::unique_ptr<Sink>;
+
+struct Destination;  // outbox_relay/config.h
+
+/// One kind of sink: how its destinations are recognised, checked and served. Each kind
+/// defines its factory in its own folder (relay/sinks/<kind>); relay/sinks/src/registry.cc
+/// lists them, and nothing else in the relay names a kind of sink (docs/architecture.md,
+/// "Adding a sink").
+struct SinkFactory {
+  std::string_view kind;  ///< As Sink::Kind() of the sinks it makes.
+  /// Whether `destination`'s target is this kind's.
+  bool (*serves)(const Destination& destination);
+  /// What the sink would refuse, checked without connecting (check-config and run both call
+  /// it); throws std::invalid_argument naming the property and the fix.
+  void (*validate)(const Destination& destination);
+  /// Creates the sink; throws std::invalid_argument like validate.
+  SinkPtr (*make)(const Destination& destination);
+};
 
 }  // namespace outbox::relay

@@ -560,4 +560,14 @@ SinkPtr MakeKafkaSink(std::string destination, const KafkaTarget& target) {
   return std::make_unique<KafkaSink>(std::move(destination), target);
 }
 
+const SinkFactory& KafkaSinkFactory() {
+  static const SinkFactory factory{
+      "kafka",
+      [](const Destination& d) { return std::holds_alternative<KafkaTarget>(d.target); },
+      [](const Destination& d) { ValidateKafkaTarget(d.name, std::get<KafkaTarget>(d.target)); },
+      [](const Destination& d) { return MakeKafkaSink(d.name, std::get<KafkaTarget>(d.target)); },
+  };
+  return factory;
+}
+
 }  // namespace outbox::relay

@@ -251,6 +251,12 @@ class WebhookSink final : public Sink {
   }
 
   std::size_t InFlight() const override { return in_flight_.load(); }
+  std::string_view Kind() const override { return "webhook"; }
+  // Enough queued work for every worker, and a claim's worth more.
+  std::size_t MaxInFlight(int) const override {
+    return static_cast<std::size_t>(std::max(target_.max_in_flight * 4, 8));
+  }
+  bool OutcomesAreResponses() const override { return true; }
 
  private:
   struct Job {
@@ -529,6 +535,20 @@ class WebhookSink final : public Sink {
 
 SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target) {
   return std::make_unique<WebhookSink>(std::move(destination), target);
+}
+
+const SinkFactory& WebhookSinkFactory() {
+  static const SinkFactory factory{
+      "webhook",
+      [](const Destination& d) { return std::holds_alternative<WebhookTarget>(d.target); },
+      [](const Destination& d) {
+        ValidateWebhookTarget(d.name, std::get<WebhookTarget>(d.target));
+      },
+      [](const Destination& d) {
+        return MakeWebhookSink(d.name, std::get<WebhookTarget>(d.target));
+      },
+  };
+  return factory;
 }
 
 }  // namespace outbox::relay

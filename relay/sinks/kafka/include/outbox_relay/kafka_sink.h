@@ -88,6 +88,8 @@ class KafkaSink final : public Sink {
   bool Ready() const override;
   std::string WhyNotReady() const override;
   std::size_t InFlight() const override;
+  std::string_view Kind() const override { return "kafka"; }
+  std::optional<std::size_t> ClientQueueLength() const override { return QueueLength(); }
 
   /// Messages and requests librdkafka still holds (rd_kafka_outq_len), for metrics.
   std::size_t QueueLength() const;
@@ -107,5 +109,8 @@ void ValidateKafkaTarget(const std::string& destination, const KafkaTarget& targ
 
 /// Creates a KafkaSink; throws std::invalid_argument as the constructor does.
 SinkPtr MakeKafkaSink(std::string destination, const KafkaTarget& target);
+
+/// The Kafka kind of sink (serves destinations with a `kafka:` target).
+const SinkFactory& KafkaSinkFactory();
 
 }  // namespace outbox::relay

@@ -53,6 +53,9 @@ namespace outbox::relay {
 /// validation should have caught it first).
 SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target);
 
+/// The webhook kind of sink (serves destinations with a `webhook:` target).
+const SinkFactory& WebhookSinkFactory();
+
 /// The checks MakeWebhookSink makes, without starting anything: url (no credentials, a host,
 /// a port), secrets, max_in_flight, timeouts, ca_file. Throws std::invalid_argument naming
 /// the destination. `check-config` and `run` both rely on it.

@@ -1,0 +1,26 @@
+// The kinds of sink this relay is built with. The app, the dispatcher and the benchmark go
+// through here and through Sink; none of them names a kind of sink.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "outbox_relay/config.h"
+#include "outbox_relay/sink.h"
+
+namespace outbox::relay {
+
+/// Every registered kind, in registration order (relay/sinks/src/registry.cc).
+const std::vector<const SinkFactory*>& SinkFactories();
+
+/// The factory that serves `destination`; throws std::invalid_argument when none does.
+const SinkFactory& SinkFactoryFor(const Destination& destination);
+
+/// What the destination's sink would refuse, checked without connecting; throws
+/// std::invalid_argument.
+void ValidateSink(const Destination& destination);
+
+/// Creates the destination's sink; throws std::invalid_argument like ValidateSink.
+SinkPtr MakeSink(const Destination& destination);
+
+}  // namespace outbox::relay
