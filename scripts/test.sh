@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, and runs the whole test suite.
-# Usage: scripts/test.sh [preset]   (preset: default | asan; default: default)
+# Usage: scripts/test.sh [preset]   (preset: default | asan | tsan; default: default)
+#   tsan runs the unit tests only: libpq and librdkafka are not built with ThreadSanitizer, so
+#   tests that run their threads would report races inside them that are not ours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PRESET="${1:-default}"

@@ -1,0 +1,169 @@
+// One claim loop per destination: claim what its sink has room for, hand it over, and keep
+// the fresh-lane cursor (docs/adr/0001-claim-path.md).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <deque>
+
+#include "dispatcher_impl.h"
+#include "outbox_relay/fresh_cursor.h"
+#include "reconnect.h"
+#include "tuning.h"
+
+namespace outbox::relay {
+
+void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
+  const auto owned_store = stores();
+  QueueStore& store = *owned_store;
+  FreshCursor cursor;
+  const bool partitioned = config.claim_mode == ClaimMode::kPartitioned;
+  std::vector<BucketLease> last_buckets;
+  std::deque<std::pair<std::string, SteadyTime>> recheck;  // recently blocked keys
+  std::vector<std::string> lost_claims;  // tokens of claims that failed: maybe committed
+  auto next_recheck = Now();
+  const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
+  const int cap = static_cast<int>(sink.MaxInFlight(batch));
+  auto last_sweep = Now();
+  Reconnect db(dest.name + ": claim failed, reconnecting", dest.name + ": database reachable again",
+               [this] { DbError(); });
+  std::uint64_t seen_gen;
+  {
+    std::lock_guard lk(mu);
+    seen_gen = wake_gen;
+  }
+  while (!stopping) {
+    if (Now() - last_sweep >= config.full_sweep_interval) {
+      cursor.StartSweep();
+      last_sweep = Now();
+    }
+    const int room = cap - static_cast<int>(sink.InFlight());
+    if (room <= 0) {
+      WaitFor(tuning::kRoomPoll, [&] { return static_cast<int>(sink.InFlight()) < cap; });
+      continue;
+    }
+    const int fresh_limit = std::min(batch, room);
+    const int slow_limit = std::max(1, fresh_limit / 2);
+    ClaimResult claim;
+    std::vector<BucketLease> buckets;
+    if (partitioned) {
+      buckets = OwnedBuckets();
+      // Buckets this relay just gained hold rows below the cursor, which so far only
+      // scanned the buckets it owned: start the lane over.
+      if (buckets != last_buckets) {
+        cursor.Reset();
+        last_buckets = buckets;
+      }
+      if (buckets.empty()) {  // nothing assigned (yet): wait for the coordinator
+        std::unique_lock lk(mu);
+        wake_cv.wait_for(lk, config.poll_interval,
+                         [&] { return stopping.load() || wake_gen != seen_gen; });
+        seen_gen = wake_gen;
+        continue;
+      }
+    }
+    // Claims that failed may have committed with their reply lost (the database restarted,
+    // the connection broke): hand back what they leased before claiming again, so their
+    // keys move within a reconnect instead of after the whole lease.
+    if (!lost_claims.empty()) {
+      try {
+        const auto released = store.ReleaseLostClaims(lost_claims);
+        if (released > 0) {
+          spdlog::warn("{}: handed back {} message(s) leased by a claim whose reply was lost",
+                       dest.name, released);
+          Wake();
+        }
+        lost_claims.clear();
+      } catch (const std::exception& e) {
+        WaitFor(db.Failed(store, e), [] { return false; });
+        continue;
+      }
+    }
+    const auto claim_started = Now();
+    try {
+      if (partitioned) {
+        const int per_bucket = std::max(1, (fresh_limit + static_cast<int>(buckets.size()) - 1) /
+                                               static_cast<int>(buckets.size()));
+        claim = store.ClaimPartitioned(dest.name, cursor.position(), per_bucket, slow_limit,
+                                       config.lease, instance_id, buckets);
+      } else {
+        claim = store.Claim(dest.name, cursor.position(), fresh_limit, slow_limit, config.lease);
+      }
+      db.Succeeded();
+      db_ok = true;
+    } catch (const std::exception& e) {
+      db_ok = false;
+      if (!store.last_claim_token().empty()) lost_claims.push_back(store.last_claim_token());
+      const auto pause = db.Failed(store, e);
+      cursor.Reset();
+      WaitFor(pause, [] { return false; });
+      continue;
+    }
+    {
+      const auto before = cursor.position();
+      if (const auto missed = cursor.Missed(claim.fresh_lane); !missed.empty()) {
+        RecordSweepFinds(dest, missed, claim.facts);
+      }
+      cursor.Observe(claim.facts);
+      if (spdlog::should_log(spdlog::level::trace)) {
+        spdlog::trace(
+            "{}: claim cursor {} -> {} seq {} xmin {} xid {} fresh {} leased {} parked {}",
+            dest.name, before, cursor.position(), claim.facts.seq_value, claim.facts.snap_xmin,
+            claim.facts.own_xid, claim.facts.fresh_scanned, claim.messages.size(),
+            claim.facts.held);
+      }
+    }
+    if (metrics) {
+      metrics->RecordClaim(dest.name, static_cast<std::int64_t>(claim.messages.size()),
+                           std::chrono::duration<double>(Now() - claim_started));
+    }
+    ++stats.claims;
+    if (claim.messages.empty()) ++stats.empty_claims;
+    stats.claimed += static_cast<std::int64_t>(claim.messages.size());
+    for (auto& msg : claim.messages) Submit(dest, sink, claim.lease_token, std::move(msg));
+    // Keys this claim blocked may have lost their predecessor while it ran (its settle
+    // committed after our snapshot): recheck them for a second, every 50 ms, so they do not
+    // wait for the periodic orphan sweep.
+    for (auto& key : claim.facts.blocked_keys) recheck.emplace_back(std::move(key), Now());
+    if (!recheck.empty() && Now() >= next_recheck) {
+      next_recheck = Now() + tuning::kBlockedKeyRecheckEvery;
+      while (!recheck.empty() && Now() - recheck.front().second > tuning::kBlockedKeyRecheckFor) {
+        recheck.pop_front();
+      }
+      std::vector<std::string> keys;
+      keys.reserve(recheck.size());
+      for (const auto& entry : recheck) keys.push_back(entry.first);
+      try {
+        if (store.WakeKeys(dest.name, keys) > 0) continue;  // claim the woken rows now
+      } catch (const std::exception& e) {
+        DbError();
+        spdlog::warn("{}: recheck of blocked keys failed: {}", dest.name, e.what());
+        store.Reset();
+        cursor.Reset();
+      }
+    }
+    if (claim.messages.empty() && claim.facts.held == 0) {
+      std::unique_lock lk(mu);
+      wake_cv.wait_for(lk, recheck.empty() ? config.poll_interval : tuning::kBlockedKeyRecheckEvery,
+                       [&] { return stopping.load() || wake_gen != seen_gen; });
+      seen_gen = wake_gen;
+    }
+  }
+}
+
+// The fresh lane passed these rows and only the sweep found them: by design this never
+// happens, so each is counted and the first is logged with what the cursor knew.
+void Dispatcher::Impl::RecordSweepFinds(const Destination& dest,
+                                        const std::vector<MessageId>& missed,
+                                        const ClaimFacts& facts) {
+  const auto n = static_cast<std::int64_t>(missed.size());
+  if (stats.sweep_found.fetch_add(n) == 0) {
+    spdlog::warn(
+        "{}: the full sweep found {} message(s) the fresh lane had passed (first id {}; "
+        "sequence {}, snapshot xmin {}); they waited up to full_sweep_interval_ms. Counted in "
+        "outbox_sweep_found_total; please report it with this line",
+        dest.name, n, Raw(missed.front()), facts.seq_value, facts.snap_xmin);
+  }
+  if (metrics) metrics->RecordSweepFound(dest.name, n);
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,68 @@
+// claim_mode partitioned: heartbeats through outbox.coordinate and the buckets this relay
+// owns (docs/scaling.md).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <deque>
+
+#include "dispatcher_impl.h"
+#include "reconnect.h"
+#include "tuning.h"
+
+namespace outbox::relay {
+
+// claim_mode partitioned: heartbeat, learn which buckets this relay owns, and stop claiming
+// from all of them when heartbeats fail for longer than the partition lease (by then the
+// others consider this relay dead and have taken its buckets).
+void Dispatcher::Impl::CoordinatorLoop() {
+  const auto owned_store = stores();
+  QueueStore& store = *owned_store;
+  auto last_ok = Now();
+  Reconnect db("coordinator: heartbeat failed", "coordinator: database reachable again",
+               [this] { DbError(); });
+  std::uint64_t seen_gen = 0;
+  while (!stopping) {
+    try {
+      auto now_owned = store.Coordinate(instance_id, config.partition_lease, false, description);
+      last_ok = Now();
+      db.Succeeded();
+      bool changed = false;
+      {
+        std::lock_guard lk(owned_mu);
+        changed = now_owned != owned;
+        if (changed) owned = std::move(now_owned);
+      }
+      if (changed) {
+        spdlog::info("partitioned: this relay now owns {} bucket(s)", OwnedBuckets().size());
+        Wake();
+      }
+    } catch (const std::exception& e) {
+      db.Failed(store, e);  // the next try is the next heartbeat
+      if (Now() - last_ok > config.partition_lease - config.partition_heartbeat) {
+        std::lock_guard lk(owned_mu);
+        if (!owned.empty()) {
+          spdlog::warn(
+              "partitioned: no heartbeat for {} ms; giving up all buckets until it succeeds",
+              config.partition_lease.count());
+          owned.clear();
+        }
+      }
+    }
+    std::unique_lock lk(mu);
+    wake_cv.wait_for(lk, config.partition_heartbeat, [&] {
+      return stopping.load() || (rebalance_requested && wake_gen != seen_gen);
+    });
+    seen_gen = wake_gen;
+    rebalance_requested = false;
+  }
+  // Hand every bucket back at once so the others take them without waiting for our lease.
+  try {
+    store.Coordinate(instance_id, config.partition_lease, true, description);
+    spdlog::info("partitioned: handed back all buckets");
+  } catch (const std::exception& e) {
+    spdlog::warn("partitioned: could not hand back buckets (they move when our lease expires): {}",
+                 e.what());
+  }
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,111 @@
+// The dispatcher's shared state and its threads, one file each:
+//   claim_loop.cc   one per destination: claim -> Submit to the sink (+ blocked-key rechecks,
+//                   the sweep, handing back lost claims)
+//   settler.cc      writes outcomes in batches
+//   listener.cc     LISTEN: wakes the claim loops
+//   maintenance.cc  reaper, orphan waker, lease renewal, heartbeat, retention, status gauges
+//   coordinator.cc  claim_mode partitioned: heartbeats and bucket ownership
+//   dispatcher.cc   construction, Start/Stop, Submit (the sink's completion -> settler)
+// Who owns what is written next to each member: "const after Start" members are set before
+// any thread starts and only read afterwards; "guarded by X" members are touched only with X
+// held; "<thread> only" members belong to one thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "outbox_relay/clock.h"
+#include "outbox_relay/dispatcher.h"
+#include "outbox_relay/metrics.h"
+#include "outbox_relay/queue_store.h"
+
+namespace outbox::relay {
+
+using SteadyTime = Clock::Steady::time_point;
+
+struct Dispatcher::Impl {
+  // --- const after Start ---
+  RelayConfig config;
+  std::map<std::string, SinkPtr> sinks;  // the sinks themselves are thread-safe
+  StoreFactory stores;                   // called once by each thread, at its start
+  const Clock* clock = &RealClock();
+  RelayMetrics* metrics = nullptr;  // optional; thread-safe
+  Millis status_interval{5000};
+  std::vector<std::string> destination_names;
+  std::string instance_id = NewUuid();
+  std::string description;  // host and pid, for heartbeats
+
+  SteadyTime Now() const { return clock->Now(); }
+
+  // --- any thread ---
+  DispatcherStats stats;  // atomics
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> db_ok{false};  // the last claim reached the database (readiness)
+
+  void DbError() {
+    ++stats.db_errors;
+    if (metrics) metrics->RecordDbError();
+  }
+
+  // --- wake-ups of the claim loops (and the coordinator) ---
+  std::mutex mu;
+  std::condition_variable wake_cv;   // new messages, room in flight, stop
+  std::uint64_t wake_gen = 0;        // guarded by mu
+  bool rebalance_requested = false;  // guarded by mu
+
+  void Wake();
+  // Waits up to `d` or until stopping; returns early when `pred` holds (checked under mu).
+  template <class Pred>
+  void WaitFor(Millis d, Pred pred) {
+    std::unique_lock lk(mu);
+    wake_cv.wait_for(lk, d, [&] { return stopping.load() || pred(); });
+  }
+
+  // --- outcomes on their way to the settler ---
+  std::mutex settle_mu;
+  std::condition_variable settle_cv;
+  std::vector<Settlement> settle_queue;  // guarded by settle_mu
+  std::int64_t unsettled = 0;  // guarded by settle_mu: submitted or queued, not yet written
+  // The lease token of every message from Submit until the settler wrote its outcome: the
+  // maintenance loop renews these leases, so none expires while its message is still ours.
+  std::unordered_map<std::int64_t, std::string> held_leases;  // guarded by settle_mu
+  bool settler_stop = false;                                  // guarded by settle_mu
+  bool settler_give_up = false;                               // guarded by settle_mu
+
+  void Enqueue(Settlement s);
+  // Hands `msg` to `sink` (or dead-letters it when its attempts are spent); its completion,
+  // on a sink thread, turns the outcome into a settlement for the settler.
+  void Submit(const Destination& dest, Sink& sink, const std::string& token, Message msg);
+  void RecordAttempt(const Destination& d, const Sink& sink, const Outcome& outcome,
+                     SteadyTime submitted);
+
+  // --- claim_mode partitioned: the buckets this relay owns ---
+  std::mutex owned_mu;
+  std::vector<BucketLease> owned;  // guarded by owned_mu; written by the coordinator
+  std::vector<BucketLease> OwnedBuckets();
+
+  // --- the threads (Start/Stop only) ---
+  std::vector<std::thread> loops;
+  std::thread settler, listener, maintenance, coordinator;
+  bool started = false, stopped = false;
+
+  void ClaimLoop(const Destination& dest, Sink& sink);  // claim_loop.cc
+  void RecordSweepFinds(const Destination& dest, const std::vector<MessageId>& missed,
+                        const ClaimFacts& facts);
+  void SettleLoop();  // settler.cc
+  void RecordSettled(const std::vector<Settlement>& batch, const SettleCounts& c);
+  void ListenLoop();       // listener.cc
+  void MaintenanceLoop();  // maintenance.cc
+  void WarnAboutUnservedDestinations(QueueStore& store);
+  std::set<std::string> warned_unserved;  // maintenance thread only
+  void CoordinatorLoop();                 // coordinator.cc
+};
+
+}  // namespace outbox::relay

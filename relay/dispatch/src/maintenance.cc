@@ -1,0 +1,124 @@
+// Maintenance: the reaper, the orphan waker, lease renewal of messages still in a sink, the
+// relay heartbeat, unserved destinations, retention and the status gauges.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <deque>
+
+#include "dispatcher_impl.h"
+#include "reconnect.h"
+#include "tuning.h"
+
+namespace outbox::relay {
+
+void Dispatcher::Impl::MaintenanceLoop() {
+  const auto owned_store = stores();
+  QueueStore& store = *owned_store;
+  Reconnect db("maintenance failed, will retry", "maintenance: database reachable again",
+               [this] { DbError(); });
+  auto next_reap = Now();
+  auto next_heartbeat = Now();
+  auto next_renewal = Now() + config.lease / 3;
+  auto next_unknown = Now() + tuning::kRelayHeartbeat;  // after our first heartbeat
+  auto next_status = Now();
+  auto next_cleanup = Now();
+  while (!stopping) {
+    WaitFor(tuning::kMaintenanceTick, [] { return false; });
+    if (stopping) break;
+    const auto now = Now();
+    try {
+      if (now >= next_reap) {
+        next_reap = now + config.reap_interval;
+        const auto reaped = store.Reap();
+        if (!reaped.empty()) {
+          stats.reaped += static_cast<std::int64_t>(reaped.size());
+          if (metrics) {
+            metrics->RecordReaperRequeued(static_cast<std::int64_t>(reaped.size()));
+            for (const auto& dest : reaped) metrics->RecordRetried(dest, "lease_expired");
+          }
+          spdlog::warn("reaper: returned {} messages whose lease expired", reaped.size());
+          Wake();
+        }
+        // Safety net behind the claim loops' recheck of blocked keys: one probe per blocked key.
+        std::int64_t woken = 0;
+        for (const auto& [name, dest] : config.destinations) woken += store.WakeOrphans(name);
+        if (woken > 0) Wake();
+      }
+      if (now >= next_renewal) {
+        next_renewal = now + config.lease / 3;
+        std::vector<std::pair<MessageId, std::string>> held;
+        {
+          std::lock_guard lk(settle_mu);
+          held.reserve(held_leases.size());
+          for (const auto& [id, token] : held_leases) held.emplace_back(MessageId{id}, token);
+        }
+        store.RenewLeases(held, config.lease);
+      }
+      if (now >= next_heartbeat) {
+        next_heartbeat = now + tuning::kRelayHeartbeat;
+        store.Heartbeat(instance_id, destination_names, description);
+      }
+      if (now >= next_unknown) {
+        next_unknown = now + config.full_sweep_interval;
+        WarnAboutUnservedDestinations(store);
+      }
+      if (now >= next_cleanup) {
+        next_cleanup = now + config.retention.cleanup_interval;
+        const auto& r = config.retention;
+        if (r.archive_delivered) {
+          const auto n = store.CleanupArchive(r.archive_retention, tuning::kCleanupBatch);
+          if (n > 0)
+            spdlog::info("retention: removed {} archived messages older than {} h", n,
+                         r.archive_retention.count());
+        }
+        if (r.dead_letter_retention.count() > 0) {
+          const auto n = store.CleanupDeadLetters(r.dead_letter_retention, tuning::kCleanupBatch);
+          if (n > 0)
+            spdlog::info("retention: removed {} dead letters older than {} h", n,
+                         r.dead_letter_retention.count());
+        }
+      }
+      if (metrics && now >= next_status) {
+        next_status = now + status_interval;
+        metrics->UpdateFromStatus(store.ReadStatus(StatusOptions{}));
+      }
+      db.Succeeded();
+    } catch (const std::exception& e) {
+      db.Failed(store, e);  // the next try is the next tick
+    }
+  }
+  try {
+    store.Leave(instance_id);  // the others stop counting us at once, not after the expiry
+  } catch (const std::exception& e) {
+    spdlog::debug("could not remove this relay's heartbeat (it expires): {}", e.what());
+  }
+}
+
+// Messages of destinations this relay does not serve belong to other relays (a rolling
+// deploy that adds a destination, a canary, another team's relay). They are never
+// dead-lettered here; when no live relay serves them at all, say so once per destination
+// (and status/metrics show it: outbox_unserved_oldest_age_seconds).
+void Dispatcher::Impl::WarnAboutUnservedDestinations(QueueStore& store) {
+  const auto queued = store.Destinations();
+  std::vector<std::string> foreign;
+  for (const auto& name : queued) {
+    if (!config.destinations.count(name)) foreign.push_back(name);
+  }
+  if (foreign.empty()) return;
+  const auto live = store.LiveRelays(tuning::kRelayHeartbeatExpiry);
+  for (const auto& name : foreign) {
+    if (live.count(name)) {
+      spdlog::debug("destination \"{}\" is served by {} other relay(s)", name, live.at(name));
+      continue;
+    }
+    if (warned_unserved.insert(name).second) {
+      spdlog::warn(
+          "destination \"{}\" has messages that no running relay serves: add it under "
+          "destinations: in a relay's config, or, if nothing will ever serve it, dead-letter "
+          "them with `outbox-relay dlq bury --destination {}`",
+          name, name);
+    }
+  }
+}
+
+}  // namespace outbox::relay

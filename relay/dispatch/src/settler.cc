@@ -1,0 +1,114 @@
+// The settler: writes every sink's outcomes in batches, and keeps them while the database is
+// away.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <deque>
+#include <unordered_set>
+
+#include "dispatcher_impl.h"
+#include "reconnect.h"
+#include "tuning.h"
+
+namespace outbox::relay {
+
+// What a settle wrote, message by message: a fenced outcome (the lease had moved on) and a
+// message already gone count nothing, so the counters match the queue and the dead letters.
+void Dispatcher::Impl::RecordSettled(const std::vector<Settlement>& batch, const SettleCounts& c) {
+  if (!metrics || c.written.empty()) return;
+  std::unordered_set<std::int64_t> written;
+  written.reserve(c.written.size());
+  for (const auto id : c.written) written.insert(Raw(id));
+  for (const auto& s : batch) {
+    if (!written.count(Raw(s.id))) continue;
+    switch (s.kind) {
+      case Settlement::Kind::kDelivered:
+        metrics->RecordDelivered(s.destination, s.created_at);
+        break;
+      case Settlement::Kind::kRetry:
+        metrics->RecordRetried(s.destination, s.reason_class);
+        break;
+      case Settlement::Kind::kDead:
+        metrics->RecordDeadLettered(s.destination, s.reason_class);
+        break;
+      case Settlement::Kind::kRelease:
+        break;
+    }
+  }
+}
+
+// Writes outcomes in batches. Keeps them until the database takes them: nothing is lost
+// while it is away, and leases that expire meanwhile are fenced by their token.
+void Dispatcher::Impl::SettleLoop() {
+  const auto owned_store = stores();
+  QueueStore& store = *owned_store;
+  Reconnect db("settle failed, will retry", "settler: database reachable again",
+               [this] { DbError(); });
+  std::vector<Settlement> batch;
+  while (true) {
+    {
+      std::unique_lock lk(settle_mu);
+      settle_cv.wait(lk, [&] { return !settle_queue.empty() || settler_stop; });
+      if (settle_queue.empty() && settler_stop) return;
+      const std::size_t n = std::min(settle_queue.size(), tuning::kSettleBatchMax);
+      batch.assign(std::make_move_iterator(settle_queue.begin()),
+                   std::make_move_iterator(settle_queue.begin() + static_cast<long>(n)));
+      settle_queue.erase(settle_queue.begin(), settle_queue.begin() + static_cast<long>(n));
+    }
+    while (true) {
+      try {
+        const SettleCounts c = store.Settle(batch, config.retention.archive_delivered);
+        stats.delivered += c.delivered;
+        stats.retried += c.retried;
+        stats.dead += c.dead;
+        stats.released += c.released;
+        stats.fenced += c.fenced;
+        RecordSettled(batch, c);
+        if (c.woken > 0) Wake();  // the next message of a settled key may go now
+        if (metrics && c.fenced > 0) metrics->RecordSettleFenced(c.fenced);
+        if (c.fenced > 0) {
+          spdlog::warn(
+              "{} settlements fenced: their lease expired and moved on (redelivery follows)",
+              c.fenced);
+        }
+        if (c.gone > 0) {
+          spdlog::info(
+              "{} settlements found their message already gone: settled by an earlier try of "
+              "this write whose reply was lost, or delivered by another relay; nothing to do",
+              c.gone);
+        }
+        db.Succeeded();
+        break;
+      } catch (const std::exception& e) {
+        const auto pause = db.Failed(store, e);
+        std::unique_lock lk(settle_mu);
+        // Give up only when stopping and the shutdown budget is spent; the leases then
+        // expire and the messages are delivered again (at least once).
+        if (settler_stop && settler_give_up) {
+          spdlog::error("shutdown: {} outcomes could not be written; their leases will expire",
+                        batch.size());
+          unsettled -= static_cast<std::int64_t>(batch.size());
+          for (const auto& s : batch) held_leases.erase(Raw(s.id));
+          batch.clear();
+          break;
+        }
+        settle_cv.wait_for(lk, pause);
+      }
+    }
+    {
+      std::lock_guard lk(settle_mu);
+      unsettled -= static_cast<std::int64_t>(batch.size());
+      for (const auto& s : batch) {
+        // A message claimed again under a new token since (after a fence) stays held.
+        if (auto it = held_leases.find(Raw(s.id));
+            it != held_leases.end() && it->second == s.lease_token) {
+          held_leases.erase(it);
+        }
+      }
+    }
+    settle_cv.notify_all();
+    batch.clear();
+  }
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,39 @@
+// The dispatcher's fixed timings and sizes, named in one place. Everything an operator tunes
+// is in RelayConfig (docs/configuration.md); these are the internals around it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+
+namespace outbox::relay::tuning {
+
+using Millis = std::chrono::milliseconds;
+
+/// Claim loop: while its sink is full, how often it looks for room again (a completion
+/// wakes it earlier).
+inline constexpr Millis kRoomPoll{50};
+/// Claim loop: keys a claim parked behind an earlier message are rechecked this often, for
+/// this long, in case the earlier message's settle committed while the claim ran.
+inline constexpr Millis kBlockedKeyRecheckEvery{50};
+inline constexpr Millis kBlockedKeyRecheckFor{1'000};
+/// Settler: outcomes written per statement, at most.
+inline constexpr std::size_t kSettleBatchMax = 2'000;
+/// Listener: one wait for a notification, at most (then it checks for stop).
+inline constexpr Millis kListenWait{200};
+/// Maintenance: how often it looks at its schedule.
+inline constexpr Millis kMaintenanceTick{100};
+/// Maintenance: rows per retention batch.
+inline constexpr int kCleanupBatch = 1'000;
+/// Heartbeat of this relay in outbox.relay_heartbeats, and after how long without one a relay
+/// no longer counts as serving its destinations (StatusOptions::relay_heartbeat_expiry agrees).
+inline constexpr Millis kRelayHeartbeat{5'000};
+inline constexpr Millis kRelayHeartbeatExpiry{30'000};
+/// Reconnect backoff after database errors: the first pause, doubling up to the last.
+inline constexpr Millis kReconnectFirst{100};
+inline constexpr Millis kReconnectMax{5'000};
+/// Stop(): every sink gets at least this to finish, and the settler at least this to write
+/// what they completed, even when shutdown_timeout is spent.
+inline constexpr Millis kMinSinkShutdown{100};
+inline constexpr Millis kMinSettleAtStop{2'000};
+
+}  // namespace outbox::relay::tuning
