@@ -55,7 +55,7 @@ class RecordingSink final : public Sink {
     std::unique_lock lk(mu_);
     if (shut_) {
       lk.unlock();
-      done(Outcome{msg.id, OutcomeKind::kRetry, "shutdown", "shutdown", std::nullopt});
+      done(Outcome{msg.id, OutcomeKind::kRetry, "shutdown", Reason::kShutdown, std::nullopt});
       return;
     }
     ++in_flight_;
@@ -82,7 +82,8 @@ class RecordingSink final : public Sink {
       held.swap(held_);
     }
     for (auto& p : held) {
-      p.outcome = Outcome{p.msg.id, OutcomeKind::kRetry, "shutdown", "shutdown", std::nullopt};
+      p.outcome =
+          Outcome{p.msg.id, OutcomeKind::kRetry, "shutdown", Reason::kShutdown, std::nullopt};
       Complete(std::move(p));
     }
   }
@@ -97,7 +98,7 @@ class RecordingSink final : public Sink {
   void Release() {
     std::lock_guard lk(mu_);
     for (auto& p : held_) {
-      p.outcome = Outcome{p.msg.id, OutcomeKind::kDelivered, "", "", std::nullopt};
+      p.outcome = Outcome{p.msg.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt};
       ready_.push_back(std::move(p));
     }
     held_.clear();
@@ -166,7 +167,7 @@ class RecordingSink final : public Sink {
 };
 
 std::optional<Outcome> DeliverAll(const Message& m) {
-  return Outcome{m.id, OutcomeKind::kDelivered, "", "", std::nullopt};
+  return Outcome{m.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt};
 }
 
 class DispatcherTest : public ::testing::Test {
@@ -268,9 +269,10 @@ TEST_F(DispatcherTest, ARetryWaitsForItsDelayOnTheClockNotOnTheWall) {
     std::lock_guard lk(mu);
     if (Raw(m.id) <= 4 && failed_once.insert(Raw(m.id)).second) {
       // The endpoint asks for an hour: the delay is at least that (and at most max_backoff).
-      return Outcome{m.id, OutcomeKind::kRetry, "http 503", "http_5xx", std::chrono::hours(1)};
+      return Outcome{m.id, OutcomeKind::kRetry, "http 503", Reason::kHttp5xx,
+                     std::chrono::hours(1)};
     }
-    return Outcome{m.id, OutcomeKind::kDelivered, "", "", std::nullopt};
+    return Outcome{m.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt};
   });
   // The head of each key (ids 1-4) fails once and waits; the rest of each key waits behind it.
   ASSERT_TRUE(WaitFor([&] { return dispatcher_->stats().retried.load() == 4; }));
@@ -298,8 +300,8 @@ TEST_F(DispatcherTest, TheLastAllowedAttemptDeadLetters) {
   cfg.destinations.at("orders").retry.initial_backoff = 1min;
   cfg.destinations.at("orders").retry.max_backoff = 1min;
   Start(cfg, [](const Message& m) -> std::optional<Outcome> {
-    if (Raw(m.id) == 1) return Outcome{m.id, OutcomeKind::kRetry, "timeout", "timeout", {}};
-    return Outcome{m.id, OutcomeKind::kDelivered, "", "", std::nullopt};
+    if (Raw(m.id) == 1) return Outcome{m.id, OutcomeKind::kRetry, "timeout", Reason::kTimeout, {}};
+    return Outcome{m.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt};
   });
   for (int attempt = 1; attempt < 3; ++attempt) {
     ASSERT_TRUE(WaitFor([&] {
@@ -381,7 +383,8 @@ TEST_F(DispatcherTest, TheFullSweepFindsARowTheLaneHadPassedAndCountsIt) {
 TEST_F(DispatcherTest, StopHandsBackWhatTheSinkStillHoldsWithoutCountingAnAttempt) {
   for (int i = 0; i < 30; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 5));
   Start(Config(), [](const Message& m) -> std::optional<Outcome> {
-    if (Raw(m.id) % 2 == 0) return Outcome{m.id, OutcomeKind::kDelivered, "", "", std::nullopt};
+    if (Raw(m.id) % 2 == 0)
+      return Outcome{m.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt};
     return std::nullopt;  // the odd ones never finish
   });
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 5u; })) << sink_->Held();

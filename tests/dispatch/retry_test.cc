@@ -65,5 +65,33 @@ TEST(Decide, MapsOutcomesToSettlements) {
   EXPECT_EQ(s.kind, Settlement::Kind::kRelease) << "shutting down hands back without counting";
 }
 
+TEST(Decide, EveryFailureCarriesATypedReason) {
+  const auto p = Policy();
+  const MessageId id{7};
+  Outcome o = Out(OutcomeKind::kRetry, "http 503");
+  o.reason_class = Reason::kHttp5xx;
+  EXPECT_EQ(Decide(id, 0, o, p, "tok", 0.5, false).reason_class, Reason::kHttp5xx);
+  EXPECT_EQ(Decide(id, 4, o, p, "tok", 0.5, false).reason_class, Reason::kAttemptsExhausted)
+      << "the last allowed attempt counts as exhausted, whatever it failed with";
+  o.reason_class = Reason::kNone;  // a sink that gave no reason
+  EXPECT_EQ(Decide(id, 0, o, p, "tok", 0.5, false).reason_class, Reason::kOther);
+  o.kind = OutcomeKind::kPermanent;
+  o.reason_class = Reason::kHttp4xx;
+  EXPECT_EQ(Decide(id, 0, o, p, "tok", 0.5, false).reason_class, Reason::kHttp4xx);
+}
+
+TEST(DecideBeforeAttempt, DeadLettersOnlyWhatHasNoAttemptLeft) {
+  const auto p = Policy();  // max_attempts 5
+  EXPECT_FALSE(DecideBeforeAttempt(MessageId{7}, 4, p, "tok"))
+      << "four failed attempts leave a fifth";
+  const auto dead = DecideBeforeAttempt(MessageId{7}, 5, p, "tok");
+  ASSERT_TRUE(dead);
+  EXPECT_EQ(dead->kind, Settlement::Kind::kDead);
+  EXPECT_FALSE(dead->counts_attempt) << "no delivery was tried";
+  EXPECT_EQ(dead->reason_class, Reason::kAttemptsExhausted);
+  EXPECT_EQ(dead->lease_token, "tok");
+  EXPECT_NE(dead->error.find("attempts exhausted (5)"), std::string::npos) << dead->error;
+}
+
 }  // namespace
 }  // namespace outbox::relay

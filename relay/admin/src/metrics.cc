@@ -11,44 +11,6 @@ namespace {
 
 using metrics::LabelValues;
 
-// Sink reason classes (webhook_sink.h, kafka_sink.h) and the label each one counts under.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 23> kKnownClasses = {{
-    {"http_3xx", "http_other"},
-    {"http_4xx", "http_4xx"},
-    {"http_408", "timeout"},
-    {"http_429", "http_429"},
-    {"http_5xx", "http_5xx"},
-    {"http_other", "http_other"},
-    {"timeout", "timeout"},
-    {"connection", "connection"},
-    {"tls", "connection"},
-    {"broker", "connection"},
-    {"shutdown", "shutdown"},
-    {"msg_too_large", "message_rejected"},
-    {"invalid_message", "message_rejected"},
-    {"authorization", "authorization"},
-    {"invalid_topic", "topic_or_config"},
-    {"unknown_topic", "topic_or_config"},
-    {"config", "topic_or_config"},
-    {"queue_full", "producer"},
-    {"purged", "producer"},
-    {"fatal", "producer"},
-    {"lease_expired", "lease_expired"},
-    {"attempts_exhausted", "attempts_exhausted"},
-    {"unknown_destination", "unknown_destination"},
-}};
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return std::tolower(c); });
-  return out;
-}
-
-bool Contains(const std::string& haystack, std::string_view needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 LabelValues L(std::string_view a) { return {std::string(a)}; }
 LabelValues L(std::string_view a, std::string_view b) { return {std::string(a), std::string(b)}; }
 
@@ -56,44 +18,32 @@ const std::vector<std::string> kDest = {"destination"};
 
 }  // namespace
 
-std::string_view ReasonClass(std::string_view text) {
-  for (const auto& [cls, label] : kKnownClasses) {
-    if (text == cls) return label;
-  }
-  if (text == "other" || text.empty()) return "other";
-  // Free text: the reasons the dispatcher and the reaper write, then the sinks' wording.
-  const std::string t = Lower(text);
-  if (Contains(t, "attempts exhausted")) return "attempts_exhausted";
-  if (Contains(t, "lease expired")) return "lease_expired";
-  if (Contains(t, "not configured") || Contains(t, "unknown destination"))
-    return "unknown_destination";
-  if (Contains(t, "shutdown")) return "shutdown";
-  if (Contains(t, "http 429")) return "http_429";
-  if (Contains(t, "http 408")) return "timeout";
-  if (Contains(t, "http 5")) return "http_5xx";
-  if (Contains(t, "http 4")) return "http_4xx";
-  if (Contains(t, "http ")) return "http_other";
-  if (Contains(t, "timeout") || Contains(t, "timed out")) return "timeout";
-  if (Contains(t, "tls") || Contains(t, "ssl") || Contains(t, "certificate") ||
-      Contains(t, "connection") || Contains(t, "connect")) {
-    return "connection";
-  }
-  if (Contains(t, "too large")) return "message_rejected";
-  if (Contains(t, "authoriz")) return "authorization";
-  return "other";
-}
+std::string_view ReasonClass(Reason reason) { return MetricLabel(reason); }
+
+std::string_view ReasonClass(std::string_view label) { return MetricLabel(ReasonFromLabel(label)); }
 
 std::string_view WebhookResponseClass(const Outcome& o) {
   if (o.kind == OutcomeKind::kDelivered) return "2xx";
-  const std::string_view c = o.reason_class;
-  if (c == "shutdown") return "";
-  if (c == "http_3xx") return "3xx";
-  if (c == "http_4xx" || c == "http_408" || c == "http_429") return "4xx";
-  if (c == "http_5xx") return "5xx";
-  if (c == "timeout") return "timeout";
-  if (c == "connection") return "connection";
-  if (c == "tls") return "tls";
-  return "other";
+  switch (o.reason_class) {
+    case Reason::kShutdown:
+      return "";
+    case Reason::kHttp3xx:
+      return "3xx";
+    case Reason::kHttp4xx:
+    case Reason::kHttp408:
+    case Reason::kHttp429:
+      return "4xx";
+    case Reason::kHttp5xx:
+      return "5xx";
+    case Reason::kTimeout:
+      return "timeout";
+    case Reason::kConnection:
+      return "connection";
+    case Reason::kTls:
+      return "tls";
+    default:
+      return "other";
+  }
 }
 
 std::string_view SinkLabel(std::string_view sink) {
@@ -276,13 +226,11 @@ void RelayMetrics::RecordDelivered(std::string_view destination,
   RecordDelivered(destination, std::chrono::system_clock::now() - created_at);
 }
 
-void RelayMetrics::RecordRetried(std::string_view destination, std::string_view reason,
-                                 std::int64_t n) {
+void RelayMetrics::RecordRetried(std::string_view destination, Reason reason, std::int64_t n) {
   if (n > 0) retried_total.Labels(L(destination, ReasonClass(reason))).Inc(static_cast<double>(n));
 }
 
-void RelayMetrics::RecordDeadLettered(std::string_view destination, std::string_view reason,
-                                      std::int64_t n) {
+void RelayMetrics::RecordDeadLettered(std::string_view destination, Reason reason, std::int64_t n) {
   if (n > 0)
     dead_lettered_total.Labels(L(destination, ReasonClass(reason))).Inc(static_cast<double>(n));
 }

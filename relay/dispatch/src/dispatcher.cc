@@ -49,18 +49,10 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     ++unsettled;
     held_leases[Raw(msg.id)] = token;
   }
-  if (msg.attempts >= dest.retry.max_attempts) {
-    Settlement s;
-    s.id = msg.id;
-    s.lease_token = token;
-    s.kind = Settlement::Kind::kDead;
-    s.counts_attempt = false;
-    s.error = "attempts exhausted (" + std::to_string(msg.attempts) +
-              ") before this delivery; the last ones ended by lease expiry";
-    s.reason_class = "attempts_exhausted";
-    s.destination = dest.name;
-    s.created_at = msg.created_at;
-    Enqueue(std::move(s));
+  if (auto dead = DecideBeforeAttempt(msg.id, msg.attempts, dest.retry, token)) {
+    dead->destination = dest.name;
+    dead->created_at = msg.created_at;
+    Enqueue(std::move(*dead));
     return;
   }
   const MessageId id = msg.id;

@@ -34,7 +34,7 @@ void Dispatcher::Impl::MaintenanceLoop() {
           stats.reaped += static_cast<std::int64_t>(reaped.size());
           if (metrics) {
             metrics->RecordReaperRequeued(static_cast<std::int64_t>(reaped.size()));
-            for (const auto& dest : reaped) metrics->RecordRetried(dest, "lease_expired");
+            for (const auto& dest : reaped) metrics->RecordRetried(dest, Reason::kLeaseExpired);
           }
           spdlog::warn("reaper: returned {} messages whose lease expired", reaped.size());
           Wake();

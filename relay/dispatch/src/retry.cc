@@ -16,6 +16,27 @@ Millis BackoffDelay(const RetryPolicy& policy, int failures, double u01,
   return std::min(delay, policy.max_backoff);
 }
 
+namespace {
+
+// A sink that gave no reason for a failure: counted as "other".
+Reason Known(Reason r) { return r == Reason::kNone ? Reason::kOther : r; }
+
+}  // namespace
+
+std::optional<Settlement> DecideBeforeAttempt(MessageId id, int attempts, const RetryPolicy& policy,
+                                              const std::string& lease_token) {
+  if (attempts < policy.max_attempts) return std::nullopt;
+  Settlement s;
+  s.id = id;
+  s.lease_token = lease_token;
+  s.kind = Settlement::Kind::kDead;
+  s.counts_attempt = false;
+  s.error = "attempts exhausted (" + std::to_string(attempts) +
+            ") before this delivery; the last ones ended by lease expiry";
+  s.reason_class = Reason::kAttemptsExhausted;
+  return s;
+}
+
 Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const RetryPolicy& policy,
                   const std::string& lease_token, double u01, bool shutting_down) {
   Settlement s;
@@ -28,7 +49,7 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
     case OutcomeKind::kPermanent:
       s.kind = Settlement::Kind::kDead;
       s.error = outcome.reason.empty() ? "permanent failure" : outcome.reason;
-      s.reason_class = outcome.reason_class.empty() ? outcome.reason : outcome.reason_class;
+      s.reason_class = Known(outcome.reason_class);
       return s;
     case OutcomeKind::kRetry:
       break;
@@ -42,13 +63,13 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
     s.kind = Settlement::Kind::kDead;
     s.error =
         "gave up after " + std::to_string(failures) + " attempts; last error: " + outcome.reason;
-    s.reason_class = "attempts_exhausted";
+    s.reason_class = Reason::kAttemptsExhausted;
     return s;
   }
   s.kind = Settlement::Kind::kRetry;
   s.delay = BackoffDelay(policy, failures, u01, outcome.retry_after);
   s.error = outcome.reason;
-  s.reason_class = outcome.reason_class.empty() ? outcome.reason : outcome.reason_class;
+  s.reason_class = Known(outcome.reason_class);
   return s;
 }
 

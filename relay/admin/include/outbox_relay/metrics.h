@@ -18,14 +18,15 @@
 
 namespace outbox::relay {
 
-/// Maps a sink's Outcome::reason_class, or free text such as a dead letter's reason, to one
-/// of a fixed set of labels:
+/// The `reason` label a Reason counts under (MetricLabel, reason.h), one of:
 ///   http_4xx http_429 http_5xx http_other timeout connection message_rejected authorization
 ///   topic_or_config producer shutdown lease_expired attempts_exhausted unknown_destination
-/// and "other" for anything else. The webhook and Kafka sinks' classes map as documented in
-/// docs/operations.md (e.g. http_408 -> timeout, tls -> connection, msg_too_large ->
-/// message_rejected).
-std::string_view ReasonClass(std::string_view reason_class_or_text);
+///   other
+/// as documented in docs/operations.md (e.g. http_408 -> timeout, tls -> connection,
+/// msg_too_large -> message_rejected). The string form takes a reason's label ("http_408");
+/// anything else is "other".
+std::string_view ReasonClass(Reason reason);
+std::string_view ReasonClass(std::string_view label);
 
 /// The `class` label of outbox_webhook_responses_total for one webhook outcome: "2xx",
 /// "3xx", "4xx", "5xx", "timeout", "connection", "tls", "other"; "" when no response was
@@ -104,11 +105,10 @@ struct RelayMetrics {
   /// Same, from the message's created_at and the current time (negative clamps to 0).
   void RecordDelivered(std::string_view destination,
                        std::chrono::system_clock::time_point created_at);
-  /// A message settled for a later retry / moved to the dead letters; `reason` is a sink's
-  /// reason_class or free text, labelled through ReasonClass.
-  void RecordRetried(std::string_view destination, std::string_view reason, std::int64_t n = 1);
-  void RecordDeadLettered(std::string_view destination, std::string_view reason,
-                          std::int64_t n = 1);
+  /// A message settled for a later retry / moved to the dead letters, labelled through
+  /// ReasonClass.
+  void RecordRetried(std::string_view destination, Reason reason, std::int64_t n = 1);
+  void RecordDeadLettered(std::string_view destination, Reason reason, std::int64_t n = 1);
   void RecordReaperRequeued(std::int64_t n);
   void RecordSettleFenced(std::int64_t n);
   /// Fresh messages of `destination` that only the periodic full sweep found: the fresh lane

@@ -18,6 +18,12 @@ namespace outbox::relay {
 Millis BackoffDelay(const RetryPolicy& policy, int failures, double u01,
                     std::optional<Millis> retry_after = std::nullopt);
 
+/// Before an attempt: a message claimed with `attempts` >= max_attempts (its last attempts
+/// ended by lease expiry, counted by the reaper) goes to the dead letters without another
+/// delivery; nullopt otherwise. With Decide, the one place that decides a message is dead.
+std::optional<Settlement> DecideBeforeAttempt(MessageId id, int attempts, const RetryPolicy& policy,
+                                              const std::string& lease_token);
+
 /// Turns a sink's outcome for message `id` into what the store records:
 ///   delivered -> delete; permanent -> dead letter; retry -> retry later, or dead letter when
 ///   this was the last allowed attempt; retry while shutting down -> release (not counted).

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "outbox_relay/message.h"
+#include "outbox_relay/reason.h"
 
 namespace outbox::relay {
 
@@ -26,8 +27,8 @@ struct Outcome {
   OutcomeKind kind = OutcomeKind::kRetry;
   /// Short human-readable reason for kRetry/kPermanent ("http 503: <start of body>").
   std::string reason;
-  /// A bounded label for metrics ("http_5xx", "timeout", "msg_too_large", ...).
-  std::string reason_class;
+  /// Why, from the closed set in reason.h (kNone when delivered).
+  Reason reason_class = Reason::kNone;
   /// The target asked to wait at least this long (HTTP Retry-After).
   std::optional<std::chrono::milliseconds> retry_after;
 };

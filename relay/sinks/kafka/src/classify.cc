@@ -6,7 +6,7 @@ namespace {
 
 struct Verdict {
   OutcomeKind kind;
-  const char* reason_class;
+  Reason reason_class;
 };
 
 Verdict Judge(rd_kafka_resp_err_t err) {
@@ -15,30 +15,30 @@ Verdict Judge(rd_kafka_resp_err_t err) {
     case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
     case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
     case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
-      return {OutcomeKind::kPermanent, "msg_too_large"};
+      return {OutcomeKind::kPermanent, Reason::kMsgTooLarge};
     case RD_KAFKA_RESP_ERR_INVALID_MSG:  // also CORRUPT_MESSAGE (same code)
     case RD_KAFKA_RESP_ERR_INVALID_RECORD:
     case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
-      return {OutcomeKind::kPermanent, "invalid_message"};
+      return {OutcomeKind::kPermanent, Reason::kInvalidMessage};
     case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
     case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
-      return {OutcomeKind::kPermanent, "authorization"};
+      return {OutcomeKind::kPermanent, Reason::kAuthorization};
     case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
-      return {OutcomeKind::kPermanent, "invalid_topic"};
+      return {OutcomeKind::kPermanent, Reason::kInvalidTopic};
     case RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS:
-      return {OutcomeKind::kPermanent, "config"};
+      return {OutcomeKind::kPermanent, Reason::kConfig};
 
     // Retriable on purpose: the topic may be created after the relay started.
     case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
     case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
     case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
-      return {OutcomeKind::kRetry, "unknown_topic"};
+      return {OutcomeKind::kRetry, Reason::kUnknownTopic};
 
     case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
     case RD_KAFKA_RESP_ERR__TIMED_OUT:
     case RD_KAFKA_RESP_ERR__TIMED_OUT_QUEUE:
     case RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT:
-      return {OutcomeKind::kRetry, "timeout"};
+      return {OutcomeKind::kRetry, Reason::kTimeout};
 
     case RD_KAFKA_RESP_ERR__TRANSPORT:
     case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
@@ -55,18 +55,18 @@ Verdict Judge(rd_kafka_resp_err_t err) {
     case RD_KAFKA_RESP_ERR_NOT_CONTROLLER:
     case RD_KAFKA_RESP_ERR_FENCED_LEADER_EPOCH:
     case RD_KAFKA_RESP_ERR_UNKNOWN_LEADER_EPOCH:
-      return {OutcomeKind::kRetry, "broker"};
+      return {OutcomeKind::kRetry, Reason::kBroker};
 
     case RD_KAFKA_RESP_ERR__QUEUE_FULL:
-      return {OutcomeKind::kRetry, "queue_full"};
+      return {OutcomeKind::kRetry, Reason::kQueueFull};
     case RD_KAFKA_RESP_ERR__PURGE_QUEUE:
     case RD_KAFKA_RESP_ERR__PURGE_INFLIGHT:
-      return {OutcomeKind::kRetry, "purged"};
+      return {OutcomeKind::kRetry, Reason::kPurged};
     case RD_KAFKA_RESP_ERR__FATAL:
-      return {OutcomeKind::kRetry, "fatal"};
+      return {OutcomeKind::kRetry, Reason::kFatal};
 
     default:
-      return {OutcomeKind::kRetry, "other"};
+      return {OutcomeKind::kRetry, Reason::kOther};
   }
 }
 

@@ -84,7 +84,7 @@ Outcome ShutdownOutcome(MessageId id) {
   out.id = id;
   out.kind = OutcomeKind::kRetry;
   out.reason = "shutdown";
-  out.reason_class = "shutdown";
+  out.reason_class = Reason::kShutdown;
   return out;
 }
 
@@ -263,7 +263,7 @@ struct KafkaSink::Impl {
     out.id = id;
     out.kind = OutcomeKind::kRetry;
     out.reason = std::string("fatal producer error (") + rd_kafka_err2name(fatal) + "): " + text;
-    out.reason_class = "fatal";
+    out.reason_class = Reason::kFatal;
     return out;
   }
 
@@ -359,7 +359,8 @@ struct KafkaSink::Impl {
       out = ClassifyDeliveryError(entry->id, m->err, false);
       // Could not reach the partition leader in message.timeout.ms: not ready until the
       // metadata probe (or a delivery) shows a broker answers again.
-      if ((out.reason_class == "timeout" || out.reason_class == "broker") && p == producer.get()) {
+      if ((out.reason_class == Reason::kTimeout || out.reason_class == Reason::kBroker) &&
+          p == producer.get()) {
         ready.store(false);
       }
     }

@@ -106,12 +106,12 @@ void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& 
 
 namespace {
 
-Outcome Retry(MessageId id, std::string reason, std::string reason_class) {
+Outcome Retry(MessageId id, std::string reason, Reason reason_class) {
   Outcome o;
   o.id = id;
   o.kind = OutcomeKind::kRetry;
   o.reason = std::move(reason);
-  o.reason_class = std::move(reason_class);
+  o.reason_class = reason_class;
   return o;
 }
 
@@ -176,7 +176,7 @@ class WebhookSink final : public Sink {
         return;
       }
     }
-    CallCompletion(done, Retry(msg.id, "shutdown: the webhook sink is stopping", "shutdown"),
+    CallCompletion(done, Retry(msg.id, "shutdown: the webhook sink is stopping", Reason::kShutdown),
                    destination_);
   }
 
@@ -199,7 +199,7 @@ class WebhookSink final : public Sink {
     }
     for (auto& job : queued) {
       Complete(job.done,
-               Retry(job.msg.id, "shutdown: not sent before the relay stopped", "shutdown"));
+               Retry(job.msg.id, "shutdown: not sent before the relay stopped", Reason::kShutdown));
     }
 
     // Let requests already sent finish; take over the completions of those that do not.
@@ -222,8 +222,8 @@ class WebhookSink final : public Sink {
           destination_, abandoned.size());
     }
     for (auto& [id, done] : abandoned) {
-      Complete(done,
-               Retry(id, "shutdown: request still running at the shutdown deadline", "shutdown"));
+      Complete(done, Retry(id, "shutdown: request still running at the shutdown deadline",
+                           Reason::kShutdown));
     }
     // Abort the abandoned requests so the workers return promptly (a connect in progress
     // still runs to its connect_timeout).
@@ -434,10 +434,10 @@ class WebhookSink final : public Sink {
         return Retry(id,
                      "timeout: could not connect within " +
                          std::to_string(target_.connect_timeout.count()) + "ms",
-                     "timeout");
+                     Reason::kTimeout);
       case httplib::Error::SSLConnection:
       case httplib::Error::SSLLoadingCerts:
-        return Retry(id, "connection error: " + what, "tls");
+        return Retry(id, "connection error: " + what, Reason::kTls);
       case httplib::Error::SSLServerVerification: {
         std::string reason = "connection error: " + what;
         const long verify = static_cast<httplib::SSLClient&>(client).get_openssl_verify_result();
@@ -446,7 +446,7 @@ class WebhookSink final : public Sink {
         } else {
           reason += " (certificate does not match host " + url_.host + ")";
         }
-        return Retry(id, std::move(reason), "tls");
+        return Retry(id, std::move(reason), Reason::kTls);
       }
       case httplib::Error::Read:
       case httplib::Error::Write:
@@ -455,11 +455,11 @@ class WebhookSink final : public Sink {
           return Retry(id,
                        "timeout: no complete response within " +
                            std::to_string(target_.timeout.count()) + "ms (" + what + ")",
-                       "timeout");
+                       Reason::kTimeout);
         }
-        return Retry(id, "connection error: " + what, "connection");
+        return Retry(id, "connection error: " + what, Reason::kConnection);
       default:
-        return Retry(id, "connection error: " + what, "connection");
+        return Retry(id, "connection error: " + what, Reason::kConnection);
     }
   }
 
@@ -476,7 +476,7 @@ class WebhookSink final : public Sink {
     outcome.reason = snippet.empty() ? head : head + ": " + snippet;
     if (status >= 300 && status <= 399) {
       outcome.kind = OutcomeKind::kPermanent;
-      outcome.reason_class = "http_3xx";
+      outcome.reason_class = Reason::kHttp3xx;
       outcome.reason = head + ": redirects are not followed";
       const std::string location =
           webhook_detail::Snippet(res.get_header_value("Location"), kReasonBodyBytes);
@@ -485,19 +485,19 @@ class WebhookSink final : public Sink {
     }
     if (status == 408) {
       outcome.kind = OutcomeKind::kRetry;
-      outcome.reason_class = "http_408";
+      outcome.reason_class = Reason::kHttp408;
     } else if (status == 429) {
       outcome.kind = OutcomeKind::kRetry;
-      outcome.reason_class = "http_429";
+      outcome.reason_class = Reason::kHttp429;
     } else if (status >= 500 && status <= 599) {
       outcome.kind = OutcomeKind::kRetry;
-      outcome.reason_class = "http_5xx";
+      outcome.reason_class = Reason::kHttp5xx;
     } else if (status >= 400 && status <= 499) {
       outcome.kind = OutcomeKind::kPermanent;
-      outcome.reason_class = "http_4xx";
+      outcome.reason_class = Reason::kHttp4xx;
     } else {
       outcome.kind = OutcomeKind::kRetry;  // 1xx as final answer or outside 100..599
-      outcome.reason_class = "http_other";
+      outcome.reason_class = Reason::kHttpOther;
     }
     if (outcome.kind == OutcomeKind::kRetry && res.has_header("Retry-After")) {
       outcome.retry_after = webhook_detail::ParseRetryAfter(res.get_header_value("Retry-After"),

@@ -16,6 +16,7 @@
 
 #include "outbox_relay/fresh_cursor.h"
 #include "outbox_relay/message.h"
+#include "outbox_relay/reason.h"
 #include "outbox_relay/status.h"
 
 namespace outbox::relay {
@@ -48,7 +49,7 @@ struct Settlement {
   bool counts_attempt = true;  ///< kDead: false when no delivery was tried (exhausted, unknown).
   // Not written; what the metrics need once the settle has written it.
   std::string destination;
-  std::string reason_class;  ///< kRetry, kDead: the metrics' reason ("http_5xx", ...).
+  Reason reason_class = Reason::kNone;  ///< kRetry, kDead: why (reason.h), for the metrics.
   std::chrono::system_clock::time_point created_at{};
 };
 
