@@ -61,6 +61,11 @@ class KafkaMockCluster {
   /// Every broker down / up.
   void SetAllBrokersDown(bool down);
   /// The next requests of `api_key` (e.g. RD_KAFKAP_Produce) fail with these errors, in order.
+  /// Produce errors and the idempotent producer: the mock (librdkafka 2.0.2) checks sequence
+  /// numbers only for transactional producers, so it stores a Produce request sent behind one
+  /// it failed; librdkafka then takes the failed request's records as stored and reports them
+  /// delivered (debug "eos": IMPLICITACK; offset -1001). A producer that gets injected Produce
+  /// errors needs max.in.flight.requests.per.connection=1, or records are lost in the test.
   void PushRequestErrors(int16_t api_key, const std::vector<rd_kafka_resp_err_t>& errors);
   rd_kafka_mock_cluster_t* raw() const;
 
