@@ -5,6 +5,7 @@
 #include <string>
 
 #include "migrations.h"
+#include "store_access.h"
 
 namespace outbox::relay {
 namespace {
@@ -39,56 +40,60 @@ int LatestMigrationVersion() {
 }
 
 int CurrentSchemaVersion(const std::string& database_url) {
-  pqxx::connection conn(database_url);
-  return ReadVersion(conn);
+  return Translated([&]() -> int {
+    pqxx::connection conn(database_url);
+    return ReadVersion(conn);
+  });
 }
 
 MigrationResult Migrate(const std::string& database_url) {
-  pqxx::connection conn(database_url);
-  pqxx::nontransaction(conn).exec("SELECT pg_advisory_lock(" + std::to_string(kMigrateLockKey) +
-                                  ")");
-  MigrationResult result;
-  try {
-    result.from_version = ReadVersion(conn);
-    const int latest = LatestMigrationVersion();
-    if (result.from_version > latest) {
-      throw MigrationError("database schema is at version " + std::to_string(result.from_version) +
-                           " but this outbox-relay only knows migrations up to " +
-                           std::to_string(latest) +
-                           "; upgrade outbox-relay to a release that includes migration " +
-                           std::to_string(result.from_version) +
-                           " (never run an older relay against a newer schema)");
-    }
-    int version = result.from_version;
-    for (const auto& [name, text] : sql::migrations::kAll) {
-      const int v = VersionOf(name);
-      if (v <= version) continue;
-      pqxx::work tx(conn);
-      tx.exec("SET LOCAL lock_timeout = '30s'");
-      tx.exec(
-          "CREATE SCHEMA IF NOT EXISTS outbox;"
-          "CREATE TABLE IF NOT EXISTS outbox.schema_migrations ("
-          "  version integer PRIMARY KEY, name text NOT NULL,"
-          "  applied_at timestamptz NOT NULL DEFAULT now())");
-      tx.exec(std::string(text));
-      tx.exec_params("INSERT INTO outbox.schema_migrations (version, name) VALUES ($1, $2)", v,
-                     std::string(name));
-      tx.commit();
-      result.applied.emplace_back(name);
-      version = v;
-    }
-    result.to_version = version;
-  } catch (...) {
+  return Translated([&]() -> MigrationResult {
+    pqxx::connection conn(database_url);
+    pqxx::nontransaction(conn).exec("SELECT pg_advisory_lock(" + std::to_string(kMigrateLockKey) +
+                                    ")");
+    MigrationResult result;
     try {
-      pqxx::nontransaction(conn).exec("SELECT pg_advisory_unlock(" +
-                                      std::to_string(kMigrateLockKey) + ")");
+      result.from_version = ReadVersion(conn);
+      const int latest = LatestMigrationVersion();
+      if (result.from_version > latest) {
+        throw MigrationError(
+            "database schema is at version " + std::to_string(result.from_version) +
+            " but this outbox-relay only knows migrations up to " + std::to_string(latest) +
+            "; upgrade outbox-relay to a release that includes migration " +
+            std::to_string(result.from_version) +
+            " (never run an older relay against a newer schema)");
+      }
+      int version = result.from_version;
+      for (const auto& [name, text] : sql::migrations::kAll) {
+        const int v = VersionOf(name);
+        if (v <= version) continue;
+        pqxx::work tx(conn);
+        tx.exec("SET LOCAL lock_timeout = '30s'");
+        tx.exec(
+            "CREATE SCHEMA IF NOT EXISTS outbox;"
+            "CREATE TABLE IF NOT EXISTS outbox.schema_migrations ("
+            "  version integer PRIMARY KEY, name text NOT NULL,"
+            "  applied_at timestamptz NOT NULL DEFAULT now())");
+        tx.exec(std::string(text));
+        tx.exec_params("INSERT INTO outbox.schema_migrations (version, name) VALUES ($1, $2)", v,
+                       std::string(name));
+        tx.commit();
+        result.applied.emplace_back(name);
+        version = v;
+      }
+      result.to_version = version;
     } catch (...) {
+      try {
+        pqxx::nontransaction(conn).exec("SELECT pg_advisory_unlock(" +
+                                        std::to_string(kMigrateLockKey) + ")");
+      } catch (...) {
+      }
+      throw;
     }
-    throw;
-  }
-  pqxx::nontransaction(conn).exec("SELECT pg_advisory_unlock(" + std::to_string(kMigrateLockKey) +
-                                  ")");
-  return result;
+    pqxx::nontransaction(conn).exec("SELECT pg_advisory_unlock(" + std::to_string(kMigrateLockKey) +
+                                    ")");
+    return result;
+  });
 }
 
 }  // namespace outbox::relay

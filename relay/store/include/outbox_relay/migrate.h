@@ -24,7 +24,8 @@ int LatestMigrationVersion();
 
 /// Applies pending migrations, each in its own transaction, under a session advisory lock
 /// so concurrent runs serialise; idempotent. Throws MigrationError if the database is at
-/// a version newer than LatestMigrationVersion(), and pqxx exceptions for SQL errors.
+/// a version newer than LatestMigrationVersion(), and StoreError (queue_store.h) for database
+/// errors.
 MigrationResult Migrate(const std::string& database_url);
 
 /// Version recorded in the database (0 if never migrated). Throws like Migrate.
