@@ -148,6 +148,9 @@ class TimedStore final : public relay::QueueStore {
   std::map<std::string, std::int64_t> LiveRelays(Millis expiry) override {
     return inner_->LiveRelays(expiry);
   }
+  std::map<std::string, std::string> PausedDestinations() override {
+    return inner_->PausedDestinations();
+  }
   void Listen() override { inner_->Listen(); }
   bool WaitForNotification(Millis timeout) override { return inner_->WaitForNotification(timeout); }
   bool TakeRebalance() override { return inner_->TakeRebalance(); }

@@ -409,7 +409,7 @@ TEST(RelayMetrics, EveryNameFollowsConventions) {
     ++families;
     pos = end;
   }
-  EXPECT_EQ(families, 32u);
+  EXPECT_EQ(families, 33u);
 }
 
 }  // namespace

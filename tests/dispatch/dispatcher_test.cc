@@ -401,5 +401,25 @@ TEST_F(DispatcherTest, StopHandsBackWhatTheSinkStillHoldsWithoutCountingAnAttemp
   EXPECT_EQ(db_.Queued() + db_.Delivered().size(), 30u);
 }
 
+TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
+  db_.Pause("orders", "endpoint maintenance");
+  for (int i = 0; i < 20; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 3));
+  Start(Config(), DeliverAll);
+  // Maintenance reads the pause every 500 ms of clock time; three reads pass without a claim.
+  for (int i = 0; i < 3; ++i) {
+    const auto reads = db_.Calls("paused");
+    clock_.Advance(600ms);
+    ASSERT_TRUE(WaitFor([&] { return db_.Calls("paused") > reads; })) << "read " << i;
+  }
+  EXPECT_EQ(db_.Calls("claim"), 0) << "a paused destination was claimed";
+  EXPECT_EQ(db_.Queued(), 20u);
+  EXPECT_TRUE(sink_->submitted().empty());
+
+  db_.Resume("orders");
+  clock_.Advance(600ms);
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << db_.Queued() << " left";
+  EXPECT_EQ(db_.Delivered().size(), 20u);
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -86,6 +86,19 @@ class FakeDatabase {
     std::lock_guard lk(mu_);
     failures_[op] += n;
   }
+  /// outbox-relay pause / resume.
+  void Pause(const std::string& destination, const std::string& reason) {
+    std::lock_guard lk(mu_);
+    paused_[destination] = reason;
+  }
+  void Resume(const std::string& destination) {
+    {
+      std::lock_guard lk(mu_);
+      paused_.erase(destination);
+    }
+    Notify();
+  }
+
   /// The next claim leases its rows and then fails as if its reply was lost.
   void LoseNextClaimReply() {
     std::lock_guard lk(mu_);
@@ -207,6 +220,7 @@ class FakeDatabase {
   std::map<std::string, int> failures_;
   std::map<std::string, std::int64_t> calls_;
   std::int64_t renewed_ = 0;
+  std::map<std::string, std::string> paused_;
   bool lose_claim_reply_ = false;
 
   std::mutex notify_mu_;
@@ -418,6 +432,11 @@ class FakeStore final : public QueueStore {
     return {names.begin(), names.end()};
   }
   std::map<std::string, std::int64_t> LiveRelays(Millis) override { return {}; }
+  std::map<std::string, std::string> PausedDestinations() override {
+    std::lock_guard lk(db_.mu_);
+    db_.Enter("paused");
+    return db_.paused_;
+  }
 
   void Listen() override {}
   bool WaitForNotification(Millis timeout) override {

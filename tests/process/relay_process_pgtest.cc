@@ -605,5 +605,51 @@ TEST_F(RelayProcessTest, AClaimWhoseReplyWasLostIsHandedBackOnReconnect) {
   StopGracefully(relay);
 }
 
+// Issue 17 (pause and resume): an operator pauses a destination from the CLI; a relay started
+// while it is paused claims nothing for it, status shows it, and resume lets the relay drain.
+TEST_F(RelayProcessTest, AnOperatorPausesAndResumesADestinationFromTheCli) {
+  const ExpectedMap expected = Enqueue(200, 5, 4);
+  const std::string config = WriteConfig("relay.yaml", Yaml(db_url_));
+  ChildProcess& pause =
+      Spawn("pause", {"pause", kTopic, "--config", config, "--reason", "broker maintenance"});
+  ASSERT_TRUE(pause.WaitExit(30s)) << pause.Describe();
+  ASSERT_FALSE(pause.ExitedNonZero()) << pause.Stderr();
+  EXPECT_NE(pause.Stdout().find("paused"), std::string::npos) << pause.Stdout();
+
+  ChildProcess& relay = StartRelay(config);
+  ASSERT_TRUE(WaitFor(
+      [&] { return relay.Stderr().find("is paused (broker maintenance)") != std::string::npos; },
+      30s))
+      << relay.Stderr();
+  ChildProcess& status = Spawn("status", {"status", "--config", config, "--json"});
+  ASSERT_TRUE(status.WaitExit(30s)) << status.Describe();
+  bool seen = false;
+  const auto snapshot = nlohmann::json::parse(status.Stdout());
+  for (const auto& d : snapshot["destinations"]) {
+    if (d["destination"] != kTopic) continue;
+    seen = true;
+    EXPECT_TRUE(d["paused"].get<bool>()) << d.dump();
+    EXPECT_EQ(d["paused_reason"], "broker maintenance") << d.dump();
+  }
+  EXPECT_TRUE(seen) << status.Stdout();
+  EXPECT_EQ(Queued(), 200) << "the relay claimed a destination paused before it started";
+  EXPECT_EQ(Leased(), 0);
+  EXPECT_EQ(WithAttempts(), 0);
+
+  ChildProcess& resume = Spawn("resume", {"resume", kTopic, "--config", config});
+  ASSERT_TRUE(resume.WaitExit(30s)) << resume.Describe();
+  ASSERT_FALSE(resume.ExitedNonZero()) << resume.Stderr();
+  ASSERT_TRUE(DrainedBy({&relay}, 60s));
+  EXPECT_NE(relay.Stderr().find("resumed"), std::string::npos) << relay.Stderr();
+  const auto records = ConsumeAtLeast(expected.size());
+  ExpectAllDeliveredInKeyOrder(records, expected);
+
+  ChildProcess& again = Spawn("resume-again", {"resume", kTopic, "--config", config});
+  ASSERT_TRUE(again.WaitExit(30s)) << again.Describe();
+  EXPECT_FALSE(again.ExitedNonZero()) << again.Stderr();
+  EXPECT_NE(again.Stdout().find("was not paused"), std::string::npos) << again.Stdout();
+  StopGracefully(relay);
+}
+
 }  // namespace
 }  // namespace outbox::testing

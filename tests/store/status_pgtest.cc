@@ -8,6 +8,8 @@
 #include <sstream>
 #include <thread>
 
+#include "outbox_relay/dead_letters.h"
+#include "outbox_relay/metrics.h"
 #include "outbox_relay/status.h"
 #include "outbox_relay/status_render.h"
 #include "outbox_relay/store.h"
@@ -59,6 +61,50 @@ TEST_F(StatusTest, EmptyDatabaseHasNoDestinations) {
   const auto table = RenderStatusTable(s);
   EXPECT_NE(table.find("(no destinations"), std::string::npos) << table;
   EXPECT_EQ(StatusToJson(s)["destinations"].size(), 0u);
+}
+
+TEST_F(StatusTest, PausedDestinationsShowWithTheirReasonUntilResumed) {
+  Enqueue("orders");
+  Store store(db_url_);
+  PauseDestination(store, "orders", "endpoint maintenance");
+  PauseDestination(store, "hooks", "");  // paused before it has any message: still shown
+  EXPECT_EQ(store.PausedDestinations(), (std::map<std::string, std::string>{
+                                            {"hooks", ""}, {"orders", "endpoint maintenance"}}));
+
+  auto s = Read();
+  ASSERT_NE(s.Find("orders"), nullptr);
+  EXPECT_TRUE(s.Find("orders")->paused);
+  EXPECT_EQ(s.Find("orders")->paused_reason, "endpoint maintenance");
+  EXPECT_EQ(s.Find("orders")->depth, 1) << "pausing moves nothing";
+  ASSERT_NE(s.Find("hooks"), nullptr);
+  EXPECT_TRUE(s.Find("hooks")->paused);
+  const auto json = StatusToJson(s);
+  bool seen = false;
+  for (const auto& d : json["destinations"]) {
+    if (d["destination"] != "orders") continue;
+    seen = true;
+    EXPECT_TRUE(d["paused"].get<bool>());
+    EXPECT_EQ(d["paused_reason"], "endpoint maintenance");
+  }
+  EXPECT_TRUE(seen) << json.dump();
+  EXPECT_NE(RenderStatusTable(s).find("WARNING: destination \"orders\" is paused (endpoint "
+                                      "maintenance): relays claim nothing for it"),
+            std::string::npos)
+      << RenderStatusTable(s);
+  RelayMetrics m("test");
+  m.UpdateFromStatus(s);
+  EXPECT_NE(m.Render().find("outbox_destination_paused{destination=\"orders\"} 1"),
+            std::string::npos);
+
+  PauseDestination(store, "orders", "second reason");  // pausing again replaces the reason
+  EXPECT_EQ(store.PausedDestinations().at("orders"), "second reason");
+  EXPECT_TRUE(ResumeDestination(store, "orders"));
+  EXPECT_FALSE(ResumeDestination(store, "orders")) << "was not paused any more";
+  s = Read();
+  EXPECT_FALSE(s.Find("orders")->paused);
+  m.UpdateFromStatus(s);
+  EXPECT_NE(m.Render().find("outbox_destination_paused{destination=\"orders\"} 0"),
+            std::string::npos);
 }
 
 TEST_F(StatusTest, ReportsExactCountsPerDestination) {

@@ -311,4 +311,29 @@ int RunDlqBury(const DlqArgs& a) {
   });
 }
 
+int RunPause(const std::string& database_url, const std::string& destination,
+             const std::string& reason) {
+  if (destination.empty()) return Fail("name the destination: pause DESTINATION");
+  return WithConnection(database_url, [&](Store& c) {
+    PauseDestination(c, destination, reason);
+    std::cout << "paused \"" << destination
+              << "\": relays claim nothing for it within a second (what is in flight finishes); "
+                 "`outbox-relay resume "
+              << destination << "` undoes it\n";
+    return 0;
+  });
+}
+
+int RunResume(const std::string& database_url, const std::string& destination) {
+  if (destination.empty()) return Fail("name the destination: resume DESTINATION");
+  return WithConnection(database_url, [&](Store& c) {
+    if (!ResumeDestination(c, destination)) {
+      std::cout << "\"" << destination << "\" was not paused; nothing to do\n";
+      return 0;
+    }
+    std::cout << "resumed \"" << destination << "\": relays claim it again within a second\n";
+    return 0;
+  });
+}
+
 }  // namespace outbox::relay::app

@@ -32,6 +32,12 @@ int RunDlqPurge(const DlqArgs& a);
 /// decision for a destination no relay will serve. Refuses while a live relay serves it.
 int RunDlqBury(const DlqArgs& a);
 
+/// outbox-relay pause DEST: every relay stops claiming DEST within a second, until resumed.
+int RunPause(const std::string& database_url, const std::string& destination,
+             const std::string& reason);
+/// outbox-relay resume DEST.
+int RunResume(const std::string& database_url, const std::string& destination);
+
 /// The database of an operator command: `flag` (--database-url) if given, else the
 /// database_url of the config file at `config_path` (--config, with its environment
 /// overrides), else $OUTBOX_DATABASE_URL. Empty, with the reason printed, when there is none

@@ -98,6 +98,19 @@ int main(int argc, char** argv) {
   dlq_bury->add_flag("--force", dlq.force, "Even while a running relay serves the destination");
   dlq_bury->add_option("--reason", dlq.reason, "Recorded on each dead letter");
 
+  std::string pause_destination, pause_reason;
+  auto* pause = app.add_subcommand(
+      "pause",
+      "Stop every relay claiming a destination (endpoint down, maintenance) until resumed");
+  add_db(pause);
+  add_config(pause);
+  pause->add_option("destination", pause_destination, "Destination name")->required();
+  pause->add_option("--reason", pause_reason, "Shown in status and in the relays' logs");
+  auto* resume = app.add_subcommand("resume", "Let relays claim a paused destination again");
+  add_db(resume);
+  add_config(resume);
+  resume->add_option("destination", pause_destination, "Destination name")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -119,6 +132,12 @@ int main(int argc, char** argv) {
   if (*migrate) {
     database_url = DatabaseUrlFor(database_url, config_path);
     return database_url.empty() ? 2 : RunMigrate(database_url);
+  }
+  if (*pause || *resume) {
+    database_url = DatabaseUrlFor(database_url, config_path);
+    if (database_url.empty()) return 2;
+    return *pause ? RunPause(database_url, pause_destination, pause_reason)
+                  : RunResume(database_url, pause_destination);
   }
   if (*dlq_cmd) {
     dlq.database_url = DatabaseUrlFor(dlq.database_url, config_path);

@@ -36,6 +36,10 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
       cursor.StartSweep();
       last_sweep = Now();
     }
+    if (IsPaused(dest.name)) {  // an operator paused it: claim nothing, spend no attempt
+      WaitFor(tuning::kPausedPoll, [&] { return !IsPaused(dest.name); });
+      continue;
+    }
     const int room = cap - static_cast<int>(sink.InFlight());
     if (room <= 0) {
       WaitFor(tuning::kRoomPoll, [&] { return static_cast<int>(sink.InFlight()) < cap; });

@@ -42,6 +42,33 @@ std::vector<BucketLease> Dispatcher::Impl::OwnedBuckets() {
   return owned;
 }
 
+bool Dispatcher::Impl::IsPaused(const std::string& destination) {
+  std::lock_guard lk(paused_mu);
+  return paused.count(destination) > 0;
+}
+
+void Dispatcher::Impl::UpdatePaused(std::map<std::string, std::string> now) {
+  bool resumed = false;
+  {
+    std::lock_guard lk(paused_mu);
+    if (now == paused) return;
+    for (const auto& [name, reason] : now) {
+      if (!config.destinations.count(name) || paused.count(name)) continue;
+      spdlog::warn(
+          "destination \"{}\" is paused{}: claiming nothing for it until `outbox-relay "
+          "resume {}`",
+          name, reason.empty() ? "" : " (" + reason + ")", name);
+    }
+    for (const auto& [name, reason] : paused) {
+      if (now.count(name)) continue;
+      spdlog::info("destination \"{}\" resumed", name);
+      resumed = true;
+    }
+    paused = std::move(now);
+  }
+  if (resumed) Wake();
+}
+
 void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::string& token,
                               Message msg) {
   {
@@ -128,6 +155,14 @@ void Dispatcher::Start() {
     d.description = std::string(host) + " pid " + std::to_string(getpid());
   }
   for (const auto& [name, dest] : d.config.destinations) d.destination_names.push_back(name);
+  // A destination paused before start is not claimed even once; if this read fails, the
+  // maintenance loop's next one applies the pause.
+  try {
+    d.UpdatePaused(d.stores()->PausedDestinations());
+  } catch (const std::exception& e) {
+    spdlog::debug("could not read the paused destinations at start (maintenance retries): {}",
+                  e.what());
+  }
   d.settler = std::thread([&d] { d.SettleLoop(); });
   d.listener = std::thread([&d] { d.ListenLoop(); });
   d.maintenance = std::thread([&d] { d.MaintenanceLoop(); });

@@ -86,6 +86,14 @@ struct Dispatcher::Impl {
   void RecordAttempt(const Destination& d, const Sink& sink, const Outcome& outcome,
                      SteadyTime submitted);
 
+  // --- destinations operators paused (outbox.paused_destinations), read by maintenance ---
+  std::mutex paused_mu;                       // taken after mu, never before it
+  std::map<std::string, std::string> paused;  // guarded by paused_mu: destination -> reason
+  bool IsPaused(const std::string& destination);
+  // Applies a fresh read of the paused destinations: logs and publishes changes, wakes the
+  // claim loops on a resume.
+  void UpdatePaused(std::map<std::string, std::string> now);
+
   // --- claim_mode partitioned: the buckets this relay owns ---
   std::mutex owned_mu;
   std::vector<BucketLease> owned;  // guarded by owned_mu; written by the coordinator

@@ -18,6 +18,7 @@ void Dispatcher::Impl::MaintenanceLoop() {
                [this] { DbError(); });
   auto next_reap = Now();
   auto next_heartbeat = Now();
+  auto next_paused = Now();
   auto next_renewal = Now() + config.lease / 3;
   auto next_unknown = Now() + tuning::kRelayHeartbeat;  // after our first heartbeat
   auto next_status = Now();
@@ -27,6 +28,10 @@ void Dispatcher::Impl::MaintenanceLoop() {
     if (stopping) break;
     const auto now = Now();
     try {
+      if (now >= next_paused) {
+        next_paused = now + tuning::kPauseRefresh;
+        UpdatePaused(store.PausedDestinations());
+      }
       if (now >= next_reap) {
         next_reap = now + config.reap_interval;
         const auto reaped = store.Reap();

@@ -22,6 +22,12 @@ inline constexpr std::size_t kSettleBatchMax = 2'000;
 inline constexpr Millis kListenWait{200};
 /// Maintenance: how often it looks at its schedule.
 inline constexpr Millis kMaintenanceTick{100};
+/// Maintenance: how often it reads which destinations operators paused (a pause or resume
+/// takes effect within this, plus a claim already running).
+inline constexpr Millis kPauseRefresh{500};
+/// Claim loop: while its destination is paused, how often it looks again (a resume read by
+/// maintenance wakes it earlier).
+inline constexpr Millis kPausedPoll{1'000};
 /// Maintenance: rows per retention batch.
 inline constexpr int kCleanupBatch = 1'000;
 /// Heartbeat of this relay in outbox.relay_heartbeats, and after how long without one a relay

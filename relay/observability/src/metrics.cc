@@ -99,6 +99,11 @@ RelayMetrics::RelayMetrics(std::string version)
           "Live relays (heartbeat in outbox.relay_heartbeats) that serve the destination, from "
           "the last status read.",
           kDest)),
+      destination_paused(registry.AddGauge(
+          "outbox_destination_paused",
+          "1 while an operator has paused the destination (outbox-relay pause): relays claim "
+          "nothing for it. From the last status read.",
+          kDest)),
       unserved_oldest_age(registry.AddGauge(
           "outbox_unserved_oldest_age_seconds",
           "Age of the oldest waiting message of a destination that no live relay serves; 0 "
@@ -284,11 +289,12 @@ void RelayMetrics::UpdateFromStatus(const StatusSnapshot& s) {
     blocked.Labels(l).Set(static_cast<double>(d.blocked));
     dead_letters.Labels(l).Set(static_cast<double>(d.dead_letters));
     destination_relays.Labels(l).Set(static_cast<double>(d.relays));
+    destination_paused.Labels(l).Set(d.paused ? 1.0 : 0.0);
     unserved_oldest_age.Labels(l).Set(d.Unserved() ? d.oldest_pending_age_seconds : 0.0);
   }
   const auto gone = [&](const LabelValues& l) { return present.count(l) == 0; };
   for (auto* f : {&queue_depth, &oldest_pending_age_seconds, &in_flight, &retrying, &blocked,
-                  &dead_letters, &destination_relays, &unserved_oldest_age}) {
+                  &dead_letters, &destination_relays, &destination_paused, &unserved_oldest_age}) {
     f->RemoveIf(gone);
   }
   queue_lock_waiters.Labels({}).Set(static_cast<double>(s.lock_waiters));

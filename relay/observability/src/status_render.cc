@@ -77,6 +77,13 @@ std::string FormatEpoch(double epoch_seconds) {
 
 std::vector<std::string> StatusWarnings(const StatusSnapshot& s) {
   std::vector<std::string> w;
+  for (const auto& d : s.destinations) {
+    if (!d.paused) continue;
+    w.push_back("destination \"" + d.destination + "\" is paused" +
+                (d.paused_reason.empty() ? "" : " (" + d.paused_reason + ")") +
+                ": relays claim nothing for it; `outbox-relay resume " + d.destination +
+                "` lets them");
+  }
   if (s.lock_waiters > 0) {
     w.push_back(std::to_string(s.lock_waiters) +
                 " session(s) waiting for a lock on outbox.messages (longest " +
@@ -170,17 +177,20 @@ std::string RenderStatusTable(const StatusSnapshot& s) {
 nlohmann::json StatusToJson(const StatusSnapshot& s) {
   nlohmann::json dests = nlohmann::json::array();
   for (const auto& d : s.destinations) {
-    dests.push_back({{"destination", d.destination},
-                     {"pending", d.depth},
-                     {"in_flight", d.in_flight},
-                     {"retrying", d.retrying},
-                     {"blocked", d.blocked},
-                     {"expired_leases", d.expired_leases},
-                     {"dead_letters", d.dead_letters},
-                     {"oldest_pending_age_seconds", d.oldest_pending_age_seconds},
-                     {"newest_dead_letter_at", OptEpoch(d.newest_dead_letter_epoch)},
-                     {"relays", d.relays},
-                     {"unserved", d.Unserved()}});
+    dests.push_back(
+        {{"destination", d.destination},
+         {"pending", d.depth},
+         {"in_flight", d.in_flight},
+         {"retrying", d.retrying},
+         {"blocked", d.blocked},
+         {"expired_leases", d.expired_leases},
+         {"dead_letters", d.dead_letters},
+         {"oldest_pending_age_seconds", d.oldest_pending_age_seconds},
+         {"newest_dead_letter_at", OptEpoch(d.newest_dead_letter_epoch)},
+         {"relays", d.relays},
+         {"unserved", d.Unserved()},
+         {"paused", d.paused},
+         {"paused_reason", d.paused ? nlohmann::json(d.paused_reason) : nlohmann::json(nullptr)}});
   }
   nlohmann::json oldest = nullptr;
   if (s.oldest_transaction) {

@@ -78,6 +78,12 @@ StatusSnapshot ReadStatus(Store& store, const StatusOptions& options) {
       d.destination = r["destination"].as<std::string>();
       d.relays = r["relays"].as<std::int64_t>();
     }
+    for (const auto& r : tx.exec(std::string(q::kpaused_destinations))) {
+      auto& d = by_name[r["destination"].as<std::string>()];
+      d.destination = r["destination"].as<std::string>();
+      d.paused = true;
+      d.paused_reason = r["reason"].as<std::string>();
+    }
     s.destinations.reserve(by_name.size());
     for (auto& [name, d] : by_name) s.destinations.push_back(std::move(d));
 

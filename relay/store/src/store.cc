@@ -84,6 +84,7 @@ struct Store::Impl {
       conn->prepare("destinations", std::string(q::kdestinations));
       conn->prepare("relay_heartbeat", std::string(q::krelay_heartbeat));
       conn->prepare("relay_leave", std::string(q::krelay_leave));
+      conn->prepare("paused_destinations", std::string(q::kpaused_destinations));
       if (listening) receiver = std::make_unique<WakeReceiver>(*conn, notifications, rebalances);
     }
     return *conn;
@@ -152,6 +153,30 @@ StoreFactory PostgresStores(std::string database_url) {
 
 std::map<std::string, std::int64_t> Store::LiveRelays(Millis expiry) {
   return LiveRelaysByDestination(*this, expiry);
+}
+
+std::map<std::string, std::string> Store::PausedDestinations() {
+  return Translated([&]() -> std::map<std::string, std::string> {
+    pqxx::nontransaction tx(impl_->Get());
+    std::map<std::string, std::string> out;
+    for (const auto& row : tx.exec_prepared("paused_destinations"))
+      out.emplace(row[0].as<std::string>(), row[1].as<std::string>());
+    return out;
+  });
+}
+
+void PauseDestination(Store& store, const std::string& destination, const std::string& reason) {
+  Translated([&] {
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    tx.exec_params(std::string(sql::queries::kpause_destination), destination, reason);
+  });
+}
+
+bool ResumeDestination(Store& store, const std::string& destination) {
+  return Translated([&]() -> bool {
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    return !tx.exec_params(std::string(sql::queries::kresume_destination), destination).empty();
+  });
 }
 
 StatusSnapshot Store::ReadStatus(const StatusOptions& options) {

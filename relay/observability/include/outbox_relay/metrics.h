@@ -55,6 +55,7 @@ struct RelayMetrics {
   metrics::GaugeFamily& blocked;                  // outbox_blocked{destination}
   metrics::GaugeFamily& dead_letters;             // outbox_dead_letters{destination}
   metrics::GaugeFamily& destination_relays;       // outbox_destination_relays{destination}
+  metrics::GaugeFamily& destination_paused;       // outbox_destination_paused{destination}
   metrics::GaugeFamily& unserved_oldest_age;      // outbox_unserved_oldest_age_seconds{destination}
   metrics::GaugeFamily& queue_lock_waiters;       // outbox_queue_lock_waiters
   metrics::GaugeFamily& queue_table_live_tuples;  // outbox_queue_table_live_tuples

@@ -1,4 +1,5 @@
-// Operations on outbox.dead_letters for `outbox-relay dlq`.
+// Operator operations: outbox.dead_letters for `outbox-relay dlq`, pausing destinations for
+// `outbox-relay pause|resume`.
 #pragma once
 
 #include <chrono>
@@ -34,6 +35,12 @@ std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id);
 /// (of `destination` if given). Returns the new message ids.
 std::vector<std::int64_t> ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                                             const std::string& destination);
+/// Pausing a destination (`outbox-relay pause|resume`): every relay stops claiming it within
+/// a second (what is in flight finishes) until it is resumed; the reason shows in `status`.
+/// ResumeDestination returns false when it was not paused.
+void PauseDestination(Store& store, const std::string& destination, const std::string& reason);
+bool ResumeDestination(Store& store, const std::string& destination);
+
 /// Live relays (heartbeat within `expiry`) per destination they serve.
 std::map<std::string, std::int64_t> LiveRelaysByDestination(Store& store,
                                                             std::chrono::milliseconds expiry);

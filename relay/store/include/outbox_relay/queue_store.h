@@ -147,6 +147,8 @@ class QueueStore {
   virtual std::vector<std::string> Destinations() = 0;
   /// Live relays (heartbeat within `expiry`) per destination they serve.
   virtual std::map<std::string, std::int64_t> LiveRelays(Millis expiry) = 0;
+  /// Destinations an operator paused, with the reason given (outbox-relay pause).
+  virtual std::map<std::string, std::string> PausedDestinations() = 0;
 
   /// Subscribes to wake-ups. Call once on a store used only for waiting.
   virtual void Listen() = 0;

@@ -30,6 +30,9 @@ struct DestinationStatus {
   /// Live relays that serve this destination (outbox.relay_heartbeats). 0 with messages
   /// queued: nothing delivers them (see Unserved()).
   std::int64_t relays = 0;
+  /// An operator paused it (`outbox-relay pause`): relays claim nothing for it.
+  bool paused = false;
+  std::string paused_reason;
 
   /// Messages are waiting and no live relay serves the destination.
   bool Unserved() const { return relays == 0 && depth + in_flight > 0; }

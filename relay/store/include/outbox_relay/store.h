@@ -54,6 +54,7 @@ class Store final : public QueueStore {
   void Leave(const std::string& instance_id) override;
   std::vector<std::string> Destinations() override;
   std::map<std::string, std::int64_t> LiveRelays(Millis expiry) override;
+  std::map<std::string, std::string> PausedDestinations() override;
 
   /// LISTEN on the wake-up channel.
   void Listen() override;
