@@ -401,6 +401,31 @@ TEST_F(DispatcherTest, StopHandsBackWhatTheSinkStillHoldsWithoutCountingAnAttemp
   EXPECT_EQ(db_.Queued() + db_.Delivered().size(), 30u);
 }
 
+TEST_F(DispatcherTest, PartitionedModeClaimsWhatTheCoordinatorAssignsAndHandsItBackAtStop) {
+  std::map<std::string, std::vector<std::int64_t>> by_key;
+  for (int i = 0; i < 200; ++i) {
+    const std::string key = "k" + std::to_string(i % 7);
+    by_key[key].push_back(db_.Enqueue("orders", key));
+  }
+  auto cfg = Config(/*batch=*/25);
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.partition_heartbeat = 20ms;
+  Start(cfg, DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << db_.Queued() << " left";
+  EXPECT_GE(db_.Calls("coordinate"), 1);
+  EXPECT_GE(db_.Calls("claim_partitioned"), 1) << "partitioned mode claimed the other way";
+  EXPECT_EQ(sink_->key_overlaps(), 0);
+  const auto delivered = db_.Delivered();
+  for (const auto& [key, ids] : by_key) {
+    std::vector<std::int64_t> order;
+    for (const auto id : delivered)
+      if (std::find(ids.begin(), ids.end(), id) != ids.end()) order.push_back(id);
+    EXPECT_EQ(order, ids) << "key " << key;
+  }
+  EXPECT_TRUE(dispatcher_->Stop());
+  EXPECT_EQ(db_.Calls("coordinate_leave"), 1) << "buckets are handed back at stop";
+}
+
 TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
   db_.Pause("orders", "endpoint maintenance");
   for (int i = 0; i < 20; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 3));

@@ -309,10 +309,16 @@ class FakeStore final : public QueueStore {
     return out;
   }
 
+  // Every row is in an owned bucket here (see Coordinate).
   ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
                                int per_bucket_limit, int slow_limit, Millis lease,
-                               const std::string&, const std::vector<BucketLease>&) override {
-    return Claim(destination, cursor, per_bucket_limit, slow_limit, lease);
+                               const std::string&, const std::vector<BucketLease>& owned) override {
+    {
+      std::lock_guard lk(db_.mu_);
+      ++db_.calls_["claim_partitioned"];
+    }
+    return Claim(destination, cursor, per_bucket_limit * static_cast<int>(owned.size()), slow_limit,
+                 lease);
   }
 
   const std::string& last_claim_token() const override { return last_token_; }
@@ -416,9 +422,13 @@ class FakeStore final : public QueueStore {
     return db_.WakeBlocked(destination, &set);
   }
 
-  std::vector<BucketLease> Coordinate(const std::string&, Millis, bool,
+  // One relay: it owns every bucket while it beats, none once it leaves.
+  std::vector<BucketLease> Coordinate(const std::string&, Millis, bool leaving,
                                       const std::string&) override {
-    return {};
+    std::lock_guard lk(db_.mu_);
+    db_.Enter(leaving ? "coordinate_leave" : "coordinate");
+    if (leaving) return {};
+    return {{0, 1}, {1, 1}, {2, 1}, {3, 1}};
   }
   void Heartbeat(const std::string&, const std::vector<std::string>&, const std::string&) override {
     std::lock_guard lk(db_.mu_);
