@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 namespace outbox::relay {
 namespace {
 
@@ -78,6 +80,18 @@ TEST(Decide, EveryFailureCarriesATypedReason) {
   o.kind = OutcomeKind::kPermanent;
   o.reason_class = Reason::kHttp4xx;
   EXPECT_EQ(Decide(id, 0, o, p, "tok", 0.5, false).reason_class, Reason::kHttp4xx);
+}
+
+TEST(RetryHorizon, SumsEveryRetrysDelayCap) {
+  EXPECT_EQ(RetryHorizon(Policy()), 15'000ms) << "1 + 2 + 4 + 8 s before the 5th attempt";
+  // The built-in default: 500 ms doubling, capped at 5 min, 12 attempts: 511.5 s + 300 s.
+  EXPECT_EQ(RetryHorizon(RetryPolicy{}), 811'500ms);
+  RetryPolicy once;
+  once.max_attempts = 1;
+  EXPECT_EQ(RetryHorizon(once), 0ms) << "no retry, no wait";
+  RetryPolicy forever = Policy();
+  forever.max_attempts = std::numeric_limits<int>::max();
+  EXPECT_GT(RetryHorizon(forever), std::chrono::hours(24 * 365)) << "no overflow, no long loop";
 }
 
 TEST(DecideBeforeAttempt, DeadLettersOnlyWhatHasNoAttemptLeft) {

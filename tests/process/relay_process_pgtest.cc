@@ -468,13 +468,20 @@ TEST_F(RelayProcessTest, OperatorCommandsTakeTheConfigFileForTheDatabase) {
   ChildProcess& status = Spawn("status", {"status", "--config", config, "--json"});
   ChildProcess& dlq = Spawn("dlq-list", {"dlq", "list", "--config", config});
   ChildProcess& migrate = Spawn("migrate", {"migrate", "--config", config});
-  for (ChildProcess* p : {&status, &dlq, &migrate}) {
+  ChildProcess& check = Spawn("check-config", {"check-config", "--config", config});
+  for (ChildProcess* p : {&status, &dlq, &migrate, &check}) {
     ASSERT_TRUE(p->WaitExit(30s)) << p->Describe();
     EXPECT_FALSE(p->ExitedNonZero()) << p->Describe() << "\n" << p->Stderr();
   }
   EXPECT_NE(status.Stdout().find(kTopic), std::string::npos) << status.Stdout();
   EXPECT_NE(dlq.Stdout().find("0 dead letter(s)"), std::string::npos) << dlq.Stdout();
   EXPECT_NE(migrate.Stdout().find("up to date"), std::string::npos) << migrate.Stdout();
+  // Each destination's retry horizon (issue 17): 50 attempts, delays capped at 50, 100, 200,
+  // 400 ms, then 45 x 500 ms: 23.25 s in all.
+  EXPECT_NE(check.Stdout().find("orders (kafka): 50 attempt(s), then dead letters; retries wait "
+                                "up to 23s in all (about 11s on average)"),
+            std::string::npos)
+      << check.Stdout();
 
   ChildProcess& nowhere = Spawn("status-no-db", {"status"});
   ASSERT_TRUE(nowhere.WaitExit(30s)) << nowhere.Describe();

@@ -17,6 +17,7 @@
 #include "outbox_relay/logging.h"
 #include "outbox_relay/metrics.h"
 #include "outbox_relay/migrate.h"
+#include "outbox_relay/retry.h"
 #include "outbox_relay/sink_registry.h"
 #include "outbox_relay/status.h"
 #include "outbox_relay/status_render.h"
@@ -27,6 +28,26 @@ namespace outbox::relay::app {
 void SetupLogging(const std::string& level, bool json) { ConfigureLogging(level, json); }
 
 namespace {
+
+// "850ms", "14m 7s", "2h 5m", "3d 4h": the two largest units.
+std::string FormatDuration(Millis d) {
+  long long ms = d.count();
+  if (ms < 1000) return std::to_string(ms) + "ms";
+  const std::pair<long long, const char*> units[] = {
+      {86'400'000, "d"}, {3'600'000, "h"}, {60'000, "m"}, {1'000, "s"}};
+  std::string out;
+  int shown = 0;
+  for (const auto& [size, unit] : units) {
+    if (ms < size && shown == 0) continue;
+    const long long n = ms / size;
+    ms %= size;
+    if (shown == 1 && n == 0) break;
+    if (!out.empty()) out += ' ';
+    out += std::to_string(n) + unit;
+    if (++shown == 2) break;
+  }
+  return out;
+}
 
 int Fail(const std::string& msg) {
   std::cerr << "error: " << msg << "\n";
@@ -71,6 +92,15 @@ int RunCheckConfig(const std::string& config_path) {
     const RelayConfig cfg = LoadConfigFile(config_path, ProcessEnv());
     if (auto problem = SinkConfigProblem(config_path, cfg)) return Fail(*problem);
     std::cout << config_path << ": ok, " << cfg.destinations.size() << " destination(s)\n";
+    // How long each destination keeps trying: what decides whether an outage of the target
+    // ends in dead letters.
+    for (const auto& [name, dest] : cfg.destinations) {
+      const Millis horizon = RetryHorizon(dest.retry);
+      std::cout << "  " << name << " (" << SinkFactoryFor(dest).kind
+                << "): " << dest.retry.max_attempts
+                << " attempt(s), then dead letters; retries wait up to " << FormatDuration(horizon)
+                << " in all (about " << FormatDuration(horizon / 2) << " on average)\n";
+    }
     return 0;
   } catch (const ConfigError& e) {
     return Fail(e.what());

@@ -16,6 +16,21 @@ Millis BackoffDelay(const RetryPolicy& policy, int failures, double u01,
   return std::min(delay, policy.max_backoff);
 }
 
+Millis RetryHorizon(const RetryPolicy& policy) {
+  double total = 0;
+  const double cap = static_cast<double>(policy.max_backoff.count());
+  for (int failures = 1; failures < policy.max_attempts; ++failures) {
+    const double ceiling = std::min(cap, static_cast<double>(policy.initial_backoff.count()) *
+                                             std::ldexp(1.0, std::clamp(failures - 1, 0, 62)));
+    if (ceiling >= cap) {  // every later retry waits up to the cap
+      total += cap * static_cast<double>(policy.max_attempts - failures);
+      break;
+    }
+    total += ceiling;
+  }
+  return Millis(static_cast<long long>(std::min(total, 1e17)));
+}
+
 namespace {
 
 // A sink that gave no reason for a failure: counted as "other".

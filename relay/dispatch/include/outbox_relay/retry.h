@@ -18,6 +18,11 @@ namespace outbox::relay {
 Millis BackoffDelay(const RetryPolicy& policy, int failures, double u01,
                     std::optional<Millis> retry_after = std::nullopt);
 
+/// The longest a message can spend waiting between its attempts before it is dead-lettered:
+/// the sum of every retry's delay cap (BackoffDelay with u01 -> 1), without Retry-After (which
+/// can stretch each delay up to max_backoff). With full jitter the average is about half.
+Millis RetryHorizon(const RetryPolicy& policy);
+
 /// Before an attempt: a message claimed with `attempts` >= max_attempts (its last attempts
 /// ended by lease expiry, counted by the reaper) goes to the dead letters without another
 /// delivery; nullopt otherwise. With Decide, the one place that decides a message is dead.
