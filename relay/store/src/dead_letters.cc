@@ -122,4 +122,18 @@ std::int64_t PurgeDeadLetters(Store& store, const std::vector<std::int64_t>& ids
   });
 }
 
+void PauseDestination(Store& store, const std::string& destination, const std::string& reason) {
+  Translated([&] {
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    tx.exec_params(std::string(sql::queries::kpause_destination), destination, reason);
+  });
+}
+
+bool ResumeDestination(Store& store, const std::string& destination) {
+  return Translated([&]() -> bool {
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    return !tx.exec_params(std::string(sql::queries::kresume_destination), destination).empty();
+  });
+}
+
 }  // namespace outbox::relay

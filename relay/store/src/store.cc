@@ -90,8 +90,18 @@ struct Store::Impl {
     return *conn;
   }
 
+  // The lease token of the claim about to be sent, remembered as last_claim_token: if the call
+  // fails from here on, the claim may have committed with its reply lost.
+  std::string NewClaimToken() {
+    last_claim_token = NewUuid();
+    return last_claim_token;
+  }
+
   // The connection for a claim: with the claim's planner settings, before its first plan.
+  // Forgets the previous claim's token first: a failure before the statement is sent leased
+  // nothing.
   pqxx::connection& ForClaims() {
+    last_claim_token.clear();
     auto& c = Get();
     if (!claim_session) {
       pqxx::nontransaction(c).exec(std::string(q::kclaim_session));
@@ -162,20 +172,6 @@ std::map<std::string, std::string> Store::PausedDestinations() {
     for (const auto& row : tx.exec_prepared("paused_destinations"))
       out.emplace(row[0].as<std::string>(), row[1].as<std::string>());
     return out;
-  });
-}
-
-void PauseDestination(Store& store, const std::string& destination, const std::string& reason) {
-  Translated([&] {
-    pqxx::nontransaction tx(StoreAccess::Connection(store));
-    tx.exec_params(std::string(sql::queries::kpause_destination), destination, reason);
-  });
-}
-
-bool ResumeDestination(Store& store, const std::string& destination) {
-  return Translated([&]() -> bool {
-    pqxx::nontransaction tx(StoreAccess::Connection(store));
-    return !tx.exec_params(std::string(sql::queries::kresume_destination), destination).empty();
   });
 }
 
@@ -259,10 +255,8 @@ std::string ArrayLiteral(const std::vector<T>& v, F f) {
 ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                          int slow_limit, Millis lease) {
   return Translated([&]() -> ClaimResult {
-    impl_->last_claim_token.clear();  // a failure before the statement was sent leased nothing
     auto& c = impl_->ForClaims();
-    std::string token = NewUuid();
-    impl_->last_claim_token = token;
+    std::string token = impl_->NewClaimToken();
     pqxx::nontransaction tx(c);
     const pqxx::result r = tx.exec_prepared("claim", destination, cursor, fresh_limit, slow_limit,
                                             token, static_cast<long long>(lease.count()));
@@ -275,10 +269,8 @@ ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t
                                     const std::string& instance_id,
                                     const std::vector<BucketLease>& owned) {
   return Translated([&]() -> ClaimResult {
-    impl_->last_claim_token.clear();  // a failure before the statement was sent leased nothing
     auto& c = impl_->ForClaims();
-    std::string token = NewUuid();
-    impl_->last_claim_token = token;
+    std::string token = impl_->NewClaimToken();
     pqxx::nontransaction tx(c);
     const pqxx::result r =
         tx.exec_prepared("claim_partitioned", destination, cursor, per_bucket_limit, slow_limit,
