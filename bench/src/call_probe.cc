@@ -140,8 +140,9 @@ class TimedStore final : public relay::QueueStore {
     return inner_->Coordinate(instance_id, dead_after, leaving, description);
   }
   void Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
-                 const std::string& description) override {
-    inner_->Heartbeat(instance_id, destinations, description);
+                 const std::string& description,
+                 const std::map<std::string, relay::TargetHealth>& targets) override {
+    inner_->Heartbeat(instance_id, destinations, description, targets);
   }
   void Leave(const std::string& instance_id) override { inner_->Leave(instance_id); }
   std::vector<std::string> Destinations() override { return inner_->Destinations(); }

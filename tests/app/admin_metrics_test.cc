@@ -189,6 +189,44 @@ TEST(MetricsRegistry, ConcurrentUpdatesAreExact) {
   EXPECT_DOUBLE_EQ(s.sum, kEach * 1.0 + kEach * 0.25);
 }
 
+TEST(RelayMetrics, TargetHealthSetsGaugesAndCountsOpeningsOnce) {
+  RelayMetrics m("test");
+  TargetHealth h;
+  h.concurrency_limit = 32;
+  h.max_concurrency = 32;
+  m.UpdateTargetHealth("hooks", h);
+  std::string text = m.Render();
+  EXPECT_NE(text.find("outbox_webhook_breaker_state{destination=\"hooks\"} 0"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("outbox_webhook_breaker_opened_total{destination=\"hooks\"} 0"),
+            std::string::npos)
+      << "the counter exists before the first opening";
+  h.breaker = "open";
+  h.times_opened = 2;
+  h.concurrency_limit = 8;
+  h.paused_for = std::chrono::milliseconds(1500);
+  h.times_paused = 1;
+  m.UpdateTargetHealth("hooks", h);
+  m.UpdateTargetHealth("hooks", h);  // read again: nothing new happened
+  text = m.Render();
+  EXPECT_NE(text.find("outbox_webhook_breaker_state{destination=\"hooks\"} 2"), std::string::npos);
+  EXPECT_NE(text.find("outbox_webhook_breaker_opened_total{destination=\"hooks\"} 2"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("outbox_webhook_concurrency_limit{destination=\"hooks\"} 8"),
+            std::string::npos);
+  EXPECT_NE(text.find("outbox_webhook_paused_seconds{destination=\"hooks\"} 1.5"),
+            std::string::npos);
+  EXPECT_NE(text.find("outbox_webhook_pauses_total{destination=\"hooks\"} 1"), std::string::npos);
+  h.breaker = "half_open";
+  h.times_opened = 3;
+  m.UpdateTargetHealth("hooks", h);
+  text = m.Render();
+  EXPECT_NE(text.find("outbox_webhook_breaker_state{destination=\"hooks\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("outbox_webhook_breaker_opened_total{destination=\"hooks\"} 3"),
+            std::string::npos);
+}
+
 TEST(MetricsRegistry, ExponentialBuckets) {
   EXPECT_EQ(metrics::ExponentialBuckets(0.001, 10, 3), (std::vector<double>{0.001, 0.01, 0.1}));
   EXPECT_THROW(metrics::ExponentialBuckets(0, 2, 3), std::invalid_argument);
@@ -409,7 +447,7 @@ TEST(RelayMetrics, EveryNameFollowsConventions) {
     ++families;
     pos = end;
   }
-  EXPECT_EQ(families, 33u);
+  EXPECT_EQ(families, 38u);
 }
 
 }  // namespace

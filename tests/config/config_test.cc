@@ -132,9 +132,9 @@ TEST(ParseConfig, MinimalConfigGetsEveryDefault) {
   const Destination& orders = config.destinations.at("orders");
   EXPECT_EQ(orders.name, "orders");
   EXPECT_EQ(orders.batch_size, 500) << "0 resolves to the global batch_size";
-  EXPECT_EQ(orders.retry.max_attempts, RetryPolicy{}.max_attempts);
-  EXPECT_EQ(orders.retry.initial_backoff, RetryPolicy{}.initial_backoff);
-  EXPECT_EQ(orders.retry.max_backoff, RetryPolicy{}.max_backoff);
+  EXPECT_EQ(orders.retry.max_attempts, 8) << "the built-in schedule: 7 retries";
+  EXPECT_EQ(orders.retry.schedule, DefaultRetryPolicy().schedule);
+  EXPECT_EQ(orders.retry.max_backoff, 10h) << "its longest delay caps Retry-After";
   const auto& kafka = std::get<KafkaTarget>(orders.target);
   EXPECT_EQ(kafka.brokers, "k1:9092");
   EXPECT_EQ(kafka.topic, "orders");
@@ -287,6 +287,99 @@ TEST(ParseConfig, RetryFallsBackPerKeyFromDestinationToDefaultsToBuiltIn) {
   EXPECT_EQ(b.max_attempts, RetryPolicy{}.max_attempts);
   EXPECT_EQ(b.initial_backoff, 50ms);
   EXPECT_EQ(b.max_backoff, RetryPolicy{}.max_backoff);
+}
+
+TEST(ParseConfig, WebhookBreakerAndAdaptiveConcurrency) {
+  const RelayConfig defaults =
+      ParseConfig(WithWebhook("      secret: " + kSecretA + "\n"), "cfg.yaml", kNoEnv);
+  const auto& d = std::get<WebhookTarget>(defaults.destinations.at("hooks").target);
+  EXPECT_TRUE(d.breaker.enabled);
+  EXPECT_EQ(d.breaker.failure_threshold, 10);
+  EXPECT_EQ(d.breaker.cooldown, 5000ms);
+  EXPECT_EQ(d.breaker.max_cooldown, 300000ms);
+  EXPECT_TRUE(d.adaptive_concurrency);
+
+  const RelayConfig set = ParseConfig(
+      WithWebhook("      secret: " + kSecretA +
+                  "\n      breaker: {enabled: false, failure_threshold: 3, cooldown_ms: 100, "
+                  "max_cooldown_ms: 800}\n      adaptive_concurrency: off\n"),
+      "cfg.yaml", kNoEnv);
+  const auto& w = std::get<WebhookTarget>(set.destinations.at("hooks").target);
+  EXPECT_FALSE(w.breaker.enabled);
+  EXPECT_EQ(w.breaker.failure_threshold, 3);
+  EXPECT_EQ(w.breaker.cooldown, 100ms);
+  EXPECT_EQ(w.breaker.max_cooldown, 800ms);
+  EXPECT_FALSE(w.adaptive_concurrency);
+
+  std::string message = ErrorOf(WithWebhook(
+      "      secret: " + kSecretA + "\n      breaker: {cooldown_ms: 9000, max_cooldown_ms: 10}\n"));
+  EXPECT_TRUE(Contains(message,
+                       "destinations.hooks.webhook.breaker: cooldown_ms 9000 is greater "
+                       "than max_cooldown_ms 10; lower cooldown_ms or raise "
+                       "max_cooldown_ms"))
+      << message;
+  message = ErrorOf(
+      WithWebhook("      secret: " + kSecretA + "\n      breaker: {failure_treshold: 3}\n"));
+  EXPECT_TRUE(Contains(message, "failure_threshold")) << "suggests the known key: " << message;
+  message = ErrorOf(
+      WithWebhook("      secret: " + kSecretA + "\n      breaker: {failure_threshold: 0}\n"));
+  EXPECT_TRUE(Contains(message,
+                       "destinations.hooks.webhook.breaker.failure_threshold: 0 is out "
+                       "of range"))
+      << message;
+}
+
+TEST(ParseConfig, TheBuiltInRetryIsAScheduleOfAboutADay) {
+  const RetryPolicy p = DefaultRetryPolicy();
+  EXPECT_EQ(p.schedule, (std::vector<Millis>{5s, 5min, 30min, 2h, 5h, 10h, 10h}));
+  EXPECT_EQ(p.max_attempts, 8);
+}
+
+TEST(ParseConfig, RetryScheduleTakesItsShapeFromTheMostSpecificLevel) {
+  const std::string yaml = kDb +
+                           "defaults:\n"
+                           "  retry: {schedule_ms: [1000, 60000], max_attempts: 5}\n"
+                           "destinations:\n"
+                           "  a:\n"
+                           "    kafka: {brokers: k:9092, topic: a}\n"
+                           "  b:\n"
+                           "    kafka: {brokers: k:9092, topic: b}\n"
+                           "    retry: {max_backoff_ms: 4000}\n"
+                           "  c:\n"
+                           "    kafka: {brokers: k:9092, topic: c}\n"
+                           "    retry: {schedule_ms: [10, 20, 30]}\n";
+  const RelayConfig config = ParseConfig(yaml, "cfg.yaml", kNoEnv);
+  const RetryPolicy& a = config.destinations.at("a").retry;
+  EXPECT_EQ(a.schedule, (std::vector<Millis>{1000ms, 60000ms})) << "from defaults.retry";
+  EXPECT_EQ(a.max_attempts, 5) << "max_attempts falls back on its own";
+  EXPECT_EQ(a.max_backoff, 60000ms) << "a schedule's longest delay";
+  const RetryPolicy& b = config.destinations.at("b").retry;
+  EXPECT_TRUE(b.schedule.empty()) << "a backoff key at the destination makes it exponential";
+  EXPECT_EQ(b.max_backoff, 4000ms);
+  EXPECT_EQ(b.initial_backoff, RetryPolicy{}.initial_backoff);
+  EXPECT_EQ(b.max_attempts, 5);
+  const RetryPolicy& c = config.destinations.at("c").retry;
+  EXPECT_EQ(c.schedule, (std::vector<Millis>{10ms, 20ms, 30ms}));
+  EXPECT_EQ(c.max_attempts, 5) << "defaults.retry.max_attempts, not the schedule's length + 1";
+
+  const RelayConfig own = ParseConfig(
+      Minimal("defaults: {retry: {schedule_ms: [100, 200, 300]}}\n"), "cfg.yaml", kNoEnv);
+  EXPECT_EQ(own.destinations.at("orders").retry.max_attempts, 4) << "one more than the delays";
+}
+
+TEST(ParseConfig, BadRetrySchedulesNameTheKeyAndTheFix) {
+  std::string message = ErrorOf(Minimal("defaults: {retry: {schedule_ms: []}}\n"));
+  EXPECT_TRUE(Contains(message, "defaults.retry.schedule_ms: is empty; list at least one delay"))
+      << message;
+  message = ErrorOf(Minimal("defaults: {retry: {schedule_ms: 5000}}\n"));
+  EXPECT_TRUE(Contains(message, "defaults.retry.schedule_ms: must be a list of delays")) << message;
+  message = ErrorOf(Minimal("defaults: {retry: {schedule_ms: [5000, soon]}}\n"));
+  EXPECT_TRUE(Contains(message, "defaults.retry.schedule_ms[1]")) << message;
+  message = ErrorOf(Minimal("defaults: {retry: {schedule_ms: [-1]}}\n"));
+  EXPECT_TRUE(Contains(message, "-1 is out of range")) << message;
+  message = ErrorOf(Minimal("defaults: {retry: {schedule_ms: [5000], max_backoff_ms: 9000}}\n"));
+  EXPECT_TRUE(Contains(message, "cannot be combined with initial_backoff_ms or max_backoff_ms"))
+      << message;
 }
 
 TEST(ParseConfig, ZeroBackoffIsAllowedForImmediateRetries) {
@@ -1152,6 +1245,9 @@ TEST(ExampleConfig, LoadsWithTheVariablesItNames) {
   EXPECT_EQ(hooks.retry.max_attempts, 30);
   EXPECT_EQ(hooks.retry.initial_backoff, 500ms);
   EXPECT_EQ(hooks.retry.max_backoff, 60000ms);
+  EXPECT_TRUE(webhook.breaker.enabled);
+  EXPECT_EQ(webhook.breaker.failure_threshold, 10);
+  EXPECT_TRUE(webhook.adaptive_concurrency);
   EXPECT_EQ(hooks.batch_size, config.batch_size);
 }
 

@@ -430,7 +430,8 @@ class FakeStore final : public QueueStore {
     if (leaving) return {};
     return {{0, 1}, {1, 1}, {2, 1}, {3, 1}};
   }
-  void Heartbeat(const std::string&, const std::vector<std::string>&, const std::string&) override {
+  void Heartbeat(const std::string&, const std::vector<std::string>&, const std::string&,
+                 const std::map<std::string, TargetHealth>&) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter("heartbeat");
   }

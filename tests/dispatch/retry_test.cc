@@ -84,12 +84,47 @@ TEST(Decide, EveryFailureCarriesATypedReason) {
 
 TEST(RetryHorizon, SumsEveryRetrysDelayCap) {
   EXPECT_EQ(RetryHorizon(Policy()), 15'000ms) << "1 + 2 + 4 + 8 s before the 5th attempt";
-  // The built-in default: 500 ms doubling, capped at 5 min, 12 attempts: 511.5 s + 300 s.
-  EXPECT_EQ(RetryHorizon(RetryPolicy{}), 811'500ms);
+  EXPECT_EQ(AverageRetryHorizon(Policy()), 7'500ms) << "full jitter: half on average";
+  // The exponential shape's defaults: 500 ms doubling, capped at 5 min, 12 attempts.
+  EXPECT_EQ(RetryHorizon(RetryPolicy{}), 811'500ms) << "511.5 s + 300 s";
   RetryPolicy once;
   once.max_attempts = 1;
   EXPECT_EQ(RetryHorizon(once), 0ms) << "no retry, no wait";
   RetryPolicy forever = Policy();
+  forever.max_attempts = std::numeric_limits<int>::max();
+  EXPECT_GT(RetryHorizon(forever), std::chrono::hours(24 * 365)) << "no overflow, no long loop";
+}
+
+RetryPolicy Schedule() {
+  RetryPolicy p;
+  p.schedule = {1000ms, 10'000ms, 60'000ms};
+  p.max_backoff = 60'000ms;
+  p.max_attempts = 6;
+  return p;
+}
+
+TEST(Backoff, AScheduleWaitsEachDelayInTurnWithinTenPercent) {
+  const auto p = Schedule();
+  EXPECT_EQ(BackoffDelay(p, 1, 0.5), 1000ms);
+  EXPECT_EQ(BackoffDelay(p, 1, 0.0), 900ms);
+  EXPECT_EQ(BackoffDelay(p, 1, 0.999), 1099ms);
+  EXPECT_EQ(BackoffDelay(p, 2, 0.5), 10'000ms);
+  EXPECT_EQ(BackoffDelay(p, 3, 0.5), 60'000ms);
+  EXPECT_EQ(BackoffDelay(p, 5, 0.5), 60'000ms) << "the last delay repeats";
+  EXPECT_EQ(BackoffDelay(p, 1000, 0.0), 54'000ms);
+  EXPECT_EQ(BackoffDelay(p, 1, 0.5, 30'000ms), 30'000ms) << "Retry-After is a lower bound";
+  EXPECT_EQ(BackoffDelay(p, 1, 0.5, 24h), 60'000ms) << "capped by the longest delay";
+}
+
+TEST(RetryHorizon, OfAScheduleIsItsSumWithinTheJitter) {
+  // 1 + 10 + 60 + 60 + 60 s before the 6th attempt.
+  EXPECT_EQ(AverageRetryHorizon(Schedule()), 191'000ms);
+  EXPECT_EQ(RetryHorizon(Schedule()), 210'100ms) << "every delay at +10%";
+  const RetryPolicy d = DefaultRetryPolicy();
+  // 5 s + 5 min + 30 min + 2 h + 5 h + 10 h + 10 h: about 27 h 35 min.
+  EXPECT_EQ(AverageRetryHorizon(d), 5s + 5min + 30min + 2h + 5h + 10h + 10h);
+  EXPECT_GT(RetryHorizon(d), 30h);
+  RetryPolicy forever = Schedule();
   forever.max_attempts = std::numeric_limits<int>::max();
   EXPECT_GT(RetryHorizon(forever), std::chrono::hours(24 * 365)) << "no overflow, no long loop";
 }

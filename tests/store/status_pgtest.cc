@@ -107,6 +107,69 @@ TEST_F(StatusTest, PausedDestinationsShowWithTheirReasonUntilResumed) {
             std::string::npos);
 }
 
+TEST_F(StatusTest, EachLiveRelaysViewOfItsWebhookEndpointsShows) {
+  Store store(db_url_);
+  TargetHealth open;
+  open.breaker = "open";
+  open.consecutive_failures = 12;
+  open.concurrency_limit = 4;
+  open.max_concurrency = 32;
+  open.probe_in = 20s;
+  open.times_opened = 2;
+  TargetHealth paused;
+  paused.concurrency_limit = 16;
+  paused.max_concurrency = 32;
+  paused.paused_for = 90s;
+  paused.times_paused = 1;
+  store.Heartbeat("00000000-0000-4000-8000-00000000000a", {"hooks", "orders"}, "host-a pid 1",
+                  {{"hooks", open}});
+  store.Heartbeat("00000000-0000-4000-8000-00000000000b", {"hooks"}, "host-b pid 2",
+                  {{"hooks", paused}});
+  // A relay that stopped beating long ago does not count.
+  store.Heartbeat("00000000-0000-4000-8000-00000000000c", {"hooks"}, "host-c pid 3",
+                  {{"hooks", open}});
+  Exec(
+      "UPDATE outbox.relay_heartbeats SET heartbeat_at = now() - interval '1 hour' "
+      "WHERE description = 'host-c pid 3'");
+
+  const auto s = Read(StatusOptions{{"hooks", "orders"}});
+  const auto* hooks = s.Find("hooks");
+  ASSERT_NE(hooks, nullptr);
+  ASSERT_EQ(hooks->targets.size(), 2u);
+  EXPECT_EQ(hooks->targets[0].relay, "host-a pid 1");
+  EXPECT_EQ(hooks->targets[0].health.breaker, "open");
+  EXPECT_EQ(hooks->targets[0].health.consecutive_failures, 12);
+  EXPECT_EQ(hooks->targets[0].health.probe_in, 20s);
+  EXPECT_EQ(hooks->targets[0].health.times_opened, 2);
+  EXPECT_EQ(hooks->targets[1].health.paused_for, 90s);
+  EXPECT_EQ(hooks->targets[1].health.concurrency_limit, 16);
+  EXPECT_TRUE(s.Find("orders")->targets.empty()) << "a Kafka destination reports none";
+
+  const auto table = RenderStatusTable(s);
+  EXPECT_NE(table.find("WARNING: hooks: circuit breaker open on relay host-a pid 1 after 12 "
+                       "consecutive failures; next probe in 20.0s"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("WARNING: hooks: the endpoint asked to wait (Retry-After); relay host-b "
+                       "pid 2 sends nothing for another 1m30s"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("endpoint hooks (relay host-b pid 2): breaker closed, concurrency 16/32"),
+            std::string::npos)
+      << table;
+  const auto json = StatusToJson(s);
+  bool seen = false;
+  for (const auto& d : json["destinations"]) {
+    if (d["destination"] != "hooks") continue;
+    seen = true;
+    ASSERT_EQ(d["targets"].size(), 2u);
+    EXPECT_EQ(d["targets"][0]["breaker"], "open");
+    EXPECT_EQ(d["targets"][0]["probe_in_seconds"], 20.0);
+    EXPECT_EQ(d["targets"][1]["paused_for_seconds"], 90.0);
+  }
+  EXPECT_TRUE(seen) << json.dump();
+}
+
 TEST_F(StatusTest, ReportsExactCountsPerDestination) {
   // orders: 7 rows in every state.
   const auto fresh1 = Enqueue("orders");

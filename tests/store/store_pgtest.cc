@@ -309,8 +309,8 @@ TEST_F(StoreTest, RelaysSayWhatTheyServeAndUnservedMessagesAreBuriedOnlyOnReques
   EXPECT_EQ(dests, (std::vector<std::string>{"known", "typo"}));
 
   const std::string a = NewUuid(), b = NewUuid();
-  store.Heartbeat(a, {"known", "other \"quoted\""}, "relay a");
-  store.Heartbeat(b, {"known"}, "relay b");
+  store.Heartbeat(a, {"known", "other \"quoted\""}, "relay a", {});
+  store.Heartbeat(b, {"known"}, "relay b", {});
   Store c(db_url_);
   auto live = LiveRelaysByDestination(c, 30s);
   EXPECT_EQ(live, (std::map<std::string, std::int64_t>{{"known", 2}, {"other \"quoted\"", 1}}));

@@ -95,11 +95,11 @@ int RunCheckConfig(const std::string& config_path) {
     // How long each destination keeps trying: what decides whether an outage of the target
     // ends in dead letters.
     for (const auto& [name, dest] : cfg.destinations) {
-      const Millis horizon = RetryHorizon(dest.retry);
       std::cout << "  " << name << " (" << SinkFactoryFor(dest).kind
                 << "): " << dest.retry.max_attempts
-                << " attempt(s), then dead letters; retries wait up to " << FormatDuration(horizon)
-                << " in all (about " << FormatDuration(horizon / 2) << " on average)\n";
+                << " attempt(s), then dead letters; retries wait up to "
+                << FormatDuration(RetryHorizon(dest.retry)) << " in all (about "
+                << FormatDuration(AverageRetryHorizon(dest.retry)) << " on average)\n";
     }
     return 0;
   } catch (const ConfigError& e) {

@@ -132,10 +132,13 @@ struct RetryLayer {
   std::optional<RetryValue> max_attempts;
   std::optional<RetryValue> initial_backoff_ms;
   std::optional<RetryValue> max_backoff_ms;
+  std::optional<std::vector<Millis>> schedule;  // schedule_ms
+  // The shape this layer chose, when it set any shape key.
+  bool sets_exponential() const { return initial_backoff_ms || max_backoff_ms; }
 };
 
 RetryLayer ParseRetry(const Field& field, bool destination_level) {
-  Mapping m(field, {"max_attempts", "initial_backoff_ms", "max_backoff_ms"});
+  Mapping m(field, {"max_attempts", "initial_backoff_ms", "max_backoff_ms", "schedule_ms"});
   RetryLayer layer;
   auto read = [&](std::string_view key, std::int64_t min, std::int64_t max, std::string_view hint,
                   const char* meaning) -> std::optional<RetryValue> {
@@ -150,18 +153,66 @@ RetryLayer ParseRetry(const Field& field, bool destination_level) {
                                   "upper bound of the first retry's random delay, in milliseconds");
   layer.max_backoff_ms = read("max_backoff_ms", 0, kMaxDurationMs, kMsHint,
                               "no retry waits longer than this, in milliseconds");
+  if (auto f = m.Get("schedule_ms")) {
+    if (!f->node.IsSequence()) {
+      Fail(*f,
+           "must be a list of delays in milliseconds, one per retry, e.g. "
+           "[5000, 300000, 1800000]; found " +
+               detail::DescribeKind(f->node));
+    }
+    std::vector<Millis> delays;
+    for (const auto& element : detail::ReadList(*f)) {
+      delays.emplace_back(detail::ReadIntegerIn(element, 0, kMaxDurationMs, kMsHint,
+                                                "the delay before one retry, in milliseconds"));
+    }
+    if (delays.empty()) {
+      Fail(*f,
+           "is empty; list at least one delay (e.g. [5000, 300000]), or set max_attempts: 1 "
+           "for no retry");
+    }
+    if (layer.sets_exponential()) {
+      Fail(*f,
+           "cannot be combined with initial_backoff_ms or max_backoff_ms in the same "
+           "`retry:`; keep schedule_ms (each retry's delay) or the two backoff keys "
+           "(exponential backoff), not both");
+    }
+    layer.schedule = std::move(delays);
+  }
   return layer;
 }
 
+// The shape comes from the most specific layer that sets a shape key (schedule_ms, or
+// initial/max_backoff_ms); without one it is DefaultRetryPolicy()'s schedule. max_attempts
+// is resolved on its own: destination, defaults, then the shape's own default (a schedule:
+// one attempt more than its delays).
 RetryPolicy ResolveRetry(const RetryLayer& destination, const RetryLayer& defaults,
                          const std::string& destination_path, const std::string& source) {
-  const RetryPolicy builtin;
   auto pick = [](const std::optional<RetryValue>& a, const std::optional<RetryValue>& b,
                  std::int64_t fallback) {
     if (a) return *a;
     if (b) return *b;
     return RetryValue{fallback, "built-in default", "", false};
   };
+  const RetryLayer* shape = nullptr;
+  if (destination.schedule || destination.sets_exponential()) {
+    shape = &destination;
+  } else if (defaults.schedule || defaults.sets_exponential()) {
+    shape = &defaults;
+  }
+  RetryPolicy policy;
+  if (shape == nullptr || shape->schedule) {
+    policy.schedule = shape ? *shape->schedule : DefaultRetryPolicy().schedule;
+    policy.initial_backoff = policy.schedule.front();
+    policy.max_backoff = *std::max_element(policy.schedule.begin(), policy.schedule.end());
+    policy.max_attempts =
+        static_cast<int>(pick(destination.max_attempts, defaults.max_attempts,
+                              static_cast<std::int64_t>(policy.schedule.size()) + 1)
+                             .value);
+    return policy;
+  }
+  // Exponential: a layer that sets one backoff key takes the other from the layer below, or
+  // from the exponential defaults of RetryPolicy{}.
+  const RetryPolicy builtin;
   const RetryValue attempts =
       pick(destination.max_attempts, defaults.max_attempts, builtin.max_attempts);
   const RetryValue initial = pick(destination.initial_backoff_ms, defaults.initial_backoff_ms,
@@ -182,7 +233,6 @@ RetryPolicy ResolveRetry(const RetryLayer& destination, const RetryLayer& defaul
              "); lower initial_backoff_ms or raise max_backoff_ms so that initial_backoff_ms <= "
              "max_backoff_ms");
   }
-  RetryPolicy policy;
   policy.max_attempts = static_cast<int>(attempts.value);
   policy.initial_backoff = Millis{initial.value};
   policy.max_backoff = Millis{max.value};
@@ -497,9 +547,37 @@ void AddSecrets(const Field& field, const std::string& text, const std::string& 
   }
 }
 
+BreakerSettings ParseBreaker(const Field& field) {
+  Mapping m(field, {"enabled", "failure_threshold", "cooldown_ms", "max_cooldown_ms"});
+  BreakerSettings breaker;
+  if (auto f = m.Get("enabled")) breaker.enabled = detail::ReadBool(*f);
+  if (auto f = m.Get("failure_threshold")) {
+    breaker.failure_threshold = static_cast<int>(detail::ReadIntegerIn(
+        *f, 1, 1'000'000, ", e.g. 10",
+        "consecutive failed requests (connect errors, timeouts, 5xx) that open the breaker"));
+  }
+  if (auto f = m.Get("cooldown_ms")) {
+    breaker.cooldown = Millis{detail::ReadIntegerIn(
+        *f, 1, kMaxDurationMs, kMsHint, "how long the breaker stays open before one probe")};
+  }
+  if (auto f = m.Get("max_cooldown_ms")) {
+    breaker.max_cooldown = Millis{detail::ReadIntegerIn(
+        *f, 1, kMaxDurationMs, kMsHint,
+        "the longest the breaker stays open between probes, and the longest Retry-After pause")};
+  }
+  if (breaker.cooldown > breaker.max_cooldown) {
+    Fail(field, "cooldown_ms " + std::to_string(breaker.cooldown.count()) +
+                    " is greater than max_cooldown_ms " +
+                    std::to_string(breaker.max_cooldown.count()) +
+                    "; lower cooldown_ms or raise max_cooldown_ms (defaults 5000 and 300000)");
+  }
+  return breaker;
+}
+
 WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
   Mapping m(field, {"url", "secret", "secret_env", "secret_file", "previous_secrets", "timeout_ms",
-                    "connect_timeout_ms", "max_in_flight", "ca_file", "verify_tls", "headers"});
+                    "connect_timeout_ms", "max_in_flight", "ca_file", "verify_tls", "headers",
+                    "breaker", "adaptive_concurrency"});
   WebhookTarget webhook;
 
   auto url = m.Get("url");
@@ -570,6 +648,8 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
   }
   if (auto f = m.Get("verify_tls")) webhook.verify_tls = detail::ReadBool(*f);
   if (auto f = m.Get("headers")) webhook.headers = ReadHeaders(*f);
+  if (auto f = m.Get("breaker")) webhook.breaker = ParseBreaker(*f);
+  if (auto f = m.Get("adaptive_concurrency")) webhook.adaptive_concurrency = detail::ReadBool(*f);
   return webhook;
 }
 
@@ -577,7 +657,7 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
 // Destinations
 
 constexpr std::array<std::string_view, 3> kKafkaKeys = {"brokers", "topic", "producer"};
-constexpr std::array<std::string_view, 11> kWebhookKeys = {"url",
+constexpr std::array<std::string_view, 13> kWebhookKeys = {"url",
                                                            "secret",
                                                            "secret_env",
                                                            "secret_file",
@@ -587,7 +667,9 @@ constexpr std::array<std::string_view, 11> kWebhookKeys = {"url",
                                                            "max_in_flight",
                                                            "ca_file",
                                                            "verify_tls",
-                                                           "headers"};
+                                                           "headers",
+                                                           "breaker",
+                                                           "adaptive_concurrency"};
 
 // Every delivery attempt must end inside its lease, with room to spare: otherwise the lease
 // expires while the attempt still runs, a reaper hands the message out again (a duplicate, and
@@ -1041,6 +1123,16 @@ RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env) {
                       "; check the path and that the relay's user may read it");
   }
   return ParseConfig(*text, path, env);
+}
+
+RetryPolicy DefaultRetryPolicy() {
+  using namespace std::chrono_literals;
+  RetryPolicy policy;
+  policy.schedule = {5s, 5min, 30min, 2h, 5h, 10h, 10h};
+  policy.max_attempts = static_cast<int>(policy.schedule.size()) + 1;
+  policy.initial_backoff = policy.schedule.front();
+  policy.max_backoff = 10h;
+  return policy;
 }
 
 }  // namespace outbox::relay

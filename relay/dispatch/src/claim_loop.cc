@@ -22,7 +22,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
   std::vector<std::string> lost_claims;  // tokens of claims that failed: maybe committed
   auto next_recheck = Now();
   const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
-  const int cap = static_cast<int>(sink.MaxInFlight(batch));
+  // The sink's room, asked before every claim: an open circuit breaker makes it 0.
+  const auto cap = [&] { return static_cast<int>(sink.MaxInFlight(batch)); };
   auto last_sweep = Now();
   Reconnect db(dest.name + ": claim failed, reconnecting", dest.name + ": database reachable again",
                [this] { DbError(); });
@@ -40,9 +41,9 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
       WaitFor(tuning::kPausedPoll, [&] { return !IsPaused(dest.name); });
       continue;
     }
-    const int room = cap - static_cast<int>(sink.InFlight());
+    const int room = cap() - static_cast<int>(sink.InFlight());
     if (room <= 0) {
-      WaitFor(tuning::kRoomPoll, [&] { return static_cast<int>(sink.InFlight()) < cap; });
+      WaitFor(tuning::kRoomPoll, [&] { return static_cast<int>(sink.InFlight()) < cap(); });
       continue;
     }
     const int fresh_limit = std::min(batch, room);

@@ -95,7 +95,9 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     Settlement s = Decide(id, attempts, outcome, d->retry, token, Uniform01(), stopping.load());
     s.destination = d->name;
     s.created_at = created_at;
-    if (metrics) RecordAttempt(*d, sink, outcome, submitted);
+    if (metrics && outcome.kind != OutcomeKind::kReturned) {
+      RecordAttempt(*d, sink, outcome, submitted);
+    }
     Enqueue(std::move(s));
     wake_cv.notify_all();  // room in flight
   });

@@ -11,6 +11,14 @@
 
 namespace outbox::relay {
 
+std::map<std::string, TargetHealth> Dispatcher::Impl::TargetHealths() const {
+  std::map<std::string, TargetHealth> out;
+  for (const auto& [name, sink] : sinks) {
+    if (auto h = sink->Health()) out.emplace(name, std::move(*h));
+  }
+  return out;
+}
+
 void Dispatcher::Impl::MaintenanceLoop() {
   const auto owned_store = stores();
   QueueStore& store = *owned_store;
@@ -61,7 +69,7 @@ void Dispatcher::Impl::MaintenanceLoop() {
       }
       if (now >= next_heartbeat) {
         next_heartbeat = now + tuning::kRelayHeartbeat;
-        store.Heartbeat(instance_id, destination_names, description);
+        store.Heartbeat(instance_id, destination_names, description, TargetHealths());
       }
       if (now >= next_unknown) {
         next_unknown = now + config.full_sweep_interval;
@@ -82,6 +90,10 @@ void Dispatcher::Impl::MaintenanceLoop() {
             spdlog::info("retention: removed {} dead letters older than {} h", n,
                          r.dead_letter_retention.count());
         }
+      }
+      if (metrics) {  // the sinks' view of their targets: breaker, concurrency, pauses
+        for (const auto& [name, health] : TargetHealths())
+          metrics->UpdateTargetHealth(name, health);
       }
       if (metrics && now >= next_status) {
         next_status = now + status_interval;

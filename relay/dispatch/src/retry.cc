@@ -5,31 +5,54 @@
 
 namespace outbox::relay {
 
-Millis BackoffDelay(const RetryPolicy& policy, int failures, double u01,
-                    std::optional<Millis> retry_after) {
+namespace {
+
+constexpr double kScheduleJitterLow = 0.9;   // a scheduled delay is scaled by a factor in
+constexpr double kScheduleJitterSpan = 0.2;  // [0.9, 1.1)
+
+// The delay before attempt `failures + 1` at random point `u01` in [0, 1], without Retry-After.
+double JitteredDelay(const RetryPolicy& policy, int failures, double u01) {
+  u01 = std::clamp(u01, 0.0, 1.0);
+  if (!policy.schedule.empty()) {
+    const auto i = static_cast<std::size_t>(std::max(failures - 1, 0));
+    const auto& delay = policy.schedule[std::min(i, policy.schedule.size() - 1)];
+    return static_cast<double>(delay.count()) * (kScheduleJitterLow + kScheduleJitterSpan * u01);
+  }
   const double cap = static_cast<double>(policy.max_backoff.count());
   const int exponent = std::clamp(failures - 1, 0, 62);
-  const double ceiling = std::min(
-      cap, static_cast<double>(policy.initial_backoff.count()) * std::ldexp(1.0, exponent));
-  auto delay = Millis(static_cast<long long>(std::clamp(u01, 0.0, 1.0) * ceiling));
-  if (retry_after) delay = std::max(delay, *retry_after);
-  return std::min(delay, policy.max_backoff);
+  return u01 * std::min(cap, static_cast<double>(policy.initial_backoff.count()) *
+                                 std::ldexp(1.0, exponent));
 }
 
-Millis RetryHorizon(const RetryPolicy& policy) {
+Millis SumOfDelays(const RetryPolicy& policy, double u01) {
   double total = 0;
-  const double cap = static_cast<double>(policy.max_backoff.count());
   for (int failures = 1; failures < policy.max_attempts; ++failures) {
-    const double ceiling = std::min(cap, static_cast<double>(policy.initial_backoff.count()) *
-                                             std::ldexp(1.0, std::clamp(failures - 1, 0, 62)));
-    if (ceiling >= cap) {  // every later retry waits up to the cap
-      total += cap * static_cast<double>(policy.max_attempts - failures);
+    const double delay = JitteredDelay(policy, failures, u01);
+    // Every later retry waits the same (the exponential cap, the schedule's last entry).
+    const bool constant_from_here =
+        policy.schedule.empty() ? delay >= u01 * static_cast<double>(policy.max_backoff.count())
+                                : static_cast<std::size_t>(failures) >= policy.schedule.size();
+    if (constant_from_here) {
+      total += delay * static_cast<double>(policy.max_attempts - failures);
       break;
     }
-    total += ceiling;
+    total += delay;
   }
   return Millis(static_cast<long long>(std::min(total, 1e17)));
 }
+
+}  // namespace
+
+Millis BackoffDelay(const RetryPolicy& policy, int failures, double u01,
+                    std::optional<Millis> retry_after) {
+  auto delay = Millis(static_cast<long long>(JitteredDelay(policy, failures, u01)));
+  if (retry_after) delay = std::max(delay, std::min(*retry_after, policy.max_backoff));
+  return delay;
+}
+
+Millis RetryHorizon(const RetryPolicy& policy) { return SumOfDelays(policy, 1.0); }
+
+Millis AverageRetryHorizon(const RetryPolicy& policy) { return SumOfDelays(policy, 0.5); }
 
 namespace {
 
@@ -65,6 +88,9 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
       s.kind = Settlement::Kind::kDead;
       s.error = outcome.reason.empty() ? "permanent failure" : outcome.reason;
       s.reason_class = Known(outcome.reason_class);
+      return s;
+    case OutcomeKind::kReturned:  // never sent: hand it back, count nothing
+      s.kind = Settlement::Kind::kRelease;
       return s;
     case OutcomeKind::kRetry:
       break;

@@ -161,6 +161,25 @@ RelayMetrics::RelayMetrics(std::string version)
       kafka_producer_queue_length(
           registry.AddGauge("outbox_kafka_producer_queue_length",
                             "Messages and requests waiting in the Kafka producer.", kDest)),
+      webhook_breaker_state(registry.AddGauge(
+          "outbox_webhook_breaker_state",
+          "The endpoint's circuit breaker: 0 closed, 1 half-open (one probe), 2 open (nothing "
+          "is sent).",
+          kDest)),
+      webhook_breaker_opened_total(registry.AddCounter(
+          "outbox_webhook_breaker_opened_total",
+          "Times the endpoint's circuit breaker opened after consecutive failures.", kDest)),
+      webhook_concurrency_limit(registry.AddGauge(
+          "outbox_webhook_concurrency_limit",
+          "Concurrent requests adaptive concurrency allows the endpoint now (at most "
+          "max_in_flight).",
+          kDest)),
+      webhook_paused_seconds(registry.AddGauge(
+          "outbox_webhook_paused_seconds",
+          "Left of a pause the endpoint asked for with Retry-After (0: not paused).", kDest)),
+      webhook_pauses_total(registry.AddCounter(
+          "outbox_webhook_pauses_total",
+          "Times a 429 or 503 with Retry-After paused the whole endpoint.", kDest)),
       sweep_found_total(registry.AddCounter(
           "outbox_sweep_found_total",
           "Fresh messages only the periodic full sweep found: the fresh lane had passed them "
@@ -254,6 +273,26 @@ void RelayMetrics::RecordSettleFenced(std::int64_t n) {
 
 void RelayMetrics::RecordDbError(std::int64_t n) {
   if (n > 0) db_errors_total.Labels({}).Inc(static_cast<double>(n));
+}
+
+void RelayMetrics::UpdateTargetHealth(std::string_view destination, const TargetHealth& h) {
+  const auto l = L(destination);
+  const double state = h.breaker == "open" ? 2 : h.breaker == "half_open" ? 1 : 0;
+  webhook_breaker_state.Labels(l).Set(state);
+  webhook_concurrency_limit.Labels(l).Set(h.concurrency_limit);
+  webhook_paused_seconds.Labels(l).Set(static_cast<double>(h.paused_for.count()) / 1000.0);
+  std::int64_t opened = 0, paused = 0;
+  {
+    std::lock_guard lk(health_mu_);
+    auto [it, fresh] = health_seen_.try_emplace(std::string(destination));
+    opened = h.times_opened - (fresh ? 0 : it->second.times_opened);
+    paused = h.times_paused - (fresh ? 0 : it->second.times_paused);
+    it->second = h;
+  }
+  auto& opened_total = webhook_breaker_opened_total.Labels(l);  // created at 0
+  if (opened > 0) opened_total.Inc(static_cast<double>(opened));
+  auto& pauses_total = webhook_pauses_total.Labels(l);
+  if (paused > 0) pauses_total.Inc(static_cast<double>(paused));
 }
 
 void RelayMetrics::SetKafkaProducerQueueLength(std::string_view destination,

@@ -84,6 +84,27 @@ std::vector<std::string> StatusWarnings(const StatusSnapshot& s) {
                 ": relays claim nothing for it; `outbox-relay resume " + d.destination +
                 "` lets them");
   }
+  for (const auto& d : s.destinations) {
+    for (const auto& t : d.targets) {
+      const auto& h = t.health;
+      if (h.breaker == "open" || h.breaker == "half_open") {
+        w.push_back(
+            d.destination + ": circuit breaker " + (h.breaker == "open" ? "open" : "half-open") +
+            " on relay " + t.relay + " after " + std::to_string(h.consecutive_failures) +
+            " consecutive failures" +
+            (h.breaker == "open"
+                 ? "; next probe in " + FormatAge(static_cast<double>(h.probe_in.count()) / 1000.0)
+                 : std::string("; probing")) +
+            ": nothing is sent to the endpoint meanwhile (runbook: "
+            "OutboxWebhookBreakerOpen)");
+      }
+      if (h.paused_for.count() > 0) {
+        w.push_back(d.destination + ": the endpoint asked to wait (Retry-After); relay " + t.relay +
+                    " sends nothing for another " +
+                    FormatAge(static_cast<double>(h.paused_for.count()) / 1000.0));
+      }
+    }
+  }
   if (s.lock_waiters > 0) {
     w.push_back(std::to_string(s.lock_waiters) +
                 " session(s) waiting for a lock on outbox.messages (longest " +
@@ -170,9 +191,40 @@ std::string RenderStatusTable(const StatusSnapshot& s) {
   out += "oldest transaction: " +
          (s.oldest_transaction ? Describe(*s.oldest_transaction) : std::string("none")) + "\n";
   out += "xmin lag: " + std::to_string(s.xmin_lag_xids) + " transactions\n";
+  for (const auto& d : s.destinations) {
+    for (const auto& t : d.targets) {
+      const auto& h = t.health;
+      out += "endpoint " + d.destination + " (relay " + t.relay + "): breaker " + h.breaker +
+             ", concurrency " + std::to_string(h.concurrency_limit) + "/" +
+             std::to_string(h.max_concurrency) + ", opened " + std::to_string(h.times_opened) +
+             " time(s)\n";
+    }
+  }
   for (const auto& w : StatusWarnings(s)) out += "WARNING: " + w + "\n";
   return out;
 }
+
+namespace {
+
+nlohmann::json TargetsToJson(const std::vector<RelayTargetHealth>& targets) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& t : targets) {
+    const auto& h = t.health;
+    out.push_back({{"instance_id", t.instance_id},
+                   {"relay", t.relay},
+                   {"breaker", h.breaker},
+                   {"consecutive_failures", h.consecutive_failures},
+                   {"concurrency_limit", h.concurrency_limit},
+                   {"max_concurrency", h.max_concurrency},
+                   {"probe_in_seconds", static_cast<double>(h.probe_in.count()) / 1000.0},
+                   {"paused_for_seconds", static_cast<double>(h.paused_for.count()) / 1000.0},
+                   {"times_opened", h.times_opened},
+                   {"times_paused", h.times_paused}});
+  }
+  return out;
+}
+
+}  // namespace
 
 nlohmann::json StatusToJson(const StatusSnapshot& s) {
   nlohmann::json dests = nlohmann::json::array();
@@ -190,7 +242,8 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
          {"relays", d.relays},
          {"unserved", d.Unserved()},
          {"paused", d.paused},
-         {"paused_reason", d.paused ? nlohmann::json(d.paused_reason) : nlohmann::json(nullptr)}});
+         {"paused_reason", d.paused ? nlohmann::json(d.paused_reason) : nlohmann::json(nullptr)},
+         {"targets", TargetsToJson(d.targets)}});
   }
   nlohmann::json oldest = nullptr;
   if (s.oldest_transaction) {

@@ -10,6 +10,8 @@ const char* ToString(OutcomeKind kind) {
       return "retry";
     case OutcomeKind::kPermanent:
       return "permanent";
+    case OutcomeKind::kReturned:
+      return "returned";
   }
   return "unknown";
 }

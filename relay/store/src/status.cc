@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
 #include "queries.h"
 #include "store_access.h"
+#include "target_health_json.h"
 
 namespace outbox::relay {
 namespace q = sql::queries;
@@ -77,6 +79,15 @@ StatusSnapshot ReadStatus(Store& store, const StatusOptions& options) {
       auto& d = by_name[r["destination"].as<std::string>()];
       d.destination = r["destination"].as<std::string>();
       d.relays = r["relays"].as<std::int64_t>();
+    }
+    for (const auto& r :
+         tx.exec_params(std::string(q::kstatus_targets),
+                        static_cast<double>(options.relay_heartbeat_expiry.count()) / 1000.0)) {
+      auto& d = by_name[r["destination"].as<std::string>()];
+      d.destination = r["destination"].as<std::string>();
+      d.targets.push_back(RelayTargetHealth{
+          r["instance_id"].as<std::string>(), r["description"].as<std::string>(),
+          TargetHealthFromJson(nlohmann::json::parse(r["health"].as<std::string>()))});
     }
     for (const auto& r : tx.exec(std::string(q::kpaused_destinations))) {
       auto& d = by_name[r["destination"].as<std::string>()];

@@ -10,6 +10,7 @@
 #include "outbox_relay/status.h"
 #include "queries.h"
 #include "store_access.h"
+#include "target_health_json.h"
 
 namespace outbox::relay {
 namespace q = sql::queries;
@@ -396,7 +397,8 @@ std::vector<std::string> Store::Destinations() {
 }
 
 void Store::Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
-                      const std::string& description) {
+                      const std::string& description,
+                      const std::map<std::string, TargetHealth>& targets) {
   Translated([&]() -> void {
     auto& c = impl_->Get();
     pqxx::nontransaction tx(c);
@@ -411,7 +413,9 @@ void Store::Heartbeat(const std::string& instance_id, const std::vector<std::str
       array += '"';
     }
     array += '}';
-    tx.exec_prepared("relay_heartbeat", instance_id, array, description);
+    nlohmann::json health = nlohmann::json::object();
+    for (const auto& [destination, h] : targets) health[destination] = TargetHealthToJson(h);
+    tx.exec_prepared("relay_heartbeat", instance_id, array, description, health.dump());
   });
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
@@ -636,6 +637,150 @@ TEST(WebhookSink, DestructorShutsDownAndCompletesEverything) {
     EXPECT_EQ(done.Of(n).kind, OutcomeKind::kRetry);
     EXPECT_EQ(done.Of(n).reason_class, "shutdown");
   }
+}
+
+}  // namespace
+}  // namespace outbox::relay
+
+namespace outbox::relay {
+namespace {
+
+// --- Endpoint outages: the circuit breaker, Retry-After pauses, adaptive concurrency ---
+
+std::size_t CountKind(const std::vector<Outcome>& all, OutcomeKind kind) {
+  return static_cast<std::size_t>(
+      std::count_if(all.begin(), all.end(), [&](const Outcome& o) { return o.kind == kind; }));
+}
+
+TEST(WebhookSinkOutage, TheBreakerOpensHandsBackWhatWaitsProbesAndCloses) {
+  HttpReceiver receiver;
+  std::atomic<bool> down{true};
+  receiver.SetResponder([&](const ReceivedRequest&) {
+    return down ? Reply{500, "down", {}, 0ms} : Reply{};
+  });
+  WebhookTarget target = Target(receiver.Url("/hook"));
+  target.max_in_flight = 1;  // one request at a time: the count of requests is exact
+  target.breaker.failure_threshold = 3;
+  target.breaker.cooldown = 300ms;
+  target.breaker.max_cooldown = 300ms;
+  target.adaptive_concurrency = false;
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", target);
+  EXPECT_GE(sink->MaxInFlight(100), 4u);
+  for (int n = 1; n <= 10; ++n) sink->Submit(MakeMessage(n), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(10));
+  const auto all = done.All();
+  EXPECT_EQ(CountKind(all, OutcomeKind::kRetry), 3u) << "three attempts opened the breaker";
+  EXPECT_EQ(CountKind(all, OutcomeKind::kReturned), 7u) << "the rest went back unsent";
+  EXPECT_EQ(receiver.Count(), 3u);
+  for (const auto& o : all) {
+    if (o.kind == OutcomeKind::kReturned) {
+      EXPECT_NE(o.reason.find("circuit breaker open after 3 consecutive failures"),
+                std::string::npos)
+          << o.reason;
+    }
+  }
+  auto health = sink->Health();
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->breaker, "open");
+  EXPECT_EQ(health->times_opened, 1);
+  EXPECT_EQ(sink->MaxInFlight(100), 0u) << "claim nothing while open";
+
+  // Submitted while open (a claim that raced the opening): back at once, nothing sent.
+  sink->Submit(MakeMessage(11), done.Callback());
+  EXPECT_EQ(done.Of(11).kind, OutcomeKind::kReturned);
+  EXPECT_EQ(receiver.Count(), 3u);
+
+  // After the cool-down one probe goes; it fails: open again.
+  ASSERT_TRUE(WaitFor([&] { return sink->MaxInFlight(100) == 1; }, 10s)) << "the probe is due";
+  EXPECT_EQ(sink->Health()->breaker, "half_open");
+  sink->Submit(MakeMessage(12), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(12));
+  EXPECT_EQ(done.Of(12).kind, OutcomeKind::kRetry);
+  EXPECT_EQ(receiver.Count(), 4u);
+  EXPECT_EQ(sink->Health()->breaker, "open");
+
+  // The endpoint recovers: the next probe closes the breaker and the rest flows.
+  down = false;
+  ASSERT_TRUE(WaitFor([&] { return sink->MaxInFlight(100) == 1; }, 10s));
+  sink->Submit(MakeMessage(13), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(13));
+  EXPECT_EQ(done.Of(13).kind, OutcomeKind::kDelivered);
+  EXPECT_EQ(sink->Health()->breaker, "closed");
+  EXPECT_GE(sink->MaxInFlight(100), 4u);
+  for (int n = 14; n <= 20; ++n) sink->Submit(MakeMessage(n), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(20));
+  for (int n = 14; n <= 20; ++n) EXPECT_EQ(done.Of(n).kind, OutcomeKind::kDelivered);
+  sink->Shutdown(5s);
+}
+
+TEST(WebhookSinkOutage, RetryAfterOn429PausesTheWholeEndpoint) {
+  HttpReceiver receiver;
+  std::atomic<int> answered{0};
+  receiver.SetResponder([&](const ReceivedRequest&) {
+    return answered++ == 0 ? Reply{429, "slow down", {{"Retry-After", "1"}}, 0ms} : Reply{};
+  });
+  WebhookTarget target = Target(receiver.Url("/hook"));
+  target.max_in_flight = 1;
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", target);
+  for (int n = 1; n <= 5; ++n) sink->Submit(MakeMessage(n), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(5));
+  EXPECT_EQ(done.Of(1).kind, OutcomeKind::kRetry);
+  ASSERT_TRUE(done.Of(1).retry_after);
+  for (int n = 2; n <= 5; ++n) {
+    EXPECT_EQ(done.Of(n).kind, OutcomeKind::kReturned) << n;
+    EXPECT_NE(done.Of(n).reason.find("Retry-After"), std::string::npos) << done.Of(n).reason;
+  }
+  EXPECT_EQ(receiver.Count(), 1u) << "nothing else was sent during the pause";
+  EXPECT_EQ(sink->MaxInFlight(100), 0u);
+  EXPECT_GT(sink->Health()->paused_for, 0ms);
+  EXPECT_EQ(sink->Health()->breaker, "closed") << "a 429 is an answer, not a failure";
+  ASSERT_TRUE(WaitFor([&] { return sink->MaxInFlight(100) > 0; }, 10s)) << "the pause ends";
+  sink->Submit(MakeMessage(6), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(6));
+  EXPECT_EQ(done.Of(6).kind, OutcomeKind::kDelivered);
+  sink->Shutdown(5s);
+}
+
+TEST(WebhookSinkOutage, ThrottlingLowersTheConcurrencyAndSuccessesRaiseItAgain) {
+  HttpReceiver receiver;
+  std::atomic<bool> throttling{true};
+  std::mutex mu;
+  int running = 0, most_while_recovered = 0;
+  receiver.SetResponder([&](const ReceivedRequest&) {
+    if (throttling) return Reply{503, "busy", {}, 0ms};
+    {
+      std::lock_guard lock(mu);
+      ++running;
+    }
+    std::this_thread::sleep_for(5ms);
+    std::lock_guard lock(mu);
+    most_while_recovered = std::max(most_while_recovered, running);
+    --running;
+    return Reply{};
+  });
+  WebhookTarget target = Target(receiver.Url("/hook"));
+  target.max_in_flight = 8;
+  target.breaker.enabled = false;  // 503s are failures too; this test is about concurrency
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", target);
+  int n = 0;
+  // Rounds of 503s halve the limit down to 1.
+  for (int round = 0; round < 6; ++round) {
+    const auto before = done.Size();
+    for (int i = 0; i < 8; ++i) sink->Submit(MakeMessage(++n), done.Callback());
+    ASSERT_TRUE(done.WaitForSize(before + 8));
+  }
+  EXPECT_EQ(sink->Health()->concurrency_limit, 1);
+  EXPECT_EQ(sink->Health()->max_concurrency, 8);
+  throttling = false;
+  const auto before = done.Size();
+  for (int i = 0; i < 200; ++i) sink->Submit(MakeMessage(++n), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(before + 200, 60s));
+  EXPECT_EQ(sink->Health()->concurrency_limit, 8) << "additive increase back to max_in_flight";
+  EXPECT_LE(most_while_recovered, 8);
+  sink->Shutdown(5s);
 }
 
 }  // namespace

@@ -15,12 +15,24 @@ namespace outbox::relay {
 
 using Millis = std::chrono::milliseconds;
 
-/// Exponential backoff with full jitter, capped, and a bound on attempts.
+/// When to try a failed message again, and how often. Two shapes:
+///  - exponential (schedule empty): retry n waits a random delay in
+///    [0, min(max_backoff, initial_backoff * 2^(n-1))) (full jitter);
+///  - a schedule: retry n waits schedule[n-1] (the last entry repeating), scaled by a random
+///    factor in [0.9, 1.1); initial_backoff is unused and max_backoff is the longest entry.
+/// A value-initialized RetryPolicy is exponential; what a destination gets when its config
+/// says nothing is DefaultRetryPolicy(), a schedule of about a day.
 struct RetryPolicy {
-  int max_attempts = 12;        ///< Attempts before dead-lettering (>= 1).
-  Millis initial_backoff{500};  ///< Cap of the first retry's random delay.
-  Millis max_backoff{300'000};  ///< No delay is longer than this.
+  int max_attempts = 12;         ///< Attempts before dead-lettering (>= 1).
+  Millis initial_backoff{500};   ///< Cap of the first retry's random delay.
+  Millis max_backoff{300'000};   ///< No delay is longer than this (a schedule: its longest).
+  std::vector<Millis> schedule;  ///< Delay before each retry, in order; empty: exponential.
 };
+
+/// The built-in retry policy: 8 attempts, retried after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h and
+/// 10 h (each +-10%), so an endpoint may be down for about 27 hours before its messages reach
+/// the dead letters (the schedule Svix uses).
+RetryPolicy DefaultRetryPolicy();
 
 struct KafkaTarget {
   std::string brokers;  ///< bootstrap.servers, comma separated.
@@ -31,6 +43,15 @@ struct KafkaTarget {
   /// message.timeout.ms when `producer` sets none: how long one attempt may take. The config
   /// derives it from lease_ms (2/3 of it, at most 30 s) so an attempt ends inside its lease.
   Millis attempt_timeout{30'000};
+};
+
+/// The circuit breaker of a webhook endpoint (docs/webhooks.md, "Endpoint outages").
+struct BreakerSettings {
+  bool enabled = true;
+  int failure_threshold = 10;    ///< Consecutive failures (connect, timeout, 5xx) that open it.
+  Millis cooldown{5'000};        ///< Open this long before one probe request...
+  Millis max_cooldown{300'000};  ///< ...doubling after each failed probe, up to this; also the
+                                 ///< longest pause a Retry-After can ask for.
 };
 
 struct WebhookTarget {
@@ -44,6 +65,10 @@ struct WebhookTarget {
   std::optional<std::string> ca_file;  ///< PEM bundle to trust instead of the system one.
   bool verify_tls = true;
   std::map<std::string, std::string> headers;  ///< Extra static headers on every request.
+  BreakerSettings breaker;
+  /// 429, 503 and timeouts halve the concurrent requests, successes raise them back up to
+  /// max_in_flight. Off: always max_in_flight.
+  bool adaptive_concurrency = true;
 };
 
 struct Destination {

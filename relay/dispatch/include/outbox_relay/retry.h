@@ -11,17 +11,22 @@
 
 namespace outbox::relay {
 
-/// Delay before attempt number `failures + 1`, where `failures` >= 1 attempts have failed:
-/// uniform in [0, min(max_backoff, initial_backoff * 2^(failures-1))), scaled by `u01`
-/// (a uniform random number in [0, 1)). A target's Retry-After raises it to at least that
-/// (still capped by max_backoff).
+/// Delay before attempt number `failures + 1`, where `failures` >= 1 attempts have failed
+/// (the shapes are described at RetryPolicy); `u01` is a uniform random number in [0, 1).
+/// Exponential: u01 * min(max_backoff, initial_backoff * 2^(failures-1)). Schedule:
+/// schedule[failures-1] (the last entry repeating) * (0.9 + 0.2 * u01). A target's
+/// Retry-After raises it to at least that, capped by max_backoff.
 Millis BackoffDelay(const RetryPolicy& policy, int failures, double u01,
                     std::optional<Millis> retry_after = std::nullopt);
 
 /// The longest a message can spend waiting between its attempts before it is dead-lettered:
-/// the sum of every retry's delay cap (BackoffDelay with u01 -> 1), without Retry-After (which
-/// can stretch each delay up to max_backoff). With full jitter the average is about half.
+/// the sum of every retry's longest delay (BackoffDelay with u01 -> 1), without Retry-After
+/// (which can stretch each delay up to max_backoff).
 Millis RetryHorizon(const RetryPolicy& policy);
+
+/// The same sum with each delay at its average (u01 = 0.5): about half the horizon with full
+/// jitter, the nominal total of a schedule.
+Millis AverageRetryHorizon(const RetryPolicy& policy);
 
 /// Before an attempt: a message claimed with `attempts` >= max_attempts (its last attempts
 /// ended by lease expiry, counted by the reaper) goes to the dead letters without another
@@ -31,7 +36,8 @@ std::optional<Settlement> DecideBeforeAttempt(MessageId id, int attempts, const 
 
 /// Turns a sink's outcome for message `id` into what the store records:
 ///   delivered -> delete; permanent -> dead letter; retry -> retry later, or dead letter when
-///   this was the last allowed attempt; retry while shutting down -> release (not counted).
+///   this was the last allowed attempt; retry while shutting down, and returned -> release
+///   (not counted).
 /// `attempts` is the number of failed attempts before this one (Message::attempts).
 Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const RetryPolicy& policy,
                   const std::string& lease_token, double u01, bool shutting_down);

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -82,13 +84,19 @@ struct RelayMetrics {
   metrics::CounterFamily&
       webhook_responses_total;  // outbox_webhook_responses_total{destination,class}
   metrics::GaugeFamily&
-      kafka_producer_queue_length;                // outbox_kafka_producer_queue_length{destination}
-  metrics::CounterFamily& sweep_found_total;      // outbox_sweep_found_total{destination}
-  metrics::CounterFamily& settle_fenced_total;    // outbox_settle_fenced_total
-  metrics::CounterFamily& reaper_requeued_total;  // outbox_reaper_requeued_total
-  metrics::CounterFamily& db_errors_total;        // outbox_db_errors_total
-  metrics::GaugeFamily& build_info;               // outbox_relay_build_info{version}
-  metrics::GaugeFamily& relay_ready;              // outbox_relay_ready (set by AdminServer)
+      kafka_producer_queue_length;              // outbox_kafka_producer_queue_length{destination}
+  metrics::GaugeFamily& webhook_breaker_state;  // outbox_webhook_breaker_state{destination}
+  metrics::CounterFamily&
+      webhook_breaker_opened_total;  // outbox_webhook_breaker_opened_total{destination}
+  metrics::GaugeFamily& webhook_concurrency_limit;  // outbox_webhook_concurrency_limit{destination}
+  metrics::GaugeFamily& webhook_paused_seconds;     // outbox_webhook_paused_seconds{destination}
+  metrics::CounterFamily& webhook_pauses_total;     // outbox_webhook_pauses_total{destination}
+  metrics::CounterFamily& sweep_found_total;        // outbox_sweep_found_total{destination}
+  metrics::CounterFamily& settle_fenced_total;      // outbox_settle_fenced_total
+  metrics::CounterFamily& reaper_requeued_total;    // outbox_reaper_requeued_total
+  metrics::CounterFamily& db_errors_total;          // outbox_db_errors_total
+  metrics::GaugeFamily& build_info;                 // outbox_relay_build_info{version}
+  metrics::GaugeFamily& relay_ready;                // outbox_relay_ready (set by AdminServer)
 
   /// Creates the series of a configured destination at 0 (claims, empty polls, claimed,
   /// delivered, the histograms), so rates and alerts see them before the first message.
@@ -117,6 +125,11 @@ struct RelayMetrics {
   void RecordSweepFound(std::string_view destination, std::int64_t n);
   void RecordDbError(std::int64_t n = 1);
 
+  /// A sink's view of its target (Sink::Health), read often: sets the breaker state (0 closed,
+  /// 1 half-open, 2 open), the concurrency limit and the pause left, and counts the openings
+  /// and pauses since the previous call.
+  void UpdateTargetHealth(std::string_view destination, const TargetHealth& health);
+
   /// outbox_kafka_producer_queue_length{destination} = fn() at each scrape (e.g. the
   /// producer's rd_kafka_outq_len). Clear it before whatever fn captures is destroyed.
   void SetKafkaProducerQueueLength(std::string_view destination, std::function<double()> fn);
@@ -134,6 +147,10 @@ struct RelayMetrics {
 
   /// The text exposition of everything (what /metrics serves).
   std::string Render() const { return registry.Render(); }
+
+ private:
+  std::mutex health_mu_;
+  std::map<std::string, TargetHealth, std::less<>> health_seen_;  // guarded by health_mu_
 };
 
 /// Bucket bounds used by the histograms (seconds), for docs and dashboards.

@@ -10,6 +10,7 @@
 
 #include "outbox_relay/message.h"
 #include "outbox_relay/reason.h"
+#include "outbox_relay/target_health.h"
 
 namespace outbox::relay {
 
@@ -18,6 +19,9 @@ enum class OutcomeKind {
   kDelivered,  ///< The target acknowledged the message; it leaves the queue.
   kRetry,      ///< Transient failure (network, timeout, 5xx, broker down): try again later.
   kPermanent,  ///< The target refused it for good (4xx, message too large, auth): dead-letter.
+  /// Handed back unsent: the sink stopped sending to its target for a while (circuit breaker
+  /// open, Retry-After pause). No attempt is counted; the message may be claimed again.
+  kReturned,
 };
 
 const char* ToString(OutcomeKind kind);
@@ -69,6 +73,8 @@ class Sink {
 
   /// How many messages the dispatcher may have in this sink at once when it claims
   /// `claim_batch` at a time: enough to keep the target busy while the next claim runs.
+  /// Asked before every claim: a sink that stopped sending for a while (an open circuit
+  /// breaker) answers 0, and the dispatcher claims nothing for it.
   virtual std::size_t MaxInFlight(int claim_batch) const {
     return static_cast<std::size_t>(claim_batch) * 4;
   }
@@ -80,6 +86,11 @@ class Sink {
   /// True when each outcome is a response of the target (an HTTP status, a timeout), counted
   /// per response class in outbox_webhook_responses_total.
   virtual bool OutcomesAreResponses() const { return false; }
+
+  /// What the sink knows of its target's health: the circuit breaker and the concurrency it
+  /// allows (webhooks); nullopt for a sink that keeps none. Published as metrics and in the
+  /// relay's heartbeat, which `outbox-relay status` shows.
+  virtual std::optional<TargetHealth> Health() const { return std::nullopt; }
 };
 
 using SinkPtr = std::unique_ptr<Sink>;

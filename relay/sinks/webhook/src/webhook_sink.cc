@@ -21,13 +21,16 @@
 #include <utility>
 #include <vector>
 
+#include "endpoint_governor.h"
 #include "webhook_internal.h"
 
 namespace outbox::relay {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using webhook_detail::EndpointGovernor;
 using webhook_detail::ParsedUrl;
+using webhook_detail::Verdict;
 
 constexpr std::size_t kReasonBodyBytes = 200;  ///< Start of the response body kept in reasons.
 constexpr std::size_t kKeptBodyBytes = 1024;   ///< Response body bytes kept; the rest is drained.
@@ -115,12 +118,28 @@ Outcome Retry(MessageId id, std::string reason, Reason reason_class) {
   return o;
 }
 
+Outcome Returned(MessageId id, std::string reason) {
+  Outcome o;
+  o.id = id;
+  o.kind = OutcomeKind::kReturned;
+  o.reason = std::move(reason);
+  return o;
+}
+
+/// One request's outcome for the dispatcher, and what it says about the endpoint (nullopt:
+/// nothing, the request was aborted by shutdown).
+struct Attempt {
+  Outcome outcome;
+  std::optional<Verdict> verdict;
+};
+
 class WebhookSink final : public Sink {
  public:
   WebhookSink(std::string destination, const WebhookTarget& target)
       : destination_(std::move(destination)),
         target_(target),
-        url_(ParseTargetUrl(destination_, target.url)) {
+        url_(ParseTargetUrl(destination_, target.url)),
+        governor_(target.breaker, target.adaptive_concurrency, target.max_in_flight) {
     ValidateWebhookTarget(destination_, target_);
     for (const auto& secret : target_.secrets)
       keys_.push_back(webhook_detail::DecodeSecret(secret));
@@ -167,14 +186,23 @@ class WebhookSink final : public Sink {
   WebhookSink& operator=(const WebhookSink&) = delete;
 
   void Submit(Message msg, Completion done) override {
+    std::string blocked;
     {
       std::lock_guard lock(mu_);
       if (!stopping_) {
-        in_flight_.fetch_add(1);
-        queue_.push_back(Job{std::move(msg), std::move(done)});
-        work_cv_.notify_one();
-        return;
+        const auto now = Clock::now();
+        if (!governor_.Blocked(now)) {
+          in_flight_.fetch_add(1);
+          queue_.push_back(Job{std::move(msg), std::move(done)});
+          work_cv_.notify_one();
+          return;
+        }
+        blocked = BlockedReason(now);
       }
+    }
+    if (!blocked.empty()) {
+      CallCompletion(done, Returned(msg.id, std::move(blocked)), destination_);
+      return;
     }
     CallCompletion(done, Retry(msg.id, "shutdown: the webhook sink is stopping", Reason::kShutdown),
                    destination_);
@@ -252,9 +280,33 @@ class WebhookSink final : public Sink {
 
   std::size_t InFlight() const override { return in_flight_.load(); }
   std::string_view Kind() const override { return "webhook"; }
-  // Enough queued work for every worker, and a claim's worth more.
+  // Enough queued work for every request the endpoint's governor allows now, four times over
+  // (0 while its breaker is open or it asked for a pause: the dispatcher claims nothing).
   std::size_t MaxInFlight(int) const override {
-    return static_cast<std::size_t>(std::max(target_.max_in_flight * 4, 8));
+    std::size_t admit;
+    {
+      std::lock_guard lock(mu_);
+      admit = governor_.Admit(Clock::now(), kQueuedPerRequest);
+    }
+    return admit <= 1 ? admit : std::max<std::size_t>(admit, 8);  // 0: blocked, 1: the probe
+  }
+
+  std::optional<TargetHealth> Health() const override {
+    webhook_detail::GovernorSnapshot s;
+    {
+      std::lock_guard lock(mu_);
+      s = governor_.Snapshot(Clock::now());
+    }
+    TargetHealth h;
+    h.breaker = webhook_detail::ToString(s.breaker);
+    h.consecutive_failures = s.consecutive_failures;
+    h.concurrency_limit = s.concurrency_limit;
+    h.max_concurrency = s.max_concurrency;
+    h.probe_in = s.probe_in;
+    h.paused_for = s.paused_for;
+    h.times_opened = s.times_opened;
+    h.times_paused = s.times_paused;
+    return h;
   }
   bool OutcomesAreResponses() const override { return true; }
 
@@ -303,31 +355,117 @@ class WebhookSink final : public Sink {
 
     while (true) {
       Job job;
+      EndpointGovernor::Ticket ticket;
+      std::deque<Job> returned;
+      std::string why_returned;
       {
         std::unique_lock lock(mu_);
-        work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (stopping_) return;  // Shutdown completes whatever is still queued.
-        job = std::move(queue_.front());
-        queue_.pop_front();
-        worker.active = std::move(job.done);
-        worker.active_id = job.msg.id;
-        ++running_;
+        while (true) {
+          if (stopping_) return;  // Shutdown completes whatever is still queued.
+          const auto now = Clock::now();
+          if (!queue_.empty() && governor_.Blocked(now)) {
+            // The breaker opened or the endpoint asked for a pause: what waits goes back.
+            returned.swap(queue_);
+            why_returned = BlockedReason(now);
+            break;
+          }
+          if (!queue_.empty()) {
+            if (auto t = governor_.TryStart(now)) {
+              ticket = *t;
+              break;
+            }
+          }
+          const auto next = governor_.NextTimedChange(now);
+          if (next == Clock::time_point::max()) {
+            work_cv_.wait(lock);
+          } else {
+            work_cv_.wait_until(lock, next);
+          }
+        }
+        if (returned.empty()) {
+          job = std::move(queue_.front());
+          queue_.pop_front();
+          worker.active = std::move(job.done);
+          worker.active_id = job.msg.id;
+          ++running_;
+        }
       }
-      Outcome outcome = Deliver(*worker.client, job.msg);
+      if (!returned.empty()) {
+        ReturnAll(returned, why_returned);
+        continue;
+      }
+      if (ticket.probe) {
+        spdlog::info("webhook {}: circuit breaker half-open: probing the endpoint with message {}",
+                     destination_, Raw(job.msg.id));
+      }
+      Attempt attempt = Deliver(*worker.client, job.msg);
       std::optional<Completion> done;
+      webhook_detail::Transition change;
+      webhook_detail::GovernorSnapshot after;
       {
         std::lock_guard lock(mu_);
+        const auto now = Clock::now();
+        change = governor_.Finish(now, ticket, attempt.verdict);
+        after = governor_.Snapshot(now);
         done = std::move(worker.active);
         worker.active.reset();
         --running_;
       }
+      // Other workers may start now (room under the limit), or must hand back what is queued.
+      work_cv_.notify_all();
       idle_cv_.notify_all();
+      LogTransition(change, after, attempt.outcome);
       if (done) {
-        Complete(*done, std::move(outcome));
+        Complete(*done, std::move(attempt.outcome));
       } else {
         spdlog::debug("webhook {}: message {} finished ({}) after shutdown had returned it",
-                      destination_, Raw(job.msg.id), ToString(outcome.kind));
+                      destination_, Raw(job.msg.id), ToString(attempt.outcome.kind));
       }
+    }
+  }
+
+  // Why nothing is sent now (mu_ held, Blocked(now) true).
+  std::string BlockedReason(Clock::time_point now) const {
+    const auto snap = governor_.Snapshot(now);
+    if (snap.paused_for.count() > 0) {
+      return "endpoint paused for " + std::to_string(snap.paused_for.count()) +
+             "ms at its request (Retry-After); not sent";
+    }
+    return "circuit breaker open after " + std::to_string(snap.consecutive_failures) +
+           " consecutive failures; next probe in " + std::to_string(snap.probe_in.count()) +
+           "ms; not sent";
+  }
+
+  void ReturnAll(std::deque<Job>& jobs, const std::string& why) {
+    spdlog::debug("webhook {}: {} queued message(s) handed back unsent: {}", destination_,
+                  jobs.size(), why);
+    for (auto& job : jobs) Complete(job.done, Returned(job.msg.id, why));
+    jobs.clear();
+  }
+
+  void LogTransition(const webhook_detail::Transition& t, const webhook_detail::GovernorSnapshot& s,
+                     const Outcome& last) const {
+    if (t.opened) {
+      spdlog::warn(
+          "webhook {}: circuit breaker OPEN after {} consecutive failures (last: {}); nothing is "
+          "sent for {}ms, then one probe",
+          destination_, s.consecutive_failures, last.reason, s.probe_in.count());
+    }
+    if (t.reopened) {
+      spdlog::warn("webhook {}: probe failed ({}); circuit breaker open again for {}ms",
+                   destination_, last.reason, s.probe_in.count());
+    }
+    if (t.closed) {
+      spdlog::info("webhook {}: probe succeeded; circuit breaker closed, sending again",
+                   destination_);
+    }
+    if (t.paused) {
+      spdlog::warn("webhook {}: the endpoint asked to wait ({}); pausing it for {}ms", destination_,
+                   last.reason, s.paused_for.count());
+    }
+    if (t.lowered) {
+      spdlog::info("webhook {}: endpoint overloaded ({}); concurrency lowered to {} of {}",
+                   destination_, last.reason, s.concurrency_limit, s.max_concurrency);
     }
   }
 
@@ -376,7 +514,7 @@ class WebhookSink final : public Sink {
     return headers;
   }
 
-  Outcome Deliver(httplib::ClientImpl& client, const Message& msg) const {
+  Attempt Deliver(httplib::ClientImpl& client, const Message& msg) const {
     const long long timestamp = std::chrono::duration_cast<std::chrono::seconds>(
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count();
@@ -404,17 +542,23 @@ class WebhookSink final : public Sink {
     const auto elapsed =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
 
-    Outcome outcome;
+    Attempt attempt;
+    Outcome& outcome = attempt.outcome;
     if (!sent) {
       outcome = TransportFailure(client, msg.id, error, elapsed);
-      if (!stopping_now_.load()) {
+      if (!stopping_now_.load()) {  // shutdown's aborted requests are no verdict
         std::lock_guard lock(last_failure_mu_);
         last_failure_ = outcome.reason;
         unreachable_in_a_row_.fetch_add(1);
+        Verdict v;
+        v.failure = true;
+        v.overload = outcome.reason_class == Reason::kTimeout;
+        attempt.verdict = v;
       }
     } else {
       outcome = FromStatus(msg.id, res, kept);
       unreachable_in_a_row_.store(0);
+      attempt.verdict = VerdictOf(res.status, outcome);
     }
     if (outcome.kind == OutcomeKind::kDelivered) {
       spdlog::trace("webhook {}: message {} delivered ({} in {}ms)", destination_, Raw(msg.id),
@@ -423,7 +567,18 @@ class WebhookSink final : public Sink {
       spdlog::debug("webhook {}: message {} {}: {} ({}ms)", destination_, Raw(msg.id),
                     ToString(outcome.kind), outcome.reason, elapsed.count());
     }
-    return outcome;
+    return attempt;
+  }
+
+  // What an HTTP answer says about the endpoint: 5xx are failures (the breaker), 429, 503 and
+  // 408 overload (the concurrency), and a 429's or 503's Retry-After pauses it.
+  static Verdict VerdictOf(int status, const Outcome& outcome) {
+    Verdict v;
+    v.success = status >= 200 && status <= 299;
+    v.failure = status >= 500 && status <= 599;
+    v.overload = status == 429 || status == 503 || status == 408;
+    if (status == 429 || status == 503) v.retry_after = outcome.retry_after;
+    return v;
   }
 
   Outcome TransportFailure(httplib::ClientImpl& client, MessageId id, httplib::Error error,
@@ -520,6 +675,8 @@ class WebhookSink final : public Sink {
   std::size_t running_ = 0;  ///< Workers between taking a job and finishing its request.
   std::atomic<std::size_t> in_flight_{0};
   static constexpr int kUnreachableAfter = 3;
+  static constexpr std::size_t kQueuedPerRequest = 4;  ///< Messages in the sink per request.
+  EndpointGovernor governor_;                          ///< Guarded by mu_.
   // Written by Deliver (const: it changes no configuration, only this record of the endpoint).
   mutable std::atomic<int> unreachable_in_a_row_{0};  ///< Attempts without any HTTP answer.
   std::atomic<bool> stopping_now_{false};  ///< Shutdown's aborted requests are no verdict.

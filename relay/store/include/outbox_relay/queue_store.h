@@ -137,10 +137,12 @@ class QueueStore {
   /// `instance_id` owns afterwards. `leaving`: hand every bucket back now.
   virtual std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
                                               bool leaving, const std::string& description) = 0;
-  /// This relay is alive and serves `destinations`.
+  /// This relay is alive and serves `destinations`; `targets` is what its sinks know of their
+  /// targets' health (Sink::Health), shown by `outbox-relay status`.
   virtual void Heartbeat(const std::string& instance_id,
                          const std::vector<std::string>& destinations,
-                         const std::string& description) = 0;
+                         const std::string& description,
+                         const std::map<std::string, TargetHealth>& targets) = 0;
   /// This relay stops: it no longer counts as serving its destinations.
   virtual void Leave(const std::string& instance_id) = 0;
   /// Distinct destinations that have messages in the queue.

@@ -8,9 +8,18 @@
 #include <string>
 #include <vector>
 
+#include "outbox_relay/target_health.h"
+
 namespace outbox::relay {
 
 class Store;
+
+/// One live relay's view of a destination's target (from its heartbeat).
+struct RelayTargetHealth {
+  std::string instance_id;
+  std::string relay;  ///< The relay's description: host and pid.
+  TargetHealth health;
+};
 
 /// The queue of one destination. "Pending" means in outbox.messages and not leased.
 struct DestinationStatus {
@@ -33,6 +42,9 @@ struct DestinationStatus {
   /// An operator paused it (`outbox-relay pause`): relays claim nothing for it.
   bool paused = false;
   std::string paused_reason;
+  /// What each live relay serving it reports of its target (webhooks: the circuit breaker,
+  /// adaptive concurrency, a Retry-After pause); empty for Kafka destinations.
+  std::vector<RelayTargetHealth> targets;
 
   /// Messages are waiting and no live relay serves the destination.
   bool Unserved() const { return relays == 0 && depth + in_flight > 0; }

@@ -50,7 +50,8 @@ class Store final : public QueueStore {
                                       bool leaving, const std::string& description) override;
   /// outbox.relay_heartbeats.
   void Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
-                 const std::string& description) override;
+                 const std::string& description,
+                 const std::map<std::string, TargetHealth>& targets) override;
   void Leave(const std::string& instance_id) override;
   std::vector<std::string> Destinations() override;
   std::map<std::string, std::int64_t> LiveRelays(Millis expiry) override;

@@ -1,0 +1,23 @@
+// What a sink knows of its target's health (Sink::Health): carried in the relay's heartbeat
+// and shown by `outbox-relay status` and the metrics.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace outbox::relay {
+
+/// A target's health as its sink sees it (Sink::Health).
+struct TargetHealth {
+  std::string breaker = "closed";  ///< "closed", "open" or "half_open" (a probe is due or out).
+  int consecutive_failures = 0;
+  int concurrency_limit = 0;  ///< Concurrent requests allowed now (adaptive concurrency)...
+  int max_concurrency = 0;    ///< ...of at most this many.
+  std::chrono::milliseconds probe_in{0};    ///< Open: until one probe request may go.
+  std::chrono::milliseconds paused_for{0};  ///< Left of a pause the target asked for (Retry-After).
+  std::int64_t times_opened = 0;            ///< Since the relay started.
+  std::int64_t times_paused = 0;
+};
+
+}  // namespace outbox::relay

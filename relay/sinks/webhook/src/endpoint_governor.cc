@@ -1,0 +1,144 @@
+#include "endpoint_governor.h"
+
+#include <algorithm>
+
+namespace outbox::relay::webhook_detail {
+
+const char* ToString(BreakerState state) {
+  switch (state) {
+    case BreakerState::kClosed:
+      return "closed";
+    case BreakerState::kHalfOpen:
+      return "half_open";
+    case BreakerState::kOpen:
+      return "open";
+  }
+  return "closed";
+}
+
+EndpointGovernor::EndpointGovernor(const BreakerSettings& breaker, bool adaptive,
+                                   int max_concurrency)
+    : breaker_(breaker),
+      adaptive_(adaptive),
+      max_(std::max(1, max_concurrency)),
+      limit_(max_),
+      cooldown_(breaker.cooldown) {}
+
+std::optional<EndpointGovernor::Ticket> EndpointGovernor::TryStart(Time now) {
+  if (now < paused_until_) return std::nullopt;
+  if (state_ == BreakerState::kHalfOpen) return std::nullopt;  // the probe is out
+  if (state_ == BreakerState::kOpen) {
+    if (now < probe_at_) return std::nullopt;
+    // The cool-down has passed: this request is the probe, and the only one until it ends.
+    state_ = BreakerState::kHalfOpen;
+    ++running_;
+    return Ticket{next_seq_++, true};
+  }
+  if (running_ >= limit_) return std::nullopt;
+  ++running_;
+  return Ticket{next_seq_++, false};
+}
+
+Transition EndpointGovernor::Finish(Time now, const Ticket& ticket,
+                                    const std::optional<Verdict>& verdict) {
+  Transition t;
+  running_ = std::max(0, running_ - 1);
+  if (!verdict) {  // aborted (shutdown): no verdict on the endpoint; a probe may go again
+    if (ticket.probe && state_ == BreakerState::kHalfOpen) state_ = BreakerState::kOpen;
+    return t;
+  }
+  const Verdict& v = *verdict;
+
+  // Retry-After pauses the endpoint, at most for the breaker's longest cool-down.
+  if (v.retry_after) {
+    const auto until = now + std::min(*v.retry_after, breaker_.max_cooldown);
+    if (until > paused_until_) {
+      paused_until_ = until;
+      ++times_paused_;
+      t.paused = true;
+    }
+  }
+
+  // Concurrency: halve once per round (requests started after the last decrease), add one
+  // per round of successes.
+  if (adaptive_) {
+    if (v.overload && ticket.seq >= no_decrease_before_) {
+      const int lowered = std::max(1, limit_ / 2);
+      t.lowered = lowered < limit_;
+      limit_ = lowered;
+      no_decrease_before_ = next_seq_;
+      successes_ = 0;
+    } else if (v.success && limit_ < max_ && ++successes_ >= limit_) {
+      ++limit_;
+      successes_ = 0;
+    }
+  }
+
+  if (!breaker_.enabled) return t;
+  if (ticket.probe) {
+    if (v.failure) {
+      state_ = BreakerState::kOpen;
+      cooldown_ = std::min(cooldown_ * 2, breaker_.max_cooldown);
+      probe_at_ = now + cooldown_;
+      t.reopened = true;
+    } else {  // any answer that is not a failure: the endpoint is back
+      state_ = BreakerState::kClosed;
+      consecutive_failures_ = 0;
+      cooldown_ = breaker_.cooldown;
+      t.closed = true;
+    }
+    return t;
+  }
+  // While open, only the probe's verdict counts: requests that were running when it opened
+  // say nothing newer.
+  if (state_ != BreakerState::kClosed) return t;
+  if (!v.failure) {
+    consecutive_failures_ = 0;
+    return t;
+  }
+  if (++consecutive_failures_ >= breaker_.failure_threshold) {
+    state_ = BreakerState::kOpen;
+    cooldown_ = breaker_.cooldown;
+    probe_at_ = now + cooldown_;
+    ++times_opened_;
+    t.opened = true;
+  }
+  return t;
+}
+
+bool EndpointGovernor::Blocked(Time now) const {
+  return now < paused_until_ || (state_ == BreakerState::kOpen && now < probe_at_);
+}
+
+std::size_t EndpointGovernor::Admit(Time now, std::size_t per_request) const {
+  if (Blocked(now)) return 0;
+  if (state_ != BreakerState::kClosed) return 1;  // the probe
+  return static_cast<std::size_t>(limit_) * per_request;
+}
+
+EndpointGovernor::Time EndpointGovernor::NextTimedChange(Time now) const {
+  Time next = Time::max();
+  if (paused_until_ > now) next = paused_until_;
+  if (state_ == BreakerState::kOpen && probe_at_ > now) next = std::min(next, probe_at_);
+  return next;
+}
+
+GovernorSnapshot EndpointGovernor::Snapshot(Time now) const {
+  GovernorSnapshot s;
+  s.breaker = ProbeDue(now) ? BreakerState::kHalfOpen : state_;
+  s.consecutive_failures = consecutive_failures_;
+  s.concurrency_limit = limit_;
+  s.max_concurrency = max_;
+  if (state_ == BreakerState::kOpen && now < probe_at_) {
+    s.probe_in = std::chrono::duration_cast<Millis>(probe_at_ - now);
+  }
+  if (now < paused_until_) {
+    s.paused_for = std::chrono::duration_cast<Millis>(paused_until_ - now);
+  }
+  s.cooldown = cooldown_;
+  s.times_opened = times_opened_;
+  s.times_paused = times_paused_;
+  return s;
+}
+
+}  // namespace outbox::relay::webhook_detail

@@ -1,0 +1,107 @@
+// Internal: how much the webhook sink may send to its endpoint, and when. One per endpoint:
+//   - a circuit breaker: consecutive failures (connect errors, timeouts, 5xx) open it; while
+//     open nothing is sent; after a cool-down one probe goes, and its success closes the
+//     breaker while its failure reopens it with the cool-down doubled (up to a cap);
+//   - adaptive concurrency (AIMD): 429, 503 and timeouts halve the number of concurrent
+//     requests (once per round of requests), successes raise it by one per round, up to
+//     max_in_flight;
+//   - Retry-After on a 429 or 503 pauses the whole endpoint, not only that message.
+// Not thread-safe: the sink calls it under its own mutex. Time is passed in, so unit tests
+// drive it without sleeping.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "outbox_relay/config.h"
+
+namespace outbox::relay::webhook_detail {
+
+enum class BreakerState { kClosed, kHalfOpen, kOpen };
+const char* ToString(BreakerState state);
+
+/// What one request's end says about the endpoint.
+struct Verdict {
+  bool success = false;   ///< 2xx.
+  bool failure = false;   ///< Connect error, timeout, 5xx: counts toward opening the breaker.
+  bool overload = false;  ///< 429, 503, timeout: lowers the concurrency.
+  std::optional<Millis> retry_after;  ///< From a 429 or 503: pause the endpoint this long.
+};
+
+/// What a Finish changed, for logs and metrics.
+struct Transition {
+  bool opened = false;    ///< Closed -> open (the threshold was reached).
+  bool reopened = false;  ///< The probe failed: open again, longer.
+  bool closed = false;    ///< The probe succeeded.
+  bool paused = false;    ///< A Retry-After paused the endpoint (or extended the pause).
+  bool lowered = false;   ///< The concurrency limit was halved.
+};
+
+struct GovernorSnapshot {
+  BreakerState breaker = BreakerState::kClosed;
+  int consecutive_failures = 0;
+  int concurrency_limit = 0;
+  int max_concurrency = 0;
+  Millis probe_in{0};    ///< Open: until the probe may go.
+  Millis paused_for{0};  ///< Retry-After pause left.
+  Millis cooldown{0};    ///< The current cool-down.
+  std::int64_t times_opened = 0;
+  std::int64_t times_paused = 0;
+};
+
+class EndpointGovernor {
+ public:
+  using Time = std::chrono::steady_clock::time_point;
+
+  EndpointGovernor(const BreakerSettings& breaker, bool adaptive, int max_concurrency);
+
+  struct Ticket {
+    std::uint64_t seq = 0;
+    bool probe = false;
+  };
+
+  /// A request may start now: it is counted as running until Finish. nullopt when the
+  /// concurrency limit is reached, the breaker is open (or its probe is out) or a Retry-After
+  /// pause runs.
+  std::optional<Ticket> TryStart(Time now);
+
+  /// The end of the request that `ticket` started (nullopt verdict: aborted, no verdict).
+  Transition Finish(Time now, const Ticket& ticket, const std::optional<Verdict>& verdict);
+
+  /// Nothing may be sent until some time passes: open before its probe is due, or paused.
+  /// Queued work should go back to the queue then, unattempted.
+  bool Blocked(Time now) const;
+
+  /// How many messages the dispatcher may keep in the sink now: 0 while blocked, 1 while a
+  /// probe is due, otherwise `per_request` for each request the limit allows.
+  std::size_t Admit(Time now, std::size_t per_request) const;
+
+  /// The next time after `now` at which Blocked or the probe changes with time alone;
+  /// Time::max() when nothing waits.
+  Time NextTimedChange(Time now) const;
+
+  GovernorSnapshot Snapshot(Time now) const;
+
+ private:
+  BreakerSettings breaker_;
+  bool adaptive_;
+  int max_;
+  int limit_;
+  int running_ = 0;
+  std::uint64_t next_seq_ = 1;
+  std::uint64_t no_decrease_before_ = 0;  ///< Requests started before the last decrease.
+  int successes_ = 0;                     ///< Since the last increase.
+  BreakerState state_ = BreakerState::kClosed;
+  int consecutive_failures_ = 0;
+  Millis cooldown_;
+  Time probe_at_{};  ///< Open: when the probe may go. kHalfOpen: the probe is out.
+  Time paused_until_{};
+  std::int64_t times_opened_ = 0;
+  std::int64_t times_paused_ = 0;
+
+  bool ProbeDue(Time now) const { return state_ == BreakerState::kOpen && now >= probe_at_; }
+};
+
+}  // namespace outbox::relay::webhook_detail

@@ -1,0 +1,36 @@
+// Internal: TargetHealth <-> the JSON of outbox.relay_heartbeats.targets (migration 0006).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "outbox_relay/target_health.h"
+
+namespace outbox::relay {
+
+inline nlohmann::json TargetHealthToJson(const TargetHealth& h) {
+  return {{"breaker", h.breaker},
+          {"consecutive_failures", h.consecutive_failures},
+          {"concurrency_limit", h.concurrency_limit},
+          {"max_concurrency", h.max_concurrency},
+          {"probe_in_ms", h.probe_in.count()},
+          {"paused_for_ms", h.paused_for.count()},
+          {"times_opened", h.times_opened},
+          {"times_paused", h.times_paused}};
+}
+
+// Missing keys keep their defaults: a newer relay may write more than this one reads.
+inline TargetHealth TargetHealthFromJson(const nlohmann::json& j) {
+  TargetHealth h;
+  if (!j.is_object()) return h;
+  h.breaker = j.value("breaker", h.breaker);
+  h.consecutive_failures = j.value("consecutive_failures", 0);
+  h.concurrency_limit = j.value("concurrency_limit", 0);
+  h.max_concurrency = j.value("max_concurrency", 0);
+  h.probe_in = std::chrono::milliseconds(j.value("probe_in_ms", std::int64_t{0}));
+  h.paused_for = std::chrono::milliseconds(j.value("paused_for_ms", std::int64_t{0}));
+  h.times_opened = j.value("times_opened", std::int64_t{0});
+  h.times_paused = j.value("times_paused", std::int64_t{0});
+  return h;
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,174 @@
+// The webhook endpoint's governor (circuit breaker, adaptive concurrency, Retry-After pause)
+// on a fake timeline: no sleeps.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "endpoint_governor.h"
+
+namespace outbox::relay::webhook_detail {
+namespace {
+
+using namespace std::chrono_literals;
+using Time = EndpointGovernor::Time;
+
+const Time kT0 = Time{} + 1h;
+
+Verdict Ok() { return Verdict{true, false, false, std::nullopt}; }
+Verdict Failed() { return Verdict{false, true, false, std::nullopt}; }  // connect error, 500
+Verdict TimedOut() { return Verdict{false, true, true, std::nullopt}; }
+Verdict TooMany(std::optional<Millis> retry_after = std::nullopt) {
+  return Verdict{false, false, true, retry_after};
+}
+Verdict NotFound() { return Verdict{}; }  // answered, neither success nor failure
+
+BreakerSettings Breaker(int threshold = 3) {
+  BreakerSettings b;
+  b.failure_threshold = threshold;
+  b.cooldown = 1s;
+  b.max_cooldown = 4s;
+  return b;
+}
+
+// Starts and finishes one request at `now`.
+Transition Once(EndpointGovernor& g, Time now, const Verdict& v) {
+  const auto ticket = g.TryStart(now);
+  EXPECT_TRUE(ticket.has_value());
+  return ticket ? g.Finish(now, *ticket, v) : Transition{};
+}
+
+TEST(EndpointGovernor, ConsecutiveFailuresOpenTheBreakerAndNothingIsSentWhileOpen) {
+  EndpointGovernor g(Breaker(3), true, 8);
+  EXPECT_FALSE(Once(g, kT0, Failed()).opened);
+  EXPECT_FALSE(Once(g, kT0, Failed()).opened);
+  EXPECT_FALSE(Once(g, kT0, Ok()).opened) << "a success resets the count";
+  EXPECT_FALSE(Once(g, kT0, Failed()).opened);
+  EXPECT_FALSE(Once(g, kT0, NotFound()).opened) << "any answer that is no failure resets it";
+  Once(g, kT0, Failed());
+  Once(g, kT0, Failed());
+  EXPECT_TRUE(Once(g, kT0, Failed()).opened) << "the third in a row";
+  EXPECT_TRUE(g.Blocked(kT0));
+  EXPECT_FALSE(g.TryStart(kT0 + 999ms));
+  EXPECT_EQ(g.Admit(kT0 + 999ms, 4), 0u) << "the dispatcher claims nothing for it";
+  const auto s = g.Snapshot(kT0 + 400ms);
+  EXPECT_EQ(s.breaker, BreakerState::kOpen);
+  EXPECT_EQ(s.probe_in, 600ms);
+  EXPECT_EQ(s.times_opened, 1);
+  EXPECT_EQ(g.NextTimedChange(kT0), kT0 + 1s) << "workers wake for the probe";
+}
+
+TEST(EndpointGovernor, OneProbeAfterTheCooldownItsFailureDoublesTheCooldownUpToTheCap) {
+  EndpointGovernor g(Breaker(1), true, 8);
+  EXPECT_TRUE(Once(g, kT0, Failed()).opened);
+  Time now = kT0 + 1s;
+  EXPECT_FALSE(g.Blocked(now));
+  EXPECT_EQ(g.Admit(now, 4), 1u) << "room for the probe only";
+  EXPECT_EQ(g.Snapshot(now).breaker, BreakerState::kHalfOpen);
+  const auto probe = g.TryStart(now);
+  ASSERT_TRUE(probe);
+  EXPECT_TRUE(probe->probe);
+  EXPECT_FALSE(g.TryStart(now)) << "one probe at a time";
+  EXPECT_TRUE(g.Finish(now, *probe, TimedOut()).reopened);
+  EXPECT_EQ(g.Snapshot(now).probe_in, 2s) << "doubled";
+  std::vector<Millis> cooldowns;
+  for (int i = 0; i < 3; ++i) {
+    now += g.Snapshot(now).probe_in;
+    const auto p = g.TryStart(now);
+    ASSERT_TRUE(p);
+    g.Finish(now, *p, Failed());
+    cooldowns.push_back(g.Snapshot(now).probe_in);
+  }
+  EXPECT_EQ(cooldowns, (std::vector<Millis>{4s, 4s, 4s})) << "capped at max_cooldown";
+  EXPECT_EQ(g.Snapshot(now).times_opened, 1) << "reopening is not a new opening";
+}
+
+TEST(EndpointGovernor, ASuccessfulProbeClosesTheBreakerAndResetsTheCooldown) {
+  EndpointGovernor g(Breaker(1), true, 8);
+  Once(g, kT0, Failed());
+  const auto probe = g.TryStart(kT0 + 1s);
+  ASSERT_TRUE(probe);
+  EXPECT_TRUE(g.Finish(kT0 + 1s, *probe, Ok()).closed);
+  EXPECT_EQ(g.Snapshot(kT0 + 1s).breaker, BreakerState::kClosed);
+  EXPECT_GE(g.Admit(kT0 + 1s, 4), 8u);
+  EXPECT_TRUE(Once(g, kT0 + 2s, Failed()).opened);
+  EXPECT_EQ(g.Snapshot(kT0 + 2s).probe_in, 1s) << "back to the first cooldown";
+}
+
+TEST(EndpointGovernor, RequestsRunningWhenItOpenedDoNotCloseIt) {
+  EndpointGovernor g(Breaker(2), true, 8);
+  const auto slow = g.TryStart(kT0);
+  ASSERT_TRUE(slow);
+  Once(g, kT0, Failed());
+  EXPECT_TRUE(Once(g, kT0, Failed()).opened);
+  EXPECT_FALSE(g.Finish(kT0 + 10ms, *slow, Ok()).closed) << "only the probe decides";
+  EXPECT_TRUE(g.Blocked(kT0 + 10ms));
+}
+
+TEST(EndpointGovernor, ADisabledBreakerNeverOpens) {
+  BreakerSettings off = Breaker(1);
+  off.enabled = false;
+  EndpointGovernor g(off, true, 8);
+  for (int i = 0; i < 20; ++i) Once(g, kT0, Failed());
+  EXPECT_FALSE(g.Blocked(kT0));
+  EXPECT_EQ(g.Snapshot(kT0).breaker, BreakerState::kClosed);
+}
+
+TEST(EndpointGovernor, OverloadHalvesConcurrencyOncePerRoundSuccessesAddOnePerRound) {
+  EndpointGovernor g(Breaker(100), true, 16);
+  std::vector<EndpointGovernor::Ticket> round;
+  for (int i = 0; i < 16; ++i) round.push_back(*g.TryStart(kT0));
+  EXPECT_FALSE(g.TryStart(kT0)) << "max_in_flight reached";
+  // Every request of the round answers 429: one decrease, not sixteen.
+  EXPECT_TRUE(g.Finish(kT0, round[0], TooMany()).lowered);
+  for (int i = 1; i < 16; ++i) EXPECT_FALSE(g.Finish(kT0, round[i], TooMany()).lowered);
+  EXPECT_EQ(g.Snapshot(kT0).concurrency_limit, 8);
+  // A request started after the decrease may lower it again.
+  EXPECT_TRUE(Once(g, kT0, TimedOut()).lowered);
+  EXPECT_EQ(g.Snapshot(kT0).concurrency_limit, 4);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(g.TryStart(kT0));
+  }
+  EXPECT_FALSE(g.TryStart(kT0)) << "the lowered limit holds";
+}
+
+TEST(EndpointGovernor, SuccessesRaiseTheLimitBackToMaxInFlight) {
+  EndpointGovernor g(Breaker(100), true, 4);
+  Once(g, kT0, TooMany());
+  Once(g, kT0, TooMany());
+  EXPECT_EQ(g.Snapshot(kT0).concurrency_limit, 1);
+  for (int i = 0; i < 100; ++i) Once(g, kT0, Ok());
+  EXPECT_EQ(g.Snapshot(kT0).concurrency_limit, 4) << "never above max_in_flight";
+}
+
+TEST(EndpointGovernor, WithoutAdaptiveConcurrencyTheLimitStays) {
+  EndpointGovernor g(Breaker(100), false, 4);
+  Once(g, kT0, TooMany());
+  EXPECT_EQ(g.Snapshot(kT0).concurrency_limit, 4);
+}
+
+TEST(EndpointGovernor, RetryAfterPausesTheWholeEndpointCappedByMaxCooldown) {
+  EndpointGovernor g(Breaker(100), true, 4);
+  EXPECT_TRUE(Once(g, kT0, TooMany(2s)).paused);
+  EXPECT_TRUE(g.Blocked(kT0 + 1s));
+  EXPECT_FALSE(g.TryStart(kT0 + 1s));
+  EXPECT_EQ(g.Admit(kT0 + 1s, 4), 0u);
+  EXPECT_EQ(g.Snapshot(kT0 + 500ms).paused_for, 1500ms);
+  EXPECT_EQ(g.NextTimedChange(kT0), kT0 + 2s);
+  EXPECT_FALSE(g.Blocked(kT0 + 2s));
+  EXPECT_EQ(g.NextTimedChange(kT0 + 2s), Time::max()) << "no wake-up in the past";
+  EXPECT_TRUE(Once(g, kT0 + 2s, TooMany(1h)).paused);
+  EXPECT_EQ(g.Snapshot(kT0 + 2s).paused_for, 4s) << "max_cooldown caps a pause";
+  EXPECT_EQ(g.Snapshot(kT0 + 2s).times_paused, 2);
+}
+
+TEST(EndpointGovernor, AnAbortedProbeLetsAnotherGo) {
+  EndpointGovernor g(Breaker(1), true, 4);
+  Once(g, kT0, Failed());
+  const auto probe = g.TryStart(kT0 + 1s);
+  ASSERT_TRUE(probe);
+  g.Finish(kT0 + 1s, *probe, std::nullopt);  // shutdown aborted it
+  EXPECT_TRUE(g.TryStart(kT0 + 1s)) << "still half-open: the next request probes";
+}
+
+}  // namespace
+}  // namespace outbox::relay::webhook_detail
