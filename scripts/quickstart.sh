@@ -61,6 +61,7 @@ destinations:
   billing-hooks:
     webhook:
       url: http://127.0.0.1:$HOOK_PORT/hooks/billing
+      allow_private_networks: true   # the sample receiver is on loopback; the SSRF guard refuses it otherwise
       secret_env: QUICKSTART_WEBHOOK_SECRET
       timeout_ms: 5000
       max_in_flight: 8

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -79,6 +80,30 @@ std::int64_t PidCpuMicros(int pid) {
   if (f.size() < 13) return -1;
   const long ticks = sysconf(_SC_CLK_TCK);
   return (std::stoll(f[11]) + std::stoll(f[12])) * 1'000'000 / ticks;
+}
+
+std::map<int, ThreadCpu> SelfThreadsCpu() {
+  std::map<int, ThreadCpu> out;
+  const long ticks = sysconf(_SC_CLK_TCK);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const std::string dir = entry.path().string();
+    int tid = 0;
+    try {
+      tid = std::stoi(entry.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    const std::string text = ReadTextFile(dir + "/stat");
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) continue;  // the thread ended meanwhile
+    const auto f = SplitWords(text.substr(close + 1));
+    if (f.size() < 13) continue;
+    std::string name = ReadTextFile(dir + "/comm");
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    out[tid] = ThreadCpu{name, (std::stoll(f[11]) + std::stoll(f[12])) * 1'000'000 / ticks};
+  }
+  return out;
 }
 
 int ParentPid(int pid) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,13 @@ std::int64_t PidCpuMicros(int pid);
 /// Children that exit inside a measured interval lose their share; the relay's connections
 /// live for a whole scenario, so this undercounts only short-lived helpers.
 std::int64_t ProcessTreeCpuMicros(int parent_pid);
+/// Each live thread of this process: its name (/proc/self/task/<tid>/comm; the relay names its
+/// threads "or-<role>") and its user + system CPU time in microseconds, by thread id.
+struct ThreadCpu {
+  std::string name;
+  std::int64_t cpu_us = 0;
+};
+std::map<int, ThreadCpu> SelfThreadsCpu();
 /// Parent pid of `pid` from /proc, or -1.
 int ParentPid(int pid);
 /// Short name of `pid` (/proc/<pid>/comm), or "".

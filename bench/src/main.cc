@@ -87,6 +87,10 @@ int main(int argc, char** argv) {
   app.add_option("--webhook-connections", opt.webhook_connections,
                  "Relay max_in_flight and HTTP-ceiling client threads")
       ->capture_default_str();
+  app.add_option("--webhook-sweep", opt.webhook_sweep,
+                 "max_in_flight of each webhook_drain_mif<N> drain (half the webhook messages)")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--kafka-brokers", opt.kafka_brokers, "Mock cluster brokers")->capture_default_str();
   app.add_option("--kafka-partitions", opt.kafka_partitions, "Partitions per topic")->capture_default_str();
   app.add_option("--timeout", opt.timeout_s, "Per-scenario timeout, seconds")->capture_default_str();

@@ -41,6 +41,7 @@ struct Options {
   std::int64_t scale_messages = 200'000;     ///< Backlog of each claim-mode drain (--quick: 50k).
   std::vector<int> scale_relays = {1, 2, 4}; ///< Relay instances compared in each claim mode.
   int webhook_connections = 32;              ///< Relay max_in_flight = HTTP-ceiling client threads.
+  std::vector<int> webhook_sweep = {8, 32, 128};  ///< max_in_flight of the webhook_drain_mif* drains.
   int kafka_brokers = 3;
   int kafka_partitions = 6;
   double timeout_s = 900;                    ///< Per scenario; a scenario that times out reports what it did.
@@ -121,7 +122,7 @@ class Bench {
   ScenarioResult SqlCeiling(const std::string& name);
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
   ScenarioResult HttpCeiling();
-  ScenarioResult WebhookDrain();
+  ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages);
   ScenarioResult KafkaPathLatency();
   ScenarioResult OpenLoop(const std::string& name, const std::string& sink, int keys);
   ScenarioResult Burst(const Variant& v);
@@ -143,6 +144,7 @@ class Bench {
   std::string bootstraps_;
   int http_port_ = 0;
   std::optional<double> sql_ceiling_, http_ceiling_;
+  std::optional<double> http_ceiling_cpu_us_;  ///< The HTTP-ceiling client's CPU per request.
   double preload_rate_ = 0;
   double kafka_drain_rate_ = 0;  ///< events/s of kafka_drain in this run (baseline of stale_stats)
   std::vector<std::pair<std::string, std::vector<Sample>>> timelines_;

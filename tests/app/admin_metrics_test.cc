@@ -303,6 +303,7 @@ TEST(RelayMetrics, WebhookResponseClasses) {
                                                         {"timeout", "timeout"},
                                                         {"connection", "connection"},
                                                         {"tls", "tls"},
+                                                        {"blocked_address", "blocked_address"},
                                                         {"http_other", "other"},
                                                         {"shutdown", ""}}) {
     o.reason_class = ReasonFromLabel(cls);

@@ -329,6 +329,26 @@ TEST(ParseConfig, WebhookBreakerAndAdaptiveConcurrency) {
       << message;
 }
 
+TEST(ParseConfig, WebhookPrivateNetworkKeys) {
+  const RelayConfig defaults =
+      ParseConfig(WithWebhook("      secret: " + kSecretA + "\n"), "cfg.yaml", kNoEnv);
+  const auto& d = std::get<WebhookTarget>(defaults.destinations.at("hooks").target);
+  EXPECT_FALSE(d.allow_private_networks) << "the SSRF guard is on by default";
+  EXPECT_TRUE(d.allowed_networks.empty());
+  const RelayConfig set = ParseConfig(
+      WithWebhook("      secret: " + kSecretA +
+                  "\n      allow_private_networks: true\n      allowed_networks: [10.0.0.0/8, "
+                  "\"fd00::/8\"]\n"),
+      "cfg.yaml", kNoEnv);
+  const auto& w = std::get<WebhookTarget>(set.destinations.at("hooks").target);
+  EXPECT_TRUE(w.allow_private_networks);
+  EXPECT_EQ(w.allowed_networks, (std::vector<std::string>{"10.0.0.0/8", "fd00::/8"}));
+  const std::string message =
+      ErrorOf(WithWebhook("      secret: " + kSecretA + "\n      allowed_networks: {a: 1}\n"));
+  EXPECT_TRUE(Contains(message, "destinations.hooks.webhook.allowed_networks: expected a list"))
+      << message;
+}
+
 TEST(ParseConfig, TheBuiltInRetryIsAScheduleOfAboutADay) {
   const RetryPolicy p = DefaultRetryPolicy();
   EXPECT_EQ(p.schedule, (std::vector<Millis>{5s, 5min, 30min, 2h, 5h, 10h, 10h}));
@@ -1248,6 +1268,8 @@ TEST(ExampleConfig, LoadsWithTheVariablesItNames) {
   EXPECT_TRUE(webhook.breaker.enabled);
   EXPECT_EQ(webhook.breaker.failure_threshold, 10);
   EXPECT_TRUE(webhook.adaptive_concurrency);
+  EXPECT_FALSE(webhook.allow_private_networks);
+  EXPECT_TRUE(webhook.allowed_networks.empty());
   EXPECT_EQ(hooks.batch_size, config.batch_size);
 }
 

@@ -443,6 +443,27 @@ TEST_F(RelayProcessTest, CheckConfigRefusesExactlyWhatRunRefuses) {
            "      url: \"https://user:password@example.com/hooks\"\n"
            "      secret: \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
        "must not contain credentials"},
+      // The SSRF guard refuses a private address written as a literal, in any notation.
+      {"webhook-metadata-address",
+       "database_url: \"" + db_url_ +
+           "\"\n"
+           "destinations:\n"
+           "  hooks:\n"
+           "    webhook:\n"
+           "      url: \"http://169.254.169.254/latest/meta-data\"\n"
+           "      secret: \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
+       "169.254.169.254 is a link-local (cloud metadata endpoints live here) address. If this "
+       "endpoint is meant to be on a private network, set "
+       "destinations.hooks.webhook.allow_private_networks: true"},
+      {"webhook-decimal-loopback",
+       "database_url: \"" + db_url_ +
+           "\"\n"
+           "destinations:\n"
+           "  hooks:\n"
+           "    webhook:\n"
+           "      url: \"http://2130706433:8080/hooks\"\n"
+           "      secret: \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
+       "the host 2130706433 is refused by the SSRF guard: 127.0.0.1 is a loopback address"},
   };
   for (const auto& c : cases) {
     const std::string config = WriteConfig(c.name + ".yaml", c.yaml);

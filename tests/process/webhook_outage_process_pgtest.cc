@@ -45,6 +45,7 @@ class WebhookOutageTest : public RelayProcessFixture {
       << "      secret: \"" << kSecret << "\"\n"
       << "      timeout_ms: 1000\n"
       << "      connect_timeout_ms: 500\n"
+      << "      allow_private_networks: true\n"
       << webhook_extra << "    retry: " << retry << "\n";
     return y.str();
   }

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "outbox_relay/thread_name.h"
+
 namespace outbox::relay {
 
 ListenAddress ParseListenAddress(const std::string& listen) {
@@ -131,6 +133,7 @@ void AdminServer::Start() {
   d.started = true;
   d.metrics.SetReadyCallback(d.ready ? d.ready : std::function<bool()>([] { return true; }));
   d.thread = std::thread([&d] {
+    NameThisThread("or-admin");
     d.server.listen_after_bind();
     d.thread_done = true;
   });

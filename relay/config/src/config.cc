@@ -575,9 +575,10 @@ BreakerSettings ParseBreaker(const Field& field) {
 }
 
 WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
-  Mapping m(field, {"url", "secret", "secret_env", "secret_file", "previous_secrets", "timeout_ms",
-                    "connect_timeout_ms", "max_in_flight", "ca_file", "verify_tls", "headers",
-                    "breaker", "adaptive_concurrency"});
+  Mapping m(field,
+            {"url", "secret", "secret_env", "secret_file", "previous_secrets", "timeout_ms",
+             "connect_timeout_ms", "max_in_flight", "ca_file", "verify_tls", "headers", "breaker",
+             "adaptive_concurrency", "allow_private_networks", "allowed_networks"});
   WebhookTarget webhook;
 
   auto url = m.Get("url");
@@ -650,6 +651,14 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
   if (auto f = m.Get("headers")) webhook.headers = ReadHeaders(*f);
   if (auto f = m.Get("breaker")) webhook.breaker = ParseBreaker(*f);
   if (auto f = m.Get("adaptive_concurrency")) webhook.adaptive_concurrency = detail::ReadBool(*f);
+  if (auto f = m.Get("allow_private_networks")) {
+    webhook.allow_private_networks = detail::ReadBool(*f);
+  }
+  if (auto f = m.Get("allowed_networks")) {
+    for (const auto& element : detail::ReadList(*f)) {
+      webhook.allowed_networks.push_back(detail::ReadNonEmptyString(element));
+    }
+  }
   return webhook;
 }
 
@@ -657,7 +666,7 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
 // Destinations
 
 constexpr std::array<std::string_view, 3> kKafkaKeys = {"brokers", "topic", "producer"};
-constexpr std::array<std::string_view, 13> kWebhookKeys = {"url",
+constexpr std::array<std::string_view, 15> kWebhookKeys = {"url",
                                                            "secret",
                                                            "secret_env",
                                                            "secret_file",
@@ -669,7 +678,9 @@ constexpr std::array<std::string_view, 13> kWebhookKeys = {"url",
                                                            "verify_tls",
                                                            "headers",
                                                            "breaker",
-                                                           "adaptive_concurrency"};
+                                                           "adaptive_concurrency",
+                                                           "allow_private_networks",
+                                                           "allowed_networks"};
 
 // Every delivery attempt must end inside its lease, with room to spare: otherwise the lease
 // expires while the attempt still runs, a reaper hands the message out again (a duplicate, and

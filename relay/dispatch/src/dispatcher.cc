@@ -9,6 +9,7 @@
 #include "dispatcher_impl.h"
 #include "outbox_relay/retry.h"
 #include "outbox_relay/store.h"
+#include "outbox_relay/thread_name.h"
 #include "tuning.h"
 
 namespace outbox::relay {
@@ -165,16 +166,31 @@ void Dispatcher::Start() {
     spdlog::debug("could not read the paused destinations at start (maintenance retries): {}",
                   e.what());
   }
-  d.settler = std::thread([&d] { d.SettleLoop(); });
-  d.listener = std::thread([&d] { d.ListenLoop(); });
-  d.maintenance = std::thread([&d] { d.MaintenanceLoop(); });
+  d.settler = std::thread([&d] {
+    NameThisThread("or-settle");
+    d.SettleLoop();
+  });
+  d.listener = std::thread([&d] {
+    NameThisThread("or-listen");
+    d.ListenLoop();
+  });
+  d.maintenance = std::thread([&d] {
+    NameThisThread("or-maint");
+    d.MaintenanceLoop();
+  });
   if (d.config.claim_mode == ClaimMode::kPartitioned) {
-    d.coordinator = std::thread([&d] { d.CoordinatorLoop(); });
+    d.coordinator = std::thread([&d] {
+      NameThisThread("or-coord");
+      d.CoordinatorLoop();
+    });
   }
   for (const auto& [name, dest] : d.config.destinations) {
     Sink& sink = *d.sinks.at(name);
     const Destination& dst = dest;
-    d.loops.emplace_back([&d, &dst, &sink] { d.ClaimLoop(dst, sink); });
+    d.loops.emplace_back([&d, &dst, &sink] {
+      NameThisThread("or-claim");
+      d.ClaimLoop(dst, sink);
+    });
   }
 }
 

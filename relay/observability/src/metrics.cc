@@ -41,6 +41,8 @@ std::string_view WebhookResponseClass(const Outcome& o) {
       return "connection";
     case Reason::kTls:
       return "tls";
+    case Reason::kBlockedAddress:
+      return "blocked_address";
     default:
       return "other";
   }

@@ -13,7 +13,7 @@ struct Entry {
 };
 
 // One row per reason, in the enum's order.
-constexpr std::array<Entry, 25> kReasons = {{
+constexpr std::array<Entry, 26> kReasons = {{
     {Reason::kNone, "", "other"},
     {Reason::kHttp3xx, "http_3xx", "http_other"},
     {Reason::kHttp4xx, "http_4xx", "http_4xx"},
@@ -24,6 +24,7 @@ constexpr std::array<Entry, 25> kReasons = {{
     {Reason::kTimeout, "timeout", "timeout"},
     {Reason::kConnection, "connection", "connection"},
     {Reason::kTls, "tls", "connection"},
+    {Reason::kBlockedAddress, "blocked_address", "blocked_address"},
     {Reason::kBroker, "broker", "connection"},
     {Reason::kMsgTooLarge, "msg_too_large", "message_rejected"},
     {Reason::kInvalidMessage, "invalid_message", "message_rejected"},

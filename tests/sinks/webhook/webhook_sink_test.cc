@@ -129,6 +129,7 @@ WebhookTarget Target(const std::string& url) {
   t.timeout = 5000ms;
   t.connect_timeout = 2000ms;
   t.max_in_flight = 4;
+  t.allow_private_networks = true;  // the receivers of these tests are on loopback
   return t;
 }
 
@@ -780,6 +781,90 @@ TEST(WebhookSinkOutage, ThrottlingLowersTheConcurrencyAndSuccessesRaiseItAgain) 
   ASSERT_TRUE(done.WaitForSize(before + 200, 60s));
   EXPECT_EQ(sink->Health()->concurrency_limit, 8) << "additive increase back to max_in_flight";
   EXPECT_LE(most_while_recovered, 8);
+  sink->Shutdown(5s);
+}
+
+}  // namespace
+}  // namespace outbox::relay
+
+namespace outbox::relay {
+namespace {
+
+// --- The SSRF guard ---
+
+std::string ErrorOfTarget(const WebhookTarget& t) {
+  try {
+    ValidateWebhookTarget("hooks", t);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(WebhookSinkSsrf, RefusesLiteralPrivateAddressesInEveryNotationUnlessAllowed) {
+  WebhookTarget t = Target("http://127.0.0.1:9/hook");
+  t.allow_private_networks = false;
+  for (const std::string url :
+       {"http://127.0.0.1:9/hook", "http://2130706433/hook", "http://0177.0.0.1/hook",
+        "http://0x7f.0.0.1/hook", "http://[::1]:8080/hook", "https://169.254.169.254/",
+        "http://10.0.0.1/hook", "http://[::ffff:192.168.0.1]/hook"}) {
+    t.url = url;
+    const std::string error = ErrorOfTarget(t);
+    EXPECT_NE(error.find("is refused by the SSRF guard"), std::string::npos)
+        << url << ": " << error;
+    EXPECT_NE(error.find("set destinations.hooks.webhook.allow_private_networks: true, or list its "
+                         "network in destinations.hooks.webhook.allowed_networks"),
+              std::string::npos)
+        << error;
+  }
+  t.url = "http://10.20.0.7/hook";
+  t.allowed_networks = {"10.20.0.0/16"};
+  EXPECT_EQ(ErrorOfTarget(t), "") << "in an allowed network";
+  t.allowed_networks = {"10.20.0.0/33"};
+  EXPECT_NE(ErrorOfTarget(t).find("allowed_networks[0]: '10.20.0.0/33': the prefix length must be "
+                                  "0..32"),
+            std::string::npos)
+      << ErrorOfTarget(t);
+  t.allowed_networks.clear();
+  t.url = "https://hooks.example.com/in";
+  EXPECT_EQ(ErrorOfTarget(t), "") << "names are checked when they are resolved, at delivery";
+}
+
+TEST(WebhookSinkSsrf, ANameThatResolvesToABlockedAddressFailsTheDeliveryWithAClearReason) {
+  HttpReceiver receiver;
+  WebhookTarget t = Target("http://localhost:" + std::to_string(receiver.port()) + "/hook");
+  t.allow_private_networks = false;
+  t.breaker.enabled = false;
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", t);
+  sink->Submit(MakeMessage(1), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(1));
+  const Outcome o = done.Of(1);
+  EXPECT_EQ(o.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(o.reason_class, Reason::kBlockedAddress);
+  EXPECT_NE(o.reason.find("blocked by the SSRF guard: localhost resolves only to refused "
+                          "addresses"),
+            std::string::npos)
+      << o.reason;
+  EXPECT_EQ(receiver.Count(), 0u) << "nothing was sent";
+  sink->Shutdown(5s);
+}
+
+TEST(WebhookSinkSsrf, AnAllowedNameConnectsToTheCheckedAddressKeepingTheHostHeader) {
+  HttpReceiver receiver;
+  const std::string host = "localhost:" + std::to_string(receiver.port());
+  WebhookTarget t = Target("http://" + host + "/hook");
+  t.allow_private_networks = false;
+  // Only IPv4 loopback: a ::1 answer for localhost is refused and skipped, so the client must
+  // connect to the checked 127.0.0.1, where the receiver listens.
+  t.allowed_networks = {"127.0.0.0/8"};
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", t);
+  sink->Submit(MakeMessage(1), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(1));
+  EXPECT_EQ(done.Of(1).kind, OutcomeKind::kDelivered) << done.Of(1).reason;
+  ASSERT_EQ(receiver.Count(), 1u);
+  EXPECT_EQ(receiver.Requests()[0].Header("Host"), host);
   sink->Shutdown(5s);
 }
 

@@ -66,6 +66,13 @@ struct WebhookTarget {
   bool verify_tls = true;
   std::map<std::string, std::string> headers;  ///< Extra static headers on every request.
   BreakerSettings breaker;
+  /// The SSRF guard (docs/webhooks.md, "Private networks"): by default the relay refuses to
+  /// connect to loopback, private, link-local, CGNAT, unique-local, multicast and reserved
+  /// addresses. true: this destination may connect to any of them.
+  bool allow_private_networks = false;
+  /// Networks this destination may connect to although they are private ("10.20.0.0/16",
+  /// "fd00:1::/64", or one address).
+  std::vector<std::string> allowed_networks;
   /// 429, 503 and timeouts halve the concurrent requests, successes raise them back up to
   /// max_in_flight. Off: always max_in_flight.
   bool adaptive_concurrency = true;

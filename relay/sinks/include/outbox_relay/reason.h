@@ -21,6 +21,7 @@ enum class Reason {
   kTimeout,     ///< No answer in time (HTTP), or the Kafka message timed out.
   kConnection,  ///< Refused, reset, DNS: no HTTP answer at all.
   kTls,
+  kBlockedAddress,  ///< The SSRF guard refused the endpoint's address (private, loopback, ...).
   // Kafka (kafka_sink.h)
   kBroker,          ///< No broker reachable, not leader, not enough replicas, ...
   kMsgTooLarge,     ///< Permanent.

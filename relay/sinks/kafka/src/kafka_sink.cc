@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "outbox_relay/thread_name.h"
+
 namespace outbox::relay {
 namespace {
 
@@ -199,7 +201,10 @@ struct KafkaSink::Impl {
 
   void Start() {
     producer = CreateProducer();
-    poller = std::thread([this] { PollLoop(); });
+    poller = std::thread([this] {
+      NameThisThread("or-kafka-poll");
+      PollLoop();
+    });
   }
 
   // --- completions ---------------------------------------------------------------------

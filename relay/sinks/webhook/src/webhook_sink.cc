@@ -21,7 +21,9 @@
 #include <utility>
 #include <vector>
 
+#include "address_policy.h"
 #include "endpoint_governor.h"
+#include "outbox_relay/thread_name.h"
 #include "webhook_internal.h"
 
 namespace outbox::relay {
@@ -89,6 +91,24 @@ ParsedUrl ParseTargetUrl(const std::string& destination, const std::string& url)
 
 }  // namespace
 
+namespace {
+
+webhook_detail::AddressPolicy AddressPolicyOf(const std::string& destination,
+                                              const WebhookTarget& target) {
+  std::vector<webhook_detail::Cidr> allowed;
+  for (std::size_t i = 0; i < target.allowed_networks.size(); ++i) {
+    try {
+      allowed.push_back(webhook_detail::ParseCidr(target.allowed_networks[i]));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("webhook " + destination + ": allowed_networks[" +
+                                  std::to_string(i) + "]: " + e.what());
+    }
+  }
+  return webhook_detail::AddressPolicy(target.allow_private_networks, std::move(allowed));
+}
+
+}  // namespace
+
 void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& target) {
   const ParsedUrl url = ParseTargetUrl(destination, target.url);
   if (target.secrets.empty()) {
@@ -104,6 +124,17 @@ void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& 
   if (url.https && target.ca_file && !std::ifstream(*target.ca_file).good()) {
     throw std::invalid_argument("webhook " + destination + ": cannot read ca_file " +
                                 *target.ca_file);
+  }
+  const auto policy = AddressPolicyOf(destination, target);
+  if (const auto literal = webhook_detail::ParseIpLiteral(url.host)) {
+    if (const auto why = policy.Refuses(*literal)) {
+      throw std::invalid_argument(
+          "webhook " + destination + ": url: the host " + url.host + " is refused by the SSRF " +
+          "guard: " + *why + ". If this endpoint is meant to be on a private network, set " +
+          "destinations." + destination + ".webhook.allow_private_networks: true, or list " +
+          "its network in destinations." + destination + ".webhook.allowed_networks " +
+          "(docs/webhooks.md#private-networks)");
+    }
   }
 }
 
@@ -139,6 +170,7 @@ class WebhookSink final : public Sink {
       : destination_(std::move(destination)),
         target_(target),
         url_(ParseTargetUrl(destination_, target.url)),
+        policy_(AddressPolicyOf(destination_, target)),
         governor_(target.breaker, target.adaptive_concurrency, target.max_in_flight) {
     ValidateWebhookTarget(destination_, target_);
     for (const auto& secret : target_.secrets)
@@ -163,7 +195,10 @@ class WebhookSink final : public Sink {
     }
     try {
       for (auto& worker : workers_) {
-        worker->thread = std::thread([this, w = worker.get()] { Run(*w); });
+        worker->thread = std::thread([this, w = worker.get()] {
+          NameThisThread("or-hook");
+          Run(*w);
+        });
       }
     } catch (...) {
       {
@@ -318,6 +353,8 @@ class WebhookSink final : public Sink {
 
   struct Worker {
     std::unique_ptr<httplib::ClientImpl> client;  ///< Keep-alive connection of this worker.
+    std::string connect_ip;                       ///< The checked address client connects to.
+    Clock::time_point resolved_until{};           ///< When to resolve the host again.
     std::optional<Completion> active;             ///< Guarded by mu_; set while sending.
     MessageId active_id{};                        ///< Guarded by mu_.
     std::thread thread;
@@ -398,7 +435,12 @@ class WebhookSink final : public Sink {
         spdlog::info("webhook {}: circuit breaker half-open: probing the endpoint with message {}",
                      destination_, Raw(job.msg.id));
       }
-      Attempt attempt = Deliver(*worker.client, job.msg);
+      Attempt attempt;
+      if (auto refused = CheckAddress(worker, job.msg.id)) {
+        attempt = std::move(*refused);
+      } else {
+        attempt = Deliver(*worker.client, job.msg);
+      }
       std::optional<Completion> done;
       webhook_detail::Transition change;
       webhook_detail::GovernorSnapshot after;
@@ -422,6 +464,41 @@ class WebhookSink final : public Sink {
                       destination_, Raw(job.msg.id), ToString(attempt.outcome.kind));
       }
     }
+  }
+
+  // The SSRF guard: resolves the host (again every kResolveEvery), checks the addresses and
+  // points the worker's client at the checked one, so it connects to exactly what was
+  // checked (the host name stays in Host and SNI). An attempt that failed when the endpoint
+  // has no acceptable address; nullopt when the request may go.
+  std::optional<Attempt> CheckAddress(Worker& worker, MessageId id) {
+    const auto now = Clock::now();
+    if (!worker.connect_ip.empty() && now < worker.resolved_until) return std::nullopt;
+    const auto r = webhook_detail::ResolveChecked(url_.host, policy_);
+    if (!r.address) {
+      worker.connect_ip.clear();  // try again on the next request
+      Attempt a;
+      a.outcome = r.refused ? Retry(id,
+                                    "blocked by the SSRF guard: " + r.error +
+                                        "; if the endpoint is meant to be private, set "
+                                        "allow_private_networks or allowed_networks",
+                                    Reason::kBlockedAddress)
+                            : Retry(id, "connection error: " + r.error, Reason::kConnection);
+      a.verdict = Verdict{false, true, false, std::nullopt};
+      {
+        std::lock_guard lock(last_failure_mu_);
+        last_failure_ = a.outcome.reason;
+      }
+      unreachable_in_a_row_.fetch_add(1);
+      spdlog::debug("webhook {}: message {} not sent: {}", destination_, Raw(id), a.outcome.reason);
+      return a;
+    }
+    const std::string ip = r.address->ToString();
+    if (ip != worker.connect_ip) {
+      worker.client->set_hostname_addr_map({{url_.host, ip}});
+      worker.connect_ip = ip;
+    }
+    worker.resolved_until = now + kResolveEvery;
+    return std::nullopt;
   }
 
   // Why nothing is sent now (mu_ held, Blocked(now) true).
@@ -664,8 +741,9 @@ class WebhookSink final : public Sink {
   const std::string destination_;
   const WebhookTarget target_;
   const ParsedUrl url_;
-  std::vector<std::string> keys_;    ///< Decoded HMAC keys, one per secret.
-  httplib::Headers static_headers_;  ///< Valid, non-reserved target.headers.
+  const webhook_detail::AddressPolicy policy_;  ///< The SSRF guard.
+  std::vector<std::string> keys_;               ///< Decoded HMAC keys, one per secret.
+  httplib::Headers static_headers_;             ///< Valid, non-reserved target.headers.
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  ///< Workers wait for jobs or stopping_.
@@ -675,8 +753,9 @@ class WebhookSink final : public Sink {
   std::size_t running_ = 0;  ///< Workers between taking a job and finishing its request.
   std::atomic<std::size_t> in_flight_{0};
   static constexpr int kUnreachableAfter = 3;
-  static constexpr std::size_t kQueuedPerRequest = 4;  ///< Messages in the sink per request.
-  EndpointGovernor governor_;                          ///< Guarded by mu_.
+  static constexpr std::size_t kQueuedPerRequest = 4;       ///< Messages in the sink per request.
+  static constexpr std::chrono::seconds kResolveEvery{30};  ///< DNS answers change.
+  EndpointGovernor governor_;                               ///< Guarded by mu_.
   // Written by Deliver (const: it changes no configuration, only this record of the endpoint).
   mutable std::atomic<int> unreachable_in_a_row_{0};  ///< Attempts without any HTTP answer.
   std::atomic<bool> stopping_now_{false};  ///< Shutdown's aborted requests are no verdict.

@@ -1,0 +1,224 @@
+#include "address_policy.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <stdexcept>
+
+namespace outbox::relay::webhook_detail {
+namespace {
+
+IpAddress V4(std::uint8_t a, std::uint8_t b, std::uint8_t c, std::uint8_t d) {
+  IpAddress ip;
+  ip.v4 = true;
+  ip.bytes[0] = a;
+  ip.bytes[1] = b;
+  ip.bytes[2] = c;
+  ip.bytes[3] = d;
+  return ip;
+}
+
+IpAddress V6(const unsigned char (&b)[16]) {
+  IpAddress ip;
+  ip.v4 = false;
+  std::memcpy(ip.bytes.data(), b, 16);
+  return ip;
+}
+
+bool PrefixMatches(const IpAddress& a, const IpAddress& network, int prefix) {
+  if (a.v4 != network.v4) return false;
+  int bits = prefix;
+  for (std::size_t i = 0; bits > 0; ++i, bits -= 8) {
+    const int n = bits >= 8 ? 8 : bits;
+    const auto mask = static_cast<std::uint8_t>(0xFF << (8 - n));
+    if ((a.bytes[i] & mask) != (network.bytes[i] & mask)) return false;
+  }
+  return true;
+}
+
+struct Range {
+  const char* cidr;
+  const char* why;
+};
+
+// Refused unless allowed: what a relay on a private network could reach but the Internet
+// could not.
+constexpr Range kBlockedV4[] = {
+    {"0.0.0.0/8", "unspecified (\"this network\")"},
+    {"10.0.0.0/8", "private (RFC 1918)"},
+    {"100.64.0.0/10", "shared (carrier-grade NAT, RFC 6598)"},
+    {"127.0.0.0/8", "loopback"},
+    {"169.254.0.0/16", "link-local (cloud metadata endpoints live here)"},
+    {"172.16.0.0/12", "private (RFC 1918)"},
+    {"192.0.0.0/24", "IETF protocol assignments"},
+    {"192.168.0.0/16", "private (RFC 1918)"},
+    {"198.18.0.0/15", "benchmarking (RFC 2544)"},
+    {"224.0.0.0/4", "multicast"},
+    {"240.0.0.0/4", "reserved (and broadcast)"},
+};
+constexpr Range kBlockedV6[] = {
+    {"::/128", "unspecified"},   {"::1/128", "loopback"},
+    {"fe80::/10", "link-local"}, {"fc00::/7", "unique-local (private)"},
+    {"ff00::/8", "multicast"},
+};
+
+const std::vector<std::pair<Cidr, const char*>>& Blocked() {
+  static const auto blocked = [] {
+    std::vector<std::pair<Cidr, const char*>> out;
+    for (const auto& r : kBlockedV4) out.emplace_back(ParseCidr(r.cidr), r.why);
+    for (const auto& r : kBlockedV6) out.emplace_back(ParseCidr(r.cidr), r.why);
+    return out;
+  }();
+  return blocked;
+}
+
+// The IPv4 address inside an IPv4-mapped (::ffff:a.b.c.d) or NAT64 (64:ff9b::a.b.c.d) one.
+std::optional<IpAddress> EmbeddedV4(const IpAddress& a) {
+  if (a.v4) return std::nullopt;
+  static const Cidr mapped = ParseCidr("::ffff:0:0/96");
+  static const Cidr nat64 = ParseCidr("64:ff9b::/96");
+  if (!mapped.Contains(a) && !nat64.Contains(a)) return std::nullopt;
+  return V4(a.bytes[12], a.bytes[13], a.bytes[14], a.bytes[15]);
+}
+
+}  // namespace
+
+std::string IpAddress::ToString() const {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (v4) {
+    inet_ntop(AF_INET, bytes.data(), buf, sizeof buf);
+  } else {
+    inet_ntop(AF_INET6, bytes.data(), buf, sizeof buf);
+  }
+  return buf;
+}
+
+std::optional<IpAddress> ParseIpLiteral(std::string_view host) {
+  std::string text(host);
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']') {
+    text = text.substr(1, text.size() - 2);
+  }
+  if (text.find(':') != std::string::npos) {
+    unsigned char b[16];
+    if (inet_pton(AF_INET6, text.c_str(), b) == 1) return V6(b);
+    return std::nullopt;
+  }
+  // inet_aton takes every historical form: "2130706433", "0177.0.0.1", "0x7f.1", "127.1".
+  // A name never parses (it has a letter that is not part of a hex number).
+  in_addr a{};
+  if (text.empty() || inet_aton(text.c_str(), &a) == 0) return std::nullopt;
+  const auto* p = reinterpret_cast<const std::uint8_t*>(&a.s_addr);
+  return V4(p[0], p[1], p[2], p[3]);
+}
+
+bool Cidr::Contains(const IpAddress& address) const {
+  return PrefixMatches(address, network, prefix);
+}
+
+Cidr ParseCidr(std::string_view text) {
+  const auto slash = text.find('/');
+  const std::string addr(text.substr(0, slash));
+  IpAddress ip;
+  unsigned char b[16];
+  if (addr.find(':') != std::string::npos) {
+    if (inet_pton(AF_INET6, addr.c_str(), b) != 1) {
+      throw std::invalid_argument("'" + std::string(text) + "' is not an IPv6 network");
+    }
+    ip = V6(b);
+  } else {
+    if (inet_pton(AF_INET, addr.c_str(), b) != 1) {  // strict dotted quad here
+      throw std::invalid_argument("'" + std::string(text) +
+                                  "' is not a network: write an address and a prefix length, "
+                                  "e.g. 10.20.0.0/16 or fd00::/8");
+    }
+    ip = V4(b[0], b[1], b[2], b[3]);
+  }
+  const int max = ip.v4 ? 32 : 128;
+  int prefix = max;
+  if (slash != std::string_view::npos) {
+    const std::string p(text.substr(slash + 1));
+    char* end = nullptr;
+    const long n = p.empty() ? -1 : std::strtol(p.c_str(), &end, 10);
+    if (n < 0 || n > max || end == nullptr || *end != '\0') {
+      throw std::invalid_argument("'" + std::string(text) + "': the prefix length must be 0.." +
+                                  std::to_string(max));
+    }
+    prefix = static_cast<int>(n);
+  }
+  return Cidr{ip, prefix};
+}
+
+std::optional<std::string> BlockedRange(const IpAddress& address) {
+  if (auto v4 = EmbeddedV4(address)) return BlockedRange(*v4);
+  for (const auto& [cidr, why] : Blocked()) {
+    if (cidr.Contains(address)) return std::string(why);
+  }
+  return std::nullopt;
+}
+
+AddressPolicy::AddressPolicy(bool allow_private_networks, std::vector<Cidr> allowed)
+    : allow_private_(allow_private_networks), allowed_(std::move(allowed)) {}
+
+std::optional<std::string> AddressPolicy::Refuses(const IpAddress& address) const {
+  if (allow_private_) return std::nullopt;
+  const auto why = BlockedRange(address);
+  if (!why) return std::nullopt;
+  const IpAddress judged = EmbeddedV4(address).value_or(address);
+  for (const auto& cidr : allowed_) {
+    if (cidr.Contains(address) || cidr.Contains(judged)) return std::nullopt;
+  }
+  return address.ToString() + " is a " + *why + " address";
+}
+
+Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy) {
+  Resolution r;
+  if (auto literal = ParseIpLiteral(host)) {
+    if (auto why = policy.Refuses(*literal)) {
+      r.error = *why;
+      r.refused = true;
+    } else {
+      r.address = *literal;
+    }
+    return r;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0) {
+    r.error = "cannot resolve " + host + ": " + gai_strerror(rc);
+    return r;
+  }
+  std::string refused;
+  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    IpAddress ip;
+    if (ai->ai_family == AF_INET) {
+      const auto* p = reinterpret_cast<const std::uint8_t*>(
+          &reinterpret_cast<const sockaddr_in*>(ai->ai_addr)->sin_addr);
+      ip = V4(p[0], p[1], p[2], p[3]);
+    } else if (ai->ai_family == AF_INET6) {
+      unsigned char b[16];
+      std::memcpy(b, &reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr, 16);
+      ip = V6(b);
+    } else {
+      continue;
+    }
+    if (auto why = policy.Refuses(ip)) {
+      if (refused.empty()) refused = *why;
+      continue;
+    }
+    r.address = ip;
+    break;
+  }
+  freeaddrinfo(found);
+  if (!r.address) {
+    r.error = host + " resolves only to refused addresses: " + refused;
+    r.refused = true;
+  }
+  return r;
+}
+
+}  // namespace outbox::relay::webhook_detail

@@ -1,0 +1,68 @@
+// Internal: the SSRF guard of the webhook sink. The relay must not become a way into the
+// network it runs in, so by default it refuses to connect to loopback, private (RFC 1918),
+// link-local (cloud metadata included), CGNAT, unique-local, unspecified, multicast and
+// reserved addresses. It resolves the endpoint's host itself, checks every address, and
+// connects to the one it checked (no second lookup between the check and the connect: DNS
+// rebinding), keeping the host name for the Host header and TLS SNI.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace outbox::relay::webhook_detail {
+
+struct IpAddress {
+  bool v4 = true;
+  std::array<std::uint8_t, 16> bytes{};  ///< v4: the first 4 bytes.
+
+  std::string ToString() const;
+  bool operator==(const IpAddress&) const = default;
+};
+
+/// A host written as an IP address: a dotted quad, every form inet_aton reads (decimal
+/// "2130706433", octal "0177.0.0.1", hex "0x7f.0.0.1", short "127.1"), or IPv6 (with or
+/// without brackets). nullopt for a name.
+std::optional<IpAddress> ParseIpLiteral(std::string_view host);
+
+struct Cidr {
+  IpAddress network;
+  int prefix = 0;
+  bool Contains(const IpAddress& address) const;
+};
+
+/// "10.0.0.0/8", "fd00::/8", or one address ("10.1.2.3" is /32, "::1" /128). Throws
+/// std::invalid_argument saying what is wrong.
+Cidr ParseCidr(std::string_view text);
+
+/// Why `address` is refused by default ("loopback", "private (RFC 1918)", ...), or nullopt for
+/// a public address. IPv4-mapped and NAT64 IPv6 addresses are judged by their IPv4 address.
+std::optional<std::string> BlockedRange(const IpAddress& address);
+
+class AddressPolicy {
+ public:
+  AddressPolicy(bool allow_private_networks, std::vector<Cidr> allowed);
+
+  /// Why `address` may not be connected to, or nullopt when it may: public, or in an allowed
+  /// network, or private networks are allowed for this destination.
+  std::optional<std::string> Refuses(const IpAddress& address) const;
+
+ private:
+  bool allow_private_;
+  std::vector<Cidr> allowed_;
+};
+
+/// The address to connect to for `host`: the first address it resolves to that the policy
+/// allows. `error` says why there is none (resolution failed, or every address is refused).
+struct Resolution {
+  std::optional<IpAddress> address;
+  std::string error;
+  bool refused = false;  ///< The host resolved, but only to addresses the policy refuses.
+};
+Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy);
+
+}  // namespace outbox::relay::webhook_detail

@@ -1,0 +1,116 @@
+// The SSRF guard's address rules: which addresses are refused by default, how IP literals in
+// any notation are read, and what an allow-list lets through.
+#include "address_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace outbox::relay::webhook_detail {
+namespace {
+
+IpAddress Ip(const std::string& text) {
+  const auto ip = ParseIpLiteral(text);
+  EXPECT_TRUE(ip.has_value()) << text;
+  return ip.value_or(IpAddress{});
+}
+
+TEST(AddressPolicy, RefusesEveryNonPublicRangeByDefault) {
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"127.0.0.1", "loopback"},
+      {"127.255.1.2", "loopback"},
+      {"10.1.2.3", "private (RFC 1918)"},
+      {"172.16.0.1", "private (RFC 1918)"},
+      {"172.31.255.255", "private (RFC 1918)"},
+      {"192.168.1.1", "private (RFC 1918)"},
+      {"169.254.169.254", "link-local (cloud metadata endpoints live here)"},
+      {"100.64.0.1", "shared (carrier-grade NAT, RFC 6598)"},
+      {"100.127.255.254", "shared (carrier-grade NAT, RFC 6598)"},
+      {"0.0.0.0", "unspecified (\"this network\")"},
+      {"224.0.0.1", "multicast"},
+      {"255.255.255.255", "reserved (and broadcast)"},
+      {"::1", "loopback"},
+      {"::", "unspecified"},
+      {"fe80::1", "link-local"},
+      {"fd12:3456::1", "unique-local (private)"},
+      {"ff02::1", "multicast"},
+      {"::ffff:127.0.0.1", "loopback"},  // IPv4-mapped
+      {"::ffff:169.254.169.254", "link-local (cloud metadata endpoints live here)"},
+      {"64:ff9b::10.0.0.1", "private (RFC 1918)"},  // NAT64
+  };
+  for (const auto& [text, why] : refused) {
+    EXPECT_EQ(BlockedRange(Ip(text)).value_or("public"), why) << text;
+  }
+  for (const std::string text : {"8.8.8.8", "172.32.0.1", "100.128.0.1", "192.169.0.1",
+                                 "169.255.0.1", "2001:4860:4860::8888", "::ffff:8.8.8.8"}) {
+    EXPECT_FALSE(BlockedRange(Ip(text))) << text << " is public";
+  }
+}
+
+TEST(AddressPolicy, ReadsIpLiteralsInEveryNotation) {
+  EXPECT_EQ(Ip("2130706433").ToString(), "127.0.0.1") << "decimal";
+  EXPECT_EQ(Ip("0177.0.0.1").ToString(), "127.0.0.1") << "octal";
+  EXPECT_EQ(Ip("0x7f.0.0.1").ToString(), "127.0.0.1") << "hex";
+  EXPECT_EQ(Ip("0x7f000001").ToString(), "127.0.0.1") << "one hex number";
+  EXPECT_EQ(Ip("127.1").ToString(), "127.0.0.1") << "short form";
+  EXPECT_EQ(Ip("[::1]").ToString(), "::1") << "bracketed IPv6";
+  EXPECT_EQ(Ip("0251.0376.0251.0376").ToString(), "169.254.169.254");
+  for (const std::string name : {"example.com", "localhost", "hooks.internal", "1e100.net", ""}) {
+    EXPECT_FALSE(ParseIpLiteral(name)) << name << " is a name";
+  }
+}
+
+TEST(AddressPolicy, AnAllowListOrAllowPrivateNetworksLetsPrivateAddressesThrough) {
+  const AddressPolicy strict(false, {});
+  EXPECT_EQ(strict.Refuses(Ip("10.20.1.5")).value_or(""),
+            "10.20.1.5 is a private (RFC 1918) address");
+  EXPECT_FALSE(strict.Refuses(Ip("93.184.216.34")));
+
+  const AddressPolicy some(
+      false, {ParseCidr("10.20.0.0/16"), ParseCidr("fd00:1::/64"), ParseCidr("192.168.7.7")});
+  EXPECT_FALSE(some.Refuses(Ip("10.20.1.5")));
+  EXPECT_TRUE(some.Refuses(Ip("10.21.0.1"))) << "outside the allowed /16";
+  EXPECT_FALSE(some.Refuses(Ip("fd00:1::42")));
+  EXPECT_TRUE(some.Refuses(Ip("fd00:2::42")));
+  EXPECT_FALSE(some.Refuses(Ip("192.168.7.7"))) << "one address is a /32";
+  EXPECT_TRUE(some.Refuses(Ip("192.168.7.8")));
+  EXPECT_FALSE(some.Refuses(Ip("::ffff:10.20.3.4"))) << "an IPv4-mapped address of the network";
+  EXPECT_TRUE(some.Refuses(Ip("127.0.0.1")));
+
+  const AddressPolicy open(true, {});
+  EXPECT_FALSE(open.Refuses(Ip("127.0.0.1")));
+  EXPECT_FALSE(open.Refuses(Ip("169.254.169.254")));
+}
+
+TEST(AddressPolicy, BadNetworksAreRefusedWithTheFix) {
+  for (const std::string bad : {"10.0.0.0/33", "10.0.0.0/", "10.0.0/8", "fd00::/129", "nope",
+                                "10.0.0.0/8x", "0x0a.0.0.0/8"}) {
+    EXPECT_THROW(ParseCidr(bad), std::invalid_argument) << bad;
+  }
+  EXPECT_EQ(ParseCidr("10.0.0.0/8").prefix, 8);
+  EXPECT_EQ(ParseCidr("::1").prefix, 128);
+}
+
+TEST(AddressPolicy, ResolvesNamesAndRefusesWhatOnlyResolvesToBlockedAddresses) {
+  const auto blocked = ResolveChecked("localhost", AddressPolicy(false, {}));
+  EXPECT_FALSE(blocked.address);
+  EXPECT_TRUE(blocked.refused);
+  EXPECT_NE(blocked.error.find("localhost resolves only to refused addresses"), std::string::npos)
+      << blocked.error;
+  const auto allowed = ResolveChecked(
+      "localhost", AddressPolicy(false, {ParseCidr("127.0.0.0/8"), ParseCidr("::1")}));
+  ASSERT_TRUE(allowed.address) << allowed.error;
+  EXPECT_EQ(BlockedRange(*allowed.address).value_or("public"), "loopback");
+  const auto literal = ResolveChecked("0x7f.1", AddressPolicy(false, {}));
+  EXPECT_TRUE(literal.refused);
+  EXPECT_NE(literal.error.find("127.0.0.1 is a loopback address"), std::string::npos);
+  const auto unknown = ResolveChecked("no-such-host.invalid", AddressPolicy(false, {}));
+  EXPECT_FALSE(unknown.address);
+  EXPECT_FALSE(unknown.refused) << "a lookup failure is no refusal";
+  EXPECT_NE(unknown.error.find("cannot resolve no-such-host.invalid"), std::string::npos)
+      << unknown.error;
+}
+
+}  // namespace
+}  // namespace outbox::relay::webhook_detail
