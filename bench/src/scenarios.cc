@@ -345,8 +345,12 @@ Helper& Bench::Kafka() {
 Helper& Bench::Http() {
   if (!http_) {
     http_ = std::make_unique<Helper>("http");
-    // One receiver thread per keep-alive connection, plus a few spare.
-    http_port_ = std::stoi(http_->Call("LISTEN " + std::to_string(opt_.webhook_connections + 8)));
+    // One receiver thread per keep-alive connection (the largest max_in_flight any scenario
+    // uses), plus a few spare: a thread-per-connection receiver with fewer threads leaves
+    // connections unserved until they time out.
+    int connections = opt_.webhook_connections;
+    for (const int mif : opt_.webhook_sweep) connections = std::max(connections, mif);
+    http_port_ = std::stoi(http_->Call("LISTEN " + std::to_string(connections + 8)));
   }
   return *http_;
 }

@@ -41,9 +41,18 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
       WaitFor(tuning::kPausedPoll, [&] { return !IsPaused(dest.name); });
       continue;
     }
-    const int room = cap() - static_cast<int>(sink.InFlight());
-    if (room <= 0) {
-      WaitFor(tuning::kRoomPoll, [&] { return static_cast<int>(sink.InFlight()) < cap(); });
+    // Claim when there is room for a good share of a batch, not for every completion: a claim
+    // of a few rows costs the database nearly as much as a full one. Half the sink's room
+    // still leaves it that much queued work meanwhile.
+    const int limit = cap();
+    const int room = limit - static_cast<int>(sink.InFlight());
+    const int worth_a_claim = std::max(1, std::min(batch, limit / 2));
+    if (room < worth_a_claim) {
+      WaitFor(tuning::kRoomPoll, [&] {
+        const int now_cap = cap();
+        return now_cap - static_cast<int>(sink.InFlight()) >=
+               std::max(1, std::min(batch, now_cap / 2));
+      });
       continue;
     }
     const int fresh_limit = std::min(batch, room);

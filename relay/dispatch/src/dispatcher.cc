@@ -31,11 +31,15 @@ void Dispatcher::Impl::Wake() {
 }
 
 void Dispatcher::Impl::Enqueue(Settlement s) {
+  std::size_t queued;
   {
     std::lock_guard lk(settle_mu);
     settle_queue.push_back(std::move(s));
+    queued = settle_queue.size();
   }
-  settle_cv.notify_one();
+  // The settler waits for the first outcome, then lingers for a batch: wake it for those two.
+  // (notify_all: Stop may be waiting on the same condition variable.)
+  if (queued == 1 || queued == tuning::kSettleBatchTarget) settle_cv.notify_all();
 }
 
 std::vector<BucketLease> Dispatcher::Impl::OwnedBuckets() {

@@ -50,6 +50,11 @@ void Dispatcher::Impl::SettleLoop() {
       std::unique_lock lk(settle_mu);
       settle_cv.wait(lk, [&] { return !settle_queue.empty() || settler_stop; });
       if (settle_queue.empty() && settler_stop) return;
+      if (settle_queue.size() < tuning::kSettleBatchTarget && !settler_stop) {
+        settle_cv.wait_for(lk, tuning::kSettleLinger, [&] {
+          return settle_queue.size() >= tuning::kSettleBatchTarget || settler_stop;
+        });
+      }
       const std::size_t n = std::min(settle_queue.size(), tuning::kSettleBatchMax);
       batch.assign(std::make_move_iterator(settle_queue.begin()),
                    std::make_move_iterator(settle_queue.begin() + static_cast<long>(n)));
