@@ -9,6 +9,7 @@ PACKAGES=(
   libpqxx-dev librdkafka-dev libcpp-httplib-dev libspdlog-dev libgtest-dev
   nlohmann-json3-dev libyaml-cpp-dev libssl-dev libcli11-dev
   kcat openssl procps prometheus
+  systemd  # systemd-analyze, for the package test of the unit
 )
 
 missing=()
