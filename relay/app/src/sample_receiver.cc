@@ -16,9 +16,12 @@
 int main(int argc, char** argv) {
   CLI::App app{"outbox-sample-receiver: verifies and prints webhook deliveries"};
   int port = 8088;
+  std::string address = "127.0.0.1";
   std::string secret;
   long long tolerance = 300;
-  app.add_option("--port,-p", port, "Port on 127.0.0.1");
+  app.add_option("--port,-p", port, "Port to listen on");
+  app.add_option("--listen", address, "Address to listen on (0.0.0.0 in a container)")
+      ->capture_default_str();
   app.add_option("--secret", secret, "whsec_... secret shared with the relay")->required();
   app.add_option("--tolerance", tolerance,
                  "Reject timestamps older or newer than this many seconds");
@@ -61,9 +64,10 @@ int main(int argc, char** argv) {
     sigwait(&blocked, &sig);
     server.stop();
   });
-  std::cout << "outbox-sample-receiver: listening on http://127.0.0.1:" << port << std::endl;
-  if (!server.listen("127.0.0.1", port)) {
-    std::cerr << "error: cannot listen on 127.0.0.1:" << port << "\n";
+  std::cout << "outbox-sample-receiver: listening on http://" << address << ":" << port
+            << std::endl;
+  if (!server.listen(address, port)) {
+    std::cerr << "error: cannot listen on " << address << ":" << port << "\n";
     std::quick_exit(1);
   }
   stopper.join();
