@@ -10,3 +10,7 @@ scripts/install-deps.sh
 cmake --preset "$PRESET" >/dev/null
 cmake --build --preset "$PRESET" -j"$(nproc)"
 ctest --preset "$PRESET"
+# The README's first command, end to end, so it can never silently break (issue 15).
+if [ "$PRESET" = default ]; then
+  scripts/quickstart.sh --once
+fi

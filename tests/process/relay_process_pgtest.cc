@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -427,6 +428,46 @@ TEST_F(RelayProcessTest, SchemaNewerThanTheBinaryStopsMigrateAndRunAskingForUpgr
 
 // check-config and run share one validation: whatever run refuses at start-up, check-config
 // refuses with the same message (it used to say "ok" to both of these).
+// What a packaged service (systemd, Kubernetes) needs at start-up: a config it cannot use
+// makes `run` exit non-zero at once, with one line that says what is wrong.
+TEST_F(RelayProcessTest, StartupProblemsFailFastWithOneClearLine) {
+  struct Case {
+    std::string name;
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::string secret_yaml = "database_url: \"" + db_url_ +
+                                  "\"\n"
+                                  "destinations:\n"
+                                  "  hooks:\n"
+                                  "    webhook:\n"
+                                  "      url: \"https://hooks.example.com/in\"\n"
+                                  "      secret_file: " +
+                                  dir_ + "/no-such-secret\n";
+  const std::string unreachable =
+      "database_url: \"postgresql://relay@127.0.0.1:1/app?connect_timeout=5\"\n"
+      "destinations:\n"
+      "  orders:\n"
+      "    kafka: {brokers: \"127.0.0.1:1\", topic: orders}\n";
+  const std::vector<Case> cases = {
+      {"missing-config", {"run", "--config", dir_ + "/nowhere.yaml"}, "nowhere.yaml"},
+      {"unreadable-secret",
+       {"run", "--config", WriteConfig("secret.yaml", secret_yaml)},
+       "no-such-secret"},
+      {"database-unreachable",
+       {"run", "--config", WriteConfig("unreachable.yaml", unreachable)},
+       "cannot reach the database"},
+  };
+  for (const auto& c : cases) {
+    ChildProcess& relay = Spawn(c.name, c.args);
+    ASSERT_TRUE(relay.WaitExit(20s)) << c.name << " still runs: " << relay.Describe();
+    EXPECT_TRUE(relay.ExitedNonZero()) << c.name;
+    const std::string err = relay.Stderr();
+    EXPECT_NE(err.find(c.message), std::string::npos) << c.name << ": " << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << c.name << ": one line: " << err;
+  }
+}
+
 TEST_F(RelayProcessTest, CheckConfigRefusesExactlyWhatRunRefuses) {
   struct Case {
     std::string name, yaml, message;

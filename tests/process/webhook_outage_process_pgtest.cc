@@ -187,5 +187,40 @@ TEST_F(WebhookOutageTest, ASlowEndpointCausesNoDuplicatesAndNoExtraAttempts) {
   StopGracefully(relay);
 }
 
+TEST_F(WebhookOutageTest, AHangingEndpointMakesNoLeaseExpireAndNothingIsDeliveredTwice) {
+  // For 5 s every request hangs past timeout_ms (1 s); then the endpoint answers at once.
+  // Requests that time out are failed attempts (and open the breaker); none may lead to a
+  // second delivery: what waits in the relay keeps its lease (3 s) however long it waits.
+  std::atomic<bool> hanging{true};
+  Answer([&](const ReceivedRequest&) {
+    // (A hung request's answer comes after the relay gave up; its status is only the
+    // test's record that it hung.)
+    return hanging ? Reply{504, "too late", {}, 1500ms} : Reply{200, "ok", {}, 0ms};
+  });
+  const std::string config = WriteConfig(
+      "relay.yaml", WebhookYaml("      max_in_flight: 4\n"
+                                "      breaker: {failure_threshold: 8, cooldown_ms: 500, "
+                                "max_cooldown_ms: 1000}\n",
+                                "{schedule_ms: [200, 400, 800], max_attempts: 20}"));
+  const ExpectedMap expected = Enqueue(60, 60, 0);
+  ChildProcess& relay = StartRelay(config);
+  ASSERT_TRUE(WaitFor([&] { return Answered() >= 4; }, 30s));
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  WaitFor([&] { return std::chrono::steady_clock::now() >= until; }, 10s);
+  hanging = false;
+  ASSERT_TRUE(DrainedBy({&relay}, 60s));
+  EXPECT_EQ(DeadLetters(), 0);
+  const Seen s = Tally();
+  EXPECT_EQ(s.requests.size(), expected.size());
+  // Timed-out requests are failed attempts, retried (at least once). What must not happen is
+  // a lease expiring while a message waits in the relay: no settle fenced, nothing reaped,
+  // and once the endpoint answers, every message is delivered exactly once.
+  EXPECT_EQ(relay.Stderr().find("fenced"), std::string::npos) << relay.Stderr();
+  EXPECT_EQ(relay.Stderr().find("reaper: returned"), std::string::npos) << relay.Stderr();
+  EXPECT_EQ(s.delivered.size(), expected.size());
+  for (const auto& [id, n] : s.delivered) EXPECT_EQ(n, 1) << id << " delivered twice";
+  StopGracefully(relay);
+}
+
 }  // namespace
 }  // namespace outbox::testing

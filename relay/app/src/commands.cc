@@ -49,8 +49,21 @@ std::string FormatDuration(Millis d) {
   return out;
 }
 
+// One line per error, so systemd's journal and `kubectl logs` show it whole: libpq's
+// messages come with a second, tab-indented line ("Is the server running on that host...").
 int Fail(const std::string& msg) {
-  std::cerr << "error: " << msg << "\n";
+  std::string line;
+  line.reserve(msg.size());
+  for (std::size_t i = 0; i < msg.size(); ++i) {
+    if (msg[i] != '\n' && msg[i] != '\r') {
+      line += msg[i];
+      continue;
+    }
+    while (i + 1 < msg.size() && (msg[i + 1] == '\t' || msg[i + 1] == ' ')) ++i;
+    if (i + 1 < msg.size() && !line.empty() && line.back() != ' ') line += ' ';
+  }
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  std::cerr << "error: " << line << "\n";
   return 1;
 }
 

@@ -36,8 +36,9 @@ int main(int argc, char** argv) {
   };
   // Operator commands also take the relay's config file, which names the database.
   auto add_config = [&](CLI::App* cmd) {
-    cmd->add_option("--config,-c", config_path, "Relay config file, for its database_url")
-        ->check(CLI::ExistingFile);
+    // No CLI11 existence check: the config loader's error names the file and the fix in one
+    // line, where CLI11 prints two and exits 105.
+    cmd->add_option("--config,-c", config_path, "Relay config file, for its database_url");
   };
 
   auto* version =
@@ -49,9 +50,7 @@ int main(int argc, char** argv) {
   add_config(migrate);
 
   auto* run = app.add_subcommand("run", "Run the relay until SIGINT/SIGTERM");
-  run->add_option("--config,-c", config_path, "YAML config file")
-      ->required()
-      ->check(CLI::ExistingFile);
+  run->add_option("--config,-c", config_path, "YAML config file")->required();
   add_db(run);
 
   bool status_json = false;
