@@ -25,6 +25,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
   // The sink's room, asked before every claim: an open circuit breaker makes it 0.
   const auto cap = [&] { return static_cast<int>(sink.MaxInFlight(batch)); };
   auto last_sweep = Now();
+  // In the Impl, not on this stack: completions run on sink threads after this loop ended.
+  RoomWait& room_wait = *room_waits.at(dest.name);
   Reconnect db(dest.name + ": claim failed, reconnecting", dest.name + ": database reachable again",
                [this] { DbError(); });
   std::uint64_t seen_gen;
@@ -48,11 +50,13 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
     const int room = limit - static_cast<int>(sink.InFlight());
     const int worth_a_claim = std::max(1, std::min(batch, limit / 2));
     if (room < worth_a_claim) {
+      room_wait.wake_at_or_below = limit - worth_a_claim;
       WaitFor(tuning::kRoomPoll, [&] {
         const int now_cap = cap();
         return now_cap - static_cast<int>(sink.InFlight()) >=
                std::max(1, std::min(batch, now_cap / 2));
       });
+      room_wait.wake_at_or_below = -1;
       continue;
     }
     const int fresh_limit = std::min(batch, room);
@@ -133,7 +137,9 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
     ++stats.claims;
     if (claim.messages.empty()) ++stats.empty_claims;
     stats.claimed += static_cast<std::int64_t>(claim.messages.size());
-    for (auto& msg : claim.messages) Submit(dest, sink, claim.lease_token, std::move(msg));
+    for (auto& msg : claim.messages) {
+      Submit(dest, sink, claim.lease_token, std::move(msg), &room_wait);
+    }
     // Keys this claim blocked may have lost their predecessor while it ran (its settle
     // committed after our snapshot): recheck them for a second, every 50 ms, so they do not
     // wait for the periodic orphan sweep.

@@ -75,7 +75,7 @@ void Dispatcher::Impl::UpdatePaused(std::map<std::string, std::string> now) {
 }
 
 void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::string& token,
-                              Message msg) {
+                              Message msg, RoomWait* room) {
   {
     std::lock_guard lk(settle_mu);
     ++unsettled;
@@ -92,8 +92,8 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
   const auto created_at = msg.created_at;
   const auto submitted = Now();
   const Destination* d = &dest;
-  sink.Submit(std::move(msg), [this, id, attempts, d, &sink, token, created_at,
-                               submitted](Outcome outcome) {
+  sink.Submit(std::move(msg), [this, id, attempts, d, &sink, token, created_at, submitted,
+                               room](Outcome outcome) {
     if (outcome.kind != OutcomeKind::kDelivered) {
       spdlog::debug("message {}: {} ({})", Raw(id), ToString(outcome.kind), outcome.reason);
     }
@@ -104,7 +104,14 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
       RecordAttempt(*d, sink, outcome, submitted);
     }
     Enqueue(std::move(s));
-    wake_cv.notify_all();  // room in flight
+    // Room in flight: wake the claim loop once there is enough for a claim. (The sink may
+    // still count this message; one more is close enough, the loop re-checks.)
+    if (room == nullptr) {
+      wake_cv.notify_all();
+    } else if (const long at = room->wake_at_or_below.load();
+               at >= 0 && static_cast<long>(sink.InFlight()) <= at + 1) {
+      wake_cv.notify_all();
+    }
   });
 }
 
@@ -161,7 +168,10 @@ void Dispatcher::Start() {
     gethostname(host, sizeof host - 1);
     d.description = std::string(host) + " pid " + std::to_string(getpid());
   }
-  for (const auto& [name, dest] : d.config.destinations) d.destination_names.push_back(name);
+  for (const auto& [name, dest] : d.config.destinations) {
+    d.destination_names.push_back(name);
+    d.room_waits.emplace(name, std::make_unique<Impl::RoomWait>());
+  }
   // A destination paused before start is not claimed even once; if this read fails, the
   // maintenance loop's next one applies the pause.
   try {

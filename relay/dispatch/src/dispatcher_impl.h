@@ -14,6 +14,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -31,6 +32,13 @@ namespace outbox::relay {
 using SteadyTime = Clock::Steady::time_point;
 
 struct Dispatcher::Impl {
+  // What a claim loop waiting for room in its sink waits for: wake it when the sink's
+  // in-flight count falls to this (-1: not waiting). One per claim loop, so a completion wakes
+  // the claim loop only when there is room worth a claim, not on every message.
+  struct RoomWait {
+    std::atomic<long> wake_at_or_below{-1};
+  };
+
   // --- const after Start ---
   RelayConfig config;
   std::map<std::string, SinkPtr> sinks;  // the sinks themselves are thread-safe
@@ -39,6 +47,7 @@ struct Dispatcher::Impl {
   RelayMetrics* metrics = nullptr;  // optional; thread-safe
   Millis status_interval{5000};
   std::vector<std::string> destination_names;
+  std::map<std::string, std::unique_ptr<RoomWait>> room_waits;  // one per claim loop
   std::string instance_id = NewUuid();
   std::string description;  // host and pid, for heartbeats
 
@@ -82,7 +91,8 @@ struct Dispatcher::Impl {
   void Enqueue(Settlement s);
   // Hands `msg` to `sink` (or dead-letters it when its attempts are spent); its completion,
   // on a sink thread, turns the outcome into a settlement for the settler.
-  void Submit(const Destination& dest, Sink& sink, const std::string& token, Message msg);
+  void Submit(const Destination& dest, Sink& sink, const std::string& token, Message msg,
+              RoomWait* room = nullptr);
   void RecordAttempt(const Destination& d, const Sink& sink, const Outcome& outcome,
                      SteadyTime submitted);
 

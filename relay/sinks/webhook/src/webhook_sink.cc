@@ -444,19 +444,23 @@ class WebhookSink final : public Sink {
       std::optional<Completion> done;
       webhook_detail::Transition change;
       webhook_detail::GovernorSnapshot after;
+      bool idle = false;
       {
         std::lock_guard lock(mu_);
         const auto now = Clock::now();
         change = governor_.Finish(now, ticket, attempt.verdict);
-        after = governor_.Snapshot(now);
+        if (change.Any()) after = governor_.Snapshot(now);
         done = std::move(worker.active);
         worker.active.reset();
-        --running_;
+        idle = --running_ == 0;
       }
-      // Other workers may start now (room under the limit), or must hand back what is queued.
-      work_cv_.notify_all();
-      idle_cv_.notify_all();
-      LogTransition(change, after, attempt.outcome);
+      // This worker takes the next job itself (and hands the queue back if the endpoint is
+      // now blocked); the others need waking only when the breaker closed, since they wait
+      // for the probe's verdict. Waking them all after every request costs a context switch
+      // per idle worker per message.
+      if (change.closed) work_cv_.notify_all();
+      if (idle) idle_cv_.notify_all();  // Shutdown waits for running_ == 0
+      if (change.Any()) LogTransition(change, after, attempt.outcome);
       if (done) {
         Complete(*done, std::move(attempt.outcome));
       } else {
