@@ -54,8 +54,12 @@ TEST(SinkRegistry, EachDestinationGetsTheSinkOfItsTarget) {
 
   auto hook = MakeSink(Webhook("hooks", 3));
   EXPECT_EQ(hook->Kind(), "webhook");
-  EXPECT_EQ(hook->MaxInFlight(100), 12u) << "four per worker, whatever the claim batch";
-  EXPECT_EQ(MakeSink(Webhook("one", 1))->MaxInFlight(100), 8u) << "at least 8";
+  EXPECT_EQ(hook->MaxInFlight(100), 48u) << "sixteen per worker";
+  EXPECT_EQ(MakeSink(Webhook("one", 1))->MaxInFlight(100), 16u);
+  auto wide = MakeSink(Webhook("wide", 64));
+  EXPECT_EQ(wide->MaxInFlight(100), 200u) << "at most two claims' worth";
+  EXPECT_EQ(wide->MaxInFlight(10), 128u) << "but two per worker";
+  wide->Shutdown(0ms);
   EXPECT_FALSE(hook->ClientQueueLength().has_value());
   EXPECT_TRUE(hook->OutcomesAreResponses());
   hook->Shutdown(0ms);
