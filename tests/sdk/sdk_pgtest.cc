@@ -390,7 +390,8 @@ TEST_F(SdkTest, WriterRoleCanOnlyEnqueue) {
         "UPDATE outbox.messages SET attempts = 0",
         "INSERT INTO outbox.messages (destination, idempotency_key, payload, "
         "deliver_after, created_at) VALUES ('d', gen_random_uuid(), '{}', now(), now())",
-        "SELECT * FROM outbox.dead_letters"}) {
+        "SELECT * FROM outbox.dead_letters",
+        "UPDATE outbox.settings SET max_payload_bytes = 1073741823"}) {
     pqxx::work tx(c);
     try {
       tx.exec(stmt);
@@ -400,6 +401,54 @@ TEST_F(SdkTest, WriterRoleCanOnlyEnqueue) {
     }
   }
   EXPECT_EQ(Count(db_url_), 2);
+}
+
+// The payload limit lives in the database (0007), so every writer meets it: 1 MiB by default,
+// measured as the relay sends the payload, refused with the size, the limit and the fix.
+TEST_F(SdkTest, PayloadsOverTheDatabasesLimitAreRefusedNamingTheLimit) {
+  pqxx::connection c(db_url_);
+  {
+    pqxx::work tx(c);
+    tx.exec("SELECT outbox.enqueue('d', decode(repeat('ab', 1048576), 'hex'))");  // 1 MiB
+    tx.commit();
+  }
+  EXPECT_EQ(Count(db_url_), 1) << "exactly the limit is accepted";
+  const std::vector<SqlCase> cases = {
+      {"SELECT outbox.enqueue('d', decode(repeat('ab', 1048577), 'hex'))",
+       "payload is 1048577 bytes, the limit is 1048576 (outbox.settings.max_payload_bytes)"},
+      {"SELECT outbox.enqueue('d', jsonb_build_object('s', repeat('x', 1048576)))",
+       "payload is 1048585 bytes, the limit is 1048576"},
+      {"SELECT outbox.enqueue_many(jsonb_build_array(jsonb_build_object('destination', 'd', "
+       "'payload', jsonb_build_object('s', repeat('x', 1048576)))))",
+       "payload is 1048585 bytes"},
+  };
+  for (const auto& tc : cases) {
+    pqxx::work tx(c);
+    try {
+      tx.exec("SELECT outbox.enqueue('ok', '{}'::jsonb)");
+      tx.exec(tc.call);
+      ADD_FAILURE() << "accepted: " << tc.call;
+    } catch (const pqxx::sql_error& e) {
+      EXPECT_NE(std::string(e.what()).find(tc.message), std::string::npos) << e.what();
+      EXPECT_EQ(e.sqlstate(), "54000") << "program_limit_exceeded";
+    }
+  }
+  // The C++ SDK meets the same limit, the schema owner may change it.
+  {
+    pqxx::work tx(c);
+    tx.exec("UPDATE outbox.settings SET max_payload_bytes = 64");
+    tx.commit();
+  }
+  pqxx::work tx(c);
+  try {
+    outbox::Publish(
+        tx, outbox::Message::To("d").Json("{\"s\": \"" + std::string(80, 'x') + "\"}").Build());
+    ADD_FAILURE() << "the SDK wrote a payload over the limit";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("the limit is 64"), std::string::npos) << e.what();
+  }
+  tx.abort();
+  EXPECT_EQ(Count(db_url_), 1) << "nothing half-written";
 }
 
 TEST_F(SdkTest, OneWakeUpPerTransactionNotPerRow) {
