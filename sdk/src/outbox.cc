@@ -65,6 +65,19 @@ std::string Base64(const std::string& in) {
   return out;
 }
 
+// W3C trace context, version-traceid-parentid-flags: lowercase hex, version not ff, ids not all
+// zero (https://www.w3.org/TR/trace-context/#traceparent-header).
+bool IsTraceparent(const std::string& s) {
+  if (s.size() != 55 || s[2] != '-' || s[35] != '-' || s[52] != '-') return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i == 2 || i == 35 || i == 52) continue;
+    const char c = s[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return s.compare(0, 2, "ff") != 0 && s.substr(3, 32) != std::string(32, '0') &&
+         s.substr(36, 16) != std::string(16, '0');
+}
+
 void Validate(const OutboxMessage& m) {
   if (m.destination.empty()) {
     throw InvalidMessage(
@@ -121,6 +134,19 @@ void Validate(const OutboxMessage& m) {
       }
     }
   }
+  for (const auto& [name, value] : m.headers) {
+    if (name == "traceparent" && !IsTraceparent(value)) {
+      throw InvalidMessage("outbox: header \"traceparent\" is not a W3C traceparent: \"" +
+                           value.substr(0, 60) +
+                           "\"; write version-traceid-parentid-flags in lowercase hex, e.g. "
+                           "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    }
+    if (name == "tracestate" && value.size() > kMaxTracestateBytes) {
+      throw InvalidMessage("outbox: header \"tracestate\" is " + std::to_string(value.size()) +
+                           " bytes long, the limit is " + std::to_string(kMaxTracestateBytes) +
+                           "; drop list members from the right");
+    }
+  }
   if (m.idempotency_key && !IsUuid(*m.idempotency_key)) {
     throw InvalidMessage(
         "outbox: idempotency key \"" + *m.idempotency_key +
@@ -173,6 +199,12 @@ MessageBuilder& MessageBuilder::Key(std::string ordering_key) {
 
 MessageBuilder& MessageBuilder::Header(std::string name, std::string value) {
   msg_.headers.emplace_back(std::move(name), std::move(value));
+  return *this;
+}
+
+MessageBuilder& MessageBuilder::TraceContext(std::string traceparent, std::string tracestate) {
+  msg_.headers.emplace_back("traceparent", std::move(traceparent));
+  if (!tracestate.empty()) msg_.headers.emplace_back("tracestate", std::move(tracestate));
   return *this;
 }
 

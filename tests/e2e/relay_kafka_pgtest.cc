@@ -145,6 +145,27 @@ TEST_F(RelayKafkaTest, EveryMessageArrivesWithKeyHeadersAndIdempotencyKeyInOrder
   EXPECT_EQ(relay->stats().delivered.load(), static_cast<std::int64_t>(ids.size()));
 }
 
+// W3C trace context written in SQL reaches the Kafka consumer unchanged (issue 14).
+TEST_F(RelayKafkaTest, TraceContextWrittenInSqlArrivesUnchangedAsKafkaHeaders) {
+  const std::string traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const std::string tracestate = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE";
+  {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    tx.exec_params(
+        "SELECT outbox.enqueue('orders', '{\"n\": 1}'::jsonb, headers => "
+        "jsonb_build_object('traceparent', $1::text, 'tracestate', $2::text))",
+        traceparent, tracestate);
+    tx.commit();
+  }
+  auto relay = StartRelay(Config());
+  auto records = kafka_->ConsumeAll("orders", 1, 30s);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].headers.at("traceparent"), traceparent);
+  EXPECT_EQ(records[0].headers.at("tracestate"), tracestate);
+  EXPECT_TRUE(relay->Stop());
+}
+
 TEST_F(RelayKafkaTest, NewMessagesLeaveWithinMillisecondsThroughNotify) {
   auto relay = StartRelay(Config());
   Enqueue(1);  // warm up: producer connected

@@ -1,12 +1,15 @@
 // The relay end to end with webhook destinations: real PostgreSQL, the dispatcher, the
 // webhook sink and in-process HTTP receivers on loopback.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <pqxx/pqxx>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "outbox/outbox.h"
@@ -131,6 +134,39 @@ TEST_F(RelayWebhookTest, LeasesOfMessagesStillQueuedInTheSinkAreRenewedNotReaped
 
 // What docs/webhooks.md promises a receiver: a JSON payload arrives in jsonb's normal form
 // (keys sorted, duplicates reduced, one space after ':' and ','), a bytes payload byte for byte.
+// W3C trace context written in SQL reaches the webhook receiver unchanged (issue 14).
+TEST_F(RelayWebhookTest, TraceContextWrittenInSqlArrivesUnchangedAsHttpHeaders) {
+  HttpReceiver hook;
+  const std::string traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    tx.exec_params(
+        "SELECT outbox.enqueue('hooks', '{\"n\": 1}'::jsonb, headers => "
+        "jsonb_build_object('traceparent', $1::text, 'tracestate', 'congo=t61rcWkgMzE'))",
+        traceparent);
+    tx.commit();
+  }
+  // The relay logs the trace id with the delivery outcome (at trace level for a delivery).
+  std::ostringstream log;
+  auto previous = spdlog::default_logger();
+  auto capture = std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
+  capture->set_level(spdlog::level::trace);
+  spdlog::set_default_logger(capture);
+  auto relay = StartRelay({Hook("hooks", hook)});
+  ASSERT_TRUE(hook.WaitForCount(1, 30s));
+  ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s))
+      << "settled";
+  relay->Stop();
+  spdlog::set_default_logger(previous);
+  EXPECT_EQ(hook.Requests()[0].Header("traceparent"), traceparent);
+  EXPECT_EQ(hook.Requests()[0].Header("tracestate"), "congo=t61rcWkgMzE");
+  EXPECT_NE(log.str().find("delivered trace_id=0af7651916cd43dd8448eb211c80319c"),
+            std::string::npos)
+      << log.str();
+}
+
 TEST_F(RelayWebhookTest, AReceiverGetsJsonInItsNormalFormAndBytesAsWritten) {
   HttpReceiver hook;
   {

@@ -225,6 +225,33 @@ TEST(SdkValidation, BuilderRejectsBadInputWithClearMessages) {
   ExpectInvalid(
       [] { return Message::To("d").Json("{}").DeliverAfter(std::chrono::hours(24 * 367)).Build(); },
       "more than 1 year ahead");
+  // W3C trace context, checked as the SQL function checks it.
+  for (const std::string bad : {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", "nope",
+                                "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+                                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+                                "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+                                "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}) {
+    ExpectInvalid([&] { return Message::To("d").Json("{}").TraceContext(bad).Build(); },
+                  "header \"traceparent\" is not a W3C traceparent");
+  }
+  ExpectInvalid(
+      [] {
+        return Message::To("d")
+            .Json("{}")
+            .TraceContext("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                          std::string(513, 'v'))
+            .Build();
+      },
+      "header \"tracestate\" is 513 bytes long, the limit is 512");
+  const auto traced = Message::To("d")
+                          .Json("{}")
+                          .TraceContext("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                                        "congo=t61rcWkgMzE")
+                          .Build();
+  EXPECT_EQ(traced.headers,
+            (std::vector<std::pair<std::string, std::string>>{
+                {"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+                {"tracestate", "congo=t61rcWkgMzE"}}));
   // At the limits: accepted.
   EXPECT_NO_THROW(Message::To("d")
                       .Json("{}")
@@ -310,6 +337,16 @@ TEST_F(SdkTest, SqlApiRejectsBadInputWithClearMessagesAndNoRows) {
       {"SELECT outbox.enqueue_many('[{\"destination\": \"d\", \"payload\": 1, "
        "\"deliver_after\": \"infinity\"}]')",
        "deliver_after must be a finite time"},
+      // W3C trace context (0007).
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, headers => '{\"traceparent\": \"00-abc\"}')",
+       "header \"traceparent\" is not a W3C traceparent: \"00-abc\""},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, headers => '{\"traceparent\": "
+       "\"00-00000000000000000000000000000000-00f067aa0ba902b7-01\"}')",
+       "is not a W3C traceparent"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, headers => jsonb_build_object('traceparent', "
+       "'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', 'tracestate', repeat('v', "
+       "513)))",
+       "header \"tracestate\" is 513 bytes long, the limit is 512"},
   };
   pqxx::connection c(db_url_);
   for (const auto& tc : cases) {

@@ -92,12 +92,11 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
   const auto created_at = msg.created_at;
   const auto submitted = Now();
   const Destination* d = &dest;
-  sink.Submit(std::move(msg), [this, id, attempts, d, &sink, token, created_at, submitted,
-                               room](Outcome outcome) {
-    if (outcome.kind != OutcomeKind::kDelivered) {
-      spdlog::debug("message {}: {} ({})", Raw(id), ToString(outcome.kind), outcome.reason);
-    }
+  std::string trace = TraceIdOf(msg);
+  sink.Submit(std::move(msg), [this, id, attempts, d, &sink, token, created_at, submitted, room,
+                               trace = std::move(trace)](Outcome outcome) {
     Settlement s = Decide(id, attempts, outcome, d->retry, token, Uniform01(), stopping.load());
+    LogOutcome(*d, id, trace, outcome, s);
     s.destination = d->name;
     s.created_at = created_at;
     if (metrics && outcome.kind != OutcomeKind::kReturned) {
@@ -113,6 +112,34 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
       wake_cv.notify_all();
     }
   });
+}
+
+std::string TraceIdOf(const Message& msg) {
+  for (const auto& [name, value] : msg.headers) {
+    // version-traceid-parentid-flags; the format was checked when the message was written
+    if (name == "traceparent" && value.size() == 55) return value.substr(3, 32);
+  }
+  return "";
+}
+
+// Each delivery outcome, with the trace id of the span that wrote the message when it carried
+// W3C trace context: dead letters at info, retries at debug, deliveries at trace.
+void Dispatcher::Impl::LogOutcome(const Destination& d, MessageId id, const std::string& trace,
+                                  const Outcome& outcome, const Settlement& s) {
+  const std::string traced = trace.empty() ? "" : " trace_id=" + trace;
+  switch (s.kind) {
+    case Settlement::Kind::kDelivered:
+      spdlog::trace("{}: message {} delivered{}", d.name, Raw(id), traced);
+      break;
+    case Settlement::Kind::kDead:
+      spdlog::info("{}: message {} dead-lettered: {}{}", d.name, Raw(id), s.error, traced);
+      break;
+    case Settlement::Kind::kRetry:
+    case Settlement::Kind::kRelease:
+      spdlog::debug("{}: message {} {} ({}){}", d.name, Raw(id), ToString(outcome.kind),
+                    outcome.reason, traced);
+      break;
+  }
 }
 
 // One delivery attempt, whatever its settle finds: how long it took, what the endpoint said.

@@ -31,6 +31,9 @@ namespace outbox::relay {
 
 using SteadyTime = Clock::Steady::time_point;
 
+/// The W3C trace id (32 hex digits) of a message's "traceparent" header, or "".
+std::string TraceIdOf(const Message& msg);
+
 struct Dispatcher::Impl {
   // What a claim loop waiting for room in its sink waits for: wake it when the sink's
   // in-flight count falls to this (-1: not waiting). One per claim loop, so a completion wakes
@@ -95,6 +98,8 @@ struct Dispatcher::Impl {
               RoomWait* room = nullptr);
   void RecordAttempt(const Destination& d, const Sink& sink, const Outcome& outcome,
                      SteadyTime submitted);
+  void LogOutcome(const Destination& d, MessageId id, const std::string& trace,
+                  const Outcome& outcome, const Settlement& s);
 
   // --- destinations operators paused (outbox.paused_destinations), read by maintenance ---
   std::mutex paused_mu;                       // taken after mu, never before it

@@ -44,6 +44,7 @@ inline constexpr std::size_t kMaxEventTypeBytes = 255;
 inline constexpr std::size_t kMaxHeaders = 64;
 inline constexpr std::size_t kMaxHeaderNameBytes = 255;
 inline constexpr std::size_t kMaxHeaderValueBytes = 4096;
+inline constexpr std::size_t kMaxTracestateBytes = 512;
 /// How far ahead a message may be scheduled (deliver time).
 inline constexpr auto kSchedulingHorizon = std::chrono::hours(24 * 365);
 
@@ -72,6 +73,10 @@ class MessageBuilder {
   MessageBuilder& Key(std::string ordering_key);
   /// Adds a header. Names must be non-empty and unique per message.
   MessageBuilder& Header(std::string name, std::string value);
+  /// W3C trace context of the span that wrote the message (headers "traceparent" and, when
+  /// not empty, "tracestate"): the relay forwards both to Kafka and webhook consumers as they
+  /// are, and logs the trace id with each delivery outcome. Build() checks the format.
+  MessageBuilder& TraceContext(std::string traceparent, std::string tracestate = "");
   MessageBuilder& EventType(std::string event_type);
   /// Do not deliver before `when`.
   MessageBuilder& DeliverAt(Clock::time_point when);
