@@ -10,6 +10,7 @@ PACKAGES=(
   nlohmann-json3-dev libyaml-cpp-dev libssl-dev libcli11-dev
   kcat openssl procps prometheus
   systemd  # systemd-analyze, for the package test of the unit
+  python3-psycopg  # the Python writer (sdk/python) and its tests
 )
 
 missing=()

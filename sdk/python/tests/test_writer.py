@@ -1,0 +1,142 @@
+"""The Python writer against a real PostgreSQL with the outbox schema (run_tests.sh starts one
+and sets OUTBOX_TEST_DATABASE_URL): atomicity with the caller's business write, batches, every
+argument, and each bad input refused with the argument named and nothing written."""
+
+import base64
+import datetime as dt
+import os
+import sys
+import unittest
+import uuid
+
+import psycopg
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+from outbox_writer import InvalidMessage, Message, publish, publish_many  # noqa: E402
+
+URL = os.environ.get("OUTBOX_TEST_DATABASE_URL", "")
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@unittest.skipUnless(URL, "run through sdk/python/run_tests.sh (needs a database)")
+class WriterTest(unittest.TestCase):
+    def setUp(self):
+        with psycopg.connect(URL, autocommit=True) as c:
+            c.execute("TRUNCATE outbox.messages")
+            c.execute("CREATE TABLE IF NOT EXISTS app_orders (id int PRIMARY KEY, state text)")
+            c.execute("TRUNCATE app_orders")
+
+    def rows(self, where="true"):
+        with psycopg.connect(URL) as c:
+            return c.execute(
+                "SELECT id, destination, ordering_key, idempotency_key::text, event_type, headers, "
+                "payload, payload_bytes, deliver_after, created_at FROM outbox.messages WHERE "
+                + where + " ORDER BY id").fetchall()
+
+    def test_commits_with_the_business_write_and_rolls_back_with_it(self):
+        with psycopg.connect(URL) as conn:
+            conn.execute("INSERT INTO app_orders VALUES (1, 'paid')")
+            new_id = publish(conn, Message("orders", json={"order": 1}, key="order-1"))
+        self.assertEqual([r[0] for r in self.rows()], [new_id])
+
+        conn = psycopg.connect(URL)
+        try:
+            conn.execute("INSERT INTO app_orders VALUES (2, 'paid')")
+            publish(conn, Message("orders", json={"order": 2}, key="order-2"))
+            conn.rollback()
+        finally:
+            conn.close()
+        self.assertEqual(len(self.rows()), 1, "the rolled-back message is gone with its order")
+        with psycopg.connect(URL) as c:
+            self.assertEqual(c.execute("SELECT count(*) FROM app_orders").fetchone()[0], 1)
+
+    def test_every_argument_is_stored(self):
+        key = uuid.uuid4()
+        later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2)
+        with psycopg.connect(URL) as conn:
+            with conn.cursor() as cur:  # a cursor works as well as the connection
+                publish(cur, Message("orders", json={"a": [1, 2], "b": "x"}, key="k1",
+                                     headers={"tenant": "acme"}, event_type="order.paid",
+                                     deliver_after=later, idempotency_key=key,
+                                     traceparent=TRACEPARENT, tracestate="congo=t61rcWkgMzE"))
+            publish(conn, Message("files", data=b"\x00\xffraw", deliver_after=dt.timedelta(minutes=5)))
+        (json_row, bytes_row) = self.rows()
+        _, dest, okey, ikey, etype, headers, payload, payload_bytes, deliver_after, created = json_row
+        self.assertEqual((dest, okey, ikey, etype), ("orders", "k1", str(key), "order.paid"))
+        self.assertEqual(headers, {"tenant": "acme", "traceparent": TRACEPARENT,
+                                   "tracestate": "congo=t61rcWkgMzE"})
+        self.assertEqual(payload, {"a": [1, 2], "b": "x"})
+        self.assertIsNone(payload_bytes)
+        self.assertLess(abs((deliver_after - later).total_seconds()), 0.01)
+        self.assertEqual(bytes_row[7], b"\x00\xffraw")
+        self.assertIsNone(bytes_row[6])
+        self.assertGreater(bytes_row[8] - bytes_row[9], dt.timedelta(minutes=4))
+
+    def test_a_batch_is_written_in_order_in_one_statement(self):
+        msgs = [Message("orders", json={"n": i}, key=f"k{i % 3}") for i in range(50)]
+        msgs.append(Message("files", data=b"\x01\x02", headers={"h": "v"}, traceparent=TRACEPARENT))
+        with psycopg.connect(URL) as conn:
+            ids = publish_many(conn, msgs)
+        self.assertEqual(len(ids), 51)
+        self.assertEqual(ids, sorted(ids), "ids in input order")
+        rows = self.rows()
+        self.assertEqual([r[6]["n"] for r in rows[:50]], list(range(50)))
+        self.assertEqual(rows[50][7], b"\x01\x02")
+        self.assertEqual(rows[50][5], {"h": "v", "traceparent": TRACEPARENT})
+        with psycopg.connect(URL) as conn:
+            self.assertEqual(publish_many(conn, []), [])
+
+    def assertRefused(self, message, text, many=False):
+        conn = psycopg.connect(URL)
+        try:
+            conn.execute("INSERT INTO app_orders VALUES (9, 'paid')")
+            with self.assertRaises(InvalidMessage) as ctx:
+                if many:
+                    publish_many(conn, [Message("orders", json={}), message])
+                else:
+                    publish(conn, message)
+            self.assertIn(text, str(ctx.exception))
+            conn.rollback()
+        finally:
+            conn.close()
+        self.assertEqual(self.rows(), [], "nothing half-written")
+
+    def test_bad_input_is_refused_naming_the_argument(self):
+        self.assertRefused(Message("", json={}), "destination must not be empty")
+        self.assertRefused(Message("orders", json={}, key="k" * 1025),
+                           "ordering_key is 1025 bytes long, the limit is 1024")
+        self.assertRefused(Message("orders", json={}, headers={"n": 1}), 'header "n" is not a string')
+        self.assertRefused(Message("orders", json={}, deliver_after=dt.timedelta(days=400)),
+                           "is more than 1 year ahead")
+        self.assertRefused(Message("orders", data=b"x" * (1024 * 1024 + 1)),
+                           "payload is 1048577 bytes, the limit is 1048576")
+        self.assertRefused(Message("orders", json={}, traceparent="00-abc"),
+                           'header "traceparent" is not a W3C traceparent')
+        self.assertRefused(Message("orders", json={}, event_type="t" * 256),
+                           "event_type is 256 bytes long, the limit is 255", many=True)
+        key = uuid.uuid4()
+        conn = psycopg.connect(URL)
+        try:
+            publish(conn, Message("orders", json={}, idempotency_key=key))
+            with self.assertRaises(InvalidMessage) as ctx:
+                publish(conn, Message("orders", json={}, idempotency_key=key))
+            self.assertIn(f"idempotency key {key} is already queued", str(ctx.exception))
+            conn.rollback()
+        finally:
+            conn.close()
+
+    def test_a_message_needs_exactly_one_payload(self):
+        with self.assertRaises(InvalidMessage):
+            Message("orders")
+        with self.assertRaises(InvalidMessage):
+            Message("orders", json={}, data=b"x")
+        with self.assertRaises(InvalidMessage):
+            Message("orders", data="text, not bytes")
+        # A naive datetime is refused before the database is asked (no connection needed).
+        with self.assertRaises(InvalidMessage) as ctx:
+            publish(None, Message("orders", json={}, deliver_after=dt.datetime(2030, 1, 1)))
+        self.assertIn("timezone-aware", str(ctx.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
