@@ -2,7 +2,6 @@
 and sets OUTBOX_TEST_DATABASE_URL): atomicity with the caller's business write, batches, every
 argument, and each bad input refused with the argument named and nothing written."""
 
-import base64
 import datetime as dt
 import os
 import sys
