@@ -329,6 +329,22 @@ TEST(ParseConfig, WebhookBreakerAndAdaptiveConcurrency) {
       << message;
 }
 
+TEST(ParseConfig, KafkaTopicTemplatesAndTheirAllowList) {
+  const RelayConfig config =
+      ParseConfig(WithKafka("      brokers: k:9092\n      topic: \"orders.{event_type}\"\n"
+                            "      allowed_topics: [orders.paid, orders.shipped]\n"
+                            "      topic_prefix: orders.\n"),
+                  "cfg.yaml", kNoEnv);
+  const auto& k = std::get<KafkaTarget>(config.destinations.at("orders").target);
+  EXPECT_EQ(k.topic, "orders.{event_type}") << "a template is checked by the Kafka sink";
+  EXPECT_EQ(k.allowed_topics, (std::vector<std::string>{"orders.paid", "orders.shipped"}));
+  EXPECT_EQ(k.topic_prefix, "orders.");
+  const std::string message = ErrorOf(
+      WithKafka("      brokers: k:9092\n      topic: t\n      allowed_topics: [\"a b\"]\n"));
+  EXPECT_TRUE(Contains(message, "destinations.orders.kafka.allowed_topics[0]")) << message;
+  EXPECT_TRUE(Contains(message, "is not a valid Kafka topic name")) << message;
+}
+
 TEST(ParseConfig, WebhookPrivateNetworkKeys) {
   const RelayConfig defaults =
       ParseConfig(WithWebhook("      secret: " + kSecretA + "\n"), "cfg.yaml", kNoEnv);

@@ -389,7 +389,7 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
 }
 
 KafkaTarget ParseKafka(const Field& field, const EnvLookup& env) {
-  Mapping m(field, {"brokers", "topic", "producer"});
+  Mapping m(field, {"brokers", "topic", "producer", "allowed_topics", "topic_prefix"});
   KafkaTarget kafka;
   auto brokers = m.Get("brokers");
   if (!brokers) {
@@ -403,7 +403,16 @@ KafkaTarget ParseKafka(const Field& field, const EnvLookup& env) {
     Fail(field,
          "missing required key `topic`; name the Kafka topic to produce to, e.g. `topic: orders`");
   kafka.topic = detail::ReadNonEmptyString(*topic);
-  ValidateTopic(*topic, kafka.topic);
+  // A template ("orders.{event_type}") is checked by the Kafka sink's validation, which
+  // check-config and run both call; a plain name here.
+  if (kafka.topic.find('{') == std::string::npos) ValidateTopic(*topic, kafka.topic);
+  if (auto f = m.Get("allowed_topics")) {
+    for (const auto& element : detail::ReadList(*f)) {
+      kafka.allowed_topics.push_back(detail::ReadNonEmptyString(element));
+      ValidateTopic(element, kafka.allowed_topics.back());
+    }
+  }
+  if (auto f = m.Get("topic_prefix")) kafka.topic_prefix = detail::ReadNonEmptyString(*f);
   if (auto producer = m.Get("producer")) kafka.producer = ReadProducer(*producer, env);
   return kafka;
 }
@@ -665,7 +674,8 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
 // ---------------------------------------------------------------------------------------------
 // Destinations
 
-constexpr std::array<std::string_view, 3> kKafkaKeys = {"brokers", "topic", "producer"};
+constexpr std::array<std::string_view, 5> kKafkaKeys = {"brokers", "topic", "producer",
+                                                        "allowed_topics", "topic_prefix"};
 constexpr std::array<std::string_view, 15> kWebhookKeys = {"url",
                                                            "secret",
                                                            "secret_env",

@@ -198,6 +198,88 @@ TEST_F(KafkaSinkTest, RetriableBrokerErrorsAreRetriedInternally) {
   EXPECT_EQ(ids.size(), 21u);
 }
 
+// Topic per message from a template (issue 18): produced to the topic the message's fields
+// name, only within the allow-list or prefix; a message routed nowhere is a dead letter with
+// the reason, not a produce error loop.
+TEST_F(KafkaSinkTest, ATopicTemplateRoutesEachMessageWithinItsAllowList) {
+  cluster_->CreateTopic("routed.paid", 1, 1);
+  cluster_->CreateTopic("routed.shipped", 1, 1);
+  KafkaTarget t = Target();
+  t.topic = "routed.{event_type}";
+  t.allowed_topics = {"routed.paid", "routed.shipped"};
+  auto sink = MakeKafkaSink("orders", t);
+  auto with_type = [](std::int64_t id, std::string type) {
+    Message m = MakeMessage(id, "k" + std::to_string(id));
+    m.event_type = std::move(type);
+    return m;
+  };
+  EXPECT_EQ(SubmitAndWait(*sink, with_type(1, "paid")).kind, OutcomeKind::kDelivered);
+  EXPECT_EQ(SubmitAndWait(*sink, with_type(2, "shipped")).kind, OutcomeKind::kDelivered);
+  const Outcome refused = SubmitAndWait(*sink, with_type(3, "cancelled"));
+  EXPECT_EQ(refused.kind, OutcomeKind::kPermanent);
+  EXPECT_EQ(refused.reason_class, Reason::kInvalidTopic);
+  EXPECT_EQ(refused.reason, "routed to topic \"routed.cancelled\", which is not in allowed_topics");
+  const Outcome nowhere = SubmitAndWait(*sink, with_type(4, ""));
+  EXPECT_EQ(nowhere.kind, OutcomeKind::kPermanent);
+  EXPECT_NE(nowhere.reason.find("routed nowhere: the topic template \"routed.{event_type}\" needs "
+                                "the event_type"),
+            std::string::npos)
+      << nowhere.reason;
+  const auto paid = cluster_->ConsumeAll("routed.paid", 1, kWait);
+  ASSERT_EQ(paid.size(), 1u);
+  EXPECT_EQ(paid[0].headers.at("outbox-id"), "1");
+  const auto shipped = cluster_->ConsumeAll("routed.shipped", 1, kWait);
+  ASSERT_EQ(shipped.size(), 1u);
+  EXPECT_EQ(shipped[0].headers.at("outbox-id"), "2");
+  EXPECT_EQ(sink->InFlight(), 0u);
+
+  // A prefix instead of a list; a header as the routing field; an invalid routed name.
+  cluster_->CreateTopic("tenant.acme", 1, 1);
+  KafkaTarget by_tenant = Target();
+  by_tenant.topic = "tenant.{header.tenant}";
+  by_tenant.topic_prefix = "tenant.";
+  auto tenants = MakeKafkaSink("orders", by_tenant);
+  Message acme = MakeMessage(5);
+  acme.headers = {{"tenant", "acme"}};
+  EXPECT_EQ(SubmitAndWait(*tenants, acme).kind, OutcomeKind::kDelivered);
+  Message spaced = MakeMessage(6);
+  spaced.headers = {{"tenant", "a b"}};
+  const Outcome invalid = SubmitAndWait(*tenants, spaced);
+  EXPECT_EQ(invalid.kind, OutcomeKind::kPermanent);
+  EXPECT_NE(invalid.reason.find("which is not a valid Kafka topic name"), std::string::npos)
+      << invalid.reason;
+}
+
+TEST_F(KafkaSinkTest, BadTopicTemplatesAreRefusedNamingTheFix) {
+  auto error_of = [&](KafkaTarget t) -> std::string {
+    try {
+      ValidateKafkaTarget("orders", t);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  KafkaTarget t = Target();
+  t.topic = "orders.{event_type}";
+  EXPECT_NE(error_of(t).find("is a template: add allowed_topics"), std::string::npos)
+      << error_of(t);
+  t.topic_prefix = "orders.";
+  EXPECT_EQ(error_of(t), "");
+  t.topic = "orders.{colour}";
+  EXPECT_NE(error_of(t).find("unknown placeholder {colour}; use {event_type}, {destination}, "
+                             "{key} or {header.NAME}"),
+            std::string::npos)
+      << error_of(t);
+  t.topic = "orders.{event_type";
+  EXPECT_NE(error_of(t).find("has an unclosed `{`"), std::string::npos) << error_of(t);
+  t.topic = "orders.{event_type}";
+  t.allowed_topics = {"bad topic"};
+  EXPECT_NE(error_of(t).find("allowed_topics[0] \"bad topic\" is not a valid Kafka topic name"),
+            std::string::npos)
+      << error_of(t);
+  EXPECT_THROW(MakeKafkaSink("orders", t), std::invalid_argument) << "run refuses it too";
+}
+
 TEST_F(KafkaSinkTest, TooLargeForTheProducerIsPermanentAtOnce) {
   auto sink = MakeKafkaSink("orders", Target({{"message.max.bytes", "1000"}}));
   const Outcome out = SubmitAndWait(*sink, MakeMessage(7, "k", std::string(5000, 'x')));

@@ -36,7 +36,13 @@ RetryPolicy DefaultRetryPolicy();
 
 struct KafkaTarget {
   std::string brokers;  ///< bootstrap.servers, comma separated.
+  /// The topic, or a template over message fields: "orders.{event_type}", with {event_type},
+  /// {destination}, {key} and {header.NAME} (docs/configuration.md, "Kafka").
   std::string topic;
+  /// A template may only produce to these topics...
+  std::vector<std::string> allowed_topics;
+  /// ...or to topics starting with this prefix.
+  std::string topic_prefix;
   /// librdkafka properties passed through as they are (compression.type, linger.ms,
   /// security.protocol, sasl.*, ssl.*, ...). Secrets resolved from *_env / *_file keys.
   std::map<std::string, std::string> producer;

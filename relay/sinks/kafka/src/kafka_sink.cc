@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "outbox_relay/thread_name.h"
+#include "topic_route.h"
 
 namespace outbox::relay {
 namespace {
@@ -154,10 +155,12 @@ struct KafkaSink::Impl {
     Producer* producer = nullptr;
   };
 
-  Impl(std::string dest, const KafkaTarget& tgt) : destination(std::move(dest)), target(tgt) {}
+  Impl(std::string dest, const KafkaTarget& tgt)
+      : destination(std::move(dest)), target(tgt), route(destination, target) {}
 
   const std::string destination;
   const KafkaTarget target;
+  const kafka_detail::TopicRoute route;  ///< The topic of each message.
 
   // Submit holds it shared while it uses `producer`; replacing `producer` takes it exclusively.
   // Only the poll thread (or Shutdown, after the poll thread ended) replaces `producer`.
@@ -280,6 +283,16 @@ struct KafkaSink::Impl {
       Finish(done, ShutdownOutcome(msg.id));
       return;
     }
+    const auto routed = route.TopicFor(msg);
+    if (!routed.error.empty()) {  // a dead letter with the reason, never a produce error loop
+      Outcome out;
+      out.id = msg.id;
+      out.kind = OutcomeKind::kPermanent;
+      out.reason = routed.error;
+      out.reason_class = Reason::kInvalidTopic;
+      Finish(done, std::move(out));
+      return;
+    }
     rd_kafka_headers_t* headers = BuildHeaders(msg);
     const auto give_up = Clock::now() + kQueueFullWait;
     while (true) {
@@ -291,7 +304,7 @@ struct KafkaSink::Impl {
         } else {
           Producer* p = producer.get();
           const std::uint64_t token = Register(msg.id, std::move(done), p);
-          rd_kafka_error_t* error = Produce(p->rk, msg, headers, token);
+          rd_kafka_error_t* error = Produce(p->rk, msg, headers, token, routed.topic);
           if (error == nullptr) return;  // headers belong to librdkafka now
           const rd_kafka_resp_err_t code = rd_kafka_error_code(error);
           const bool retriable = rd_kafka_error_is_retriable(error) != 0;
@@ -317,11 +330,11 @@ struct KafkaSink::Impl {
   }
 
   rd_kafka_error_t* Produce(rd_kafka_t* rk, const Message& msg, rd_kafka_headers_t* headers,
-                            std::uint64_t token) {
+                            std::uint64_t token, const std::string& topic) {
     rd_kafka_vu_t vu[6];
     std::size_t n = 0;
     vu[n].vtype = RD_KAFKA_VTYPE_TOPIC;
-    vu[n++].u.cstr = target.topic.c_str();
+    vu[n++].u.cstr = topic.c_str();
     if (msg.ordering_key) {
       vu[n].vtype = RD_KAFKA_VTYPE_KEY;
       vu[n].u.mem.ptr = const_cast<char*>(msg.ordering_key->data());
@@ -559,6 +572,7 @@ std::size_t KafkaSink::QueueLength() const {
 const std::string& KafkaSink::destination() const { return impl_->destination; }
 
 void ValidateKafkaTarget(const std::string& destination, const KafkaTarget& target) {
+  kafka_detail::TopicRoute(destination, target);  // throws for a bad template or allow-list
   ProducerConf(destination, target);
 }
 

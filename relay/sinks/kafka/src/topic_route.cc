@@ -1,0 +1,136 @@
+#include "topic_route.h"
+
+#include <algorithm>
+#include <cctype>
+#include <stdexcept>
+
+namespace outbox::relay::kafka_detail {
+
+bool IsValidTopicName(const std::string& topic) {
+  if (topic.empty() || topic.size() > 249 || topic == "." || topic == "..") return false;
+  return std::all_of(topic.begin(), topic.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+TopicRoute::TopicRoute(const std::string& destination, const KafkaTarget& target)
+    : destination_(destination),
+      template_(target.topic),
+      allowed_(target.allowed_topics),
+      prefix_(target.topic_prefix) {
+  const std::string where = "kafka " + destination + ": ";
+  for (std::size_t i = 0; i < allowed_.size(); ++i) {
+    if (!IsValidTopicName(allowed_[i])) {
+      throw std::invalid_argument(where + "allowed_topics[" + std::to_string(i) + "] \"" +
+                                  allowed_[i] +
+                                  "\" is not a valid Kafka topic name; use letters, digits, `.`, "
+                                  "`_` and `-`");
+    }
+  }
+  if (!prefix_.empty() && !IsValidTopicName(prefix_)) {
+    throw std::invalid_argument(where + "topic_prefix \"" + prefix_ +
+                                "\" is not the start of a valid Kafka topic name");
+  }
+  std::string text;
+  for (std::size_t i = 0; i < template_.size(); ++i) {
+    const char c = template_[i];
+    if (c == '}') {
+      throw std::invalid_argument(
+          where + "topic \"" + template_ +
+          "\" has a `}` without `{`; placeholders are written {event_type}");
+    }
+    if (c != '{') {
+      text += c;
+      continue;
+    }
+    const auto close = template_.find('}', i);
+    if (close == std::string::npos) {
+      throw std::invalid_argument(where + "topic \"" + template_ + "\" has an unclosed `{`");
+    }
+    const std::string name = template_.substr(i + 1, close - i - 1);
+    Part p;
+    if (name == "event_type") {
+      p.kind = Part::kEventType;
+    } else if (name == "destination") {
+      p.kind = Part::kDestination;
+    } else if (name == "key") {
+      p.kind = Part::kKey;
+    } else if (name.rfind("header.", 0) == 0 && name.size() > 7) {
+      p.kind = Part::kHeader;
+      p.text = name.substr(7);
+    } else {
+      throw std::invalid_argument(where + "topic \"" + template_ +
+                                  "\" has an unknown placeholder {" + name +
+                                  "}; use {event_type}, {destination}, {key} or {header.NAME}");
+    }
+    if (!text.empty()) parts_.push_back(Part{Part::kText, std::move(text)});
+    text.clear();
+    parts_.push_back(std::move(p));
+    fixed_ = false;
+    i = close;
+  }
+  if (!text.empty()) parts_.push_back(Part{Part::kText, std::move(text)});
+  if (!fixed_ && allowed_.empty() && prefix_.empty()) {
+    throw std::invalid_argument(
+        where + "topic \"" + template_ +
+        "\" is a template: add allowed_topics (the topics it may produce to) or topic_prefix "
+        "(a prefix every routed topic must start with), so a message cannot choose any topic");
+  }
+  if (fixed_ && !IsValidTopicName(template_)) {
+    throw std::invalid_argument(where + "topic \"" + template_ +
+                                "\" is not a valid Kafka topic name");
+  }
+}
+
+TopicRoute::Routed TopicRoute::TopicFor(const Message& msg) const {
+  if (fixed_) return Routed{template_, ""};
+  std::string topic;
+  for (const auto& p : parts_) {
+    std::string value;
+    std::string what;
+    switch (p.kind) {
+      case Part::kText:
+        topic += p.text;
+        continue;
+      case Part::kEventType:
+        value = msg.event_type;
+        what = "event_type";
+        break;
+      case Part::kDestination:
+        value = destination_;
+        what = "destination";
+        break;
+      case Part::kKey:
+        value = msg.ordering_key.value_or("");
+        what = "ordering key";
+        break;
+      case Part::kHeader:
+        for (const auto& [name, v] : msg.headers) {
+          if (name == p.text) value = v;
+        }
+        what = "header " + p.text;
+        break;
+    }
+    if (value.empty()) {
+      return Routed{"", "routed nowhere: the topic template \"" + template_ + "\" needs the " +
+                            what + ", and the message has none"};
+    }
+    topic += value;
+  }
+  if (!IsValidTopicName(topic)) {
+    return Routed{"", "routed to \"" + topic.substr(0, 100) +
+                          "\", which is not a valid Kafka topic name (topic template \"" +
+                          template_ + "\")"};
+  }
+  const bool allowed = std::find(allowed_.begin(), allowed_.end(), topic) != allowed_.end() ||
+                       (!prefix_.empty() && topic.rfind(prefix_, 0) == 0);
+  if (!allowed) {
+    return Routed{
+        "", "routed to topic \"" + topic + "\", which is not in allowed_topics" +
+                (prefix_.empty() ? std::string()
+                                 : " and does not start with topic_prefix \"" + prefix_ + "\"")};
+  }
+  return Routed{topic, ""};
+}
+
+}  // namespace outbox::relay::kafka_detail
