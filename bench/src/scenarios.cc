@@ -10,6 +10,7 @@
 #include <future>
 #include <map>
 #include <stdexcept>
+#include <mutex>
 #include <thread>
 
 #include "call_probe.h"
@@ -398,6 +399,13 @@ void Bench::FillCommon(ScenarioResult& r, const Observation& obs, std::int64_t d
 
 void Bench::RatioToSqlCeiling(ScenarioResult& r) {
   if (sql_ceiling_ && *sql_ceiling_ > 0) r.x_sql_ceiling = r.events_per_s / *sql_ceiling_;
+  // N relays against what N connections of raw statements reach (sql_ceiling_x<N>).
+  if (r.relays > 1) {
+    if (auto it = sql_ceiling_by_connections_.find(r.relays);
+        it != sql_ceiling_by_connections_.end() && it->second > 0) {
+      r.details["x_sql_ceiling_same_connections"] = r.events_per_s / it->second;
+    }
+  }
 }
 
 void Bench::FillDelivery(ScenarioResult& r, const json& summary) {
@@ -413,16 +421,22 @@ void Bench::FillDelivery(ScenarioResult& r, const json& summary) {
 
 // --- ceilings ----------------------------------------------------------------------------
 
-ScenarioResult Bench::SqlCeiling(const std::string& name) {
-  const bool baseline = !sql_ceiling_;
+ScenarioResult Bench::SqlCeiling(const std::string& name, int connections) {
+  const bool baseline = !sql_ceiling_ && connections == 1;
   ScenarioResult r;
   r.name = name;
   r.sink = "sql";
   r.claim_mode = "-";
   r.messages = opt_.kafka_messages;
-  r.what = std::string(baseline ? "" : "the same again at the end of the run (drift of the machine): ") +
-           "raw ceiling: one connection, DELETE ... WHERE id IN (SELECT ... ORDER BY id LIMIT 500 "
-           "FOR UPDATE SKIP LOCKED) RETURNING the rows, until the preloaded table is empty";
+  r.what = connections > 1
+               ? "raw ceiling with " + std::to_string(connections) +
+                     " connections, each running the ceiling statement until the table is empty: "
+                     "what the database can do for " + std::to_string(connections) + " relays"
+               : std::string(baseline ? "" : "the same again at the end of the run (drift of the "
+                                             "machine): ") +
+                     "raw ceiling: one connection, DELETE ... WHERE id IN (SELECT ... ORDER BY id "
+                     "LIMIT 500 FOR UPDATE SKIP LOCKED) RETURNING the rows, until the preloaded "
+                     "table is empty";
   const std::string url = pg_.FreshDatabase(r.name);
   Say(r.name + ": preloading " + std::to_string(r.messages) + " messages");
   const double preload_rate = Preload(url, r.messages, {}, 2);
@@ -430,23 +444,40 @@ ScenarioResult Bench::SqlCeiling(const std::string& name) {
   r.details["preload_rate"] = preload_rate;
   PrepareTable(url);
 
-  pqxx::connection c(url);
-  c.prepare("claim_delete", kCeilingSql);
+  std::vector<std::unique_ptr<pqxx::connection>> conns;
+  for (int i = 0; i < connections; ++i) {
+    conns.push_back(std::make_unique<pqxx::connection>(url));
+    conns.back()->prepare("claim_delete", kCeilingSql);
+  }
   std::vector<std::int64_t> statement_us;
   std::int64_t rows = 0;
   std::size_t bytes = 0;
+  std::mutex mu;
   Observation obs;
   Say(r.name + ": measuring");
   obs.Begin(postmaster_pid_, {});
-  while (true) {
-    const double t = MonoSeconds();
-    pqxx::nontransaction tx(c);
-    const pqxx::result batch = tx.exec_prepared("claim_delete");
-    for (const auto& row : batch) bytes += row["payload"].size();  // read what a relay would
-    statement_us.push_back(static_cast<std::int64_t>((MonoSeconds() - t) * 1e6));
-    if (batch.empty()) break;
-    rows += static_cast<std::int64_t>(batch.size());
+  std::vector<std::thread> threads;
+  for (auto& conn : conns) {
+    threads.emplace_back([&, c = conn.get()] {
+      std::vector<std::int64_t> mine;
+      std::int64_t my_rows = 0;
+      std::size_t my_bytes = 0;
+      while (true) {
+        const double t = MonoSeconds();
+        pqxx::nontransaction tx(*c);
+        const pqxx::result batch = tx.exec_prepared("claim_delete");
+        for (const auto& row : batch) my_bytes += row["payload"].size();  // read what a relay would
+        mine.push_back(static_cast<std::int64_t>((MonoSeconds() - t) * 1e6));
+        if (batch.empty()) break;
+        my_rows += static_cast<std::int64_t>(batch.size());
+      }
+      std::lock_guard lk(mu);
+      statement_us.insert(statement_us.end(), mine.begin(), mine.end());
+      rows += my_rows;
+      bytes += my_bytes;
+    });
   }
+  for (auto& t : threads) t.join();
   obs.End();
   FillCommon(r, obs, rows);
   r.claim = Summarize(statement_us);
@@ -457,6 +488,7 @@ ScenarioResult Bench::SqlCeiling(const std::string& name) {
   // The first measurement is the baseline of every ratio; a later one shows how much the
   // machine drifted during the run.
   if (baseline) sql_ceiling_ = r.events_per_s;
+  if (connections > 1) sql_ceiling_by_connections_[connections] = r.events_per_s;
   RatioToSqlCeiling(r);
   return r;
 }
@@ -911,7 +943,9 @@ std::vector<ScenarioResult> Bench::Run(const std::function<void(const ScenarioRe
   // Baselines first: the relay scenarios report ratios to them. Then the relay on its own
   // (one instance, skip_locked), then the claim modes side by side with 1, 2 and 4 relays.
   std::vector<std::pair<std::string, std::function<ScenarioResult()>>> scenarios = {
-      {"sql_ceiling", [&] { return SqlCeiling("sql_ceiling"); }},
+      {"sql_ceiling", [&] { return SqlCeiling("sql_ceiling", 1); }},
+      {"sql_ceiling_x2", [&] { return SqlCeiling("sql_ceiling_x2", 2); }},
+      {"sql_ceiling_x4", [&] { return SqlCeiling("sql_ceiling_x4", 4); }},
       {"kafka_drain", [&] { return KafkaDrain({"kafka_drain"}, opt_.kafka_messages, true); }},
       {"kafka_drain_stale_stats",
        [&] {
@@ -955,7 +989,7 @@ std::vector<ScenarioResult> Bench::Run(const std::function<void(const ScenarioRe
     scenarios.emplace_back(
         name, [this, name, mif] { return WebhookDrain(name, mif, opt_.webhook_messages / 2); });
   }
-  scenarios.emplace_back("sql_ceiling_end", [&] { return SqlCeiling("sql_ceiling_end"); });
+  scenarios.emplace_back("sql_ceiling_end", [&] { return SqlCeiling("sql_ceiling_end", 1); });
   std::vector<ScenarioResult> results;
   for (const auto& [name, run] : scenarios) {
     if (!opt_.only.empty() && !opt_.only.count(name)) continue;

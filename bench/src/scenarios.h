@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -119,7 +120,7 @@ class Bench {
   };
   static relay::ClaimMode Mode(const Variant& v);
 
-  ScenarioResult SqlCeiling(const std::string& name);
+  ScenarioResult SqlCeiling(const std::string& name, int connections);
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
   ScenarioResult HttpCeiling();
   ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages);
@@ -144,7 +145,8 @@ class Bench {
   std::string bootstraps_;
   int http_port_ = 0;
   std::optional<double> sql_ceiling_, http_ceiling_;
-  std::optional<double> http_ceiling_cpu_us_;  ///< The HTTP-ceiling client's CPU per request.
+  std::optional<double> http_ceiling_cpu_us_;
+  std::map<int, double> sql_ceiling_by_connections_;  ///< sql_ceiling_x<N>: N -> rows/s.  ///< The HTTP-ceiling client's CPU per request.
   double preload_rate_ = 0;
   double kafka_drain_rate_ = 0;  ///< events/s of kafka_drain in this run (baseline of stale_stats)
   std::vector<std::pair<std::string, std::vector<Sample>>> timelines_;
