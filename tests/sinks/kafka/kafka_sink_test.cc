@@ -278,6 +278,9 @@ TEST_F(KafkaSinkTest, BadTopicTemplatesAreRefusedNamingTheFix) {
             std::string::npos)
       << error_of(t);
   EXPECT_THROW(MakeKafkaSink("orders", t), std::invalid_argument) << "run refuses it too";
+  t.topic = "orders.fixed";
+  t.allowed_topics = {"orders.fixed"};
+  EXPECT_NE(error_of(t).find("apply to a topic template"), std::string::npos) << error_of(t);
 }
 
 TEST_F(KafkaSinkTest, TooLargeForTheProducerIsPermanentAtOnce) {

@@ -38,6 +38,9 @@ TEST(AddressPolicy, RefusesEveryNonPublicRangeByDefault) {
       {"::ffff:127.0.0.1", "loopback"},  // IPv4-mapped
       {"::ffff:169.254.169.254", "link-local (cloud metadata endpoints live here)"},
       {"64:ff9b::10.0.0.1", "private (RFC 1918)"},  // NAT64
+      {"64:ff9b:1::a00:1", "private (RFC 1918)"},   // local-use NAT64, 10.0.0.1
+      {"::127.0.0.1", "loopback"},                  // IPv4-compatible
+      {"2002:a9fe:a9fe::1", "link-local (cloud metadata endpoints live here)"},  // 6to4
   };
   for (const auto& [text, why] : refused) {
     EXPECT_EQ(BlockedRange(Ip(text)).value_or("public"), why) << text;

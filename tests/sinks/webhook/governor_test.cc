@@ -161,6 +161,20 @@ TEST(EndpointGovernor, RetryAfterPausesTheWholeEndpointCappedByMaxCooldown) {
   EXPECT_EQ(g.Snapshot(kT0 + 2s).times_paused, 2);
 }
 
+TEST(EndpointGovernor, RetryAfterZeroIsNoPause) {
+  EndpointGovernor g(Breaker(100), true, 4);
+  EXPECT_FALSE(Once(g, kT0, TooMany(0ms)).paused);
+  EXPECT_FALSE(g.Blocked(kT0));
+  EXPECT_EQ(g.Snapshot(kT0).times_paused, 0);
+}
+
+TEST(EndpointGovernor, ARaisedLimitIsReportedSoAnotherWorkerStarts) {
+  EndpointGovernor g(Breaker(100), true, 4);
+  Once(g, kT0, TooMany());  // 4 -> 2
+  EXPECT_FALSE(Once(g, kT0, Ok()).raised) << "one success of a round of 2";
+  EXPECT_TRUE(Once(g, kT0, Ok()).raised) << "a round of 2 successes: 2 -> 3";
+}
+
 TEST(EndpointGovernor, AnAbortedProbeLetsAnotherGo) {
   EndpointGovernor g(Breaker(1), true, 4);
   Once(g, kT0, Failed());

@@ -23,9 +23,11 @@ using Millis = std::chrono::milliseconds;
 /// A value-initialized RetryPolicy is exponential; what a destination gets when its config
 /// says nothing is DefaultRetryPolicy(), a schedule of about a day.
 struct RetryPolicy {
-  int max_attempts = 12;         ///< Attempts before dead-lettering (>= 1).
-  Millis initial_backoff{500};   ///< Cap of the first retry's random delay.
-  Millis max_backoff{300'000};   ///< No delay is longer than this (a schedule: its longest).
+  int max_attempts = 12;        ///< Attempts before dead-lettering (>= 1).
+  Millis initial_backoff{500};  ///< Cap of the first retry's random delay.
+  /// No delay is longer than this; a schedule's is its longest entry, which the jitter may
+  /// stretch by up to 10%. Also caps a Retry-After.
+  Millis max_backoff{300'000};
   std::vector<Millis> schedule;  ///< Delay before each retry, in order; empty: exponential.
 };
 

@@ -76,6 +76,14 @@ TopicRoute::TopicRoute(const std::string& destination, const KafkaTarget& target
         "\" is a template: add allowed_topics (the topics it may produce to) or topic_prefix "
         "(a prefix every routed topic must start with), so a message cannot choose any topic");
   }
+  if (fixed_ && (!allowed_.empty() || !prefix_.empty())) {
+    throw std::invalid_argument(where +
+                                "allowed_topics and topic_prefix apply to a topic "
+                                "template, and topic \"" +
+                                template_ +
+                                "\" is a fixed name; remove them, or write the topic as a "
+                                "template such as \"orders.{event_type}\"");
+  }
   if (fixed_ && !IsValidTopicName(template_)) {
     throw std::invalid_argument(where + "topic \"" + template_ +
                                 "\" is not a valid Kafka topic name");

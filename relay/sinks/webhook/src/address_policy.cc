@@ -74,12 +74,22 @@ const std::vector<std::pair<Cidr, const char*>>& Blocked() {
   return blocked;
 }
 
-// The IPv4 address inside an IPv4-mapped (::ffff:a.b.c.d) or NAT64 (64:ff9b::a.b.c.d) one.
+// The IPv4 address inside an IPv6 one that carries it: IPv4-mapped (::ffff:a.b.c.d),
+// IPv4-compatible (::a.b.c.d, deprecated), NAT64 (64:ff9b::a.b.c.d, and the local-use
+// 64:ff9b:1::/48) and 6to4 (2002:AABB:CCDD::, the IPv4 address in bytes 2-5).
 std::optional<IpAddress> EmbeddedV4(const IpAddress& a) {
   if (a.v4) return std::nullopt;
   static const Cidr mapped = ParseCidr("::ffff:0:0/96");
+  static const Cidr compatible = ParseCidr("::/96");
   static const Cidr nat64 = ParseCidr("64:ff9b::/96");
-  if (!mapped.Contains(a) && !nat64.Contains(a)) return std::nullopt;
+  static const Cidr nat64_local = ParseCidr("64:ff9b:1::/48");
+  static const Cidr six_to_four = ParseCidr("2002::/16");
+  if (six_to_four.Contains(a)) return V4(a.bytes[2], a.bytes[3], a.bytes[4], a.bytes[5]);
+  // ::/96 also holds :: and ::1, which the IPv6 ranges judge themselves.
+  const bool compat = compatible.Contains(a) && (a.bytes[12] | a.bytes[13]) != 0;
+  if (!mapped.Contains(a) && !compat && !nat64.Contains(a) && !nat64_local.Contains(a)) {
+    return std::nullopt;
+  }
   return V4(a.bytes[12], a.bytes[13], a.bytes[14], a.bytes[15]);
 }
 

@@ -50,7 +50,7 @@ Transition EndpointGovernor::Finish(Time now, const Ticket& ticket,
   const Verdict& v = *verdict;
 
   // Retry-After pauses the endpoint, at most for the breaker's longest cool-down.
-  if (v.retry_after) {
+  if (v.retry_after && v.retry_after->count() > 0) {
     const auto until = now + std::min(*v.retry_after, breaker_.max_cooldown);
     if (until > paused_until_) {
       paused_until_ = until;
@@ -71,6 +71,7 @@ Transition EndpointGovernor::Finish(Time now, const Ticket& ticket,
     } else if (v.success && limit_ < max_ && ++successes_ >= limit_) {
       ++limit_;
       successes_ = 0;
+      t.raised = true;
     }
   }
 

@@ -37,6 +37,7 @@ struct Transition {
   bool closed = false;    ///< The probe succeeded.
   bool paused = false;    ///< A Retry-After paused the endpoint (or extended the pause).
   bool lowered = false;   ///< The concurrency limit was halved.
+  bool raised = false;    ///< The concurrency limit grew by one: another worker may start.
   bool Any() const { return opened || reopened || closed || paused || lowered; }
 };
 

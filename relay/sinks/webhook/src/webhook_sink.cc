@@ -446,6 +446,11 @@ class WebhookSink final : public Sink {
       Attempt attempt;
       if (auto refused = CheckAddress(worker, job.msg.id)) {
         attempt = std::move(*refused);
+      } else if (Abandoned(worker)) {
+        // Shutdown took this message back while the address was resolved: sending it now
+        // would deliver a message the dispatcher already released.
+        attempt.outcome =
+            Retry(job.msg.id, "shutdown: not sent before the relay stopped", Reason::kShutdown);
       } else {
         attempt = Deliver(*worker.client, job.msg);
       }
@@ -466,7 +471,11 @@ class WebhookSink final : public Sink {
       // now blocked); the others need waking only when the breaker closed, since they wait
       // for the probe's verdict. Waking them all after every request costs a context switch
       // per idle worker per message.
-      if (change.closed) work_cv_.notify_all();
+      if (change.closed) {
+        work_cv_.notify_all();
+      } else if (change.raised) {
+        work_cv_.notify_one();  // one more request may run now
+      }
       if (idle) idle_cv_.notify_all();  // Shutdown waits for running_ == 0
       if (change.Any()) LogTransition(change, after, attempt.outcome);
       if (done) {
@@ -511,6 +520,11 @@ class WebhookSink final : public Sink {
     }
     worker.resolved_until = now + kResolveEvery;
     return std::nullopt;
+  }
+
+  bool Abandoned(const Worker& worker) const {
+    std::lock_guard lock(mu_);
+    return !worker.active.has_value();
   }
 
   // Why nothing is sent now (mu_ held, Blocked(now) true).
