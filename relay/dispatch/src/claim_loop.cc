@@ -46,15 +46,14 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
     // Claim when there is room for a good share of a batch, not for every completion: a claim
     // of a few rows costs the database nearly as much as a full one. Half the sink's room
     // still leaves it that much queued work meanwhile.
+    const auto worth_a_claim = [&](int limit) { return std::max(1, std::min(batch, limit / 2)); };
     const int limit = cap();
     const int room = limit - static_cast<int>(sink.InFlight());
-    const int worth_a_claim = std::max(1, std::min(batch, limit / 2));
-    if (room < worth_a_claim) {
-      room_wait.wake_at_or_below = limit - worth_a_claim;
+    if (room < worth_a_claim(limit)) {
+      room_wait.wake_at_or_below = limit - worth_a_claim(limit);
       WaitFor(tuning::kRoomPoll, [&] {
         const int now_cap = cap();
-        return now_cap - static_cast<int>(sink.InFlight()) >=
-               std::max(1, std::min(batch, now_cap / 2));
+        return now_cap - static_cast<int>(sink.InFlight()) >= worth_a_claim(now_cap);
       });
       room_wait.wake_at_or_below = -1;
       continue;

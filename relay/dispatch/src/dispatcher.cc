@@ -126,6 +126,10 @@ std::string TraceIdOf(const Message& msg) {
 // W3C trace context: dead letters at info, retries at debug, deliveries at trace.
 void Dispatcher::Impl::LogOutcome(const Destination& d, MessageId id, const std::string& trace,
                                   const Outcome& outcome, const Settlement& s) {
+  const auto level = s.kind == Settlement::Kind::kDelivered ? spdlog::level::trace
+                     : s.kind == Settlement::Kind::kDead    ? spdlog::level::info
+                                                            : spdlog::level::debug;
+  if (!spdlog::should_log(level)) return;  // on the hot path: build nothing at info level
   const std::string traced = trace.empty() ? "" : " trace_id=" + trace;
   switch (s.kind) {
     case Settlement::Kind::kDelivered:
