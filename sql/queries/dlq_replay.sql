@@ -9,10 +9,11 @@ WITH picked AS (
 )
 INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type, headers,
                              payload, payload_bytes, deliver_after, parked, created_at,
-                             last_error, bucket)
+                             last_error, bucket, endpoint_id)
 SELECT destination, ordering_key, idempotency_key, event_type, headers, payload,
        payload_bytes, clock_timestamp(), true, created_at, 'replayed from dead letter ' || id,
        CASE WHEN ordering_key IS NULL THEN floor(random() * p.bucket_count)
-            ELSE (hashtextextended(destination || chr(31) || ordering_key, 0) & 32767) % p.bucket_count END
+            ELSE (hashtextextended(destination || chr(31) || ordering_key, 0) & 32767) % p.bucket_count END,
+       endpoint_id
 FROM picked, outbox.partitioning p ORDER BY id
 RETURNING id

@@ -1,8 +1,13 @@
 -- settle: record the outcome of delivered messages, fenced by lease token: a relay whose
 -- lease expired (and was taken back by the reaper) settles nothing.
---   $1 jsonb array of {"id", "token", "outcome": delivered|retry|dead|release,
---                       "delay_ms" (retry), "error" (retry, dead),
---                       "counted": whether this outcome ends an attempt (dead)}
+--   $1 jsonb array of {"id", "token", "outcome": delivered|retry|dead|release|fanout,
+--                       "delay_ms" (retry, release), "error" (retry, dead),
+--                       "counted": whether this outcome ends an attempt (dead),
+--                       "children" (fanout): what the message's endpoints did not take, each
+--                         {"endpoint", "outcome": retry|dead|release, "delay_ms", "error",
+--                          "attempts": attempts it already had}}
+--       A fanout message leaves the queue like a delivered one; each child becomes a row of
+--       its endpoint (migration 0008), or a dead letter of its endpoint.
 --   $2 boolean: also copy delivered messages to outbox.delivered_archive
 -- Returns counts of delivered, dead, retried, released and woken rows, and of `gone`: inputs
 -- whose row no longer exists (settled by an earlier run of this same write whose reply was
@@ -10,35 +15,75 @@
 -- The rest were fenced: the row is there, leased by someone else or returned to the queue.
 WITH input AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb)
-    AS x(id bigint, token uuid, outcome text, delay_ms bigint, error text, counted boolean)
+    AS x(id bigint, token uuid, outcome text, delay_ms bigint, error text, counted boolean,
+         children jsonb)
 ), delivered AS (
   DELETE FROM outbox.messages m USING input i
-  WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'delivered'
+  WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome IN ('delivered', 'fanout')
   RETURNING m.id, m.destination, m.ordering_key, m.idempotency_key, m.event_type, m.headers,
-            m.payload, m.payload_bytes, m.attempts, m.created_at
+            m.payload, m.payload_bytes, m.attempts, m.created_at, m.endpoint_id, m.bucket,
+            i.children
 ), archived AS (
   INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key,
                                         event_type, headers, payload, payload_bytes,
-                                        attempts, created_at, delivered_at)
+                                        attempts, created_at, delivered_at, endpoint_id)
   SELECT d.id, d.destination, d.ordering_key, d.idempotency_key, d.event_type, d.headers,
-         d.payload, d.payload_bytes, d.attempts + 1, d.created_at, clock_timestamp()
+         d.payload, d.payload_bytes, d.attempts + 1, d.created_at, clock_timestamp(),
+         d.endpoint_id
   FROM delivered d
   WHERE $2::boolean
   ON CONFLICT (id) DO NOTHING
+  RETURNING id
+), owed AS (
+  -- What a fanned-out message's endpoints did not take.
+  SELECT d.destination, d.ordering_key, d.idempotency_key, d.event_type, d.headers, d.payload,
+         d.payload_bytes, d.created_at, c.endpoint, c.outcome, c.delay_ms, c.error,
+         c.attempts
+  FROM delivered d,
+       jsonb_to_recordset(d.children)
+         AS c(endpoint text, outcome text, delay_ms bigint, error text, attempts integer)
+  WHERE d.children IS NOT NULL
+), spawned AS (
+  -- Parked: they enter through the slow lane when due, behind their endpoint's earlier rows of
+  -- the same key. ON CONFLICT: the endpoint already holds this message (written again).
+  INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type, headers,
+                               payload, payload_bytes, deliver_after, attempts, parked,
+                               last_error, created_at, bucket, endpoint_id)
+  SELECT o.destination, o.endpoint || ':' || o.ordering_key,
+         outbox.endpoint_delivery_id(o.idempotency_key, o.endpoint), o.event_type, o.headers,
+         o.payload, o.payload_bytes,
+         clock_timestamp() + make_interval(secs => coalesce(o.delay_ms, 0) / 1000.0),
+         o.attempts, true, o.error, o.created_at,
+         CASE WHEN o.ordering_key IS NULL THEN floor(random() * p.bucket_count)
+              ELSE (hashtextextended(o.destination || chr(31) || o.endpoint || ':' ||
+                                     o.ordering_key, 0) & 32767) % p.bucket_count END,
+         o.endpoint
+  FROM owed o, outbox.partitioning p
+  WHERE o.outcome <> 'dead'
+  ON CONFLICT (idempotency_key) DO NOTHING
   RETURNING id
 ), dead AS (
   DELETE FROM outbox.messages m USING input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'dead'
   RETURNING m.id, m.destination, m.ordering_key, m.idempotency_key, m.event_type, m.headers,
-            m.payload, m.payload_bytes, m.attempts, m.created_at, i.error, i.counted
+            m.payload, m.payload_bytes, m.attempts, m.created_at, i.error, i.counted,
+            m.endpoint_id
 ), buried AS (
   INSERT INTO outbox.dead_letters (id, destination, ordering_key, idempotency_key, event_type,
                                    headers, payload, payload_bytes, attempts, reason,
-                                   last_error, created_at)
+                                   last_error, created_at, endpoint_id)
   SELECT d.id, d.destination, d.ordering_key, d.idempotency_key, d.event_type, d.headers,
          d.payload, d.payload_bytes, d.attempts + CASE WHEN d.counted THEN 1 ELSE 0 END,
-         d.error, d.error, d.created_at
+         d.error, d.error, d.created_at, d.endpoint_id
   FROM dead d
+  UNION ALL
+  -- An endpoint refused a fanned-out message for good: a dead letter of that endpoint, with
+  -- an id of its own.
+  SELECT nextval('outbox.messages_id_seq'), o.destination, o.endpoint || ':' || o.ordering_key,
+         outbox.endpoint_delivery_id(o.idempotency_key, o.endpoint), o.event_type, o.headers,
+         o.payload, o.payload_bytes, o.attempts, o.error, o.error, o.created_at, o.endpoint
+  FROM owed o
+  WHERE o.outcome = 'dead'
   RETURNING id
 ), retried AS (
   UPDATE outbox.messages m
@@ -49,9 +94,11 @@ WITH input AS (
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'retry'
   RETURNING m.id
 ), released AS (
-  -- Shutdown: handed back undelivered; no attempt is counted.
   UPDATE outbox.messages m
-  SET lease_owner = NULL, lease_until = NULL, parked = true, deliver_after = clock_timestamp()
+  -- Shutdown, or an endpoint that stopped sending for a while (delay_ms): handed back
+  -- undelivered; no attempt is counted.
+  SET lease_owner = NULL, lease_until = NULL, parked = true,
+      deliver_after = clock_timestamp() + make_interval(secs => coalesce(i.delay_ms, 0) / 1000.0)
   FROM input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'release'
   RETURNING m.id
@@ -72,9 +119,12 @@ WITH input AS (
     AND m.parked AND m.deliver_after = 'infinity'
   RETURNING m.id
 )
-SELECT (SELECT count(*) FROM delivered) AS delivered, (SELECT count(*) FROM buried) AS dead,
+SELECT (SELECT count(*) FROM delivered) AS delivered, (SELECT count(*) FROM dead) AS dead,
+       -- Dead letters of endpoints that refused a fanned-out message for good.
+       (SELECT count(*) FROM buried) - (SELECT count(*) FROM dead) AS endpoint_dead,
        (SELECT count(*) FROM retried) AS retried, (SELECT count(*) FROM released) AS released,
        (SELECT count(*) FROM woken) AS woken, (SELECT count(*) FROM archived) AS archived,
+       (SELECT count(*) FROM spawned) AS spawned,
        -- The statement's snapshot still holds the rows it deletes itself.
        (SELECT count(*) FROM input i
          WHERE NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id)) AS gone,

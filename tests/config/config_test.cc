@@ -365,6 +365,30 @@ TEST(ParseConfig, WebhookPrivateNetworkKeys) {
       << message;
 }
 
+TEST(ParseConfig, AWebhookServiceTakesItsEndpointsFromTheDatabase) {
+  const RelayConfig config = ParseConfig(
+      WithDestination("svc", "    webhook:\n      endpoints: database\n      max_in_flight: 8\n"),
+      "cfg.yaml", kNoEnv);
+  const auto& w = std::get<WebhookTarget>(config.destinations.at("svc").target);
+  EXPECT_TRUE(w.endpoints_from_database);
+  EXPECT_TRUE(w.url.empty());
+  EXPECT_TRUE(w.secrets.empty());
+  EXPECT_EQ(w.max_in_flight, 8);
+  EXPECT_EQ(w.database_url, config.database_url) << "where the service reads its endpoints";
+
+  std::string message =
+      ErrorOf(WithWebhook("      secret: " + kSecretA + "\n      endpoints: database\n"));
+  EXPECT_TRUE(Contains(message, "destinations.hooks.webhook.url")) << message;
+  EXPECT_TRUE(Contains(message, "takes each endpoint's url and secrets from outbox.endpoints"))
+      << message;
+  message = ErrorOf(WithDestination(
+      "svc", "    webhook:\n      endpoints: database\n      secret: " + kSecretA + "\n"));
+  EXPECT_TRUE(Contains(message, "remove `secret`")) << message;
+  message = ErrorOf(WithDestination("svc", "    webhook:\n      endpoints: yaml\n"));
+  EXPECT_TRUE(Contains(message, "`yaml` is not a source of endpoints")) << message;
+  EXPECT_TRUE(Contains(message, "endpoints: database")) << message;
+}
+
 TEST(ParseConfig, TheBuiltInRetryIsAScheduleOfAboutADay) {
   const RetryPolicy p = DefaultRetryPolicy();
   EXPECT_EQ(p.schedule, (std::vector<Millis>{5s, 5min, 30min, 2h, 5h, 10h, 10h}));
@@ -1263,7 +1287,10 @@ TEST(ExampleConfig, LoadsWithTheVariablesItNames) {
             "postgresql://outbox_relay@db.internal:5432/app?sslmode=verify-full");
   EXPECT_EQ(config.admin_listen, "") << "the example shows the documented default: no admin server";
   EXPECT_EQ(config.log_format, LogFormat::kJson);
-  ASSERT_EQ(config.destinations.size(), 2u);
+  ASSERT_EQ(config.destinations.size(), 3u);
+  const auto& service = std::get<WebhookTarget>(config.destinations.at("customer-events").target);
+  EXPECT_TRUE(service.endpoints_from_database);
+  EXPECT_EQ(service.max_in_flight, 8);
 
   const Destination& orders = config.destinations.at("orders");
   const auto& kafka = std::get<KafkaTarget>(orders.target);

@@ -353,12 +353,16 @@ class FakeStore final : public QueueStore {
         continue;
       }
       switch (s.kind) {
+        case Settlement::Kind::kFanOut:  // the fake keeps no endpoint rows: counted only
+          c.spawned += static_cast<std::int64_t>(s.children.size());
+          [[fallthrough]];
         case Settlement::Kind::kDelivered:
         case Settlement::Kind::kDead: {
           const FakeDatabase::Row gone = r;
           db_.rows_.erase(it);
-          (s.kind == Settlement::Kind::kDelivered ? db_.delivered_ : db_.dead_).push_back(gone.id);
-          ++(s.kind == Settlement::Kind::kDelivered ? c.delivered : c.dead);
+          const bool dead = s.kind == Settlement::Kind::kDead;
+          (dead ? db_.dead_ : db_.delivered_).push_back(gone.id);
+          ++(dead ? c.dead : c.delivered);
           c.woken += db_.WakeSuccessor(gone);
           c.written.push_back(s.id);
           break;

@@ -51,7 +51,7 @@ grep -q '^outbox-relay [0-9]' <<<"$VERSION" || fail "version printed: $VERSION"
 CHECK=$(KAFKA_PASSWORD=x BILLING_WEBHOOK_SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw \
   "$ROOT/usr/bin/outbox-relay" check-config --config "$ROOT/etc/outbox-relay/relay.yaml" 2>&1) \
   || fail "check-config refused the shipped example: $CHECK"
-grep -q 'ok, 2 destination(s)' <<<"$CHECK" || fail "check-config printed: $CHECK"
+grep -q 'ok, 3 destination(s)' <<<"$CHECK" || fail "check-config printed: $CHECK"
 
 # The unit: systemd's own checks (verify needs the executables it names to exist, so a copy
 # points at the unpacked binary), and the hardening it promises.

@@ -68,9 +68,10 @@ TEST_F(RetentionTest, ArchiveTableHasTheDocumentedShape) {
     }
     return out;
   }();
-  EXPECT_EQ(cols, (std::vector<std::string>{"id", "destination", "ordering_key", "idempotency_key",
-                                            "event_type", "headers", "payload", "payload_bytes",
-                                            "attempts", "created_at", "delivered_at"}));
+  EXPECT_EQ(cols,
+            (std::vector<std::string>{"id", "destination", "ordering_key", "idempotency_key",
+                                      "event_type", "headers", "payload", "payload_bytes",
+                                      "attempts", "created_at", "delivered_at", "endpoint_id"}));
   EXPECT_EQ(Ids("SELECT count(*) FROM pg_indexes WHERE schemaname = 'outbox' AND tablename = "
                 "'delivered_archive' "
                 "AND indexdef LIKE '%(delivered_at)%'"),

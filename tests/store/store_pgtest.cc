@@ -121,6 +121,70 @@ TEST_F(StoreTest, DeadLetteringTheHeadUnblocksItsKey) {
   EXPECT_EQ(Ids(store.Claim("d", 0, 100, 100, 30s)), (std::vector<std::int64_t>{ids[1]}));
 }
 
+// Webhook service (migration 0008): a fanned-out message leaves the queue, and each endpoint
+// that did not take it gets a row of its own (retry, or held back without an attempt) or a dead
+// letter, keyed "<endpoint>:<key>" with the endpoint's delivery id; those rows are then claimed
+// with their endpoint, in order per endpoint and key; a fenced fan-out writes nothing.
+TEST_F(StoreTest, AFannedOutMessageLeavesRowsOnlyForTheEndpointsThatDidNotTakeIt) {
+  auto ids = Enqueue({outbox::Message::To("d").Json("1").Key("k").EventType("e").Build(),
+                      outbox::Message::To("d").Json("2").Key("k").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(Ids(r), (std::vector<std::int64_t>{ids[0]}));
+  const std::string parent_key = r.messages[0].idempotency_key;
+
+  Settlement fenced = Settle(r.messages[0], NewUuid(), Settlement::Kind::kFanOut);
+  fenced.children.push_back({"ep_a", Settlement::Kind::kRetry, 0ms, "http 503", 1, {}});
+  auto c = store.Settle({fenced});
+  EXPECT_EQ(c.fenced, 1);
+  EXPECT_EQ(c.spawned, 0) << "a fenced fan-out writes no endpoint row";
+
+  Settlement s = Settle(r.messages[0], r.lease_token, Settlement::Kind::kFanOut);
+  s.delivered_to = 2;
+  s.children = {{"ep_a", Settlement::Kind::kRetry, 0ms, "http 503", 1, {}},
+                {"ep_b", Settlement::Kind::kRelease, 3600s, "endpoint disabled", 0, {}},
+                {"ep_c", Settlement::Kind::kDead, 0ms, "http 410: gone", 1, {}}};
+  c = store.Settle({s});
+  EXPECT_EQ(c.delivered, 1);
+  EXPECT_EQ(c.fenced, 0);
+  EXPECT_EQ(c.spawned, 2);
+  EXPECT_EQ(c.endpoint_dead, 1);
+  EXPECT_EQ(c.woken, 1) << "the message itself is done: the next of its key may go";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a' AND "
+                   "ordering_key = 'ep_a:k' AND attempts = 1 AND last_error = 'http 503' AND "
+                   "event_type = 'e' AND idempotency_key = outbox.endpoint_delivery_id('" +
+                   parent_key + "', 'ep_a')"),
+            1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_b' AND "
+                   "attempts = 0 AND deliver_after > now() + interval '50 minutes'"),
+            1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_c' AND "
+                   "ordering_key = 'ep_c:k' AND reason = 'http 410: gone' AND attempts = 1"),
+            1);
+
+  // The second message goes next; then the endpoint row of ep_a, alone and with its endpoint.
+  auto next = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(next.messages.size(), 2u);
+  EXPECT_EQ(Raw(next.messages[0].id), ids[1]);
+  EXPECT_FALSE(next.messages[0].endpoint_id);
+  ASSERT_TRUE(next.messages[1].endpoint_id);
+  EXPECT_EQ(*next.messages[1].endpoint_id, "ep_a");
+  EXPECT_EQ(next.messages[1].ordering_key, "ep_a:k");
+
+  // A second fan-out of the same key queues ep_a's row behind the first, and writing the same
+  // endpoint row twice (a settle written again) keeps one.
+  Settlement again = Settle(next.messages[0], next.lease_token, Settlement::Kind::kFanOut);
+  again.children = {{"ep_a", Settlement::Kind::kRelease, 0ms, "an earlier message is owed", 0, {}}};
+  c = store.Settle({again});
+  EXPECT_EQ(c.spawned, 1);
+  c = store.Settle(
+      {Settle(next.messages[1], next.lease_token, Settlement::Kind::kRetry, 0ms, "http 503")});
+  EXPECT_EQ(c.retried, 1);
+  auto third = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(third.messages.size(), 1u) << "ep_a's second row waits behind its first";
+  EXPECT_EQ(third.messages[0].attempts, 2);
+}
+
 TEST_F(StoreTest, SettleIsFencedByLeaseToken) {
   Enqueue({outbox::Message::To("d").Json("1").Build()});
   Store store(db_url_);

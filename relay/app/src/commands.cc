@@ -100,6 +100,8 @@ std::optional<std::string> SinkConfigProblem(const std::string& config_path,
 
 }  // namespace
 
+int PrintError(const std::string& msg) { return Fail(msg); }
+
 int RunCheckConfig(const std::string& config_path) {
   try {
     const RelayConfig cfg = LoadConfigFile(config_path, ProcessEnv());
@@ -252,22 +254,11 @@ nlohmann::json ToJson(const DeadLetter& d) {
       {"dead_at", d.dead_at}};
 }
 
-template <class F>
-int WithConnection(const std::string& url, F f) {
-  try {
-    Store store(url);
-    return f(store);
-  } catch (const std::invalid_argument& e) {
-    return Fail(e.what());
-  } catch (const std::exception& e) {
-    return Fail(e.what());
-  }
-}
 
 }  // namespace
 
 int RunStatus(const std::string& database_url, bool json) {
-  return WithConnection(database_url, [&](Store& c) {
+  return WithStore(database_url, [&](Store& c) {
     const StatusSnapshot snapshot = ReadStatus(c);
     if (json) {
       std::cout << StatusToJson(snapshot).dump(2) << "\n";
@@ -279,7 +270,7 @@ int RunStatus(const std::string& database_url, bool json) {
 }
 
 int RunDlqList(const DlqArgs& a) {
-  return WithConnection(a.database_url, [&](Store& c) {
+  return WithStore(a.database_url, [&](Store& c) {
     const auto rows = ListDeadLetters(c, a.destination, a.limit);
     if (a.json) {
       for (const auto& d : rows) std::cout << ToJson(d).dump() << "\n";
@@ -299,7 +290,7 @@ int RunDlqList(const DlqArgs& a) {
 }
 
 int RunDlqShow(const DlqArgs& a) {
-  return WithConnection(a.database_url, [&](Store& c) {
+  return WithStore(a.database_url, [&](Store& c) {
     const auto d = GetDeadLetter(c, a.ids.at(0));
     if (!d)
       return Fail("no dead letter with id " + std::to_string(a.ids.at(0)) +
@@ -312,7 +303,7 @@ int RunDlqShow(const DlqArgs& a) {
 int RunDlqReplay(const DlqArgs& a) {
   if (a.ids.empty() && !a.all) return Fail("name the dead letters to replay, or pass --all");
   if (!a.ids.empty() && a.all) return Fail("pass either ids or --all, not both");
-  return WithConnection(a.database_url, [&](Store& c) {
+  return WithStore(a.database_url, [&](Store& c) {
     const auto ids = ReplayDeadLetters(c, a.ids, a.destination);
     std::cout << "replayed " << ids.size() << " message(s)\n";
     if (!a.ids.empty() && ids.size() != a.ids.size()) {
@@ -324,7 +315,7 @@ int RunDlqReplay(const DlqArgs& a) {
 }
 
 int RunDlqPurge(const DlqArgs& a) {
-  return WithConnection(a.database_url, [&](Store& c) {
+  return WithStore(a.database_url, [&](Store& c) {
     const auto n = PurgeDeadLetters(c, a.ids, a.older_than, a.destination);
     std::cout << "purged " << n << " dead letter(s)\n";
     return 0;
@@ -333,7 +324,7 @@ int RunDlqPurge(const DlqArgs& a) {
 
 int RunDlqBury(const DlqArgs& a) {
   if (a.destination.empty()) return Fail("name the destination: dlq bury --destination NAME");
-  return WithConnection(a.database_url, [&](Store& c) {
+  return WithStore(a.database_url, [&](Store& c) {
     const auto live = LiveRelaysByDestination(c, StatusOptions{}.relay_heartbeat_expiry);
     if (const auto it = live.find(a.destination); it != live.end() && !a.force) {
       return Fail("destination \"" + a.destination + "\" is served by " +
@@ -357,7 +348,7 @@ int RunDlqBury(const DlqArgs& a) {
 int RunPause(const std::string& database_url, const std::string& destination,
              const std::string& reason) {
   if (destination.empty()) return Fail("name the destination: pause DESTINATION");
-  return WithConnection(database_url, [&](Store& c) {
+  return WithStore(database_url, [&](Store& c) {
     PauseDestination(c, destination, reason);
     std::cout << "paused \"" << destination
               << "\": relays claim nothing for it within a second (what is in flight finishes); "
@@ -369,7 +360,7 @@ int RunPause(const std::string& database_url, const std::string& destination,
 
 int RunResume(const std::string& database_url, const std::string& destination) {
   if (destination.empty()) return Fail("name the destination: resume DESTINATION");
-  return WithConnection(database_url, [&](Store& c) {
+  return WithStore(database_url, [&](Store& c) {
     if (!ResumeDestination(c, destination)) {
       std::cout << "\"" << destination << "\" was not paused; nothing to do\n";
       return 0;

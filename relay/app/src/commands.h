@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "outbox_relay/store.h"
+
 namespace outbox::relay::app {
 
 int RunRelay(const std::string& config_path, const std::string& database_url_override);
@@ -37,6 +39,49 @@ int RunPause(const std::string& database_url, const std::string& destination,
              const std::string& reason);
 /// outbox-relay resume DEST.
 int RunResume(const std::string& database_url, const std::string& destination);
+
+/// `outbox-relay endpoints ...` (endpoint_commands.cc): the webhook service's endpoints.
+struct EndpointArgs {
+  std::string database_url;
+  std::string id;
+  std::string destination;
+  std::string url;
+  std::string description;
+  std::string metadata;
+  std::vector<std::string> event_types;
+  std::vector<std::string> headers;  ///< "Name: value"
+  int max_in_flight = 0;
+  bool disabled = false;
+  std::string secret;
+  std::string reason;
+  std::string overlap = "24h";
+  bool json = false;
+  /// update: which of the fields above were given.
+  bool set_destination = false, set_url = false, set_description = false, set_metadata = false,
+       set_event_types = false, set_headers = false, set_max_in_flight = false;
+};
+int RunEndpointsAdd(const EndpointArgs& a);
+int RunEndpointsList(const EndpointArgs& a);
+int RunEndpointsShow(const EndpointArgs& a);
+int RunEndpointsUpdate(const EndpointArgs& a);
+int RunEndpointsEnable(const EndpointArgs& a, bool enabled);
+int RunEndpointsDelete(const EndpointArgs& a);
+int RunEndpointsRotateSecret(const EndpointArgs& a);
+
+/// Prints `msg` as one line on stderr ("error: ..."); returns 1.
+int PrintError(const std::string& msg);
+
+/// Runs an operator command `f(Store&)` on a connection to `url`; any failure (bad input,
+/// database errors) is printed as one line and gives exit code 1.
+template <class F>
+int WithStore(const std::string& url, F f) {
+  try {
+    Store store(url);
+    return f(store);
+  } catch (const std::exception& e) {
+    return PrintError(e.what());
+  }
+}
 
 /// The database of an operator command: `flag` (--database-url) if given, else the
 /// database_url of the config file at `config_path` (--config, with its environment

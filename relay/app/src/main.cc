@@ -110,6 +110,93 @@ int main(int argc, char** argv) {
   add_config(resume);
   resume->add_option("destination", pause_destination, "Destination name")->required();
 
+  EndpointArgs ep;
+  auto* endpoints = app.add_subcommand(
+      "endpoints", "Manage the endpoints of webhook-service destinations (`endpoints: database`)");
+  endpoints->require_subcommand(1);
+  auto add_ep_db = [&](CLI::App* cmd) {
+    cmd->add_option("--database-url", ep.database_url,
+                    "PostgreSQL URL (default: the --config file's, else $OUTBOX_DATABASE_URL)");
+    add_config(cmd);
+  };
+  auto add_ep_id = [&](CLI::App* cmd) { cmd->add_option("id", ep.id, "Endpoint id")->required(); };
+  CLI::Option* opt_dest = nullptr;
+  CLI::Option* opt_url = nullptr;
+  CLI::Option* opt_desc = nullptr;
+  CLI::Option* opt_meta = nullptr;
+  CLI::Option* opt_types = nullptr;
+  CLI::Option* opt_headers = nullptr;
+  CLI::Option* opt_mif = nullptr;
+  bool all_events = false;
+  bool no_headers = false;
+  auto add_ep_fields = [&](CLI::App* cmd, bool adding) {
+    opt_dest = cmd->add_option("--destination,-d", ep.destination,
+                               "The destination whose messages it receives");
+    opt_url = cmd->add_option("--url", ep.url, "Where to POST, http:// or https://");
+    if (adding) {
+      opt_dest->required();
+      opt_url->required();
+    }
+    opt_desc = cmd->add_option("--description", ep.description, "Free text");
+    opt_meta = cmd->add_option("--metadata", ep.metadata, "A JSON object, kept with it");
+    opt_types = cmd->add_option("--event-type,-e", ep.event_types,
+                                "Receive only these event types (repeat; 'invoice.*' for a "
+                                "prefix); default: every event");
+    opt_headers = cmd->add_option("--header,-H", ep.headers,
+                                  "'Name: value' sent with every request (repeat)");
+    opt_mif = cmd->add_option("--max-in-flight", ep.max_in_flight,
+                              "Concurrent requests to it (default, or 0: the destination's)")
+                  ->check(CLI::Range(0, 1024));
+    if (!adding) {
+      cmd->add_flag("--all-events", all_events, "Drop the event-type filter");
+      cmd->add_flag("--no-headers", no_headers, "Drop its headers");
+    }
+  };
+  auto* ep_add = endpoints->add_subcommand("add", "Add an endpoint; prints its secret once");
+  add_ep_db(ep_add);
+  add_ep_fields(ep_add, true);
+  CLI::Option* add_types = opt_types;
+  CLI::Option* add_headers = opt_headers;
+  CLI::Option* add_meta = opt_meta;
+  CLI::Option* add_desc = opt_desc;
+  CLI::Option* add_mif = opt_mif;
+  ep_add->add_option("--id", ep.id, "Its id (default: ep_<random>); letters, digits, _ . -");
+  ep_add->add_option("--secret", ep.secret, "A whsec_ secret (default: a new random one)");
+  ep_add->add_flag("--disabled", ep.disabled, "Add it disabled");
+  ep_add->add_flag("--json", ep.json, "JSON output");
+  auto* ep_list = endpoints->add_subcommand("list", "List endpoints (never their secrets)");
+  add_ep_db(ep_list);
+  ep_list->add_option("--destination,-d", ep.destination, "Only this destination");
+  ep_list->add_flag("--json", ep.json, "JSON output");
+  auto* ep_show = endpoints->add_subcommand("show", "Show one endpoint with its backlog");
+  add_ep_db(ep_show);
+  add_ep_id(ep_show);
+  ep_show->add_flag("--json", ep.json, "JSON output");
+  auto* ep_update = endpoints->add_subcommand("update", "Change an endpoint; relays follow in 1 s");
+  add_ep_db(ep_update);
+  add_ep_id(ep_update);
+  add_ep_fields(ep_update, false);
+  auto* ep_disable =
+      endpoints->add_subcommand("disable", "Stop sending to an endpoint; its messages wait for it");
+  add_ep_db(ep_disable);
+  add_ep_id(ep_disable);
+  ep_disable->add_option("--reason", ep.reason, "Shown by list and show");
+  auto* ep_enable =
+      endpoints->add_subcommand("enable", "Send to an endpoint again, what waited first");
+  add_ep_db(ep_enable);
+  add_ep_id(ep_enable);
+  auto* ep_delete = endpoints->add_subcommand("delete", "Delete an endpoint and its secrets");
+  add_ep_db(ep_delete);
+  add_ep_id(ep_delete);
+  auto* ep_rotate = endpoints->add_subcommand(
+      "rotate-secret", "New signing secret; the old one keeps signing during the overlap");
+  add_ep_db(ep_rotate);
+  add_ep_id(ep_rotate);
+  ep_rotate->add_option("--overlap", ep.overlap,
+                        "How long the previous secret still signs (default 24h; 0: stop now)");
+  ep_rotate->add_option("--secret", ep.secret, "The new whsec_ secret (default: a random one)");
+  ep_rotate->add_flag("--json", ep.json, "JSON output");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -137,6 +224,33 @@ int main(int argc, char** argv) {
     if (database_url.empty()) return 2;
     return *pause ? RunPause(database_url, pause_destination, pause_reason)
                   : RunResume(database_url, pause_destination);
+  }
+  if (*endpoints) {
+    ep.database_url = DatabaseUrlFor(ep.database_url, config_path);
+    if (ep.database_url.empty()) return 2;
+    if (*ep_add) {
+      ep.set_description = add_desc->count() > 0;
+      ep.set_metadata = add_meta->count() > 0;
+      ep.set_event_types = add_types->count() > 0;
+      ep.set_headers = add_headers->count() > 0;
+      ep.set_max_in_flight = add_mif->count() > 0;
+      return RunEndpointsAdd(ep);
+    }
+    if (*ep_list) return RunEndpointsList(ep);
+    if (*ep_show) return RunEndpointsShow(ep);
+    if (*ep_update) {
+      ep.set_destination = opt_dest->count() > 0;
+      ep.set_url = opt_url->count() > 0;
+      ep.set_description = opt_desc->count() > 0;
+      ep.set_metadata = opt_meta->count() > 0;
+      ep.set_event_types = opt_types->count() > 0 || all_events;
+      ep.set_headers = opt_headers->count() > 0 || no_headers;
+      ep.set_max_in_flight = opt_mif->count() > 0;
+      return RunEndpointsUpdate(ep);
+    }
+    if (*ep_disable || *ep_enable) return RunEndpointsEnable(ep, ep_enable->parsed());
+    if (*ep_delete) return RunEndpointsDelete(ep);
+    if (*ep_rotate) return RunEndpointsRotateSecret(ep);
   }
   if (*dlq_cmd) {
     dlq.database_url = DatabaseUrlFor(dlq.database_url, config_path);

@@ -587,22 +587,41 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
   Mapping m(field,
             {"url", "secret", "secret_env", "secret_file", "previous_secrets", "timeout_ms",
              "connect_timeout_ms", "max_in_flight", "ca_file", "verify_tls", "headers", "breaker",
-             "adaptive_concurrency", "allow_private_networks", "allowed_networks"});
+             "adaptive_concurrency", "allow_private_networks", "allowed_networks", "endpoints"});
   WebhookTarget webhook;
 
   auto url = m.Get("url");
-  if (!url)
+  if (auto endpoints = m.Get("endpoints")) {
+    const std::string where = detail::ReadNonEmptyString(*endpoints);
+    if (where != "database") {
+      Fail(*endpoints, Quote(where) +
+                           " is not a source of endpoints; write `endpoints: database` to fan "
+                           "each message out to the endpoints managed with `outbox-relay "
+                           "endpoints`, or remove the key and set `url` and `secret`");
+    }
+    for (const char* key : {"url", "secret", "secret_env", "secret_file", "previous_secrets"}) {
+      if (auto f = m.Get(key)) {
+        Fail(*f, std::string("a destination with `endpoints: database` takes each endpoint's url "
+                             "and secrets from outbox.endpoints (`outbox-relay endpoints add`); "
+                             "remove `") +
+                     key + "`");
+      }
+    }
+    webhook.endpoints_from_database = true;
+  } else if (!url)
     Fail(field,
          "missing required key `url`; set the endpoint, e.g. `url: "
          "https://billing.internal/hooks/outbox`");
-  webhook.url = detail::ReadNonEmptyString(*url);
-  ValidateUrl(*url, webhook.url);
+  if (url) {
+    webhook.url = detail::ReadNonEmptyString(*url);
+    ValidateUrl(*url, webhook.url);
+  }
 
   std::vector<Field> secret_keys;
   for (const char* key : {"secret", "secret_env", "secret_file"}) {
     if (auto f = m.Get(key)) secret_keys.push_back(*f);
   }
-  if (secret_keys.empty()) {
+  if (secret_keys.empty() && !webhook.endpoints_from_database) {
     Fail(field,
          "missing secret; set exactly one of `secret`, `secret_env` (the name of an environment "
          "variable that "
@@ -614,9 +633,11 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
                              secret_keys[0].path.substr(secret_keys[0].path.rfind('.') + 1) +
                              "` too); remove the others");
   }
-  const Field& secret = secret_keys[0];
-  const std::string secret_key = secret.path.substr(secret.path.rfind('.') + 1);
-  if (secret_key == "secret") {
+  const std::string secret_key =
+      secret_keys.empty() ? "" : secret_keys[0].path.substr(secret_keys[0].path.rfind('.') + 1);
+  if (secret_keys.empty()) {
+    // endpoints: database; each endpoint's secrets come from outbox.endpoint_secrets
+  } else if (const Field& secret = secret_keys[0]; secret_key == "secret") {
     AddSecrets(secret, detail::ReadNonEmptyString(secret), "(written in the config)",
                webhook.secrets);
   } else if (secret_key == "secret_env") {
@@ -676,7 +697,8 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
 
 constexpr std::array<std::string_view, 5> kKafkaKeys = {"brokers", "topic", "producer",
                                                         "allowed_topics", "topic_prefix"};
-constexpr std::array<std::string_view, 15> kWebhookKeys = {"url",
+constexpr std::array<std::string_view, 16> kWebhookKeys = {"url",
+                                                           "endpoints",
                                                            "secret",
                                                            "secret_env",
                                                            "secret_file",
@@ -1133,6 +1155,11 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     config.destinations.emplace(name, std::move(destination));
   }
   ApplyLeaseBounds(config, ints[1].origin.empty() ? std::string() : ints[1].origin);
+  for (auto& [name, d] : config.destinations) {
+    if (auto* w = std::get_if<WebhookTarget>(&d.target); w && w->endpoints_from_database) {
+      w->database_url = config.database_url;
+    }
+  }
   return config;
 }
 

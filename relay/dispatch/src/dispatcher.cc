@@ -138,6 +138,10 @@ void Dispatcher::Impl::LogOutcome(const Destination& d, MessageId id, const std:
     case Settlement::Kind::kDead:
       spdlog::info("{}: message {} dead-lettered: {}{}", d.name, Raw(id), s.error, traced);
       break;
+    case Settlement::Kind::kFanOut:
+      spdlog::debug("{}: message {} sent to {} endpoint(s), {} still owed{}", d.name, Raw(id),
+                    s.delivered_to, s.children.size(), traced);
+      break;
     case Settlement::Kind::kRetry:
     case Settlement::Kind::kRelease:
       spdlog::debug("{}: message {} {} ({}){}", d.name, Raw(id), ToString(outcome.kind),

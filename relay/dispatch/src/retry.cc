@@ -75,6 +75,43 @@ std::optional<Settlement> DecideBeforeAttempt(MessageId id, int attempts, const 
   return s;
 }
 
+Settlement::Child DecideForEndpoint(const EndpointOutcome& owed, const RetryPolicy& policy,
+                                    double u01, bool shutting_down) {
+  Settlement::Child c;
+  c.endpoint_id = owed.endpoint_id;
+  c.error = owed.reason;
+  switch (owed.kind) {
+    case OutcomeKind::kPermanent:
+      c.kind = Settlement::Kind::kDead;
+      c.attempts = 1;
+      c.error = owed.reason.empty() ? "permanent failure" : owed.reason;
+      c.reason_class = Known(owed.reason_class);
+      return c;
+    case OutcomeKind::kRetry:
+      // Cut short (the relay stops, or the endpoint's sink was replaced), not failed: handed
+      // back like kReturned.
+      if (shutting_down || owed.reason_class == Reason::kShutdown) break;
+      c.reason_class = Known(owed.reason_class);
+      c.attempts = 1;
+      if (policy.max_attempts <= 1) {
+        c.kind = Settlement::Kind::kDead;
+        c.error = "gave up after 1 attempt; last error: " + owed.reason;
+        c.reason_class = Reason::kAttemptsExhausted;
+        return c;
+      }
+      c.kind = Settlement::Kind::kRetry;
+      c.delay = BackoffDelay(policy, 1, u01, owed.retry_after);
+      return c;
+    default:
+      break;
+  }
+  c.kind = Settlement::Kind::kRelease;
+  c.attempts = 0;
+  c.reason_class = Reason::kNone;
+  if (owed.kind == OutcomeKind::kReturned && owed.retry_after) c.delay = *owed.retry_after;
+  return c;
+}
+
 Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const RetryPolicy& policy,
                   const std::string& lease_token, double u01, bool shutting_down) {
   Settlement s;
@@ -91,6 +128,14 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
       return s;
     case OutcomeKind::kReturned:  // never sent: hand it back, count nothing
       s.kind = Settlement::Kind::kRelease;
+      if (outcome.retry_after) s.delay = *outcome.retry_after;
+      return s;
+    case OutcomeKind::kFannedOut:
+      s.kind = Settlement::Kind::kFanOut;
+      s.delivered_to = outcome.delivered_to;
+      for (const auto& owed : outcome.owed) {
+        s.children.push_back(DecideForEndpoint(owed, policy, u01, shutting_down));
+      }
       return s;
     case OutcomeKind::kRetry:
       break;

@@ -33,6 +33,19 @@ void Dispatcher::Impl::RecordSettled(const std::vector<Settlement>& batch, const
         break;
       case Settlement::Kind::kRelease:
         break;
+      case Settlement::Kind::kFanOut:
+        // Each endpoint's delivery counts like a message of its own.
+        for (int i = 0; i < s.delivered_to; ++i) {
+          metrics->RecordDelivered(s.destination, s.created_at);
+        }
+        for (const auto& c : s.children) {
+          if (c.kind == Settlement::Kind::kRetry) {
+            metrics->RecordRetried(s.destination, c.reason_class);
+          } else if (c.kind == Settlement::Kind::kDead) {
+            metrics->RecordDeadLettered(s.destination, c.reason_class);
+          }
+        }
+        break;
     }
   }
 }

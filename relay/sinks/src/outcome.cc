@@ -12,6 +12,8 @@ const char* ToString(OutcomeKind kind) {
       return "permanent";
     case OutcomeKind::kReturned:
       return "returned";
+    case OutcomeKind::kFannedOut:
+      return "fanned_out";
   }
   return "unknown";
 }

@@ -53,6 +53,8 @@ const char* KindName(Settlement::Kind k) {
       return "dead";
     case Settlement::Kind::kRelease:
       return "release";
+    case Settlement::Kind::kFanOut:
+      return "fanout";
   }
   return "release";
 }
@@ -233,6 +235,7 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
       m.payload_is_json = false;
     }
     m.attempts = row["attempts"].as<int>();
+    if (!row["endpoint_id"].is_null()) m.endpoint_id = row["endpoint_id"].as<std::string>();
     if (!row["parked"].as<bool>()) out.fresh_lane.push_back(m.id);
     m.created_at = std::chrono::system_clock::time_point(
         std::chrono::microseconds(row["created_us"].as<std::int64_t>()));
@@ -304,12 +307,24 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
     if (settlements.empty()) return counts;
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& s : settlements) {
-      arr.push_back({{"id", Raw(s.id)},
-                     {"token", s.lease_token},
-                     {"outcome", KindName(s.kind)},
-                     {"delay_ms", s.delay.count()},
-                     {"error", s.error},
-                     {"counted", s.counts_attempt}});
+      nlohmann::json one = {{"id", Raw(s.id)},
+                            {"token", s.lease_token},
+                            {"outcome", KindName(s.kind)},
+                            {"delay_ms", s.delay.count()},
+                            {"error", s.error},
+                            {"counted", s.counts_attempt}};
+      if (s.kind == Settlement::Kind::kFanOut) {
+        nlohmann::json children = nlohmann::json::array();
+        for (const auto& c : s.children) {
+          children.push_back({{"endpoint", c.endpoint_id},
+                              {"outcome", KindName(c.kind)},
+                              {"delay_ms", c.delay.count()},
+                              {"error", c.error},
+                              {"attempts", c.attempts}});
+        }
+        one["children"] = std::move(children);
+      }
+      arr.push_back(std::move(one));
     }
     auto& c = impl_->Get();
     pqxx::nontransaction tx(c);
@@ -321,6 +336,8 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
     counts.woken = row["woken"].as<std::int64_t>();
     counts.archived = row["archived"].as<std::int64_t>();
     counts.gone = row["gone"].as<std::int64_t>();
+    counts.spawned = row["spawned"].as<std::int64_t>();
+    counts.endpoint_dead = row["endpoint_dead"].as<std::int64_t>();
     for (const auto& id : nlohmann::json::parse(row["written"].c_str())) {
       counts.written.push_back(MessageId{id.get<std::int64_t>()});
     }

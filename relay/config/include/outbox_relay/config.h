@@ -84,6 +84,14 @@ struct WebhookTarget {
   /// 429, 503 and timeouts halve the concurrent requests, successes raise them back up to
   /// max_in_flight. Off: always max_in_flight.
   bool adaptive_concurrency = true;
+  /// `endpoints: database`: a webhook service. The destination has no url or secret of its
+  /// own; each message fans out to the endpoints in outbox.endpoints subscribed to it
+  /// (docs/webhooks.md, "Webhook service"), and every other setting here is the default of
+  /// each endpoint (max_in_flight is per endpoint).
+  bool endpoints_from_database = false;
+  /// The relay's database_url, where endpoints_from_database reads the endpoints (set by the
+  /// config loader).
+  std::string database_url;
 };
 
 struct Destination {

@@ -37,9 +37,17 @@ std::optional<Settlement> DecideBeforeAttempt(MessageId id, int attempts, const 
 /// Turns a sink's outcome for message `id` into what the store records:
 ///   delivered -> delete; permanent -> dead letter; retry -> retry later, or dead letter when
 ///   this was the last allowed attempt; retry while shutting down, and returned -> release
-///   (not counted).
+///   (not counted), after the outcome's retry_after when it gives one; fanned out -> the
+///   message leaves the queue and each endpoint that did not take it gets a child
+///   (DecideForEndpoint).
 /// `attempts` is the number of failed attempts before this one (Message::attempts).
 Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const RetryPolicy& policy,
                   const std::string& lease_token, double u01, bool shutting_down);
+
+/// What an endpoint that did not take a fanned-out message gets: a retry row after the first
+/// backoff delay (attempts 1), a dead letter (refused for good, or max_attempts is 1), or a row
+/// handed back without an attempt counted (not sent, or cut short by shutdown).
+Settlement::Child DecideForEndpoint(const EndpointOutcome& owed, const RetryPolicy& policy,
+                                    double u01, bool shutting_down);
 
 }  // namespace outbox::relay

@@ -27,6 +27,9 @@ struct Message {
   bool payload_is_json = true;
   int attempts = 0;  ///< Failed attempts before this one.
   std::chrono::system_clock::time_point created_at{};
+  /// Set on a row owed to one endpoint of a webhook service (migration 0008): deliver it to
+  /// that endpoint only. Its ordering_key is then "<endpoint_id>:<the message's key>".
+  std::optional<std::string> endpoint_id;
 };
 
 }  // namespace outbox::relay

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "outbox_relay/message.h"
 #include "outbox_relay/reason.h"
@@ -22,9 +23,25 @@ enum class OutcomeKind {
   /// Handed back unsent: the sink stopped sending to its target for a while (circuit breaker
   /// open, Retry-After pause). No attempt is counted; the message may be claimed again.
   kReturned,
+  /// A webhook service sent the message to each of its endpoints: it leaves the queue, and
+  /// what an endpoint did not take (Outcome::owed) stays queued for that endpoint alone.
+  kFannedOut,
 };
 
 const char* ToString(OutcomeKind kind);
+
+/// What one endpoint of a fanned-out message did with it, when it did not take it.
+struct EndpointOutcome {
+  std::string endpoint_id;
+  /// kRetry (it failed: an attempt is counted), kPermanent (refused for good: a dead letter of
+  /// the endpoint) or kReturned (not sent: breaker open, disabled, busy, or an earlier message
+  /// of the key still owed to it; no attempt is counted).
+  OutcomeKind kind = OutcomeKind::kReturned;
+  std::string reason;
+  Reason reason_class = Reason::kNone;
+  /// kRetry: the endpoint asked to wait (Retry-After). kReturned: not before this long.
+  std::optional<std::chrono::milliseconds> retry_after;
+};
 
 struct Outcome {
   MessageId id{};
@@ -35,6 +52,10 @@ struct Outcome {
   Reason reason_class = Reason::kNone;
   /// The target asked to wait at least this long (HTTP Retry-After).
   std::optional<std::chrono::milliseconds> retry_after;
+  /// kFannedOut: the endpoints that did not take the message.
+  std::vector<EndpointOutcome> owed;
+  /// kFannedOut: how many endpoints took it.
+  int delivered_to = 0;
 };
 
 /// Delivers messages of one destination. Implementations are thread-safe: Submit may be

@@ -24,6 +24,7 @@
 #include "address_policy.h"
 #include "endpoint_governor.h"
 #include "outbox_relay/thread_name.h"
+#include "outbox_relay/webhook_service.h"
 #include "webhook_internal.h"
 
 namespace outbox::relay {
@@ -795,6 +796,21 @@ class WebhookSink final : public Sink {
 
 }  // namespace
 
+// What a webhook service checks before it has endpoints: the settings every endpoint shares.
+static void ValidateServiceDefaults(const std::string& destination, const WebhookTarget& target) {
+  if (target.max_in_flight < 1) {
+    throw std::invalid_argument("webhook " + destination + ": max_in_flight must be >= 1");
+  }
+  if (target.timeout.count() <= 0 || target.connect_timeout.count() <= 0) {
+    throw std::invalid_argument("webhook " + destination + ": timeouts must be positive");
+  }
+  if (target.ca_file && !std::ifstream(*target.ca_file).good()) {
+    throw std::invalid_argument("webhook " + destination + ": cannot read ca_file " +
+                                *target.ca_file);
+  }
+  AddressPolicyOf(destination, target);
+}
+
 SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target) {
   return std::make_unique<WebhookSink>(std::move(destination), target);
 }
@@ -804,10 +820,14 @@ const SinkFactory& WebhookSinkFactory() {
       "webhook",
       [](const Destination& d) { return std::holds_alternative<WebhookTarget>(d.target); },
       [](const Destination& d) {
-        ValidateWebhookTarget(d.name, std::get<WebhookTarget>(d.target));
+        const auto& target = std::get<WebhookTarget>(d.target);
+        if (target.endpoints_from_database) return ValidateServiceDefaults(d.name, target);
+        ValidateWebhookTarget(d.name, target);
       },
       [](const Destination& d) {
-        return MakeWebhookSink(d.name, std::get<WebhookTarget>(d.target));
+        const auto& target = std::get<WebhookTarget>(d.target);
+        return target.endpoints_from_database ? MakeWebhookServiceSink(d.name, target)
+                                              : MakeWebhookSink(d.name, target);
       },
   };
   return factory;

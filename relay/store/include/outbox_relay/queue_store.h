@@ -40,13 +40,24 @@ struct ClaimResult {
 };
 
 struct Settlement {
-  enum class Kind { kDelivered, kRetry, kDead, kRelease };
+  enum class Kind { kDelivered, kRetry, kDead, kRelease, kFanOut };
+  /// kFanOut: what one endpoint did not take; it stays queued (or dead) for that endpoint.
+  struct Child {
+    std::string endpoint_id;
+    Kind kind = Kind::kRelease;  ///< kRetry, kDead or kRelease.
+    Millis delay{0};             ///< Not before this long.
+    std::string error;
+    int attempts = 0;  ///< Attempts already made for this endpoint (1 after a failure).
+    Reason reason_class = Reason::kNone;
+  };
   MessageId id{};
   std::string lease_token;
   Kind kind = Kind::kDelivered;
-  Millis delay{0};             ///< kRetry: wait this long before the next attempt.
-  std::string error;           ///< kRetry, kDead: the reason recorded on the row.
-  bool counts_attempt = true;  ///< kDead: false when no delivery was tried (exhausted, unknown).
+  Millis delay{0};              ///< kRetry: wait this long before the next attempt.
+  std::string error;            ///< kRetry, kDead: the reason recorded on the row.
+  bool counts_attempt = true;   ///< kDead: false when no delivery was tried (exhausted, unknown).
+  std::vector<Child> children;  ///< kFanOut.
+  int delivered_to = 0;         ///< kFanOut: endpoints that took the message.
   // Not written; what the metrics need once the settle has written it.
   std::string destination;
   Reason reason_class = Reason::kNone;  ///< kRetry, kDead: why (reason.h), for the metrics.
@@ -55,6 +66,8 @@ struct Settlement {
 
 struct SettleCounts {
   std::int64_t delivered = 0, dead = 0, retried = 0, released = 0, woken = 0, archived = 0;
+  /// Rows and dead letters written for endpoints that did not take a fanned-out message.
+  std::int64_t spawned = 0, endpoint_dead = 0;
   /// Settlements whose lease had moved on (expired and reaped): nothing was written for them,
   /// and the message will be delivered again.
   std::int64_t fenced = 0;

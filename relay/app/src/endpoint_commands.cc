@@ -1,0 +1,229 @@
+// outbox-relay endpoints add|list|show|update|disable|enable|delete|rotate-secret: the webhook
+// service's endpoints, stored in Postgres (docs/webhooks.md, "Webhook service").
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "commands.h"
+#include "outbox_relay/endpoints.h"
+#include "outbox_relay/store.h"
+
+namespace outbox::relay::app {
+namespace {
+
+nlohmann::json ToJson(const EndpointRecord& e) {
+  nlohmann::json j = {{"id", e.id},
+                      {"destination", e.destination},
+                      {"url", e.url},
+                      {"description", e.description},
+                      {"metadata", nlohmann::json::parse(e.metadata)},
+                      {"event_types", e.event_types},
+                      {"headers", e.headers},
+                      {"enabled", e.enabled},
+                      {"secrets", e.secrets},
+                      {"backlog", e.backlog},
+                      {"dead_letters", e.dead_letters},
+                      {"created_at", e.created_at},
+                      {"updated_at", e.updated_at}};
+  j["max_in_flight"] = e.max_in_flight ? nlohmann::json(*e.max_in_flight) : nlohmann::json();
+  j["disabled_reason"] = e.disabled_reason ? nlohmann::json(*e.disabled_reason) : nlohmann::json();
+  return j;
+}
+
+std::map<std::string, std::string> ParseHeaders(const std::vector<std::string>& given) {
+  std::map<std::string, std::string> out;
+  for (const auto& h : given) {
+    const auto colon = h.find(':');
+    if (colon == std::string::npos || colon == 0) {
+      throw std::invalid_argument("--header \"" + h +
+                                  "\" is not \"Name: value\"; write e.g. --header 'X-Tenant: 42'");
+    }
+    std::string value = h.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.erase(0, 1);
+    out[h.substr(0, colon)] = value;
+  }
+  return out;
+}
+
+EndpointFields Fields(const EndpointArgs& a, bool adding) {
+  EndpointFields f;
+  if (adding || a.set_destination) f.destination = a.destination;
+  if (adding || a.set_url) f.url = a.url;
+  if (a.set_description) f.description = a.description;
+  if (a.set_metadata) f.metadata = a.metadata;
+  if (a.set_event_types) f.event_types = a.event_types;
+  if (a.set_headers) f.headers = ParseHeaders(a.headers);
+  if (a.set_max_in_flight) f.max_in_flight = a.max_in_flight;
+  if (adding) {
+    if (!a.id.empty()) f.id = a.id;
+    if (!a.secret.empty()) f.secret = a.secret;
+    f.enabled = !a.disabled;
+  }
+  return f;
+}
+
+// "24h", "30m", "90s", "2d" or plain seconds.
+std::chrono::seconds ParseOverlap(const std::string& text) {
+  std::size_t used = 0;
+  long long n = -1;
+  try {
+    n = std::stoll(text, &used);
+  } catch (const std::exception&) {
+  }
+  const std::string unit = n < 0 ? "" : text.substr(used);
+  long long mult = 0;
+  if (unit.empty() || unit == "s") mult = 1;
+  if (unit == "m") mult = 60;
+  if (unit == "h") mult = 3600;
+  if (unit == "d") mult = 86400;
+  if (n < 0 || mult == 0) {
+    throw std::invalid_argument("--overlap \"" + text +
+                                "\" is not a duration; write e.g. 24h, 30m, 90s or 0 (the old "
+                                "secret stops signing at once)");
+  }
+  return std::chrono::seconds(n * mult);
+}
+
+int NoSuch(const std::string& id) {
+  return PrintError("no endpoint has id \"" + id + "\"; `outbox-relay endpoints list` shows them");
+}
+
+void PrintOne(const EndpointRecord& e) {
+  std::cout << "id:            " << e.id << "\n"
+            << "destination:   " << e.destination << "\n"
+            << "url:           " << e.url << "\n"
+            << "enabled:       " << (e.enabled ? "yes" : "no")
+            << (e.disabled_reason ? " (" + *e.disabled_reason + ")" : "") << "\n"
+            << "event types:   ";
+  if (e.event_types.empty()) std::cout << "(all)";
+  for (std::size_t i = 0; i < e.event_types.size(); ++i) {
+    std::cout << (i ? ", " : "") << e.event_types[i];
+  }
+  std::cout << "\n";
+  for (const auto& [k, v] : e.headers) std::cout << "header:        " << k << ": " << v << "\n";
+  std::cout << "max in flight: "
+            << (e.max_in_flight ? std::to_string(*e.max_in_flight) : "(destination's)") << "\n"
+            << "secrets:       " << e.secrets << " signing (never shown after creation)\n"
+            << "backlog:       " << e.backlog << " message(s) waiting for this endpoint\n"
+            << "dead letters:  " << e.dead_letters << "\n"
+            << "description:   " << e.description << "\n"
+            << "metadata:      " << e.metadata << "\n"
+            << "created:       " << e.created_at << "\n"
+            << "updated:       " << e.updated_at << "\n";
+}
+
+}  // namespace
+
+int RunEndpointsAdd(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    const CreatedEndpoint created = AddEndpoint(store, Fields(a, true));
+    if (a.json) {
+      nlohmann::json j = ToJson(created.endpoint);
+      j["secret"] = created.secret;
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+    std::cout << "added endpoint " << created.endpoint.id << " to destination "
+              << created.endpoint.destination << " (relays use it within a second)\n"
+              << "secret: " << created.secret << "\n"
+              << "(the secret is shown only now: give it to the receiver; "
+              << "`outbox-relay endpoints rotate-secret " << created.endpoint.id
+              << "` makes a new one)\n";
+    return 0;
+  });
+}
+
+int RunEndpointsList(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    const auto all = ListEndpoints(store, a.destination);
+    if (a.json) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& e : all) arr.push_back(ToJson(e));
+      std::cout << arr.dump(2) << "\n";
+      return 0;
+    }
+    if (all.empty()) {
+      std::cout << "no endpoints" << (a.destination.empty() ? "" : " for " + a.destination)
+                << "; add one with `outbox-relay endpoints add --destination D --url URL`\n";
+      return 0;
+    }
+    std::cout << std::left << std::setw(36) << "ID" << std::setw(16) << "DESTINATION"
+              << std::setw(9) << "ENABLED" << std::setw(9) << "BACKLOG" << std::setw(6) << "DEAD"
+              << "URL\n";
+    for (const auto& e : all) {
+      std::cout << std::left << std::setw(36) << e.id << std::setw(16) << e.destination
+                << std::setw(9) << (e.enabled ? "yes" : "no") << std::setw(9) << e.backlog
+                << std::setw(6) << e.dead_letters << e.url << "\n";
+    }
+    return 0;
+  });
+}
+
+int RunEndpointsShow(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    const auto e = GetEndpoint(store, a.id);
+    if (!e) return NoSuch(a.id);
+    if (a.json) {
+      std::cout << ToJson(*e).dump(2) << "\n";
+    } else {
+      PrintOne(*e);
+    }
+    return 0;
+  });
+}
+
+int RunEndpointsUpdate(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    const EndpointFields f = Fields(a, false);
+    if (!f.destination && !f.url && !f.description && !f.metadata && !f.event_types && !f.headers &&
+        !f.max_in_flight) {
+      return PrintError(
+          "nothing to update: give at least one of --destination, --url, --description, "
+          "--metadata, --event-type (or --all-events), --header (or --no-headers), "
+          "--max-in-flight");
+    }
+    if (!UpdateEndpoint(store, a.id, f)) return NoSuch(a.id);
+    std::cout << "updated endpoint " << a.id << " (relays use the change within a second)\n";
+    return 0;
+  });
+}
+
+int RunEndpointsEnable(const EndpointArgs& a, bool enabled) {
+  return WithStore(a.database_url, [&](Store& store) {
+    if (!SetEndpointEnabled(store, a.id, enabled, a.reason)) return NoSuch(a.id);
+    std::cout << (enabled ? "enabled endpoint " : "disabled endpoint ") << a.id
+              << (enabled ? ": what waited for it is sent again now\n"
+                          : ": its messages wait for it (nothing is sent, nothing is lost) until "
+                            "`outbox-relay endpoints enable " +
+                                a.id + "`\n");
+    return 0;
+  });
+}
+
+int RunEndpointsDelete(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    if (!DeleteEndpoint(store, a.id)) return NoSuch(a.id);
+    std::cout << "deleted endpoint " << a.id
+              << " and its secrets; messages still waiting for it go to its dead letters\n";
+    return 0;
+  });
+}
+
+int RunEndpointsRotateSecret(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    const auto overlap = ParseOverlap(a.overlap);
+    const std::string secret = RotateEndpointSecret(
+        store, a.id, overlap, a.secret.empty() ? std::nullopt : std::optional(a.secret));
+    if (a.json) {
+      std::cout << nlohmann::json({{"id", a.id}, {"secret", secret}}).dump(2) << "\n";
+      return 0;
+    }
+    std::cout << "new secret for endpoint " << a.id << ": " << secret << "\n"
+              << "every delivery is signed with it and, for " << a.overlap
+              << " more, with the previous one too\n";
+    return 0;
+  });
+}
+
+}  // namespace outbox::relay::app

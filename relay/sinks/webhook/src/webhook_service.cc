@@ -1,0 +1,545 @@
+// The webhook service sink: fans each message out to the endpoints stored in Postgres, one
+// webhook sink per endpoint, and hands back what an endpoint did not take as rows of its own.
+#include "outbox_relay/webhook_service.h"
+
+#include <openssl/evp.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+
+#include "endpoint_directory.h"
+#include "outbox_relay/thread_name.h"
+#include "outbox_relay/webhook_sink.h"
+
+namespace outbox::relay {
+
+std::string EndpointDeliveryId(const std::string& message_key, const std::string& endpoint_id) {
+  const std::string input = message_key + "/" + endpoint_id;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(input.data(), input.size(), digest, &len, EVP_md5(), nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(36);
+  for (unsigned int i = 0; i < 16 && i < len; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kHex[digest[i] >> 4];
+    out += kHex[digest[i] & 0xF];
+  }
+  return out;
+}
+
+bool EndpointWants(const std::vector<std::string>& event_types, const std::string& event_type) {
+  if (event_types.empty()) return true;
+  for (const auto& t : event_types) {
+    if (t == event_type) return true;
+    if (t.size() >= 2 && t.ends_with(".*") &&
+        event_type.starts_with(std::string_view(t).substr(0, t.size() - 1))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using webhook_detail::Directory;
+using webhook_detail::EndpointDirectory;
+using webhook_detail::EndpointSpec;
+
+constexpr milliseconds kPollEvery{250};        ///< Registry version poll.
+constexpr milliseconds kNotLoadedHold{1'000};  ///< Before the first load: try again after.
+constexpr milliseconds kBusyHold{1'000};       ///< An endpoint with more queued than it allows.
+constexpr milliseconds kMinBlockedHold{1'000};
+/// A disabled endpoint's rows wait this long between looks; `endpoints enable` wakes them.
+constexpr milliseconds kDisabledHold{3'600'000};
+constexpr std::size_t kPlanBatchMax = 1000;  ///< Messages per owed-keys query.
+
+void Call(const Sink::Completion& done, Outcome outcome, const std::string& destination) {
+  try {
+    done(std::move(outcome));
+  } catch (const std::exception& e) {
+    spdlog::error("webhook {}: completion threw: {}", destination, e.what());
+  }
+}
+
+Outcome Simple(MessageId id, OutcomeKind kind, std::string reason, Reason cls = Reason::kNone,
+               std::optional<milliseconds> after = std::nullopt) {
+  Outcome o;
+  o.id = id;
+  o.kind = kind;
+  o.reason = std::move(reason);
+  o.reason_class = cls;
+  o.retry_after = after;
+  return o;
+}
+
+/// One endpoint: its spec and the sink that sends to it (null when the spec is unusable).
+struct Lane {
+  EndpointSpec spec;
+  std::shared_ptr<Sink> sink;
+  std::string error;  ///< Why there is no sink.
+};
+using LanePtr = std::shared_ptr<const Lane>;
+using Lanes = std::map<std::string, LanePtr>;
+
+/// How long a message waits for an endpoint that stopped sending (breaker open, paused).
+milliseconds BlockedHold(const Sink& sink) {
+  milliseconds hold = kMinBlockedHold;
+  if (const auto h = sink.Health()) hold = std::max({hold, h->probe_in, h->paused_for});
+  return hold;
+}
+
+/// Collects the endpoints' outcomes of one fanned-out message; the last one completes it.
+class FanOut {
+ public:
+  FanOut(MessageId id, int endpoints, Sink::Completion done, std::function<void()> finished)
+      : remaining_(endpoints), done_(std::move(done)), finished_(std::move(finished)) {
+    result_.id = id;
+  }
+
+  void Took() { Add(std::nullopt); }
+  void Owed(EndpointOutcome owed) { Add(std::move(owed)); }
+
+ private:
+  void Add(std::optional<EndpointOutcome> owed) {
+    Outcome out;
+    {
+      std::lock_guard lock(mu_);
+      if (owed) {
+        result_.owed.push_back(std::move(*owed));
+      } else {
+        ++result_.delivered_to;
+      }
+      if (--remaining_ > 0) return;
+      out = std::move(result_);
+    }
+    out.kind = out.owed.empty() ? OutcomeKind::kDelivered : OutcomeKind::kFannedOut;
+    finished_();
+    Call(done_, std::move(out), "service");
+  }
+
+  std::mutex mu_;
+  int remaining_;
+  Outcome result_;
+  Sink::Completion done_;
+  std::function<void()> finished_;
+};
+
+class WebhookServiceSink final : public Sink {
+ public:
+  WebhookServiceSink(std::string destination, const WebhookTarget& defaults)
+      : destination_(std::move(destination)),
+        defaults_(defaults),
+        lanes_(std::make_shared<Lanes>()),
+        registry_dir_(defaults.database_url, destination_),
+        planner_dir_(defaults.database_url, destination_) {
+    registry_thread_ = std::thread([this] {
+      NameThisThread("or-endpoints");
+      RegistryLoop();
+    });
+    planner_thread_ = std::thread([this] {
+      NameThisThread("or-fanout");
+      PlanLoop();
+    });
+  }
+
+  ~WebhookServiceSink() override { Shutdown(milliseconds(0)); }
+
+  void Submit(Message msg, Completion done) override {
+    LanePtr child_lane;
+    std::vector<LanePtr> matched;
+    std::unique_lock lock(mu_);
+    if (stopping_) {
+      lock.unlock();
+      Call(done,
+           Simple(msg.id, OutcomeKind::kRetry, "shutdown: the webhook service is stopping",
+                  Reason::kShutdown),
+           destination_);
+      return;
+    }
+    if (!loaded_) {
+      lock.unlock();
+      Call(done,
+           Simple(msg.id, OutcomeKind::kReturned, "the endpoint registry is not loaded yet",
+                  Reason::kNone, kNotLoadedHold),
+           destination_);
+      return;
+    }
+    const auto lanes = lanes_;
+    if (!msg.endpoint_id) {
+      for (const auto& [id, lane] : *lanes) {
+        if (EndpointWants(lane->spec.event_types, msg.event_type)) matched.push_back(lane);
+      }
+      if (matched.empty()) {
+        lock.unlock();
+        Call(done, Simple(msg.id, OutcomeKind::kDelivered, ""), destination_);
+        return;
+      }
+      in_flight_.fetch_add(1);
+      plan_queue_.push_back(Job{std::move(msg), std::move(done), std::move(matched)});
+      lock.unlock();
+      plan_cv_.notify_one();
+      return;
+    }
+    if (auto it = lanes->find(*msg.endpoint_id); it != lanes->end()) child_lane = it->second;
+    lock.unlock();
+    SubmitOwed(std::move(msg), std::move(done), child_lane);
+  }
+
+  void Shutdown(milliseconds deadline) override {
+    std::lock_guard shutdown_lock(shutdown_mu_);
+    if (joined_) return;
+    const auto until = Clock::now() + deadline;
+    std::deque<Job> queued;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      queued.swap(plan_queue_);
+    }
+    plan_cv_.notify_all();
+    registry_cv_.notify_all();
+    for (auto& job : queued) {
+      in_flight_.fetch_sub(1);
+      Call(job.done,
+           Simple(job.msg.id, OutcomeKind::kRetry, "shutdown: not sent before the relay stopped",
+                  Reason::kShutdown),
+           destination_);
+    }
+    if (planner_thread_.joinable()) planner_thread_.join();
+    if (registry_thread_.joinable()) registry_thread_.join();
+    std::shared_ptr<const Lanes> lanes;
+    {
+      std::lock_guard lock(mu_);
+      lanes = lanes_;
+    }
+    for (const auto& [id, lane] : *lanes) {
+      if (!lane->sink) continue;
+      const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
+      lane->sink->Shutdown(std::max(left, milliseconds(0)));
+    }
+    joined_ = true;
+  }
+
+  bool Ready() const override { return WhyNotReady().empty(); }
+
+  std::string WhyNotReady() const override {
+    std::lock_guard lock(mu_);
+    if (stopping_) return "shutting down";
+    if (!loaded_) {
+      return "the endpoint registry is not loaded yet" +
+             (registry_error_.empty() ? std::string() : " (" + registry_error_ + ")");
+    }
+    return "";
+  }
+
+  std::size_t InFlight() const override { return in_flight_.load(); }
+  std::string_view Kind() const override { return "webhook"; }
+
+  // The claim follows the fastest endpoint: as much as the endpoint that allows the most
+  // takes. A slower endpoint's surplus becomes rows of its own (busy), so it never holds back
+  // the others. When every endpoint stopped sending (breakers open), nothing is claimed: the
+  // messages wait as they are rather than be copied into rows of each endpoint.
+  std::size_t MaxInFlight(int claim_batch) const override {
+    std::shared_ptr<const Lanes> lanes;
+    {
+      std::lock_guard lock(mu_);
+      lanes = lanes_;
+    }
+    std::size_t most = 0;
+    bool sending = false;
+    for (const auto& [id, lane] : *lanes) {
+      if (lane->sink && lane->spec.enabled) {
+        sending = true;
+        most = std::max(most, lane->sink->MaxInFlight(claim_batch));
+      }
+    }
+    return sending ? most : 2 * static_cast<std::size_t>(std::max(claim_batch, 1));
+  }
+
+ private:
+  struct Job {
+    Message msg;
+    Completion done;
+    std::vector<LanePtr> lanes;
+  };
+
+  // A row owed to one endpoint: to that endpoint only, as a message of its own.
+  void SubmitOwed(Message msg, Completion done, const LanePtr& lane) {
+    const MessageId id = msg.id;
+    if (!lane) {
+      Call(done,
+           Simple(id, OutcomeKind::kPermanent,
+                  "endpoint " + *msg.endpoint_id + " no longer exists (deleted)", Reason::kOther),
+           destination_);
+      return;
+    }
+    if (!lane->spec.enabled) {
+      Call(done,
+           Simple(id, OutcomeKind::kReturned, "endpoint " + lane->spec.id + " is disabled",
+                  Reason::kNone, kDisabledHold),
+           destination_);
+      return;
+    }
+    if (!lane->sink) {
+      Call(done,
+           Simple(id, OutcomeKind::kPermanent,
+                  "endpoint " + lane->spec.id + " is unusable: " + lane->error, Reason::kOther),
+           destination_);
+      return;
+    }
+    in_flight_.fetch_add(1);
+    std::shared_ptr<Sink> sink = lane->sink;
+    sink->Submit(std::move(msg), [this, sink, done = std::move(done)](Outcome o) {
+      if (o.kind == OutcomeKind::kRetry && o.reason_class == Reason::kShutdown) {
+        // The endpoint's sink was replaced (an update) or the relay stops: not a failure.
+        o.kind = OutcomeKind::kReturned;
+      } else if (o.kind == OutcomeKind::kReturned && !o.retry_after) {
+        o.retry_after = BlockedHold(*sink);
+      }
+      in_flight_.fetch_sub(1);
+      Call(done, std::move(o), destination_);
+    });
+  }
+
+  void PlanLoop() {
+    while (true) {
+      std::vector<Job> batch;
+      {
+        std::unique_lock lock(mu_);
+        plan_cv_.wait(lock, [this] { return stopping_ || !plan_queue_.empty(); });
+        if (stopping_) return;  // Shutdown completes what is queued
+        while (!plan_queue_.empty() && batch.size() < kPlanBatchMax) {
+          batch.push_back(std::move(plan_queue_.front()));
+          plan_queue_.pop_front();
+        }
+      }
+      Plan(batch);
+    }
+  }
+
+  // Sends a batch of messages to their endpoints, after one query for the keys an endpoint
+  // still owes.
+  void Plan(std::vector<Job>& batch) {
+    std::vector<std::string> keys;
+    for (const auto& job : batch) {
+      if (!job.msg.ordering_key) continue;
+      for (const auto& lane : job.lanes)
+        keys.push_back(lane->spec.id + ":" + *job.msg.ordering_key);
+    }
+    std::unordered_set<std::string> owed;
+    bool owed_known = true;
+    try {
+      owed = planner_dir_.OwedKeys(keys);
+    } catch (const std::exception& e) {
+      owed_known = false;
+      spdlog::warn("webhook {}: cannot read what endpoints still owe ({}); keyed messages wait",
+                   destination_, e.what());
+    }
+    for (auto& job : batch) {
+      if (job.msg.ordering_key && !owed_known) {
+        in_flight_.fetch_sub(1);
+        Call(job.done,
+             Simple(job.msg.id, OutcomeKind::kReturned,
+                    "cannot check the endpoints' order of this key: database unreachable",
+                    Reason::kNone, kNotLoadedHold),
+             destination_);
+        continue;
+      }
+      auto fan = std::make_shared<FanOut>(job.msg.id, static_cast<int>(job.lanes.size()),
+                                          std::move(job.done), [this] { in_flight_.fetch_sub(1); });
+      for (const auto& lane : job.lanes) {
+        SendTo(job.msg, *lane, fan,
+               job.msg.ordering_key && owed.count(lane->spec.id + ":" + *job.msg.ordering_key));
+      }
+    }
+  }
+
+  void SendTo(const Message& msg, const Lane& lane, const std::shared_ptr<FanOut>& fan,
+              bool key_owed) {
+    auto hold = [&](std::string why, milliseconds after) {
+      EndpointOutcome o;
+      o.endpoint_id = lane.spec.id;
+      o.kind = OutcomeKind::kReturned;
+      o.reason = std::move(why);
+      if (after.count() > 0) o.retry_after = after;
+      fan->Owed(std::move(o));
+    };
+    if (!lane.spec.enabled) return hold("endpoint disabled", kDisabledHold);
+    if (!lane.sink) {
+      EndpointOutcome o;
+      o.endpoint_id = lane.spec.id;
+      o.kind = OutcomeKind::kPermanent;
+      o.reason = "endpoint " + lane.spec.id + " is unusable: " + lane.error;
+      o.reason_class = Reason::kOther;
+      return fan->Owed(std::move(o));
+    }
+    if (key_owed) return hold("an earlier message of this key is still owed", milliseconds(0));
+    const std::size_t allowed = lane.sink->MaxInFlight(kLaneClaim);
+    if (allowed == 0)
+      return hold("endpoint not sending (breaker or pause)", BlockedHold(*lane.sink));
+    if (lane.sink->InFlight() >= 2 * allowed) return hold("endpoint busy", kBusyHold);
+
+    Message copy = msg;
+    copy.idempotency_key = EndpointDeliveryId(msg.idempotency_key, lane.spec.id);
+    std::shared_ptr<Sink> sink = lane.sink;
+    const std::string endpoint = lane.spec.id;
+    sink->Submit(std::move(copy), [fan, sink, endpoint](Outcome o) {
+      if (o.kind == OutcomeKind::kDelivered) return fan->Took();
+      EndpointOutcome owed;
+      owed.endpoint_id = endpoint;
+      owed.kind = o.kind;
+      owed.reason = std::move(o.reason);
+      owed.reason_class = o.reason_class;
+      owed.retry_after = o.retry_after;
+      if (o.kind == OutcomeKind::kReturned && !owed.retry_after) {
+        owed.retry_after = BlockedHold(*sink);
+      }
+      fan->Owed(std::move(owed));
+    });
+  }
+
+  void RegistryLoop() {
+    std::int64_t seen = -1;
+    std::optional<std::chrono::system_clock::time_point> next_expiry;
+    bool failing = false;
+    while (true) {
+      try {
+        const std::int64_t v = registry_dir_.Version();
+        if (v != seen || (next_expiry && std::chrono::system_clock::now() >= *next_expiry)) {
+          Directory d = registry_dir_.Load();
+          seen = d.version;
+          next_expiry = d.next_expiry;
+          Apply(d);
+        }
+        if (failing) spdlog::info("webhook {}: endpoint registry readable again", destination_);
+        failing = false;
+      } catch (const std::exception& e) {
+        if (!failing) {
+          spdlog::warn("webhook {}: cannot read the endpoint registry: {}", destination_, e.what());
+        }
+        failing = true;
+        std::lock_guard lock(mu_);
+        registry_error_ = e.what();
+      }
+      std::unique_lock lock(mu_);
+      registry_cv_.wait_for(lock, failing ? milliseconds(1'000) : kPollEvery,
+                            [this] { return stopping_; });
+      if (stopping_) return;
+    }
+  }
+
+  // Swaps in the endpoints of `d`, keeping the sink of every endpoint whose sending did not
+  // change; sinks no longer used finish what they hold and stop.
+  void Apply(const Directory& d) {
+    std::shared_ptr<const Lanes> old;
+    {
+      std::lock_guard lock(mu_);
+      old = lanes_;
+    }
+    auto next = std::make_shared<Lanes>();
+    std::unordered_set<const Sink*> kept;
+    std::vector<std::string> reenabled;
+    for (const auto& spec : d.endpoints) {
+      auto lane = std::make_shared<Lane>();
+      lane->spec = spec;
+      if (auto it = old->find(spec.id);
+          it != old->end() && it->second->sink && it->second->spec.SameSink(spec)) {
+        lane->sink = it->second->sink;
+        if (it->second->spec.enabled != spec.enabled) {
+          spdlog::info("webhook {}: endpoint {} {}", destination_, spec.id,
+                       spec.enabled ? "enabled" : "disabled: its messages wait for it");
+          if (spec.enabled) reenabled.push_back(spec.id);
+        }
+      } else {
+        try {
+          lane->sink = MakeLaneSink(spec);
+          spdlog::info("webhook {}: endpoint {} {} ({}, {} secret(s){})", destination_, spec.id,
+                       it == old->end() ? "added" : "updated", spec.url, spec.secrets.size(),
+                       spec.enabled ? "" : ", disabled");
+        } catch (const std::exception& e) {
+          lane->error = e.what();
+          spdlog::error(
+              "webhook {}: endpoint {} is unusable: {}; its messages go to its dead "
+              "letters until it is fixed (outbox-relay endpoints update)",
+              destination_, spec.id, e.what());
+        }
+      }
+      if (lane->sink) kept.insert(lane->sink.get());
+      (*next)[spec.id] = std::move(lane);
+    }
+    {
+      std::lock_guard lock(mu_);
+      lanes_ = next;
+      loaded_ = true;
+      registry_error_.clear();
+    }
+    // `endpoints enable` woke the endpoint's rows, but this relay may have claimed some before
+    // it saw the change and held them again as disabled: wake them once more, now that it
+    // knows. (Each relay does this when it notices; the last one to notice wins.)
+    for (const auto& id : reenabled) registry_dir_.WakeEndpoint(id);
+    for (const auto& [id, lane] : *old) {
+      if (!next->count(id)) spdlog::info("webhook {}: endpoint {} removed", destination_, id);
+      if (lane->sink && !kept.count(lane->sink.get())) {
+        // Requests already sent finish (up to one request timeout); new ones use the new sink.
+        lane->sink->Shutdown(defaults_.timeout);
+      }
+    }
+  }
+
+  std::shared_ptr<Sink> MakeLaneSink(const EndpointSpec& spec) const {
+    WebhookTarget t = defaults_;
+    t.endpoints_from_database = false;
+    t.url = spec.url;
+    t.secrets = spec.secrets;
+    for (const auto& [name, value] : spec.headers) t.headers[name] = value;
+    if (spec.max_in_flight) t.max_in_flight = *spec.max_in_flight;
+    if (t.secrets.empty()) throw std::invalid_argument("it has no secret that signs now");
+    return std::shared_ptr<Sink>(MakeWebhookSink(destination_ + "/" + spec.id, t));
+  }
+
+  /// The claim size MaxInFlight of an endpoint's sink is asked with.
+  static constexpr int kLaneClaim = 64;
+
+  const std::string destination_;
+  const WebhookTarget defaults_;
+
+  mutable std::mutex mu_;
+  std::shared_ptr<const Lanes> lanes_;  ///< Guarded by mu_ (the pointer; the map is immutable).
+  bool loaded_ = false;                 ///< Guarded by mu_.
+  bool stopping_ = false;               ///< Guarded by mu_.
+  std::string registry_error_;          ///< Guarded by mu_.
+  std::deque<Job> plan_queue_;          ///< Guarded by mu_.
+  std::condition_variable plan_cv_;
+  std::condition_variable registry_cv_;
+  std::atomic<std::size_t> in_flight_{0};
+
+  EndpointDirectory registry_dir_;  ///< Owned by the registry thread.
+  EndpointDirectory planner_dir_;   ///< Owned by the planner thread.
+  std::thread registry_thread_;
+  std::thread planner_thread_;
+
+  std::mutex shutdown_mu_;
+  bool joined_ = false;  ///< Guarded by shutdown_mu_.
+};
+
+}  // namespace
+
+SinkPtr MakeWebhookServiceSink(std::string destination, const WebhookTarget& defaults) {
+  if (defaults.database_url.empty()) {
+    throw std::invalid_argument("webhook " + destination +
+                                ": endpoints: database needs the relay's database_url");
+  }
+  return std::make_unique<WebhookServiceSink>(std::move(destination), defaults);
+}
+
+}  // namespace outbox::relay
