@@ -227,6 +227,35 @@ TEST(RelayMetrics, TargetHealthSetsGaugesAndCountsOpeningsOnce) {
             std::string::npos);
 }
 
+TEST(RelayMetrics, AWebhookServiceCountsItsEndpointsByStateNeverByEndpoint) {
+  RelayMetrics m("test");
+  TargetHealth h;
+  m.UpdateTargetHealth("plain", h);
+  EXPECT_EQ(m.Render().find("outbox_webhook_endpoints{"), std::string::npos)
+      << "a plain webhook destination has no endpoints gauge";
+  h.service = true;
+  h.endpoints = 5;
+  h.endpoints_disabled = 2;
+  h.endpoints_open = 1;
+  h.endpoints_auto_disabled = 1;
+  m.UpdateTargetHealth("svc", h);
+  m.UpdateTargetHealth("svc", h);  // read again: nothing new happened
+  std::string text = m.Render();
+  EXPECT_NE(text.find("outbox_webhook_endpoints{destination=\"svc\",state=\"enabled\"} 3"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("outbox_webhook_endpoints{destination=\"svc\",state=\"disabled\"} 2"),
+            std::string::npos);
+  EXPECT_NE(text.find("outbox_webhook_endpoints{destination=\"svc\",state=\"breaker_open\"} 1"),
+            std::string::npos);
+  EXPECT_NE(text.find("outbox_webhook_endpoints_auto_disabled_total{destination=\"svc\"} 1"),
+            std::string::npos);
+  h.endpoints_auto_disabled = 3;
+  m.UpdateTargetHealth("svc", h);
+  EXPECT_NE(m.Render().find("outbox_webhook_endpoints_auto_disabled_total{destination=\"svc\"} 3"),
+            std::string::npos);
+}
+
 TEST(MetricsRegistry, ExponentialBuckets) {
   EXPECT_EQ(metrics::ExponentialBuckets(0.001, 10, 3), (std::vector<double>{0.001, 0.01, 0.1}));
   EXPECT_THROW(metrics::ExponentialBuckets(0, 2, 3), std::invalid_argument);
@@ -448,7 +477,7 @@ TEST(RelayMetrics, EveryNameFollowsConventions) {
     ++families;
     pos = end;
   }
-  EXPECT_EQ(families, 38u);
+  EXPECT_EQ(families, 40u);
 }
 
 }  // namespace

@@ -389,6 +389,53 @@ TEST(ParseConfig, AWebhookServiceTakesItsEndpointsFromTheDatabase) {
   EXPECT_TRUE(Contains(message, "endpoints: database")) << message;
 }
 
+TEST(ParseConfig, WebhookServiceOptionsAndTheManagementApi) {
+  const std::string service =
+      "    webhook:\n      endpoints: database\n      delivery_log: false\n"
+      "      delivery_log_retention_ms: 3600000\n      auto_disable_after_ms: 0\n"
+      "      operational_events: orders\n"
+      "  orders:\n    kafka:\n      brokers: k:9092\n      topic: t\n";
+  const RelayConfig config =
+      ParseConfig(WithDestination("svc", service) +
+                      "management_api: {listen: \"127.0.0.1:8081\", token_env: API_TOKEN}\n",
+                  "cfg.yaml", MapEnv({{"API_TOKEN", "0123456789abcdef-token\n"}}));
+  const auto& w = std::get<WebhookTarget>(config.destinations.at("svc").target);
+  EXPECT_FALSE(w.delivery_log);
+  EXPECT_EQ(w.delivery_log_retention, 3600000ms);
+  EXPECT_EQ(w.auto_disable_after, 0ms);
+  EXPECT_EQ(w.operational_events, "orders");
+  EXPECT_EQ(config.management_api.listen, "127.0.0.1:8081");
+  EXPECT_EQ(config.management_api.token, "0123456789abcdef-token") << "trailing newline trimmed";
+  const RelayConfig defaults = ParseConfig(
+      WithDestination("svc", "    webhook:\n      endpoints: database\n"), "cfg.yaml", kNoEnv);
+  const auto& d = std::get<WebhookTarget>(defaults.destinations.at("svc").target);
+  EXPECT_TRUE(d.delivery_log);
+  EXPECT_EQ(d.delivery_log_retention, std::chrono::hours(24 * 7));
+  EXPECT_EQ(d.auto_disable_after, std::chrono::hours(24 * 5));
+  EXPECT_TRUE(defaults.management_api.listen.empty()) << "off unless configured";
+
+  std::string message =
+      ErrorOf(WithWebhook("      secret: " + kSecretA + "\n      auto_disable_after_ms: 1000\n"));
+  EXPECT_TRUE(Contains(message, "`auto_disable_after_ms` belongs to a webhook service")) << message;
+  message = ErrorOf(WithDestination(
+      "svc", "    webhook:\n      endpoints: database\n      operational_events: nowhere\n"));
+  EXPECT_TRUE(Contains(message, "`nowhere` is not a destination of this config")) << message;
+  message = ErrorOf(WithKafka("      brokers: k:9092\n      topic: t\n") +
+                        "management_api: {listen: \"127.0.0.1:8081\", token_env: API_TOKEN}\n",
+                    MapEnv({{"API_TOKEN", "short"}}));
+  EXPECT_TRUE(Contains(message, "the management API token is 5 characters long")) << message;
+  message = ErrorOf(WithKafka("      brokers: k:9092\n      topic: t\n") +
+                    "management_api: {listen: \"127.0.0.1:8081\"}\n");
+  EXPECT_TRUE(Contains(message, "set exactly one of `token_env`")) << message;
+  message = ErrorOf(WithKafka("      brokers: k:9092\n      topic: t\n") +
+                    "management_api: {token_env: API_TOKEN}\n");
+  EXPECT_TRUE(Contains(message, "missing `listen`")) << message;
+  message = ErrorOf(WithKafka("      brokers: k:9092\n      topic: t\n") +
+                        "management_api: {listen: nowhere, token_env: API_TOKEN}\n",
+                    MapEnv({{"API_TOKEN", "0123456789abcdef"}}));
+  EXPECT_TRUE(Contains(message, "management_api.listen")) << message;
+}
+
 TEST(ParseConfig, TheBuiltInRetryIsAScheduleOfAboutADay) {
   const RetryPolicy p = DefaultRetryPolicy();
   EXPECT_EQ(p.schedule, (std::vector<Millis>{5s, 5min, 30min, 2h, 5h, 10h, 10h}));

@@ -55,8 +55,14 @@ class RecordingSink final : public Sink {
     std::unique_lock lk(mu_);
     if (shut_) {
       lk.unlock();
-      done(
-          Outcome{msg.id, OutcomeKind::kRetry, "shutdown", Reason::kShutdown, std::nullopt, {}, 0});
+      done(Outcome{msg.id,
+                   OutcomeKind::kRetry,
+                   "shutdown",
+                   Reason::kShutdown,
+                   std::nullopt,
+                   {},
+                   0,
+                   std::nullopt});
       return;
     }
     ++in_flight_;
@@ -83,8 +89,9 @@ class RecordingSink final : public Sink {
       held.swap(held_);
     }
     for (auto& p : held) {
-      p.outcome = Outcome{
-          p.msg.id, OutcomeKind::kRetry, "shutdown", Reason::kShutdown, std::nullopt, {}, 0};
+      p.outcome =
+          Outcome{p.msg.id, OutcomeKind::kRetry, "shutdown", Reason::kShutdown, std::nullopt, {},
+                  0,        std::nullopt};
       Complete(std::move(p));
     }
   }
@@ -99,8 +106,8 @@ class RecordingSink final : public Sink {
   void Release() {
     std::lock_guard lk(mu_);
     for (auto& p : held_) {
-      p.outcome =
-          Outcome{p.msg.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0};
+      p.outcome = Outcome{
+          p.msg.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0, std::nullopt};
       ready_.push_back(std::move(p));
     }
     held_.clear();
@@ -169,7 +176,8 @@ class RecordingSink final : public Sink {
 };
 
 std::optional<Outcome> DeliverAll(const Message& m) {
-  return Outcome{m.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0};
+  return Outcome{m.id,        OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0,
+                 std::nullopt};
 }
 
 class DispatcherTest : public ::testing::Test {
@@ -272,9 +280,11 @@ TEST_F(DispatcherTest, ARetryWaitsForItsDelayOnTheClockNotOnTheWall) {
     if (Raw(m.id) <= 4 && failed_once.insert(Raw(m.id)).second) {
       // The endpoint asks for an hour: the delay is at least that (and at most max_backoff).
       return Outcome{
-          m.id, OutcomeKind::kRetry, "http 503", Reason::kHttp5xx, std::chrono::hours(1), {}, 0};
+          m.id, OutcomeKind::kRetry, "http 503", Reason::kHttp5xx, std::chrono::hours(1), {},
+          0,    std::nullopt};
     }
-    return Outcome{m.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0};
+    return Outcome{m.id,        OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0,
+                   std::nullopt};
   });
   // The head of each key (ids 1-4) fails once and waits; the rest of each key waits behind it.
   ASSERT_TRUE(WaitFor([&] { return dispatcher_->stats().retried.load() == 4; }));
@@ -303,8 +313,10 @@ TEST_F(DispatcherTest, TheLastAllowedAttemptDeadLetters) {
   cfg.destinations.at("orders").retry.max_backoff = 1min;
   Start(cfg, [](const Message& m) -> std::optional<Outcome> {
     if (Raw(m.id) == 1)
-      return Outcome{m.id, OutcomeKind::kRetry, "timeout", Reason::kTimeout, {}, {}, 0};
-    return Outcome{m.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0};
+      return Outcome{m.id, OutcomeKind::kRetry, "timeout", Reason::kTimeout, {}, {},
+                     0,    std::nullopt};
+    return Outcome{m.id,        OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0,
+                   std::nullopt};
   });
   for (int attempt = 1; attempt < 3; ++attempt) {
     ASSERT_TRUE(WaitFor([&] {
@@ -387,7 +399,8 @@ TEST_F(DispatcherTest, StopHandsBackWhatTheSinkStillHoldsWithoutCountingAnAttemp
   for (int i = 0; i < 30; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 5));
   Start(Config(), [](const Message& m) -> std::optional<Outcome> {
     if (Raw(m.id) % 2 == 0)
-      return Outcome{m.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0};
+      return Outcome{m.id,        OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0,
+                     std::nullopt};
     return std::nullopt;  // the odd ones never finish
   });
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 5u; })) << sink_->Held();

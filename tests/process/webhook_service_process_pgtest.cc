@@ -3,6 +3,8 @@
 // event-type filters, one failing endpoint beside healthy ones, disable/enable, and secret
 // rotation checked by a receiver holding either secret.
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
 #include <map>
@@ -53,7 +55,10 @@ class WebhookServiceTest : public RelayProcessFixture {
     });
   }
 
-  std::string ServiceYaml() const {
+  // `service_extra`: more keys of the service's webhook section; `top_extra`: top-level keys;
+  // `more_destinations`: destinations after it.
+  std::string ServiceYaml(const std::string& service_extra = "", const std::string& top_extra = "",
+                          const std::string& more_destinations = "") const {
     std::ostringstream y;
     y << "database_url: \"" << db_url_ << "\"\n"
       << "batch_size: 50\n"
@@ -63,16 +68,17 @@ class WebhookServiceTest : public RelayProcessFixture {
       << "full_sweep_interval_ms: 2000\n"
       << "shutdown_timeout_ms: " << kShutdownTimeout.count() << "\n"
       << "log: {level: info, format: text}\n"
-      << "destinations:\n"
+      << top_extra << "destinations:\n"
       << "  " << kDest << ":\n"
       << "    webhook:\n"
       << "      endpoints: database\n"
-      << "      timeout_ms: 1000\n"
+      << service_extra << "      timeout_ms: 1000\n"
       << "      connect_timeout_ms: 500\n"
       << "      max_in_flight: 4\n"
       << "      allow_private_networks: true\n"
       << "      breaker: {failure_threshold: 3, cooldown_ms: 200, max_cooldown_ms: 400}\n"
-      << "    retry: {schedule_ms: [100, 200, 400], max_attempts: 50}\n";
+      << "    retry: {schedule_ms: [100, 200, 400], max_attempts: 50}\n"
+      << more_destinations;
     return y.str();
   }
 
@@ -379,7 +385,7 @@ TEST_F(WebhookServiceTest, TheCliRefusesBadInputNamingTheFieldAndChangesNothing)
       {{"endpoints", "add", "-d", kDest, "--url", "https://x", "--metadata", "[1]"},
        "metadata must be a JSON object"},
       {{"endpoints", "add", "-d", kDest, "--url", "https://x", "--secret", "nope"},
-       "secret must be a Standard Webhooks secret"},
+       "secret must be a Standard Webhooks key"},
       {{"endpoints", "add", "-d", kDest, "--url", "https://x", "-H", "novalue"},
        "--header \"novalue\""},
       {{"endpoints", "show", "missing"}, "no endpoint has id \"missing\""},
@@ -399,6 +405,288 @@ TEST_F(WebhookServiceTest, TheCliRefusesBadInputNamingTheFieldAndChangesNothing)
                    "'outbox.endpoint_secrets', 'SELECT') OR has_table_privilege('outbox_writer', "
                    "'outbox.endpoints', 'SELECT'))) v(x) WHERE x"),
             0);
+}
+
+// Every request to an endpoint is in the delivery log; an endpoint failing longer than
+// auto_disable_after_ms is disabled, with a log line and an endpoint.disabled event, and once
+// enabled again it gets what it missed.
+TEST_F(WebhookServiceTest, TheDeliveryLogRecordsEveryAttemptAndAFailingEndpointIsDisabled) {
+  const std::string ops = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+  config_ = WriteConfig(
+      "relay.yaml",
+      ServiceYaml("      auto_disable_after_ms: 1500\n      operational_events: ops\n", "",
+                  "  ops:\n    webhook:\n      url: \"" + receiver_.Url("/ops") +
+                      "\"\n      secret: \"" + ops +
+                      "\"\n      allow_private_networks: true\n      timeout_ms: 1000\n"
+                      "      connect_timeout_ms: 500\n"));
+  ASSERT_FALSE(AddEndpoint("ok").empty());
+  ASSERT_FALSE(AddEndpoint("down").empty());
+  SetStatus("down", 503);
+  Write(1, 10, 2, {"order.created"});
+  ChildProcess& relay = StartRelay(config_);
+  ASSERT_TRUE(WaitFor([&] { return DeliveredTo("ok") == Range(1, 10); }, 60s)) << relay.Stderr();
+
+  ASSERT_TRUE(LogSays(relay, "endpoint down disabled automatically")) << relay.Stderr();
+  auto [code, out] = Cli({"endpoints", "show", "down", "--json"});
+  ASSERT_EQ(code, 0) << out;
+  const auto shown = nlohmann::json::parse(out);
+  EXPECT_FALSE(shown["enabled"].get<bool>());
+  EXPECT_NE(
+      shown["disabled_reason"].get<std::string>().find("disabled automatically: failing since"),
+      std::string::npos)
+      << out;
+  EXPECT_EQ(shown["backlog"].get<int>(), 10) << "what it missed waits for it";
+  EXPECT_EQ(DeadLetters(), 0);
+  // The operational event, delivered by the ops destination.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const auto& r : Requests()) {
+          if (r.path != "/ops") continue;
+          const auto event = nlohmann::json::parse(r.body);
+          return event["type"] == "endpoint.disabled" && event["endpoint_id"] == "down" &&
+                 event["destination"] == kDest;
+        }
+        return false;
+      },
+      30s))
+      << relay.Stderr();
+
+  // The delivery log: the healthy endpoint's ten deliveries, the failing one's 503s.
+  std::tie(code, out) = Cli({"attempts", "--endpoint", "ok", "--json"});
+  ASSERT_EQ(code, 0) << out;
+  int ok_lines = 0;
+  std::string some_delivery;
+  for (std::istringstream lines(out); std::getline(lines, out);) {
+    const auto a = nlohmann::json::parse(out);
+    EXPECT_EQ(a["status"], 200);
+    EXPECT_EQ(a["outcome"], "delivered");
+    EXPECT_EQ(a["response_body"], "ok");
+    EXPECT_GE(a["latency_ms"].get<int>(), 0);
+    some_delivery = a["delivery_id"].get<std::string>();
+    ++ok_lines;
+  }
+  EXPECT_EQ(ok_lines, 10);
+  std::tie(code, out) = Cli({"attempts", "--endpoint", "down", "--json"});
+  ASSERT_EQ(code, 0) << out;
+  int down_lines = 0;
+  for (std::istringstream lines(out); std::getline(lines, out);) {
+    const auto a = nlohmann::json::parse(out);
+    EXPECT_EQ(a["status"], 503);
+    EXPECT_EQ(a["outcome"], "retry");
+    EXPECT_EQ(a["response_body"], "down");
+    EXPECT_EQ(a["error"], "http 503: down");
+    ++down_lines;
+  }
+  EXPECT_GE(down_lines, 1);
+  std::size_t requests_to_down = 0;
+  for (const auto& r : Requests()) requests_to_down += r.path == "/down";
+  EXPECT_EQ(static_cast<std::size_t>(down_lines), requests_to_down)
+      << "one log row per request the endpoint got";
+  std::tie(code, out) = Cli({"attempts", "--message", some_delivery, "--json"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  std::tie(code, out) = Cli({"attempts", "--message", "not-a-uuid"});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--message \"not-a-uuid\" is not a uuid"), std::string::npos) << out;
+
+  // Fixed and enabled again: it gets everything it missed, in order per key.
+  SetStatus("down", 200);
+  std::tie(code, out) = Cli({"endpoints", "enable", "down"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_health WHERE endpoint_id = 'down' AND "
+                   "failing_since IS NULL"),
+            1)
+      << "enabling is a fresh start: the old failures do not disable it again";
+  ASSERT_TRUE(WaitFor([&] { return DeliveredTo("down") == Range(1, 10) && Queued() == 0; }, 60s))
+      << relay.Stderr();
+  ExpectKeyOrder("down");
+  EXPECT_EQ(DeadLetters(), 0);
+  StopGracefully(relay);
+}
+
+// Replay from the archive: everything since a time, or one message, to one endpoint, with the
+// delivery ids of the first time.
+TEST_F(WebhookServiceTest, ReplaySendsArchivedMessagesToOneEndpointAgain) {
+  config_ = WriteConfig("relay.yaml", ServiceYaml("", "retention: {archive_delivered: true}\n"));
+  ASSERT_FALSE(AddEndpoint("a").empty());
+  ASSERT_FALSE(AddEndpoint("b").empty());
+  const std::string before = std::to_string(Scalar("SELECT extract(epoch FROM now())::bigint") - 1);
+  Write(1, 6, 2, {"order.created"});
+  ChildProcess& relay = StartRelay(config_);
+  ASSERT_TRUE(WaitFor(
+      [&] { return DeliveredTo("a") == Range(1, 6) && DeliveredTo("b") == Range(1, 6); }, 60s))
+      << relay.Stderr();
+  auto requests_to = [&](const std::string& path) {
+    std::map<std::string, std::set<std::string>> ids_by_n;
+    std::size_t n = 0;
+    for (const auto& r : Requests()) {
+      if (r.path != path) continue;
+      ++n;
+      ids_by_n[nlohmann::json::parse(r.body)["n"].dump()].insert(r.id);
+    }
+    for (const auto& [body, ids] : ids_by_n) EXPECT_EQ(ids.size(), 1u) << "same delivery id";
+    return n;
+  };
+
+  auto [code, out] = Cli(
+      {"endpoints", "replay", "a", "--since", "epoch"});  // 'epoch' is a timestamptz: everything
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("queued 6 message(s)"), std::string::npos) << out;
+  ASSERT_TRUE(WaitFor([&] { return requests_to("/a") == 12u && Queued() == 0; }, 60s))
+      << relay.Stderr();
+  EXPECT_EQ(requests_to("/b"), 6u) << "only the endpoint named gets the replay";
+  // The replayed copies came in the order they were written, per key.
+  std::map<std::string, int> last;
+  int seen = 0;
+  for (const auto& r : Requests()) {
+    if (r.path != "/a" || ++seen <= 6) continue;
+    const auto body = nlohmann::json::parse(r.body);
+    const std::string k = body["key"].get<std::string>();
+    const int n = body["n"].get<int>();
+    if (last.count(k)) {
+      EXPECT_GT(n, last[k]) << "replayed out of order, key " << k;
+    }
+    last[k] = n;
+  }
+
+  const std::string key = nlohmann::json::parse(
+      Cli({"attempts", "--endpoint", "b", "-n", "1", "--json"}).second)["delivery_id"];
+  std::tie(code, out) = Cli({"endpoints", "replay", "b", "--message", key});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("queued 1 message(s)"), std::string::npos) << out;
+  ASSERT_TRUE(WaitFor([&] { return requests_to("/b") == 7u && Queued() == 0; }, 60s));
+
+  std::tie(code, out) = Cli({"endpoints", "replay", "b", "--since", "yesterday-ish"});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--since \"yesterday-ish\" is not a time"), std::string::npos) << out;
+  std::tie(code, out) = Cli({"endpoints", "replay", "nope", "--since", before});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("no endpoint has id \"nope\""), std::string::npos) << out;
+  std::tie(code, out) = Cli({"endpoints", "replay", "b"});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("exactly one of --since"), std::string::npos) << out;
+  StopGracefully(relay);
+}
+
+// Verifies an ed25519 "v1a," entry of webhook-signature with OpenSSL alone, independently of
+// the relay's code: base64 public key after "whpk_", signature over "id.timestamp.body".
+bool VerifiesEd25519(const std::string& whpk, const std::string& id, const std::string& ts,
+                     const std::string& body, const std::string& header) {
+  auto decode = [](const std::string& b64) {
+    std::string out(b64.size() / 4 * 3, '\0');
+    const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                  reinterpret_cast<const unsigned char*>(b64.data()),
+                                  static_cast<int>(b64.size()));
+    if (n < 0) return std::string();
+    std::size_t pad = 0;
+    while (pad < 2 && pad < b64.size() && b64[b64.size() - 1 - pad] == '=') ++pad;
+    out.resize(static_cast<std::size_t>(n) - pad);
+    return out;
+  };
+  const std::string pub = decode(whpk.substr(5));
+  EVP_PKEY* key = EVP_PKEY_new_raw_public_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(pub.data()), pub.size());
+  if (key == nullptr) return false;
+  const std::string content = id + "." + ts + "." + body;
+  bool ok = false;
+  std::istringstream entries(header);
+  for (std::string entry; entries >> entry;) {
+    if (entry.rfind("v1a,", 0) != 0) continue;
+    const std::string sig = decode(entry.substr(4));
+    EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+    if (EVP_DigestVerifyInit(ctx, nullptr, nullptr, nullptr, key) == 1 &&
+        EVP_DigestVerify(ctx, reinterpret_cast<const unsigned char*>(sig.data()), sig.size(),
+                         reinterpret_cast<const unsigned char*>(content.data()),
+                         content.size()) == 1) {
+      ok = true;
+    }
+    EVP_MD_CTX_free(ctx);
+  }
+  EVP_PKEY_free(key);
+  return ok;
+}
+
+// Standard Webhooks' asymmetric signatures: an ed25519 endpoint's deliveries carry "v1a,"
+// signatures that its public key verifies (with OpenSSL, not the relay's code), and a rotation
+// signs with both keys during the overlap.
+TEST_F(WebhookServiceTest, AnEd25519EndpointSignsWithItsPrivateKeyAndPrintsOnlyThePublicOne) {
+  config_ = WriteConfig("relay.yaml", ServiceYaml());
+  auto [code, out] = Cli({"endpoints", "add", "--id", "ed", "-d", kDest, "--url",
+                          receiver_.Url("/ed"), "--signature", "ed25519", "--json"});
+  ASSERT_EQ(code, 0) << out;
+  const auto created = nlohmann::json::parse(out);
+  EXPECT_FALSE(created.contains("secret")) << "the private key is never printed";
+  const std::string first = created["public_key"].get<std::string>();
+  ASSERT_EQ(first.rfind("whpk_", 0), 0u) << out;
+  EXPECT_EQ(created["signature"], "ed25519");
+  ChildProcess& relay = StartRelay(config_);
+  Write(1, 4, 2, {"e"});
+  ASSERT_TRUE(WaitFor([&] { return DeliveredTo("ed") == Range(1, 4); }, 60s)) << relay.Stderr();
+  for (const auto& r : Requests()) {
+    EXPECT_EQ(r.signature.rfind("v1a,", 0), 0u) << r.signature;
+    EXPECT_TRUE(VerifiesEd25519(first, r.id, r.timestamp, r.body, r.signature));
+    EXPECT_FALSE(VerifiesEd25519(first, r.id, r.timestamp, r.body + " ", r.signature))
+        << "a changed body does not verify";
+  }
+
+  std::tie(code, out) = Cli({"endpoints", "rotate-secret", "ed", "--overlap", "1h", "--json"});
+  ASSERT_EQ(code, 0) << out;
+  const std::string second = nlohmann::json::parse(out)["public_key"].get<std::string>();
+  ASSERT_NE(second, first);
+  std::tie(code, out) = Cli({"endpoints", "show", "ed", "--json"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["public_keys"], nlohmann::json::array({second, first}));
+  ASSERT_TRUE(LogSays(relay, "endpoint ed updated")) << relay.Stderr();
+  Write(5, 4, 2, {"e"});
+  ASSERT_TRUE(WaitFor([&] { return DeliveredTo("ed") == Range(1, 8); }, 60s));
+  for (const auto& r : Requests()) {
+    if (nlohmann::json::parse(r.body)["n"].get<int>() < 5) continue;
+    EXPECT_TRUE(VerifiesEd25519(first, r.id, r.timestamp, r.body, r.signature));
+    EXPECT_TRUE(VerifiesEd25519(second, r.id, r.timestamp, r.body, r.signature));
+  }
+  StopGracefully(relay);
+}
+
+// The relay serves the management API from its config: an endpoint added through it while
+// traffic flows receives the next messages; a request without the token changes nothing.
+TEST_F(WebhookServiceTest, AnEndpointAddedThroughTheManagementApiReceivesMessages) {
+  const std::string token_file = WriteConfig("api-token", "process-test-token-0123456789\n");
+  config_ = WriteConfig("relay.yaml",
+                        ServiceYaml("", "management_api: {listen: \"127.0.0.1:0\", token_file: \"" +
+                                            token_file + "\"}\n"));
+  ChildProcess& relay = StartRelay(config_);
+  int port = 0;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string log = relay.Stderr();
+        const auto at = log.find("management API on port ");
+        if (at == std::string::npos) return false;
+        port = std::stoi(log.substr(at + 23));
+        return true;
+      },
+      20s))
+      << relay.Stderr();
+  httplib::Client api("127.0.0.1", port);
+  const std::string body = "{\"id\": \"viaapi\", \"destination\": \"" + std::string(kDest) +
+                           "\", \"url\": \"" + receiver_.Url("/viaapi") + "\"}";
+  auto refused = api.Post("/v1/endpoints", body, "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints"), 0);
+  auto created =
+      api.Post("/v1/endpoints", {{"Authorization", "Bearer process-test-token-0123456789"}}, body,
+               "application/json");
+  ASSERT_TRUE(created);
+  ASSERT_EQ(created->status, 201) << created->body;
+  const std::string secret = nlohmann::json::parse(created->body)["secret"].get<std::string>();
+  ASSERT_TRUE(LogSays(relay, "endpoint viaapi added")) << relay.Stderr();
+  Write(1, 5, 2, {"order.created"});
+  ASSERT_TRUE(WaitFor([&] { return DeliveredTo("viaapi") == Range(1, 5); }, 60s)) << relay.Stderr();
+  for (const auto& r : Requests()) {
+    EXPECT_TRUE(
+        relay::VerifyStandardWebhook(secret, r.id, std::stoll(r.timestamp), r.body, r.signature));
+  }
+  StopGracefully(relay);
 }
 
 }  // namespace

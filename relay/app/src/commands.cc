@@ -15,6 +15,7 @@
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/dispatcher.h"
 #include "outbox_relay/logging.h"
+#include "outbox_relay/management_api.h"
 #include "outbox_relay/metrics.h"
 #include "outbox_relay/migrate.h"
 #include "outbox_relay/retry.h"
@@ -186,6 +187,19 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
     }
     spdlog::info("admin server on {} (/metrics, /healthz, /readyz)", cfg.admin_listen);
   }
+  std::unique_ptr<ManagementApi> api;
+  if (!cfg.management_api.listen.empty()) {
+    api = std::make_unique<ManagementApi>(cfg.management_api.listen, cfg.management_api.token,
+                                          cfg.database_url);
+    try {
+      api->Start();
+    } catch (const std::exception& e) {
+      return Fail(std::string("management_api.listen ") + cfg.management_api.listen + ": " +
+                  e.what() + " (choose a free host:port)");
+    }
+    spdlog::info("management API on port {} ({}; /v1/endpoints, /v1/attempts)", api->port(),
+                 cfg.management_api.listen);
+  }
   dispatcher.Start();
   spdlog::info("outbox-relay {} running: {} destination(s), batch {}, lease {} ms",
                OUTBOX_RELAY_VERSION, cfg.destinations.size(), cfg.batch_size, cfg.lease.count());
@@ -193,6 +207,7 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   sigwait(&set, &sig);
   spdlog::info("received {}, shutting down (up to {} ms)", sig == SIGINT ? "SIGINT" : "SIGTERM",
                cfg.shutdown_timeout.count());
+  if (api) api->Stop();
   const bool clean = dispatcher.Stop();
   if (admin) admin->Stop();
   const auto& s = dispatcher.stats();
@@ -253,7 +268,6 @@ nlohmann::json ToJson(const DeadLetter& d) {
       {"created_at", d.created_at},
       {"dead_at", d.dead_at}};
 }
-
 
 }  // namespace
 

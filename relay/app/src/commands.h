@@ -53,9 +53,13 @@ struct EndpointArgs {
   int max_in_flight = 0;
   bool disabled = false;
   std::string secret;
+  std::string signature;  ///< add: hmac or ed25519
   std::string reason;
   std::string overlap = "24h";
   bool json = false;
+  std::string since;    ///< replay
+  std::string message;  ///< replay, attempts
+  int limit = 50;       ///< attempts
   /// update: which of the fields above were given.
   bool set_destination = false, set_url = false, set_description = false, set_metadata = false,
        set_event_types = false, set_headers = false, set_max_in_flight = false;
@@ -67,6 +71,9 @@ int RunEndpointsUpdate(const EndpointArgs& a);
 int RunEndpointsEnable(const EndpointArgs& a, bool enabled);
 int RunEndpointsDelete(const EndpointArgs& a);
 int RunEndpointsRotateSecret(const EndpointArgs& a);
+int RunEndpointsReplay(const EndpointArgs& a);
+/// `outbox-relay attempts`: the delivery log, newest first (a.id: only that endpoint).
+int RunAttempts(const EndpointArgs& a);
 
 /// Prints `msg` as one line on stderr ("error: ..."); returns 1.
 int PrintError(const std::string& msg);

@@ -6,30 +6,12 @@
 #include <stdexcept>
 
 #include "commands.h"
+#include "outbox_relay/endpoint_json.h"
 #include "outbox_relay/endpoints.h"
 #include "outbox_relay/store.h"
 
 namespace outbox::relay::app {
 namespace {
-
-nlohmann::json ToJson(const EndpointRecord& e) {
-  nlohmann::json j = {{"id", e.id},
-                      {"destination", e.destination},
-                      {"url", e.url},
-                      {"description", e.description},
-                      {"metadata", nlohmann::json::parse(e.metadata)},
-                      {"event_types", e.event_types},
-                      {"headers", e.headers},
-                      {"enabled", e.enabled},
-                      {"secrets", e.secrets},
-                      {"backlog", e.backlog},
-                      {"dead_letters", e.dead_letters},
-                      {"created_at", e.created_at},
-                      {"updated_at", e.updated_at}};
-  j["max_in_flight"] = e.max_in_flight ? nlohmann::json(*e.max_in_flight) : nlohmann::json();
-  j["disabled_reason"] = e.disabled_reason ? nlohmann::json(*e.disabled_reason) : nlohmann::json();
-  return j;
-}
 
 std::map<std::string, std::string> ParseHeaders(const std::vector<std::string>& given) {
   std::map<std::string, std::string> out;
@@ -58,6 +40,7 @@ EndpointFields Fields(const EndpointArgs& a, bool adding) {
   if (adding) {
     if (!a.id.empty()) f.id = a.id;
     if (!a.secret.empty()) f.secret = a.secret;
+    if (!a.signature.empty()) f.signature = a.signature;
     f.enabled = !a.disabled;
   }
   return f;
@@ -102,6 +85,8 @@ void PrintOne(const EndpointRecord& e) {
   }
   std::cout << "\n";
   for (const auto& [k, v] : e.headers) std::cout << "header:        " << k << ": " << v << "\n";
+  std::cout << "signature:     " << e.signature << "\n";
+  for (const auto& k : e.public_keys) std::cout << "public key:    " << k << "\n";
   std::cout << "max in flight: "
             << (e.max_in_flight ? std::to_string(*e.max_in_flight) : "(destination's)") << "\n"
             << "secrets:       " << e.secrets << " signing (never shown after creation)\n"
@@ -120,13 +105,23 @@ int RunEndpointsAdd(const EndpointArgs& a) {
     const CreatedEndpoint created = AddEndpoint(store, Fields(a, true));
     if (a.json) {
       nlohmann::json j = ToJson(created.endpoint);
-      j["secret"] = created.secret;
+      if (created.public_key.empty()) {
+        j["secret"] = created.secret;
+      } else {
+        j["public_key"] = created.public_key;
+      }
       std::cout << j.dump(2) << "\n";
       return 0;
     }
     std::cout << "added endpoint " << created.endpoint.id << " to destination "
-              << created.endpoint.destination << " (relays use it within a second)\n"
-              << "secret: " << created.secret << "\n"
+              << created.endpoint.destination << " (relays use it within a second)\n";
+    if (!created.public_key.empty()) {
+      std::cout << "public key: " << created.public_key << "\n"
+                << "(deliveries are signed with ed25519, \"v1a,\" entries of webhook-signature; "
+                   "the receiver verifies with this key, which `endpoints show` prints again)\n";
+      return 0;
+    }
+    std::cout << "secret: " << created.secret << "\n"
               << "(the secret is shown only now: give it to the receiver; "
               << "`outbox-relay endpoints rotate-secret " << created.endpoint.id
               << "` makes a new one)\n";
@@ -213,15 +208,63 @@ int RunEndpointsDelete(const EndpointArgs& a) {
 int RunEndpointsRotateSecret(const EndpointArgs& a) {
   return WithStore(a.database_url, [&](Store& store) {
     const auto overlap = ParseOverlap(a.overlap);
-    const std::string secret = RotateEndpointSecret(
+    const RotatedKey key = RotateEndpointSecret(
         store, a.id, overlap, a.secret.empty() ? std::nullopt : std::optional(a.secret));
+    const bool ed25519 = !key.public_key.empty();
+    const std::string shown = ed25519 ? key.public_key : key.secret;
     if (a.json) {
-      std::cout << nlohmann::json({{"id", a.id}, {"secret", secret}}).dump(2) << "\n";
+      std::cout
+          << nlohmann::json({{"id", a.id}, {ed25519 ? "public_key" : "secret", shown}}).dump(2)
+          << "\n";
       return 0;
     }
-    std::cout << "new secret for endpoint " << a.id << ": " << secret << "\n"
+    std::cout << "new " << (ed25519 ? "public key" : "secret") << " for endpoint " << a.id << ": "
+              << shown << "\n"
               << "every delivery is signed with it and, for " << a.overlap
               << " more, with the previous one too\n";
+    return 0;
+  });
+}
+
+int RunEndpointsReplay(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    const auto n = ReplayToEndpoint(store, a.id, a.since, a.message);
+    if (n == 0) {
+      std::cout << "nothing to replay to " << a.id
+                << ": no archived message matches (is retention.archive_delivered on? an "
+                   "endpoint that still has it queued gets it anyway)\n";
+      return 0;
+    }
+    std::cout << "queued " << n << " message(s) for endpoint " << a.id
+              << " again, with their first delivery ids\n";
+    return 0;
+  });
+}
+
+int RunAttempts(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    const auto all = ListAttempts(store, a.id, a.message, a.limit);
+    if (a.json) {
+      for (const auto& t : all) {
+        std::cout << ToJson(t).dump() << "\n";
+      }
+      return 0;
+    }
+    if (all.empty()) {
+      std::cout << "no attempts recorded (delivery_log: true on a webhook service records "
+                   "them)\n";
+      return 0;
+    }
+    std::cout << std::left << std::setw(26) << "AT" << std::setw(20) << "ENDPOINT" << std::setw(38)
+              << "DELIVERY ID" << std::setw(7) << "STATUS" << std::setw(10) << "OUTCOME"
+              << std::setw(8) << "MS"
+              << "ERROR\n";
+    for (const auto& t : all) {
+      std::cout << std::left << std::setw(26) << t.attempted_at << std::setw(20) << t.endpoint_id
+                << std::setw(38) << t.delivery_id << std::setw(7)
+                << (t.status ? std::to_string(*t.status) : "-") << std::setw(10) << t.outcome
+                << std::setw(8) << t.latency_ms << t.error.value_or("") << "\n";
+    }
     return 0;
   });
 }

@@ -163,6 +163,11 @@ int main(int argc, char** argv) {
   ep_add->add_option("--id", ep.id, "Its id (default: ep_<random>); letters, digits, _ . -");
   ep_add->add_option("--secret", ep.secret, "A whsec_ secret (default: a new random one)");
   ep_add->add_flag("--disabled", ep.disabled, "Add it disabled");
+  ep_add
+      ->add_option("--signature", ep.signature,
+                   "hmac (default: whsec_ secret, v1 signatures) or ed25519 (Standard "
+                   "Webhooks' asymmetric v1a signatures; prints the public key)")
+      ->check(CLI::IsMember({"hmac", "ed25519"}));
   ep_add->add_flag("--json", ep.json, "JSON output");
   auto* ep_list = endpoints->add_subcommand("list", "List endpoints (never their secrets)");
   add_ep_db(ep_list);
@@ -196,6 +201,22 @@ int main(int argc, char** argv) {
                         "How long the previous secret still signs (default 24h; 0: stop now)");
   ep_rotate->add_option("--secret", ep.secret, "The new whsec_ secret (default: a random one)");
   ep_rotate->add_flag("--json", ep.json, "JSON output");
+  auto* ep_replay = endpoints->add_subcommand(
+      "replay", "Send archived messages to one endpoint again (retention.archive_delivered)");
+  add_ep_db(ep_replay);
+  add_ep_id(ep_replay);
+  ep_replay->add_option("--since", ep.since, "Everything delivered since this time");
+  ep_replay->add_option("--message", ep.message,
+                        "Only this message (its idempotency key or delivery id)");
+
+  auto* attempts = app.add_subcommand(
+      "attempts", "The webhook service's delivery log: every attempt, newest first");
+  add_ep_db(attempts);
+  attempts->add_option("--endpoint", ep.id, "Only this endpoint");
+  attempts->add_option("--message", ep.message,
+                       "Only this message (its idempotency key or a delivery id)");
+  attempts->add_option("--limit,-n", ep.limit, "At most this many")->check(CLI::PositiveNumber);
+  attempts->add_flag("--json", ep.json, "JSON lines");
 
   try {
     app.parse(argc, argv);
@@ -251,6 +272,12 @@ int main(int argc, char** argv) {
     if (*ep_disable || *ep_enable) return RunEndpointsEnable(ep, ep_enable->parsed());
     if (*ep_delete) return RunEndpointsDelete(ep);
     if (*ep_rotate) return RunEndpointsRotateSecret(ep);
+    if (*ep_replay) return RunEndpointsReplay(ep);
+  }
+  if (*attempts) {
+    ep.database_url = DatabaseUrlFor(ep.database_url, config_path);
+    if (ep.database_url.empty()) return 2;
+    return RunAttempts(ep);
   }
   if (*dlq_cmd) {
     dlq.database_url = DatabaseUrlFor(dlq.database_url, config_path);

@@ -583,11 +583,30 @@ BreakerSettings ParseBreaker(const Field& field) {
   return breaker;
 }
 
+// Every key of a `webhook:` section (also the hints for keys written one level too high).
+constexpr std::array<std::string_view, 20> kWebhookKeys = {"url",
+                                                           "endpoints",
+                                                           "delivery_log",
+                                                           "delivery_log_retention_ms",
+                                                           "auto_disable_after_ms",
+                                                           "operational_events",
+                                                           "secret",
+                                                           "secret_env",
+                                                           "secret_file",
+                                                           "previous_secrets",
+                                                           "timeout_ms",
+                                                           "connect_timeout_ms",
+                                                           "max_in_flight",
+                                                           "ca_file",
+                                                           "verify_tls",
+                                                           "headers",
+                                                           "breaker",
+                                                           "adaptive_concurrency",
+                                                           "allow_private_networks",
+                                                           "allowed_networks"};
+
 WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
-  Mapping m(field,
-            {"url", "secret", "secret_env", "secret_file", "previous_secrets", "timeout_ms",
-             "connect_timeout_ms", "max_in_flight", "ca_file", "verify_tls", "headers", "breaker",
-             "adaptive_concurrency", "allow_private_networks", "allowed_networks", "endpoints"});
+  Mapping m(field, std::vector<std::string_view>(kWebhookKeys.begin(), kWebhookKeys.end()));
   WebhookTarget webhook;
 
   auto url = m.Get("url");
@@ -689,6 +708,27 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
       webhook.allowed_networks.push_back(detail::ReadNonEmptyString(element));
     }
   }
+  for (const char* key : {"delivery_log", "delivery_log_retention_ms", "auto_disable_after_ms",
+                          "operational_events"}) {
+    if (auto f = m.Get(key); f && !webhook.endpoints_from_database) {
+      Fail(*f, std::string("`") + key +
+                   "` belongs to a webhook service; add `endpoints: database` or remove it");
+    }
+  }
+  if (auto f = m.Get("delivery_log")) webhook.delivery_log = detail::ReadBool(*f);
+  if (auto f = m.Get("delivery_log_retention_ms")) {
+    webhook.delivery_log_retention = Millis{
+        detail::ReadIntegerIn(*f, 1, kMaxDurationMs * 365, ", e.g. 604800000 (7 days)",
+                              "how long the delivery log keeps an attempt, in milliseconds")};
+  }
+  if (auto f = m.Get("auto_disable_after_ms")) {
+    webhook.auto_disable_after = Millis{detail::ReadIntegerIn(
+        *f, 0, kMaxDurationMs * 365, ", e.g. 432000000 (5 days), or 0 for never",
+        "how long an endpoint may keep failing before it is disabled, in milliseconds")};
+  }
+  if (auto f = m.Get("operational_events")) {
+    webhook.operational_events = detail::ReadNonEmptyString(*f);
+  }
   return webhook;
 }
 
@@ -697,22 +737,6 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
 
 constexpr std::array<std::string_view, 5> kKafkaKeys = {"brokers", "topic", "producer",
                                                         "allowed_topics", "topic_prefix"};
-constexpr std::array<std::string_view, 16> kWebhookKeys = {"url",
-                                                           "endpoints",
-                                                           "secret",
-                                                           "secret_env",
-                                                           "secret_file",
-                                                           "previous_secrets",
-                                                           "timeout_ms",
-                                                           "connect_timeout_ms",
-                                                           "max_in_flight",
-                                                           "ca_file",
-                                                           "verify_tls",
-                                                           "headers",
-                                                           "breaker",
-                                                           "adaptive_concurrency",
-                                                           "allow_private_networks",
-                                                           "allowed_networks"};
 
 // Every delivery attempt must end inside its lease, with room to spare: otherwise the lease
 // expires while the attempt still runs, a reaper hands the message out again (a duplicate, and
@@ -932,12 +956,13 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
              detail::DescribeKind(root.node) + " (" + kExample + ")");
   }
 
-  Mapping top(root,
-              {"database_url", "database_url_env", "database_url_file", "batch_size", "lease_ms",
-               "poll_interval_ms", "reap_interval_ms", "full_sweep_interval_ms",
-               "shutdown_timeout_ms", "admin_listen", "log", "defaults", "destinations",
-               "claim_mode", "partition_heartbeat_ms", "partition_lease_ms", "retention"},
-              TopLevelHint);
+  Mapping top(
+      root,
+      {"database_url", "database_url_env", "database_url_file", "batch_size", "lease_ms",
+       "poll_interval_ms", "reap_interval_ms", "full_sweep_interval_ms", "shutdown_timeout_ms",
+       "admin_listen", "log", "defaults", "destinations", "claim_mode", "partition_heartbeat_ms",
+       "partition_lease_ms", "retention", "management_api"},
+      TopLevelHint);
 
   const RelayConfig builtin;
   std::array<IntSetting, 8> ints = {{
@@ -1120,6 +1145,42 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   }
   config.admin_listen = admin_listen.value;
 
+  if (auto f = top.Get("management_api")) {
+    Mapping api(*f, {"listen", "token_env", "token_file"});
+    auto listen = api.Get("listen");
+    if (!listen) {
+      Fail(*f, "missing `listen`; write e.g. `listen: 127.0.0.1:8081` (or remove management_api)");
+    }
+    config.management_api.listen = detail::ReadNonEmptyString(*listen);
+    // Port 0: any free port, which the relay logs (tests).
+    const std::string& l = config.management_api.listen;
+    const bool any_port = l.size() > 2 && l.ends_with(":0");
+    if (auto problem = AdminListenProblem(any_port ? l.substr(0, l.size() - 1) + "1" : l)) {
+      Fail(*listen, Quote(config.management_api.listen) + " is not host:port: it " + *problem +
+                        "; write e.g. `127.0.0.1:8081`");
+    }
+    auto env_key = api.Get("token_env");
+    auto file_key = api.Get("token_file");
+    if (!env_key == !file_key) {
+      Fail(*f,
+           "set exactly one of `token_env` (the name of an environment variable that holds the "
+           "bearer token) and `token_file` (a file that holds it)");
+    }
+    const Field& token_field = env_key ? *env_key : *file_key;
+    std::string token =
+        env_key ? detail::ReadEnvReference(*env_key, env) : detail::ReadFileReference(*file_key);
+    while (!token.empty() &&
+           (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
+      token.pop_back();
+    }
+    if (token.size() < 16) {
+      Fail(token_field,
+           "the management API token is " + std::to_string(token.size()) +
+               " characters long; use at least 16 random ones, e.g. `openssl rand -hex 24`");
+    }
+    config.management_api.token = token;
+  }
+
   if (std::find(kLogLevels.begin(), kLogLevels.end(), log_level.value) == kLogLevels.end()) {
     std::string message = Quote(log_level.value) + " is not a log level";
     if (auto close = detail::ClosestMatch(
@@ -1158,6 +1219,12 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   for (auto& [name, d] : config.destinations) {
     if (auto* w = std::get_if<WebhookTarget>(&d.target); w && w->endpoints_from_database) {
       w->database_url = config.database_url;
+      if (!w->operational_events.empty() && !config.destinations.count(w->operational_events)) {
+        Fail(source, "destinations." + name + ".webhook.operational_events",
+             Quote(w->operational_events) +
+                 " is not a destination of this config; name one that delivers the "
+                 "endpoint.disabled events (a Kafka topic or a webhook), or remove the key");
+      }
     }
   }
   return config;

@@ -182,6 +182,9 @@ std::vector<std::pair<std::string, Field>> Entries(const Field& map) {
 
 Mapping::Mapping(const Field& field, std::initializer_list<std::string_view> known,
                  const Hint& hint)
+    : Mapping(field, std::vector<std::string_view>(known.begin(), known.end()), hint) {}
+
+Mapping::Mapping(const Field& field, const std::vector<std::string_view>& known, const Hint& hint)
     : self_(field), entries_(Entries(field)) {
   std::vector<std::string> known_keys(known.begin(), known.end());
   for (const auto& [key, child] : entries_) {

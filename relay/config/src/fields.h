@@ -63,6 +63,7 @@ class Mapping {
   /// Throws for a value that is not a mapping and for any key not in `known`, suggesting the
   /// closest known one.
   Mapping(const Field& field, std::initializer_list<std::string_view> known, const Hint& hint = {});
+  Mapping(const Field& field, const std::vector<std::string_view>& known, const Hint& hint = {});
 
   const Field& self() const { return self_; }
   std::optional<Field> Get(std::string_view key) const;

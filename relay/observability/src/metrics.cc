@@ -182,6 +182,15 @@ RelayMetrics::RelayMetrics(std::string version)
       webhook_pauses_total(registry.AddCounter(
           "outbox_webhook_pauses_total",
           "Times a 429 or 503 with Retry-After paused the whole endpoint.", kDest)),
+      webhook_endpoints(registry.AddGauge(
+          "outbox_webhook_endpoints",
+          "A webhook service's endpoints by state: enabled, disabled, breaker_open.",
+          {"destination", "state"})),
+      webhook_endpoints_auto_disabled_total(
+          registry.AddCounter("outbox_webhook_endpoints_auto_disabled_total",
+                              "Endpoints this relay disabled because they kept failing longer than "
+                              "auto_disable_after_ms.",
+                              kDest)),
       sweep_found_total(registry.AddCounter(
           "outbox_sweep_found_total",
           "Fresh messages only the periodic full sweep found: the fresh lane had passed them "
@@ -295,6 +304,15 @@ void RelayMetrics::UpdateTargetHealth(std::string_view destination, const Target
   if (opened > 0) opened_total.Inc(static_cast<double>(opened));
   auto& pauses_total = webhook_pauses_total.Labels(l);
   if (paused > 0) pauses_total.Inc(static_cast<double>(paused));
+  if (!h.service) return;
+  const std::string dest(destination);
+  webhook_endpoints.Labels({dest, "enabled"}).Set(h.endpoints - h.endpoints_disabled);
+  webhook_endpoints.Labels({dest, "disabled"}).Set(h.endpoints_disabled);
+  webhook_endpoints.Labels({dest, "breaker_open"}).Set(h.endpoints_open);
+  auto& auto_disabled = webhook_endpoints_auto_disabled_total.Labels(l);
+  if (h.endpoints_auto_disabled > auto_disabled.Value()) {
+    auto_disabled.Inc(static_cast<double>(h.endpoints_auto_disabled) - auto_disabled.Value());
+  }
 }
 
 void RelayMetrics::SetKafkaProducerQueueLength(std::string_view destination,

@@ -1,5 +1,8 @@
 #include "outbox_relay/endpoints.h"
 
+#include <openssl/evp.h>
+
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <regex>
@@ -20,6 +23,13 @@ constexpr const char* kSelect =
     "       to_char(e.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS updated, "
     "       (SELECT count(*) FROM outbox.endpoint_secrets s WHERE s.endpoint_id = e.id "
     "         AND (s.expires_at IS NULL OR s.expires_at > clock_timestamp()))::int AS secrets, "
+    "       coalesce((SELECT s.public_key IS NOT NULL FROM outbox.endpoint_secrets s "
+    "                 WHERE s.endpoint_id = e.id ORDER BY s.created_at DESC LIMIT 1), false) "
+    "         AS ed25519, "
+    "       (SELECT coalesce(json_agg(s.public_key ORDER BY s.created_at DESC), '[]')::text "
+    "          FROM outbox.endpoint_secrets s WHERE s.endpoint_id = e.id "
+    "           AND s.public_key IS NOT NULL "
+    "           AND (s.expires_at IS NULL OR s.expires_at > clock_timestamp())) AS public_keys, "
     "       (SELECT count(*) FROM outbox.messages m WHERE m.endpoint_id = e.id) AS backlog, "
     "       (SELECT count(*) FROM outbox.dead_letters d WHERE d.endpoint_id = e.id) AS dead "
     "FROM outbox.endpoints e ";
@@ -45,22 +55,25 @@ EndpointRecord FromRow(const pqxx::row& r) {
   e.created_at = r["created"].as<std::string>();
   e.updated_at = r["updated"].as<std::string>();
   e.secrets = r["secrets"].as<int>();
+  e.signature = r["ed25519"].as<bool>() ? "ed25519" : "hmac";
+  const auto public_keys = json::parse(r["public_keys"].c_str());
+  for (const auto& k : public_keys) e.public_keys.push_back(k.get<std::string>());
   e.backlog = r["backlog"].as<std::int64_t>();
   e.dead_letters = r["dead"].as<std::int64_t>();
   return e;
 }
 
 bool ValidSecret(const std::string& s) {
-  static const std::regex re("^whsec_[A-Za-z0-9+/]+={0,2}$");
+  static const std::regex re("^(whsec|whsk)_[A-Za-z0-9+/]+={0,2}$");
   return std::regex_match(s, re);
 }
 
 void CheckId(const std::string& id) {
   static const std::regex re("^[A-Za-z0-9_.-]{1,64}$");
   if (!std::regex_match(id, re)) {
-    throw std::invalid_argument("endpoint id \"" + id +
-                                "\" is not allowed: use 1 to 64 letters, digits, '_', '.' or '-'"
-                                " (it becomes part of the endpoint's ordering keys)");
+    throw InvalidField("id", "endpoint id \"" + id +
+                                 "\" is not allowed: use 1 to 64 letters, digits, '_', '.' or '-'"
+                                 " (it becomes part of the endpoint's ordering keys)");
   }
 }
 
@@ -69,18 +82,18 @@ json Changes(const EndpointFields& f) {
   json c = json::object();
   if (f.destination) {
     if (f.destination->empty() || f.destination->size() > 255) {
-      throw std::invalid_argument(
-          "destination must be 1 to 255 characters: the name applications pass to "
-          "outbox.enqueue, configured with `webhook: {endpoints: database}`");
+      throw InvalidField("destination",
+                         "destination must be 1 to 255 characters: the name applications pass to "
+                         "outbox.enqueue, configured with `webhook: {endpoints: database}`");
     }
     c["destination"] = *f.destination;
   }
   if (f.url) {
     static const std::regex re("^https?://[^/?#\\s]+[^\\s]*$", std::regex::icase);
     if (!std::regex_match(*f.url, re)) {
-      throw std::invalid_argument("url \"" + *f.url +
-                                  "\" is not an http:// or https:// URL with a host; write e.g. "
-                                  "https://customer.example.com/webhooks");
+      throw InvalidField("url", "url \"" + *f.url +
+                                    "\" is not an http:// or https:// URL with a host; write e.g. "
+                                    "https://customer.example.com/webhooks");
     }
     c["url"] = *f.url;
   }
@@ -88,14 +101,16 @@ json Changes(const EndpointFields& f) {
   if (f.metadata) {
     json m = json::parse(*f.metadata, nullptr, false);
     if (m.is_discarded() || !m.is_object()) {
-      throw std::invalid_argument("metadata must be a JSON object, e.g. '{\"customer\": \"42\"}'");
+      throw InvalidField("metadata",
+                         "metadata must be a JSON object, e.g. '{\"customer\": \"42\"}'");
     }
     c["metadata"] = std::move(m);
   }
   if (f.event_types) {
     for (const auto& t : *f.event_types) {
       if (t.empty()) {
-        throw std::invalid_argument(
+        throw InvalidField(
+            "event_types",
             "an event type filter must not be empty; leave the filter out to receive every event");
       }
     }
@@ -105,12 +120,12 @@ json Changes(const EndpointFields& f) {
     for (const auto& [k, v] : *f.headers) {
       static const std::regex token("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$");
       if (!std::regex_match(k, token)) {
-        throw std::invalid_argument("header name \"" + k + "\" is not a valid HTTP field name");
+        throw InvalidField("headers", "header name \"" + k + "\" is not a valid HTTP field name");
       }
       for (const char ch : v) {
         const auto u = static_cast<unsigned char>(ch);
         if ((u < 0x20 && u != '\t') || u == 0x7F) {
-          throw std::invalid_argument("header " + k + ": the value contains a control character");
+          throw InvalidField("headers", "header " + k + ": the value contains a control character");
         }
       }
     }
@@ -118,7 +133,8 @@ json Changes(const EndpointFields& f) {
   }
   if (f.max_in_flight) {
     if (*f.max_in_flight < 0 || *f.max_in_flight > 1024) {
-      throw std::invalid_argument(
+      throw InvalidField(
+          "max_in_flight",
           "max_in_flight must be 1 to 1024 concurrent requests (0: the destination's setting)");
     }
     c["max_in_flight"] = *f.max_in_flight;
@@ -131,17 +147,113 @@ constexpr const char* kNewSecret =
     "'whsec_' || encode(decode(replace(gen_random_uuid()::text, '-', '') || "
     "replace(gen_random_uuid()::text, '-', ''), 'hex'), 'base64')";
 
+std::string Base64(std::string_view bytes) {
+  std::string out(4 * ((bytes.size() + 2) / 3), '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(bytes.data()),
+                                static_cast<int>(bytes.size()));
+  out.resize(static_cast<std::size_t>(n));
+  return out;
+}
+
+std::string PublicKeyOf(EVP_PKEY* key) {
+  std::string pub(32, '\0');
+  std::size_t len = pub.size();
+  if (EVP_PKEY_get_raw_public_key(key, reinterpret_cast<unsigned char*>(pub.data()), &len) != 1) {
+    throw std::runtime_error("cannot read an ed25519 public key");
+  }
+  pub.resize(len);
+  return pub;
+}
+
+// What to store for a new key: the secret, and for ed25519 the public key. `given`: the
+// caller's own (whsec_ or whsk_); otherwise a new random one of `kind` ("" when the database
+// makes it: HMAC).
+RotatedKey KeyToStore(const std::optional<std::string>& given, const std::string& kind) {
+  RotatedKey k;
+  if (given) {
+    if (!ValidSecret(*given)) {
+      throw InvalidField("secret",
+                         "secret must be a Standard Webhooks key: \"whsec_\" + base64 (HMAC) or "
+                         "\"whsk_\" + base64 of a 32-byte ed25519 seed; leave it out to have one "
+                         "generated");
+    }
+    k.secret = *given;
+    if (given->rfind("whsk_", 0) != 0) return k;
+    std::string padded = given->substr(5);
+    while (padded.size() % 4) padded += '=';
+    std::string raw(padded.size() / 4 * 3, '\0');
+    const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(raw.data()),
+                                  reinterpret_cast<const unsigned char*>(padded.data()),
+                                  static_cast<int>(padded.size()));
+    const std::size_t pad = padded.size() - padded.find_last_not_of('=') - 1;
+    if (n < 0 ||
+        (static_cast<std::size_t>(n) - pad != 32 && static_cast<std::size_t>(n) - pad != 64)) {
+      throw InvalidField("secret",
+                         "an ed25519 key must be \"whsk_\" + base64 of its 32-byte seed "
+                         "(or 64 bytes: seed and public key)");
+    }
+    std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+        EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nullptr,
+                                     reinterpret_cast<const unsigned char*>(raw.data()), 32),
+        EVP_PKEY_free);
+    if (!key) throw InvalidField("secret", "not an ed25519 private key");
+    k.public_key = "whpk_" + Base64(PublicKeyOf(key.get()));
+    return k;
+  }
+  if (kind != "ed25519") return k;  // the database makes an HMAC secret
+  EVP_PKEY* raw = nullptr;
+  std::unique_ptr<EVP_PKEY_CTX, decltype(&EVP_PKEY_CTX_free)> ctx(
+      EVP_PKEY_CTX_new_id(EVP_PKEY_ED25519, nullptr), EVP_PKEY_CTX_free);
+  if (!ctx || EVP_PKEY_keygen_init(ctx.get()) != 1 || EVP_PKEY_keygen(ctx.get(), &raw) != 1) {
+    throw std::runtime_error("cannot generate an ed25519 key");
+  }
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(raw, EVP_PKEY_free);
+  std::string seed(32, '\0');
+  std::size_t len = seed.size();
+  if (EVP_PKEY_get_raw_private_key(key.get(), reinterpret_cast<unsigned char*>(seed.data()),
+                                   &len) != 1) {
+    throw std::runtime_error("cannot read an ed25519 private key");
+  }
+  const std::string pub = PublicKeyOf(key.get());
+  k.secret = "whsk_" + Base64(seed + pub);
+  k.public_key = "whpk_" + Base64(pub);
+  return k;
+}
+
+// Stores `k` (or a new HMAC secret when k.secret is empty) as the endpoint's newest secret;
+// returns what to show: the HMAC secret, or nothing for ed25519 (its public key is in k).
+RotatedKey StoreKey(pqxx::work& tx, const std::string& id, RotatedKey k) {
+  const auto s = tx.exec_params(
+      std::string("INSERT INTO outbox.endpoint_secrets (endpoint_id, secret, public_key) "
+                  "VALUES ($1, coalesce(nullif($2, ''), ") +
+          kNewSecret + "), nullif($3, '')) RETURNING secret",
+      id, k.secret, k.public_key);
+  if (k.public_key.empty()) {
+    k.secret = s[0][0].as<std::string>();
+  } else {
+    k.secret.clear();  // an ed25519 private key is never shown
+  }
+  return k;
+}
+
 }  // namespace
 
 CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
-  if (!fields.destination) throw std::invalid_argument("name the destination (--destination)");
-  if (!fields.url) throw std::invalid_argument("give the endpoint's url (--url)");
+  if (!fields.destination)
+    throw InvalidField("destination", "name the destination (--destination)");
+  if (!fields.url) throw InvalidField("url", "give the endpoint's url (--url)");
   if (fields.id) CheckId(*fields.id);
-  if (fields.secret && !ValidSecret(*fields.secret)) {
-    throw std::invalid_argument(
-        "secret must be a Standard Webhooks secret, \"whsec_\" followed by base64; leave it out "
-        "to have one generated");
+  const std::string kind = fields.signature.value_or("hmac");
+  if (kind != "hmac" && kind != "ed25519") {
+    throw InvalidField("signature", "signature must be \"hmac\" (default) or \"ed25519\"");
   }
+  if (fields.secret && fields.signature &&
+      (fields.secret->rfind("whsk_", 0) == 0) != (kind == "ed25519")) {
+    throw InvalidField("secret", "a " + kind + " endpoint takes a " +
+                                     (kind == "ed25519" ? "whsk_" : "whsec_") + " secret");
+  }
+  const RotatedKey key = KeyToStore(fields.secret, kind);
   json c = Changes(fields);
   if (fields.id) c["id"] = *fields.id;
   return Translated([&]() -> CreatedEndpoint {
@@ -161,18 +273,15 @@ CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
           "FROM (SELECT $1::jsonb AS c) x RETURNING id",
           c.dump());
     } catch (const pqxx::unique_violation&) {
-      throw std::invalid_argument("an endpoint with id \"" + c.value("id", std::string()) +
-                                  "\" already exists; choose another --id, or change it with "
-                                  "`outbox-relay endpoints update`");
+      throw EndpointExists("id", "an endpoint with id \"" + c.value("id", std::string()) +
+                                     "\" already exists; choose another --id, or change it with "
+                                     "`outbox-relay endpoints update`");
     }
     const std::string id = r[0][0].as<std::string>();
-    const auto s =
-        tx.exec_params(std::string("INSERT INTO outbox.endpoint_secrets (endpoint_id, secret) "
-                                   "VALUES ($1, coalesce(nullif($2, ''), ") +
-                           kNewSecret + ")) RETURNING secret",
-                       id, fields.secret.value_or(""));
+    const RotatedKey stored = StoreKey(tx, id, key);
     CreatedEndpoint out;
-    out.secret = s[0][0].as<std::string>();
+    out.secret = stored.secret;
+    out.public_key = stored.public_key;
     out.endpoint = FromRow(tx.exec_params1(std::string(kSelect) + "WHERE e.id = $1", id));
     tx.commit();
     return out;
@@ -204,7 +313,8 @@ std::optional<EndpointRecord> GetEndpoint(Store& store, const std::string& id) {
 
 bool UpdateEndpoint(Store& store, const std::string& id, const EndpointFields& fields) {
   if (fields.id || fields.secret) {
-    throw std::invalid_argument(
+    throw InvalidField(
+        fields.id ? "id" : "secret",
         "an endpoint's id cannot change, and its secret changes with `endpoints rotate-secret`");
   }
   const json c = Changes(fields);
@@ -241,6 +351,10 @@ bool SetEndpointEnabled(Store& store, const std::string& id, bool enabled,
         id, enabled, reason);
     if (r.affected_rows() == 0) return false;
     if (enabled) {
+      // A fresh start: the failures before it was disabled do not count towards disabling it
+      // automatically again.
+      tx.exec_params(
+          "UPDATE outbox.endpoint_health SET failing_since = NULL WHERE endpoint_id = $1", id);
       // What waited while it was disabled (or for a retry) goes now, in order: rows blocked
       // behind their key ('infinity') stay so.
       tx.exec_params(
@@ -263,20 +377,22 @@ bool DeleteEndpoint(Store& store, const std::string& id) {
   });
 }
 
-std::string RotateEndpointSecret(Store& store, const std::string& id, std::chrono::seconds overlap,
-                                 const std::optional<std::string>& secret) {
-  if (secret && !ValidSecret(*secret)) {
-    throw std::invalid_argument(
-        "secret must be a Standard Webhooks secret, \"whsec_\" followed by base64; leave it out "
-        "to have one generated");
-  }
-  if (overlap.count() < 0) throw std::invalid_argument("the overlap must not be negative");
-  return Translated([&]() -> std::string {
+RotatedKey RotateEndpointSecret(Store& store, const std::string& id, std::chrono::seconds overlap,
+                                const std::optional<std::string>& secret) {
+  if (overlap.count() < 0) throw InvalidField("overlap", "the overlap must not be negative");
+  if (secret) KeyToStore(secret, "");  // checks it before anything is written
+  return Translated([&]() -> RotatedKey {
     pqxx::work tx(StoreAccess::Connection(store));
     if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1 FOR UPDATE", id).empty()) {
-      throw std::invalid_argument("no endpoint has id \"" + id +
-                                  "\"; `outbox-relay endpoints list` shows them");
+      throw EndpointNotFound("no endpoint has id \"" + id +
+                             "\"; `outbox-relay endpoints list` shows them");
     }
+    const auto newest = tx.exec_params(
+        "SELECT secret LIKE 'whsk\\_%' FROM outbox.endpoint_secrets WHERE endpoint_id = $1 "
+        "ORDER BY created_at DESC LIMIT 1",
+        id);
+    const bool ed25519 = !newest.empty() && newest[0][0].as<bool>();
+    const RotatedKey key = KeyToStore(secret, ed25519 ? "ed25519" : "hmac");
     // Secrets that sign now stop after the overlap; those already expired are dropped.
     tx.exec_params(
         "UPDATE outbox.endpoint_secrets "
@@ -288,14 +404,118 @@ std::string RotateEndpointSecret(Store& store, const std::string& id, std::chron
         "DELETE FROM outbox.endpoint_secrets WHERE endpoint_id = $1 "
         "AND expires_at <= clock_timestamp()",
         id);
-    const auto s =
-        tx.exec_params(std::string("INSERT INTO outbox.endpoint_secrets (endpoint_id, secret) "
-                                   "VALUES ($1, coalesce(nullif($2, ''), ") +
-                           kNewSecret + ")) RETURNING secret",
-                       id, secret.value_or(""));
+    const RotatedKey stored = StoreKey(tx, id, key);
     tx.exec_params("UPDATE outbox.endpoints SET updated_at = clock_timestamp() WHERE id = $1", id);
     tx.commit();
-    return s[0][0].as<std::string>();
+    return stored;
+  });
+}
+
+namespace {
+
+void CheckUuid(const std::string& text, const char* what) {
+  static const std::regex re(
+      "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$");
+  if (!text.empty() && !std::regex_match(text, re)) {
+    throw InvalidField("message", std::string(what) + " \"" + text +
+                                      "\" is not a uuid: give the message's idempotency key or the "
+                                      "webhook-id a receiver got");
+  }
+}
+
+}  // namespace
+
+std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoint_id,
+                                        const std::string& message, int limit) {
+  CheckUuid(message, "--message");
+  return Translated([&]() -> std::vector<AttemptRecord> {
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    std::vector<AttemptRecord> out;
+    const auto rows = tx.exec_params(
+        "SELECT a.id, a.endpoint_id, a.destination, a.delivery_id::text AS delivery_id,"
+        "  to_char(a.attempted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS at,"
+        "  a.status, a.outcome, a.latency_ms, a.error, coalesce(a.response_body, '') AS body "
+        "FROM outbox.delivery_attempts a "
+        "WHERE ($1 = '' OR a.endpoint_id = $1) AND ($2 = '' OR a.delivery_id = nullif($2, '')::uuid"
+        "  OR a.delivery_id IN (SELECT outbox.endpoint_delivery_id(nullif($2, '')::uuid, e.id)"
+        "                        FROM outbox.endpoints e)) "
+        "ORDER BY a.id DESC LIMIT $3",
+        endpoint_id, message, limit);
+    for (const auto& r : rows) {
+      AttemptRecord a;
+      a.id = r["id"].as<std::int64_t>();
+      a.endpoint_id = r["endpoint_id"].as<std::string>();
+      a.destination = r["destination"].as<std::string>();
+      a.delivery_id = r["delivery_id"].as<std::string>();
+      a.attempted_at = r["at"].as<std::string>();
+      if (!r["status"].is_null()) a.status = r["status"].as<int>();
+      a.outcome = r["outcome"].as<std::string>();
+      a.latency_ms = r["latency_ms"].as<int>();
+      if (!r["error"].is_null()) a.error = r["error"].as<std::string>();
+      a.response_body = r["body"].as<std::string>();
+      out.push_back(std::move(a));
+    }
+    return out;
+  });
+}
+
+std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
+                              const std::string& since, const std::string& message) {
+  CheckUuid(message, "--message");
+  if (since.empty() == message.empty()) {
+    throw InvalidField(
+        "since",
+        "give exactly one of --since TIME (everything delivered since then) and --message UUID "
+        "(one message)");
+  }
+  return Translated([&]() -> std::int64_t {
+    pqxx::work tx(StoreAccess::Connection(store));
+    if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
+      throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
+                             "\"; `outbox-relay endpoints list` shows them");
+    }
+    if (!since.empty()) {
+      try {
+        pqxx::subtransaction check(tx, "since");
+        check.exec_params("SELECT $1::timestamptz", since);
+        check.commit();
+      } catch (const pqxx::data_exception&) {
+        throw InvalidField(
+            "since", "--since \"" + since + "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
+      }
+    }
+    const auto r = tx.exec_params(
+        "WITH e AS (SELECT * FROM outbox.endpoints WHERE id = $1), picked AS ("
+        "  SELECT a.* FROM outbox.delivered_archive a, e"
+        "  WHERE a.destination = e.destination"
+        "    AND ($2 = '' OR a.delivered_at >= nullif($2, '')::timestamptz)"
+        "    AND ($3 = '' OR a.idempotency_key = nullif($3, '')::uuid"
+        "         OR outbox.endpoint_delivery_id(a.idempotency_key, e.id) = nullif($3, '')::uuid)"
+        "    AND (a.endpoint_id = e.id OR (a.endpoint_id IS NULL AND ("
+        "         cardinality(e.event_types) = 0 OR a.event_type = ANY(e.event_types)"
+        "         OR EXISTS (SELECT 1 FROM unnest(e.event_types) t"
+        "                    WHERE t LIKE '%.*' AND starts_with(a.event_type, left(t, -1))))))"
+        ") "
+        "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
+        "  headers, payload, payload_bytes, deliver_after, parked, created_at, last_error,"
+        "  bucket, endpoint_id) "
+        "SELECT p.destination, k.key,"
+        "  CASE WHEN p.endpoint_id IS NOT NULL THEN p.idempotency_key"
+        "       ELSE outbox.endpoint_delivery_id(p.idempotency_key, e.id) END,"
+        "  p.event_type, p.headers, p.payload, p.payload_bytes, clock_timestamp(), true,"
+        "  p.created_at, 'replayed from the archive',"
+        "  CASE WHEN k.key IS NULL THEN floor(random() * pp.bucket_count)"
+        "       ELSE (hashtextextended(p.destination || chr(31) || k.key, 0) & 32767)"
+        "            % pp.bucket_count END,"
+        "  e.id "
+        "FROM picked p, e, outbox.partitioning pp,"
+        "  LATERAL (SELECT CASE WHEN p.endpoint_id IS NOT NULL THEN p.ordering_key"
+        "                       ELSE e.id || ':' || p.ordering_key END AS key) k "
+        "ORDER BY p.id "
+        "ON CONFLICT (idempotency_key) DO NOTHING",
+        endpoint_id, since, message);
+    tx.commit();
+    return static_cast<std::int64_t>(r.affected_rows());
   });
 }
 

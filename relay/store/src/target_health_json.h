@@ -15,7 +15,12 @@ inline nlohmann::json TargetHealthToJson(const TargetHealth& h) {
           {"probe_in_ms", h.probe_in.count()},
           {"paused_for_ms", h.paused_for.count()},
           {"times_opened", h.times_opened},
-          {"times_paused", h.times_paused}};
+          {"times_paused", h.times_paused},
+          {"service", h.service},
+          {"endpoints", h.endpoints},
+          {"endpoints_disabled", h.endpoints_disabled},
+          {"endpoints_open", h.endpoints_open},
+          {"endpoints_auto_disabled", h.endpoints_auto_disabled}};
 }
 
 // Missing keys keep their defaults: a newer relay may write more than this one reads.
@@ -30,6 +35,11 @@ inline TargetHealth TargetHealthFromJson(const nlohmann::json& j) {
   h.paused_for = std::chrono::milliseconds(j.value("paused_for_ms", std::int64_t{0}));
   h.times_opened = j.value("times_opened", std::int64_t{0});
   h.times_paused = j.value("times_paused", std::int64_t{0});
+  h.service = j.value("service", false);
+  h.endpoints = j.value("endpoints", 0);
+  h.endpoints_disabled = j.value("endpoints_disabled", 0);
+  h.endpoints_open = j.value("endpoints_open", 0);
+  h.endpoints_auto_disabled = j.value("endpoints_auto_disabled", std::int64_t{0});
   return h;
 }
 

@@ -92,6 +92,14 @@ struct WebhookTarget {
   /// The relay's database_url, where endpoints_from_database reads the endpoints (set by the
   /// config loader).
   std::string database_url;
+  /// endpoints_from_database: record every attempt in outbox.delivery_attempts...
+  bool delivery_log = true;
+  Millis delivery_log_retention{7LL * 24 * 3600 * 1000};  ///< ...and keep it this long.
+  /// endpoints_from_database: disable an endpoint failing for this long (0: never).
+  Millis auto_disable_after{5LL * 24 * 3600 * 1000};
+  /// endpoints_from_database: the destination that receives an `endpoint.disabled` message
+  /// when an endpoint is disabled automatically; empty: none.
+  std::string operational_events;
 };
 
 struct Destination {
@@ -127,6 +135,11 @@ struct RelayConfig {
   Millis full_sweep_interval{30'000};  ///< Rescan the fresh lane from the start this often.
   Millis shutdown_timeout{10'000};     ///< SIGTERM: finish in-flight work within this.
   std::string admin_listen;  ///< "host:port" for /metrics, /healthz, /readyz; empty = off.
+  /// The webhook service's management HTTP API (docs/webhooks.md, "Management API").
+  struct ManagementApi {
+    std::string listen;  ///< "host:port"; empty = off.
+    std::string token;   ///< Bearer token (from token_env or token_file), 16+ characters.
+  } management_api;
   ClaimMode claim_mode = ClaimMode::kSkipLocked;
   Millis partition_heartbeat{1'000};  ///< Heartbeat period in claim_mode partitioned.
   Millis partition_lease{5'000};      ///< No heartbeat for this long: dead, buckets move.

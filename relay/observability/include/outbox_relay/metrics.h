@@ -91,12 +91,15 @@ struct RelayMetrics {
   metrics::GaugeFamily& webhook_concurrency_limit;  // outbox_webhook_concurrency_limit{destination}
   metrics::GaugeFamily& webhook_paused_seconds;     // outbox_webhook_paused_seconds{destination}
   metrics::CounterFamily& webhook_pauses_total;     // outbox_webhook_pauses_total{destination}
-  metrics::CounterFamily& sweep_found_total;        // outbox_sweep_found_total{destination}
-  metrics::CounterFamily& settle_fenced_total;      // outbox_settle_fenced_total
-  metrics::CounterFamily& reaper_requeued_total;    // outbox_reaper_requeued_total
-  metrics::CounterFamily& db_errors_total;          // outbox_db_errors_total
-  metrics::GaugeFamily& build_info;                 // outbox_relay_build_info{version}
-  metrics::GaugeFamily& relay_ready;                // outbox_relay_ready (set by AdminServer)
+  metrics::GaugeFamily& webhook_endpoints;          // outbox_webhook_endpoints{destination,state}
+  metrics::CounterFamily&
+      webhook_endpoints_auto_disabled_total;      // ..._auto_disabled_total{destination}
+  metrics::CounterFamily& sweep_found_total;      // outbox_sweep_found_total{destination}
+  metrics::CounterFamily& settle_fenced_total;    // outbox_settle_fenced_total
+  metrics::CounterFamily& reaper_requeued_total;  // outbox_reaper_requeued_total
+  metrics::CounterFamily& db_errors_total;        // outbox_db_errors_total
+  metrics::GaugeFamily& build_info;               // outbox_relay_build_info{version}
+  metrics::GaugeFamily& relay_ready;              // outbox_relay_ready (set by AdminServer)
 
   /// Creates the series of a configured destination at 0 (claims, empty polls, claimed,
   /// delivered, the histograms), so rates and alerts see them before the first message.

@@ -43,6 +43,14 @@ struct EndpointOutcome {
   std::optional<std::chrono::milliseconds> retry_after;
 };
 
+/// One HTTP request and its answer, as the delivery log records it (webhook sinks).
+struct HttpExchange {
+  std::chrono::system_clock::time_point at{};  ///< When the request was sent.
+  int status = 0;                              ///< 0: no answer (timeout, connection, TLS).
+  std::chrono::milliseconds took{0};
+  std::string body;  ///< The start of the response body (at most 1 KiB, printable UTF-8).
+};
+
 struct Outcome {
   MessageId id{};
   OutcomeKind kind = OutcomeKind::kRetry;
@@ -56,6 +64,8 @@ struct Outcome {
   std::vector<EndpointOutcome> owed;
   /// kFannedOut: how many endpoints took it.
   int delivered_to = 0;
+  /// The request this attempt made, when the sink speaks HTTP and a request was made.
+  std::optional<HttpExchange> exchange;
 };
 
 /// Delivers messages of one destination. Implementations are thread-safe: Submit may be

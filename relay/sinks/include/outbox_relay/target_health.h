@@ -18,6 +18,15 @@ struct TargetHealth {
   std::chrono::milliseconds paused_for{0};  ///< Left of a pause the target asked for (Retry-After).
   std::int64_t times_opened = 0;            ///< Since the relay started.
   std::int64_t times_paused = 0;
+  /// A webhook service (`endpoints: database`): its endpoints, those disabled, those whose
+  /// breaker is open, and how many this relay disabled automatically since it started. The
+  /// fields above then sum (or, for the breaker, summarise: open only when every enabled
+  /// endpoint's is) over its endpoints.
+  bool service = false;
+  int endpoints = 0;
+  int endpoints_disabled = 0;
+  int endpoints_open = 0;
+  std::int64_t endpoints_auto_disabled = 0;
 };
 
 }  // namespace outbox::relay

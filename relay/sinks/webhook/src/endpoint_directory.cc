@@ -125,4 +125,107 @@ std::int64_t EndpointDirectory::WakeEndpoint(const std::string& endpoint_id) {
   });
 }
 
+void EndpointDirectory::RecordAttempts(const std::vector<AttemptRow>& rows, bool log) {
+  if (rows.empty()) return;
+  nlohmann::json batch = nlohmann::json::array();
+  for (const auto& r : rows) {
+    batch.push_back(
+        {{"endpoint_id", r.endpoint_id},
+         {"delivery_id", r.delivery_id},
+         {"at_us",
+          std::chrono::duration_cast<std::chrono::microseconds>(r.at.time_since_epoch()).count()},
+         {"status", r.status == 0 ? nlohmann::json() : nlohmann::json(r.status)},
+         {"latency_ms", r.took.count()},
+         {"outcome", r.outcome},
+         {"error", r.error.empty() ? nlohmann::json() : nlohmann::json(r.error)},
+         {"body", r.body}});
+  }
+  impl_->Run([&](pqxx::connection& c) {
+    pqxx::nontransaction tx(c);
+    tx.exec_params(
+        "WITH batch AS ("
+        "  SELECT x.endpoint_id, x.delivery_id, to_timestamp(x.at_us / 1e6) AS at, x.status,"
+        "         x.latency_ms, x.outcome, x.error, x.body"
+        "  FROM jsonb_to_recordset($1::jsonb) AS x(endpoint_id text, delivery_id uuid,"
+        "       at_us bigint, status integer, latency_ms integer, outcome text, error text,"
+        "       body text)"
+        "), logged AS ("
+        "  INSERT INTO outbox.delivery_attempts (destination, endpoint_id, delivery_id,"
+        "         attempted_at, status, outcome, latency_ms, error, response_body)"
+        "  SELECT $2, endpoint_id, delivery_id, at, status, outcome, latency_ms, error, body"
+        "  FROM batch WHERE $3::boolean"
+        "), per_endpoint AS ("
+        "  SELECT b.endpoint_id, max(b.at) FILTER (WHERE b.outcome = 'delivered') AS last_ok,"
+        "         max(b.at) FILTER (WHERE b.outcome <> 'delivered') AS last_failure"
+        "  FROM batch b GROUP BY b.endpoint_id"
+        "), failing AS ("
+        "  SELECT p.*, (SELECT min(b.at) FROM batch b WHERE b.endpoint_id = p.endpoint_id"
+        "                 AND b.outcome <> 'delivered'"
+        "                 AND b.at > coalesce(p.last_ok, '-infinity')) AS first_failure"
+        "  FROM per_endpoint p"
+        ")"
+        "INSERT INTO outbox.endpoint_health AS h (endpoint_id, failing_since, last_success_at,"
+        "                                         last_failure_at)"
+        "SELECT f.endpoint_id, f.first_failure, f.last_ok, f.last_failure"
+        "  FROM failing f JOIN outbox.endpoints e ON e.id = f.endpoint_id "
+        "ON CONFLICT (endpoint_id) DO UPDATE SET"
+        "  failing_since = CASE"
+        "    WHEN excluded.failing_since IS NULL THEN NULL"  // the batch ended on a success
+        "    WHEN excluded.last_success_at IS NOT NULL THEN excluded.failing_since"
+        "    ELSE coalesce(h.failing_since, excluded.failing_since) END,"
+        "  last_success_at = coalesce(excluded.last_success_at, h.last_success_at),"
+        "  last_failure_at = coalesce(excluded.last_failure_at, h.last_failure_at)",
+        batch.dump(), impl_->destination, log);
+  });
+}
+
+std::vector<AutoDisabled> EndpointDirectory::DisableFailing(std::chrono::milliseconds after,
+                                                            const std::string& events_destination) {
+  return impl_->Run([&](pqxx::connection& c) {
+    std::vector<AutoDisabled> out;
+    pqxx::work tx(c);
+    const auto rows = tx.exec_params(
+        "UPDATE outbox.endpoints e SET enabled = false, auto_disabled_at = clock_timestamp(),"
+        "  updated_at = clock_timestamp(),"
+        "  disabled_reason = 'disabled automatically: failing since ' ||"
+        "    to_char(h.failing_since AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+        "FROM outbox.endpoint_health h "
+        "WHERE h.endpoint_id = e.id AND e.destination = $1 AND e.enabled"
+        "  AND h.failing_since < clock_timestamp() - make_interval(secs => $2::bigint / 1000.0) "
+        "RETURNING e.id,"
+        "  to_char(h.failing_since AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
+        impl_->destination, static_cast<long long>(after.count()));
+    for (const auto& row : rows) {
+      AutoDisabled d{row[0].as<std::string>(), row[1].as<std::string>()};
+      if (!events_destination.empty()) {
+        const nlohmann::json event = {{"type", "endpoint.disabled"},
+                                      {"endpoint_id", d.endpoint_id},
+                                      {"destination", impl_->destination},
+                                      {"failing_since", d.failing_since},
+                                      {"reason", "failing"}};
+        tx.exec_params(
+            "SELECT outbox.enqueue($1, $2::jsonb, NULL, '{}'::jsonb, 'endpoint.disabled')",
+            events_destination, event.dump());
+      }
+      out.push_back(std::move(d));
+    }
+    tx.commit();
+    return out;
+  });
+}
+
+std::int64_t EndpointDirectory::CleanupAttempts(std::chrono::milliseconds retention) {
+  return impl_->Run([&](pqxx::connection& c) -> std::int64_t {
+    pqxx::nontransaction tx(c);
+    const auto r = tx.exec_params(
+        "DELETE FROM outbox.delivery_attempts WHERE id IN ("
+        "  SELECT id FROM outbox.delivery_attempts"
+        "  WHERE attempted_at < clock_timestamp() - make_interval(secs => $1::bigint / 1000.0)"
+        "    AND destination = $2"
+        "  ORDER BY attempted_at LIMIT 10000)",
+        static_cast<long long>(retention.count()), impl_->destination);
+    return static_cast<std::int64_t>(r.affected_rows());
+  });
+}
+
 }  // namespace outbox::relay::webhook_detail

@@ -38,6 +38,24 @@ struct Directory {
   std::optional<std::chrono::system_clock::time_point> next_expiry;
 };
 
+/// One attempt at an endpoint, for the delivery log and the endpoint's health.
+struct AttemptRow {
+  std::string endpoint_id;
+  std::string delivery_id;
+  std::chrono::system_clock::time_point at{};
+  int status = 0;  ///< 0: no answer
+  std::chrono::milliseconds took{0};
+  std::string outcome;  ///< delivered, retry or permanent
+  std::string error;
+  std::string body;
+};
+
+/// An endpoint the relay disabled because it kept failing.
+struct AutoDisabled {
+  std::string endpoint_id;
+  std::string failing_since;  ///< RFC 3339
+};
+
 /// One connection's worth of reads. Not thread-safe: each thread owns its own. Connects
 /// lazily; every call throws std::exception on failure, after which the next call reconnects.
 class EndpointDirectory {
@@ -57,6 +75,17 @@ class EndpointDirectory {
   /// Makes the rows waiting for `endpoint_id` (held while it was disabled, or for a retry)
   /// due now; rows blocked behind an earlier row of their key stay so. Returns how many.
   std::int64_t WakeEndpoint(const std::string& endpoint_id);
+
+  /// Writes `rows` to outbox.delivery_attempts (when `log`) and updates each endpoint's
+  /// failing_since in outbox.endpoint_health, in one statement.
+  void RecordAttempts(const std::vector<AttemptRow>& rows, bool log);
+  /// Disables the destination's enabled endpoints failing for longer than `after`; when
+  /// `events_destination` is not empty, writes an `endpoint.disabled` message to it for each,
+  /// in the same transaction.
+  std::vector<AutoDisabled> DisableFailing(std::chrono::milliseconds after,
+                                           const std::string& events_destination);
+  /// Deletes up to 10,000 of the destination's delivery-log rows older than `retention`.
+  std::int64_t CleanupAttempts(std::chrono::milliseconds retention);
 
  private:
   struct Impl;

@@ -1,7 +1,10 @@
 // Helpers of the webhook sink shared by its source files (not installed, not public).
 #pragma once
 
+#include <openssl/evp.h>
+
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -37,5 +40,18 @@ std::string Snippet(std::string_view text, std::size_t max_bytes);
 
 /// True for an RFC 9110 token (header field name).
 bool IsToken(std::string_view name);
+
+/// A key that signs deliveries: an HMAC-SHA256 key ("whsec_", "v1," signatures) or an ed25519
+/// private key ("whsk_", "v1a," signatures, Standard Webhooks' asymmetric scheme).
+struct SigningKey {
+  bool ed25519 = false;
+  std::string hmac_key;                   ///< whsec_: the decoded key
+  std::shared_ptr<EVP_PKEY> private_key;  ///< whsk_
+};
+/// Throws std::invalid_argument (without echoing the secret) for anything else.
+SigningKey DecodeSigningKey(const std::string& secret);
+/// "v1,<base64 HMAC>" or "v1a,<base64 ed25519 signature>" of "id.timestamp.body".
+std::string Sign(const SigningKey& key, const std::string& msg_id, long long timestamp_seconds,
+                 const std::string& body);
 
 }  // namespace outbox::relay::webhook_detail

@@ -52,6 +52,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using webhook_detail::AttemptRow;
 using webhook_detail::Directory;
 using webhook_detail::EndpointDirectory;
 using webhook_detail::EndpointSpec;
@@ -62,7 +63,18 @@ constexpr milliseconds kBusyHold{1'000};       ///< An endpoint with more queued
 constexpr milliseconds kMinBlockedHold{1'000};
 /// A disabled endpoint's rows wait this long between looks; `endpoints enable` wakes them.
 constexpr milliseconds kDisabledHold{3'600'000};
-constexpr std::size_t kPlanBatchMax = 1000;  ///< Messages per owed-keys query.
+constexpr std::size_t kPlanBatchMax = 1000;    ///< Messages per owed-keys query.
+constexpr milliseconds kLogEvery{200};         ///< Delivery-log batches.
+constexpr std::size_t kLogQueueMax = 100'000;  ///< Beyond this (database away) rows are dropped.
+constexpr milliseconds kCleanupEvery{60'000};
+/// After an endpoint is enabled again: longer than a claim, a hand-back and its settle take.
+constexpr milliseconds kRewakeAfter{3'000};
+
+const char* LoggedOutcome(OutcomeKind k) {
+  return k == OutcomeKind::kDelivered   ? "delivered"
+         : k == OutcomeKind::kPermanent ? "permanent"
+                                        : "retry";
+}
 
 void Call(const Sink::Completion& done, Outcome outcome, const std::string& destination) {
   try {
@@ -142,7 +154,8 @@ class WebhookServiceSink final : public Sink {
         defaults_(defaults),
         lanes_(std::make_shared<Lanes>()),
         registry_dir_(defaults.database_url, destination_),
-        planner_dir_(defaults.database_url, destination_) {
+        planner_dir_(defaults.database_url, destination_),
+        log_dir_(defaults.database_url, destination_) {
     registry_thread_ = std::thread([this] {
       NameThisThread("or-endpoints");
       RegistryLoop();
@@ -150,6 +163,10 @@ class WebhookServiceSink final : public Sink {
     planner_thread_ = std::thread([this] {
       NameThisThread("or-fanout");
       PlanLoop();
+    });
+    log_thread_ = std::thread([this] {
+      NameThisThread("or-attempts");
+      LogLoop();
     });
   }
 
@@ -227,6 +244,12 @@ class WebhookServiceSink final : public Sink {
       const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
       lane->sink->Shutdown(std::max(left, milliseconds(0)));
     }
+    {
+      std::lock_guard lock(log_mu_);
+      log_stop_ = true;
+    }
+    log_cv_.notify_all();
+    if (log_thread_.joinable()) log_thread_.join();  // writes what the lanes finished with
     joined_ = true;
   }
 
@@ -266,6 +289,37 @@ class WebhookServiceSink final : public Sink {
     return sending ? most : 2 * static_cast<std::size_t>(std::max(claim_batch, 1));
   }
 
+  std::optional<TargetHealth> Health() const override {
+    std::shared_ptr<const Lanes> lanes;
+    {
+      std::lock_guard lock(mu_);
+      lanes = lanes_;
+    }
+    TargetHealth h;
+    h.service = true;
+    h.endpoints_auto_disabled = auto_disabled_.load();
+    int sending = 0;
+    for (const auto& [id, lane] : *lanes) {
+      ++h.endpoints;
+      if (!lane->spec.enabled) {
+        ++h.endpoints_disabled;
+        continue;
+      }
+      if (!lane->sink) continue;
+      ++sending;
+      const auto e = lane->sink->Health();
+      if (!e) continue;
+      if (e->breaker == "open") ++h.endpoints_open;
+      h.consecutive_failures = std::max(h.consecutive_failures, e->consecutive_failures);
+      h.concurrency_limit += e->concurrency_limit;
+      h.max_concurrency += e->max_concurrency;
+      h.times_opened += e->times_opened;
+      h.times_paused += e->times_paused;
+    }
+    h.breaker = sending > 0 && h.endpoints_open == sending ? "open" : "closed";
+    return h;
+  }
+
  private:
   struct Job {
     Message msg;
@@ -299,16 +353,21 @@ class WebhookServiceSink final : public Sink {
     }
     in_flight_.fetch_add(1);
     std::shared_ptr<Sink> sink = lane->sink;
-    sink->Submit(std::move(msg), [this, sink, done = std::move(done)](Outcome o) {
-      if (o.kind == OutcomeKind::kRetry && o.reason_class == Reason::kShutdown) {
-        // The endpoint's sink was replaced (an update) or the relay stops: not a failure.
-        o.kind = OutcomeKind::kReturned;
-      } else if (o.kind == OutcomeKind::kReturned && !o.retry_after) {
-        o.retry_after = BlockedHold(*sink);
-      }
-      in_flight_.fetch_sub(1);
-      Call(done, std::move(o), destination_);
-    });
+    std::string delivery = msg.idempotency_key;  // an endpoint row's key is its delivery id
+    sink->Submit(std::move(msg),
+                 [this, sink, endpoint = lane->spec.id, delivery = std::move(delivery),
+                  done = std::move(done)](Outcome o) {
+                   Log(endpoint, delivery, o);
+                   if (o.kind == OutcomeKind::kRetry && o.reason_class == Reason::kShutdown) {
+                     // The endpoint's sink was replaced (an update) or the relay stops: not a
+                     // failure.
+                     o.kind = OutcomeKind::kReturned;
+                   } else if (o.kind == OutcomeKind::kReturned && !o.retry_after) {
+                     o.retry_after = BlockedHold(*sink);
+                   }
+                   in_flight_.fetch_sub(1);
+                   Call(done, std::move(o), destination_);
+                 });
   }
 
   void PlanLoop() {
@@ -393,19 +452,97 @@ class WebhookServiceSink final : public Sink {
     copy.idempotency_key = EndpointDeliveryId(msg.idempotency_key, lane.spec.id);
     std::shared_ptr<Sink> sink = lane.sink;
     const std::string endpoint = lane.spec.id;
-    sink->Submit(std::move(copy), [fan, sink, endpoint](Outcome o) {
-      if (o.kind == OutcomeKind::kDelivered) return fan->Took();
-      EndpointOutcome owed;
-      owed.endpoint_id = endpoint;
-      owed.kind = o.kind;
-      owed.reason = std::move(o.reason);
-      owed.reason_class = o.reason_class;
-      owed.retry_after = o.retry_after;
-      if (o.kind == OutcomeKind::kReturned && !owed.retry_after) {
-        owed.retry_after = BlockedHold(*sink);
+    std::string delivery = copy.idempotency_key;
+    sink->Submit(std::move(copy),
+                 [this, fan, sink, endpoint, delivery = std::move(delivery)](Outcome o) {
+                   Log(endpoint, delivery, o);
+                   if (o.kind == OutcomeKind::kDelivered) return fan->Took();
+                   EndpointOutcome owed;
+                   owed.endpoint_id = endpoint;
+                   owed.kind = o.kind;
+                   owed.reason = std::move(o.reason);
+                   owed.reason_class = o.reason_class;
+                   owed.retry_after = o.retry_after;
+                   if (o.kind == OutcomeKind::kReturned && !owed.retry_after) {
+                     owed.retry_after = BlockedHold(*sink);
+                   }
+                   fan->Owed(std::move(owed));
+                 });
+  }
+
+  // The delivery log: what each request to an endpoint exchanged, and the endpoint's health.
+  void Log(const std::string& endpoint, const std::string& delivery, const Outcome& o) {
+    if (!o.exchange) return;  // not sent (returned, refused by the SSRF guard before sending)
+    AttemptRow row;
+    row.endpoint_id = endpoint;
+    row.delivery_id = delivery;
+    row.at = o.exchange->at;
+    row.status = o.exchange->status;
+    row.took = o.exchange->took;
+    row.outcome = LoggedOutcome(o.kind);
+    if (o.kind != OutcomeKind::kDelivered) row.error = o.reason;
+    row.body = o.exchange->body;
+    std::lock_guard lock(log_mu_);
+    if (log_queue_.size() >= kLogQueueMax) {
+      ++log_dropped_;
+      return;
+    }
+    log_queue_.push_back(std::move(row));
+  }
+
+  void LogLoop() {
+    const bool auto_disable = defaults_.auto_disable_after.count() > 0;
+    const milliseconds check_every =
+        std::clamp(defaults_.auto_disable_after / 2, milliseconds(200), milliseconds(5'000));
+    auto next_check = Clock::now() + check_every;
+    auto next_cleanup = Clock::now() + kCleanupEvery;
+    bool failing = false;
+    while (true) {
+      std::vector<AttemptRow> rows;
+      std::int64_t dropped = 0;
+      bool stop = false;
+      {
+        std::unique_lock lock(log_mu_);
+        log_cv_.wait_for(lock, kLogEvery, [this] { return log_stop_; });
+        rows.assign(std::make_move_iterator(log_queue_.begin()),
+                    std::make_move_iterator(log_queue_.end()));
+        log_queue_.clear();
+        std::swap(dropped, log_dropped_);
+        stop = log_stop_;
       }
-      fan->Owed(std::move(owed));
-    });
+      if (dropped > 0) {
+        spdlog::warn("webhook {}: {} delivery-log rows dropped while the database was away",
+                     destination_, dropped);
+      }
+      try {
+        log_dir_.RecordAttempts(rows, defaults_.delivery_log);
+        const auto now = Clock::now();
+        if (auto_disable && now >= next_check) {
+          next_check = now + check_every;
+          for (const auto& d : log_dir_.DisableFailing(defaults_.auto_disable_after,
+                                                       defaults_.operational_events)) {
+            auto_disabled_.fetch_add(1);
+            spdlog::warn(
+                "webhook {}: endpoint {} disabled automatically: failing since {} (longer than "
+                "auto_disable_after_ms); its messages wait for it until `outbox-relay endpoints "
+                "enable {}`",
+                destination_, d.endpoint_id, d.failing_since, d.endpoint_id);
+          }
+        }
+        if (defaults_.delivery_log && now >= next_cleanup) {
+          next_cleanup = now + kCleanupEvery;
+          log_dir_.CleanupAttempts(defaults_.delivery_log_retention);
+        }
+        failing = false;
+      } catch (const std::exception& e) {
+        if (!failing) {
+          spdlog::warn("webhook {}: cannot write the delivery log: {} ({} rows lost)", destination_,
+                       e.what(), rows.size());
+        }
+        failing = true;
+      }
+      if (stop) return;
+    }
   }
 
   void RegistryLoop() {
@@ -420,6 +557,14 @@ class WebhookServiceSink final : public Sink {
           seen = d.version;
           next_expiry = d.next_expiry;
           Apply(d);
+        }
+        for (auto it = rewake_.begin(); it != rewake_.end();) {
+          if (Clock::now() < it->second) {
+            ++it;
+            continue;
+          }
+          registry_dir_.WakeEndpoint(it->first);
+          it = rewake_.erase(it);
         }
         if (failing) spdlog::info("webhook {}: endpoint registry readable again", destination_);
         failing = false;
@@ -484,9 +629,13 @@ class WebhookServiceSink final : public Sink {
       registry_error_.clear();
     }
     // `endpoints enable` woke the endpoint's rows, but this relay may have claimed some before
-    // it saw the change and held them again as disabled: wake them once more, now that it
-    // knows. (Each relay does this when it notices; the last one to notice wins.)
-    for (const auto& id : reenabled) registry_dir_.WakeEndpoint(id);
+    // it saw the change and be about to hold them again as disabled: wake them once more now
+    // that it knows, and again once such settles are surely written (each relay does this when
+    // it notices; the last one to notice wins).
+    for (const auto& id : reenabled) {
+      registry_dir_.WakeEndpoint(id);
+      rewake_.emplace_back(id, Clock::now() + kRewakeAfter);
+    }
     for (const auto& [id, lane] : *old) {
       if (!next->count(id)) spdlog::info("webhook {}: endpoint {} removed", destination_, id);
       if (lane->sink && !kept.count(lane->sink.get())) {
@@ -524,9 +673,20 @@ class WebhookServiceSink final : public Sink {
   std::atomic<std::size_t> in_flight_{0};
 
   EndpointDirectory registry_dir_;  ///< Owned by the registry thread.
-  EndpointDirectory planner_dir_;   ///< Owned by the planner thread.
+  /// Endpoints enabled again, to wake once more at the time given. Owned by the registry thread.
+  std::vector<std::pair<std::string, Clock::time_point>> rewake_;
+  EndpointDirectory planner_dir_;  ///< Owned by the planner thread.
+  EndpointDirectory log_dir_;      ///< Owned by the log thread.
   std::thread registry_thread_;
   std::thread planner_thread_;
+  std::thread log_thread_;
+
+  std::mutex log_mu_;
+  std::condition_variable log_cv_;
+  std::vector<AttemptRow> log_queue_;  ///< Guarded by log_mu_.
+  std::int64_t log_dropped_ = 0;       ///< Guarded by log_mu_.
+  bool log_stop_ = false;              ///< Guarded by log_mu_.
+  std::atomic<std::int64_t> auto_disabled_{0};
 
   std::mutex shutdown_mu_;
   bool joined_ = false;  ///< Guarded by shutdown_mu_.

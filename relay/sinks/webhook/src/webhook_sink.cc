@@ -115,7 +115,7 @@ void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& 
   if (target.secrets.empty()) {
     throw std::invalid_argument("webhook " + destination + ": at least one secret is required");
   }
-  for (const auto& secret : target.secrets) webhook_detail::DecodeSecret(secret);
+  for (const auto& secret : target.secrets) webhook_detail::DecodeSigningKey(secret);
   if (target.max_in_flight < 1) {
     throw std::invalid_argument("webhook " + destination + ": max_in_flight must be >= 1");
   }
@@ -175,7 +175,7 @@ class WebhookSink final : public Sink {
         governor_(target.breaker, target.adaptive_concurrency, target.max_in_flight) {
     ValidateWebhookTarget(destination_, target_);
     for (const auto& secret : target_.secrets)
-      keys_.push_back(webhook_detail::DecodeSecret(secret));
+      keys_.push_back(webhook_detail::DecodeSigningKey(secret));
     for (const auto& [name, value] : target_.headers) {
       if (!webhook_detail::IsToken(name) || !IsValidHeaderValue(value)) {
         spdlog::warn("webhook {}: ignoring configured header '{}': invalid name or value",
@@ -583,7 +583,7 @@ class WebhookSink final : public Sink {
     std::string signatures;
     for (const auto& key : keys_) {
       if (!signatures.empty()) signatures += ' ';
-      signatures += webhook_detail::SignWithKey(key, msg.idempotency_key, timestamp, msg.payload);
+      signatures += webhook_detail::Sign(key, msg.idempotency_key, timestamp, msg.payload);
     }
     headers.emplace("webhook-id", msg.idempotency_key);
     headers.emplace("webhook-timestamp", std::to_string(timestamp));
@@ -629,6 +629,7 @@ class WebhookSink final : public Sink {
     req.body = msg.payload;
 
     const auto start = Clock::now();
+    const auto sent_at = std::chrono::system_clock::now();
     const auto deadline = start + target_.timeout;
     std::string kept;  // start of the response body, for reasons
     req.content_receiver = [&kept](const char* data, std::size_t len, std::uint64_t,
@@ -663,6 +664,10 @@ class WebhookSink final : public Sink {
       outcome = FromStatus(msg.id, res, kept);
       unreachable_in_a_row_.store(0);
       attempt.verdict = VerdictOf(res.status, outcome);
+    }
+    if (!stopping_now_.load() || sent) {
+      outcome.exchange = HttpExchange{sent_at, sent ? res.status : 0, elapsed,
+                                      webhook_detail::Snippet(kept, kKeptBodyBytes)};
     }
     if (outcome.kind == OutcomeKind::kDelivered) {
       spdlog::trace("webhook {}: message {} delivered ({} in {}ms)", destination_, Raw(msg.id),
@@ -768,9 +773,9 @@ class WebhookSink final : public Sink {
   const std::string destination_;
   const WebhookTarget target_;
   const ParsedUrl url_;
-  const webhook_detail::AddressPolicy policy_;  ///< The SSRF guard.
-  std::vector<std::string> keys_;               ///< Decoded HMAC keys, one per secret.
-  httplib::Headers static_headers_;             ///< Valid, non-reserved target.headers.
+  const webhook_detail::AddressPolicy policy_;    ///< The SSRF guard.
+  std::vector<webhook_detail::SigningKey> keys_;  ///< One per secret (HMAC or ed25519).
+  httplib::Headers static_headers_;               ///< Valid, non-reserved target.headers.
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  ///< Workers wait for jobs or stopping_.

@@ -6,12 +6,38 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace outbox::relay {
 
 class Store;
+
+/// Bad input to one of the functions below: what() says what is wrong and how to fix it,
+/// field() names the field ("url", "event_types", ...). Nothing was written.
+class InvalidField : public std::invalid_argument {
+ public:
+  InvalidField(std::string field, const std::string& message)
+      : std::invalid_argument(message), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
+
+/// An endpoint with that id exists already.
+class EndpointExists : public InvalidField {
+ public:
+  using InvalidField::InvalidField;
+};
+
+/// The endpoint named does not exist.
+class EndpointNotFound : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
 
 /// One endpoint as an operator sees it. Never its secrets.
 struct EndpointRecord {
@@ -27,8 +53,10 @@ struct EndpointRecord {
   std::optional<std::string> disabled_reason;
   std::string created_at;  ///< RFC 3339 UTC.
   std::string updated_at;
-  int secrets = 0;           ///< Secrets signing now (more than one during a rotation's overlap).
-  std::int64_t backlog = 0;  ///< Rows waiting for this endpoint alone.
+  int secrets = 0;  ///< Secrets signing now (more than one during a rotation's overlap).
+  std::string signature = "hmac";        ///< Of its newest secret: "hmac" or "ed25519".
+  std::vector<std::string> public_keys;  ///< ed25519: the whpk_ keys that verify now, newest first.
+  std::int64_t backlog = 0;              ///< Rows waiting for this endpoint alone.
   std::int64_t dead_letters = 0;
 };
 
@@ -43,12 +71,23 @@ struct EndpointFields {
   std::optional<std::map<std::string, std::string>> headers;
   std::optional<int> max_in_flight;  ///< 0: back to the destination's
   std::optional<bool> enabled;
-  std::optional<std::string> secret;  ///< add only; default: a new random whsec_ secret
+  std::optional<std::string> secret;  ///< add only; default: a new random key of `signature`
+  /// add only: "hmac" (default; whsec_ secrets) or "ed25519" (whsk_ keys, "v1a," signatures).
+  std::optional<std::string> signature;
 };
 
 struct CreatedEndpoint {
   EndpointRecord endpoint;
-  std::string secret;  ///< Shown once; never readable again through these functions.
+  /// HMAC: the secret, shown once; never readable again through these functions. ed25519:
+  /// empty (the private key never leaves the database; receivers get public_key).
+  std::string secret;
+  std::string public_key;  ///< ed25519: what receivers verify with.
+};
+
+/// A rotation's new key: `secret` (HMAC) or `public_key` (ed25519), as in CreatedEndpoint.
+struct RotatedKey {
+  std::string secret;
+  std::string public_key;
 };
 
 /// Throws std::invalid_argument naming the field and the fix for bad input (a duplicate id,
@@ -67,9 +106,39 @@ bool SetEndpointEnabled(Store& store, const std::string& id, bool enabled,
 /// a relay meets them. False when there is no such endpoint.
 bool DeleteEndpoint(Store& store, const std::string& id);
 /// A new current secret (given, or random); the ones signing until now keep signing for
-/// `overlap` more, then stop. Returns the new secret. Throws std::invalid_argument for an
-/// unknown endpoint or a malformed secret.
-std::string RotateEndpointSecret(Store& store, const std::string& id, std::chrono::seconds overlap,
-                                 const std::optional<std::string>& secret);
+/// `overlap` more, then stop. The new key is of the kind the endpoint signs with now, unless
+/// `secret` gives one (a whsec_ secret or a whsk_ ed25519 key). Throws std::invalid_argument
+/// for an unknown endpoint or a malformed secret.
+RotatedKey RotateEndpointSecret(Store& store, const std::string& id, std::chrono::seconds overlap,
+                                const std::optional<std::string>& secret);
+
+/// One attempt of the delivery log (outbox.delivery_attempts, migration 0009).
+struct AttemptRecord {
+  std::int64_t id = 0;
+  std::string endpoint_id;
+  std::string destination;
+  std::string delivery_id;    ///< The webhook-id sent.
+  std::string attempted_at;   ///< RFC 3339 UTC, milliseconds.
+  std::optional<int> status;  ///< nullopt: no answer
+  std::string outcome;        ///< delivered, retry or permanent
+  int latency_ms = 0;
+  std::optional<std::string> error;
+  std::string response_body;
+};
+
+/// Newest first. `endpoint_id` empty: every endpoint. `message` (a uuid, empty: any): the
+/// attempts of that message, by its own idempotency key or by an endpoint's delivery id.
+/// Throws std::invalid_argument for a message that is not a uuid.
+std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoint_id,
+                                        const std::string& message, int limit);
+
+/// Sends archived messages (retention.archive_delivered) to one endpoint again, as rows of
+/// that endpoint: everything its subscription takes delivered since `since` (a time PostgreSQL
+/// reads as timestamptz, e.g. "2026-11-22 10:00Z"), or the one message `message` (its
+/// idempotency key or delivery id). Same
+/// delivery ids as the first time; what the endpoint still has queued is skipped. Returns how
+/// many were queued. Throws std::invalid_argument for an unknown endpoint or bad input.
+std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
+                              const std::string& since, const std::string& message);
 
 }  // namespace outbox::relay

@@ -1,0 +1,44 @@
+// The management HTTP API: what `outbox-relay endpoints` and `outbox-relay attempts` do, as
+// JSON over HTTP for the application that runs a webhook service on outbox-relay. Described
+// by docs/openapi.yaml.
+#pragma once
+
+#include <memory>
+#include <string>
+
+namespace outbox::relay {
+
+/// Serves, under /v1, with `Authorization: Bearer <token>` on every request:
+///   GET    /v1/endpoints[?destination=D]        200 {"data": [endpoint...]}
+///   POST   /v1/endpoints                        201 endpoint + "secret" (shown once)
+///   GET    /v1/endpoints/{id}                   200 endpoint
+///   PATCH  /v1/endpoints/{id}                   200 endpoint
+///   DELETE /v1/endpoints/{id}                   204
+///   POST   /v1/endpoints/{id}/disable           200 endpoint   body {"reason"} optional
+///   POST   /v1/endpoints/{id}/enable            200 endpoint
+///   POST   /v1/endpoints/{id}/rotate-secret     200 {"secret"}  body {"overlap_seconds", "secret"}
+///   POST   /v1/endpoints/{id}/replay            202 {"queued"} body {"since"} or {"message"}
+///   GET    /v1/attempts[?endpoint_id=&message=&limit=]  200 {"data": [attempt...]}
+/// Errors are JSON, {"error": {"code", "message", "field"?}}: 401 unauthorized (no or wrong
+/// token), 400 invalid_json / invalid_field (naming the field), 404 not_found, 409 conflict
+/// (an id in use), 503 database_unavailable. Nothing is written by a refused request.
+class ManagementApi {
+ public:
+  /// `listen` as the admin server's ("host:port"); `token`: the bearer token (at least 16
+  /// characters, checked by the config).
+  ManagementApi(std::string listen, std::string token, std::string database_url);
+  ~ManagementApi();  ///< Stop().
+  ManagementApi(const ManagementApi&) = delete;
+  ManagementApi& operator=(const ManagementApi&) = delete;
+
+  /// Binds and serves; throws std::invalid_argument (address) or std::runtime_error (bind).
+  void Start();
+  void Stop();
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace outbox::relay

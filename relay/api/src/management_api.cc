@@ -1,0 +1,381 @@
+#include "outbox_relay/management_api.h"
+
+#include <httplib.h>
+#include <openssl/crypto.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <thread>
+
+#include "outbox_relay/admin_server.h"
+#include "outbox_relay/endpoint_json.h"
+#include "outbox_relay/endpoints.h"
+#include "outbox_relay/queue_store.h"
+#include "outbox_relay/store.h"
+#include "outbox_relay/thread_name.h"
+
+namespace outbox::relay {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kJson = "application/json";
+constexpr const char* kIdPattern = "([A-Za-z0-9_.-]+)";
+
+/// A refused request: its status, code, message and (for bad input) the field.
+struct ApiError {
+  int status;
+  std::string code;
+  std::string message;
+  std::string field;
+};
+
+void Reply(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(), kJson);
+}
+
+void ReplyError(httplib::Response& res, const ApiError& e) {
+  json err = {{"code", e.code}, {"message", e.message}};
+  if (!e.field.empty()) err["field"] = e.field;
+  Reply(res, e.status, {{"error", err}});
+}
+
+ApiError BadField(const std::string& field, const std::string& message) {
+  return {400, "invalid_field", message, field};
+}
+
+json ParseBody(const httplib::Request& req, bool required) {
+  if (req.body.empty()) {
+    if (required) throw ApiError{400, "invalid_json", "the request needs a JSON object body", ""};
+    return json::object();
+  }
+  json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded()) {
+    throw ApiError{400, "invalid_json", "the body is not valid JSON", ""};
+  }
+  if (!body.is_object()) throw ApiError{400, "invalid_json", "the body must be a JSON object", ""};
+  return body;
+}
+
+void OnlyKeys(const json& body, std::initializer_list<const char*> allowed) {
+  for (const auto& [key, value] : body.items()) {
+    bool known = false;
+    for (const char* a : allowed) known = known || key == a;
+    if (!known) {
+      std::string list;
+      for (const char* a : allowed) list += std::string(list.empty() ? "" : ", ") + a;
+      throw BadField(key, "unknown field \"" + key + "\"; the fields are: " + list);
+    }
+  }
+}
+
+std::optional<std::string> String(const json& body, const char* key) {
+  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
+  if (!body[key].is_string()) throw BadField(key, std::string(key) + " must be a string");
+  return body[key].get<std::string>();
+}
+
+// The writable fields of an endpoint, checked for their JSON types; their values are checked
+// by the store (InvalidField names them too).
+EndpointFields Fields(const json& body) {
+  EndpointFields f;
+  f.id = String(body, "id");
+  f.destination = String(body, "destination");
+  f.url = String(body, "url");
+  f.description = String(body, "description");
+  f.secret = String(body, "secret");
+  f.signature = String(body, "signature");
+  if (body.contains("metadata")) {
+    if (!body["metadata"].is_object()) throw BadField("metadata", "metadata must be an object");
+    f.metadata = body["metadata"].dump();
+  }
+  if (body.contains("event_types")) {
+    const auto& v = body["event_types"];
+    bool ok = v.is_array();
+    for (const auto& t : v) ok = ok && t.is_string();
+    if (!ok) {
+      throw BadField("event_types",
+                     "event_types must be an array of strings, e.g. [\"invoice.*\"]; [] for all");
+    }
+    f.event_types = v.get<std::vector<std::string>>();
+  }
+  if (body.contains("headers")) {
+    const auto& v = body["headers"];
+    bool ok = v.is_object();
+    for (const auto& [k, h] : v.items()) ok = ok && h.is_string();
+    if (!ok) {
+      throw BadField("headers",
+                     "headers must be an object of strings, e.g. {\"X-Tenant\": \"42\"}");
+    }
+    f.headers = v.get<std::map<std::string, std::string>>();
+  }
+  if (body.contains("max_in_flight")) {
+    if (!body["max_in_flight"].is_number_integer()) {
+      throw BadField("max_in_flight", "max_in_flight must be an integer from 1 to 1024");
+    }
+    f.max_in_flight = body["max_in_flight"].get<int>();
+  }
+  if (body.contains("enabled")) {
+    if (!body["enabled"].is_boolean()) throw BadField("enabled", "enabled must be true or false");
+    f.enabled = body["enabled"].get<bool>();
+  }
+  return f;
+}
+
+}  // namespace
+
+struct ManagementApi::Impl {
+  std::string listen;
+  std::string token;
+  std::string database_url;
+  httplib::Server server;
+  std::thread thread;
+  std::atomic<bool> thread_done{false};
+  int port = 0;
+
+  std::mutex store_mu;
+  std::unique_ptr<Store> store;  ///< Guarded by store_mu; one connection, made on first use.
+
+  bool Authorized(const httplib::Request& req) const {
+    const std::string header = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (header.size() != prefix.size() + token.size() || header.rfind(prefix, 0) != 0) {
+      return false;
+    }
+    return CRYPTO_memcmp(header.data() + prefix.size(), token.data(), token.size()) == 0;
+  }
+
+  // Runs `f(store)` for one request: authentication first, then every failure as a JSON error.
+  template <class F>
+  void Handle(const httplib::Request& req, httplib::Response& res, F f) {
+    try {
+      if (!Authorized(req)) {
+        res.set_header("WWW-Authenticate", "Bearer");
+        throw ApiError{401, "unauthorized",
+                       "send the management API token as `Authorization: Bearer <token>`", ""};
+      }
+      std::lock_guard lock(store_mu);
+      if (!store) store = std::make_unique<Store>(database_url);
+      try {
+        f(*store, res);
+      } catch (const StoreError& e) {
+        store.reset();  // reconnect on the next request
+        if (e.transient()) {
+          throw ApiError{503, "database_unavailable",
+                         std::string("the database cannot be reached: ") + e.what(), ""};
+        }
+        throw;
+      }
+    } catch (const ApiError& e) {
+      ReplyError(res, e);
+    } catch (const EndpointExists& e) {
+      ReplyError(res, {409, "conflict", e.what(), e.field()});
+    } catch (const InvalidField& e) {
+      ReplyError(res, {400, "invalid_field", e.what(), e.field()});
+    } catch (const EndpointNotFound& e) {
+      ReplyError(res, {404, "not_found", e.what(), ""});
+    } catch (const std::exception& e) {
+      spdlog::error("management API: {} {}: {}", req.method, req.path, e.what());
+      ReplyError(res, {500, "internal", e.what(), ""});
+    }
+  }
+
+  static ApiError NotFound(const std::string& id) {
+    return {404, "not_found", "no endpoint has id \"" + id + "\"", ""};
+  }
+
+  void Routes() {
+    server.Get("/v1/endpoints", [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        json data = json::array();
+        for (const auto& e : ListEndpoints(s, req.get_param_value("destination"))) {
+          data.push_back(ToJson(e));
+        }
+        Reply(r, 200, {{"data", data}});
+      });
+    });
+    server.Post("/v1/endpoints", [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        const json body = ParseBody(req, true);
+        OnlyKeys(body, {"id", "destination", "url", "description", "metadata", "event_types",
+                        "headers", "max_in_flight", "enabled", "secret", "signature"});
+        EndpointFields f = Fields(body);
+        if (!f.destination) throw BadField("destination", "destination is required");
+        if (!f.url) throw BadField("url", "url is required");
+        const CreatedEndpoint created = AddEndpoint(s, f);
+        json out = ToJson(created.endpoint);
+        if (created.public_key.empty()) {
+          out["secret"] = created.secret;
+        } else {
+          out["public_key"] = created.public_key;
+        }
+        Reply(r, 201, out);
+      });
+    });
+    const std::string one = std::string("/v1/endpoints/") + kIdPattern;
+    server.Get(one, [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        const std::string id = req.matches[1];
+        const auto e = GetEndpoint(s, id);
+        if (!e) throw NotFound(id);
+        Reply(r, 200, ToJson(*e));
+      });
+    });
+    server.Patch(one, [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        const std::string id = req.matches[1];
+        const json body = ParseBody(req, true);
+        OnlyKeys(body, {"destination", "url", "description", "metadata", "event_types", "headers",
+                        "max_in_flight"});
+        if (body.empty()) throw ApiError{400, "invalid_json", "nothing to update", ""};
+        if (!UpdateEndpoint(s, id, Fields(body))) throw NotFound(id);
+        Reply(r, 200, ToJson(*GetEndpoint(s, id)));
+      });
+    });
+    server.Delete(one, [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        const std::string id = req.matches[1];
+        if (!DeleteEndpoint(s, id)) throw NotFound(id);
+        r.status = 204;
+      });
+    });
+    for (const bool enable : {false, true}) {
+      server.Post(one + (enable ? "/enable" : "/disable"),
+                  [this, enable](const httplib::Request& req, httplib::Response& res) {
+                    Handle(req, res, [&](Store& s, httplib::Response& r) {
+                      const std::string id = req.matches[1];
+                      const json body = ParseBody(req, false);
+                      OnlyKeys(body, enable ? std::initializer_list<const char*>{}
+                                            : std::initializer_list<const char*>{"reason"});
+                      const std::string reason = String(body, "reason").value_or("");
+                      if (!SetEndpointEnabled(s, id, enable, reason)) throw NotFound(id);
+                      Reply(r, 200, ToJson(*GetEndpoint(s, id)));
+                    });
+                  });
+    }
+    server.Post(
+        one + "/rotate-secret", [this](const httplib::Request& req, httplib::Response& res) {
+          Handle(req, res, [&](Store& s, httplib::Response& r) {
+            const std::string id = req.matches[1];
+            const json body = ParseBody(req, false);
+            OnlyKeys(body, {"overlap_seconds", "secret"});
+            long long overlap = 24 * 3600;
+            if (body.contains("overlap_seconds")) {
+              if (!body["overlap_seconds"].is_number_integer() ||
+                  body["overlap_seconds"].get<long long>() < 0) {
+                throw BadField("overlap_seconds",
+                               "overlap_seconds must be a whole number of seconds, 0 or more "
+                               "(default 86400)");
+              }
+              overlap = body["overlap_seconds"].get<long long>();
+            }
+            const RotatedKey key =
+                RotateEndpointSecret(s, id, std::chrono::seconds(overlap), String(body, "secret"));
+            json out = {{"id", id}};
+            if (key.public_key.empty()) {
+              out["secret"] = key.secret;
+            } else {
+              out["public_key"] = key.public_key;
+            }
+            Reply(r, 200, out);
+          });
+        });
+    server.Post(one + "/replay", [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        const std::string id = req.matches[1];
+        const json body = ParseBody(req, true);
+        OnlyKeys(body, {"since", "message"});
+        const auto n = ReplayToEndpoint(s, id, String(body, "since").value_or(""),
+                                        String(body, "message").value_or(""));
+        Reply(r, 202, {{"queued", n}});
+      });
+    });
+    server.Get("/v1/attempts", [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        int limit = 50;
+        if (req.has_param("limit")) {
+          const std::string text = req.get_param_value("limit");
+          try {
+            std::size_t used = 0;
+            limit = std::stoi(text, &used);
+            if (used != text.size() || limit < 1 || limit > 1000) throw std::out_of_range(text);
+          } catch (const std::exception&) {
+            throw BadField("limit", "limit must be a number from 1 to 1000");
+          }
+        }
+        json data = json::array();
+        for (const auto& a : ListAttempts(s, req.get_param_value("endpoint_id"),
+                                          req.get_param_value("message"), limit)) {
+          data.push_back(ToJson(a));
+        }
+        Reply(r, 200, {{"data", data}});
+      });
+    });
+    server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (res.status == 404 && res.body.empty()) {
+        ReplyError(res, {404, "not_found", "no such route: " + req.method + " " + req.path, ""});
+      }
+    });
+  }
+};
+
+ManagementApi::ManagementApi(std::string listen, std::string token, std::string database_url)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->listen = std::move(listen);
+  impl_->token = std::move(token);
+  impl_->database_url = std::move(database_url);
+}
+
+ManagementApi::~ManagementApi() { Stop(); }
+
+void ManagementApi::Start() {
+  auto& d = *impl_;
+  const ListenAddress address = ParseListenAddress(d.listen);
+  d.server.new_task_queue = [] { return new httplib::ThreadPool(4); };
+  d.server.set_read_timeout(std::chrono::seconds(10));
+  d.server.set_write_timeout(std::chrono::seconds(10));
+  d.server.set_payload_max_length(1 << 20);
+  d.server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  d.Routes();
+  int port = address.port;
+  if (port == 0) {
+    port = d.server.bind_to_any_port(address.host);
+  } else if (!d.server.bind_to_port(address.host, port)) {
+    port = -1;
+  }
+  if (port <= 0) {
+    throw std::runtime_error("management API: cannot listen on " + d.listen +
+                             " (address in use, or no such local address)");
+  }
+  d.port = port;
+  d.thread = std::thread([&d] {
+    NameThisThread("or-api");
+    d.server.listen_after_bind();
+    d.thread_done = true;
+  });
+  while (!d.server.is_running() && !d.thread_done) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void ManagementApi::Stop() {
+  auto& d = *impl_;
+  if (!d.thread.joinable()) return;
+  while (!d.server.is_running() && !d.thread_done) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!d.thread_done) d.server.stop();
+  d.thread.join();
+}
+
+int ManagementApi::port() const { return impl_->port; }
+
+}  // namespace outbox::relay
