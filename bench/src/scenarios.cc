@@ -1,7 +1,6 @@
 #include "scenarios.h"
 
 #include <httplib.h>
-#include <pqxx/pqxx>
 
 #include <atomic>
 #include <chrono>
@@ -9,14 +8,14 @@
 #include <ctime>
 #include <future>
 #include <map>
-#include <stdexcept>
 #include <mutex>
+#include <pqxx/pqxx>
+#include <stdexcept>
 #include <thread>
 
 #include "call_probe.h"
 #include "helper.h"
 #include "outbox_relay/dispatcher.h"
-#include "outbox_relay/sink_registry.h"
 #include "outbox_relay/kafka_sink.h"
 #include "outbox_relay/sink_registry.h"
 #include "outbox_relay/webhook_sink.h"
@@ -54,7 +53,10 @@ std::string Rfc3339(std::int64_t us) {
 double Mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 json PercentilesJson(const Percentiles& p) {
-  return {{"count", p.count}, {"p50_ms", p.p50_ms}, {"p95_ms", p.p95_ms}, {"p99_ms", p.p99_ms},
+  return {{"count", p.count},
+          {"p50_ms", p.p50_ms},
+          {"p95_ms", p.p95_ms},
+          {"p99_ms", p.p99_ms},
           {"max_ms", p.max_ms}};
 }
 
@@ -147,22 +149,25 @@ class Relay {
 
   // Waits until every instance ran its first claim (connected, listening), up to 30 s.
   void WaitForFirstClaims() const {
-    WaitUntil([this] {
-      for (const auto& d : dispatchers_) {
-        if (d->stats().claims.load() == 0) return false;
-      }
-      return true;
-    }, 30);
+    WaitUntil(
+        [this] {
+          for (const auto& d : dispatchers_) {
+            if (d->stats().claims.load() == 0) return false;
+          }
+          return true;
+        },
+        30);
   }
 
   json StatsJson() const {
     using S = relay::DispatcherStats;
     json j;
     const std::pair<const char*, std::atomic<std::int64_t> S::*> fields[] = {
-        {"claims", &S::claims},   {"empty_claims", &S::empty_claims}, {"claimed", &S::claimed},
-        {"delivered", &S::delivered}, {"retried", &S::retried},   {"dead", &S::dead},
-        {"fenced", &S::fenced},   {"reaped", &S::reaped},             {"db_errors", &S::db_errors},
-        {"sweep_found", &S::sweep_found}};
+        {"claims", &S::claims},       {"empty_claims", &S::empty_claims},
+        {"claimed", &S::claimed},     {"delivered", &S::delivered},
+        {"retried", &S::retried},     {"dead", &S::dead},
+        {"fenced", &S::fenced},       {"reaped", &S::reaped},
+        {"db_errors", &S::db_errors}, {"sweep_found", &S::sweep_found}};
     for (const auto& [name, field] : fields) {
       j[name] = Sum([field](const S& s) { return (s.*field).load(); });
     }
@@ -263,9 +268,8 @@ struct Observation {
     for (const auto& [tid, t] : SelfThreadsCpu()) {
       const auto before = threads0.find(tid);
       const std::int64_t used =
-          t.cpu_us - (before != threads0.end() && before->second.name == t.name
-                          ? before->second.cpu_us
-                          : 0);
+          t.cpu_us -
+          (before != threads0.end() && before->second.name == t.name ? before->second.cpu_us : 0);
       auto& g = groups[t.name];
       ++g.threads;
       g.cpu_us += used;
@@ -374,7 +378,8 @@ void Bench::FillCommon(ScenarioResult& r, const Observation& obs, std::int64_t d
     const double n = static_cast<double>(delivered);
     r.relay_cpu_us_per_msg = static_cast<double>(obs.relay_cpu_us) / n;
     if (obs.postmaster > 0) r.pg_cpu_us_per_msg = static_cast<double>(obs.pg_cpu_us) / n;
-    if (!obs.helper_pids.empty()) r.helpers_cpu_us_per_msg = static_cast<double>(obs.helpers_cpu_us) / n;
+    if (!obs.helper_pids.empty())
+      r.helpers_cpu_us_per_msg = static_cast<double>(obs.helpers_cpu_us) / n;
   }
   r.peak_rss_mib = Mib(obs.peak_rss);
   if (!obs.claim_us.empty()) {
@@ -388,12 +393,12 @@ void Bench::FillCommon(ScenarioResult& r, const Observation& obs, std::int64_t d
           static_cast<double>(obs.settle_rows) / static_cast<double>(obs.settle_us.size());
     }
   }
-  r.details["postgres_cpu_note"] = "all Postgres processes: relay backends, autovacuum, checkpointer"
-                                   " and, where producers run, their backends too";
+  r.details["postgres_cpu_note"] =
+      "all Postgres processes: relay backends, autovacuum, checkpointer"
+      " and, where producers run, their backends too";
   r.details["threads"] = obs.threads;
   if (!obs.busiest_thread.empty()) {
-    r.details["busiest_thread"] = {{"name", obs.busiest_thread},
-                                   {"core_share", obs.busiest_share}};
+    r.details["busiest_thread"] = {{"name", obs.busiest_thread}, {"core_share", obs.busiest_share}};
   }
 }
 
@@ -415,7 +420,8 @@ void Bench::FillDelivery(ScenarioResult& r, const json& summary) {
   json d = summary;
   d.erase("latency");
   d.erase("latency_source");
-  for (const char* tail : {"over_20ms", "over_100ms", "over_1s"}) d["latency_" + std::string(tail)] = latency.at(tail);
+  for (const char* tail : {"over_20ms", "over_100ms", "over_1s"})
+    d["latency_" + std::string(tail)] = latency.at(tail);
   r.details["delivery"] = d;
 }
 
@@ -431,9 +437,11 @@ ScenarioResult Bench::SqlCeiling(const std::string& name, int connections) {
   r.what = connections > 1
                ? "raw ceiling with " + std::to_string(connections) +
                      " connections, each running the ceiling statement until the table is empty: "
-                     "what the database can do for " + std::to_string(connections) + " relays"
-               : std::string(baseline ? "" : "the same again at the end of the run (drift of the "
-                                             "machine): ") +
+                     "what the database can do for " +
+                     std::to_string(connections) + " relays"
+               : std::string(baseline ? ""
+                                      : "the same again at the end of the run (drift of the "
+                                        "machine): ") +
                      "raw ceiling: one connection, DELETE ... WHERE id IN (SELECT ... ORDER BY id "
                      "LIMIT 500 FOR UPDATE SKIP LOCKED) RETURNING the rows, until the preloaded "
                      "table is empty";
@@ -585,15 +593,16 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   Say(v.name + ": relay draining");
   obs.Begin(postmaster_pid_, {Kafka().pid()});
   relay.Start();
-  r.completed = obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
+  r.completed =
+      obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
   obs.End();
   const std::int64_t delivered = relay.delivered();
   relay.Stop();
   r.details["dispatcher"] = relay.StatsJson();
   r.details["queue_table"] = TableStats(url);
   FillCommon(r, obs, delivered);
-  FillDelivery(r, json::parse(Kafka().Call(
-                      "FINISH " + std::to_string(delivered) + " 120 - 0", 180)));
+  FillDelivery(r,
+               json::parse(Kafka().Call("FINISH " + std::to_string(delivered) + " 120 - 0", 180)));
   r.latency_source += "; a drain's latency is mostly the wait in the backlog";
   RatioToSqlCeiling(r);
   if (v.stale_stats) {
@@ -647,16 +656,20 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
   Say(r.name + ": relay draining");
   obs.Begin(postmaster_pid_, {Http().pid()});
   relay.Start();
-  r.completed = obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
+  r.completed =
+      obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
   obs.End();
   const std::int64_t delivered = relay.delivered();
   relay.Stop();
   r.details["dispatcher"] = relay.StatsJson();
   r.details["queue_table"] = TableStats(url);
   FillCommon(r, obs, delivered);
-  FillDelivery(r, json::parse(Http().Call("FINISH " + std::to_string(delivered) + " 60 " + url + " 0", 120)));
+  FillDelivery(r, json::parse(Http().Call(
+                      "FINISH " + std::to_string(delivered) + " 60 " + url + " 0", 120)));
   r.latency_source += "; a drain's latency is mostly the wait in the backlog";
   RatioToSqlCeiling(r);
+  if (name == "webhook_drain" && r.pg_cpu_us_per_msg)
+    webhook_drain_pg_cpu_us_ = r.pg_cpu_us_per_msg;
   Target t{"events/s >= 0.6 x HTTP ceiling", "", std::nullopt};
   if (http_ceiling_ && *http_ceiling_ > 0) {
     r.x_http_ceiling = r.events_per_s / *http_ceiling_;
@@ -688,6 +701,88 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
   return r;
 }
 
+// The webhook service: `endpoints` endpoints stored in Postgres (all on the loopback receiver),
+// every message fanned out to each. An event is a delivered request. What it shows is what a
+// fan-out costs the database per request next to the single-endpoint drain: one claim and one
+// delete serve every endpoint, so it should be a fraction; the delivery log adds an insert per
+// request (written in batches).
+ScenarioResult Bench::WebhookFanout(const std::string& name, int endpoints, bool delivery_log,
+                                    std::int64_t messages) {
+  ScenarioResult r;
+  r.name = name;
+  r.sink = "webhook";
+  r.messages = messages * endpoints;
+  const int per_endpoint = std::max(1, opt_.webhook_connections / endpoints);
+  r.what = "webhook service (endpoints: database): " + std::to_string(messages) +
+           " preloaded messages fanned out to " + std::to_string(endpoints) +
+           " endpoints on the loopback receiver, max_in_flight " + std::to_string(per_endpoint) +
+           " each, delivery log " + (delivery_log ? "on" : "off") +
+           "; an event is one delivered request";
+  const std::string url = pg_.FreshDatabase(r.name);
+  Say(r.name + ": preloading " + std::to_string(messages) + " messages, " +
+      std::to_string(endpoints) + " endpoints");
+  Preload(url, messages, {}, 2);
+  {
+    pqxx::connection c(url);
+    pqxx::work tx(c);
+    for (int i = 0; i < endpoints; ++i) {
+      const std::string id = "ep" + std::to_string(i);
+      tx.exec_params("INSERT INTO outbox.endpoints (id, destination, url) VALUES ($1, $2, $3)", id,
+                     kDestination,
+                     "http://127.0.0.1:" + std::to_string(http_port_) + "/hooks/" + id);
+      tx.exec_params("INSERT INTO outbox.endpoint_secrets (endpoint_id, secret) VALUES ($1, $2)",
+                     id, kWebhookSecret);
+    }
+    tx.commit();
+  }
+  PrepareTable(url);
+  Http().Call("RECORD");
+
+  relay::Destination dest = WebhookDestination(http_port_, per_endpoint);
+  auto& w = std::get<relay::WebhookTarget>(dest.target);
+  w.url.clear();
+  w.secrets.clear();
+  w.endpoints_from_database = true;
+  w.database_url = url;
+  w.delivery_log = delivery_log;
+  Relay relay(url, dest);
+  Observation obs;
+  Say(r.name + ": relay fanning out");
+  obs.Begin(postmaster_pid_, {Http().pid()});
+  relay.Start();
+  r.completed =
+      obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= messages; });
+  obs.End();
+  const std::int64_t requests = relay.delivered() * endpoints;
+  relay.Stop();
+  r.details["dispatcher"] = relay.StatsJson();
+  r.details["queue_table"] = TableStats(url);
+  r.details["endpoints"] = endpoints;
+  r.details["endpoint_rows"] = [&] {
+    pqxx::connection c(url);
+    pqxx::nontransaction tx(c);
+    return tx.exec1("SELECT count(*) FROM outbox.messages WHERE endpoint_id IS NOT NULL")[0]
+        .as<std::int64_t>();
+  }();
+  FillCommon(r, obs, requests);
+  FillDelivery(r, json::parse(Http().Call(
+                      "FINISH " + std::to_string(r.messages) + " 60 " + url + " 0", 120)));
+  r.latency_source = "none: the endpoints' delivery ids are not the messages' keys";
+  Target t{"Postgres CPU per delivered request <= 0.5 x webhook_drain's", "", std::nullopt};
+  if (webhook_drain_pg_cpu_us_ && r.pg_cpu_us_per_msg && *webhook_drain_pg_cpu_us_ > 0) {
+    const double x = *r.pg_cpu_us_per_msg / *webhook_drain_pg_cpu_us_;
+    r.details["x_webhook_drain_pg_cpu"] = x;
+    t.measured = Fixed(x, 2) + " x (" + Fixed(*r.pg_cpu_us_per_msg, 1) + " vs " +
+                 Fixed(*webhook_drain_pg_cpu_us_, 1) + " µs)";
+    t.pass = r.completed && x <= 0.5;
+  } else {
+    t.measured = "n/a: webhook_drain not run";
+  }
+  r.targets.push_back(t);
+  timelines_.emplace_back(r.name, obs.timeline);
+  return r;
+}
+
 // --- relay: live traffic -----------------------------------------------------------------
 
 ScenarioResult Bench::KafkaPathLatency() {
@@ -696,17 +791,19 @@ ScenarioResult Bench::KafkaPathLatency() {
   r.sink = "kafka";
   r.claim_mode = "-";
   r.relays = 0;
-  r.what = "baseline for the open loop, no relay and no Postgres: a producer with the Kafka "
-           "sink's settings writes " + Fixed(opt_.open_loop_rate, 0) +
-           " records/s straight into the mock cluster for " + Fixed(opt_.open_loop_seconds, 0) +
-           " s; latency from produce() to the same consumer";
+  r.what =
+      "baseline for the open loop, no relay and no Postgres: a producer with the Kafka "
+      "sink's settings writes " +
+      Fixed(opt_.open_loop_rate, 0) + " records/s straight into the mock cluster for " +
+      Fixed(opt_.open_loop_seconds, 0) + " s; latency from produce() to the same consumer";
   const std::string topic = NewTopic(r.name);
   Observation obs;
   Say(r.name + ": producing");
   obs.Begin(postmaster_pid_, {Kafka().pid()});
-  const json produced = json::parse(Kafka().Call("PRODUCE " + topic + " " + Fixed(opt_.open_loop_rate, 3) +
-                                                     " " + Fixed(opt_.open_loop_seconds, 3),
-                                                 opt_.open_loop_seconds + 120));
+  const json produced =
+      json::parse(Kafka().Call("PRODUCE " + topic + " " + Fixed(opt_.open_loop_rate, 3) + " " +
+                                   Fixed(opt_.open_loop_seconds, 3),
+                               opt_.open_loop_seconds + 120));
   obs.End();
   const auto n = produced.at("produced").get<std::int64_t>();
   r.messages = n;
@@ -766,14 +863,15 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
   r.details["producer"] = produced;
   r.details["dispatcher"] = relay->StatsJson();
   FillCommon(r, obs, delivered);
-  FillDelivery(r, json::parse(receiver.Call(
-                      "FINISH " + std::to_string(inserted + relay->warmed()) + " 60 " + url + " 0", 120)));
+  FillDelivery(
+      r, json::parse(receiver.Call(
+             "FINISH " + std::to_string(inserted + relay->warmed()) + " 60 " + url + " 0", 120)));
   RatioToSqlCeiling(r);
   const json& tail = r.details["delivery"];
   Target t{"p99 enqueue-to-delivery < 20 ms",
-           Fixed(r.latency->p99_ms, 1) + " ms (" + tail["latency_over_100ms"].dump() +
-               " of " + std::to_string(inserted) + " over 100 ms, " +
-               tail["latency_over_1s"].dump() + " over 1 s)",
+           Fixed(r.latency->p99_ms, 1) + " ms (" + tail["latency_over_100ms"].dump() + " of " +
+               std::to_string(inserted) + " over 100 ms, " + tail["latency_over_1s"].dump() +
+               " over 1 s)",
            std::nullopt};
   t.pass = r.completed && r.latency->count > 0 && r.latency->p99_ms < 20.0;
   r.targets.push_back(t);
@@ -788,8 +886,9 @@ Target Bench::NoMessageWaitsForTheSweep(const ScenarioResult& r) {
   const auto over_1s = r.details["delivery"].value("latency_over_1s", std::int64_t{-1});
   const auto swept = r.details["dispatcher"].value("sweep_found", std::int64_t{-1});
   Target t{"0 messages over 1 s, 0 found by the sweep",
-           std::to_string(over_1s) + " over 1 s (max " + Fixed(r.latency ? r.latency->max_ms : 0, 0) +
-               " ms), " + std::to_string(swept) + " found by the sweep",
+           std::to_string(over_1s) + " over 1 s (max " +
+               Fixed(r.latency ? r.latency->max_ms : 0, 0) + " ms), " + std::to_string(swept) +
+               " found by the sweep",
            std::nullopt};
   t.pass = r.completed && over_1s == 0 && swept == 0;
   return t;
@@ -810,10 +909,12 @@ ScenarioResult Bench::Burst(const Variant& v) {
   // T leaves room for the preload at the rate measured earlier (or a cautious guess).
   const double rate = preload_rate_ > 0 ? preload_rate_ : 5'000;
   const std::int64_t burst_at =
-      WallMicros() + static_cast<std::int64_t>((static_cast<double>(r.messages) / rate * 1.5 + 15) * 1e6);
+      WallMicros() +
+      static_cast<std::int64_t>((static_cast<double>(r.messages) / rate * 1.5 + 15) * 1e6);
   MessageShape shape;
   shape.deliver_after = Rfc3339(burst_at);
-  Say(r.name + ": preloading " + std::to_string(r.messages) + " messages due at " + shape.deliver_after);
+  Say(r.name + ": preloading " + std::to_string(r.messages) + " messages due at " +
+      shape.deliver_after);
   Preload(url, r.messages, shape, 2);
   PrepareTable(url);
   const std::string topic = NewTopic(r.name);
@@ -828,7 +929,8 @@ ScenarioResult Bench::Burst(const Variant& v) {
   Observation obs;
   Say(r.name + ": T reached, relay draining");
   obs.Begin(postmaster_pid_, {Kafka().pid()});
-  r.completed = obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
+  r.completed =
+      obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
   obs.End();
   const std::int64_t delivered = relay.delivered();
   relay.Stop();
@@ -869,9 +971,10 @@ ScenarioResult Bench::Sustained() {
                                 Fixed(opt_.sustained_seconds, 3) + " 0",
                             opt_.sustained_seconds + 300);
   });
-  obs.Watch(Delivered(relay), opt_.sustained_seconds + 300,
-            [&] { return producer.wait_for(0s) == std::future_status::ready; },
-            [&] { return IdsHandedOut(sampler) - ids_before; });
+  obs.Watch(
+      Delivered(relay), opt_.sustained_seconds + 300,
+      [&] { return producer.wait_for(0s) == std::future_status::ready; },
+      [&] { return IdsHandedOut(sampler) - ids_before; });
   obs.End();
   const Observation producing = obs;  // CPU and claim timings of the producing phase only
   const json produced = json::parse(producer.get());
@@ -881,8 +984,9 @@ ScenarioResult Bench::Sustained() {
 
   // After the producers stop: how long the relay takes to empty what is left.
   const double drain_start = MonoSeconds();
-  r.completed = obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= inserted; },
-                          [&] { return IdsHandedOut(sampler) - ids_before; });
+  r.completed = obs.Watch(
+      Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= inserted; },
+      [&] { return IdsHandedOut(sampler) - ids_before; });
   const double catch_up_s = MonoSeconds() - drain_start;
   relay.Stop();
   r.details["queue_table"] = TableStats(url);
@@ -926,8 +1030,10 @@ ScenarioResult Bench::Sustained() {
   // the median of the first third.
   const std::size_t third = rss.size() / 3;
   if (third > 0) {
-    const double first = Median(std::vector<double>(rss.begin(), rss.begin() + static_cast<long>(third)));
-    const double last = Median(std::vector<double>(rss.end() - static_cast<long>(third), rss.end()));
+    const double first =
+        Median(std::vector<double>(rss.begin(), rss.begin() + static_cast<long>(third)));
+    const double last =
+        Median(std::vector<double>(rss.end() - static_cast<long>(third), rss.end()));
     r.details["rss_mib"] = {{"first_third_median", first}, {"last_third_median", last}};
     r.targets.push_back({"relay RSS flat over the run",
                          Fixed(first, 1) + " -> " + Fixed(last, 1) + " MiB",
@@ -939,7 +1045,8 @@ ScenarioResult Bench::Sustained() {
   return r;
 }
 
-std::vector<ScenarioResult> Bench::Run(const std::function<void(const ScenarioResult&)>& on_result) {
+std::vector<ScenarioResult> Bench::Run(
+    const std::function<void(const ScenarioResult&)>& on_result) {
   // Baselines first: the relay scenarios report ratios to them. Then the relay on its own
   // (one instance, skip_locked), then the claim modes side by side with 1, 2 and 4 relays.
   std::vector<std::pair<std::string, std::function<ScenarioResult()>>> scenarios = {
@@ -954,25 +1061,36 @@ std::vector<ScenarioResult> Bench::Run(const std::function<void(const ScenarioRe
          return KafkaDrain(v, opt_.kafka_messages, false);
        }},
       {"kafka_drain_keyed",
-       [&] { return KafkaDrain({"kafka_drain_keyed", opt_.keys}, opt_.kafka_messages, false); }},
+       [&] {
+         return KafkaDrain({"kafka_drain_keyed", opt_.keys}, opt_.kafka_messages, false);
+       }},
       {"http_ceiling", [&] { return HttpCeiling(); }},
       {"webhook_drain",
        [&] {
          return WebhookDrain("webhook_drain", opt_.webhook_connections, opt_.webhook_messages);
        }},
+      {"webhook_fanout10",
+       [&] { return WebhookFanout("webhook_fanout10", 10, true, opt_.webhook_messages / 10); }},
+      {"webhook_fanout10_nolog",
+       [&] {
+         return WebhookFanout("webhook_fanout10_nolog", 10, false, opt_.webhook_messages / 10);
+       }},
       {"kafka_path_latency", [&] { return KafkaPathLatency(); }},
       {"open_loop_kafka", [&] { return OpenLoop("open_loop_kafka", "kafka", 0); }},
-      {"open_loop_kafka_keyed", [&] { return OpenLoop("open_loop_kafka_keyed", "kafka", opt_.keys); }},
+      {"open_loop_kafka_keyed",
+       [&] { return OpenLoop("open_loop_kafka_keyed", "kafka", opt_.keys); }},
       {"open_loop_webhook", [&] { return OpenLoop("open_loop_webhook", "webhook", 0); }},
       {"burst_kafka", [&] { return Burst({"burst_kafka"}); }},
       {"sustained_kafka", [&] { return Sustained(); }},
   };
   for (bool partitioned : {false, true}) {
     for (int relays : opt_.scale_relays) {
-      Variant v{std::string(partitioned ? "partitioned" : "skip_locked") + "_x" + std::to_string(relays),
-                0, relays, partitioned};
+      Variant v{
+          std::string(partitioned ? "partitioned" : "skip_locked") + "_x" + std::to_string(relays),
+          0, relays, partitioned};
       v.name = "kafka_drain_" + v.name;
-      scenarios.emplace_back(v.name, [this, v] { return KafkaDrain(v, opt_.scale_messages, false); });
+      scenarios.emplace_back(v.name,
+                             [this, v] { return KafkaDrain(v, opt_.scale_messages, false); });
     }
   }
   for (bool partitioned : {false, true}) {
@@ -1046,7 +1164,9 @@ json ToJson(const ScenarioResult& r) {
   for (const auto& t : r.targets) {
     j["targets"].push_back({{"goal", t.goal},
                             {"measured", t.measured},
-                            {"result", !t.pass ? "n/a" : *t.pass ? "PASS" : "MISS"}});
+                            {"result", !t.pass   ? "n/a"
+                                       : *t.pass ? "PASS"
+                                                 : "MISS"}});
   }
   j["details"] = r.details;
   return j;

@@ -1,12 +1,11 @@
 // The scenarios of one benchmark run and what each one reports.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -30,28 +29,29 @@ struct Options {
   std::string out_dir;
   std::set<std::string> only;  ///< Scenario names to run; empty: all.
 
-  std::int64_t kafka_messages = 1'000'000;   ///< Backlog drained to Kafka (--quick: 100k).
-  std::int64_t webhook_messages = 200'000;   ///< Backlog drained to the webhook (--quick: 50k).
-  std::int64_t burst_messages = 200'000;     ///< Messages sharing one deliver time (--quick: 50k).
-  int keys = 10'000;                         ///< Distinct ordering keys in the keyed scenarios.
-  double sustained_seconds = 60;             ///< --quick: 15.
-  int producers = 4;                         ///< Producer connections in the sustained scenario.
-  int producer_batch = 10;                   ///< Messages per producer transaction (sustained).
-  double open_loop_rate = 1000;              ///< Messages per second, open loop.
-  double open_loop_seconds = 30;             ///< --quick: 10.
-  std::int64_t scale_messages = 200'000;     ///< Backlog of each claim-mode drain (--quick: 50k).
-  std::vector<int> scale_relays = {1, 2, 4}; ///< Relay instances compared in each claim mode.
-  int webhook_connections = 32;              ///< Relay max_in_flight = HTTP-ceiling client threads.
-  std::vector<int> webhook_sweep = {8, 32, 128};  ///< max_in_flight of the webhook_drain_mif* drains.
+  std::int64_t kafka_messages = 1'000'000;    ///< Backlog drained to Kafka (--quick: 100k).
+  std::int64_t webhook_messages = 200'000;    ///< Backlog drained to the webhook (--quick: 50k).
+  std::int64_t burst_messages = 200'000;      ///< Messages sharing one deliver time (--quick: 50k).
+  int keys = 10'000;                          ///< Distinct ordering keys in the keyed scenarios.
+  double sustained_seconds = 60;              ///< --quick: 15.
+  int producers = 4;                          ///< Producer connections in the sustained scenario.
+  int producer_batch = 10;                    ///< Messages per producer transaction (sustained).
+  double open_loop_rate = 1000;               ///< Messages per second, open loop.
+  double open_loop_seconds = 30;              ///< --quick: 10.
+  std::int64_t scale_messages = 200'000;      ///< Backlog of each claim-mode drain (--quick: 50k).
+  std::vector<int> scale_relays = {1, 2, 4};  ///< Relay instances compared in each claim mode.
+  int webhook_connections = 32;  ///< Relay max_in_flight = HTTP-ceiling client threads.
+  std::vector<int> webhook_sweep = {8, 32,
+                                    128};  ///< max_in_flight of the webhook_drain_mif* drains.
   int kafka_brokers = 3;
   int kafka_partitions = 6;
-  double timeout_s = 900;                    ///< Per scenario; a scenario that times out reports what it did.
+  double timeout_s = 900;  ///< Per scenario; a scenario that times out reports what it did.
 };
 
 /// One issue target, checked against a baseline measured in the same run.
 struct Target {
-  std::string goal;      ///< e.g. "events/s >= 0.5 x SQL ceiling".
-  std::string measured;  ///< e.g. "0.62 x".
+  std::string goal;          ///< e.g. "events/s >= 0.5 x SQL ceiling".
+  std::string measured;      ///< e.g. "0.62 x".
   std::optional<bool> pass;  ///< Unset: could not be evaluated (baseline not run).
 };
 
@@ -73,12 +73,12 @@ struct ScenarioResult {
 
   std::optional<Percentiles> latency;  ///< Enqueue (created_at) to consumer/receiver.
   std::string latency_source;
-  std::optional<Percentiles> claim;    ///< Poll cycle: Store::Claim as the dispatcher called it.
+  std::optional<Percentiles> claim;  ///< Poll cycle: Store::Claim as the dispatcher called it.
   std::optional<Percentiles> settle;
   std::string claim_source;
 
-  std::optional<double> relay_cpu_us_per_msg;    ///< This process (the relay) only.
-  std::optional<double> pg_cpu_us_per_msg;       ///< Every Postgres process (incl. producers' backends).
+  std::optional<double> relay_cpu_us_per_msg;  ///< This process (the relay) only.
+  std::optional<double> pg_cpu_us_per_msg;  ///< Every Postgres process (incl. producers' backends).
   std::optional<double> helpers_cpu_us_per_msg;  ///< Mock Kafka + consumer / receiver / producers.
   std::optional<double> peak_rss_mib;            ///< This process, peak during the scenario.
 
@@ -105,7 +105,9 @@ class Bench {
   std::vector<ScenarioResult> Run(const std::function<void(const ScenarioResult&)>& on_result);
 
   /// Timelines recorded by scenarios (name -> samples), for plotting.
-  const std::vector<std::pair<std::string, std::vector<Sample>>>& timelines() const { return timelines_; }
+  const std::vector<std::pair<std::string, std::vector<Sample>>>& timelines() const {
+    return timelines_;
+  }
 
  private:
   /// How the relay runs in a scenario: how many instances, which claim mode.
@@ -124,6 +126,8 @@ class Bench {
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
   ScenarioResult HttpCeiling();
   ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages);
+  ScenarioResult WebhookFanout(const std::string& name, int endpoints, bool delivery_log,
+                               std::int64_t messages);
   ScenarioResult KafkaPathLatency();
   ScenarioResult OpenLoop(const std::string& name, const std::string& sink, int keys);
   ScenarioResult Burst(const Variant& v);
@@ -146,7 +150,10 @@ class Bench {
   int http_port_ = 0;
   std::optional<double> sql_ceiling_, http_ceiling_;
   std::optional<double> http_ceiling_cpu_us_;
-  std::map<int, double> sql_ceiling_by_connections_;  ///< sql_ceiling_x<N>: N -> rows/s.  ///< The HTTP-ceiling client's CPU per request.
+  /// webhook_drain's Postgres CPU per delivered request, for the fan-out scenarios' ratio.
+  std::optional<double> webhook_drain_pg_cpu_us_;
+  std::map<int, double> sql_ceiling_by_connections_;  ///< sql_ceiling_x<N>: N -> rows/s.  ///< The
+                                                      ///< HTTP-ceiling client's CPU per request.
   double preload_rate_ = 0;
   double kafka_drain_rate_ = 0;  ///< events/s of kafka_drain in this run (baseline of stale_stats)
   std::vector<std::pair<std::string, std::vector<Sample>>> timelines_;

@@ -32,6 +32,16 @@ CREATE TABLE outbox.endpoint_health (
   last_failure_at timestamptz
 );
 ALTER TABLE outbox.endpoints ADD COLUMN auto_disabled_at timestamptz;
+-- Requests per second the endpoint is sent at most (a burst of one second's worth); NULL: the
+-- destination's webhook rate_limit (0 or absent: none).
+ALTER TABLE outbox.endpoints ADD COLUMN rate_limit integer
+  CONSTRAINT endpoints_rate_limit_check CHECK (rate_limit BETWEEN 1 AND 1000000);
+-- The endpoint's own circuit breaker and adaptive concurrency settings, over the destination's:
+-- {"enabled", "failure_threshold", "cooldown_ms", "max_cooldown_ms"} (each optional), and
+-- adaptive_concurrency; NULL: the destination's.
+ALTER TABLE outbox.endpoints ADD COLUMN breaker jsonb NOT NULL DEFAULT '{}'::jsonb
+  CONSTRAINT endpoints_breaker_check CHECK (jsonb_typeof(breaker) = 'object');
+ALTER TABLE outbox.endpoints ADD COLUMN adaptive_concurrency boolean;
 
 -- Standard Webhooks' asymmetric signatures: an endpoint may sign with ed25519 ("whsk_" private
 -- keys, "v1a," signatures) instead of HMAC; receivers verify with the public key ("whpk_"),

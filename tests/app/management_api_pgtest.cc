@@ -91,7 +91,8 @@ TEST_F(ManagementApiTest, EndpointsAreCreatedReadChangedRotatedAndDeleted) {
   auto created = Post("/v1/endpoints", R"({"id": "acme", "destination": "hooks",
       "url": "https://acme.example/hooks", "event_types": ["invoice.*"],
       "headers": {"X-Tenant": "42"}, "metadata": {"customer": "acme"}, "max_in_flight": 4,
-      "description": "ACME production"})");
+      "description": "ACME production", "rate_limit": 20, "adaptive_concurrency": false,
+      "breaker": {"failure_threshold": 5, "cooldown_ms": 2000}})");
   ASSERT_EQ(created.status, 201) << created.body.dump();
   EXPECT_EQ(created.body["id"], "acme");
   const std::string secret = created.body["secret"].get<std::string>();
@@ -100,6 +101,10 @@ TEST_F(ManagementApiTest, EndpointsAreCreatedReadChangedRotatedAndDeleted) {
   EXPECT_EQ(created.body["headers"]["X-Tenant"], "42");
   EXPECT_EQ(created.body["metadata"]["customer"], "acme");
   EXPECT_EQ(created.body["max_in_flight"], 4);
+  EXPECT_EQ(created.body["rate_limit"], 20);
+  EXPECT_EQ(created.body["adaptive_concurrency"], false);
+  EXPECT_EQ(created.body["breaker"]["failure_threshold"], 5);
+  EXPECT_EQ(created.body["signature"], "hmac");
   EXPECT_TRUE(created.body["enabled"].get<bool>());
 
   auto generated = Post("/v1/endpoints", R"({"destination": "other", "url": "http://b.example"})");
@@ -183,6 +188,16 @@ TEST_F(ManagementApiTest, BadInputIsA4xxNamingTheFieldAndWritesNothing) {
        "secret"},
       {R"({"destination": "d", "url": "https://x", "colour": "red"})", 400, "invalid_field",
        "colour"},
+      {R"({"destination": "d", "url": "https://x", "breaker": {"failure_threshold": 0}})", 400,
+       "invalid_field", "breaker"},
+      {R"({"destination": "d", "url": "https://x", "breaker": {"cooldown": 5}})", 400,
+       "invalid_field", "breaker"},
+      {R"({"destination": "d", "url": "https://x", "adaptive_concurrency": "yes"})", 400,
+       "invalid_field", "adaptive_concurrency"},
+      {R"({"destination": "d", "url": "https://x", "rate_limit": -1})", 400, "invalid_field",
+       "rate_limit"},
+      {R"({"destination": "d", "url": "https://x", "signature": "rsa"})", 400, "invalid_field",
+       "signature"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.body);

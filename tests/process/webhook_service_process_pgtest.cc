@@ -50,6 +50,7 @@ class WebhookServiceTest : public RelayProcessFixture {
         }
         requests_.push_back(Request{r.path, r.Header("webhook-id"), r.Header("webhook-timestamp"),
                                     r.Header("webhook-signature"), r.body, status});
+        if (r.path == "/slow") slow_arrivals_.push_back(r.at);
       }
       return Reply{status, status == 200 ? "ok" : "down", {}, 0ms};
     });
@@ -163,8 +164,9 @@ class WebhookServiceTest : public RelayProcessFixture {
   std::string config_;
   int cli_runs_ = 0;
   mutable std::mutex mu_;
-  std::vector<Request> requests_;              // guarded by mu_
-  std::map<std::string, int> status_by_path_;  // guarded by mu_
+  std::vector<Request> requests_;                                     // guarded by mu_
+  std::map<std::string, int> status_by_path_;                         // guarded by mu_
+  std::vector<std::chrono::steady_clock::time_point> slow_arrivals_;  // guarded by mu_
 };
 
 TEST_F(WebhookServiceTest, FansOutToEveryMatchingEndpointSignedWithItsOwnSecret) {
@@ -222,13 +224,18 @@ TEST_F(WebhookServiceTest, FansOutToEveryMatchingEndpointSignedWithItsOwnSecret)
 TEST_F(WebhookServiceTest, AFailingEndpointHoldsBackNoOtherAndKeepsItsOwnOrder) {
   config_ = WriteConfig("relay.yaml", ServiceYaml());
   ASSERT_FALSE(AddEndpoint("good").empty());
-  ASSERT_FALSE(AddEndpoint("bad").empty());
+  ASSERT_FALSE(AddEndpoint("bad", {"--breaker", "{\"failure_threshold\": 2}"}).empty());
   SetStatus("bad", 503);
   Write(1, 80, 5, {"order.created"});
   ChildProcess& relay = StartRelay(config_);
 
   // The healthy endpoint gets everything while the other one fails...
   ASSERT_TRUE(WaitFor([&] { return DeliveredTo("good") == Range(1, 80); }, 60s)) << relay.Stderr();
+  // Its own breaker setting (2 failures; the destination's is 3) opened its breaker alone.
+  EXPECT_NE(relay.Stderr().find("hooks/bad: circuit breaker OPEN after 2 consecutive failures"),
+            std::string::npos)
+      << relay.Stderr();
+  EXPECT_EQ(relay.Stderr().find("hooks/good: circuit breaker OPEN"), std::string::npos);
   // ...and what the failing one owes waits in rows of its own, with no dead letter.
   ASSERT_TRUE(WaitFor(
       [&] {
@@ -565,6 +572,33 @@ TEST_F(WebhookServiceTest, ReplaySendsArchivedMessagesToOneEndpointAgain) {
   std::tie(code, out) = Cli({"endpoints", "replay", "b"});
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("exactly one of --since"), std::string::npos) << out;
+  StopGracefully(relay);
+}
+
+// An endpoint's rate limit paces what it is sent, whatever the backlog: with 5 requests per
+// second (a burst of 5), 20 messages take at least 3 s, and no second after the first request
+// sees more than 5 + 5 of them. (Bounds a slow machine can only move the safe way.)
+TEST_F(WebhookServiceTest, AnEndpointsRateLimitPacesItsRequests) {
+  config_ = WriteConfig("relay.yaml", ServiceYaml());
+  ASSERT_FALSE(AddEndpoint("slow", {"--rate-limit", "5"}).empty());
+  ASSERT_FALSE(AddEndpoint("fast").empty());
+  Write(1, 20, 4, {"e"});
+  ChildProcess& relay = StartRelay(config_);
+  ASSERT_TRUE(WaitFor([&] { return DeliveredTo("slow") == Range(1, 20) && Queued() == 0; }, 60s))
+      << relay.Stderr();
+  std::vector<std::chrono::steady_clock::time_point> at;
+  {
+    std::lock_guard lock(mu_);
+    at = slow_arrivals_;
+  }
+  ASSERT_GE(at.size(), 20u);
+  EXPECT_GE(at.back() - at.front(), 2900ms) << "20 requests at 5/s after a burst of 5";
+  for (std::size_t i = 0; i < at.size(); ++i) {
+    std::size_t within = 0;
+    for (std::size_t j = i; j < at.size() && at[j] - at[i] < 1s; ++j) ++within;
+    EXPECT_LE(within, 10u) << "requests within one second from the " << i << "th";
+  }
+  EXPECT_EQ(DeliveredTo("fast"), Range(1, 20)) << "the other endpoint is not paced";
   StopGracefully(relay);
 }
 

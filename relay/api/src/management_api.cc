@@ -120,6 +120,26 @@ EndpointFields Fields(const json& body) {
     }
     f.max_in_flight = body["max_in_flight"].get<int>();
   }
+  if (body.contains("breaker")) {
+    if (!body["breaker"].is_object()) {
+      throw BadField("breaker", "breaker must be an object, e.g. {\"failure_threshold\": 5}");
+    }
+    f.breaker = body["breaker"].dump();
+  }
+  if (body.contains("adaptive_concurrency")) {
+    const auto& a = body["adaptive_concurrency"];
+    if (!a.is_boolean() && !a.is_null()) {
+      throw BadField("adaptive_concurrency",
+                     "adaptive_concurrency must be true, false or null (the destination's)");
+    }
+    f.adaptive_concurrency = a.is_null() ? "" : (a.get<bool>() ? "true" : "false");
+  }
+  if (body.contains("rate_limit")) {
+    if (!body["rate_limit"].is_number_integer()) {
+      throw BadField("rate_limit", "rate_limit must be an integer number of requests per second");
+    }
+    f.rate_limit = body["rate_limit"].get<int>();
+  }
   if (body.contains("enabled")) {
     if (!body["enabled"].is_boolean()) throw BadField("enabled", "enabled must be true or false");
     f.enabled = body["enabled"].get<bool>();
@@ -203,7 +223,8 @@ struct ManagementApi::Impl {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
         const json body = ParseBody(req, true);
         OnlyKeys(body, {"id", "destination", "url", "description", "metadata", "event_types",
-                        "headers", "max_in_flight", "enabled", "secret", "signature"});
+                        "headers", "max_in_flight", "rate_limit", "enabled", "secret", "signature",
+                        "breaker", "adaptive_concurrency"});
         EndpointFields f = Fields(body);
         if (!f.destination) throw BadField("destination", "destination is required");
         if (!f.url) throw BadField("url", "url is required");
@@ -231,7 +252,7 @@ struct ManagementApi::Impl {
         const std::string id = req.matches[1];
         const json body = ParseBody(req, true);
         OnlyKeys(body, {"destination", "url", "description", "metadata", "event_types", "headers",
-                        "max_in_flight"});
+                        "max_in_flight", "rate_limit", "breaker", "adaptive_concurrency"});
         if (body.empty()) throw ApiError{400, "invalid_json", "nothing to update", ""};
         if (!UpdateEndpoint(s, id, Fields(body))) throw NotFound(id);
         Reply(r, 200, ToJson(*GetEndpoint(s, id)));

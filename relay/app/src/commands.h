@@ -51,6 +51,9 @@ struct EndpointArgs {
   std::vector<std::string> event_types;
   std::vector<std::string> headers;  ///< "Name: value"
   int max_in_flight = 0;
+  int rate_limit = 0;
+  std::string breaker;               ///< JSON object
+  std::string adaptive_concurrency;  ///< true, false, default
   bool disabled = false;
   std::string secret;
   std::string signature;  ///< add: hmac or ed25519
@@ -62,7 +65,8 @@ struct EndpointArgs {
   int limit = 50;       ///< attempts
   /// update: which of the fields above were given.
   bool set_destination = false, set_url = false, set_description = false, set_metadata = false,
-       set_event_types = false, set_headers = false, set_max_in_flight = false;
+       set_event_types = false, set_headers = false, set_max_in_flight = false,
+       set_rate_limit = false, set_breaker = false, set_adaptive = false;
 };
 int RunEndpointsAdd(const EndpointArgs& a);
 int RunEndpointsList(const EndpointArgs& a);

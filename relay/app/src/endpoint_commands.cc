@@ -37,6 +37,11 @@ EndpointFields Fields(const EndpointArgs& a, bool adding) {
   if (a.set_event_types) f.event_types = a.event_types;
   if (a.set_headers) f.headers = ParseHeaders(a.headers);
   if (a.set_max_in_flight) f.max_in_flight = a.max_in_flight;
+  if (a.set_rate_limit) f.rate_limit = a.rate_limit;
+  if (a.set_breaker) f.breaker = a.breaker;
+  if (a.set_adaptive) {
+    f.adaptive_concurrency = a.adaptive_concurrency == "default" ? "" : a.adaptive_concurrency;
+  }
   if (adding) {
     if (!a.id.empty()) f.id = a.id;
     if (!a.secret.empty()) f.secret = a.secret;
@@ -89,6 +94,14 @@ void PrintOne(const EndpointRecord& e) {
   for (const auto& k : e.public_keys) std::cout << "public key:    " << k << "\n";
   std::cout << "max in flight: "
             << (e.max_in_flight ? std::to_string(*e.max_in_flight) : "(destination's)") << "\n"
+            << "breaker:       " << e.breaker << " (over the destination's)\n"
+            << "adaptive:      "
+            << (e.adaptive_concurrency ? (*e.adaptive_concurrency ? "on" : "off")
+                                       : "(destination's)")
+            << "\n"
+            << "rate limit:    "
+            << (e.rate_limit ? std::to_string(*e.rate_limit) + " requests/s" : "(destination's)")
+            << "\n"
             << "secrets:       " << e.secrets << " signing (never shown after creation)\n"
             << "backlog:       " << e.backlog << " message(s) waiting for this endpoint\n"
             << "dead letters:  " << e.dead_letters << "\n"
@@ -172,11 +185,11 @@ int RunEndpointsUpdate(const EndpointArgs& a) {
   return WithStore(a.database_url, [&](Store& store) {
     const EndpointFields f = Fields(a, false);
     if (!f.destination && !f.url && !f.description && !f.metadata && !f.event_types && !f.headers &&
-        !f.max_in_flight) {
+        !f.max_in_flight && !f.rate_limit && !f.breaker && !f.adaptive_concurrency) {
       return PrintError(
           "nothing to update: give at least one of --destination, --url, --description, "
           "--metadata, --event-type (or --all-events), --header (or --no-headers), "
-          "--max-in-flight");
+          "--max-in-flight, --rate-limit, --breaker, --adaptive-concurrency");
     }
     if (!UpdateEndpoint(store, a.id, f)) return NoSuch(a.id);
     std::cout << "updated endpoint " << a.id << " (relays use the change within a second)\n";

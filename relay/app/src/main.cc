@@ -127,6 +127,9 @@ int main(int argc, char** argv) {
   CLI::Option* opt_types = nullptr;
   CLI::Option* opt_headers = nullptr;
   CLI::Option* opt_mif = nullptr;
+  CLI::Option* opt_rate = nullptr;
+  CLI::Option* opt_breaker = nullptr;
+  CLI::Option* opt_adaptive = nullptr;
   bool all_events = false;
   bool no_headers = false;
   auto add_ep_fields = [&](CLI::App* cmd, bool adding) {
@@ -147,6 +150,17 @@ int main(int argc, char** argv) {
     opt_mif = cmd->add_option("--max-in-flight", ep.max_in_flight,
                               "Concurrent requests to it (default, or 0: the destination's)")
                   ->check(CLI::Range(0, 1024));
+    opt_rate = cmd->add_option("--rate-limit", ep.rate_limit,
+                               "Requests per second to it at most (default, or 0: the "
+                               "destination's rate_limit)")
+                   ->check(CLI::Range(0, 1000000));
+    opt_breaker = cmd->add_option("--breaker", ep.breaker,
+                                  "Its own circuit breaker, JSON: {\"failure_threshold\": 5, "
+                                  "\"cooldown_ms\": 10000, \"max_cooldown_ms\": 300000, "
+                                  "\"enabled\": true} (each key optional; {}: the destination's)");
+    opt_adaptive = cmd->add_option("--adaptive-concurrency", ep.adaptive_concurrency,
+                                   "true, false, or default (the destination's)")
+                       ->check(CLI::IsMember({"true", "false", "default"}));
     if (!adding) {
       cmd->add_flag("--all-events", all_events, "Drop the event-type filter");
       cmd->add_flag("--no-headers", no_headers, "Drop its headers");
@@ -160,6 +174,9 @@ int main(int argc, char** argv) {
   CLI::Option* add_meta = opt_meta;
   CLI::Option* add_desc = opt_desc;
   CLI::Option* add_mif = opt_mif;
+  CLI::Option* add_rate = opt_rate;
+  CLI::Option* add_breaker = opt_breaker;
+  CLI::Option* add_adaptive = opt_adaptive;
   ep_add->add_option("--id", ep.id, "Its id (default: ep_<random>); letters, digits, _ . -");
   ep_add->add_option("--secret", ep.secret, "A whsec_ secret (default: a new random one)");
   ep_add->add_flag("--disabled", ep.disabled, "Add it disabled");
@@ -255,6 +272,9 @@ int main(int argc, char** argv) {
       ep.set_event_types = add_types->count() > 0;
       ep.set_headers = add_headers->count() > 0;
       ep.set_max_in_flight = add_mif->count() > 0;
+      ep.set_rate_limit = add_rate->count() > 0;
+      ep.set_breaker = add_breaker->count() > 0;
+      ep.set_adaptive = add_adaptive->count() > 0;
       return RunEndpointsAdd(ep);
     }
     if (*ep_list) return RunEndpointsList(ep);
@@ -267,6 +287,9 @@ int main(int argc, char** argv) {
       ep.set_event_types = opt_types->count() > 0 || all_events;
       ep.set_headers = opt_headers->count() > 0 || no_headers;
       ep.set_max_in_flight = opt_mif->count() > 0;
+      ep.set_rate_limit = opt_rate->count() > 0;
+      ep.set_breaker = opt_breaker->count() > 0;
+      ep.set_adaptive = opt_adaptive->count() > 0;
       return RunEndpointsUpdate(ep);
     }
     if (*ep_disable || *ep_enable) return RunEndpointsEnable(ep, ep_enable->parsed());

@@ -584,7 +584,8 @@ BreakerSettings ParseBreaker(const Field& field) {
 }
 
 // Every key of a `webhook:` section (also the hints for keys written one level too high).
-constexpr std::array<std::string_view, 20> kWebhookKeys = {"url",
+constexpr std::array<std::string_view, 21> kWebhookKeys = {"url",
+                                                           "rate_limit",
                                                            "endpoints",
                                                            "delivery_log",
                                                            "delivery_log_retention_ms",
@@ -700,6 +701,10 @@ WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
   if (auto f = m.Get("headers")) webhook.headers = ReadHeaders(*f);
   if (auto f = m.Get("breaker")) webhook.breaker = ParseBreaker(*f);
   if (auto f = m.Get("adaptive_concurrency")) webhook.adaptive_concurrency = detail::ReadBool(*f);
+  if (auto f = m.Get("rate_limit")) {
+    webhook.rate_limit = static_cast<int>(detail::ReadIntegerIn(
+        *f, 0, 1'000'000, ", e.g. 50, or 0 for no limit", "requests per second to this endpoint"));
+  }
   if (auto f = m.Get("allow_private_networks")) {
     webhook.allow_private_networks = detail::ReadBool(*f);
   }

@@ -18,7 +18,8 @@ using nlohmann::json;
 constexpr const char* kSelect =
     "SELECT e.id, e.destination, e.url, e.description, e.metadata::text AS metadata, "
     "       array_to_json(e.event_types)::text AS event_types, e.headers::text AS headers, "
-    "       e.max_in_flight, e.enabled, e.disabled_reason, "
+    "       e.max_in_flight, e.rate_limit, e.enabled, e.disabled_reason, "
+    "       e.breaker::text AS breaker, e.adaptive_concurrency, "
     "       to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS created, "
     "       to_char(e.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS updated, "
     "       (SELECT count(*) FROM outbox.endpoint_secrets s WHERE s.endpoint_id = e.id "
@@ -50,6 +51,11 @@ EndpointRecord FromRow(const pqxx::row& r) {
     e.headers[k] = v.is_string() ? v.get<std::string>() : v.dump();
   }
   if (!r["max_in_flight"].is_null()) e.max_in_flight = r["max_in_flight"].as<int>();
+  if (!r["rate_limit"].is_null()) e.rate_limit = r["rate_limit"].as<int>();
+  e.breaker = r["breaker"].as<std::string>();
+  if (!r["adaptive_concurrency"].is_null()) {
+    e.adaptive_concurrency = r["adaptive_concurrency"].as<bool>();
+  }
   e.enabled = r["enabled"].as<bool>();
   if (!r["disabled_reason"].is_null()) e.disabled_reason = r["disabled_reason"].as<std::string>();
   e.created_at = r["created"].as<std::string>();
@@ -138,6 +144,50 @@ json Changes(const EndpointFields& f) {
           "max_in_flight must be 1 to 1024 concurrent requests (0: the destination's setting)");
     }
     c["max_in_flight"] = *f.max_in_flight;
+  }
+  if (f.breaker) {
+    json b = json::parse(*f.breaker, nullptr, false);
+    if (b.is_discarded() || !b.is_object()) {
+      throw InvalidField("breaker",
+                         "breaker must be a JSON object, e.g. '{\"failure_threshold\": 5, "
+                         "\"cooldown_ms\": 10000}'; {} for the destination's settings");
+    }
+    for (const auto& [key, value] : b.items()) {
+      const bool is_int = value.is_number_integer();
+      const long long v = is_int ? value.get<long long>() : 0;
+      if (key == "enabled" && value.is_boolean()) continue;
+      if (key == "failure_threshold" && is_int && v >= 1 && v <= 1'000'000) continue;
+      if ((key == "cooldown_ms" || key == "max_cooldown_ms") && is_int && v >= 1 &&
+          v <= 86'400'000) {
+        continue;
+      }
+      throw InvalidField("breaker",
+                         "breaker." + key +
+                             ": the keys are enabled (true/false), failure_threshold (1 to "
+                             "1000000), cooldown_ms and max_cooldown_ms (1 to 86400000)");
+    }
+    if (b.contains("cooldown_ms") && b.contains("max_cooldown_ms") &&
+        b["cooldown_ms"].get<long long>() > b["max_cooldown_ms"].get<long long>()) {
+      throw InvalidField("breaker", "breaker.cooldown_ms is greater than breaker.max_cooldown_ms");
+    }
+    c["breaker"] = std::move(b);
+  }
+  if (f.adaptive_concurrency) {
+    const std::string& a = *f.adaptive_concurrency;
+    if (a != "true" && a != "false" && !a.empty()) {
+      throw InvalidField("adaptive_concurrency",
+                         "adaptive_concurrency must be true, false, or empty for the "
+                         "destination's setting");
+    }
+    c["adaptive_concurrency"] = a.empty() ? json() : json(a == "true");
+  }
+  if (f.rate_limit) {
+    if (*f.rate_limit < 0 || *f.rate_limit > 1'000'000) {
+      throw InvalidField("rate_limit",
+                         "rate_limit must be 1 to 1000000 requests per second (0: no limit of its "
+                         "own, the destination's)");
+    }
+    c["rate_limit"] = *f.rate_limit;
   }
   if (f.enabled) c["enabled"] = *f.enabled;
   return c;
@@ -263,13 +313,16 @@ CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
     try {
       r = tx.exec_params(
           "INSERT INTO outbox.endpoints (id, destination, url, description, metadata, "
-          "                              event_types, headers, max_in_flight, enabled) "
+          "                              event_types, headers, max_in_flight, rate_limit, enabled, "
+          "                              breaker, adaptive_concurrency) "
           "SELECT coalesce(c->>'id', 'ep_' || replace(gen_random_uuid()::text, '-', '')), "
           "       c->>'destination', c->>'url', coalesce(c->>'description', ''), "
           "       coalesce(c->'metadata', '{}'), "
           "       ARRAY(SELECT jsonb_array_elements_text(coalesce(c->'event_types', '[]'))), "
           "       coalesce(c->'headers', '{}'), nullif((c->>'max_in_flight')::int, 0), "
-          "       coalesce((c->>'enabled')::boolean, true) "
+          "       nullif((c->>'rate_limit')::int, 0), "
+          "       coalesce((c->>'enabled')::boolean, true), coalesce(c->'breaker', '{}'), "
+          "       (c->>'adaptive_concurrency')::boolean "
           "FROM (SELECT $1::jsonb AS c) x RETURNING id",
           c.dump());
     } catch (const pqxx::unique_violation&) {
@@ -332,6 +385,12 @@ bool UpdateEndpoint(Store& store, const std::string& id, const EndpointFields& f
         "  headers = coalesce(c->'headers', e.headers), "
         "  max_in_flight = CASE WHEN NOT c ? 'max_in_flight' THEN e.max_in_flight "
         "                  ELSE nullif((c->>'max_in_flight')::int, 0) END, "
+        "  breaker = coalesce(c->'breaker', e.breaker), "
+        "  adaptive_concurrency = CASE WHEN c ? 'adaptive_concurrency' "
+        "                         THEN (c->>'adaptive_concurrency')::boolean "
+        "                         ELSE e.adaptive_concurrency END, "
+        "  rate_limit = CASE WHEN NOT c ? 'rate_limit' THEN e.rate_limit "
+        "               ELSE nullif((c->>'rate_limit')::int, 0) END, "
         "  updated_at = clock_timestamp() "
         "FROM (SELECT $2::jsonb AS c) x WHERE e.id = $1",
         id, c.dump());

@@ -184,5 +184,34 @@ TEST(EndpointGovernor, AnAbortedProbeLetsAnotherGo) {
   EXPECT_TRUE(g.TryStart(kT0 + 1s)) << "still half-open: the next request probes";
 }
 
+TEST(EndpointGovernor, ARateLimitPacesRequestsWithABurstOfOneSecond) {
+  EndpointGovernor g(Breaker(100), false, 100, 4);  // 4 requests per second
+  // A burst of one second's worth, then nothing until the bucket refills.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(g.TryStart(kT0).has_value()) << i;
+  EXPECT_FALSE(g.TryStart(kT0).has_value());
+  EXPECT_FALSE(g.Blocked(kT0)) << "rate-limited work stays queued: it is not blocked";
+  // The next one may go a quarter second later, and the sink is told when.
+  EXPECT_EQ(g.NextTimedChange(kT0), kT0 + 250ms);
+  EXPECT_FALSE(g.TryStart(kT0 + 200ms).has_value());
+  EXPECT_TRUE(g.TryStart(kT0 + 250ms).has_value());
+  EXPECT_FALSE(g.TryStart(kT0 + 260ms).has_value());
+  // Over ten seconds, at most 4 per second (plus the first burst).
+  int started = 0;
+  for (auto t = kT0 + 260ms; t < kT0 + 10s + 260ms; t += 10ms) started += g.TryStart(t) ? 1 : 0;
+  EXPECT_GE(started, 39);
+  EXPECT_LE(started, 41);
+  // An idle endpoint saves up at most one second's worth.
+  const Time later = kT0 + 1h;
+  int burst = 0;
+  while (g.TryStart(later)) ++burst;
+  EXPECT_EQ(burst, 4);
+}
+
+TEST(EndpointGovernor, NoRateLimitMeansNoPacing) {
+  EndpointGovernor g(Breaker(100), false, 1000);
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(g.TryStart(kT0).has_value()) << i;
+  EXPECT_EQ(g.NextTimedChange(kT0), Time::max());
+}
+
 }  // namespace
 }  // namespace outbox::relay::webhook_detail

@@ -25,6 +25,10 @@ inline nlohmann::json ToJson(const EndpointRecord& e) {
                       {"created_at", e.created_at},
                       {"updated_at", e.updated_at}};
   j["max_in_flight"] = e.max_in_flight ? nlohmann::json(*e.max_in_flight) : nlohmann::json();
+  j["rate_limit"] = e.rate_limit ? nlohmann::json(*e.rate_limit) : nlohmann::json();
+  j["breaker"] = nlohmann::json::parse(e.breaker, nullptr, false);
+  j["adaptive_concurrency"] =
+      e.adaptive_concurrency ? nlohmann::json(*e.adaptive_concurrency) : nlohmann::json();
   j["disabled_reason"] = e.disabled_reason ? nlohmann::json(*e.disabled_reason) : nlohmann::json();
   return j;
 }

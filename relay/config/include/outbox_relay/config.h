@@ -84,6 +84,9 @@ struct WebhookTarget {
   /// 429, 503 and timeouts halve the concurrent requests, successes raise them back up to
   /// max_in_flight. Off: always max_in_flight.
   bool adaptive_concurrency = true;
+  /// Requests per second this endpoint is sent at most (a burst of one second's worth); 0: no
+  /// limit. With `endpoints: database`, each endpoint's own rate_limit replaces it.
+  int rate_limit = 0;
   /// `endpoints: database`: a webhook service. The destination has no url or secret of its
   /// own; each message fans out to the endpoints in outbox.endpoints subscribed to it
   /// (docs/webhooks.md, "Webhook service"), and every other setting here is the default of

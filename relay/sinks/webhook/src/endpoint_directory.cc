@@ -58,7 +58,8 @@ Directory EndpointDirectory::Load() {
     d.version = tx.exec1("SELECT version FROM outbox.endpoint_registry")[0].as<std::int64_t>();
     const auto rows = tx.exec_params(
         "SELECT e.id, e.url, array_to_json(e.event_types)::text AS event_types, "
-        "       e.headers::text AS headers, e.max_in_flight, e.enabled, "
+        "       e.headers::text AS headers, e.max_in_flight, e.rate_limit, e.enabled, "
+        "       e.breaker::text AS breaker, e.adaptive_concurrency, "
         "       (SELECT coalesce(json_agg(s.secret ORDER BY s.created_at DESC), '[]')::text "
         "          FROM outbox.endpoint_secrets s WHERE s.endpoint_id = e.id "
         "           AND (s.expires_at IS NULL OR s.expires_at > clock_timestamp())) AS secrets, "
@@ -80,6 +81,20 @@ Directory EndpointDirectory::Load() {
         if (value.is_string()) spec.headers[name] = value.get<std::string>();
       }
       if (!row["max_in_flight"].is_null()) spec.max_in_flight = row["max_in_flight"].as<int>();
+      if (!row["rate_limit"].is_null()) spec.rate_limit = row["rate_limit"].as<int>();
+      const auto breaker = nlohmann::json::parse(row["breaker"].c_str());
+      if (breaker.contains("enabled")) spec.breaker_enabled = breaker["enabled"].get<bool>();
+      if (breaker.contains("failure_threshold")) {
+        spec.failure_threshold = breaker["failure_threshold"].get<int>();
+      }
+      if (breaker.contains("cooldown_ms"))
+        spec.cooldown_ms = breaker["cooldown_ms"].get<long long>();
+      if (breaker.contains("max_cooldown_ms")) {
+        spec.max_cooldown_ms = breaker["max_cooldown_ms"].get<long long>();
+      }
+      if (!row["adaptive_concurrency"].is_null()) {
+        spec.adaptive_concurrency = row["adaptive_concurrency"].as<bool>();
+      }
       spec.enabled = row["enabled"].as<bool>();
       const auto secrets = nlohmann::json::parse(row["secrets"].c_str());
       for (const auto& s : secrets) {

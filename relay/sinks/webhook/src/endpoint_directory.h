@@ -20,13 +20,22 @@ struct EndpointSpec {
   std::vector<std::string> event_types;  ///< Empty: every event type.
   std::map<std::string, std::string> headers;
   std::optional<int> max_in_flight;
+  std::optional<int> rate_limit;
+  /// Its own breaker settings, over the destination's (each key optional).
+  std::optional<bool> breaker_enabled;
+  std::optional<int> failure_threshold;
+  std::optional<long long> cooldown_ms, max_cooldown_ms;
+  std::optional<bool> adaptive_concurrency;
   bool enabled = true;
   std::vector<std::string> secrets;
 
   /// Whether a sink made for `other` would send exactly what one made for this does.
   bool SameSink(const EndpointSpec& other) const {
     return url == other.url && headers == other.headers && max_in_flight == other.max_in_flight &&
-           secrets == other.secrets;
+           rate_limit == other.rate_limit && breaker_enabled == other.breaker_enabled &&
+           failure_threshold == other.failure_threshold && cooldown_ms == other.cooldown_ms &&
+           max_cooldown_ms == other.max_cooldown_ms &&
+           adaptive_concurrency == other.adaptive_concurrency && secrets == other.secrets;
   }
 };
 

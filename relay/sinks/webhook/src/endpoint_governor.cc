@@ -17,25 +17,41 @@ const char* ToString(BreakerState state) {
 }
 
 EndpointGovernor::EndpointGovernor(const BreakerSettings& breaker, bool adaptive,
-                                   int max_concurrency)
+                                   int max_concurrency, int rate_limit)
     : breaker_(breaker),
       adaptive_(adaptive),
       max_(std::max(1, max_concurrency)),
       limit_(max_),
-      cooldown_(breaker.cooldown) {}
+      cooldown_(breaker.cooldown),
+      rate_(std::max(0, rate_limit)),
+      tokens_(std::max(1.0, rate_)) {}
+
+void EndpointGovernor::Refill(Time now) {
+  if (refilled_ == Time{}) refilled_ = now;
+  if (now <= refilled_) return;
+  const double elapsed = std::chrono::duration<double>(now - refilled_).count();
+  tokens_ = std::min(std::max(1.0, rate_), tokens_ + elapsed * rate_);
+  refilled_ = now;
+}
 
 std::optional<EndpointGovernor::Ticket> EndpointGovernor::TryStart(Time now) {
   if (now < paused_until_) return std::nullopt;
   if (state_ == BreakerState::kHalfOpen) return std::nullopt;  // the probe is out
+  if (rate_ > 0) {
+    Refill(now);
+    if (tokens_ < 1.0) return std::nullopt;
+  }
   if (state_ == BreakerState::kOpen) {
     if (now < probe_at_) return std::nullopt;
     // The cool-down has passed: this request is the probe, and the only one until it ends.
     state_ = BreakerState::kHalfOpen;
     ++running_;
+    if (rate_ > 0) tokens_ -= 1.0;
     return Ticket{next_seq_++, true};
   }
   if (running_ >= limit_) return std::nullopt;
   ++running_;
+  if (rate_ > 0) tokens_ -= 1.0;
   return Ticket{next_seq_++, false};
 }
 
@@ -121,6 +137,16 @@ EndpointGovernor::Time EndpointGovernor::NextTimedChange(Time now) const {
   Time next = Time::max();
   if (paused_until_ > now) next = paused_until_;
   if (state_ == BreakerState::kOpen && probe_at_ > now) next = std::min(next, probe_at_);
+  if (rate_ > 0) {
+    // When the bucket holds a whole request again (as of now, counting what refills).
+    const double have = std::min(
+        std::max(1.0, rate_),
+        tokens_ + std::chrono::duration<double>(now - std::min(now, refilled_)).count() * rate_);
+    if (have < 1.0) {
+      next = std::min(next, now + std::chrono::duration_cast<Time::duration>(
+                                      std::chrono::duration<double>((1.0 - have) / rate_)));
+    }
+  }
   return next;
 }
 

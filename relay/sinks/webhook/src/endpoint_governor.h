@@ -5,7 +5,9 @@
 //   - adaptive concurrency (AIMD): 429, 503 and timeouts halve the number of concurrent
 //     requests (once per round of requests), successes raise it by one per round, up to
 //     max_in_flight;
-//   - Retry-After on a 429 or 503 pauses the whole endpoint, not only that message.
+//   - Retry-After on a 429 or 503 pauses the whole endpoint, not only that message;
+//   - a rate limit (requests per second, a token bucket holding one second's worth) paces
+//     the requests it starts.
 // Not thread-safe: the sink calls it under its own mutex. Time is passed in, so unit tests
 // drive it without sleeping.
 #pragma once
@@ -57,7 +59,9 @@ class EndpointGovernor {
  public:
   using Time = std::chrono::steady_clock::time_point;
 
-  EndpointGovernor(const BreakerSettings& breaker, bool adaptive, int max_concurrency);
+  /// `rate_limit`: requests per second, 0 for none.
+  EndpointGovernor(const BreakerSettings& breaker, bool adaptive, int max_concurrency,
+                   int rate_limit = 0);
 
   struct Ticket {
     std::uint64_t seq = 0;
@@ -65,8 +69,8 @@ class EndpointGovernor {
   };
 
   /// A request may start now: it is counted as running until Finish. nullopt when the
-  /// concurrency limit is reached, the breaker is open (or its probe is out) or a Retry-After
-  /// pause runs.
+  /// concurrency limit is reached, the breaker is open (or its probe is out), a Retry-After
+  /// pause runs or the rate limit has no request left for now.
   std::optional<Ticket> TryStart(Time now);
 
   /// The end of the request that `ticket` started (nullopt verdict: aborted, no verdict).
@@ -80,8 +84,8 @@ class EndpointGovernor {
   /// probe is due, otherwise `per_request` for each request the limit allows.
   std::size_t Admit(Time now, std::size_t per_request) const;
 
-  /// The next time after `now` at which Blocked or the probe changes with time alone;
-  /// Time::max() when nothing waits.
+  /// The next time after `now` at which Blocked, the probe or the rate limit changes with
+  /// time alone; Time::max() when nothing waits.
   Time NextTimedChange(Time now) const;
 
   GovernorSnapshot Snapshot(Time now) const;
@@ -102,7 +106,11 @@ class EndpointGovernor {
   Time paused_until_{};
   std::int64_t times_opened_ = 0;
   std::int64_t times_paused_ = 0;
+  double rate_ = 0;    ///< Requests per second; 0: no limit.
+  double tokens_ = 0;  ///< Requests the rate limit allows now (up to max(1, rate_)).
+  Time refilled_{};    ///< When tokens_ was last brought up to date.
 
+  void Refill(Time now);
   bool ProbeDue(Time now) const { return state_ == BreakerState::kOpen && now >= probe_at_; }
 };
 

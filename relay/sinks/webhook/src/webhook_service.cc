@@ -652,6 +652,13 @@ class WebhookServiceSink final : public Sink {
     t.secrets = spec.secrets;
     for (const auto& [name, value] : spec.headers) t.headers[name] = value;
     if (spec.max_in_flight) t.max_in_flight = *spec.max_in_flight;
+    if (spec.rate_limit) t.rate_limit = *spec.rate_limit;
+    if (spec.breaker_enabled) t.breaker.enabled = *spec.breaker_enabled;
+    if (spec.failure_threshold) t.breaker.failure_threshold = *spec.failure_threshold;
+    if (spec.cooldown_ms) t.breaker.cooldown = Millis{*spec.cooldown_ms};
+    if (spec.max_cooldown_ms) t.breaker.max_cooldown = Millis{*spec.max_cooldown_ms};
+    t.breaker.max_cooldown = std::max(t.breaker.max_cooldown, t.breaker.cooldown);
+    if (spec.adaptive_concurrency) t.adaptive_concurrency = *spec.adaptive_concurrency;
     if (t.secrets.empty()) throw std::invalid_argument("it has no secret that signs now");
     return std::shared_ptr<Sink>(MakeWebhookSink(destination_ + "/" + spec.id, t));
   }

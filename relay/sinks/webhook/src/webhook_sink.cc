@@ -172,7 +172,8 @@ class WebhookSink final : public Sink {
         target_(target),
         url_(ParseTargetUrl(destination_, target.url)),
         policy_(AddressPolicyOf(destination_, target)),
-        governor_(target.breaker, target.adaptive_concurrency, target.max_in_flight) {
+        governor_(target.breaker, target.adaptive_concurrency, target.max_in_flight,
+                  target.rate_limit) {
     ValidateWebhookTarget(destination_, target_);
     for (const auto& secret : target_.secrets)
       keys_.push_back(webhook_detail::DecodeSigningKey(secret));

@@ -49,6 +49,11 @@ struct EndpointRecord {
   std::vector<std::string> event_types;
   std::map<std::string, std::string> headers;
   std::optional<int> max_in_flight;
+  std::optional<int> rate_limit;  ///< Requests per second; nullopt: the destination's.
+  /// Its own breaker settings (JSON object text: enabled, failure_threshold, cooldown_ms,
+  /// max_cooldown_ms, each optional) and adaptive concurrency, over the destination's.
+  std::string breaker = "{}";
+  std::optional<bool> adaptive_concurrency;
   bool enabled = true;
   std::optional<std::string> disabled_reason;
   std::string created_at;  ///< RFC 3339 UTC.
@@ -69,7 +74,10 @@ struct EndpointFields {
   std::optional<std::string> metadata;  ///< JSON object text
   std::optional<std::vector<std::string>> event_types;
   std::optional<std::map<std::string, std::string>> headers;
-  std::optional<int> max_in_flight;  ///< 0: back to the destination's
+  std::optional<int> max_in_flight;    ///< 0: back to the destination's
+  std::optional<int> rate_limit;       ///< Requests per second; 0: back to the destination's
+  std::optional<std::string> breaker;  ///< JSON object text, replaces the endpoint's ({}: none)
+  std::optional<std::string> adaptive_concurrency;  ///< "true", "false"; "": the destination's
   std::optional<bool> enabled;
   std::optional<std::string> secret;  ///< add only; default: a new random key of `signature`
   /// add only: "hmac" (default; whsec_ secrets) or "ed25519" (whsk_ keys, "v1a," signatures).
