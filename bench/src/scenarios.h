@@ -152,6 +152,7 @@ class Bench {
   std::optional<double> http_ceiling_cpu_us_;
   /// webhook_drain's Postgres CPU per delivered request, for the fan-out scenarios' ratio.
   std::optional<double> webhook_drain_pg_cpu_us_;
+  std::optional<double> fanout_nolog_pg_cpu_us_;  ///< webhook_fanout10_nolog's, for the log's cost
   std::map<int, double> sql_ceiling_by_connections_;  ///< sql_ceiling_x<N>: N -> rows/s.  ///< The
                                                       ///< HTTP-ceiling client's CPU per request.
   double preload_rate_ = 0;

@@ -1,5 +1,6 @@
 #include "endpoint_directory.h"
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
@@ -142,47 +143,72 @@ std::int64_t EndpointDirectory::WakeEndpoint(const std::string& endpoint_id) {
 
 void EndpointDirectory::RecordAttempts(const std::vector<AttemptRow>& rows, bool log) {
   if (rows.empty()) return;
-  nlohmann::json batch = nlohmann::json::array();
+  using std::chrono::duration_cast;
+  using std::chrono::microseconds;
+  auto us = [](std::chrono::system_clock::time_point t) {
+    return duration_cast<microseconds>(t.time_since_epoch()).count();
+  };
+  // Each endpoint's health from this batch, summed up here: the database gets one row per
+  // endpoint, whatever the number of requests.
+  struct Health {
+    std::int64_t last_ok = 0, last_failure = 0, first_failure_after_ok = 0;
+  };
+  std::map<std::string, Health> health;
   for (const auto& r : rows) {
-    batch.push_back(
-        {{"endpoint_id", r.endpoint_id},
-         {"delivery_id", r.delivery_id},
-         {"at_us",
-          std::chrono::duration_cast<std::chrono::microseconds>(r.at.time_since_epoch()).count()},
-         {"status", r.status == 0 ? nlohmann::json() : nlohmann::json(r.status)},
-         {"latency_ms", r.took.count()},
-         {"outcome", r.outcome},
-         {"error", r.error.empty() ? nlohmann::json() : nlohmann::json(r.error)},
-         {"body", r.body}});
+    auto& h = health[r.endpoint_id];
+    if (r.outcome == "delivered") {
+      h.last_ok = std::max(h.last_ok, us(r.at));
+    } else {
+      h.last_failure = std::max(h.last_failure, us(r.at));
+    }
+  }
+  for (const auto& r : rows) {
+    auto& h = health[r.endpoint_id];
+    if (r.outcome != "delivered" && us(r.at) > h.last_ok &&
+        (h.first_failure_after_ok == 0 || us(r.at) < h.first_failure_after_ok)) {
+      h.first_failure_after_ok = us(r.at);
+    }
+  }
+  auto ts = [](std::int64_t v) { return v == 0 ? nlohmann::json() : nlohmann::json(v); };
+  nlohmann::json summary = nlohmann::json::array();
+  for (const auto& [endpoint, h] : health) {
+    summary.push_back({{"endpoint_id", endpoint},
+                       {"last_ok_us", ts(h.last_ok)},
+                       {"last_failure_us", ts(h.last_failure)},
+                       {"failing_since_us", ts(h.first_failure_after_ok)}});
+  }
+  nlohmann::json batch = nlohmann::json::array();
+  if (log) {
+    for (const auto& r : rows) {
+      batch.push_back({{"endpoint_id", r.endpoint_id},
+                       {"delivery_id", r.delivery_id},
+                       {"at_us", us(r.at)},
+                       {"status", r.status == 0 ? nlohmann::json() : nlohmann::json(r.status)},
+                       {"latency_ms", r.took.count()},
+                       {"outcome", r.outcome},
+                       {"error", r.error.empty() ? nlohmann::json() : nlohmann::json(r.error)},
+                       {"body", r.body}});
+    }
   }
   impl_->Run([&](pqxx::connection& c) {
     pqxx::nontransaction tx(c);
     tx.exec_params(
-        "WITH batch AS ("
-        "  SELECT x.endpoint_id, x.delivery_id, to_timestamp(x.at_us / 1e6) AS at, x.status,"
-        "         x.latency_ms, x.outcome, x.error, x.body"
+        "WITH logged AS ("
+        "  INSERT INTO outbox.delivery_attempts (destination, endpoint_id, delivery_id,"
+        "         attempted_at, status, outcome, latency_ms, error, response_body)"
+        "  SELECT $2, x.endpoint_id, x.delivery_id, to_timestamp(x.at_us / 1e6), x.status,"
+        "         x.outcome, x.latency_ms, x.error, x.body"
         "  FROM jsonb_to_recordset($1::jsonb) AS x(endpoint_id text, delivery_id uuid,"
         "       at_us bigint, status integer, latency_ms integer, outcome text, error text,"
         "       body text)"
-        "), logged AS ("
-        "  INSERT INTO outbox.delivery_attempts (destination, endpoint_id, delivery_id,"
-        "         attempted_at, status, outcome, latency_ms, error, response_body)"
-        "  SELECT $2, endpoint_id, delivery_id, at, status, outcome, latency_ms, error, body"
-        "  FROM batch WHERE $3::boolean"
-        "), per_endpoint AS ("
-        "  SELECT b.endpoint_id, max(b.at) FILTER (WHERE b.outcome = 'delivered') AS last_ok,"
-        "         max(b.at) FILTER (WHERE b.outcome <> 'delivered') AS last_failure"
-        "  FROM batch b GROUP BY b.endpoint_id"
-        "), failing AS ("
-        "  SELECT p.*, (SELECT min(b.at) FROM batch b WHERE b.endpoint_id = p.endpoint_id"
-        "                 AND b.outcome <> 'delivered'"
-        "                 AND b.at > coalesce(p.last_ok, '-infinity')) AS first_failure"
-        "  FROM per_endpoint p"
         ")"
         "INSERT INTO outbox.endpoint_health AS h (endpoint_id, failing_since, last_success_at,"
         "                                         last_failure_at)"
-        "SELECT f.endpoint_id, f.first_failure, f.last_ok, f.last_failure"
-        "  FROM failing f JOIN outbox.endpoints e ON e.id = f.endpoint_id "
+        "SELECT s.endpoint_id, to_timestamp(s.failing_since_us / 1e6),"
+        "       to_timestamp(s.last_ok_us / 1e6), to_timestamp(s.last_failure_us / 1e6)"
+        "  FROM jsonb_to_recordset($3::jsonb) AS s(endpoint_id text, last_ok_us bigint,"
+        "       last_failure_us bigint, failing_since_us bigint)"
+        "  JOIN outbox.endpoints e ON e.id = s.endpoint_id "
         "ON CONFLICT (endpoint_id) DO UPDATE SET"
         "  failing_since = CASE"
         "    WHEN excluded.failing_since IS NULL THEN NULL"  // the batch ended on a success
@@ -190,7 +216,7 @@ void EndpointDirectory::RecordAttempts(const std::vector<AttemptRow>& rows, bool
         "    ELSE coalesce(h.failing_since, excluded.failing_since) END,"
         "  last_success_at = coalesce(excluded.last_success_at, h.last_success_at),"
         "  last_failure_at = coalesce(excluded.last_failure_at, h.last_failure_at)",
-        batch.dump(), impl_->destination, log);
+        batch.dump(), impl_->destination, summary.dump());
   });
 }
 

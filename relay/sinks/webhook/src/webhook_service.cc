@@ -59,7 +59,10 @@ using webhook_detail::EndpointSpec;
 
 constexpr milliseconds kPollEvery{250};        ///< Registry version poll.
 constexpr milliseconds kNotLoadedHold{1'000};  ///< Before the first load: try again after.
-constexpr milliseconds kBusyHold{1'000};       ///< An endpoint with more queued than it allows.
+constexpr milliseconds kBusyHold{1'000};       ///< An endpoint slower than the others.
+/// How long a delivery may wait in an endpoint's backlog before it becomes a row of its own.
+constexpr milliseconds kBacklogWait{2'000};
+constexpr milliseconds kAgeEvery{100};
 constexpr milliseconds kMinBlockedHold{1'000};
 /// A disabled endpoint's rows wait this long between looks; `endpoints enable` wakes them.
 constexpr milliseconds kDisabledHold{3'600'000};
@@ -234,6 +237,7 @@ class WebhookServiceSink final : public Sink {
     }
     if (planner_thread_.joinable()) planner_thread_.join();
     if (registry_thread_.joinable()) registry_thread_.join();
+    AgeBacklogs(true);  // what never reached an endpoint's sink is handed back
     std::shared_ptr<const Lanes> lanes;
     {
       std::lock_guard lock(mu_);
@@ -268,10 +272,11 @@ class WebhookServiceSink final : public Sink {
   std::size_t InFlight() const override { return in_flight_.load(); }
   std::string_view Kind() const override { return "webhook"; }
 
-  // The claim follows the fastest endpoint: as much as the endpoint that allows the most
-  // takes. A slower endpoint's surplus becomes rows of its own (busy), so it never holds back
-  // the others. When every endpoint stopped sending (breakers open), nothing is claimed: the
-  // messages wait as they are rather than be copied into rows of each endpoint.
+  // Two claims' worth while any endpoint sends. An endpoint slower than the others keeps its
+  // surplus in its backlog, and what waits there too long becomes a row of its own, so it
+  // never holds back the others. When every endpoint stopped sending (breakers open), nothing
+  // is claimed (1 for a probe): the messages wait as they are rather than be copied into rows
+  // of each endpoint.
   std::size_t MaxInFlight(int claim_batch) const override {
     std::shared_ptr<const Lanes> lanes;
     {
@@ -286,7 +291,12 @@ class WebhookServiceSink final : public Sink {
         most = std::max(most, lane->sink->MaxInFlight(claim_batch));
       }
     }
-    return sending ? most : 2 * static_cast<std::size_t>(std::max(claim_batch, 1));
+    // Whole claims (what does not fit an endpoint's sink waits in its backlog here), so one
+    // claim serves every endpoint: at fan-out, claims of a few rows would cost the database as
+    // much per request as a claim per endpoint.
+    const std::size_t claims = 2 * static_cast<std::size_t>(std::max(claim_batch, 1));
+    if (!sending) return claims;
+    return most <= 1 ? most : std::max(most, claims);
   }
 
   std::optional<TargetHealth> Health() const override {
@@ -321,6 +331,14 @@ class WebhookServiceSink final : public Sink {
   }
 
  private:
+  /// A delivery waiting in an endpoint's backlog for room in its sink.
+  struct Pending {
+    Message msg;
+    Completion done;
+    std::shared_ptr<Sink> sink;
+    Clock::time_point queued_at{};
+  };
+
   struct Job {
     Message msg;
     Completion done;
@@ -375,14 +393,20 @@ class WebhookServiceSink final : public Sink {
       std::vector<Job> batch;
       {
         std::unique_lock lock(mu_);
-        plan_cv_.wait(lock, [this] { return stopping_ || !plan_queue_.empty(); });
+        plan_cv_.wait_for(lock, kAgeEvery, [this] { return stopping_ || !plan_queue_.empty(); });
         if (stopping_) return;  // Shutdown completes what is queued
+        if (plan_queue_.empty()) {
+          lock.unlock();
+          AgeBacklogs(false);
+          continue;
+        }
         while (!plan_queue_.empty() && batch.size() < kPlanBatchMax) {
           batch.push_back(std::move(plan_queue_.front()));
           plan_queue_.pop_front();
         }
       }
       Plan(batch);
+      AgeBacklogs(false);
     }
   }
 
@@ -443,31 +467,92 @@ class WebhookServiceSink final : public Sink {
       return fan->Owed(std::move(o));
     }
     if (key_owed) return hold("an earlier message of this key is still owed", milliseconds(0));
-    const std::size_t allowed = lane.sink->MaxInFlight(kLaneClaim);
-    if (allowed == 0)
+    if (lane.sink->MaxInFlight(kLaneClaim) == 0) {
       return hold("endpoint not sending (breaker or pause)", BlockedHold(*lane.sink));
-    if (lane.sink->InFlight() >= 2 * allowed) return hold("endpoint busy", kBusyHold);
+    }
 
     Message copy = msg;
     copy.idempotency_key = EndpointDeliveryId(msg.idempotency_key, lane.spec.id);
     std::shared_ptr<Sink> sink = lane.sink;
     const std::string endpoint = lane.spec.id;
     std::string delivery = copy.idempotency_key;
-    sink->Submit(std::move(copy),
-                 [this, fan, sink, endpoint, delivery = std::move(delivery)](Outcome o) {
-                   Log(endpoint, delivery, o);
-                   if (o.kind == OutcomeKind::kDelivered) return fan->Took();
-                   EndpointOutcome owed;
-                   owed.endpoint_id = endpoint;
-                   owed.kind = o.kind;
-                   owed.reason = std::move(o.reason);
-                   owed.reason_class = o.reason_class;
-                   owed.retry_after = o.retry_after;
-                   if (o.kind == OutcomeKind::kReturned && !owed.retry_after) {
-                     owed.retry_after = BlockedHold(*sink);
-                   }
-                   fan->Owed(std::move(owed));
-                 });
+    Completion done = [this, fan, sink, endpoint, delivery = std::move(delivery)](Outcome o) {
+      Log(endpoint, delivery, o);
+      Pump(endpoint, sink);  // room in the endpoint's sink: the next of its backlog goes
+      if (o.kind == OutcomeKind::kDelivered) return fan->Took();
+      EndpointOutcome owed;
+      owed.endpoint_id = endpoint;
+      owed.kind = o.kind;
+      owed.reason = std::move(o.reason);
+      owed.reason_class = o.reason_class;
+      owed.retry_after = o.retry_after;
+      if (o.kind == OutcomeKind::kReturned && !owed.retry_after) {
+        owed.retry_after = BlockedHold(*sink);
+      }
+      fan->Owed(std::move(owed));
+    };
+    std::unique_lock lock(backlog_mu_);
+    auto& backlog = backlog_[endpoint];
+    if (!backlog.empty() || sink->InFlight() >= LaneRoom(*sink)) {
+      backlog.push_back(Pending{std::move(copy), std::move(done), sink, Clock::now()});
+      return;
+    }
+    lock.unlock();
+    sink->Submit(std::move(copy), std::move(done));
+  }
+
+  // What an endpoint's sink holds at most; the rest of what the claim brought waits in the
+  // endpoint's backlog here, in order, and leaves it either for the sink as room frees or, when
+  // it waited longer than kBacklogWait (the endpoint is slower than the others), as a row of its
+  // own: so a slow endpoint never holds back the claim, and so the others.
+  static std::size_t LaneRoom(const Sink& sink) { return 2 * sink.MaxInFlight(kLaneClaim); }
+
+  void Pump(const std::string& endpoint, const std::shared_ptr<Sink>& sink) {
+    while (true) {
+      Pending next;
+      {
+        std::lock_guard lock(backlog_mu_);
+        auto it = backlog_.find(endpoint);
+        if (it == backlog_.end() || it->second.empty()) return;
+        // (After an update replaced the endpoint's sink, what waited for the old one still
+        // goes to it: it hands it back, "shutdown", and a row of the endpoint follows.)
+        if (it->second.front().sink != sink) return;
+        if (sink->InFlight() >= LaneRoom(*sink)) return;
+        next = std::move(it->second.front());
+        it->second.pop_front();
+      }
+      next.sink->Submit(std::move(next.msg), std::move(next.done));
+    }
+  }
+
+  // Hands back what waited too long in an endpoint's backlog (a row of its own follows).
+  void AgeBacklogs(bool everything) {
+    std::vector<Pending> expired;
+    const auto cutoff = Clock::now() - kBacklogWait;
+    {
+      std::lock_guard lock(backlog_mu_);
+      for (auto& [endpoint, backlog] : backlog_) {
+        while (!backlog.empty() && (everything || backlog.front().queued_at <= cutoff)) {
+          expired.push_back(std::move(backlog.front()));
+          backlog.pop_front();
+        }
+      }
+    }
+    for (auto& p : expired) {
+      Outcome o;
+      o.id = p.msg.id;
+      if (everything) {
+        o.kind = OutcomeKind::kRetry;
+        o.reason = "shutdown: not sent before the relay stopped";
+        o.reason_class = Reason::kShutdown;
+      } else {
+        o.kind = OutcomeKind::kReturned;
+        o.reason = "endpoint slower than the others: its backlog waited over " +
+                   std::to_string(kBacklogWait.count()) + " ms";
+        o.retry_after = kBusyHold;
+      }
+      p.done(std::move(o));
+    }
   }
 
   // The delivery log: what each request to an endpoint exchanged, and the endpoint's health.
@@ -687,6 +772,9 @@ class WebhookServiceSink final : public Sink {
   std::thread registry_thread_;
   std::thread planner_thread_;
   std::thread log_thread_;
+
+  std::mutex backlog_mu_;
+  std::map<std::string, std::deque<Pending>> backlog_;  ///< By endpoint; guarded by backlog_mu_.
 
   std::mutex log_mu_;
   std::condition_variable log_cv_;
