@@ -43,16 +43,18 @@ class WebhookServiceTest : public RelayProcessFixture {
     RelayProcessFixture::SetUp();
     receiver_.SetResponder([this](const ReceivedRequest& r) {
       int status = 200;
+      std::chrono::milliseconds delay{0};
       {
         std::lock_guard lock(mu_);
         if (auto it = status_by_path_.find(r.path); it != status_by_path_.end()) {
           status = it->second;
         }
+        if (auto it = delay_by_path_.find(r.path); it != delay_by_path_.end()) delay = it->second;
         requests_.push_back(Request{r.path, r.Header("webhook-id"), r.Header("webhook-timestamp"),
                                     r.Header("webhook-signature"), r.body, status});
         if (r.path == "/slow") slow_arrivals_.push_back(r.at);
       }
-      return Reply{status, status == 200 ? "ok" : "down", {}, 0ms};
+      return Reply{status, status == 200 ? "ok" : "down", {}, delay};
     });
   }
 
@@ -166,6 +168,7 @@ class WebhookServiceTest : public RelayProcessFixture {
   mutable std::mutex mu_;
   std::vector<Request> requests_;                                     // guarded by mu_
   std::map<std::string, int> status_by_path_;                         // guarded by mu_
+  std::map<std::string, std::chrono::milliseconds> delay_by_path_;    // guarded by mu_
   std::vector<std::chrono::steady_clock::time_point> slow_arrivals_;  // guarded by mu_
 };
 
@@ -572,6 +575,41 @@ TEST_F(WebhookServiceTest, ReplaySendsArchivedMessagesToOneEndpointAgain) {
   std::tie(code, out) = Cli({"endpoints", "replay", "b"});
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("exactly one of --since"), std::string::npos) << out;
+  StopGracefully(relay);
+}
+
+// A slow endpoint (answers after 250 ms, one request at a time) beside a fast one: the fast one
+// gets everything at its own pace while the slow one's surplus leaves its backlog in the relay
+// as rows of its own; once it speeds up, it gets everything too, per key in order. Held back,
+// the fast endpoint would get 100 messages (two claims' worth) per 25 s.
+TEST_F(WebhookServiceTest, ASlowEndpointHoldsBackNoOther) {
+  config_ = WriteConfig("relay.yaml", ServiceYaml());
+  ASSERT_FALSE(AddEndpoint("slowpoke", {"--max-in-flight", "1"}).empty());
+  ASSERT_FALSE(AddEndpoint("quick").empty());
+  {
+    std::lock_guard lock(mu_);
+    delay_by_path_["/slowpoke"] = 250ms;
+  }
+  Write(1, 300, 30, {"e"});
+  const auto start = std::chrono::steady_clock::now();
+  ChildProcess& relay = StartRelay(config_);
+  ASSERT_TRUE(WaitFor([&] { return DeliveredTo("quick") == Range(1, 300); }, 60s))
+      << relay.Stderr();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s)
+      << "the fast endpoint was held back by the slow one";
+  EXPECT_GT(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'slowpoke'"), 0)
+      << "the slow endpoint's surplus waits in rows of its own";
+  EXPECT_LT(DeliveredTo("slowpoke").size(), 300u);
+  {
+    std::lock_guard lock(mu_);
+    delay_by_path_["/slowpoke"] = 0ms;
+  }
+  ASSERT_TRUE(
+      WaitFor([&] { return DeliveredTo("slowpoke") == Range(1, 300) && Queued() == 0; }, 90s))
+      << relay.Stderr();
+  ExpectKeyOrder("slowpoke");
+  ExpectKeyOrder("quick");
+  EXPECT_EQ(DeadLetters(), 0);
   StopGracefully(relay);
 }
 

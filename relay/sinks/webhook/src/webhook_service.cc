@@ -505,7 +505,11 @@ class WebhookServiceSink final : public Sink {
   // endpoint's backlog here, in order, and leaves it either for the sink as room frees or, when
   // it waited longer than kBacklogWait (the endpoint is slower than the others), as a row of its
   // own: so a slow endpoint never holds back the claim, and so the others.
-  static std::size_t LaneRoom(const Sink& sink) { return 2 * sink.MaxInFlight(kLaneClaim); }
+  // Two per request the endpoint allows (its MaxInFlight counts 16): enough to keep its
+  // connections busy, little enough that a slow endpoint's work waits here, where it can age.
+  static std::size_t LaneRoom(const Sink& sink) {
+    return std::max<std::size_t>(2, sink.MaxInFlight(kLaneClaim) / 8);
+  }
 
   void Pump(const std::string& endpoint, const std::shared_ptr<Sink>& sink) {
     while (true) {
