@@ -10,7 +10,6 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
-
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -18,6 +17,7 @@
 #include "call_probe.h"
 #include "common.h"
 #include "helper.h"
+#include "outbox_relay/postgres_endpoint_directory.h"
 #include "pg_server.h"
 #include "report.h"
 #include "scenarios.h"
@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "--helper") == 0) return outbox::bench::RunHelper(argv[2]);
   ::signal(SIGPIPE, SIG_IGN);
   spdlog::set_level(spdlog::level::warn);
+  outbox::relay::SetEndpointDirectoryFactory(outbox::relay::MakePostgresEndpointDirectory);
 
   Options opt;
   std::string only;
@@ -51,7 +52,8 @@ int main(int argc, char** argv) {
   app.add_option("--database-url", opt.database_url,
                  "Use this database instead of a throwaway cluster (its outbox is emptied "
                  "before each scenario)");
-  app.add_flag("--wipe", opt.wipe, "Allow --database-url to have queued messages (they are deleted)");
+  app.add_flag("--wipe", opt.wipe,
+               "Allow --database-url to have queued messages (they are deleted)");
   app.add_option("--pg-bin", opt.pg_bin, "PostgreSQL 15 binaries for the throwaway cluster")
       ->capture_default_str();
   app.add_option("--pg-setting", opt.pg_settings,
@@ -59,10 +61,12 @@ int main(int argc, char** argv) {
   std::string trace_claims;
   app.add_option("--trace-claims", trace_claims,
                  "Write every relay claim (cursor, sequence value, leased ids) to this file");
-  app.add_option("--out", opt.out_dir, "Also write results (JSON lines, markdown, TSV for plots) here");
+  app.add_option("--out", opt.out_dir,
+                 "Also write results (JSON lines, markdown, TSV for plots) here");
   app.add_option("--only", only, "Comma-separated scenarios to run (default: all)");
-  auto* kafka_n = app.add_option("--kafka-messages", opt.kafka_messages, "Kafka backlog (and SQL ceiling) size")
-                      ->capture_default_str();
+  auto* kafka_n =
+      app.add_option("--kafka-messages", opt.kafka_messages, "Kafka backlog (and SQL ceiling) size")
+          ->capture_default_str();
   auto* webhook_n = app.add_option("--webhook-messages", opt.webhook_messages,
                                    "Webhook backlog and HTTP-ceiling requests")
                         ->capture_default_str();
@@ -74,16 +78,21 @@ int main(int argc, char** argv) {
   app.add_option("--scale-relays", opt.scale_relays, "Relay counts compared in each claim mode")
       ->delimiter(',')
       ->capture_default_str();
-  app.add_option("--keys", opt.keys, "Distinct ordering keys in the keyed scenarios")->capture_default_str();
-  auto* sustained_s = app.add_option("--sustained-seconds", opt.sustained_seconds, "Sustained-load duration")
-                          ->capture_default_str();
-  app.add_option("--producers", opt.producers, "Producer connections (sustained)")->capture_default_str();
-  app.add_option("--producer-batch", opt.producer_batch, "Messages per producer transaction (sustained)")
+  app.add_option("--keys", opt.keys, "Distinct ordering keys in the keyed scenarios")
+      ->capture_default_str();
+  auto* sustained_s =
+      app.add_option("--sustained-seconds", opt.sustained_seconds, "Sustained-load duration")
+          ->capture_default_str();
+  app.add_option("--producers", opt.producers, "Producer connections (sustained)")
+      ->capture_default_str();
+  app.add_option("--producer-batch", opt.producer_batch,
+                 "Messages per producer transaction (sustained)")
       ->capture_default_str();
   app.add_option("--open-loop-rate", opt.open_loop_rate, "Messages per second (open loop)")
       ->capture_default_str();
-  auto* open_loop_s = app.add_option("--open-loop-seconds", opt.open_loop_seconds, "Open-loop duration")
-                          ->capture_default_str();
+  auto* open_loop_s =
+      app.add_option("--open-loop-seconds", opt.open_loop_seconds, "Open-loop duration")
+          ->capture_default_str();
   app.add_option("--webhook-connections", opt.webhook_connections,
                  "Relay max_in_flight and HTTP-ceiling client threads")
       ->capture_default_str();
@@ -91,9 +100,12 @@ int main(int argc, char** argv) {
                  "max_in_flight of each webhook_drain_mif<N> drain (half the webhook messages)")
       ->delimiter(',')
       ->capture_default_str();
-  app.add_option("--kafka-brokers", opt.kafka_brokers, "Mock cluster brokers")->capture_default_str();
-  app.add_option("--kafka-partitions", opt.kafka_partitions, "Partitions per topic")->capture_default_str();
-  app.add_option("--timeout", opt.timeout_s, "Per-scenario timeout, seconds")->capture_default_str();
+  app.add_option("--kafka-brokers", opt.kafka_brokers, "Mock cluster brokers")
+      ->capture_default_str();
+  app.add_option("--kafka-partitions", opt.kafka_partitions, "Partitions per topic")
+      ->capture_default_str();
+  app.add_option("--timeout", opt.timeout_s, "Per-scenario timeout, seconds")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (opt.quick) {
@@ -135,9 +147,8 @@ int main(int argc, char** argv) {
   Say("machine:\n" + machine);
 
   Bench bench(opt, *pg);
-  const auto results = bench.Run([](const ScenarioResult& r) {
-    std::cout << ToJson(r).dump() << std::endl;
-  });
+  const auto results =
+      bench.Run([](const ScenarioResult& r) { std::cout << ToJson(r).dump() << std::endl; });
 
   std::cout << "\n" << MarkdownReport(results);
   if (!opt.out_dir.empty()) {

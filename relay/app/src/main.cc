@@ -6,6 +6,7 @@
 #include "build_info.h"
 #include "commands.h"
 #include "outbox_relay/migrate.h"
+#include "outbox_relay/postgres_endpoint_directory.h"
 
 namespace {
 
@@ -23,6 +24,8 @@ extern "C" const char* __lsan_default_suppressions() { return "leak:libpq.so\n";
 
 int main(int argc, char** argv) {
   using namespace outbox::relay::app;
+  // The webhook service reads its endpoints through the store (libpqxx stays in the store).
+  outbox::relay::SetEndpointDirectoryFactory(outbox::relay::MakePostgresEndpointDirectory);
   CLI::App app{
       "outbox-relay: delivers transactional outbox messages from PostgreSQL to Kafka and webhooks"};
   app.require_subcommand(1);

@@ -14,7 +14,7 @@
 #include <thread>
 #include <unordered_set>
 
-#include "endpoint_directory.h"
+#include "outbox_relay/endpoint_directory.h"
 #include "outbox_relay/thread_name.h"
 #include "outbox_relay/webhook_sink.h"
 
@@ -52,10 +52,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-using webhook_detail::AttemptRow;
-using webhook_detail::Directory;
-using webhook_detail::EndpointDirectory;
-using webhook_detail::EndpointSpec;
 
 constexpr milliseconds kPollEvery{250};        ///< Registry version poll.
 constexpr milliseconds kNotLoadedHold{1'000};  ///< Before the first load: try again after.
@@ -156,9 +152,9 @@ class WebhookServiceSink final : public Sink {
       : destination_(std::move(destination)),
         defaults_(defaults),
         lanes_(std::make_shared<Lanes>()),
-        registry_dir_(defaults.database_url, destination_),
-        planner_dir_(defaults.database_url, destination_),
-        log_dir_(defaults.database_url, destination_) {
+        registry_dir_(MakeEndpointDirectory(defaults.database_url, destination_)),
+        planner_dir_(MakeEndpointDirectory(defaults.database_url, destination_)),
+        log_dir_(MakeEndpointDirectory(defaults.database_url, destination_)) {
     registry_thread_ = std::thread([this] {
       NameThisThread("or-endpoints");
       RegistryLoop();
@@ -422,7 +418,7 @@ class WebhookServiceSink final : public Sink {
     std::unordered_set<std::string> owed;
     bool owed_known = true;
     try {
-      owed = planner_dir_.OwedKeys(keys);
+      owed = planner_dir_->OwedKeys(keys);
     } catch (const std::exception& e) {
       owed_known = false;
       spdlog::warn("webhook {}: cannot read what endpoints still owe ({}); keyed messages wait",
@@ -604,12 +600,12 @@ class WebhookServiceSink final : public Sink {
                      destination_, dropped);
       }
       try {
-        log_dir_.RecordAttempts(rows, defaults_.delivery_log);
+        log_dir_->RecordAttempts(rows, defaults_.delivery_log);
         const auto now = Clock::now();
         if (auto_disable && now >= next_check) {
           next_check = now + check_every;
-          for (const auto& d : log_dir_.DisableFailing(defaults_.auto_disable_after,
-                                                       defaults_.operational_events)) {
+          for (const auto& d : log_dir_->DisableFailing(defaults_.auto_disable_after,
+                                                        defaults_.operational_events)) {
             auto_disabled_.fetch_add(1);
             spdlog::warn(
                 "webhook {}: endpoint {} disabled automatically: failing since {} (longer than "
@@ -620,7 +616,7 @@ class WebhookServiceSink final : public Sink {
         }
         if (defaults_.delivery_log && now >= next_cleanup) {
           next_cleanup = now + kCleanupEvery;
-          log_dir_.CleanupAttempts(defaults_.delivery_log_retention);
+          log_dir_->CleanupAttempts(defaults_.delivery_log_retention);
         }
         failing = false;
       } catch (const std::exception& e) {
@@ -640,9 +636,9 @@ class WebhookServiceSink final : public Sink {
     bool failing = false;
     while (true) {
       try {
-        const std::int64_t v = registry_dir_.Version();
+        const std::int64_t v = registry_dir_->Version();
         if (v != seen || (next_expiry && std::chrono::system_clock::now() >= *next_expiry)) {
-          Directory d = registry_dir_.Load();
+          Directory d = registry_dir_->Load();
           seen = d.version;
           next_expiry = d.next_expiry;
           Apply(d);
@@ -652,7 +648,7 @@ class WebhookServiceSink final : public Sink {
             ++it;
             continue;
           }
-          registry_dir_.WakeEndpoint(it->first);
+          registry_dir_->WakeEndpoint(it->first);
           it = rewake_.erase(it);
         }
         if (failing) spdlog::info("webhook {}: endpoint registry readable again", destination_);
@@ -722,7 +718,7 @@ class WebhookServiceSink final : public Sink {
     // that it knows, and again once such settles are surely written (each relay does this when
     // it notices; the last one to notice wins).
     for (const auto& id : reenabled) {
-      registry_dir_.WakeEndpoint(id);
+      registry_dir_->WakeEndpoint(id);
       rewake_.emplace_back(id, Clock::now() + kRewakeAfter);
     }
     for (const auto& [id, lane] : *old) {
@@ -768,11 +764,11 @@ class WebhookServiceSink final : public Sink {
   std::condition_variable registry_cv_;
   std::atomic<std::size_t> in_flight_{0};
 
-  EndpointDirectory registry_dir_;  ///< Owned by the registry thread.
+  std::unique_ptr<EndpointDirectory> registry_dir_;  ///< Used by the registry thread only.
   /// Endpoints enabled again, to wake once more at the time given. Owned by the registry thread.
   std::vector<std::pair<std::string, Clock::time_point>> rewake_;
-  EndpointDirectory planner_dir_;  ///< Owned by the planner thread.
-  EndpointDirectory log_dir_;      ///< Owned by the log thread.
+  std::unique_ptr<EndpointDirectory> planner_dir_;  ///< Used by the planner thread only.
+  std::unique_ptr<EndpointDirectory> log_dir_;      ///< Used by the log thread only.
   std::thread registry_thread_;
   std::thread planner_thread_;
   std::thread log_thread_;

@@ -1,12 +1,30 @@
-#include "endpoint_directory.h"
-
 #include <map>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
-namespace outbox::relay::webhook_detail {
+#include "outbox_relay/postgres_endpoint_directory.h"
 
-struct EndpointDirectory::Impl {
+namespace outbox::relay {
+namespace {
+
+class PostgresEndpointDirectory final : public EndpointDirectory {
+ public:
+  PostgresEndpointDirectory(std::string database_url, std::string destination);
+  std::int64_t Version() override;
+  Directory Load() override;
+  std::unordered_set<std::string> OwedKeys(const std::vector<std::string>& keys) override;
+  std::int64_t WakeEndpoint(const std::string& endpoint_id) override;
+  void RecordAttempts(const std::vector<AttemptRow>& rows, bool log) override;
+  std::vector<AutoDisabled> DisableFailing(std::chrono::milliseconds after,
+                                           const std::string& events_destination) override;
+  std::int64_t CleanupAttempts(std::chrono::milliseconds retention) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct PostgresEndpointDirectory::Impl {
   std::string url;
   std::string destination;
   std::unique_ptr<pqxx::connection> conn;
@@ -34,22 +52,21 @@ struct EndpointDirectory::Impl {
   }
 };
 
-EndpointDirectory::EndpointDirectory(std::string database_url, std::string destination)
+PostgresEndpointDirectory::PostgresEndpointDirectory(std::string database_url,
+                                                     std::string destination)
     : impl_(std::make_unique<Impl>()) {
   impl_->url = std::move(database_url);
   impl_->destination = std::move(destination);
 }
 
-EndpointDirectory::~EndpointDirectory() = default;
-
-std::int64_t EndpointDirectory::Version() {
+std::int64_t PostgresEndpointDirectory::Version() {
   return impl_->Run([](pqxx::connection& c) {
     pqxx::nontransaction tx(c);
     return tx.exec1("SELECT version FROM outbox.endpoint_registry")[0].as<std::int64_t>();
   });
 }
 
-Directory EndpointDirectory::Load() {
+Directory PostgresEndpointDirectory::Load() {
   return impl_->Run([this](pqxx::connection& c) {
     Directory d;
     // One snapshot for the version and the rows: a change committed after it moves the
@@ -113,7 +130,8 @@ Directory EndpointDirectory::Load() {
   });
 }
 
-std::unordered_set<std::string> EndpointDirectory::OwedKeys(const std::vector<std::string>& keys) {
+std::unordered_set<std::string> PostgresEndpointDirectory::OwedKeys(
+    const std::vector<std::string>& keys) {
   std::unordered_set<std::string> owed;
   if (keys.empty()) return owed;
   return impl_->Run([&](pqxx::connection& c) {
@@ -129,7 +147,7 @@ std::unordered_set<std::string> EndpointDirectory::OwedKeys(const std::vector<st
   });
 }
 
-std::int64_t EndpointDirectory::WakeEndpoint(const std::string& endpoint_id) {
+std::int64_t PostgresEndpointDirectory::WakeEndpoint(const std::string& endpoint_id) {
   return impl_->Run([&](pqxx::connection& c) -> std::int64_t {
     pqxx::nontransaction tx(c);
     const auto r = tx.exec_params(
@@ -141,7 +159,7 @@ std::int64_t EndpointDirectory::WakeEndpoint(const std::string& endpoint_id) {
   });
 }
 
-void EndpointDirectory::RecordAttempts(const std::vector<AttemptRow>& rows, bool log) {
+void PostgresEndpointDirectory::RecordAttempts(const std::vector<AttemptRow>& rows, bool log) {
   if (rows.empty()) return;
   using std::chrono::duration_cast;
   using std::chrono::microseconds;
@@ -220,8 +238,8 @@ void EndpointDirectory::RecordAttempts(const std::vector<AttemptRow>& rows, bool
   });
 }
 
-std::vector<AutoDisabled> EndpointDirectory::DisableFailing(std::chrono::milliseconds after,
-                                                            const std::string& events_destination) {
+std::vector<AutoDisabled> PostgresEndpointDirectory::DisableFailing(
+    std::chrono::milliseconds after, const std::string& events_destination) {
   return impl_->Run([&](pqxx::connection& c) {
     std::vector<AutoDisabled> out;
     pqxx::work tx(c);
@@ -255,7 +273,7 @@ std::vector<AutoDisabled> EndpointDirectory::DisableFailing(std::chrono::millise
   });
 }
 
-std::int64_t EndpointDirectory::CleanupAttempts(std::chrono::milliseconds retention) {
+std::int64_t PostgresEndpointDirectory::CleanupAttempts(std::chrono::milliseconds retention) {
   return impl_->Run([&](pqxx::connection& c) -> std::int64_t {
     pqxx::nontransaction tx(c);
     const auto r = tx.exec_params(
@@ -269,4 +287,11 @@ std::int64_t EndpointDirectory::CleanupAttempts(std::chrono::milliseconds retent
   });
 }
 
-}  // namespace outbox::relay::webhook_detail
+}  // namespace
+
+std::unique_ptr<EndpointDirectory> MakePostgresEndpointDirectory(const std::string& database_url,
+                                                                 const std::string& destination) {
+  return std::make_unique<PostgresEndpointDirectory>(database_url, destination);
+}
+
+}  // namespace outbox::relay

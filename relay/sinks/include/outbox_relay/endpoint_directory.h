@@ -1,9 +1,12 @@
-// The webhook service's view of outbox.endpoints (migration 0008): what the relay reads to
-// fan messages out. Not public: only the service sink uses it.
+// The webhook service's view of outbox.endpoints (migrations 0008, 0009): what the service
+// sink reads and writes to fan messages out. An interface without libpqxx: the store module
+// implements it (relay/store/src/endpoint_directory.cc), and the program that runs the relay
+// registers that implementation with SetEndpointDirectoryFactory before it makes sinks.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -11,7 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
-namespace outbox::relay::webhook_detail {
+namespace outbox::relay {
 
 /// One endpoint as stored, with the secrets that sign now (newest first).
 struct EndpointSpec {
@@ -65,40 +68,42 @@ struct AutoDisabled {
   std::string failing_since;  ///< RFC 3339
 };
 
-/// One connection's worth of reads. Not thread-safe: each thread owns its own. Connects
-/// lazily; every call throws std::exception on failure, after which the next call reconnects.
+/// One connection's worth of reads and writes. Not thread-safe: each thread owns its own.
+/// Connects lazily; every call throws std::exception on failure, after which the next call
+/// reconnects.
 class EndpointDirectory {
  public:
-  EndpointDirectory(std::string database_url, std::string destination);
-  ~EndpointDirectory();
-  EndpointDirectory(const EndpointDirectory&) = delete;
-  EndpointDirectory& operator=(const EndpointDirectory&) = delete;
+  virtual ~EndpointDirectory() = default;
 
   /// outbox.endpoint_registry.version: it moves with every change of an endpoint or secret.
-  std::int64_t Version();
+  virtual std::int64_t Version() = 0;
   /// Every endpoint of the destination, enabled or not.
-  Directory Load();
+  virtual Directory Load() = 0;
   /// Those of `keys` (endpoint row ordering keys, "<endpoint id>:<key>") that still have a row
   /// in the queue: an earlier message of the key that the endpoint has not taken yet.
-  std::unordered_set<std::string> OwedKeys(const std::vector<std::string>& keys);
+  virtual std::unordered_set<std::string> OwedKeys(const std::vector<std::string>& keys) = 0;
   /// Makes the rows waiting for `endpoint_id` (held while it was disabled, or for a retry)
   /// due now; rows blocked behind an earlier row of their key stay so. Returns how many.
-  std::int64_t WakeEndpoint(const std::string& endpoint_id);
-
+  virtual std::int64_t WakeEndpoint(const std::string& endpoint_id) = 0;
   /// Writes `rows` to outbox.delivery_attempts (when `log`) and updates each endpoint's
-  /// failing_since in outbox.endpoint_health, in one statement.
-  void RecordAttempts(const std::vector<AttemptRow>& rows, bool log);
+  /// failing_since in outbox.endpoint_health.
+  virtual void RecordAttempts(const std::vector<AttemptRow>& rows, bool log) = 0;
   /// Disables the destination's enabled endpoints failing for longer than `after`; when
   /// `events_destination` is not empty, writes an `endpoint.disabled` message to it for each,
   /// in the same transaction.
-  std::vector<AutoDisabled> DisableFailing(std::chrono::milliseconds after,
-                                           const std::string& events_destination);
+  virtual std::vector<AutoDisabled> DisableFailing(std::chrono::milliseconds after,
+                                                   const std::string& events_destination) = 0;
   /// Deletes up to 10,000 of the destination's delivery-log rows older than `retention`.
-  std::int64_t CleanupAttempts(std::chrono::milliseconds retention);
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  virtual std::int64_t CleanupAttempts(std::chrono::milliseconds retention) = 0;
 };
 
-}  // namespace outbox::relay::webhook_detail
+/// Makes the directory of one destination on one database.
+using EndpointDirectoryFactory = std::function<std::unique_ptr<EndpointDirectory>(
+    const std::string& database_url, const std::string& destination)>;
+/// Registers the implementation (the store's, PostgresEndpointDirectory); call once at start.
+void SetEndpointDirectoryFactory(EndpointDirectoryFactory factory);
+/// Throws std::logic_error when none was registered.
+std::unique_ptr<EndpointDirectory> MakeEndpointDirectory(const std::string& database_url,
+                                                         const std::string& destination);
+
+}  // namespace outbox::relay
