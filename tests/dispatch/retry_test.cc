@@ -142,5 +142,44 @@ TEST(DecideBeforeAttempt, DeadLettersOnlyWhatHasNoAttemptLeft) {
   EXPECT_NE(dead->error.find("attempts exhausted (5)"), std::string::npos) << dead->error;
 }
 
+TEST(DecideForEndpoint, AnEndpointsFirstAttemptIsDecidedLikeAnyMessagesFirst) {
+  const auto p = Policy();
+  auto owed = [](OutcomeKind kind, Reason cls, std::string reason = "r") {
+    EndpointOutcome o;
+    o.endpoint_id = "ep";
+    o.kind = kind;
+    o.reason = std::move(reason);
+    o.reason_class = cls;
+    return o;
+  };
+  auto c =
+      DecideForEndpoint(owed(OutcomeKind::kRetry, Reason::kHttp5xx, "http 503"), p, 0.5, false);
+  EXPECT_EQ(c.kind, Settlement::Kind::kRetry);
+  EXPECT_EQ(c.attempts, 1);
+  EXPECT_EQ(c.error, "http 503");
+  EXPECT_GT(c.delay.count(), 0);
+  c = DecideForEndpoint(owed(OutcomeKind::kPermanent, Reason::kHttp4xx, "http 410"), p, 0.5, false);
+  EXPECT_EQ(c.kind, Settlement::Kind::kDead);
+  EXPECT_EQ(c.attempts, 1);
+  EXPECT_EQ(c.reason_class, Reason::kHttp4xx);
+  RetryPolicy once = p;
+  once.max_attempts = 1;
+  c = DecideForEndpoint(owed(OutcomeKind::kRetry, Reason::kTimeout), once, 0.5, false);
+  EXPECT_EQ(c.kind, Settlement::Kind::kDead) << "max_attempts 1: the first failure is the last";
+  EXPECT_EQ(c.reason_class, Reason::kAttemptsExhausted);
+  auto held = owed(OutcomeKind::kReturned, Reason::kNone, "endpoint disabled");
+  held.retry_after = 3600s;
+  c = DecideForEndpoint(held, p, 0.5, false);
+  EXPECT_EQ(c.kind, Settlement::Kind::kRelease);
+  EXPECT_EQ(c.attempts, 0);
+  EXPECT_EQ(c.delay, 3600s);
+  EXPECT_EQ(c.error, "endpoint disabled") << "why it waits stays on its row";
+  c = DecideForEndpoint(owed(OutcomeKind::kRetry, Reason::kShutdown), p, 0.5, false);
+  EXPECT_EQ(c.kind, Settlement::Kind::kRelease) << "cut short is not a failure";
+  EXPECT_EQ(c.attempts, 0);
+  c = DecideForEndpoint(owed(OutcomeKind::kRetry, Reason::kHttp5xx), p, 0.5, true);
+  EXPECT_EQ(c.kind, Settlement::Kind::kRelease) << "nor is a failure while the relay stops";
+}
+
 }  // namespace
 }  // namespace outbox::relay

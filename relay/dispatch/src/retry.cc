@@ -75,43 +75,6 @@ std::optional<Settlement> DecideBeforeAttempt(MessageId id, int attempts, const 
   return s;
 }
 
-Settlement::Child DecideForEndpoint(const EndpointOutcome& owed, const RetryPolicy& policy,
-                                    double u01, bool shutting_down) {
-  Settlement::Child c;
-  c.endpoint_id = owed.endpoint_id;
-  c.error = owed.reason;
-  switch (owed.kind) {
-    case OutcomeKind::kPermanent:
-      c.kind = Settlement::Kind::kDead;
-      c.attempts = 1;
-      c.error = owed.reason.empty() ? "permanent failure" : owed.reason;
-      c.reason_class = Known(owed.reason_class);
-      return c;
-    case OutcomeKind::kRetry:
-      // Cut short (the relay stops, or the endpoint's sink was replaced), not failed: handed
-      // back like kReturned.
-      if (shutting_down || owed.reason_class == Reason::kShutdown) break;
-      c.reason_class = Known(owed.reason_class);
-      c.attempts = 1;
-      if (policy.max_attempts <= 1) {
-        c.kind = Settlement::Kind::kDead;
-        c.error = "gave up after 1 attempt; last error: " + owed.reason;
-        c.reason_class = Reason::kAttemptsExhausted;
-        return c;
-      }
-      c.kind = Settlement::Kind::kRetry;
-      c.delay = BackoffDelay(policy, 1, u01, owed.retry_after);
-      return c;
-    default:
-      break;
-  }
-  c.kind = Settlement::Kind::kRelease;
-  c.attempts = 0;
-  c.reason_class = Reason::kNone;
-  if (owed.kind == OutcomeKind::kReturned && owed.retry_after) c.delay = *owed.retry_after;
-  return c;
-}
-
 Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const RetryPolicy& policy,
                   const std::string& lease_token, double u01, bool shutting_down) {
   Settlement s;
@@ -157,6 +120,28 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
   s.error = outcome.reason;
   s.reason_class = Known(outcome.reason_class);
   return s;
+}
+
+// The endpoint's own first attempt, decided as any message's (attempts 0), then kept as a row
+// of that endpoint: what it failed with stays on the row, also when it was never sent.
+Settlement::Child DecideForEndpoint(const EndpointOutcome& owed, const RetryPolicy& policy,
+                                    double u01, bool shutting_down) {
+  Outcome o;
+  o.kind = owed.kind;
+  o.reason = owed.reason;
+  o.reason_class = owed.reason_class;
+  o.retry_after = owed.retry_after;
+  // Cut short (the relay stops, or the endpoint's sink was replaced), not failed.
+  const bool cut_short = owed.kind == OutcomeKind::kRetry && owed.reason_class == Reason::kShutdown;
+  const Settlement s = Decide(MessageId{}, 0, o, policy, "", u01, shutting_down || cut_short);
+  Settlement::Child c;
+  c.endpoint_id = owed.endpoint_id;
+  c.kind = s.kind;
+  c.delay = s.delay;
+  c.reason_class = s.reason_class;
+  c.attempts = s.kind == Settlement::Kind::kRelease ? 0 : 1;
+  c.error = s.kind == Settlement::Kind::kRelease ? owed.reason : s.error;
+  return c;
 }
 
 }  // namespace outbox::relay
