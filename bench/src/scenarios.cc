@@ -128,7 +128,7 @@ class Relay {
 
   /// Messages delivered since the relay started, not counting WarmUp's.
   std::int64_t delivered() const {
-    return Sum([](const relay::DispatcherStats& s) { return s.delivered.load(); }) - warmed_;
+    return Sum([](const relay::DispatcherStats& s) { return s.delivered; }) - warmed_;
   }
   std::int64_t warmed() const { return warmed_; }
 
@@ -144,7 +144,7 @@ class Relay {
     warmed_ += n;
   }
   std::int64_t claims() const {
-    return Sum([](const relay::DispatcherStats& s) { return s.claims.load(); });
+    return Sum([](const relay::DispatcherStats& s) { return s.claims; });
   }
 
   // Waits until every instance ran its first claim (connected, listening), up to 30 s.
@@ -152,7 +152,7 @@ class Relay {
     WaitUntil(
         [this] {
           for (const auto& d : dispatchers_) {
-            if (d->stats().claims.load() == 0) return false;
+            if (d->stats().claims == 0) return false;
           }
           return true;
         },
@@ -162,14 +162,14 @@ class Relay {
   json StatsJson() const {
     using S = relay::DispatcherStats;
     json j;
-    const std::pair<const char*, std::atomic<std::int64_t> S::*> fields[] = {
+    const std::pair<const char*, std::int64_t S::*> fields[] = {
         {"claims", &S::claims},       {"empty_claims", &S::empty_claims},
         {"claimed", &S::claimed},     {"delivered", &S::delivered},
         {"retried", &S::retried},     {"dead", &S::dead},
         {"fenced", &S::fenced},       {"reaped", &S::reaped},
         {"db_errors", &S::db_errors}, {"sweep_found", &S::sweep_found}};
     for (const auto& [name, field] : fields) {
-      j[name] = Sum([field](const S& s) { return (s.*field).load(); });
+      j[name] = Sum([field](const S& s) { return s.*field; });
     }
     return j;
   }
@@ -739,7 +739,7 @@ ScenarioResult Bench::WebhookFanout(const std::string& name, int endpoints, bool
   Http().Call("RECORD");
 
   relay::Destination dest = WebhookDestination(http_port_, per_endpoint);
-  auto& w = std::get<relay::WebhookTarget>(dest.target);
+  auto& w = dest.target.Get<relay::WebhookTarget>();
   w.url.clear();
   w.secrets.clear();
   w.endpoints_from_database = true;

@@ -131,4 +131,5 @@ SELECT (SELECT count(*) FROM delivered) AS delivered, (SELECT count(*) FROM dead
        -- What this write did, by id, for the metrics (a fenced outcome counts nothing).
        (SELECT coalesce(jsonb_agg(w.id), '[]'::jsonb)
           FROM (SELECT id FROM delivered UNION ALL SELECT id FROM buried
-                UNION ALL SELECT id FROM retried) w)::text AS written
+                UNION ALL SELECT id FROM retried UNION ALL SELECT id FROM released) w)::text
+         AS written

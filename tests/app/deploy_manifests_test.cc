@@ -15,6 +15,8 @@
 #include <string>
 
 #include "outbox_relay/config.h"
+#include "outbox_relay/sink_registry.h"
+#include "outbox_relay/webhook_target.h"
 
 namespace outbox::relay {
 namespace {
@@ -86,7 +88,7 @@ TEST(DeployCompose, ServicesFilesAndOrder) {
   EXPECT_EQ(cfg.database_url, "postgresql://app:app@postgres:5432/app");
   EXPECT_EQ(cfg.admin_listen, "0.0.0.0:9090");
   EXPECT_EQ(cfg.destinations.size(), 2u);
-  const auto& hooks = std::get<WebhookTarget>(cfg.destinations.at("hooks").target);
+  const auto& hooks = cfg.destinations.at("hooks").target.Get<WebhookTarget>();
   EXPECT_TRUE(hooks.allow_private_networks) << "the receiver is on the compose network";
 }
 

@@ -13,6 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "outbox_relay/config_fields.h"
+#include "outbox_relay/kafka_target.h"
+#include "outbox_relay/sink_registry.h"
+#include "outbox_relay/webhook_target.h"
+
 namespace outbox::relay {
 namespace {
 
@@ -115,6 +120,69 @@ class TempDir {
 // ---------------------------------------------------------------------------------------------
 // Valid configs
 
+// The loader knows no kind of target: a kind it is given reads its own section, and the
+// error for a destination without one names only the kinds the loader was given.
+struct QueueTarget {
+  static constexpr std::string_view kKind = "queue";
+  std::string name;
+  Millis attempt_timeout{0};
+};
+
+const TargetKind& QueueKind() {
+  static const TargetKind kind{
+      .key = QueueTarget::kKind,
+      .essentials = "name",
+      .keys = {"name"},
+      .parse =
+          [](const cfg::Field& section, const EnvLookup&, Destination& d) {
+            cfg::Mapping m(section, {"name"});
+            auto name = m.Get("name");
+            if (!name) cfg::Fail(section, "missing `name`");
+            d.target = QueueTarget{cfg::ReadNonEmptyString(*name)};
+          },
+      .attempt_bound = [](const Destination&) -> std::optional<AttemptBound> {
+        return AttemptBound{Millis{45'000}, "the queue's own bound"};
+      },
+      .complete =
+          [](Destination& d, const RelayConfig& config, const std::string&) {
+            d.target.Get<QueueTarget>().attempt_timeout = config.lease / 2;
+          },
+  };
+  return kind;
+}
+
+TEST(TargetKinds, TheLoaderReadsAKindItDoesNotKnowThroughItsTargetKind) {
+  const TargetKinds kinds = {&QueueKind()};
+  const RelayConfig config = ParseConfig(
+      kDb + "destinations:\n  jobs:\n    queue:\n      name: nightly\n", "cfg.yaml", kNoEnv, kinds);
+  const Destination& jobs = config.destinations.at("jobs");
+  EXPECT_EQ(jobs.target.kind(), "queue");
+  EXPECT_EQ(jobs.target.Get<QueueTarget>().name, "nightly");
+  EXPECT_EQ(jobs.target.As<KafkaTarget>(), nullptr);
+  EXPECT_THROW(jobs.target.Get<WebhookTarget>(), std::logic_error);
+  // The lease was derived from the kind's attempt bound, then the kind completed itself.
+  EXPECT_EQ(config.lease, Millis{55'000});
+  EXPECT_EQ(jobs.target.Get<QueueTarget>().attempt_timeout, Millis{27'500});
+
+  auto error = [&](const std::string& yaml) {
+    try {
+      ParseConfig(yaml, "cfg.yaml", kNoEnv, kinds);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_TRUE(Contains(error(kDb + "destinations:\n  jobs:\n    retry: {max_attempts: 2}\n"),
+                       "has no target; add a `queue:` section (name)"));
+  EXPECT_TRUE(Contains(error(kDb + "destinations:\n  jobs:\n    name: nightly\n"),
+                       "`name` belongs under `queue:`"));
+  EXPECT_TRUE(Contains(error(kDb + "destinations:\n  jobs:\n    kafka: {brokers: k:9092}\n"),
+                       "unknown key `kafka`"));
+  // With every built-in kind, the same text is a Kafka destination.
+  EXPECT_EQ(ParseConfig(Minimal(), "cfg.yaml", kNoEnv).destinations.at("orders").target.kind(),
+            "kafka");
+}
+
 TEST(ParseConfig, MinimalConfigGetsEveryDefault) {
   const RelayConfig config = ParseConfig(Minimal(), "cfg.yaml", kNoEnv);
   const RelayConfig defaults;
@@ -135,7 +203,7 @@ TEST(ParseConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_EQ(orders.retry.max_attempts, 8) << "the built-in schedule: 7 retries";
   EXPECT_EQ(orders.retry.schedule, DefaultRetryPolicy().schedule);
   EXPECT_EQ(orders.retry.max_backoff, 10h) << "its longest delay caps Retry-After";
-  const auto& kafka = std::get<KafkaTarget>(orders.target);
+  const auto& kafka = orders.target.Get<KafkaTarget>();
   EXPECT_EQ(kafka.brokers, "k1:9092");
   EXPECT_EQ(kafka.topic, "orders");
   EXPECT_TRUE(kafka.producer.empty());
@@ -221,8 +289,8 @@ TEST(ParseConfig, FullConfigParsesEveryField) {
   EXPECT_EQ(orders.retry.max_attempts, 20);
   EXPECT_EQ(orders.retry.initial_backoff, 200ms) << "from defaults.retry";
   EXPECT_EQ(orders.retry.max_backoff, 20000ms) << "from defaults.retry";
-  ASSERT_TRUE(std::holds_alternative<KafkaTarget>(orders.target));
-  const auto& kafka = std::get<KafkaTarget>(orders.target);
+  ASSERT_TRUE((orders.target.As<KafkaTarget>() != nullptr));
+  const auto& kafka = orders.target.Get<KafkaTarget>();
   EXPECT_EQ(kafka.brokers, "k1:9092,k2:9092");
   EXPECT_EQ(kafka.topic, "orders.v1");
   const std::map<std::string, std::string> producer = {
@@ -240,8 +308,8 @@ TEST(ParseConfig, FullConfigParsesEveryField) {
   EXPECT_EQ(hooks.retry.max_attempts, 5);
   EXPECT_EQ(hooks.retry.initial_backoff, 1000ms);
   EXPECT_EQ(hooks.retry.max_backoff, 60000ms);
-  ASSERT_TRUE(std::holds_alternative<WebhookTarget>(hooks.target));
-  const auto& webhook = std::get<WebhookTarget>(hooks.target);
+  ASSERT_TRUE((hooks.target.As<WebhookTarget>() != nullptr));
+  const auto& webhook = hooks.target.Get<WebhookTarget>();
   EXPECT_EQ(webhook.url, "https://billing.example:8443/hooks/outbox");
   EXPECT_EQ(webhook.secrets, (std::vector<std::string>{kSecretA, kSecretB, kSecretC}));
   EXPECT_EQ(webhook.timeout, 8000ms);
@@ -256,7 +324,7 @@ TEST(ParseConfig, FullConfigParsesEveryField) {
 TEST(ParseConfig, WebhookDefaults) {
   const RelayConfig config =
       ParseConfig(WithWebhook("      secret: " + kSecretA + "\n"), "cfg.yaml", kNoEnv);
-  const auto& webhook = std::get<WebhookTarget>(config.destinations.at("hooks").target);
+  const auto& webhook = config.destinations.at("hooks").target.Get<WebhookTarget>();
   const WebhookTarget defaults;
   EXPECT_EQ(webhook.secrets, std::vector<std::string>{kSecretA});
   EXPECT_EQ(webhook.timeout, defaults.timeout);
@@ -292,7 +360,7 @@ TEST(ParseConfig, RetryFallsBackPerKeyFromDestinationToDefaultsToBuiltIn) {
 TEST(ParseConfig, WebhookBreakerAndAdaptiveConcurrency) {
   const RelayConfig defaults =
       ParseConfig(WithWebhook("      secret: " + kSecretA + "\n"), "cfg.yaml", kNoEnv);
-  const auto& d = std::get<WebhookTarget>(defaults.destinations.at("hooks").target);
+  const auto& d = defaults.destinations.at("hooks").target.Get<WebhookTarget>();
   EXPECT_TRUE(d.breaker.enabled);
   EXPECT_EQ(d.breaker.failure_threshold, 10);
   EXPECT_EQ(d.breaker.cooldown, 5000ms);
@@ -304,7 +372,7 @@ TEST(ParseConfig, WebhookBreakerAndAdaptiveConcurrency) {
                   "\n      breaker: {enabled: false, failure_threshold: 3, cooldown_ms: 100, "
                   "max_cooldown_ms: 800}\n      adaptive_concurrency: off\n"),
       "cfg.yaml", kNoEnv);
-  const auto& w = std::get<WebhookTarget>(set.destinations.at("hooks").target);
+  const auto& w = set.destinations.at("hooks").target.Get<WebhookTarget>();
   EXPECT_FALSE(w.breaker.enabled);
   EXPECT_EQ(w.breaker.failure_threshold, 3);
   EXPECT_EQ(w.breaker.cooldown, 100ms);
@@ -335,7 +403,7 @@ TEST(ParseConfig, KafkaTopicTemplatesAndTheirAllowList) {
                             "      allowed_topics: [orders.paid, orders.shipped]\n"
                             "      topic_prefix: orders.\n"),
                   "cfg.yaml", kNoEnv);
-  const auto& k = std::get<KafkaTarget>(config.destinations.at("orders").target);
+  const auto& k = config.destinations.at("orders").target.Get<KafkaTarget>();
   EXPECT_EQ(k.topic, "orders.{event_type}") << "a template is checked by the Kafka sink";
   EXPECT_EQ(k.allowed_topics, (std::vector<std::string>{"orders.paid", "orders.shipped"}));
   EXPECT_EQ(k.topic_prefix, "orders.");
@@ -348,7 +416,7 @@ TEST(ParseConfig, KafkaTopicTemplatesAndTheirAllowList) {
 TEST(ParseConfig, WebhookPrivateNetworkKeys) {
   const RelayConfig defaults =
       ParseConfig(WithWebhook("      secret: " + kSecretA + "\n"), "cfg.yaml", kNoEnv);
-  const auto& d = std::get<WebhookTarget>(defaults.destinations.at("hooks").target);
+  const auto& d = defaults.destinations.at("hooks").target.Get<WebhookTarget>();
   EXPECT_FALSE(d.allow_private_networks) << "the SSRF guard is on by default";
   EXPECT_TRUE(d.allowed_networks.empty());
   const RelayConfig set = ParseConfig(
@@ -356,7 +424,7 @@ TEST(ParseConfig, WebhookPrivateNetworkKeys) {
                   "\n      allow_private_networks: true\n      allowed_networks: [10.0.0.0/8, "
                   "\"fd00::/8\"]\n"),
       "cfg.yaml", kNoEnv);
-  const auto& w = std::get<WebhookTarget>(set.destinations.at("hooks").target);
+  const auto& w = set.destinations.at("hooks").target.Get<WebhookTarget>();
   EXPECT_TRUE(w.allow_private_networks);
   EXPECT_EQ(w.allowed_networks, (std::vector<std::string>{"10.0.0.0/8", "fd00::/8"}));
   const std::string message =
@@ -369,7 +437,7 @@ TEST(ParseConfig, AWebhookServiceTakesItsEndpointsFromTheDatabase) {
   const RelayConfig config = ParseConfig(
       WithDestination("svc", "    webhook:\n      endpoints: database\n      max_in_flight: 8\n"),
       "cfg.yaml", kNoEnv);
-  const auto& w = std::get<WebhookTarget>(config.destinations.at("svc").target);
+  const auto& w = config.destinations.at("svc").target.Get<WebhookTarget>();
   EXPECT_TRUE(w.endpoints_from_database);
   EXPECT_TRUE(w.url.empty());
   EXPECT_TRUE(w.secrets.empty());
@@ -399,7 +467,7 @@ TEST(ParseConfig, WebhookServiceOptionsAndTheManagementApi) {
       ParseConfig(WithDestination("svc", service) +
                       "management_api: {listen: \"127.0.0.1:8081\", token_env: API_TOKEN}\n",
                   "cfg.yaml", MapEnv({{"API_TOKEN", "0123456789abcdef-token\n"}}));
-  const auto& w = std::get<WebhookTarget>(config.destinations.at("svc").target);
+  const auto& w = config.destinations.at("svc").target.Get<WebhookTarget>();
   EXPECT_FALSE(w.delivery_log);
   EXPECT_EQ(w.delivery_log_retention, 3600000ms);
   EXPECT_EQ(w.auto_disable_after, 0ms);
@@ -408,7 +476,7 @@ TEST(ParseConfig, WebhookServiceOptionsAndTheManagementApi) {
   EXPECT_EQ(config.management_api.token, "0123456789abcdef-token") << "trailing newline trimmed";
   const RelayConfig defaults = ParseConfig(
       WithDestination("svc", "    webhook:\n      endpoints: database\n"), "cfg.yaml", kNoEnv);
-  const auto& d = std::get<WebhookTarget>(defaults.destinations.at("svc").target);
+  const auto& d = defaults.destinations.at("svc").target.Get<WebhookTarget>();
   EXPECT_TRUE(d.delivery_log);
   EXPECT_EQ(d.delivery_log_retention, std::chrono::hours(24 * 7));
   EXPECT_EQ(d.auto_disable_after, std::chrono::hours(24 * 5));
@@ -526,8 +594,7 @@ TEST(ParseConfig, AcceptsConninfoStyleDatabaseUrl) {
 TEST(ParseConfig, KafkaBrokersStringIsNormalized) {
   const RelayConfig config = ParseConfig(
       WithKafka("      brokers: \" k1:9092 , k2:9092\"\n      topic: o\n"), "cfg.yaml", kNoEnv);
-  EXPECT_EQ(std::get<KafkaTarget>(config.destinations.at("orders").target).brokers,
-            "k1:9092,k2:9092");
+  EXPECT_EQ(config.destinations.at("orders").target.Get<KafkaTarget>().brokers, "k1:9092,k2:9092");
 }
 
 TEST(ParseConfig, ProducerValuesAreStringifiedAsWritten) {
@@ -540,7 +607,7 @@ TEST(ParseConfig, ProducerValuesAreStringifiedAsWritten) {
                             "        client.id: \"true\"\n"
                             "        sticky.partitioning.linger.ms: 0.5\n"),
                   "cfg.yaml", kNoEnv);
-  const auto& producer = std::get<KafkaTarget>(config.destinations.at("orders").target).producer;
+  const auto& producer = config.destinations.at("orders").target.Get<KafkaTarget>().producer;
   EXPECT_EQ(producer.at("linger.ms"), "5");
   EXPECT_EQ(producer.at("batch.num.messages"), "10000");
   EXPECT_EQ(producer.at("enable.ssl.certificate.verification"), "false");
@@ -558,9 +625,8 @@ TEST(ParseConfig, ProducerFileValueKeepsInnerNewlinesAndDropsTrailingOnes) {
           "      brokers: k:9092\n      topic: o\n      producer:\n        ssl.key.pem_file: " +
           pem + "\n"),
       "cfg.yaml", kNoEnv);
-  EXPECT_EQ(
-      std::get<KafkaTarget>(config.destinations.at("orders").target).producer.at("ssl.key.pem"),
-      "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----");
+  EXPECT_EQ(config.destinations.at("orders").target.Get<KafkaTarget>().producer.at("ssl.key.pem"),
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----");
 }
 
 TEST(ParseConfig, MergeKeysShareSettingsBetweenDestinations) {
@@ -581,7 +647,7 @@ TEST(ParseConfig, MergeKeysShareSettingsBetweenDestinations) {
                            "        <<: *common\n"
                            "        linger.ms: 20\n";
   const RelayConfig config = ParseConfig(yaml, "cfg.yaml", kNoEnv);
-  const auto& b = std::get<KafkaTarget>(config.destinations.at("b").target).producer;
+  const auto& b = config.destinations.at("b").target.Get<KafkaTarget>().producer;
   EXPECT_EQ(
       b, (std::map<std::string, std::string>{{"compression.type", "zstd"}, {"linger.ms", "20"}}));
 }
@@ -1081,7 +1147,7 @@ TEST(WebhookSecrets, SeveralInOneValuePlusPreviousSecretsInOrderWithoutDuplicate
       WithWebhook("      secret_env: HOOK_SECRETS\n      previous_secrets:\n        - " + kSecretC +
                   "\n        - " + kSecretA + "\n"),
       "cfg.yaml", MapEnv({{"HOOK_SECRETS", "  " + kSecretA + "   " + kSecretB + "\n"}}));
-  EXPECT_EQ(std::get<WebhookTarget>(config.destinations.at("hooks").target).secrets,
+  EXPECT_EQ(config.destinations.at("hooks").target.Get<WebhookTarget>().secrets,
             (std::vector<std::string>{kSecretA, kSecretB, kSecretC}));
 }
 
@@ -1090,7 +1156,7 @@ TEST(WebhookSecrets, FromFile) {
   const std::string file = dir.Write("hook-secret", kSecretB + "\n");
   const RelayConfig config =
       ParseConfig(WithWebhook("      secret_file: " + file + "\n"), "cfg.yaml", kNoEnv);
-  EXPECT_EQ(std::get<WebhookTarget>(config.destinations.at("hooks").target).secrets,
+  EXPECT_EQ(config.destinations.at("hooks").target.Get<WebhookTarget>().secrets,
             std::vector<std::string>{kSecretB});
 
   const std::string empty = dir.Write("empty-secret", "\n");
@@ -1335,12 +1401,12 @@ TEST(ExampleConfig, LoadsWithTheVariablesItNames) {
   EXPECT_EQ(config.admin_listen, "") << "the example shows the documented default: no admin server";
   EXPECT_EQ(config.log_format, LogFormat::kJson);
   ASSERT_EQ(config.destinations.size(), 3u);
-  const auto& service = std::get<WebhookTarget>(config.destinations.at("customer-events").target);
+  const auto& service = config.destinations.at("customer-events").target.Get<WebhookTarget>();
   EXPECT_TRUE(service.endpoints_from_database);
   EXPECT_EQ(service.max_in_flight, 8);
 
   const Destination& orders = config.destinations.at("orders");
-  const auto& kafka = std::get<KafkaTarget>(orders.target);
+  const auto& kafka = orders.target.Get<KafkaTarget>();
   EXPECT_EQ(kafka.topic, "orders.v1");
   EXPECT_EQ(kafka.producer.at("sasl.password"), "kafka-secret");
   EXPECT_EQ(orders.retry.max_attempts, 20);
@@ -1349,7 +1415,7 @@ TEST(ExampleConfig, LoadsWithTheVariablesItNames) {
   EXPECT_EQ(orders.batch_size, 1000);
 
   const Destination& hooks = config.destinations.at("billing-hooks");
-  const auto& webhook = std::get<WebhookTarget>(hooks.target);
+  const auto& webhook = hooks.target.Get<WebhookTarget>();
   EXPECT_EQ(webhook.url, "https://billing.internal/hooks/outbox");
   EXPECT_EQ(webhook.secrets, (std::vector<std::string>{kSecretA, kSecretB}));
   EXPECT_EQ(hooks.retry.max_attempts, 30);
@@ -1526,11 +1592,11 @@ TEST(LeaseBounds, WithoutLeaseMsTheLeaseOutlastsTheLongestAttemptAndKafkaFitsIns
 
   const RelayConfig plain = ParseConfig(Minimal(), "cfg.yaml", kNoEnv);
   EXPECT_EQ(plain.lease, std::chrono::milliseconds(30000));
-  EXPECT_EQ(std::get<KafkaTarget>(plain.destinations.at("orders").target).attempt_timeout,
+  EXPECT_EQ(plain.destinations.at("orders").target.Get<KafkaTarget>().attempt_timeout,
             std::chrono::milliseconds(20000))
       << "2/3 of the lease: a Kafka attempt ends inside its lease";
   const RelayConfig short_lease = ParseConfig(Minimal("lease_ms: 3000\n"), "cfg.yaml", kNoEnv);
-  EXPECT_EQ(std::get<KafkaTarget>(short_lease.destinations.at("orders").target).attempt_timeout,
+  EXPECT_EQ(short_lease.destinations.at("orders").target.Get<KafkaTarget>().attempt_timeout,
             std::chrono::milliseconds(2000));
 }
 

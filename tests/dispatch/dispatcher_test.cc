@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -14,9 +15,15 @@
 #include <thread>
 
 #include "fake_store.h"
+#include "outbox_relay/metrics.h"
 
 namespace outbox::relay {
 namespace {
+
+// A kind of target no sink serves: the dispatcher runs on the sinks it is given.
+struct FakeTarget {
+  static constexpr std::string_view kKind = "fake";
+};
 
 using namespace std::chrono_literals;
 using testing::FakeClock;
@@ -193,14 +200,15 @@ class DispatcherTest : public ::testing::Test {
     c.shutdown_timeout = 300ms;
     Destination d;
     d.name = "orders";
-    d.target = KafkaTarget{};
+    d.target = FakeTarget{};  // the dispatcher never looks into a target
     d.retry.max_attempts = 5;
     c.destinations.emplace(d.name, d);
     return c;
   }
 
   // Starts a dispatcher for `config` whose only destination's sink is `sink`.
-  Dispatcher& Start(RelayConfig config, RecordingSink::Decide decide) {
+  Dispatcher& Start(RelayConfig config, RecordingSink::Decide decide,
+                    RelayMetrics* metrics = nullptr) {
     auto sink = std::make_unique<RecordingSink>(std::move(decide));
     sink_ = sink.get();
     std::map<std::string, SinkPtr> sinks;
@@ -208,6 +216,7 @@ class DispatcherTest : public ::testing::Test {
     DispatcherEnv env;
     env.stores = db_.Stores();
     env.clock = &clock_;
+    env.metrics = metrics;
     dispatcher_ = std::make_unique<Dispatcher>(std::move(config), std::move(sinks), std::move(env));
     dispatcher_->Start();
     return *dispatcher_;
@@ -246,7 +255,42 @@ TEST_F(DispatcherTest, DeliversEveryMessageOnceAndEachKeyInOrder) {
       if (std::find(ids.begin(), ids.end(), id) != ids.end()) order.push_back(id);
     EXPECT_EQ(order, ids) << "key " << key << " was delivered out of order";
   }
-  EXPECT_EQ(dispatcher_->stats().delivered.load(), 400);
+  EXPECT_EQ(dispatcher_->stats().delivered, 400);
+}
+
+// The metrics are the dispatcher's one record: stats() reads them back, and what a caller's
+// metrics show is what stats() says.
+TEST_F(DispatcherTest, CountsIntoTheMetricsItIsGivenAndStatsReadsThemBack) {
+  for (int i = 0; i < 40; ++i) db_.Enqueue("orders", std::nullopt);
+  RelayMetrics metrics("test");
+  std::atomic<int> failures{0};
+  Start(
+      Config(/*batch=*/10),
+      [&](const Message& m) -> std::optional<Outcome> {
+        // Every fourth message fails once (a retry), then everything is delivered.
+        if (m.attempts == 0 && Raw(m.id) % 4 == 0) {
+          ++failures;
+          return Outcome{m.id, OutcomeKind::kRetry, "503", Reason::kHttp5xx, std::nullopt, {},
+                         0,    std::nullopt};
+        }
+        return DeliverAll(m);
+      },
+      &metrics);
+  // The fake clock drives the backoff (under 500 ms for a first retry); it moves only while
+  // nothing is leased, so no lease can expire and no reaper retry is counted.
+  ASSERT_TRUE(WaitFor([&] {
+    if (db_.Leased() == 0) clock_.Advance(1s);
+    return db_.Queued() == 0;
+  })) << db_.Queued()
+      << " left";
+  const DispatcherStats s = dispatcher_->stats();
+  EXPECT_EQ(s.delivered, 40);
+  EXPECT_EQ(metrics.delivered_total.Labels({"orders"}).Value(), 40.0);
+  EXPECT_EQ(s.retried, failures.load());
+  EXPECT_EQ(metrics.retried_total.Total(), static_cast<double>(failures.load()));
+  EXPECT_EQ(s.claims, static_cast<std::int64_t>(metrics.claims_total.Total()));
+  EXPECT_EQ(s.claimed, 40 + failures.load());
+  EXPECT_EQ(metrics.messages_claimed_total.Labels({"orders"}).Value(), s.claimed);
 }
 
 TEST_F(DispatcherTest, InFlightStaysWithinTheCapUntilTheSinkCompletes) {
@@ -287,7 +331,7 @@ TEST_F(DispatcherTest, ARetryWaitsForItsDelayOnTheClockNotOnTheWall) {
                    std::nullopt};
   });
   // The head of each key (ids 1-4) fails once and waits; the rest of each key waits behind it.
-  ASSERT_TRUE(WaitFor([&] { return dispatcher_->stats().retried.load() == 4; }));
+  ASSERT_TRUE(WaitFor([&] { return dispatcher_->stats().retried == 4; }));
   const auto claims = db_.Calls("claim");
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 5; })) << "polls go on";
   EXPECT_TRUE(db_.Delivered().empty()) << "a retry came due before its delay";
@@ -348,10 +392,10 @@ TEST_F(DispatcherTest, LeasesOfMessagesStillInTheSinkAreRenewedNotReaped) {
   ASSERT_TRUE(row);
   EXPECT_EQ(row->lease_owner, token) << "the lease moved on while the message was in the sink";
   EXPECT_EQ(row->attempts, 0);
-  EXPECT_EQ(dispatcher_->stats().reaped.load(), 0);
+  EXPECT_EQ(dispatcher_->stats().reaped, 0);
   sink_->Release();
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
-  EXPECT_EQ(dispatcher_->stats().fenced.load(), 0);
+  EXPECT_EQ(dispatcher_->stats().fenced, 0);
 }
 
 TEST_F(DispatcherTest, ReconnectsAfterTransientErrorsAndLosesNothing) {
@@ -361,7 +405,7 @@ TEST_F(DispatcherTest, ReconnectsAfterTransientErrorsAndLosesNothing) {
   Start(Config(/*batch=*/10), DeliverAll);
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << db_.Queued() << " left";
   EXPECT_EQ(db_.Delivered().size(), 60u);
-  EXPECT_GE(dispatcher_->stats().db_errors.load(), 2);
+  EXPECT_GE(dispatcher_->stats().db_errors, 2);
   EXPECT_EQ(sink_->key_overlaps(), 0);
   EXPECT_EQ(sink_->submitted().size(), 60u) << "a settle that failed was delivered again";
 }
@@ -374,7 +418,7 @@ TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackNotLeftToItsLease) {
   // which never passes here.
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << db_.Queued() << " left";
   EXPECT_EQ(db_.Calls("release_lost_claims"), 1);
-  EXPECT_EQ(dispatcher_->stats().reaped.load(), 0);
+  EXPECT_EQ(dispatcher_->stats().reaped, 0);
   EXPECT_EQ(db_.Delivered().size(), 10u);
 }
 
@@ -388,11 +432,11 @@ TEST_F(DispatcherTest, TheFullSweepFindsARowTheLaneHadPassedAndCountsIt) {
   const auto claims = db_.Calls("claim");
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 5; }));
   EXPECT_EQ(db_.Queued(), 1u);
-  EXPECT_EQ(dispatcher_->stats().sweep_found.load(), 0);
+  EXPECT_EQ(dispatcher_->stats().sweep_found, 0);
   // ... until the full sweep interval has passed on the clock.
   clock_.Advance(30s);
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
-  EXPECT_EQ(dispatcher_->stats().sweep_found.load(), 1);
+  EXPECT_EQ(dispatcher_->stats().sweep_found, 1);
 }
 
 TEST_F(DispatcherTest, StopHandsBackWhatTheSinkStillHoldsWithoutCountingAnAttempt) {
@@ -408,7 +452,7 @@ TEST_F(DispatcherTest, StopHandsBackWhatTheSinkStillHoldsWithoutCountingAnAttemp
   EXPECT_TRUE(dispatcher_->Stop()) << "not everything was settled";
   EXPECT_LT(std::chrono::steady_clock::now() - started, 3s);
   EXPECT_EQ(db_.Leased(), 0u) << "a lease was left for the reaper";
-  EXPECT_EQ(dispatcher_->stats().released.load(), 5);
+  EXPECT_EQ(dispatcher_->stats().released, 5);
   for (std::int64_t id = 1; id <= 30; ++id) {
     if (const auto row = db_.Find(id)) {
       EXPECT_EQ(row->attempts, 0) << "id " << id << ": a handed-back message counted an attempt";

@@ -377,6 +377,7 @@ class FakeStore final : public QueueStore {
         case Settlement::Kind::kRelease:
           Requeue(r);
           ++c.released;
+          c.written.push_back(s.id);
           break;
       }
     }

@@ -54,9 +54,8 @@ class PartitionedTest : public testing::PgTest {
 
   std::unique_ptr<Dispatcher> StartRelay(const RelayConfig& cfg) {
     std::map<std::string, SinkPtr> sinks;
-    sinks.emplace(
-        "orders",
-        MakeKafkaSink("orders", std::get<KafkaTarget>(cfg.destinations.at("orders").target)));
+    sinks.emplace("orders",
+                  MakeKafkaSink("orders", cfg.destinations.at("orders").target.Get<KafkaTarget>()));
     auto relay = std::make_unique<Dispatcher>(cfg, std::move(sinks));
     relay->Start();
     return relay;
@@ -115,10 +114,10 @@ TEST_F(PartitionedTest, OneThenFourThenTwoRelaysWhileMessagesFlow) {
   std::vector<std::unique_ptr<Dispatcher>> relays;
   relays.push_back(StartRelay(Config(ClaimMode::kPartitioned)));
   ASSERT_TRUE(WaitFor([&] { return Settled(1); }, 20s));
-  ASSERT_TRUE(WaitFor([&] { return relays[0]->stats().delivered.load() > 500; }, 30s));
+  ASSERT_TRUE(WaitFor([&] { return relays[0]->stats().delivered > 500; }, 30s));
   for (int i = 0; i < 3; ++i) relays.push_back(StartRelay(Config(ClaimMode::kPartitioned)));
   ASSERT_TRUE(WaitFor([&] { return Settled(4); }, 20s)) << "four relays, 16 buckets each";
-  ASSERT_TRUE(WaitFor([&] { return relays[3]->stats().delivered.load() > 100; }, 30s))
+  ASSERT_TRUE(WaitFor([&] { return relays[3]->stats().delivered > 100; }, 30s))
       << "the newcomer works";
   relays[0]->Stop();
   relays[1]->Stop();

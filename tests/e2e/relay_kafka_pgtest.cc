@@ -56,7 +56,7 @@ class RelayKafkaTest : public testing::PgTest {
   std::unique_ptr<Dispatcher> StartRelay(const RelayConfig& cfg) {
     std::map<std::string, SinkPtr> sinks;
     for (const auto& [name, d] : cfg.destinations)
-      sinks.emplace(name, MakeKafkaSink(name, std::get<KafkaTarget>(d.target)));
+      sinks.emplace(name, MakeKafkaSink(name, d.target.Get<KafkaTarget>()));
     auto relay = std::make_unique<Dispatcher>(cfg, std::move(sinks));
     relay->Start();
     return relay;
@@ -142,7 +142,7 @@ TEST_F(RelayKafkaTest, EveryMessageArrivesWithKeyHeadersAndIdempotencyKeyInOrder
   EXPECT_EQ(seen.size(), ids.size());
   ExpectPerKeyOrder(records);
   EXPECT_TRUE(relay->Stop());
-  EXPECT_EQ(relay->stats().delivered.load(), static_cast<std::int64_t>(ids.size()));
+  EXPECT_EQ(relay->stats().delivered, static_cast<std::int64_t>(ids.size()));
 }
 
 // W3C trace context written in SQL reaches the Kafka consumer unchanged (issue 14).
@@ -219,7 +219,7 @@ TEST_F(RelayKafkaTest, BrokersDownForAWhileLoseNothingAndKeysStayStable) {
   }
   EXPECT_EQ(seen.size(), ids.size());
   ExpectPerKeyOrder(records);
-  EXPECT_GT(relay->stats().retried.load(), 0);
+  EXPECT_GT(relay->stats().retried, 0);
 }
 
 TEST_F(RelayKafkaTest, PermanentErrorsDeadLetterAtOnceWithTheReason) {
@@ -231,7 +231,7 @@ TEST_F(RelayKafkaTest, PermanentErrorsDeadLetterAtOnceWithTheReason) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE attempts = 1 AND reason ILIKE "
                    "'%too large%'"),
             3);
-  EXPECT_EQ(relay->stats().delivered.load(), 2);
+  EXPECT_EQ(relay->stats().delivered, 2);
 }
 
 TEST_F(RelayKafkaTest, ExhaustedAttemptsDeadLetterAndReplayDeliversWithTheSameKey) {
@@ -263,9 +263,9 @@ TEST_F(RelayKafkaTest, UnknownDestinationIsLeftForARelayThatServesIt) {
   Enqueue(3, "no-such-destination");
   auto ids = Enqueue(5, "orders");
   auto relay = StartRelay(Config());  // full sweeps (and the unserved check) every 2 s
-  ASSERT_TRUE(WaitFor([&] { return relay->stats().delivered.load() == 5; }, 30s));
+  ASSERT_TRUE(WaitFor([&] { return relay->stats().delivered == 5; }, 30s));
   // Past the first checks for unserved destinations (5 s, then every full sweep, 2 s here).
-  ASSERT_TRUE(WaitFor([&] { return relay->stats().claims.load() > 40; }, 30s));
+  ASSERT_TRUE(WaitFor([&] { return relay->stats().claims > 40; }, 30s));
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = "
                    "'no-such-destination' AND lease_owner IS NULL AND attempts = 0"),
@@ -275,7 +275,7 @@ TEST_F(RelayKafkaTest, UnknownDestinationIsLeftForARelayThatServesIt) {
 TEST_F(RelayKafkaTest, GracefulShutdownLeavesNothingLeasedAndLosesNothing) {
   auto ids = Enqueue(3000, "orders", 50);
   auto relay = StartRelay(Config({{"linger.ms", "50"}}));
-  ASSERT_TRUE(WaitFor([&] { return relay->stats().delivered.load() > 0; }, 30s));
+  ASSERT_TRUE(WaitFor([&] { return relay->stats().delivered > 0; }, 30s));
   EXPECT_TRUE(relay->Stop());
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE lease_owner IS NOT NULL"), 0);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE attempts > 0"), 0)
@@ -292,7 +292,7 @@ TEST_F(RelayKafkaTest, GracefulShutdownLeavesNothingLeasedAndLosesNothing) {
 TEST_F(RelayKafkaTest, PostgresRestartedMidRunLosesNothing) {
   auto ids = Enqueue(2000, "orders", 20);
   auto relay = StartRelay(Config());
-  ASSERT_TRUE(WaitFor([&] { return relay->stats().delivered.load() > 0; }, 30s));
+  ASSERT_TRUE(WaitFor([&] { return relay->stats().delivered > 0; }, 30s));
   testing::PgCluster::Instance().Restart();
   auto more = Enqueue(500, "orders", 20);
   ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 120s))
@@ -302,7 +302,7 @@ TEST_F(RelayKafkaTest, PostgresRestartedMidRunLosesNothing) {
   for (const auto& r : records) seen.insert(std::stoll(r.headers.at("outbox-id")));
   EXPECT_EQ(seen.size(), ids.size() + more.size());
   ExpectPerKeyOrder(records);
-  EXPECT_GT(relay->stats().db_errors.load(), 0) << "the restart was noticed";
+  EXPECT_GT(relay->stats().db_errors, 0) << "the restart was noticed";
 }
 
 }  // namespace

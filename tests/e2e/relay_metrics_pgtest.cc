@@ -50,8 +50,8 @@ class RelayMetricsTest : public testing::PgTest {
   std::map<std::string, SinkPtr> HookSink(const testing::HttpReceiver& hook) {
     std::map<std::string, SinkPtr> sinks;
     sinks.emplace("hooks",
-                  MakeWebhookSink("hooks", std::get<WebhookTarget>(
-                                               Config(hook).destinations.at("hooks").target)));
+                  MakeWebhookSink(
+                      "hooks", Config(hook).destinations.at("hooks").target.Get<WebhookTarget>()));
     return sinks;
   }
 

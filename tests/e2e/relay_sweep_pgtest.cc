@@ -64,19 +64,19 @@ TEST_F(SweepTest, AMessageTheFreshLanePassedIsFoundByTheSweepAndCounted) {
     outbox::Publish(tx, outbox::Message::To("orders").Json("1").Build());
     tx.commit();
   }
-  ASSERT_TRUE(testing::WaitFor([&] { return relay.stats().delivered.load() == 1; }, 30s));
+  ASSERT_TRUE(testing::WaitFor([&] { return relay.stats().delivered == 1; }, 30s));
   // A few idle claims later the cursor stands past both ids.
-  const auto claims = relay.stats().claims.load();
-  ASSERT_TRUE(testing::WaitFor([&] { return relay.stats().claims.load() >= claims + 4; }, 30s));
+  const auto claims = relay.stats().claims;
+  ASSERT_TRUE(testing::WaitFor([&] { return relay.stats().claims >= claims + 4; }, 30s));
   rogue->exec0(
       "INSERT INTO outbox.messages (id, destination, idempotency_key, payload, deliver_after, "
       "created_at) OVERRIDING SYSTEM VALUE VALUES (" +
       std::to_string(passed_id) + ", 'orders', gen_random_uuid(), '2', now(), now())");
   rogue->commit();
 
-  ASSERT_TRUE(testing::WaitFor([&] { return relay.stats().delivered.load() == 2; }, 30s))
+  ASSERT_TRUE(testing::WaitFor([&] { return relay.stats().delivered == 2; }, 30s))
       << "the sweep did not find the passed message";
-  EXPECT_EQ(relay.stats().sweep_found.load(), 1);
+  EXPECT_EQ(relay.stats().sweep_found, 1);
   relay.Stop();
 }
 

@@ -59,7 +59,7 @@ class RelayWebhookTest : public testing::PgTest {
     std::map<std::string, SinkPtr> sinks;
     for (const auto& d : dests) {
       cfg.destinations.emplace(d.name, d);
-      sinks.emplace(d.name, MakeWebhookSink(d.name, std::get<WebhookTarget>(d.target)));
+      sinks.emplace(d.name, MakeWebhookSink(d.name, d.target.Get<WebhookTarget>()));
     }
     auto relay = std::make_unique<Dispatcher>(cfg, std::move(sinks));
     relay->Start();
@@ -127,9 +127,9 @@ TEST_F(RelayWebhookTest, LeasesOfMessagesStillQueuedInTheSinkAreRenewedNotReaped
   ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s));
   relay->Stop();
   EXPECT_EQ(slow.Count(), 8u) << "a message was sent twice";
-  EXPECT_EQ(relay->stats().reaped.load(), 0);
-  EXPECT_EQ(relay->stats().fenced.load(), 0);
-  EXPECT_EQ(relay->stats().delivered.load(), 8);
+  EXPECT_EQ(relay->stats().reaped, 0);
+  EXPECT_EQ(relay->stats().fenced, 0);
+  EXPECT_EQ(relay->stats().delivered, 8);
 }
 
 // What docs/webhooks.md promises a receiver: a JSON payload arrives in jsonb's normal form

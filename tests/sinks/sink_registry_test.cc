@@ -8,6 +8,9 @@
 #include <chrono>
 #include <set>
 
+#include "outbox_relay/kafka_target.h"
+#include "outbox_relay/webhook_target.h"
+
 namespace outbox::relay {
 namespace {
 
@@ -67,7 +70,7 @@ TEST(SinkRegistry, EachDestinationGetsTheSinkOfItsTarget) {
 
 TEST(SinkRegistry, ValidateIsTheSinksOwnCheck) {
   auto bad_kafka = Kafka("orders");
-  std::get<KafkaTarget>(bad_kafka.target).producer["no.such.property"] = "1";
+  bad_kafka.target.Get<KafkaTarget>().producer["no.such.property"] = "1";
   try {
     ValidateSink(bad_kafka);
     ADD_FAILURE() << "an unknown producer property passed";
@@ -77,7 +80,7 @@ TEST(SinkRegistry, ValidateIsTheSinksOwnCheck) {
   EXPECT_THROW(MakeSink(bad_kafka), std::invalid_argument);
 
   auto bad_hook = Webhook("hooks", 1);
-  std::get<WebhookTarget>(bad_hook.target).secrets.clear();
+  bad_hook.target.Get<WebhookTarget>().secrets.clear();
   EXPECT_THROW(ValidateSink(bad_hook), std::invalid_argument);
   EXPECT_NO_THROW(ValidateSink(Kafka("orders")));
   EXPECT_NO_THROW(ValidateSink(Webhook("hooks", 1)));

@@ -210,10 +210,10 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   if (api) api->Stop();
   const bool clean = dispatcher.Stop();
   if (admin) admin->Stop();
-  const auto& s = dispatcher.stats();
+  const DispatcherStats s = dispatcher.stats();
   spdlog::info(
-      "stopped: delivered {}, retried {}, dead-lettered {}, released {}{}", s.delivered.load(),
-      s.retried.load(), s.dead.load(), s.released.load(),
+      "stopped: delivered {}, retried {}, dead-lettered {}, released {}{}", s.delivered, s.retried,
+      s.dead, s.released,
       clean ? "" : " (some outcomes unsettled: their leases expire and they are redelivered)");
   return 0;
 }

@@ -13,72 +13,33 @@
 #include <string_view>
 #include <utility>
 
-#include "fields.h"
-#include "sources.h"
-#include "webhook_secret.h"
+#include "outbox_relay/config_fields.h"
+#include "outbox_relay/config_sources.h"
 
 namespace outbox::relay {
 
-using detail::ChildPath;
-using detail::Fail;
-using detail::Field;
-using detail::Mapping;
+using cfg::ChildPath;
+using cfg::Fail;
+using cfg::Field;
+using cfg::HasSpaceOrControl;
+using cfg::kMaxDurationMs;
+using cfg::kMsHint;
+using cfg::Mapping;
+using cfg::Quote;
 
 namespace {
 
-constexpr std::int64_t kMaxDurationMs =
-    86'400'000;  // 24 h: longer is a mistake, and keeps time math far from overflow
 constexpr std::int64_t kMaxBatchSize = 10'000;
-constexpr std::int64_t kMaxInFlight = 1024;
 constexpr std::size_t kMaxDestinationName =
-    255;                                    // outbox.messages.destination allows 255 characters
-constexpr std::size_t kMaxTopicName = 249;  // Kafka's limit
-constexpr std::string_view kMsHint = " of milliseconds, e.g. 30000 for 30 s";
+    255;  // outbox.messages.destination allows 255 characters
 
 const char* const kExample = "see deploy/config/relay.example.yaml";
-
-std::string Lowercase(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-// Safe to show in errors only for values that are never secret (levels, addresses, numbers).
-std::string Quote(std::string_view text) {
-  constexpr std::size_t kMax = 80;
-  std::string shown(text.substr(0, kMax));
-  if (text.size() > kMax) shown += "...";
-  return "`" + shown + "`";
-}
-
-bool HasSpaceOrControl(std::string_view text) {
-  return std::any_of(text.begin(), text.end(), [](char c) {
-    const auto u = static_cast<unsigned char>(c);
-    return u <= 0x20 || u == 0x7F;
-  });
-}
 
 // Characters, as PostgreSQL's length() counts them for UTF-8 text.
 std::size_t Utf8Length(std::string_view text) {
   return static_cast<std::size_t>(std::count_if(text.begin(), text.end(), [](char c) {
     return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
   }));
-}
-
-std::vector<std::string> SplitOnWhitespace(std::string_view text) {
-  std::vector<std::string> out;
-  std::string current;
-  for (char c : text) {
-    if (std::isspace(static_cast<unsigned char>(c))) {
-      if (!current.empty()) out.push_back(std::move(current));
-      current.clear();
-    } else {
-      current += c;
-    }
-  }
-  if (!current.empty()) out.push_back(std::move(current));
-  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -113,7 +74,7 @@ std::string EnvOrigin(const char* name) { return std::string("environment variab
 
 // An OUTBOX_* override; an empty variable counts as unset.
 std::optional<std::string> Override(const EnvLookup& env, const char* name) {
-  auto value = detail::Lookup(env, name);
+  auto value = cfg::Lookup(env, name);
   if (!value || value->empty()) return std::nullopt;
   return value;
 }
@@ -144,7 +105,7 @@ RetryLayer ParseRetry(const Field& field, bool destination_level) {
                   const char* meaning) -> std::optional<RetryValue> {
     auto f = m.Get(key);
     if (!f) return std::nullopt;
-    return RetryValue{detail::ReadIntegerIn(*f, min, max, hint, meaning), f->path, f->Origin(),
+    return RetryValue{cfg::ReadIntegerIn(*f, min, max, hint, meaning), f->path, f->Origin(),
                       destination_level};
   };
   layer.max_attempts = read("max_attempts", 1, std::numeric_limits<int>::max(), ", e.g. 12",
@@ -158,12 +119,12 @@ RetryLayer ParseRetry(const Field& field, bool destination_level) {
       Fail(*f,
            "must be a list of delays in milliseconds, one per retry, e.g. "
            "[5000, 300000, 1800000]; found " +
-               detail::DescribeKind(f->node));
+               cfg::DescribeKind(f->node));
     }
     std::vector<Millis> delays;
-    for (const auto& element : detail::ReadList(*f)) {
-      delays.emplace_back(detail::ReadIntegerIn(element, 0, kMaxDurationMs, kMsHint,
-                                                "the delay before one retry, in milliseconds"));
+    for (const auto& element : cfg::ReadList(*f)) {
+      delays.emplace_back(cfg::ReadIntegerIn(element, 0, kMaxDurationMs, kMsHint,
+                                             "the delay before one retry, in milliseconds"));
     }
     if (delays.empty()) {
       Fail(*f,
@@ -240,508 +201,7 @@ RetryPolicy ResolveRetry(const RetryLayer& destination, const RetryLayer& defaul
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kafka
-
-struct OwnedProperty {
-  std::string_view name;
-  std::string_view why;
-};
-
-constexpr std::array<OwnedProperty, 8> kOwnedProducerProperties = {{
-    {"bootstrap.servers", "the relay sets it from `brokers`; list the servers there instead"},
-    {"metadata.broker.list", "the relay sets the servers from `brokers`; list them there instead"},
-    {"enable.idempotence",
-     "the relay always enables the idempotent producer so that its retries cannot duplicate or "
-     "reorder messages; "
-     "remove it"},
-    {"acks",
-     "the relay requires acks=all, so a message counts as delivered only once every in-sync "
-     "replica has it; "
-     "remove it"},
-    {"request.required.acks",
-     "the relay requires acks=all, so a message counts as delivered only once every in-sync "
-     "replica has it; "
-     "remove it"},
-    {"dr_msg_cb",
-     "the relay installs its own delivery report callback to mark messages delivered; remove it"},
-    {"dr_cb",
-     "the relay installs its own delivery report callback to mark messages delivered; remove it"},
-    {"transactional.id",
-     "the relay uses the idempotent producer, not Kafka transactions; remove it"},
-}};
-
-std::string ReadBrokers(const Field& field) {
-  std::vector<std::string> parts;
-  if (field.node.IsSequence()) {
-    for (const auto& element : detail::ReadList(field))
-      parts.push_back(detail::ReadNonEmptyString(element));
-  } else {
-    const std::string text = detail::ReadNonEmptyString(field);
-    std::string current;
-    for (char c : text + ",") {
-      if (c == ',') {
-        parts.push_back(current);
-        current.clear();
-      } else {
-        current += c;
-      }
-    }
-  }
-  std::string joined;
-  for (auto& part : parts) {
-    const auto first = part.find_first_not_of(" \t");
-    const auto last = part.find_last_not_of(" \t");
-    part = first == std::string::npos ? "" : part.substr(first, last - first + 1);
-    if (part.empty()) {
-      Fail(field,
-           "has an empty entry; write the bootstrap servers as `host:port` separated by commas, "
-           "e.g. "
-           "`kafka-1:9092,kafka-2:9092`");
-    }
-    if (HasSpaceOrControl(part)) {
-      Fail(field, "entry " + Quote(part) +
-                      " contains whitespace; write `host:port` entries separated by commas");
-    }
-    if (!joined.empty()) joined += ',';
-    joined += part;
-  }
-  if (joined.empty()) {
-    Fail(field,
-         "lists no servers; write at least one bootstrap server as `host:port`, e.g. "
-         "`kafka-1:9092`");
-  }
-  return joined;
-}
-
-void ValidateTopic(const Field& field, const std::string& topic) {
-  if (topic == "." || topic == "..")
-    Fail(field, "`.` and `..` are not valid Kafka topic names; choose another name");
-  if (topic.size() > kMaxTopicName) {
-    Fail(field, "is " + std::to_string(topic.size()) +
-                    " characters long; Kafka topic names have at most 249");
-  }
-  for (char c : topic) {
-    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      Fail(field,
-           Quote(topic) +
-               " is not a valid Kafka topic name; use only letters, digits, `.`, `_` and `-`");
-    }
-  }
-}
-
-std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLookup& env) {
-  std::map<std::string, std::string> properties;
-  std::map<std::string, std::string> written_as;  // property -> key that set it
-  for (const auto& [key, value_field] : detail::Entries(field)) {
-    enum class From { kValue, kEnv, kFile } from = From::kValue;
-    std::string property = key;
-    if (key.ends_with("_env")) {
-      from = From::kEnv;
-      property = key.substr(0, key.size() - 4);
-    } else if (key.ends_with("_file")) {
-      from = From::kFile;
-      property = key.substr(0, key.size() - 5);
-    }
-    if (property.empty()) {
-      Fail(value_field,
-           "names no property; write `<librdkafka property>_env` or `<property>_file`, e.g. "
-           "`sasl.password_env: KAFKA_PASSWORD`");
-    }
-    for (const auto& owned : kOwnedProducerProperties) {
-      if (property == owned.name)
-        Fail(value_field, "`" + property + "` cannot be set here: " + std::string(owned.why));
-    }
-    if (auto it = written_as.find(property); it != written_as.end()) {
-      Fail(value_field, "sets `" + property + "` again (already set by `" + it->second +
-                            "`); keep only one of `" + property + "`, `" + property +
-                            "_env` and `" + property + "_file`");
-    }
-    written_as.emplace(property, key);
-
-    std::string value;
-    switch (from) {
-      case From::kEnv:
-        value = detail::ReadEnvReference(value_field, env);
-        break;
-      case From::kFile:
-        value = detail::ReadFileReference(value_field);
-        break;
-      case From::kValue: {
-        const YAML::Node& node = value_field.node;
-        if (node.IsNull() || !node.IsDefined()) {
-          Fail(value_field, "has no value; give the librdkafka property a value or remove the key");
-        }
-        if (!node.IsScalar()) {
-          Fail(value_field, "expected a string, number or boolean, got " +
-                                detail::DescribeKind(node) +
-                                "; librdkafka properties take one value (join lists with commas)");
-        }
-        value = node.Scalar();
-        if (node.Tag() == "?" && (value == "True" || value == "TRUE")) value = "true";
-        if (node.Tag() == "?" && (value == "False" || value == "FALSE")) value = "false";
-        break;
-      }
-    }
-    properties.emplace(property, std::move(value));
-  }
-  return properties;
-}
-
-KafkaTarget ParseKafka(const Field& field, const EnvLookup& env) {
-  Mapping m(field, {"brokers", "topic", "producer", "allowed_topics", "topic_prefix"});
-  KafkaTarget kafka;
-  auto brokers = m.Get("brokers");
-  if (!brokers) {
-    Fail(field,
-         "missing required key `brokers`; list the bootstrap servers, e.g. `brokers: "
-         "kafka-1:9092,kafka-2:9092`");
-  }
-  kafka.brokers = ReadBrokers(*brokers);
-  auto topic = m.Get("topic");
-  if (!topic)
-    Fail(field,
-         "missing required key `topic`; name the Kafka topic to produce to, e.g. `topic: orders`");
-  kafka.topic = detail::ReadNonEmptyString(*topic);
-  // A template ("orders.{event_type}") is checked by the Kafka sink's validation, which
-  // check-config and run both call; a plain name here.
-  if (kafka.topic.find('{') == std::string::npos) ValidateTopic(*topic, kafka.topic);
-  if (auto f = m.Get("allowed_topics")) {
-    for (const auto& element : detail::ReadList(*f)) {
-      kafka.allowed_topics.push_back(detail::ReadNonEmptyString(element));
-      ValidateTopic(element, kafka.allowed_topics.back());
-    }
-  }
-  if (auto f = m.Get("topic_prefix")) kafka.topic_prefix = detail::ReadNonEmptyString(*f);
-  if (auto producer = m.Get("producer")) kafka.producer = ReadProducer(*producer, env);
-  return kafka;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Webhooks
-
-// URLs may carry credentials (user:pass@, tokens in the path), so errors never show them.
-void ValidateUrl(const Field& field, const std::string& url) {
-  const std::string fix = "; write it as http://host[:port]/path or https://host[:port]/path";
-  const auto scheme_end = url.find("://");
-  if (scheme_end == std::string::npos) Fail(field, "is not an absolute URL" + fix);
-  const std::string scheme = Lowercase(url.substr(0, scheme_end));
-  if (scheme != "http" && scheme != "https") {
-    const bool printable =
-        scheme.size() <= 10 && std::all_of(scheme.begin(), scheme.end(), [](char c) {
-          return std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.';
-        });
-    Fail(field, "uses the scheme " + (printable ? Quote(scheme) : std::string("given")) +
-                    "; webhooks need http:// or https://" + fix);
-  }
-  if (HasSpaceOrControl(url))
-    Fail(field, "contains whitespace or control characters; percent-encode them" + fix);
-  const std::string rest = url.substr(scheme_end + 3);
-  std::string authority = rest.substr(0, rest.find_first_of("/?#"));
-  if (const auto at = authority.rfind('@'); at != std::string::npos)
-    authority = authority.substr(at + 1);
-  std::string host;
-  std::string port;
-  if (authority.starts_with('[')) {
-    const auto close = authority.find(']');
-    if (close == std::string::npos)
-      Fail(field, "has an unterminated IPv6 address (missing `]`)" + fix);
-    host = authority.substr(1, close - 1);
-    const std::string after = authority.substr(close + 1);
-    if (!after.empty()) {
-      if (after[0] != ':')
-        Fail(field, "has characters after the IPv6 address that are not a port" + fix);
-      port = after.substr(1);
-    }
-  } else {
-    const auto colon = authority.rfind(':');
-    host = authority.substr(0, colon);
-    if (colon != std::string::npos) port = authority.substr(colon + 1);
-  }
-  if (host.empty()) Fail(field, "has no host" + fix);
-  if (!port.empty()) {
-    auto number = detail::ParseInteger(port);
-    if (!number || port[0] == '+' || port[0] == '-' || *number < 1 || *number > 65535) {
-      Fail(field, "has an invalid port (it must be a number from 1 to 65535)" + fix);
-    }
-  }
-}
-
-bool IsHeaderNameChar(char c) {
-  if (std::isalnum(static_cast<unsigned char>(c))) return true;
-  return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-}
-
-struct OwnedHeader {
-  std::string_view name;  // lowercase
-  std::string_view why;
-};
-
-// The webhook sink sets these itself (and skips configured ones), so refuse them up front.
-constexpr std::array<OwnedHeader, 12> kOwnedHeaders = {{
-    {"idempotency-key", "the relay sets it to the message's idempotency key"},
-    {"content-type",
-     "the relay sets it from the message (application/json or application/octet-stream)"},
-    {"content-length", "the HTTP client sets it from the body"},
-    {"host", "the HTTP client sets it from `url`"},
-    {"connection", "the HTTP client manages connections"},
-    {"keep-alive", "the HTTP client manages connections"},
-    {"proxy-connection", "the HTTP client manages connections"},
-    {"transfer-encoding", "the HTTP client sets it"},
-    {"te", "the HTTP client sets it"},
-    {"trailer", "the HTTP client sets it"},
-    {"upgrade", "the HTTP client sets it"},
-    {"expect", "the HTTP client sets it"},
-}};
-
-std::map<std::string, std::string> ReadHeaders(const Field& field) {
-  std::map<std::string, std::string> headers;
-  std::map<std::string, std::string> by_lowercase;
-  for (const auto& [name, value_field] : detail::Entries(field)) {
-    if (name.empty() || !std::all_of(name.begin(), name.end(), IsHeaderNameChar)) {
-      Fail(value_field,
-           "is not a valid HTTP header name; use letters, digits and `-`, e.g. `X-Team: billing`");
-    }
-    const std::string lower = Lowercase(name);
-    if (lower.starts_with("webhook-")) {
-      Fail(value_field,
-           "cannot be set here: the relay signs every delivery with the Standard Webhooks headers "
-           "(webhook-id, webhook-timestamp, webhook-signature) and reserves the `webhook-` prefix; "
-           "remove it or choose another name");
-    }
-    for (const auto& owned : kOwnedHeaders) {
-      if (lower == owned.name)
-        Fail(value_field, "cannot be set here: " + std::string(owned.why) + "; remove it");
-    }
-    if (auto it = by_lowercase.find(lower); it != by_lowercase.end()) {
-      Fail(value_field,
-           "repeats header `" + it->second + "` (header names ignore case); keep only one");
-    }
-    by_lowercase.emplace(lower, name);
-    const YAML::Node& node = value_field.node;
-    if (node.IsNull() || !node.IsDefined())
-      Fail(value_field, "has no value; give the header a value or remove it");
-    const std::string value = detail::ReadString(value_field);
-    if (std::any_of(value.begin(), value.end(), [](char c) {
-          const auto u = static_cast<unsigned char>(c);
-          return (u < 0x20 && c != '\t') || u == 0x7F;
-        })) {
-      Fail(value_field,
-           "has a line break or another control character in its value; header values must be one "
-           "line of text");
-    }
-    headers.emplace(name, value);
-  }
-  return headers;
-}
-
-// Appends the secrets in `text` (separated by whitespace) to `out`, validating each.
-// `described` says where they came from without showing them.
-void AddSecrets(const Field& field, const std::string& text, const std::string& described,
-                std::vector<std::string>& out) {
-  const std::vector<std::string> secrets = SplitOnWhitespace(text);
-  if (secrets.empty()) {
-    Fail(field,
-         described + " contains no secret; provide a Standard Webhooks secret `whsec_<base64>`");
-  }
-  for (std::size_t i = 0; i < secrets.size(); ++i) {
-    const std::string problem = detail::CheckWebhookSecret(secrets[i], nullptr);
-    if (!problem.empty()) {
-      const std::string which = secrets.size() == 1 ? "the secret"
-                                                    : "secret " + std::to_string(i + 1) + " of " +
-                                                          std::to_string(secrets.size());
-      Fail(field, which + " " + described + " " + problem);
-    }
-    if (std::find(out.begin(), out.end(), secrets[i]) == out.end()) out.push_back(secrets[i]);
-  }
-}
-
-BreakerSettings ParseBreaker(const Field& field) {
-  Mapping m(field, {"enabled", "failure_threshold", "cooldown_ms", "max_cooldown_ms"});
-  BreakerSettings breaker;
-  if (auto f = m.Get("enabled")) breaker.enabled = detail::ReadBool(*f);
-  if (auto f = m.Get("failure_threshold")) {
-    breaker.failure_threshold = static_cast<int>(detail::ReadIntegerIn(
-        *f, 1, 1'000'000, ", e.g. 10",
-        "consecutive failed requests (connect errors, timeouts, 5xx) that open the breaker"));
-  }
-  if (auto f = m.Get("cooldown_ms")) {
-    breaker.cooldown = Millis{detail::ReadIntegerIn(
-        *f, 1, kMaxDurationMs, kMsHint, "how long the breaker stays open before one probe")};
-  }
-  if (auto f = m.Get("max_cooldown_ms")) {
-    breaker.max_cooldown = Millis{detail::ReadIntegerIn(
-        *f, 1, kMaxDurationMs, kMsHint,
-        "the longest the breaker stays open between probes, and the longest Retry-After pause")};
-  }
-  if (breaker.cooldown > breaker.max_cooldown) {
-    Fail(field, "cooldown_ms " + std::to_string(breaker.cooldown.count()) +
-                    " is greater than max_cooldown_ms " +
-                    std::to_string(breaker.max_cooldown.count()) +
-                    "; lower cooldown_ms or raise max_cooldown_ms (defaults 5000 and 300000)");
-  }
-  return breaker;
-}
-
-// Every key of a `webhook:` section (also the hints for keys written one level too high).
-constexpr std::array<std::string_view, 21> kWebhookKeys = {"url",
-                                                           "rate_limit",
-                                                           "endpoints",
-                                                           "delivery_log",
-                                                           "delivery_log_retention_ms",
-                                                           "auto_disable_after_ms",
-                                                           "operational_events",
-                                                           "secret",
-                                                           "secret_env",
-                                                           "secret_file",
-                                                           "previous_secrets",
-                                                           "timeout_ms",
-                                                           "connect_timeout_ms",
-                                                           "max_in_flight",
-                                                           "ca_file",
-                                                           "verify_tls",
-                                                           "headers",
-                                                           "breaker",
-                                                           "adaptive_concurrency",
-                                                           "allow_private_networks",
-                                                           "allowed_networks"};
-
-WebhookTarget ParseWebhook(const Field& field, const EnvLookup& env) {
-  Mapping m(field, std::vector<std::string_view>(kWebhookKeys.begin(), kWebhookKeys.end()));
-  WebhookTarget webhook;
-
-  auto url = m.Get("url");
-  if (auto endpoints = m.Get("endpoints")) {
-    const std::string where = detail::ReadNonEmptyString(*endpoints);
-    if (where != "database") {
-      Fail(*endpoints, Quote(where) +
-                           " is not a source of endpoints; write `endpoints: database` to fan "
-                           "each message out to the endpoints managed with `outbox-relay "
-                           "endpoints`, or remove the key and set `url` and `secret`");
-    }
-    for (const char* key : {"url", "secret", "secret_env", "secret_file", "previous_secrets"}) {
-      if (auto f = m.Get(key)) {
-        Fail(*f, std::string("a destination with `endpoints: database` takes each endpoint's url "
-                             "and secrets from outbox.endpoints (`outbox-relay endpoints add`); "
-                             "remove `") +
-                     key + "`");
-      }
-    }
-    webhook.endpoints_from_database = true;
-  } else if (!url)
-    Fail(field,
-         "missing required key `url`; set the endpoint, e.g. `url: "
-         "https://billing.internal/hooks/outbox`");
-  if (url) {
-    webhook.url = detail::ReadNonEmptyString(*url);
-    ValidateUrl(*url, webhook.url);
-  }
-
-  std::vector<Field> secret_keys;
-  for (const char* key : {"secret", "secret_env", "secret_file"}) {
-    if (auto f = m.Get(key)) secret_keys.push_back(*f);
-  }
-  if (secret_keys.empty() && !webhook.endpoints_from_database) {
-    Fail(field,
-         "missing secret; set exactly one of `secret`, `secret_env` (the name of an environment "
-         "variable that "
-         "holds it) or `secret_file` (a file that holds it) to a Standard Webhooks secret "
-         "`whsec_<base64>`");
-  }
-  if (secret_keys.size() > 1) {
-    Fail(secret_keys[1], "set only one of `secret`, `secret_env` and `secret_file` (found `" +
-                             secret_keys[0].path.substr(secret_keys[0].path.rfind('.') + 1) +
-                             "` too); remove the others");
-  }
-  const std::string secret_key =
-      secret_keys.empty() ? "" : secret_keys[0].path.substr(secret_keys[0].path.rfind('.') + 1);
-  if (secret_keys.empty()) {
-    // endpoints: database; each endpoint's secrets come from outbox.endpoint_secrets
-  } else if (const Field& secret = secret_keys[0]; secret_key == "secret") {
-    AddSecrets(secret, detail::ReadNonEmptyString(secret), "(written in the config)",
-               webhook.secrets);
-  } else if (secret_key == "secret_env") {
-    const std::string value = detail::ReadEnvReference(secret, env);
-    AddSecrets(secret, value, "(from environment variable " + detail::ReadString(secret) + ")",
-               webhook.secrets);
-  } else {
-    const std::string value = detail::ReadFileReference(secret);
-    AddSecrets(secret, value, "(from file " + detail::ReadString(secret) + ")", webhook.secrets);
-  }
-  if (auto previous = m.Get("previous_secrets")) {
-    for (const auto& element : detail::ReadList(*previous)) {
-      AddSecrets(element, detail::ReadNonEmptyString(element), "(in previous_secrets)",
-                 webhook.secrets);
-    }
-  }
-
-  if (auto f = m.Get("timeout_ms")) {
-    webhook.timeout = Millis{detail::ReadIntegerIn(
-        *f, 1, kMaxDurationMs, kMsHint, "time limit of a whole request, in milliseconds")};
-  }
-  if (auto f = m.Get("connect_timeout_ms")) {
-    webhook.connect_timeout = Millis{detail::ReadIntegerIn(
-        *f, 1, kMaxDurationMs, kMsHint, "time limit to establish a connection, in milliseconds")};
-  }
-  if (auto f = m.Get("max_in_flight")) {
-    webhook.max_in_flight = static_cast<int>(detail::ReadIntegerIn(
-        *f, 1, kMaxInFlight, ", e.g. 32", "concurrent requests to this endpoint"));
-  }
-  if (auto f = m.Get("ca_file")) {
-    const std::string path = detail::ReadNonEmptyString(*f);
-    std::string error;
-    if (!detail::ReadWholeFile(path, &error)) {
-      Fail(*f,
-           "cannot read " + path + ": " + error +
-               "; point it at a readable PEM bundle, or remove the key to trust the system's CAs");
-    }
-    webhook.ca_file = path;
-  }
-  if (auto f = m.Get("verify_tls")) webhook.verify_tls = detail::ReadBool(*f);
-  if (auto f = m.Get("headers")) webhook.headers = ReadHeaders(*f);
-  if (auto f = m.Get("breaker")) webhook.breaker = ParseBreaker(*f);
-  if (auto f = m.Get("adaptive_concurrency")) webhook.adaptive_concurrency = detail::ReadBool(*f);
-  if (auto f = m.Get("rate_limit")) {
-    webhook.rate_limit = static_cast<int>(detail::ReadIntegerIn(
-        *f, 0, 1'000'000, ", e.g. 50, or 0 for no limit", "requests per second to this endpoint"));
-  }
-  if (auto f = m.Get("allow_private_networks")) {
-    webhook.allow_private_networks = detail::ReadBool(*f);
-  }
-  if (auto f = m.Get("allowed_networks")) {
-    for (const auto& element : detail::ReadList(*f)) {
-      webhook.allowed_networks.push_back(detail::ReadNonEmptyString(element));
-    }
-  }
-  for (const char* key : {"delivery_log", "delivery_log_retention_ms", "auto_disable_after_ms",
-                          "operational_events"}) {
-    if (auto f = m.Get(key); f && !webhook.endpoints_from_database) {
-      Fail(*f, std::string("`") + key +
-                   "` belongs to a webhook service; add `endpoints: database` or remove it");
-    }
-  }
-  if (auto f = m.Get("delivery_log")) webhook.delivery_log = detail::ReadBool(*f);
-  if (auto f = m.Get("delivery_log_retention_ms")) {
-    webhook.delivery_log_retention = Millis{
-        detail::ReadIntegerIn(*f, 1, kMaxDurationMs * 365, ", e.g. 604800000 (7 days)",
-                              "how long the delivery log keeps an attempt, in milliseconds")};
-  }
-  if (auto f = m.Get("auto_disable_after_ms")) {
-    webhook.auto_disable_after = Millis{detail::ReadIntegerIn(
-        *f, 0, kMaxDurationMs * 365, ", e.g. 432000000 (5 days), or 0 for never",
-        "how long an endpoint may keep failing before it is disabled, in milliseconds")};
-  }
-  if (auto f = m.Get("operational_events")) {
-    webhook.operational_events = detail::ReadNonEmptyString(*f);
-  }
-  return webhook;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Destinations
-
-constexpr std::array<std::string_view, 5> kKafkaKeys = {"brokers", "topic", "producer",
-                                                        "allowed_topics", "topic_prefix"};
 
 // Every delivery attempt must end inside its lease, with room to spare: otherwise the lease
 // expires while the attempt still runs, a reaper hands the message out again (a duplicate, and
@@ -750,50 +210,45 @@ constexpr std::array<std::string_view, 5> kKafkaKeys = {"brokers", "topic", "pro
 constexpr Millis kLeaseSpare{1'000};          // an attempt ends at least this long before its lease
 constexpr Millis kDerivedLeaseSpare{10'000};  // what a derived lease_ms adds to the longest attempt
 
-// The longest a single attempt can take, if the destination bounds it explicitly: a webhook's
-// timeouts; a Kafka producer's message.timeout.ms (alias delivery.timeout.ms) when set.
-std::optional<std::pair<Millis, std::string>> AttemptBound(const Destination& d) {
-  const std::string path = "destinations." + d.name;
-  if (const auto* w = std::get_if<WebhookTarget>(&d.target)) {
-    return std::make_pair(w->timeout + w->connect_timeout,
-                          path + ".webhook.timeout_ms + connect_timeout_ms");
+const TargetKind& KindOf(const Destination& d, const TargetKinds& kinds) {
+  for (const auto* kind : kinds) {
+    if (kind->key == d.target.kind()) return *kind;
   }
-  const auto& producer = std::get<KafkaTarget>(d.target).producer;
-  for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
-    if (auto it = producer.find(key); it != producer.end()) {
-      try {
-        return std::make_pair(Millis{std::stoll(it->second)}, path + ".kafka.producer." + key);
-      } catch (const std::exception&) {
-        return std::nullopt;  // librdkafka's own check names it (check-config, run)
-      }
-    }
-  }
-  return std::nullopt;
+  throw std::logic_error("destination " + d.name + " has a target of an unknown kind");
 }
 
-void ApplyLeaseBounds(RelayConfig& config, const std::string& lease_origin) {
+// "a `kafka:` or `webhook:` section"; with the essentials: "a `kafka:` section (brokers,
+// topic) or a `webhook:` section (url, secret)".
+std::string SectionChoice(const TargetKinds& kinds, bool with_essentials) {
+  std::string out = "a ";
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    if (i > 0) out += i + 1 == kinds.size() ? (with_essentials ? " or a " : " or ") : ", ";
+    out += "`" + std::string(kinds[i]->key) + ":`";
+    if (with_essentials) out += " section (" + std::string(kinds[i]->essentials) + ")";
+  }
+  if (!with_essentials) out += " section";
+  return out;
+}
+
+void ApplyLeaseBounds(RelayConfig& config, const std::string& lease_origin,
+                      const TargetKinds& kinds) {
   const bool lease_given = !lease_origin.empty();
   for (const auto& [name, d] : config.destinations) {
-    const auto bound = AttemptBound(d);
+    const TargetKind& kind = KindOf(d, kinds);
+    const auto bound = kind.attempt_bound ? kind.attempt_bound(d) : std::nullopt;
     if (!bound) continue;
     if (!lease_given) {
-      config.lease = std::max(config.lease, bound->first + kDerivedLeaseSpare);
-    } else if (bound->first + kLeaseSpare > config.lease) {
+      config.lease = std::max(config.lease, bound->longest + kDerivedLeaseSpare);
+    } else if (bound->longest + kLeaseSpare > config.lease) {
       Fail(lease_origin, "lease_ms",
            std::to_string(config.lease.count()) +
                " ms is shorter than one delivery attempt may "
                "take: " +
-               bound->second + " = " + std::to_string(bound->first.count()) +
+               bound->set_by + " = " + std::to_string(bound->longest.count()) +
                " ms, and a lease must outlast its attempt by at least " +
                std::to_string(kLeaseSpare.count()) + " ms; raise lease_ms to at least " +
-               std::to_string((bound->first + kLeaseSpare).count()) + " or lower " + bound->second);
-    }
-  }
-  // Kafka attempts without an explicit bound get one that fits: 2/3 of the lease, at most
-  // librdkafka's usual 30 s.
-  for (auto& [name, d] : config.destinations) {
-    if (auto* k = std::get_if<KafkaTarget>(&d.target)) {
-      k->attempt_timeout = Millis{std::min<long long>(30'000, config.lease.count() * 2 / 3)};
+               std::to_string((bound->longest + kLeaseSpare).count()) + " or lower " +
+               bound->set_by);
     }
   }
 }
@@ -805,7 +260,7 @@ struct ParsedDestination {
 };
 
 ParsedDestination ParseDestination(const std::string& name, const Field& field,
-                                   const EnvLookup& env) {
+                                   const EnvLookup& env, const TargetKinds& kinds) {
   if (name.empty()) {
     Fail(field,
          "a destination name must not be empty; use the name applications pass to outbox.enqueue, "
@@ -818,45 +273,44 @@ ParsedDestination ParseDestination(const std::string& name, const Field& field,
              "shorter name");
   }
   if (field.node.IsNull() || !field.node.IsDefined()) {
-    Fail(field, "is empty; give the destination a `kafka:` or `webhook:` section");
+    Fail(field, "is empty; give the destination " + SectionChoice(kinds, false));
   }
-  auto hint = [](const std::string& key, const Field&) -> std::string {
-    if (std::find(kKafkaKeys.begin(), kKafkaKeys.end(), key) != kKafkaKeys.end()) {
-      return "`" + key + "` belongs under `kafka:`.";
-    }
-    if (std::find(kWebhookKeys.begin(), kWebhookKeys.end(), key) != kWebhookKeys.end()) {
-      return "`" + key + "` belongs under `webhook:`.";
+  auto hint = [&kinds](const std::string& key, const Field&) -> std::string {
+    for (const auto* kind : kinds) {
+      if (std::find(kind->keys.begin(), kind->keys.end(), key) != kind->keys.end()) {
+        return "`" + key + "` belongs under `" + std::string(kind->key) + ":`.";
+      }
     }
     if (key == "max_attempts" || key == "initial_backoff_ms" || key == "max_backoff_ms") {
       return "`" + key + "` belongs under `retry:`.";
     }
     return "";
   };
-  Mapping m(field, {"kafka", "webhook", "retry", "batch_size"}, hint);
+  std::vector<std::string_view> known;
+  for (const auto* kind : kinds) known.push_back(kind->key);
+  known.insert(known.end(), {"retry", "batch_size"});
+  Mapping m(field, known, hint);
   ParsedDestination parsed;
   parsed.path = field.path;
   parsed.destination.name = name;
-  auto kafka = m.Get("kafka");
-  auto webhook = m.Get("webhook");
-  if (kafka && webhook) {
-    Fail(*webhook,
-         "a destination has exactly one target, and this one also has `kafka`; keep one and move "
-         "the other "
-         "to a destination of its own");
+  const TargetKind* chosen = nullptr;
+  std::optional<Field> section;
+  for (const auto* kind : kinds) {
+    auto f = m.Get(kind->key);
+    if (!f) continue;
+    if (chosen) {
+      Fail(*f, "a destination has exactly one target, and this one also has `" +
+                   std::string(chosen->key) +
+                   "`; keep one and move the other to a destination of its own");
+    }
+    chosen = kind;
+    section = f;
   }
-  if (!kafka && !webhook) {
-    Fail(field,
-         "has no target; add a `kafka:` section (brokers, topic) or a `webhook:` section (url, "
-         "secret)");
-  }
-  if (kafka) {
-    parsed.destination.target = ParseKafka(*kafka, env);
-  } else {
-    parsed.destination.target = ParseWebhook(*webhook, env);
-  }
+  if (!chosen) Fail(field, "has no target; add " + SectionChoice(kinds, true));
+  chosen->parse(*section, env, parsed.destination);
   if (auto retry = m.Get("retry")) parsed.retry = ParseRetry(*retry, true);
   if (auto f = m.Get("batch_size")) {
-    parsed.destination.batch_size = static_cast<int>(detail::ReadIntegerIn(
+    parsed.destination.batch_size = static_cast<int>(cfg::ReadIntegerIn(
         *f, 0, kMaxBatchSize, ", e.g. 100",
         "rows claimed per query for this destination; 0 uses the global batch_size"));
   }
@@ -866,9 +320,11 @@ ParsedDestination ParseDestination(const std::string& name, const Field& field,
 // ---------------------------------------------------------------------------------------------
 // Globals
 
-std::string TopLevelHint(const std::string& key, const Field& value) {
-  if (key == "kafka" || key == "webhook") {
-    return "Targets belong to a destination: `destinations: {<name>: {" + key + ": ...}}`.";
+std::string TopLevelHint(const std::string& key, const Field& value, const TargetKinds& kinds) {
+  for (const auto* kind : kinds) {
+    if (key == kind->key) {
+      return "Targets belong to a destination: `destinations: {<name>: {" + key + ": ...}}`.";
+    }
   }
   if (key == "retry" || key == "max_attempts" || key == "initial_backoff_ms" ||
       key == "max_backoff_ms") {
@@ -876,8 +332,10 @@ std::string TopLevelHint(const std::string& key, const Field& value) {
            "`destinations.<name>.retry`.";
   }
   if (key == "level" || key == "format") return "It belongs under `log:`.";
-  if (value.node.IsMap() && (value.node["kafka"] || value.node["webhook"])) {
-    return "If `" + key + "` is a destination, indent it under `destinations:`.";
+  for (const auto* kind : kinds) {
+    if (value.node.IsMap() && value.node[std::string(kind->key)]) {
+      return "If `" + key + "` is a destination, indent it under `destinations:`.";
+    }
   }
   return "";
 }
@@ -902,7 +360,7 @@ std::optional<std::string> AdminListenProblem(const std::string& address) {
   }
   if (host.empty())
     return "has no host (use 0.0.0.0 for every interface, 127.0.0.1 for local only)";
-  auto number = detail::ParseInteger(port);
+  auto number = cfg::ParseInteger(port);
   if (port.empty() || !number || port[0] == '+' || port[0] == '-' || *number < 1 ||
       *number > 65535) {
     return "has an invalid port (it must be a number from 1 to 65535)";
@@ -930,12 +388,12 @@ const char* ToString(LogFormat format) {
 }
 
 RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
-                        const EnvLookup& env) {
+                        const EnvLookup& env, const TargetKinds& kinds) {
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& e) {
-    Fail(detail::FormatOrigin(source, e.mark), "",
+    Fail(cfg::FormatOrigin(source, e.mark), "",
          "invalid YAML: " + e.msg +
              "; fix the syntax at this line and column (indentation, quotes, brackets, `key: "
              "value`)");
@@ -958,7 +416,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     Fail(source, "",
          "the config must be a mapping of `key: value` lines (database_url, destinations, ...), "
          "not " +
-             detail::DescribeKind(root.node) + " (" + kExample + ")");
+             cfg::DescribeKind(root.node) + " (" + kExample + ")");
   }
 
   Mapping top(
@@ -967,7 +425,9 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
        "poll_interval_ms", "reap_interval_ms", "full_sweep_interval_ms", "shutdown_timeout_ms",
        "admin_listen", "log", "defaults", "destinations", "claim_mode", "partition_heartbeat_ms",
        "partition_lease_ms", "retention", "management_api"},
-      TopLevelHint);
+      [&kinds](const std::string& key, const Field& value) {
+        return TopLevelHint(key, value, kinds);
+      });
 
   const RelayConfig builtin;
   std::array<IntSetting, 8> ints = {{
@@ -998,41 +458,40 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   // 1. The file.
   for (auto& setting : ints) {
     if (auto f = top.Get(setting.key)) {
-      setting.value = detail::ReadInteger(*f, setting.unit_hint);
+      setting.value = cfg::ReadInteger(*f, setting.unit_hint);
       setting.origin = f->Origin();
     }
   }
   StringSetting admin_listen;
-  if (auto f = top.Get("admin_listen")) admin_listen = {detail::ReadString(*f), f->Origin(), true};
+  if (auto f = top.Get("admin_listen")) admin_listen = {cfg::ReadString(*f), f->Origin(), true};
   StringSetting claim_mode{"skip_locked", "", false};
-  if (auto f = top.Get("claim_mode")) claim_mode = {detail::ReadString(*f), f->Origin(), true};
+  if (auto f = top.Get("claim_mode")) claim_mode = {cfg::ReadString(*f), f->Origin(), true};
   StringSetting log_level{builtin.log_level, "", false};
   StringSetting log_format{ToString(builtin.log_format), "", false};
   RetentionPolicy retention;
   if (auto f = top.Get("retention")) {
     Mapping r(*f, {"archive_delivered", "archive_retention_hours", "dead_letter_retention_hours",
                    "cleanup_interval_ms"});
-    if (auto v = r.Get("archive_delivered")) retention.archive_delivered = detail::ReadBool(*v);
+    if (auto v = r.Get("archive_delivered")) retention.archive_delivered = cfg::ReadBool(*v);
     if (auto v = r.Get("archive_retention_hours")) {
-      retention.archive_retention = std::chrono::hours(detail::ReadIntegerIn(
+      retention.archive_retention = std::chrono::hours(cfg::ReadIntegerIn(
           *v, 1, 24 * 3650, ", e.g. 168 for a week", "hours delivered messages stay archived"));
     }
     if (auto v = r.Get("dead_letter_retention_hours")) {
-      retention.dead_letter_retention = std::chrono::hours(detail::ReadIntegerIn(
+      retention.dead_letter_retention = std::chrono::hours(cfg::ReadIntegerIn(
           *v, 0, 24 * 3650, ", e.g. 720 for 30 days, or 0 to keep them until purged",
           "hours dead letters are kept"));
     }
     if (auto v = r.Get("cleanup_interval_ms")) {
-      retention.cleanup_interval = Millis(detail::ReadIntegerIn(
+      retention.cleanup_interval = Millis(cfg::ReadIntegerIn(
           *v, 1000, kMaxDurationMs, kMsHint, "milliseconds between retention cleanups"));
     }
   }
   if (auto f = top.Get("log")) {
     Mapping log(*f, {"level", "format"});
-    if (auto level = log.Get("level"))
-      log_level = {detail::ReadString(*level), level->Origin(), true};
+    if (auto level = log.Get("level")) log_level = {cfg::ReadString(*level), level->Origin(), true};
     if (auto format = log.Get("format"))
-      log_format = {detail::ReadString(*format), format->Origin(), true};
+      log_format = {cfg::ReadString(*format), format->Origin(), true};
   }
 
   std::vector<Field> database_url_keys;
@@ -1054,8 +513,8 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   std::vector<ParsedDestination> destinations;
   std::optional<Field> destinations_field = top.Get("destinations");
   if (destinations_field) {
-    for (const auto& [name, field] : detail::Entries(*destinations_field)) {
-      destinations.push_back(ParseDestination(name, field, env));
+    for (const auto& [name, field] : cfg::Entries(*destinations_field)) {
+      destinations.push_back(ParseDestination(name, field, env, kinds));
     }
   }
 
@@ -1064,7 +523,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     if (setting.env == nullptr) continue;
     auto value = Override(env, setting.env);
     if (!value) continue;
-    auto number = detail::ParseInteger(*value);
+    auto number = cfg::ParseInteger(*value);
     if (!number) {
       Fail(EnvOrigin(setting.env), setting.key,
            "expected an integer, got " + Quote(*value) + "; set " + setting.env +
@@ -1089,11 +548,11 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   } else if (!database_url_keys.empty()) {
     const Field& f = database_url_keys[0];
     if (f.path == "database_url") {
-      database_url = {detail::ReadNonEmptyString(f), f.Origin(), true};
+      database_url = {cfg::ReadNonEmptyString(f), f.Origin(), true};
     } else if (f.path == "database_url_env") {
-      database_url = {detail::ReadEnvReference(f, env), f.Origin(), true};
+      database_url = {cfg::ReadEnvReference(f, env), f.Origin(), true};
     } else {
-      database_url = {detail::ReadFileReference(f), f.Origin(), true};
+      database_url = {cfg::ReadFileReference(f), f.Origin(), true};
     }
   }
 
@@ -1156,7 +615,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     if (!listen) {
       Fail(*f, "missing `listen`; write e.g. `listen: 127.0.0.1:8081` (or remove management_api)");
     }
-    config.management_api.listen = detail::ReadNonEmptyString(*listen);
+    config.management_api.listen = cfg::ReadNonEmptyString(*listen);
     // Port 0: any free port, which the relay logs (tests).
     const std::string& l = config.management_api.listen;
     const bool any_port = l.size() > 2 && l.ends_with(":0");
@@ -1173,7 +632,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     }
     const Field& token_field = env_key ? *env_key : *file_key;
     std::string token =
-        env_key ? detail::ReadEnvReference(*env_key, env) : detail::ReadFileReference(*file_key);
+        env_key ? cfg::ReadEnvReference(*env_key, env) : cfg::ReadFileReference(*file_key);
     while (!token.empty() &&
            (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
       token.pop_back();
@@ -1188,7 +647,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
 
   if (std::find(kLogLevels.begin(), kLogLevels.end(), log_level.value) == kLogLevels.end()) {
     std::string message = Quote(log_level.value) + " is not a log level";
-    if (auto close = detail::ClosestMatch(
+    if (auto close = cfg::ClosestMatch(
             log_level.value, std::vector<std::string>(kLogLevels.begin(), kLogLevels.end()))) {
       message += " (did you mean `" + *close + "`?)";
     }
@@ -1208,10 +667,8 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
 
   if (destinations.empty()) {
     Fail(destinations_field ? destinations_field->Origin() : source, "destinations",
-         std::string("no destinations configured; add at least one under `destinations:`, each "
-                     "with a `kafka:` or "
-                     "`webhook:` section (") +
-             kExample + ")");
+         "no destinations configured; add at least one under `destinations:`, each with " +
+             SectionChoice(kinds, false) + " (" + kExample + ")");
   }
   for (auto& parsed : destinations) {
     Destination& destination = parsed.destination;
@@ -1220,29 +677,23 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     const std::string name = destination.name;
     config.destinations.emplace(name, std::move(destination));
   }
-  ApplyLeaseBounds(config, ints[1].origin.empty() ? std::string() : ints[1].origin);
+  ApplyLeaseBounds(config, ints[1].origin.empty() ? std::string() : ints[1].origin, kinds);
   for (auto& [name, d] : config.destinations) {
-    if (auto* w = std::get_if<WebhookTarget>(&d.target); w && w->endpoints_from_database) {
-      w->database_url = config.database_url;
-      if (!w->operational_events.empty() && !config.destinations.count(w->operational_events)) {
-        Fail(source, "destinations." + name + ".webhook.operational_events",
-             Quote(w->operational_events) +
-                 " is not a destination of this config; name one that delivers the "
-                 "endpoint.disabled events (a Kafka topic or a webhook), or remove the key");
-      }
-    }
+    const TargetKind& kind = KindOf(d, kinds);
+    if (kind.complete) kind.complete(d, config, source);
   }
   return config;
 }
 
-RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env) {
+RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env,
+                           const TargetKinds& kinds) {
   std::string error;
-  auto text = detail::ReadWholeFile(path, &error);
+  auto text = cfg::ReadWholeFile(path, &error);
   if (!text) {
     throw ConfigError(path + ": cannot read the config file: " + error +
                       "; check the path and that the relay's user may read it");
   }
-  return ParseConfig(*text, path, env);
+  return ParseConfig(*text, path, env, kinds);
 }
 
 RetryPolicy DefaultRetryPolicy() {

@@ -1,12 +1,32 @@
-#include "fields.h"
-
 #include <algorithm>
 #include <cctype>
 #include <limits>
 
 #include "outbox_relay/config.h"
+#include "outbox_relay/config_fields.h"
 
-namespace outbox::relay::detail {
+namespace outbox::relay::cfg {
+
+std::string Quote(std::string_view text) {
+  constexpr std::size_t kMax = 80;
+  std::string shown(text.substr(0, kMax));
+  if (text.size() > kMax) shown += "...";
+  return "`" + shown + "`";
+}
+
+std::string Lowercase(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool HasSpaceOrControl(std::string_view text) {
+  return std::any_of(text.begin(), text.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u <= 0x20 || u == 0x7F;
+  });
+}
 
 std::string FormatOrigin(const std::string& source, const YAML::Mark& mark) {
   if (mark.is_null() || mark.line < 0) return source;
@@ -241,7 +261,7 @@ std::optional<std::int64_t> ParseInteger(std::string_view text) {
 namespace {
 
 // Integers and booleans are never secret, so their text may appear in errors; keep it short.
-std::string Quote(std::string_view text) {
+std::string QuoteShort(std::string_view text) {
   constexpr std::size_t kMax = 40;
   std::string shown(text.substr(0, kMax));
   if (text.size() > kMax) shown += "...";
@@ -266,8 +286,8 @@ std::int64_t ReadInteger(const Field& field, std::string_view unit_hint) {
   const std::string& text = field.node.Scalar();
   auto value = ParseInteger(text);
   if (!value) {
-    if (AllDigits(text)) Fail(field, "the integer " + Quote(text) + " is too large" + fix);
-    Fail(field, "expected an integer, got " + Quote(text) + fix);
+    if (AllDigits(text)) Fail(field, "the integer " + QuoteShort(text) + " is too large" + fix);
+    Fail(field, "expected an integer, got " + QuoteShort(text) + fix);
   }
   return *value;
 }
@@ -297,7 +317,7 @@ bool ReadBool(const Field& field) {
   for (const char* f : kFalse) {
     if (text == f) return false;
   }
-  Fail(field, "expected true or false, got " + Quote(text) + fix);
+  Fail(field, "expected true or false, got " + QuoteShort(text) + fix);
 }
 
 std::string ReadString(const Field& field) {
@@ -332,4 +352,4 @@ std::vector<Field> ReadList(const Field& field) {
   return out;
 }
 
-}  // namespace outbox::relay::detail
+}  // namespace outbox::relay::cfg

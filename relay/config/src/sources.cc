@@ -1,10 +1,10 @@
-#include "sources.h"
-
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+
+#include "outbox_relay/config_sources.h"
 
 namespace outbox::relay {
 
@@ -18,7 +18,7 @@ EnvLookup ProcessEnv() {
 
 }  // namespace outbox::relay
 
-namespace outbox::relay::detail {
+namespace outbox::relay::cfg {
 
 std::optional<std::string> ReadWholeFile(const std::string& path, std::string* error) {
   errno = 0;
@@ -100,4 +100,4 @@ std::string ReadFileReference(const Field& field) {
   return value;
 }
 
-}  // namespace outbox::relay::detail
+}  // namespace outbox::relay::cfg

@@ -129,13 +129,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
             claim.facts.held);
       }
     }
-    if (metrics) {
-      metrics->RecordClaim(dest.name, static_cast<std::int64_t>(claim.messages.size()),
-                           std::chrono::duration<double>(Now() - claim_started));
-    }
-    ++stats.claims;
-    if (claim.messages.empty()) ++stats.empty_claims;
-    stats.claimed += static_cast<std::int64_t>(claim.messages.size());
+    metrics->RecordClaim(dest.name, static_cast<std::int64_t>(claim.messages.size()),
+                         std::chrono::duration<double>(Now() - claim_started));
     for (auto& msg : claim.messages) {
       Submit(dest, sink, claim.lease_token, std::move(msg), &room_wait);
     }
@@ -175,14 +170,14 @@ void Dispatcher::Impl::RecordSweepFinds(const Destination& dest,
                                         const std::vector<MessageId>& missed,
                                         const ClaimFacts& facts) {
   const auto n = static_cast<std::int64_t>(missed.size());
-  if (stats.sweep_found.fetch_add(n) == 0) {
+  if (!sweep_find_logged.exchange(true)) {
     spdlog::warn(
         "{}: the full sweep found {} message(s) the fresh lane had passed (first id {}; "
         "sequence {}, snapshot xmin {}); they waited up to full_sweep_interval_ms. Counted in "
         "outbox_sweep_found_total; please report it with this line",
         dest.name, n, Raw(missed.front()), facts.seq_value, facts.snap_xmin);
   }
-  if (metrics) metrics->RecordSweepFound(dest.name, n);
+  metrics->RecordSweepFound(dest.name, n);
 }
 
 }  // namespace outbox::relay

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "dispatcher_impl.h"
@@ -99,7 +100,7 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     LogOutcome(*d, id, trace, outcome, s);
     s.destination = d->name;
     s.created_at = created_at;
-    if (metrics && outcome.kind != OutcomeKind::kReturned) {
+    if (outcome.kind != OutcomeKind::kReturned) {
       RecordAttempt(*d, sink, outcome, submitted);
     }
     Enqueue(std::move(s));
@@ -169,20 +170,38 @@ Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
   impl_->sinks = std::move(sinks);
   impl_->stores = env.stores ? std::move(env.stores) : PostgresStores(impl_->config.database_url);
   if (env.clock) impl_->clock = env.clock;
-  auto* metrics = env.metrics;
+  if (env.metrics == nullptr) impl_->owned_metrics = std::make_unique<RelayMetrics>("");
+  auto* metrics = env.metrics ? env.metrics : impl_->owned_metrics.get();
   impl_->metrics = metrics;
+  impl_->publish_status = env.metrics != nullptr;
   impl_->status_interval = env.status_interval;
   for (const auto& [name, dest] : impl_->config.destinations) {
     if (!impl_->sinks.count(name)) throw std::invalid_argument("no sink for destination " + name);
   }
-  if (metrics) {
-    for (const auto& [name, sink] : impl_->sinks) metrics->InitDestination(name, sink->Kind());
-  }
+  for (const auto& [name, sink] : impl_->sinks) metrics->InitDestination(name, sink->Kind());
 }
 
 Dispatcher::~Dispatcher() { Stop(); }
 
-const DispatcherStats& Dispatcher::stats() const { return impl_->stats; }
+DispatcherStats Dispatcher::stats() const {
+  const RelayMetrics& m = *impl_->metrics;
+  auto total = [](const metrics::CounterFamily& f) {
+    return static_cast<std::int64_t>(std::llround(f.Total()));
+  };
+  DispatcherStats s;
+  s.claims = total(m.claims_total);
+  s.empty_claims = total(m.empty_polls_total);
+  s.claimed = total(m.messages_claimed_total);
+  s.sweep_found = total(m.sweep_found_total);
+  s.delivered = total(m.delivered_total);
+  s.retried = total(m.retried_total);
+  s.dead = total(m.dead_lettered_total);
+  s.released = total(m.released_total);
+  s.fenced = total(m.settle_fenced_total);
+  s.reaped = total(m.reaper_requeued_total);
+  s.db_errors = total(m.db_errors_total);
+  return s;
+}
 
 bool Dispatcher::Ready() const { return WhyNotReady().empty(); }
 

@@ -47,7 +47,10 @@ struct Dispatcher::Impl {
   std::map<std::string, SinkPtr> sinks;  // the sinks themselves are thread-safe
   StoreFactory stores;                   // called once by each thread, at its start
   const Clock* clock = &RealClock();
-  RelayMetrics* metrics = nullptr;  // optional; thread-safe
+  // Every event is recorded here (thread-safe): the caller's metrics, or owned_metrics.
+  RelayMetrics* metrics = nullptr;
+  std::unique_ptr<RelayMetrics> owned_metrics;
+  bool publish_status = false;  // the caller gave metrics: keep the queue gauges current
   Millis status_interval{5000};
   std::vector<std::string> destination_names;
   std::map<std::string, std::unique_ptr<RoomWait>> room_waits;  // one per claim loop
@@ -57,14 +60,11 @@ struct Dispatcher::Impl {
   SteadyTime Now() const { return clock->Now(); }
 
   // --- any thread ---
-  DispatcherStats stats;  // atomics
+  std::atomic<bool> sweep_find_logged{false};
   std::atomic<bool> stopping{false};
   std::atomic<bool> db_ok{false};  // the last claim reached the database (readiness)
 
-  void DbError() {
-    ++stats.db_errors;
-    if (metrics) metrics->RecordDbError();
-  }
+  void DbError() { metrics->RecordDbError(); }
 
   // --- wake-ups of the claim loops (and the coordinator) ---
   std::mutex mu;

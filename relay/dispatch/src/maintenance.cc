@@ -44,11 +44,8 @@ void Dispatcher::Impl::MaintenanceLoop() {
         next_reap = now + config.reap_interval;
         const auto reaped = store.Reap();
         if (!reaped.empty()) {
-          stats.reaped += static_cast<std::int64_t>(reaped.size());
-          if (metrics) {
-            metrics->RecordReaperRequeued(static_cast<std::int64_t>(reaped.size()));
-            for (const auto& dest : reaped) metrics->RecordRetried(dest, Reason::kLeaseExpired);
-          }
+          metrics->RecordReaperRequeued(static_cast<std::int64_t>(reaped.size()));
+          for (const auto& dest : reaped) metrics->RecordRetried(dest, Reason::kLeaseExpired);
           spdlog::warn("reaper: returned {} messages whose lease expired", reaped.size());
           Wake();
         }
@@ -91,11 +88,9 @@ void Dispatcher::Impl::MaintenanceLoop() {
                          r.dead_letter_retention.count());
         }
       }
-      if (metrics) {  // the sinks' view of their targets: breaker, concurrency, pauses
-        for (const auto& [name, health] : TargetHealths())
-          metrics->UpdateTargetHealth(name, health);
-      }
-      if (metrics && now >= next_status) {
+      // the sinks' view of their targets: breaker, concurrency, pauses
+      for (const auto& [name, health] : TargetHealths()) metrics->UpdateTargetHealth(name, health);
+      if (publish_status && now >= next_status) {
         next_status = now + status_interval;
         metrics->UpdateFromStatus(store.ReadStatus(StatusOptions{}));
       }

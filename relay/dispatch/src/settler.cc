@@ -15,7 +15,7 @@ namespace outbox::relay {
 // What a settle wrote, message by message: a fenced outcome (the lease had moved on) and a
 // message already gone count nothing, so the counters match the queue and the dead letters.
 void Dispatcher::Impl::RecordSettled(const std::vector<Settlement>& batch, const SettleCounts& c) {
-  if (!metrics || c.written.empty()) return;
+  if (c.written.empty()) return;
   std::unordered_set<std::int64_t> written;
   written.reserve(c.written.size());
   for (const auto id : c.written) written.insert(Raw(id));
@@ -32,6 +32,7 @@ void Dispatcher::Impl::RecordSettled(const std::vector<Settlement>& batch, const
         metrics->RecordDeadLettered(s.destination, s.reason_class);
         break;
       case Settlement::Kind::kRelease:
+        metrics->RecordReleased(s.destination);
         break;
       case Settlement::Kind::kFanOut:
         // Each endpoint's delivery counts like a message of its own.
@@ -76,14 +77,9 @@ void Dispatcher::Impl::SettleLoop() {
     while (true) {
       try {
         const SettleCounts c = store.Settle(batch, config.retention.archive_delivered);
-        stats.delivered += c.delivered;
-        stats.retried += c.retried;
-        stats.dead += c.dead;
-        stats.released += c.released;
-        stats.fenced += c.fenced;
         RecordSettled(batch, c);
         if (c.woken > 0) Wake();  // the next message of a settled key may go now
-        if (metrics && c.fenced > 0) metrics->RecordSettleFenced(c.fenced);
+        metrics->RecordSettleFenced(c.fenced);
         if (c.fenced > 0) {
           spdlog::warn(
               "{} settlements fenced: their lease expired and moved on (redelivery follows)",

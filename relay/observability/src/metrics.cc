@@ -49,8 +49,12 @@ std::string_view WebhookResponseClass(const Outcome& o) {
 }
 
 std::string_view SinkLabel(std::string_view sink) {
-  if (sink == "kafka" || sink == "webhook") return sink;
-  return "other";
+  // Sink::Kind() of a registered kind: a short lowercase word, a handful per build.
+  const bool word =
+      !sink.empty() && sink.size() <= 32 && std::all_of(sink.begin(), sink.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+      });
+  return word ? sink : "other";
 }
 
 const std::vector<double>& PollCycleBuckets() {
@@ -196,6 +200,11 @@ RelayMetrics::RelayMetrics(std::string version)
           "Fresh messages only the periodic full sweep found: the fresh lane had passed them "
           "(by design 0; each one waited up to full_sweep_interval_ms).",
           kDest)),
+      released_total(registry.AddCounter(
+          "outbox_released_total",
+          "Messages handed back to the queue with no attempt counted: at shutdown, or while a "
+          "sink sends nothing (an open circuit breaker).",
+          kDest)),
       settle_fenced_total(
           registry.AddCounter("outbox_settle_fenced_total",
                               "Settlements refused because the lease had expired and moved on.")),
@@ -222,6 +231,7 @@ void RelayMetrics::InitDestination(std::string_view destination, std::string_vie
   empty_polls_total.Labels(l);
   messages_claimed_total.Labels(l);
   sweep_found_total.Labels(l);
+  released_total.Labels(l);
   delivered_total.Labels(l);
   poll_cycle_duration.Labels(l);
   enqueue_to_delivery.Labels(l);
@@ -280,6 +290,10 @@ void RelayMetrics::RecordSweepFound(std::string_view destination, std::int64_t n
 
 void RelayMetrics::RecordSettleFenced(std::int64_t n) {
   if (n > 0) settle_fenced_total.Labels({}).Inc(static_cast<double>(n));
+}
+
+void RelayMetrics::RecordReleased(std::string_view destination, std::int64_t n) {
+  if (n > 0) released_total.Labels(L(destination)).Inc(static_cast<double>(n));
 }
 
 void RelayMetrics::RecordDbError(std::int64_t n) {

@@ -289,6 +289,13 @@ void CounterFamily::Render(std::string& out) const {
   for (const auto& [labels, s] : series_) RenderSample(out, "", labels, s.metric->Value());
 }
 
+double CounterFamily::Total() const {
+  std::lock_guard lk(mu_);
+  double total = 0;
+  for (const auto& [labels, s] : series_) total += s.metric->Value();
+  return total;
+}
+
 GaugeFamily::GaugeFamily(std::string name, std::string help, std::vector<std::string> label_names,
                          std::size_t max_series)
     : Family(std::move(name), std::move(help), MetricType::kGauge, std::move(label_names),

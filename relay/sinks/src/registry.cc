@@ -15,9 +15,27 @@ const std::vector<const SinkFactory*>& SinkFactories() {
   return all;
 }
 
+const TargetKinds& SinkTargetKinds() {
+  static const TargetKinds kinds = [] {
+    TargetKinds out;
+    for (const auto* f : SinkFactories()) out.push_back(&f->target_kind());
+    return out;
+  }();
+  return kinds;
+}
+
+RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
+                        const EnvLookup& env) {
+  return ParseConfig(yaml_text, source, env, SinkTargetKinds());
+}
+
+RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env) {
+  return LoadConfigFile(path, env, SinkTargetKinds());
+}
+
 const SinkFactory& SinkFactoryFor(const Destination& destination) {
   for (const auto* f : SinkFactories()) {
-    if (f->serves(destination)) return *f;
+    if (f->kind == destination.target.kind()) return *f;
   }
   throw std::invalid_argument("destination " + destination.name +
                               ": no sink of this build serves its target");

@@ -2,13 +2,14 @@
 // with environment overrides and validated before anything starts.
 #pragma once
 
+#include <any>
 #include <chrono>
 #include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <variant>
+#include <string_view>
 #include <vector>
 
 namespace outbox::relay {
@@ -36,78 +37,57 @@ struct RetryPolicy {
 /// the dead letters (the schedule Svix uses).
 RetryPolicy DefaultRetryPolicy();
 
-struct KafkaTarget {
-  std::string brokers;  ///< bootstrap.servers, comma separated.
-  /// The topic, or a template over message fields: "orders.{event_type}", with {event_type},
-  /// {destination}, {key} and {header.NAME} (docs/configuration.md, "Kafka").
-  std::string topic;
-  /// A template may only produce to these topics...
-  std::vector<std::string> allowed_topics;
-  /// ...or to topics starting with this prefix.
-  std::string topic_prefix;
-  /// librdkafka properties passed through as they are (compression.type, linger.ms,
-  /// security.protocol, sasl.*, ssl.*, ...). Secrets resolved from *_env / *_file keys.
-  std::map<std::string, std::string> producer;
-  /// message.timeout.ms when `producer` sets none: how long one attempt may take. The config
-  /// derives it from lease_ms (2/3 of it, at most 30 s) so an attempt ends inside its lease.
-  Millis attempt_timeout{30'000};
-};
+namespace cfg {
+struct Field;  // outbox_relay/config_fields.h
+}
 
-/// The circuit breaker of a webhook endpoint (docs/webhooks.md, "Endpoint outages").
-struct BreakerSettings {
-  bool enabled = true;
-  int failure_threshold = 10;    ///< Consecutive failures (connect, timeout, 5xx) that open it.
-  Millis cooldown{5'000};        ///< Open this long before one probe request...
-  Millis max_cooldown{300'000};  ///< ...doubling after each failed probe, up to this; also the
-                                 ///< longest pause a Retry-After can ask for.
-};
+/// A destination's target: what the section of its kind (`kafka:`, `webhook:`) held, as that
+/// kind reads it (KafkaTarget in outbox_relay/kafka_target.h, WebhookTarget in
+/// outbox_relay/webhook_target.h). The config knows no kind: each is a TargetKind, defined
+/// with its sink (relay/sinks/<kind>). A settings type T has `static constexpr
+/// std::string_view kKind`.
+class DestinationTarget {
+ public:
+  DestinationTarget() = default;
+  template <class T>
+  requires requires { T::kKind; }
+  DestinationTarget(T settings)  // NOLINT(google-explicit-constructor): `d.target = kafka;`
+      : kind_(T::kKind), settings_(std::move(settings)) {}
 
-struct WebhookTarget {
-  std::string url;  ///< http:// or https://, with path.
-  /// Standard Webhooks secrets, each "whsec_<base64>". Every one signs each delivery, so a
-  /// receiver that knows either the new or the old secret verifies during rotation.
-  std::vector<std::string> secrets;
-  Millis timeout{10'000};  ///< Whole request.
-  Millis connect_timeout{5'000};
-  int max_in_flight = 32;              ///< Concurrent requests to this endpoint.
-  std::optional<std::string> ca_file;  ///< PEM bundle to trust instead of the system one.
-  bool verify_tls = true;
-  std::map<std::string, std::string> headers;  ///< Extra static headers on every request.
-  BreakerSettings breaker;
-  /// The SSRF guard (docs/webhooks.md, "Private networks"): by default the relay refuses to
-  /// connect to loopback, private, link-local, CGNAT, unique-local, multicast and reserved
-  /// addresses. true: this destination may connect to any of them.
-  bool allow_private_networks = false;
-  /// Networks this destination may connect to although they are private ("10.20.0.0/16",
-  /// "fd00:1::/64", or one address).
-  std::vector<std::string> allowed_networks;
-  /// 429, 503 and timeouts halve the concurrent requests, successes raise them back up to
-  /// max_in_flight. Off: always max_in_flight.
-  bool adaptive_concurrency = true;
-  /// Requests per second this endpoint is sent at most (a burst of one second's worth); 0: no
-  /// limit. With `endpoints: database`, each endpoint's own rate_limit replaces it.
-  int rate_limit = 0;
-  /// `endpoints: database`: a webhook service. The destination has no url or secret of its
-  /// own; each message fans out to the endpoints in outbox.endpoints subscribed to it
-  /// (docs/webhooks.md, "Webhook service"), and every other setting here is the default of
-  /// each endpoint (max_in_flight is per endpoint).
-  bool endpoints_from_database = false;
-  /// The relay's database_url, where endpoints_from_database reads the endpoints (set by the
-  /// config loader).
-  std::string database_url;
-  /// endpoints_from_database: record every attempt in outbox.delivery_attempts...
-  bool delivery_log = true;
-  Millis delivery_log_retention{7LL * 24 * 3600 * 1000};  ///< ...and keep it this long.
-  /// endpoints_from_database: disable an endpoint failing for this long (0: never).
-  Millis auto_disable_after{5LL * 24 * 3600 * 1000};
-  /// endpoints_from_database: the destination that receives an `endpoint.disabled` message
-  /// when an endpoint is disabled automatically; empty: none.
-  std::string operational_events;
+  /// The kind's key ("kafka", "webhook"); empty when none is set.
+  const std::string& kind() const { return kind_; }
+
+  /// The settings when they are of kind T, else null.
+  template <class T>
+  const T* As() const {
+    return kind_ == T::kKind ? std::any_cast<T>(&settings_) : nullptr;
+  }
+  template <class T>
+  T* As() {
+    return kind_ == T::kKind ? std::any_cast<T>(&settings_) : nullptr;
+  }
+  /// The settings of kind T; throws std::logic_error when they are of another kind.
+  template <class T>
+  const T& Get() const {
+    if (const T* t = As<T>()) return *t;
+    throw std::logic_error("destination target is `" + kind_ + "`, not `" + std::string(T::kKind) +
+                           "`");
+  }
+  template <class T>
+  T& Get() {
+    if (T* t = As<T>()) return *t;
+    throw std::logic_error("destination target is `" + kind_ + "`, not `" + std::string(T::kKind) +
+                           "`");
+  }
+
+ private:
+  std::string kind_;
+  std::any settings_;
 };
 
 struct Destination {
   std::string name;  ///< As written in outbox.messages.destination.
-  std::variant<KafkaTarget, WebhookTarget> target;
+  DestinationTarget target;
   RetryPolicy retry;
   int batch_size = 0;  ///< Claim batch size; 0 means RelayConfig::batch_size.
 };
@@ -162,19 +142,43 @@ class ConfigError : public std::runtime_error {
 using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
 EnvLookup ProcessEnv();
 
-/// Parses YAML text. `source` names it in errors (a path, or "<string>").
+/// The longest one delivery attempt may take, and the keys that set it
+/// ("destinations.hooks.webhook.timeout_ms + connect_timeout_ms"). A lease must outlast it.
+struct AttemptBound {
+  Millis longest;
+  std::string set_by;
+};
+
+/// A kind of target: the key of its section in a destination and how to read it. Each kind of
+/// sink defines its own next to its factory (relay/sinks/<kind>); the loader is given the list
+/// (sink_registry.h) and names no kind itself.
+struct TargetKind {
+  std::string_view key;  ///< The section: "kafka".
+  /// What the section needs at least, for the error of a destination without a target:
+  /// "brokers, topic".
+  std::string_view essentials;
+  /// Every key the section takes, so that one written a level too high is pointed to it.
+  std::vector<std::string_view> keys;
+  /// Reads the section into `destination.target`; throws ConfigError naming the key.
+  void (*parse)(const cfg::Field& section, const EnvLookup& env, Destination& destination);
+  /// The longest one attempt may take when the section bounds it (null: never bounded).
+  std::optional<AttemptBound> (*attempt_bound)(const Destination& destination);
+  /// Runs once everything is read and the lease is settled: settings derived from the rest of
+  /// the config, checks across destinations. Throws ConfigError; `source` names the config.
+  /// Null: nothing to do.
+  void (*complete)(Destination& destination, const RelayConfig& config, const std::string& source);
+};
+using TargetKinds = std::vector<const TargetKind*>;
+
+/// Parses YAML text. `source` names it in errors (a path, or "<string>"); `kinds` are the
+/// targets a destination may have (sink_registry.h has the overload with every built-in kind).
 RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
-                        const EnvLookup& env);
+                        const EnvLookup& env, const TargetKinds& kinds);
 
 /// Reads and parses a file. Throws ConfigError when it cannot be read or is invalid.
-RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env);
+RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env, const TargetKinds& kinds);
 
 /// "text" or "json", as written in the config.
 const char* ToString(LogFormat format);
-
-/// The HMAC key of a Standard Webhooks secret: the bytes that "whsec_<base64>" encodes.
-/// Every secret in a loaded WebhookTarget decodes; throws ConfigError (without echoing the
-/// secret) for one that does not.
-std::string WebhookSecretKey(const std::string& secret);
 
 }  // namespace outbox::relay

@@ -19,24 +19,27 @@ struct RelayMetrics;
 
 namespace outbox::relay {
 
-/// Monotonic counters, readable from any thread.
+/// The dispatcher's counters, summed over destinations: a snapshot of its RelayMetrics (the
+/// one record of what it did; the metric of each field in brackets).
 struct DispatcherStats {
-  std::atomic<std::int64_t> claims{0};        ///< Claim statements run.
-  std::atomic<std::int64_t> empty_claims{0};  ///< Claims that leased nothing.
-  std::atomic<std::int64_t> claimed{0};       ///< Messages leased.
-  /// Fresh messages only the periodic full sweep found (the fresh lane had passed them).
-  std::atomic<std::int64_t> sweep_found{0};
-  std::atomic<std::int64_t> delivered{0};  ///< Settled as delivered.
-  std::atomic<std::int64_t> retried{0};    ///< Settled for a later retry.
-  std::atomic<std::int64_t> dead{0};       ///< Moved to the dead letters.
-  std::atomic<std::int64_t> released{0};   ///< Handed back at shutdown.
-  std::atomic<std::int64_t> fenced{0};     ///< Settles refused: the lease had moved on.
-  std::atomic<std::int64_t> reaped{0};     ///< Expired leases returned to the queue.
-  std::atomic<std::int64_t> db_errors{0};  ///< Database errors survived.
+  std::int64_t claims = 0;        ///< Claim statements run (outbox_claims_total).
+  std::int64_t empty_claims = 0;  ///< Claims that leased nothing (outbox_empty_polls_total).
+  std::int64_t claimed = 0;       ///< Messages leased (outbox_messages_claimed_total).
+  /// Fresh messages only the periodic full sweep found (outbox_sweep_found_total).
+  std::int64_t sweep_found = 0;
+  std::int64_t delivered = 0;  ///< Settled as delivered (outbox_delivered_total).
+  /// Set for a later retry, by a settle or by the reaper (outbox_retried_total).
+  std::int64_t retried = 0;
+  std::int64_t dead = 0;       ///< Moved to the dead letters (outbox_dead_lettered_total).
+  std::int64_t released = 0;   ///< Handed back, no attempt counted (outbox_released_total).
+  std::int64_t fenced = 0;     ///< Settles refused: the lease had moved on.
+  std::int64_t reaped = 0;     ///< Expired leases returned to the queue by the reaper.
+  std::int64_t db_errors = 0;  ///< Database errors survived (outbox_db_errors_total).
 };
 
 /// What a dispatcher runs on besides its config and sinks. Defaults: the PostgreSQL store of
-/// config.database_url, the real clock, no metrics.
+/// config.database_url, the real clock, metrics of its own (read through stats()) and no
+/// queue status.
 struct DispatcherEnv {
   /// Makes the store of each of the dispatcher's threads (claim loops, settler, listener,
   /// maintenance, coordinator); empty: PostgresStores(config.database_url).
@@ -44,7 +47,8 @@ struct DispatcherEnv {
   /// Must outlive the dispatcher; null: RealClock().
   const Clock* clock = nullptr;
   /// Optional, must outlive the dispatcher: receives every claim, delivery and settle event,
-  /// and the queue status every `status_interval`.
+  /// and the queue status every `status_interval`. Null: the dispatcher records into metrics
+  /// of its own and reads no queue status.
   RelayMetrics* metrics = nullptr;
   Millis status_interval{5000};
 };
@@ -69,7 +73,8 @@ class Dispatcher {
   /// Returns true if everything was settled.
   bool Stop();
 
-  const DispatcherStats& stats() const;
+  /// What the dispatcher's metrics counted so far.
+  DispatcherStats stats() const;
   /// True once every sink is ready and the last database call succeeded.
   bool Ready() const;
   /// Why not Ready(), naming the database or the destination and its sink's reason; empty

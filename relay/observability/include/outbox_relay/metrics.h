@@ -35,7 +35,8 @@ std::string_view ReasonClass(std::string_view label);
 /// awaited (reason_class "shutdown") and nothing should be counted.
 std::string_view WebhookResponseClass(const Outcome& outcome);
 
-/// "kafka" or "webhook"; anything else is "other".
+/// The `sink` label: Sink::Kind() ("kafka", "webhook"; what the registry lists), or "other"
+/// for a text that is not a short lowercase word.
 std::string_view SinkLabel(std::string_view sink);
 
 struct RelayMetrics {
@@ -95,6 +96,7 @@ struct RelayMetrics {
   metrics::CounterFamily&
       webhook_endpoints_auto_disabled_total;      // ..._auto_disabled_total{destination}
   metrics::CounterFamily& sweep_found_total;      // outbox_sweep_found_total{destination}
+  metrics::CounterFamily& released_total;         // outbox_released_total{destination}
   metrics::CounterFamily& settle_fenced_total;    // outbox_settle_fenced_total
   metrics::CounterFamily& reaper_requeued_total;  // outbox_reaper_requeued_total
   metrics::CounterFamily& db_errors_total;        // outbox_db_errors_total
@@ -123,6 +125,9 @@ struct RelayMetrics {
   void RecordDeadLettered(std::string_view destination, Reason reason, std::int64_t n = 1);
   void RecordReaperRequeued(std::int64_t n);
   void RecordSettleFenced(std::int64_t n);
+  /// Messages handed back to the queue with no attempt counted (shutdown, a sink that stopped
+  /// sending).
+  void RecordReleased(std::string_view destination, std::int64_t n = 1);
   /// Fresh messages of `destination` that only the periodic full sweep found: the fresh lane
   /// had passed them (should stay 0; see docs/adr/0001-claim-path.md).
   void RecordSweepFound(std::string_view destination, std::int64_t n);

@@ -146,6 +146,8 @@ class CounterFamily final : public Family<Counter> {
   CounterFamily(std::string name, std::string help, std::vector<std::string> label_names,
                 std::size_t max_series = kDefaultMaxSeries);
   void Render(std::string& out) const override;
+  /// The sum over every series.
+  double Total() const;
 
  private:
   std::unique_ptr<Counter> Make() const override { return std::make_unique<Counter>(); }

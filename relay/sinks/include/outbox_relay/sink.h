@@ -127,15 +127,18 @@ class Sink {
 using SinkPtr = std::unique_ptr<Sink>;
 
 struct Destination;  // outbox_relay/config.h
+struct TargetKind;   // outbox_relay/config.h
 
-/// One kind of sink: how its destinations are recognised, checked and served. Each kind
-/// defines its factory in its own folder (relay/sinks/<kind>); relay/sinks/src/registry.cc
+/// One kind of sink: how its destinations are read from the config, checked and served. Each
+/// kind defines its factory in its own folder (relay/sinks/<kind>); relay/sinks/src/registry.cc
 /// lists them, and nothing else in the relay names a kind of sink (docs/architecture.md,
 /// "Adding a sink").
 struct SinkFactory {
-  std::string_view kind;  ///< As Sink::Kind() of the sinks it makes.
-  /// Whether `destination`'s target is this kind's.
-  bool (*serves)(const Destination& destination);
+  /// As Sink::Kind() of the sinks it makes, the key of the config section it reads and
+  /// Destination::target.kind() of the destinations it serves.
+  std::string_view kind;
+  /// Reads and completes that section (the config loader calls it; config names no kind).
+  const TargetKind& (*target_kind)();
   /// What the sink would refuse, checked without connecting (check-config and run both call
   /// it); throws std::invalid_argument naming the property and the fix.
   void (*validate)(const Destination& destination);

@@ -582,10 +582,10 @@ SinkPtr MakeKafkaSink(std::string destination, const KafkaTarget& target) {
 
 const SinkFactory& KafkaSinkFactory() {
   static const SinkFactory factory{
-      "kafka",
-      [](const Destination& d) { return std::holds_alternative<KafkaTarget>(d.target); },
-      [](const Destination& d) { ValidateKafkaTarget(d.name, std::get<KafkaTarget>(d.target)); },
-      [](const Destination& d) { return MakeKafkaSink(d.name, std::get<KafkaTarget>(d.target)); },
+      KafkaTarget::kKind,
+      KafkaTargetKind,
+      [](const Destination& d) { ValidateKafkaTarget(d.name, d.target.Get<KafkaTarget>()); },
+      [](const Destination& d) { return MakeKafkaSink(d.name, d.target.Get<KafkaTarget>()); },
   };
   return factory;
 }

@@ -4,14 +4,30 @@
 #include <cctype>
 #include <stdexcept>
 
+#include "outbox_relay/config_fields.h"
+
 namespace outbox::relay::kafka_detail {
 
-bool IsValidTopicName(const std::string& topic) {
-  if (topic.empty() || topic.size() > 249 || topic == "." || topic == "..") return false;
-  return std::all_of(topic.begin(), topic.end(), [](char c) {
+std::string TopicNameProblem(const std::string& topic) {
+  constexpr std::size_t kMaxTopicName = 249;  // Kafka's limit
+  if (topic.empty()) return "is empty; name the Kafka topic";
+  if (topic == "." || topic == "..")
+    return "`.` and `..` are not valid Kafka topic names; choose another name";
+  if (topic.size() > kMaxTopicName) {
+    return "is " + std::to_string(topic.size()) +
+           " characters long; Kafka topic names have at most 249";
+  }
+  const bool ok = std::all_of(topic.begin(), topic.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
   });
+  if (!ok) {
+    return cfg::Quote(topic) +
+           " is not a valid Kafka topic name; use only letters, digits, `.`, `_` and `-`";
+  }
+  return "";
 }
+
+bool IsValidTopicName(const std::string& topic) { return TopicNameProblem(topic).empty(); }
 
 TopicRoute::TopicRoute(const std::string& destination, const KafkaTarget& target)
     : destination_(destination),

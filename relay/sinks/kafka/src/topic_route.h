@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "outbox_relay/config.h"
+#include "outbox_relay/kafka_target.h"
 #include "outbox_relay/message.h"
 
 namespace outbox::relay::kafka_detail {
@@ -42,7 +42,11 @@ class TopicRoute {
   std::string prefix_;
 };
 
-/// A valid Kafka topic name: 1 to 249 of [a-zA-Z0-9._-], not "." or "..".
+/// Why `topic` is not a valid Kafka topic name (1 to 249 of [a-zA-Z0-9._-], not "." or ".."),
+/// with the fix; "" when it is. The one rule, for the config and the router alike.
+std::string TopicNameProblem(const std::string& topic);
+
+/// TopicNameProblem(topic) is "".
 bool IsValidTopicName(const std::string& topic);
 
 }  // namespace outbox::relay::kafka_detail

@@ -17,7 +17,7 @@
 #include <optional>
 #include <string>
 
-#include "outbox_relay/config.h"
+#include "outbox_relay/webhook_target.h"
 
 namespace outbox::relay::webhook_detail {
 

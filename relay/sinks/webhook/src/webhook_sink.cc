@@ -823,15 +823,15 @@ SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target) {
 
 const SinkFactory& WebhookSinkFactory() {
   static const SinkFactory factory{
-      "webhook",
-      [](const Destination& d) { return std::holds_alternative<WebhookTarget>(d.target); },
+      WebhookTarget::kKind,
+      WebhookTargetKind,
       [](const Destination& d) {
-        const auto& target = std::get<WebhookTarget>(d.target);
+        const auto& target = d.target.Get<WebhookTarget>();
         if (target.endpoints_from_database) return ValidateServiceDefaults(d.name, target);
         ValidateWebhookTarget(d.name, target);
       },
       [](const Destination& d) {
-        const auto& target = std::get<WebhookTarget>(d.target);
+        const auto& target = d.target.Get<WebhookTarget>();
         return target.endpoints_from_database ? MakeWebhookServiceSink(d.name, target)
                                               : MakeWebhookSink(d.name, target);
       },

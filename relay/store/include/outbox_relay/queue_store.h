@@ -75,7 +75,8 @@ struct SettleCounts {
   /// although its reply was lost (a database restart), or another relay delivered it after
   /// the lease expired. Nothing to do.
   std::int64_t gone = 0;
-  /// Ids this write delivered, dead-lettered or returned for a retry: what metrics count.
+  /// Ids this write delivered, dead-lettered, returned for a retry or released: what the
+  /// metrics count.
   std::vector<MessageId> written;
 };
 

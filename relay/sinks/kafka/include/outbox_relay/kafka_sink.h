@@ -27,7 +27,7 @@
 #include <memory>
 #include <string>
 
-#include "outbox_relay/config.h"
+#include "outbox_relay/kafka_target.h"
 #include "outbox_relay/message.h"
 #include "outbox_relay/sink.h"
 

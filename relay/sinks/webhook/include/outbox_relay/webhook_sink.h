@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "outbox_relay/config.h"
 #include "outbox_relay/sink.h"
+#include "outbox_relay/webhook_target.h"
 
 namespace outbox::relay {
 

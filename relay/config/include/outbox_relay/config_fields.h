@@ -1,5 +1,6 @@
-// Internal: typed, path-aware access to a parsed YAML document. Every error names the
-// dotted key path, where it is written (file:line:column) and how to fix it.
+// Typed, path-aware access to a parsed YAML document, for the config loader and for the
+// section each kind of target reads (relay/sinks/<kind>). Every error names the dotted key
+// path, where it is written (file:line:column) and how to fix it.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -13,7 +14,23 @@
 #include <utility>
 #include <vector>
 
-namespace outbox::relay::detail {
+namespace outbox::relay::cfg {
+
+/// The longest duration a key accepts (24 h): longer is a mistake, and keeps time math far
+/// from overflow.
+inline constexpr std::int64_t kMaxDurationMs = 86'400'000;
+/// The unit hint of a millisecond key.
+inline constexpr std::string_view kMsHint = " of milliseconds, e.g. 30000 for 30 s";
+
+/// `text` in backquotes, cut at 80 characters. Only for values that are never secret (levels,
+/// addresses, numbers, names).
+std::string Quote(std::string_view text);
+
+/// ASCII lowercase.
+std::string Lowercase(std::string_view text);
+
+/// True when `text` has a space, a tab or another control character.
+bool HasSpaceOrControl(std::string_view text);
 
 /// One value of the document and how it was reached.
 struct Field {
@@ -97,4 +114,4 @@ std::string ReadNonEmptyString(const Field& field);
 /// The elements of a list (an empty value counts as an empty list).
 std::vector<Field> ReadList(const Field& field);
 
-}  // namespace outbox::relay::detail
+}  // namespace outbox::relay::cfg

@@ -2,9 +2,9 @@
 
 #include <cstdint>
 
-#include "outbox_relay/config.h"
+#include "outbox_relay/webhook_target.h"
 
-namespace outbox::relay::detail {
+namespace outbox::relay::webhook_detail {
 
 namespace {
 
@@ -59,13 +59,13 @@ std::string CheckWebhookSecret(std::string_view secret, std::string* key) {
   return "";
 }
 
-}  // namespace outbox::relay::detail
+}  // namespace outbox::relay::webhook_detail
 
 namespace outbox::relay {
 
 std::string WebhookSecretKey(const std::string& secret) {
   std::string key;
-  const std::string problem = detail::CheckWebhookSecret(secret, &key);
+  const std::string problem = webhook_detail::CheckWebhookSecret(secret, &key);
   if (!problem.empty()) throw ConfigError("webhook secret " + problem);
   return key;
 }

@@ -1,4 +1,4 @@
-// Internal: values that the config reads from the environment or from files
+// Values that the config reads from the environment or from files
 // (database_url_env, secret_file, sasl.password_env, ...).
 #pragma once
 
@@ -6,10 +6,10 @@
 #include <string>
 #include <string_view>
 
-#include "fields.h"
 #include "outbox_relay/config.h"
+#include "outbox_relay/config_fields.h"
 
-namespace outbox::relay::detail {
+namespace outbox::relay::cfg {
 
 /// The whole content of a file, or nullopt with *error set to the errno text.
 std::optional<std::string> ReadWholeFile(const std::string& path, std::string* error);
@@ -31,4 +31,4 @@ std::string ReadEnvReference(const Field& field, const EnvLookup& env);
 /// naming the key, the file and the errno text, when it cannot be read or is empty.
 std::string ReadFileReference(const Field& field);
 
-}  // namespace outbox::relay::detail
+}  // namespace outbox::relay::cfg

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-namespace outbox::relay::detail {
+namespace outbox::relay::webhook_detail {
 
 inline constexpr std::string_view kWebhookSecretPrefix = "whsec_";
 
@@ -16,4 +16,4 @@ std::optional<std::string> DecodeBase64(std::string_view text);
 /// secret. On success and when `key` is not null, stores the decoded key bytes there.
 std::string CheckWebhookSecret(std::string_view secret, std::string* key);
 
-}  // namespace outbox::relay::detail
+}  // namespace outbox::relay::webhook_detail

@@ -1,0 +1,37 @@
+// A destination's `kafka:` section (docs/configuration.md, "Kafka"): what it holds, and the
+// TargetKind that reads it.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "outbox_relay/config.h"
+
+namespace outbox::relay {
+
+struct KafkaTarget {
+  static constexpr std::string_view kKind = "kafka";
+
+  std::string brokers;  ///< bootstrap.servers, comma separated.
+  /// The topic, or a template over message fields: "orders.{event_type}", with {event_type},
+  /// {destination}, {key} and {header.NAME} (docs/configuration.md, "Kafka").
+  std::string topic;
+  /// A template may only produce to these topics...
+  std::vector<std::string> allowed_topics;
+  /// ...or to topics starting with this prefix.
+  std::string topic_prefix;
+  /// librdkafka properties passed through as they are (compression.type, linger.ms,
+  /// security.protocol, sasl.*, ssl.*, ...). Secrets resolved from *_env / *_file keys.
+  std::map<std::string, std::string> producer;
+  /// message.timeout.ms when `producer` sets none: how long one attempt may take. The config
+  /// derives it from lease_ms (2/3 of it, at most 30 s) so an attempt ends inside its lease.
+  Millis attempt_timeout{30'000};
+};
+
+/// Reads `kafka:` sections: the brokers, the topic or its template, the producer's librdkafka
+/// properties (secrets from *_env / *_file keys), and the attempt timeout derived from the lease.
+const TargetKind& KafkaTargetKind();
+
+}  // namespace outbox::relay

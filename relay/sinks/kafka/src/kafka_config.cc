@@ -1,0 +1,224 @@
+// Reads a destination's `kafka:` section (docs/configuration.md, "Kafka").
+#include <algorithm>
+#include <array>
+#include <string_view>
+
+#include "outbox_relay/config_fields.h"
+#include "outbox_relay/config_sources.h"
+#include "outbox_relay/kafka_target.h"
+#include "topic_route.h"
+
+namespace outbox::relay {
+
+using cfg::Fail;
+using cfg::Field;
+using cfg::HasSpaceOrControl;
+using cfg::Mapping;
+using cfg::Quote;
+
+namespace {
+
+constexpr std::array<std::string_view, 5> kKeys = {"brokers", "topic", "producer", "allowed_topics",
+                                                   "topic_prefix"};
+
+struct OwnedProperty {
+  std::string_view name;
+  std::string_view why;
+};
+
+constexpr std::array<OwnedProperty, 8> kOwnedProducerProperties = {{
+    {"bootstrap.servers", "the relay sets it from `brokers`; list the servers there instead"},
+    {"metadata.broker.list", "the relay sets the servers from `brokers`; list them there instead"},
+    {"enable.idempotence",
+     "the relay always enables the idempotent producer so that its retries cannot duplicate or "
+     "reorder messages; "
+     "remove it"},
+    {"acks",
+     "the relay requires acks=all, so a message counts as delivered only once every in-sync "
+     "replica has it; "
+     "remove it"},
+    {"request.required.acks",
+     "the relay requires acks=all, so a message counts as delivered only once every in-sync "
+     "replica has it; "
+     "remove it"},
+    {"dr_msg_cb",
+     "the relay installs its own delivery report callback to mark messages delivered; remove it"},
+    {"dr_cb",
+     "the relay installs its own delivery report callback to mark messages delivered; remove it"},
+    {"transactional.id",
+     "the relay uses the idempotent producer, not Kafka transactions; remove it"},
+}};
+
+std::string ReadBrokers(const Field& field) {
+  std::vector<std::string> parts;
+  if (field.node.IsSequence()) {
+    for (const auto& element : cfg::ReadList(field))
+      parts.push_back(cfg::ReadNonEmptyString(element));
+  } else {
+    const std::string text = cfg::ReadNonEmptyString(field);
+    std::string current;
+    for (char c : text + ",") {
+      if (c == ',') {
+        parts.push_back(current);
+        current.clear();
+      } else {
+        current += c;
+      }
+    }
+  }
+  std::string joined;
+  for (auto& part : parts) {
+    const auto first = part.find_first_not_of(" \t");
+    const auto last = part.find_last_not_of(" \t");
+    part = first == std::string::npos ? "" : part.substr(first, last - first + 1);
+    if (part.empty()) {
+      Fail(field,
+           "has an empty entry; write the bootstrap servers as `host:port` separated by commas, "
+           "e.g. "
+           "`kafka-1:9092,kafka-2:9092`");
+    }
+    if (HasSpaceOrControl(part)) {
+      Fail(field, "entry " + Quote(part) +
+                      " contains whitespace; write `host:port` entries separated by commas");
+    }
+    if (!joined.empty()) joined += ',';
+    joined += part;
+  }
+  if (joined.empty()) {
+    Fail(field,
+         "lists no servers; write at least one bootstrap server as `host:port`, e.g. "
+         "`kafka-1:9092`");
+  }
+  return joined;
+}
+
+void ValidateTopic(const Field& field, const std::string& topic) {
+  const std::string problem = kafka_detail::TopicNameProblem(topic);
+  if (!problem.empty()) Fail(field, problem);
+}
+
+std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLookup& env) {
+  std::map<std::string, std::string> properties;
+  std::map<std::string, std::string> written_as;  // property -> key that set it
+  for (const auto& [key, value_field] : cfg::Entries(field)) {
+    enum class From { kValue, kEnv, kFile } from = From::kValue;
+    std::string property = key;
+    if (key.ends_with("_env")) {
+      from = From::kEnv;
+      property = key.substr(0, key.size() - 4);
+    } else if (key.ends_with("_file")) {
+      from = From::kFile;
+      property = key.substr(0, key.size() - 5);
+    }
+    if (property.empty()) {
+      Fail(value_field,
+           "names no property; write `<librdkafka property>_env` or `<property>_file`, e.g. "
+           "`sasl.password_env: KAFKA_PASSWORD`");
+    }
+    for (const auto& owned : kOwnedProducerProperties) {
+      if (property == owned.name)
+        Fail(value_field, "`" + property + "` cannot be set here: " + std::string(owned.why));
+    }
+    if (auto it = written_as.find(property); it != written_as.end()) {
+      Fail(value_field, "sets `" + property + "` again (already set by `" + it->second +
+                            "`); keep only one of `" + property + "`, `" + property +
+                            "_env` and `" + property + "_file`");
+    }
+    written_as.emplace(property, key);
+
+    std::string value;
+    switch (from) {
+      case From::kEnv:
+        value = cfg::ReadEnvReference(value_field, env);
+        break;
+      case From::kFile:
+        value = cfg::ReadFileReference(value_field);
+        break;
+      case From::kValue: {
+        const YAML::Node& node = value_field.node;
+        if (node.IsNull() || !node.IsDefined()) {
+          Fail(value_field, "has no value; give the librdkafka property a value or remove the key");
+        }
+        if (!node.IsScalar()) {
+          Fail(value_field, "expected a string, number or boolean, got " + cfg::DescribeKind(node) +
+                                "; librdkafka properties take one value (join lists with commas)");
+        }
+        value = node.Scalar();
+        if (node.Tag() == "?" && (value == "True" || value == "TRUE")) value = "true";
+        if (node.Tag() == "?" && (value == "False" || value == "FALSE")) value = "false";
+        break;
+      }
+    }
+    properties.emplace(property, std::move(value));
+  }
+  return properties;
+}
+
+void ParseKafka(const Field& field, const EnvLookup& env, Destination& destination) {
+  Mapping m(field, std::vector<std::string_view>(kKeys.begin(), kKeys.end()));
+  KafkaTarget kafka;
+  auto brokers = m.Get("brokers");
+  if (!brokers) {
+    Fail(field,
+         "missing required key `brokers`; list the bootstrap servers, e.g. `brokers: "
+         "kafka-1:9092,kafka-2:9092`");
+  }
+  kafka.brokers = ReadBrokers(*brokers);
+  auto topic = m.Get("topic");
+  if (!topic)
+    Fail(field,
+         "missing required key `topic`; name the Kafka topic to produce to, e.g. `topic: orders`");
+  kafka.topic = cfg::ReadNonEmptyString(*topic);
+  // A template ("orders.{event_type}") is checked by the Kafka sink's validation, which
+  // check-config and run both call; a plain name here.
+  if (kafka.topic.find('{') == std::string::npos) ValidateTopic(*topic, kafka.topic);
+  if (auto f = m.Get("allowed_topics")) {
+    for (const auto& element : cfg::ReadList(*f)) {
+      kafka.allowed_topics.push_back(cfg::ReadNonEmptyString(element));
+      ValidateTopic(element, kafka.allowed_topics.back());
+    }
+  }
+  if (auto f = m.Get("topic_prefix")) kafka.topic_prefix = cfg::ReadNonEmptyString(*f);
+  if (auto producer = m.Get("producer")) kafka.producer = ReadProducer(*producer, env);
+  destination.target = std::move(kafka);
+}
+
+// The longest one attempt may take, when the producer bounds it: message.timeout.ms (alias
+// delivery.timeout.ms).
+std::optional<AttemptBound> KafkaAttemptBound(const Destination& d) {
+  const auto& producer = d.target.Get<KafkaTarget>().producer;
+  for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
+    if (auto it = producer.find(key); it != producer.end()) {
+      try {
+        return AttemptBound{Millis{std::stoll(it->second)},
+                            "destinations." + d.name + ".kafka.producer." + key};
+      } catch (const std::exception&) {
+        return std::nullopt;  // librdkafka's own check names it (check-config, run)
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// Kafka attempts without an explicit bound get one that fits the lease: 2/3 of it, at most
+// librdkafka's usual 30 s.
+void CompleteKafka(Destination& d, const RelayConfig& config, const std::string&) {
+  d.target.Get<KafkaTarget>().attempt_timeout =
+      Millis{std::min<long long>(30'000, config.lease.count() * 2 / 3)};
+}
+
+}  // namespace
+
+const TargetKind& KafkaTargetKind() {
+  static const TargetKind kind{
+      .key = KafkaTarget::kKind,
+      .essentials = "brokers, topic",
+      .keys = {kKeys.begin(), kKeys.end()},
+      .parse = ParseKafka,
+      .attempt_bound = KafkaAttemptBound,
+      .complete = CompleteKafka,
+  };
+  return kind;
+}
+
+}  // namespace outbox::relay
