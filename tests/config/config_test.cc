@@ -413,6 +413,41 @@ TEST(ParseConfig, KafkaTopicTemplatesAndTheirAllowList) {
   EXPECT_TRUE(Contains(message, "is not a valid Kafka topic name")) << message;
 }
 
+TEST(ParseConfig, RecordKeyHeaderAndCloudEventsFormat) {
+  const RelayConfig plain =
+      ParseConfig(WithKafka("      brokers: k:9092\n      topic: orders\n"), "cfg.yaml", kNoEnv);
+  const auto& p = plain.destinations.at("orders").target.Get<KafkaTarget>();
+  EXPECT_EQ(p.key_header, "");
+  EXPECT_FALSE(p.cloudevents);
+  const RelayConfig ce = ParseConfig(
+      WithKafka("      brokers: k:9092\n      topic: orders\n      key_header: tenant\n"
+                "      format: cloudevents\n      cloudevents_source: //shop.example/outbox\n"),
+      "cfg.yaml", kNoEnv);
+  const auto& k = ce.destinations.at("orders").target.Get<KafkaTarget>();
+  EXPECT_EQ(k.key_header, "tenant");
+  EXPECT_TRUE(k.cloudevents);
+  EXPECT_EQ(k.cloudevents_source, "//shop.example/outbox");
+  const RelayConfig hook =
+      ParseConfig(WithWebhook("      secret: " + kSecretA + "\n      format: cloudevents\n"),
+                  "cfg.yaml", kNoEnv);
+  EXPECT_TRUE(hook.destinations.at("hooks").target.Get<WebhookTarget>().cloudevents);
+
+  EXPECT_TRUE(Contains(
+      ErrorOf(WithKafka("      brokers: k:9092\n      topic: orders\n      format: cloudevent\n")),
+      "destinations.orders.kafka.format: `cloudevent` is not allowed here (did you mean "
+      "`cloudevents`?); use one of `plain`, `cloudevents`"));
+  EXPECT_TRUE(Contains(ErrorOf(WithKafka("      brokers: k:9092\n      topic: orders\n"
+                                         "      cloudevents_source: //x\n")),
+                       "cloudevents_source: needs `format: cloudevents`"));
+  EXPECT_TRUE(Contains(ErrorOf(WithKafka("      brokers: k:9092\n      topic: orders\n"
+                                         "      key_header: \"two words\"\n")),
+                       "key_header: is not a header name"));
+  EXPECT_TRUE(Contains(ErrorOf(WithWebhook("      secret: " + kSecretA +
+                                           "\n      format: cloudevents\n"
+                                           "      headers: {ce-source: mine}\n")),
+                       "sets `ce-source`, which `format: cloudevents` sets from each message"));
+}
+
 TEST(ParseConfig, WebhookPrivateNetworkKeys) {
   const RelayConfig defaults =
       ParseConfig(WithWebhook("      secret: " + kSecretA + "\n"), "cfg.yaml", kNoEnv);

@@ -352,4 +352,15 @@ std::vector<Field> ReadList(const Field& field) {
   return out;
 }
 
+std::string ReadChoice(const Field& field, const std::vector<std::string>& choices,
+                       std::string_view meaning) {
+  const std::string value = ReadNonEmptyString(field);
+  if (std::find(choices.begin(), choices.end(), value) != choices.end()) return value;
+  std::string listed;
+  for (const auto& c : choices) listed += (listed.empty() ? "`" : ", `") + c + "`";
+  std::string message = Quote(value) + " is not allowed here";
+  if (auto close = ClosestMatch(value, choices)) message += " (did you mean `" + *close + "`?)";
+  Fail(field, message + "; use one of " + listed + " (" + std::string(meaning) + ")");
+}
+
 }  // namespace outbox::relay::cfg

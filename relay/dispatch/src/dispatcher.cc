@@ -154,8 +154,7 @@ void Dispatcher::Impl::LogOutcome(const Destination& d, MessageId id, const std:
 // One delivery attempt, whatever its settle finds: how long it took, what the endpoint said.
 void Dispatcher::Impl::RecordAttempt(const Destination& d, const Sink& sink, const Outcome& outcome,
                                      SteadyTime submitted) {
-  metrics->RecordDeliveryDuration(d.name, sink.Kind(),
-                                  std::chrono::duration<double>(Now() - submitted));
+  attempt_durations.at(d.name)->Observe(std::chrono::duration<double>(Now() - submitted).count());
   if (sink.OutcomesAreResponses()) metrics->RecordWebhookResponse(d.name, outcome);
 }
 
@@ -178,7 +177,10 @@ Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
   for (const auto& [name, dest] : impl_->config.destinations) {
     if (!impl_->sinks.count(name)) throw std::invalid_argument("no sink for destination " + name);
   }
-  for (const auto& [name, sink] : impl_->sinks) metrics->InitDestination(name, sink->Kind());
+  for (const auto& [name, sink] : impl_->sinks) {
+    metrics->InitDestination(name, sink->Kind());
+    impl_->attempt_durations[name] = &metrics->DeliveryDuration(name, sink->Kind());
+  }
 }
 
 Dispatcher::~Dispatcher() { Stop(); }

@@ -51,6 +51,8 @@ struct Dispatcher::Impl {
   RelayMetrics* metrics = nullptr;
   std::unique_ptr<RelayMetrics> owned_metrics;
   bool publish_status = false;  // the caller gave metrics: keep the queue gauges current
+  // Each destination's outbox_delivery_duration_seconds series, looked up once.
+  std::map<std::string, metrics::Histogram*> attempt_durations;
   Millis status_interval{5000};
   std::vector<std::string> destination_names;
   std::map<std::string, std::unique_ptr<RoomWait>> room_waits;  // one per claim loop

@@ -251,7 +251,12 @@ void RelayMetrics::RecordClaim(std::string_view destination, std::int64_t claime
 
 void RelayMetrics::RecordDeliveryDuration(std::string_view destination, std::string_view sink,
                                           Seconds took) {
-  delivery_duration.Labels(L(destination, SinkLabel(sink))).Observe(took.count());
+  DeliveryDuration(destination, sink).Observe(took.count());
+}
+
+metrics::Histogram& RelayMetrics::DeliveryDuration(std::string_view destination,
+                                                   std::string_view sink) {
+  return delivery_duration.Labels(L(destination, SinkLabel(sink)));
 }
 
 void RelayMetrics::RecordWebhookResponse(std::string_view destination, const Outcome& outcome) {
@@ -261,9 +266,17 @@ void RelayMetrics::RecordWebhookResponse(std::string_view destination, const Out
 }
 
 void RelayMetrics::RecordDelivered(std::string_view destination, Seconds latency) {
+  Delivered(destination).Record(latency);
+}
+
+RelayMetrics::DeliveredSeries RelayMetrics::Delivered(std::string_view destination) {
   const auto l = L(destination);
-  delivered_total.Labels(l).Inc();
-  enqueue_to_delivery.Labels(l).Observe(std::max(0.0, latency.count()));
+  return {delivered_total.Labels(l), enqueue_to_delivery.Labels(l)};
+}
+
+void RelayMetrics::DeliveredSeries::Record(Seconds latency_of_one) const {
+  delivered.Inc();
+  latency.Observe(std::max(0.0, latency_of_one.count()));
 }
 
 void RelayMetrics::RecordDelivered(std::string_view destination,

@@ -172,6 +172,61 @@ TEST_F(KafkaSinkTest, DeliversKeyValueAndHeadersExactlyOnce) {
   }
 }
 
+// format: cloudevents adds the CloudEvents binary-mode attributes as ce_* headers (Kafka
+// protocol binding) and a content-type; key_header takes the record key from a message header.
+TEST_F(KafkaSinkTest, CloudEventsBinaryModeAndARecordKeyFromAHeader) {
+  const std::string topic = "ce.orders";
+  cluster_->CreateTopic(topic, 4, 1);
+  KafkaTarget t = Target();
+  t.topic = topic;
+  t.cloudevents = true;
+  t.cloudevents_source = "//shop.example.com/outbox";
+  t.key_header = "tenant";
+  auto sink = MakeKafkaSink("orders", t);
+
+  Message typed = MakeMessage(1, "order-1");
+  typed.headers = {{"tenant", "acme"},
+                   {"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}};
+  Message untyped = MakeMessage(2, "order-2");
+  untyped.event_type.clear();
+  untyped.headers = {{"ce_type", "spoofed"}, {"content-type", "text/plain"}};
+  Message bytes = MakeMessage(3, std::nullopt, std::string("\x01\x02", 2));
+  bytes.payload_is_json = false;
+  for (Message* m : {&typed, &untyped, &bytes}) {
+    EXPECT_EQ(SubmitAndWait(*sink, *m).kind, OutcomeKind::kDelivered);
+  }
+  const auto records = cluster_->ConsumeAll(topic, 3, kWait);
+  ASSERT_EQ(records.size(), 3u);
+  std::map<std::string, const ConsumedRecord*> by_id;
+  for (const auto& r : records) by_id[r.headers.at("outbox-id")] = &r;
+
+  const ConsumedRecord& a = *by_id.at("1");
+  ASSERT_TRUE(a.key.has_value());
+  EXPECT_EQ(*a.key, "acme") << "the key comes from the tenant header";
+  EXPECT_EQ(a.headers.at("ce_specversion"), "1.0");
+  EXPECT_EQ(a.headers.at("ce_id"), typed.idempotency_key);
+  EXPECT_EQ(a.headers.at("ce_source"), "//shop.example.com/outbox");
+  EXPECT_EQ(a.headers.at("ce_type"), "order.created");
+  EXPECT_EQ(a.headers.at("ce_time"), "2024-05-06T07:08:09.001Z");
+  EXPECT_EQ(a.headers.at("ce_subject"), "order-1");
+  EXPECT_EQ(a.headers.at("content-type"), "application/json");
+  EXPECT_EQ(a.headers.at("traceparent"), typed.headers[1].second) << "trace context kept";
+  EXPECT_EQ(a.headers.at("idempotency-key"), typed.idempotency_key) << "the relay's own stay";
+
+  const ConsumedRecord& b = *by_id.at("2");
+  ASSERT_TRUE(b.key.has_value());
+  EXPECT_EQ(*b.key, "order-2") << "no tenant header: the ordering key";
+  EXPECT_EQ(b.headers.at("ce_type"), "orders") << "no event type: the destination";
+  EXPECT_EQ(b.headers.at("content-type"), "application/json")
+      << "a message's own ce_ and content-type headers cannot override the relay's";
+
+  const ConsumedRecord& c = *by_id.at("3");
+  EXPECT_FALSE(c.key.has_value());
+  EXPECT_FALSE(c.headers.count("ce_subject")) << "no ordering key, no subject";
+  EXPECT_EQ(c.headers.at("content-type"), "application/octet-stream");
+  EXPECT_EQ(c.value, std::string("\x01\x02", 2));
+}
+
 TEST_F(KafkaSinkTest, RetriableBrokerErrorsAreRetriedInternally) {
   Recorder rec;
   auto sink = MakeKafkaSink("orders", Target());

@@ -260,6 +260,47 @@ TEST(WebhookSink, DeliversEveryMessageOnceWithStandardHeaders) {
   sink->Shutdown(5s);
 }
 
+// format: cloudevents adds the CloudEvents binary-mode attributes as ce-* headers (HTTP
+// protocol binding), beside the Standard Webhooks headers; a message cannot set its own.
+TEST(WebhookSink, CloudEventsBinaryModeHeaders) {
+  HttpReceiver receiver;
+  Completions done;
+  WebhookTarget target = Target(receiver.Url("/ce"));
+  target.cloudevents = true;
+  auto sink = MakeWebhookSink("hooks", target);
+  Message typed = MakeMessage(1);
+  typed.event_type = "invoice.paid";
+  typed.created_at =
+      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'123));
+  typed.headers = {{"ce-type", "spoofed"}, {"ce-source", "spoofed"}};
+  Message untyped = MakeMessage(2);
+  untyped.ordering_key.reset();
+  sink->Submit(typed, done.Callback());
+  sink->Submit(untyped, done.Callback());
+  ASSERT_TRUE(done.WaitForSize(2));
+  for (const auto& o : done.All()) EXPECT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;
+  const auto requests = receiver.Requests();
+  ASSERT_EQ(requests.size(), 2u);
+  for (const ReceivedRequest& r : requests) {
+    EXPECT_EQ(r.Header("ce-specversion"), "1.0");
+    EXPECT_EQ(r.Header("ce-id"), r.Header("webhook-id"));
+    EXPECT_EQ(r.Header("ce-source"), "/outbox-relay/hooks") << "the default source";
+    EXPECT_FALSE(r.Header("webhook-signature").empty()) << "still signed";
+    std::size_t ce_type = 0;
+    for (const auto& [k, v] : r.headers) ce_type += strcasecmp(k.c_str(), "ce-type") == 0;
+    EXPECT_EQ(ce_type, 1u) << "a message's own ce- headers are not sent";
+    if (r.Header("ce-id") == typed.idempotency_key) {
+      EXPECT_EQ(r.Header("ce-type"), "invoice.paid");
+      EXPECT_EQ(r.Header("ce-time"), "2023-11-14T22:13:20.123Z");
+      EXPECT_EQ(r.Header("ce-subject"), "key-1");
+    } else {
+      EXPECT_EQ(r.Header("ce-type"), "hooks") << "no event type: the destination";
+      EXPECT_EQ(r.Header("ce-subject"), "") << "no ordering key, no subject";
+    }
+  }
+  sink->Shutdown(5s);
+}
+
 TEST(WebhookSink, ServerErrorIsRetriedWithStatusAndBodyStart) {
   HttpReceiver receiver;
   const std::string body = "database unavailable; " + std::string(400, 'z');

@@ -111,6 +111,11 @@ std::string ReadString(const Field& field);
 /// A non-empty string scalar.
 std::string ReadNonEmptyString(const Field& field);
 
+/// One of `choices`; otherwise fails naming them (and the closest, for a typo). `meaning`
+/// ends the error: "... (how each message is sent)".
+std::string ReadChoice(const Field& field, const std::vector<std::string>& choices,
+                       std::string_view meaning);
+
 /// The elements of a list (an empty value counts as an empty list).
 std::vector<Field> ReadList(const Field& field);
 

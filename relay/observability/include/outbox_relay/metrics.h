@@ -112,10 +112,20 @@ struct RelayMetrics {
   void RecordClaim(std::string_view destination, std::int64_t claimed, Seconds cycle);
   /// One delivery attempt by `sink` ("kafka" / "webhook"), from Submit to its completion.
   void RecordDeliveryDuration(std::string_view destination, std::string_view sink, Seconds took);
+  /// That histogram's series, to keep and observe without a lookup per attempt.
+  metrics::Histogram& DeliveryDuration(std::string_view destination, std::string_view sink);
   /// A webhook outcome: counted under WebhookResponseClass(outcome) (not at all for "").
   void RecordWebhookResponse(std::string_view destination, const Outcome& outcome);
   /// A message settled as delivered, `latency` after it was enqueued.
   void RecordDelivered(std::string_view destination, Seconds latency);
+  /// One destination's delivered counter and latency histogram, looked up once to record a
+  /// whole settle's deliveries (the series live as long as the metrics).
+  struct DeliveredSeries {
+    metrics::Counter& delivered;
+    metrics::Histogram& latency;
+    void Record(Seconds latency_of_one) const;
+  };
+  DeliveredSeries Delivered(std::string_view destination);
   /// Same, from the message's created_at and the current time (negative clamps to 0).
   void RecordDelivered(std::string_view destination,
                        std::chrono::system_clock::time_point created_at);

@@ -18,8 +18,9 @@ using cfg::Quote;
 
 namespace {
 
-constexpr std::array<std::string_view, 5> kKeys = {"brokers", "topic", "producer", "allowed_topics",
-                                                   "topic_prefix"};
+constexpr std::array<std::string_view, 8> kKeys = {
+    "brokers",    "topic",  "producer",           "allowed_topics",
+    "key_header", "format", "cloudevents_source", "topic_prefix"};
 
 struct OwnedProperty {
   std::string_view name;
@@ -179,6 +180,26 @@ void ParseKafka(const Field& field, const EnvLookup& env, Destination& destinati
     }
   }
   if (auto f = m.Get("topic_prefix")) kafka.topic_prefix = cfg::ReadNonEmptyString(*f);
+  if (auto f = m.Get("key_header")) {
+    kafka.key_header = cfg::ReadNonEmptyString(*f);
+    if (HasSpaceOrControl(kafka.key_header)) {
+      Fail(*f,
+           "is not a header name; name the message header whose value becomes the record "
+           "key, e.g. `key_header: tenant`");
+    }
+  }
+  if (auto f = m.Get("format")) {
+    kafka.cloudevents = cfg::ReadChoice(*f, {"plain", "cloudevents"},
+                                        "`plain`: the relay's headers; `cloudevents`: also the "
+                                        "CloudEvents binary-mode ce_* headers") == "cloudevents";
+  }
+  if (auto f = m.Get("cloudevents_source")) {
+    if (!kafka.cloudevents) Fail(*f, "needs `format: cloudevents`; add it or remove the key");
+    kafka.cloudevents_source = cfg::ReadNonEmptyString(*f);
+    if (HasSpaceOrControl(kafka.cloudevents_source)) {
+      Fail(*f, "must be a URI reference without spaces, e.g. `//billing.example.com/outbox`");
+    }
+  }
   if (auto producer = m.Get("producer")) kafka.producer = ReadProducer(*producer, env);
   destination.target = std::move(kafka);
 }

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "outbox_relay/cloudevents.h"
 #include "outbox_relay/thread_name.h"
 #include "topic_route.h"
 
@@ -48,34 +49,41 @@ const std::vector<std::pair<std::string, std::string>>& Defaults() {
   return defaults;
 }
 
-std::string FormatCreatedAt(std::chrono::system_clock::time_point tp) {
-  using namespace std::chrono;
-  const auto ms = floor<milliseconds>(tp);
-  const auto secs = floor<seconds>(ms);
-  const auto millis = static_cast<int>((ms - secs).count());
-  const std::time_t t = system_clock::to_time_t(system_clock::time_point(secs));
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char date[32];
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", &tm);
-  char out[48];
-  std::snprintf(out, sizeof out, "%s.%03dZ", date, millis);
-  return out;
-}
-
 void AddHeader(rd_kafka_headers_t* headers, const std::string& name, const std::string& value) {
   rd_kafka_header_add(headers, name.data(), static_cast<ssize_t>(name.size()), value.data(),
                       static_cast<ssize_t>(value.size()));
 }
 
-rd_kafka_headers_t* BuildHeaders(const Message& msg) {
-  rd_kafka_headers_t* headers = rd_kafka_headers_new(4 + msg.headers.size());
+rd_kafka_headers_t* BuildHeaders(const Message& msg, const KafkaTarget& target) {
+  rd_kafka_headers_t* headers =
+      rd_kafka_headers_new(4 + msg.headers.size() + (target.cloudevents ? 7 : 0));
   AddHeader(headers, "idempotency-key", msg.idempotency_key);
   AddHeader(headers, "outbox-id", std::to_string(Raw(msg.id)));
   if (!msg.event_type.empty()) AddHeader(headers, "event-type", msg.event_type);
-  AddHeader(headers, "created-at", FormatCreatedAt(msg.created_at));
-  for (const auto& [name, value] : msg.headers) AddHeader(headers, name, value);
+  AddHeader(headers, "created-at", FormatRfc3339(msg.created_at));
+  if (target.cloudevents) {
+    for (const auto& [attribute, value] : CloudEventAttributes(msg, target.cloudevents_source)) {
+      AddHeader(headers, "ce_" + attribute, value);
+    }
+    AddHeader(headers, "content-type",
+              msg.payload_is_json ? "application/json" : "application/octet-stream");
+  }
+  for (const auto& [name, value] : msg.headers) {
+    // In CloudEvents mode the ce_ attributes and the content type are the relay's.
+    if (target.cloudevents && (name.starts_with("ce_") || name == "content-type")) continue;
+    AddHeader(headers, name, value);
+  }
   return headers;
+}
+
+// The record key: the value of the configured header, else the ordering key (null if none).
+const std::string* RecordKey(const Message& msg, const KafkaTarget& target) {
+  if (!target.key_header.empty()) {
+    for (const auto& [name, value] : msg.headers) {
+      if (name == target.key_header) return &value;
+    }
+  }
+  return msg.ordering_key ? &*msg.ordering_key : nullptr;
 }
 
 bool IsPurge(rd_kafka_resp_err_t err) {
@@ -293,7 +301,7 @@ struct KafkaSink::Impl {
       Finish(done, std::move(out));
       return;
     }
-    rd_kafka_headers_t* headers = BuildHeaders(msg);
+    rd_kafka_headers_t* headers = BuildHeaders(msg, target);
     const auto give_up = Clock::now() + kQueueFullWait;
     while (true) {
       std::optional<Outcome> failed;
@@ -335,10 +343,10 @@ struct KafkaSink::Impl {
     std::size_t n = 0;
     vu[n].vtype = RD_KAFKA_VTYPE_TOPIC;
     vu[n++].u.cstr = topic.c_str();
-    if (msg.ordering_key) {
+    if (const std::string* key = RecordKey(msg, target)) {
       vu[n].vtype = RD_KAFKA_VTYPE_KEY;
-      vu[n].u.mem.ptr = const_cast<char*>(msg.ordering_key->data());
-      vu[n++].u.mem.size = msg.ordering_key->size();
+      vu[n].u.mem.ptr = const_cast<char*>(key->data());
+      vu[n++].u.mem.size = key->size();
     }
     vu[n].vtype = RD_KAFKA_VTYPE_VALUE;
     vu[n].u.mem.ptr = const_cast<char*>(msg.payload.data());

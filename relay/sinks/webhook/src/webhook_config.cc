@@ -203,7 +203,9 @@ BreakerSettings ParseBreaker(const Field& field) {
 }
 
 // Every key of a `webhook:` section (also the hints for keys written one level too high).
-constexpr std::array<std::string_view, 21> kWebhookKeys = {"url",
+constexpr std::array<std::string_view, 23> kWebhookKeys = {"url",
+                                                           "format",
+                                                           "cloudevents_source",
                                                            "rate_limit",
                                                            "endpoints",
                                                            "delivery_log",
@@ -318,6 +320,28 @@ void ParseWebhook(const Field& field, const EnvLookup& env, Destination& destina
   if (auto f = m.Get("verify_tls")) webhook.verify_tls = cfg::ReadBool(*f);
   if (auto f = m.Get("headers")) webhook.headers = ReadHeaders(*f);
   if (auto f = m.Get("breaker")) webhook.breaker = ParseBreaker(*f);
+  if (auto f = m.Get("format")) {
+    webhook.cloudevents =
+        cfg::ReadChoice(*f, {"plain", "cloudevents"},
+                        "`plain`: the Standard Webhooks headers; `cloudevents`: "
+                        "also the CloudEvents binary-mode ce-* headers") == "cloudevents";
+  }
+  if (auto f = m.Get("cloudevents_source")) {
+    if (!webhook.cloudevents) Fail(*f, "needs `format: cloudevents`; add it or remove the key");
+    webhook.cloudevents_source = cfg::ReadNonEmptyString(*f);
+    if (HasSpaceOrControl(webhook.cloudevents_source)) {
+      Fail(*f, "must be a URI reference without spaces, e.g. `//billing.example.com/outbox`");
+    }
+  }
+  if (webhook.cloudevents) {
+    for (const auto& [name, value] : webhook.headers) {
+      if (Lowercase(name).starts_with("ce-")) {
+        Fail(*m.Get("headers"), "sets `" + name +
+                                    "`, which `format: cloudevents` sets from each message; "
+                                    "remove it (ce-source comes from `cloudevents_source`)");
+      }
+    }
+  }
   if (auto f = m.Get("adaptive_concurrency")) webhook.adaptive_concurrency = cfg::ReadBool(*f);
   if (auto f = m.Get("rate_limit")) {
     webhook.rate_limit = static_cast<int>(cfg::ReadIntegerIn(

@@ -23,6 +23,7 @@
 
 #include "address_policy.h"
 #include "endpoint_governor.h"
+#include "outbox_relay/cloudevents.h"
 #include "outbox_relay/thread_name.h"
 #include "outbox_relay/webhook_service.h"
 #include "webhook_internal.h"
@@ -600,9 +601,14 @@ class WebhookSink final : public Sink {
                      destination_, Raw(msg.id));
       }
     }
+    if (target_.cloudevents) {
+      for (auto& [attribute, value] : CloudEventAttributes(msg, target_.cloudevents_source)) {
+        if (IsValidHeaderValue(value)) headers.emplace("ce-" + attribute, std::move(value));
+      }
+    }
     for (const auto& [name, value] : static_headers_) headers.emplace(name, value);
     for (const auto& [name, value] : msg.headers) {
-      if (IsReservedHeader(name)) {
+      if (IsReservedHeader(name) || (target_.cloudevents && Lower(name).starts_with("ce-"))) {
         spdlog::debug("webhook {}: message {}: skipping header {}: set by the relay", destination_,
                       Raw(msg.id), name);
       } else if (!webhook_detail::IsToken(name) || !IsValidHeaderValue(value)) {

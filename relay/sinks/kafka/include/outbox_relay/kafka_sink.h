@@ -1,10 +1,13 @@
 // The Kafka sink: delivers messages to one topic with librdkafka's idempotent producer.
 //
 // Each message becomes one Kafka record:
-//   key     = Message::ordering_key (a NULL key when absent),
+//   key     = Message::ordering_key (a NULL key when absent), or the value of the message
+//             header named by `key_header` when the message has it,
 //   value   = Message::payload,
 //   headers = idempotency-key, outbox-id (decimal row id), event-type (when non-empty),
-//             created-at (RFC 3339 UTC with milliseconds), then the message's own headers.
+//             created-at (RFC 3339 UTC with milliseconds); with `format: cloudevents` the
+//             CloudEvents binary-mode ce_* attributes and content-type (cloudevents.h); then
+//             the message's own headers.
 //
 // Ordering: the dispatcher never submits two messages of the same ordering key at once
 // (see Sink), so per-key order never depends on this sink. Within one partition the

@@ -22,6 +22,13 @@ struct KafkaTarget {
   std::vector<std::string> allowed_topics;
   /// ...or to topics starting with this prefix.
   std::string topic_prefix;
+  /// The record key: the ordering key (empty), or the value of this message header (a message
+  /// without it keeps its ordering key as the key).
+  std::string key_header;
+  /// CloudEvents binary mode: ce_specversion, ce_id, ce_source, ce_type, ce_time, ce_subject
+  /// and content-type headers on every record (cloudevents.h), besides the relay's own.
+  bool cloudevents = false;
+  std::string cloudevents_source;  ///< ce_source; empty: "/outbox-relay/<destination>".
   /// librdkafka properties passed through as they are (compression.type, linger.ms,
   /// security.protocol, sasl.*, ssl.*, ...). Secrets resolved from *_env / *_file keys.
   std::map<std::string, std::string> producer;

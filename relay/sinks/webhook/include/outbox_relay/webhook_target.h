@@ -35,6 +35,10 @@ struct WebhookTarget {
   bool verify_tls = true;
   std::map<std::string, std::string> headers;  ///< Extra static headers on every request.
   BreakerSettings breaker;
+  /// CloudEvents binary mode: ce-specversion, ce-id, ce-source, ce-type, ce-time and
+  /// ce-subject headers on every request (cloudevents.h), besides the signature headers.
+  bool cloudevents = false;
+  std::string cloudevents_source;  ///< ce-source; empty: "/outbox-relay/<destination>".
   /// The SSRF guard (docs/webhooks.md, "Private networks"): by default the relay refuses to
   /// connect to loopback, private, link-local, CGNAT, unique-local, multicast and reserved
   /// addresses. true: this destination may connect to any of them.
