@@ -79,6 +79,19 @@ int RunEndpointsReplay(const EndpointArgs& a);
 /// `outbox-relay attempts`: the delivery log, newest first (a.id: only that endpoint).
 int RunAttempts(const EndpointArgs& a);
 
+/// `outbox-relay verify` (verify_command.cc): the delivered archive against what the target
+/// holds. Exit 0 clean, 1 findings (gaps, duplicates, order inversions), 2 could not verify.
+struct VerifyArgs {
+  std::string config_path;
+  std::string database_url;
+  std::string destination;
+  std::string since;  ///< UTC time or an age (15m); empty: everything archived.
+  std::vector<std::string> topics;
+  std::string json_path;  ///< The JSON report; "-": stdout.
+  int timeout_ms = 60'000;
+};
+int RunVerify(const VerifyArgs& a);
+
 /// Prints `msg` as one line on stderr ("error: ..."); returns 1.
 int PrintError(const std::string& msg);
 

@@ -238,6 +238,26 @@ int main(int argc, char** argv) {
   attempts->add_option("--limit,-n", ep.limit, "At most this many")->check(CLI::PositiveNumber);
   attempts->add_flag("--json", ep.json, "JSON lines");
 
+  VerifyArgs verify_args;
+  auto* verify = app.add_subcommand(
+      "verify",
+      "Compare what a Kafka destination's topics hold with the delivered archive: gaps, "
+      "duplicates, per-key order (exit 0 only when clean)");
+  verify->add_option("--config,-c", verify_args.config_path, "YAML config file")->required();
+  verify->add_option("--database-url", verify_args.database_url,
+                     "PostgreSQL URL (default: the config's)");
+  verify->add_option("--destination,-d", verify_args.destination,
+                     "The destination (default: the config's only one)");
+  verify->add_option("--since", verify_args.since,
+                     "Only messages written since: a UTC time (2026-11-23T08:00:00Z) or an age "
+                     "(90s, 15m, 2h, 7d); default: everything archived");
+  verify->add_option("--topic", verify_args.topics,
+                     "Read this topic (repeatable; default: the destination's topic or "
+                     "allowed_topics)");
+  verify->add_option("--json", verify_args.json_path, "Write the JSON report here (- for stdout)");
+  verify->add_option("--timeout-ms", verify_args.timeout_ms, "Give up reading after this long")
+      ->check(CLI::PositiveNumber);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -251,6 +271,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (*check) return RunCheckConfig(config_path);
+  if (*verify) return RunVerify(verify_args);
   if (*run) return RunRelay(config_path, database_url);
   if (*status) {
     database_url = DatabaseUrlFor(database_url, config_path);

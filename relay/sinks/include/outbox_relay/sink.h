@@ -126,8 +126,10 @@ class Sink {
 
 using SinkPtr = std::unique_ptr<Sink>;
 
-struct Destination;  // outbox_relay/config.h
-struct TargetKind;   // outbox_relay/config.h
+struct Destination;      // outbox_relay/config.h
+struct TargetKind;       // outbox_relay/config.h
+struct ReadBackOptions;  // outbox_relay/read_back.h
+struct ReadBackResult;
 
 /// One kind of sink: how its destinations are read from the config, checked and served. Each
 /// kind defines its factory in its own folder (relay/sinks/<kind>); relay/sinks/src/registry.cc
@@ -144,6 +146,11 @@ struct SinkFactory {
   void (*validate)(const Destination& destination);
   /// Creates the sink; throws std::invalid_argument like validate.
   SinkPtr (*make)(const Destination& destination);
+  /// Reads back what the destination's target holds (read_back.h), for `outbox-relay
+  /// verify`; throws std::runtime_error naming what failed. Null: the kind cannot be read
+  /// back (a webhook receiver keeps nothing the relay can ask for).
+  ReadBackResult (*read_back)(const Destination& destination,
+                              const ReadBackOptions& options) = nullptr;
 };
 
 }  // namespace outbox::relay

@@ -594,6 +594,7 @@ const SinkFactory& KafkaSinkFactory() {
       KafkaTargetKind,
       [](const Destination& d) { ValidateKafkaTarget(d.name, d.target.Get<KafkaTarget>()); },
       [](const Destination& d) { return MakeKafkaSink(d.name, d.target.Get<KafkaTarget>()); },
+      ReadBackKafka,
   };
   return factory;
 }

@@ -841,6 +841,7 @@ const SinkFactory& WebhookSinkFactory() {
         return target.endpoints_from_database ? MakeWebhookServiceSink(d.name, target)
                                               : MakeWebhookSink(d.name, target);
       },
+      nullptr,  // a receiver keeps nothing the relay can read back
   };
   return factory;
 }

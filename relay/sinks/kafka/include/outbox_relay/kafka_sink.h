@@ -32,6 +32,7 @@
 
 #include "outbox_relay/kafka_target.h"
 #include "outbox_relay/message.h"
+#include "outbox_relay/read_back.h"
 #include "outbox_relay/sink.h"
 
 namespace outbox::relay {
@@ -112,6 +113,11 @@ void ValidateKafkaTarget(const std::string& destination, const KafkaTarget& targ
 
 /// Creates a KafkaSink; throws std::invalid_argument as the constructor does.
 SinkPtr MakeKafkaSink(std::string destination, const KafkaTarget& target);
+
+/// Reads back the destination's topics (its topic, its allowed_topics, or options.streams)
+/// with a read_committed consumer, every partition from the first record at or after
+/// options.since to its end: the Kafka kind's SinkFactory::read_back (`outbox-relay verify`).
+ReadBackResult ReadBackKafka(const Destination& destination, const ReadBackOptions& options);
 
 /// The Kafka kind of sink (serves destinations with a `kafka:` target).
 const SinkFactory& KafkaSinkFactory();

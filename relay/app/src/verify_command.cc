@@ -1,0 +1,222 @@
+// `outbox-relay verify`: after an incident, does the target hold every delivered message
+// once, each key in order? (docs/operations.md, "Verify a destination").
+#include <chrono>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "commands.h"
+#include "outbox_relay/archive.h"
+#include "outbox_relay/cloudevents.h"
+#include "outbox_relay/config.h"
+#include "outbox_relay/sink_registry.h"
+#include "outbox_relay/store.h"
+#include "outbox_relay/verify.h"
+
+namespace outbox::relay::app {
+namespace {
+
+using SystemTime = std::chrono::system_clock::time_point;
+
+// Exit codes: 0 clean, 1 findings, 2 could not verify.
+constexpr int kClean = 0;
+constexpr int kFindings = 1;
+constexpr int kCannotVerify = 2;
+
+int CannotVerify(const std::string& why) {
+  std::cerr << "error: " << why << "\n";
+  return kCannotVerify;
+}
+
+// "2026-11-23T08:00:00Z" (optionally with .fff), or an age: "90s", "15m", "2h", "7d".
+std::optional<SystemTime> ParseSince(const std::string& text, SystemTime now) {
+  static const std::regex age(R"((\d{1,9})([smhd]))");
+  static const std::regex stamp(
+      R"((\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(\.(\d{1,3}))?Z)");
+  std::smatch m;
+  if (std::regex_match(text, m, age)) {
+    const long long n = std::stoll(m[1]);
+    const long long unit = m[2] == "s" ? 1 : m[2] == "m" ? 60 : m[2] == "h" ? 3600 : 86400;
+    return now - std::chrono::seconds(n * unit);
+  }
+  if (std::regex_match(text, m, stamp)) {
+    std::tm tm{};
+    tm.tm_year = std::stoi(m[1]) - 1900;
+    tm.tm_mon = std::stoi(m[2]) - 1;
+    tm.tm_mday = std::stoi(m[3]);
+    tm.tm_hour = std::stoi(m[4]);
+    tm.tm_min = std::stoi(m[5]);
+    tm.tm_sec = std::stoi(m[6]);
+    std::string millis = m[8];
+    while (!millis.empty() && millis.size() < 3) millis += '0';
+    const std::time_t t = timegm(&tm);
+    if (t < 0) return std::nullopt;
+    return std::chrono::system_clock::from_time_t(t) +
+           std::chrono::milliseconds(millis.empty() ? 0 : std::stoi(millis));
+  }
+  return std::nullopt;
+}
+
+nlohmann::json ToJson(const VerifyReport& r, const std::string& destination,
+                      const std::string& since) {
+  nlohmann::json j;
+  j["destination"] = destination;
+  j["since"] = since;
+  j["clean"] = r.clean();
+  j["archived"] = r.archived;
+  j["records"] = r.records;
+  j["foreign_records"] = r.foreign;
+  j["records_outside_window"] = r.not_archived;
+  j["gap_count"] = r.gaps.size();
+  j["duplicate_count"] = r.duplicates.size();
+  j["inversion_count"] = r.inversions.size();
+  j["gaps"] = nlohmann::json::array();
+  for (const auto& g : r.gaps) {
+    j["gaps"].push_back({{"id", g.id},
+                         {"idempotency_key", g.idempotency_key},
+                         {"ordering_key", g.ordering_key ? nlohmann::json(*g.ordering_key)
+                                                         : nlohmann::json(nullptr)}});
+  }
+  j["duplicates"] = nlohmann::json::array();
+  for (const auto& d : r.duplicates) {
+    nlohmann::json at = nlohmann::json::array();
+    for (const auto& [stream, position] : d.at) {
+      at.push_back({{"stream", stream}, {"position", position}});
+    }
+    j["duplicates"].push_back(
+        {{"idempotency_key", d.idempotency_key}, {"outbox_ids", d.outbox_ids}, {"at", at}});
+  }
+  j["inversions"] = nlohmann::json::array();
+  for (const auto& i : r.inversions) {
+    j["inversions"].push_back({{"stream", i.stream},
+                               {"ordering_key", i.ordering_key},
+                               {"earlier_id", i.earlier_id},
+                               {"earlier_position", i.earlier_position},
+                               {"later_id", i.later_id},
+                               {"later_position", i.later_position}});
+  }
+  j["streams"] = nlohmann::json::object();
+  for (const auto& [stream, s] : r.streams) {
+    j["streams"][stream] = {
+        {"records", s.records}, {"duplicates", s.duplicates}, {"inversions", s.inversions}};
+  }
+  return j;
+}
+
+void PrintSummary(const VerifyReport& r, const std::string& destination, const std::string& since) {
+  std::cout << "verify " << destination << " since " << since << ": " << r.streams.size()
+            << " stream(s) read\n"
+            << "  delivered (archived) " << r.archived << ", records read " << r.records
+            << " (not the relay's " << r.foreign << ", of messages outside the window "
+            << r.not_archived << ")\n"
+            << "  gaps " << r.gaps.size() << ", duplicates " << r.duplicates.size()
+            << ", order inversions " << r.inversions.size() << "\n";
+  constexpr std::size_t kShown = 20;
+  for (std::size_t i = 0; i < r.gaps.size() && i < kShown; ++i) {
+    std::cout << "  gap: message " << r.gaps[i].id << " (" << r.gaps[i].idempotency_key
+              << ") was delivered but is not in the target\n";
+  }
+  for (std::size_t i = 0; i < r.duplicates.size() && i < kShown; ++i) {
+    std::cout << "  duplicate: " << r.duplicates[i].idempotency_key << " found "
+              << r.duplicates[i].at.size() << " times:";
+    for (const auto& [stream, position] : r.duplicates[i].at) {
+      std::cout << " " << stream << "@" << position;
+    }
+    std::cout << "\n";
+  }
+  for (std::size_t i = 0; i < r.inversions.size() && i < kShown; ++i) {
+    const auto& v = r.inversions[i];
+    std::cout << "  inversion: key " << v.ordering_key << " in " << v.stream << ": message "
+              << v.earlier_id << " at " << v.earlier_position << " after message " << v.later_id
+              << " at " << v.later_position << "\n";
+  }
+  std::cout << (r.clean() ? "CLEAN" : "NOT CLEAN (details: --json)") << "\n";
+}
+
+}  // namespace
+
+int RunVerify(const VerifyArgs& a) {
+  RelayConfig config;
+  try {
+    config = LoadConfigFile(a.config_path, ProcessEnv());
+  } catch (const std::exception& e) {
+    return CannotVerify(e.what());
+  }
+  if (!a.database_url.empty()) config.database_url = a.database_url;
+  std::string name = a.destination;
+  if (name.empty()) {
+    if (config.destinations.size() != 1) {
+      return CannotVerify("the config has " + std::to_string(config.destinations.size()) +
+                          " destinations; name the one to verify with --destination");
+    }
+    name = config.destinations.begin()->first;
+  }
+  const auto it = config.destinations.find(name);
+  if (it == config.destinations.end()) {
+    return CannotVerify("no destination " + name + " in " + a.config_path +
+                        "; name one of its destinations with --destination");
+  }
+  const Destination& destination = it->second;
+  const SinkFactory& factory = SinkFactoryFor(destination);
+  if (factory.read_back == nullptr) {
+    return CannotVerify("destination " + name + " is a " + std::string(factory.kind) +
+                        " destination, whose target cannot be read back; verify works on "
+                        "Kafka destinations");
+  }
+  if (!config.retention.archive_delivered) {
+    return CannotVerify(
+        "verify compares the target with outbox.delivered_archive, which this config does not "
+        "keep; set `retention: {archive_delivered: true}` (messages delivered from then on can "
+        "be verified)");
+  }
+  const auto now = std::chrono::system_clock::now();
+  SystemTime since{};
+  std::string since_text = "the start";
+  if (!a.since.empty()) {
+    const auto parsed = ParseSince(a.since, now);
+    if (!parsed) {
+      return CannotVerify("--since " + a.since +
+                          " is neither a UTC time (2026-11-23T08:00:00Z) nor an age (90s, 15m, "
+                          "2h, 7d)");
+    }
+    since = *parsed;
+    since_text = FormatRfc3339(since);
+  }
+
+  // The archive first: whatever it holds was produced before the topics are read.
+  std::vector<ArchivedMessage> archived;
+  try {
+    Store store(config.database_url);
+    archived = ReadArchive(store, name, since);
+  } catch (const std::exception& e) {
+    return CannotVerify(std::string("reading the delivered archive: ") + e.what());
+  }
+  ReadBackOptions options;
+  options.since = since;
+  options.timeout = std::chrono::milliseconds(a.timeout_ms);
+  options.streams = a.topics;
+  ReadBackResult read;
+  try {
+    read = factory.read_back(destination, options);
+  } catch (const std::exception& e) {
+    return CannotVerify("reading back " + name + ": " + e.what());
+  }
+  const VerifyReport report = Reconcile(archived, read);
+  PrintSummary(report, name, since_text);
+  if (!a.json_path.empty()) {
+    const std::string text = ToJson(report, name, since_text).dump(2) + "\n";
+    if (a.json_path == "-") {
+      std::cout << text;
+    } else {
+      std::ofstream out(a.json_path, std::ios::trunc);
+      out << text;
+      out.close();
+      if (!out) return CannotVerify("cannot write the report to " + a.json_path);
+    }
+  }
+  return report.clean() ? kClean : kFindings;
+}
+
+}  // namespace outbox::relay::app

@@ -1,0 +1,151 @@
+// `outbox-relay verify` against what a real relay delivered to the mock cluster: clean after
+// a normal run; then a duplicate record, a lost record and an out-of-order record are each
+// found, named in the JSON report, and turn the exit code to 1.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+#include <set>
+#include <sstream>
+
+#include "outbox_relay/kafka_sink.h"
+#include "outbox_test/wait.h"
+#include "process_harness.h"
+
+namespace outbox::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using relay::Message;
+using relay::MessageId;
+using relay::Outcome;
+using relay::OutcomeKind;
+
+class VerifyTest : public RelayProcessFixture {
+ protected:
+  // Runs `outbox-relay verify` and returns its exit code; the report lands in report_.
+  int Verify(const std::string& config, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"verify",      "--config",     config, "--json",
+                                     report_path(), "--timeout-ms", "30000"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ChildProcess& v = Spawn("verify-" + std::to_string(++runs_), args);
+    EXPECT_TRUE(v.WaitExit(60s)) << v.Describe();
+    for (int code : {0, 1, 2}) {
+      if (v.ExitedWith(code)) {
+        last_stdout_ = v.Stdout();
+        last_stderr_ = v.Stderr();
+        if (code != 2) report_ = nlohmann::json::parse(ReadWholeFile(report_path()));
+        return code;
+      }
+    }
+    ADD_FAILURE() << v.Describe() << "\n" << v.Stderr();
+    return -1;
+  }
+  std::string report_path() const { return dir_ + "/report.json"; }
+
+  // Writes a record to the topic as the relay's own sink would.
+  void Produce(const Message& m) {
+    relay::KafkaTarget t;
+    t.brokers = kafka_->bootstraps();
+    t.topic = kTopic;
+    auto sink = relay::MakeKafkaSink("tamper", t);
+    std::promise<Outcome> done;
+    sink->Submit(m, [&](Outcome o) { done.set_value(std::move(o)); });
+    auto f = done.get_future();
+    ASSERT_EQ(f.wait_for(30s), std::future_status::ready);
+    ASSERT_EQ(f.get().kind, OutcomeKind::kDelivered);
+    sink->Shutdown(5s);
+  }
+
+  void Exec(const std::string& sql) {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    tx.exec(sql);
+    tx.commit();
+  }
+
+  int runs_ = 0;
+  nlohmann::json report_;
+  std::string last_stdout_, last_stderr_;
+};
+
+TEST_F(VerifyTest, CleanAfterARunThenFindsADuplicateAGapAndAnInversion) {
+  const std::string config =
+      WriteConfig("relay.yaml", Yaml(db_url_, {}, "retention:\n  archive_delivered: true\n"));
+  const ExpectedMap sent = Enqueue(300, 12, 10);
+  ChildProcess& relay = StartRelay(config);
+  ASSERT_TRUE(DrainedBy({&relay}, 120s));
+  StopGracefully(relay);
+  ASSERT_EQ(Scalar("SELECT count(*) FROM outbox.delivered_archive"), 300);
+
+  ASSERT_EQ(Verify(config), 0) << last_stdout_ << last_stderr_;
+  EXPECT_TRUE(report_["clean"].get<bool>());
+  EXPECT_EQ(report_["archived"], 300);
+  EXPECT_EQ(report_["records"], 300);
+  EXPECT_EQ(report_["streams"].size(), 3u) << "every partition of the topic was read";
+  EXPECT_NE(last_stdout_.find("CLEAN"), std::string::npos) << last_stdout_;
+
+  // A window after everything: nothing archived, nothing read, still clean.
+  ASSERT_EQ(Verify(config, {"--since", "2099-01-01T00:00:00Z"}), 0) << last_stderr_;
+  EXPECT_EQ(report_["archived"], 0);
+  EXPECT_EQ(report_["records"], 0);
+
+  // 1. A duplicate: a message of key k, sent again.
+  const auto keyed = std::find_if(sent.begin(), sent.end(),
+                                  [](const auto& e) { return e.second.ordering_key.has_value(); });
+  ASSERT_NE(keyed, sent.end());
+  Message again;
+  again.id = MessageId{keyed->first};
+  again.destination = kTopic;
+  again.ordering_key = keyed->second.ordering_key;
+  again.idempotency_key = keyed->second.idempotency_key;
+  again.payload = keyed->second.payload;
+  Produce(again);
+  // 2. A gap: the archive says delivered, the topic never got it.
+  Exec(
+      "INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key, "
+      "event_type, headers, attempts, created_at) VALUES (900001, 'orders', NULL, "
+      "'00000000-0000-4000-8000-000000900001', '', '{}', 1, now())");
+  // 3. An inversion: message -5 of key k (earlier than every other of k) lands after them.
+  Exec(
+      "INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key, "
+      "event_type, headers, attempts, created_at) VALUES (-5, 'orders', '" +
+      *keyed->second.ordering_key +
+      "', '00000000-0000-4000-8000-000000000005', '', '{}', 1, "
+      "now())");
+  Message early = again;
+  early.id = MessageId{-5};
+  early.idempotency_key = "00000000-0000-4000-8000-000000000005";
+  Produce(early);
+
+  ASSERT_EQ(Verify(config), 1) << last_stdout_ << last_stderr_;
+  EXPECT_FALSE(report_["clean"].get<bool>());
+  ASSERT_EQ(report_["gap_count"], 1) << report_.dump(2);
+  EXPECT_EQ(report_["gaps"][0]["id"], 900001);
+  ASSERT_EQ(report_["duplicate_count"], 1) << report_.dump(2);
+  EXPECT_EQ(report_["duplicates"][0]["idempotency_key"], keyed->second.idempotency_key);
+  EXPECT_EQ(report_["duplicates"][0]["at"].size(), 2u);
+  ASSERT_EQ(report_["inversion_count"], 1) << report_.dump(2);
+  EXPECT_EQ(report_["inversions"][0]["earlier_id"], -5);
+  EXPECT_EQ(report_["inversions"][0]["ordering_key"], *keyed->second.ordering_key);
+  EXPECT_NE(last_stdout_.find("NOT CLEAN"), std::string::npos) << last_stdout_;
+}
+
+TEST_F(VerifyTest, RefusesWhatItCannotVerifyNamingTheFix) {
+  // No archive kept: nothing to compare with.
+  const std::string no_archive = WriteConfig("no-archive.yaml", Yaml(db_url_));
+  EXPECT_EQ(Verify(no_archive), 2);
+  EXPECT_NE(last_stderr_.find("set `retention: {archive_delivered: true}`"), std::string::npos)
+      << last_stderr_;
+  const std::string config =
+      WriteConfig("relay.yaml", Yaml(db_url_, {}, "retention:\n  archive_delivered: true\n"));
+  EXPECT_EQ(Verify(config, {"--destination", "nope"}), 2);
+  EXPECT_NE(last_stderr_.find("no destination nope"), std::string::npos) << last_stderr_;
+  EXPECT_EQ(Verify(config, {"--since", "yesterday"}), 2);
+  EXPECT_NE(last_stderr_.find("is neither a UTC time"), std::string::npos) << last_stderr_;
+}
+
+}  // namespace
+}  // namespace outbox::testing
