@@ -1,0 +1,336 @@
+// The Go writer against a real PostgreSQL with the outbox schema (run_tests.sh starts one and
+// sets OUTBOX_TEST_DATABASE_URL): atomicity with the caller's business write, batches, every
+// argument, database/sql, and each bad input refused with the argument named and nothing
+// written.
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v4"
+	_ "github.com/jackc/pgx/v4/stdlib" // database/sql driver "pgx"
+)
+
+const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+func connect(t *testing.T) *pgx.Conn {
+	t.Helper()
+	url := os.Getenv("OUTBOX_TEST_DATABASE_URL")
+	if url == "" {
+		t.Skip("run through sdk/go/run_tests.sh (needs a database)")
+	}
+	c, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+func reset(t *testing.T, c *pgx.Conn) {
+	t.Helper()
+	for _, s := range []string{
+		"TRUNCATE outbox.messages",
+		"CREATE TABLE IF NOT EXISTS app_orders (id int PRIMARY KEY, state text)",
+		"TRUNCATE app_orders",
+	} {
+		if _, err := c.Exec(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+type row struct {
+	id                              int64
+	destination, eventType, idemKey string
+	key                             *string
+	headers                         map[string]string
+	payload                         *string
+	payloadBytes                    []byte
+	deliverAfter, createdAt         time.Time
+}
+
+func rows(t *testing.T, c *pgx.Conn) []row {
+	t.Helper()
+	rs, err := c.Query(context.Background(),
+		`SELECT id, destination, ordering_key, idempotency_key::text, event_type, headers::text,
+		        payload::text, payload_bytes, deliver_after, created_at
+		   FROM outbox.messages ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	var out []row
+	for rs.Next() {
+		var r row
+		var headers string
+		if err := rs.Scan(&r.id, &r.destination, &r.key, &r.idemKey, &r.eventType, &headers,
+			&r.payload, &r.payloadBytes, &r.deliverAfter, &r.createdAt); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal([]byte(headers), &r.headers); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func TestCommitsWithTheBusinessWriteAndRollsBackWithIt(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	tx, _ := c.Begin(ctx)
+	tx.Exec(ctx, "INSERT INTO app_orders VALUES (1, 'paid')")
+	id, err := Publish(ctx, tx, Message{Destination: "orders", JSON: map[string]int{"order": 1},
+		Key: "order-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tx, _ = c.Begin(ctx)
+	tx.Exec(ctx, "INSERT INTO app_orders VALUES (2, 'paid')")
+	if _, err := Publish(ctx, tx, Message{Destination: "orders", JSON: 2, Key: "order-2"}); err != nil {
+		t.Fatal(err)
+	}
+	tx.Rollback(ctx)
+	got := rows(t, c)
+	if len(got) != 1 || got[0].id != id {
+		t.Fatalf("want only message %d, got %+v", id, got)
+	}
+	var orders int
+	c.QueryRow(ctx, "SELECT count(*) FROM app_orders").Scan(&orders)
+	if orders != 1 {
+		t.Fatalf("the rolled-back order is there: %d orders", orders)
+	}
+}
+
+func TestEveryArgumentIsStored(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	later := time.Now().Add(2 * time.Hour).UTC().Truncate(time.Microsecond)
+	key := "5d0b8b7e-9f55-4a5c-9d2e-7d1f1d0f0c11"
+	tx, _ := c.Begin(ctx)
+	if _, err := Publish(ctx, tx, Message{Destination: "orders",
+		JSON: json.RawMessage(`{"a": [1, 2], "b": "x"}`), Key: "k1",
+		Headers: map[string]string{"tenant": "acme"}, EventType: "order.paid", DeliverAt: later,
+		IdempotencyKey: key, TraceParent: traceparent, TraceState: "congo=t61rcWkgMzE"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Publish(ctx, tx, Message{Destination: "files", Data: []byte("\x00\xffraw"),
+		DeliverAfter: 5 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	tx.Commit(ctx)
+	got := rows(t, c)
+	if len(got) != 2 {
+		t.Fatalf("want 2 rows, got %d", len(got))
+	}
+	j := got[0]
+	if j.destination != "orders" || j.key == nil || *j.key != "k1" || j.idemKey != key ||
+		j.eventType != "order.paid" {
+		t.Errorf("stored %+v", j)
+	}
+	if j.headers["tenant"] != "acme" || j.headers["traceparent"] != traceparent ||
+		j.headers["tracestate"] != "congo=t61rcWkgMzE" || len(j.headers) != 3 {
+		t.Errorf("headers %v", j.headers)
+	}
+	if j.payload == nil || *j.payload != `{"a": [1, 2], "b": "x"}` || j.payloadBytes != nil {
+		t.Errorf("payload %v / %v", j.payload, j.payloadBytes)
+	}
+	if !j.deliverAfter.Equal(later) {
+		t.Errorf("deliver_after %v, want %v", j.deliverAfter, later)
+	}
+	b := got[1]
+	if string(b.payloadBytes) != "\x00\xffraw" || b.payload != nil || b.key != nil {
+		t.Errorf("bytes row %+v", b)
+	}
+	if d := b.deliverAfter.Sub(b.createdAt); d < 4*time.Minute {
+		t.Errorf("deliver_after only %v after created_at", d)
+	}
+}
+
+func TestABatchIsWrittenInOrderInOneStatement(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	var ms []Message
+	for i := 0; i < 50; i++ {
+		ms = append(ms, Message{Destination: "orders", JSON: map[string]int{"n": i},
+			Key: []string{"k0", "k1", "k2"}[i%3]})
+	}
+	ms = append(ms, Message{Destination: "files", Data: []byte{1, 2},
+		Headers: map[string]string{"h": "v"}, TraceParent: traceparent})
+	tx, _ := c.Begin(ctx)
+	ids, err := PublishMany(ctx, tx, ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx.Commit(ctx)
+	if len(ids) != 51 {
+		t.Fatalf("%d ids", len(ids))
+	}
+	for i := 1; i < len(ids); i++ {
+		if ids[i] <= ids[i-1] {
+			t.Fatalf("ids not in input order: %v", ids)
+		}
+	}
+	got := rows(t, c)
+	for i := 0; i < 50; i++ {
+		var p map[string]int
+		json.Unmarshal([]byte(*got[i].payload), &p)
+		if p["n"] != i {
+			t.Fatalf("row %d holds %v", i, p)
+		}
+	}
+	if string(got[50].payloadBytes) != "\x01\x02" || got[50].headers["traceparent"] != traceparent {
+		t.Errorf("last row %+v", got[50])
+	}
+	none, err := PublishMany(ctx, c, nil)
+	if err != nil || len(none) != 0 {
+		t.Errorf("empty batch: %v %v", none, err)
+	}
+}
+
+func TestDatabaseSQLWritesInTheCallersTransaction(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	db, err := sql.Open("pgx", os.Getenv("OUTBOX_TEST_DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tx, _ := db.BeginTx(ctx, nil)
+	tx.ExecContext(ctx, "INSERT INTO app_orders VALUES (3, 'paid')")
+	id, err := PublishSQL(ctx, tx, Message{Destination: "orders", JSON: "paid", Key: "order-3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := PublishManySQL(ctx, tx, []Message{{Destination: "orders", JSON: 1},
+		{Destination: "orders", JSON: 2}})
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("%v %v", ids, err)
+	}
+	tx.Rollback()
+	if got := rows(t, c); len(got) != 0 {
+		t.Fatalf("rolled back, yet %d rows", len(got))
+	}
+	tx, _ = db.BeginTx(ctx, nil)
+	id, _ = PublishSQL(ctx, tx, Message{Destination: "orders", JSON: "paid", Key: "order-3"})
+	tx.Commit()
+	if got := rows(t, c); len(got) != 1 || got[0].id != id {
+		t.Fatalf("want message %d, got %+v", id, got)
+	}
+	// A refusal through database/sql is an *InvalidMessageError too.
+	tx, _ = db.BeginTx(ctx, nil)
+	_, err = PublishSQL(ctx, tx, Message{Destination: "", JSON: 1})
+	tx.Rollback()
+	var invalid *InvalidMessageError
+	if !errors.As(err, &invalid) || !strings.Contains(invalid.Error(), "destination must not be empty") {
+		t.Fatalf("want an InvalidMessageError, got %v", err)
+	}
+}
+
+func TestTraceContextFromTheContext(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	type span struct{}
+	TraceContextFrom = func(ctx context.Context) (string, string) {
+		if ctx.Value(span{}) == nil {
+			return "", ""
+		}
+		return traceparent, "k=v"
+	}
+	defer func() { TraceContextFrom = nil }()
+	traced := context.WithValue(ctx, span{}, true)
+	if _, err := PublishMany(traced, c, []Message{
+		{Destination: "orders", JSON: 1},
+		{Destination: "orders", JSON: 2, TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Publish(ctx, c, Message{Destination: "orders", JSON: 3}); err != nil {
+		t.Fatal(err)
+	}
+	got := rows(t, c)
+	if got[0].headers["traceparent"] != traceparent || got[0].headers["tracestate"] != "k=v" {
+		t.Errorf("from the context: %v", got[0].headers)
+	}
+	if got[1].headers["traceparent"] != "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" {
+		t.Errorf("an explicit traceparent wins: %v", got[1].headers)
+	}
+	if _, ok := got[2].headers["traceparent"]; ok {
+		t.Errorf("no span, no traceparent: %v", got[2].headers)
+	}
+}
+
+func TestBadInputIsRefusedNamingTheArgument(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	refused := func(m Message, want string, many bool) {
+		t.Helper()
+		tx, _ := c.Begin(ctx)
+		defer tx.Rollback(ctx)
+		tx.Exec(ctx, "INSERT INTO app_orders VALUES (9, 'paid')")
+		var err error
+		if many {
+			_, err = PublishMany(ctx, tx, []Message{{Destination: "orders", JSON: 1}, m})
+		} else {
+			_, err = Publish(ctx, tx, m)
+		}
+		var invalid *InvalidMessageError
+		if !errors.As(err, &invalid) {
+			t.Fatalf("want an InvalidMessageError containing %q, got %v", want, err)
+		}
+		if !strings.Contains(invalid.Error(), want) {
+			t.Errorf("error %q does not contain %q", invalid.Error(), want)
+		}
+		tx.Rollback(ctx)
+		if got := rows(t, c); len(got) != 0 {
+			t.Errorf("half-written: %d rows", len(got))
+		}
+	}
+	refused(Message{Destination: "", JSON: 1}, "destination must not be empty", false)
+	refused(Message{Destination: "orders", JSON: 1, Key: strings.Repeat("k", 1025)},
+		"ordering_key is 1025 bytes long, the limit is 1024", false)
+	refused(Message{Destination: "orders", JSON: 1, DeliverAfter: 400 * 24 * time.Hour},
+		"is more than 1 year ahead", false)
+	refused(Message{Destination: "orders", Data: make([]byte, 1024*1024+1)},
+		"payload is 1048577 bytes, the limit is 1048576", false)
+	refused(Message{Destination: "orders", JSON: 1, TraceParent: "00-abc"},
+		`header "traceparent" is not a W3C traceparent`, false)
+	refused(Message{Destination: "orders", JSON: 1, EventType: strings.Repeat("t", 256)},
+		"event_type is 256 bytes long, the limit is 255", true)
+	refused(Message{Destination: "orders", JSON: 1, IdempotencyKey: "not-a-uuid"},
+		"not-a-uuid", false)
+	// Refused before the database is asked.
+	refused(Message{Destination: "orders"}, "needs exactly one payload", false)
+	refused(Message{Destination: "orders", JSON: 1, Data: []byte("x")}, "needs exactly one payload",
+		false)
+	refused(Message{Destination: "orders", JSON: func() {}}, "JSON payload cannot be encoded", false)
+
+	key := "0b2d6a52-3c1f-4a8e-9d3e-2f6f1c0e5a77"
+	tx, _ := c.Begin(ctx)
+	defer tx.Rollback(ctx)
+	if _, err := Publish(ctx, tx, Message{Destination: "orders", JSON: 1, IdempotencyKey: key}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Publish(ctx, tx, Message{Destination: "orders", JSON: 1, IdempotencyKey: key})
+	var invalid *InvalidMessageError
+	if !errors.As(err, &invalid) || !strings.Contains(invalid.Error(), "idempotency key "+key+" is already queued") {
+		t.Fatalf("a key queued twice: %v", err)
+	}
+}
