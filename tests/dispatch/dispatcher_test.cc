@@ -229,6 +229,8 @@ class DispatcherTest : public ::testing::Test {
   FakeClock clock_;
   FakeDatabase db_{clock_};
   RecordingSink* sink_ = nullptr;
+  // Before dispatcher_: a dispatcher given these metrics is destroyed (stopped) first.
+  RelayMetrics metrics_{"test"};
   std::unique_ptr<Dispatcher> dispatcher_;
 };
 
@@ -262,7 +264,7 @@ TEST_F(DispatcherTest, DeliversEveryMessageOnceAndEachKeyInOrder) {
 // metrics show is what stats() says.
 TEST_F(DispatcherTest, CountsIntoTheMetricsItIsGivenAndStatsReadsThemBack) {
   for (int i = 0; i < 40; ++i) db_.Enqueue("orders", std::nullopt);
-  RelayMetrics metrics("test");
+  RelayMetrics& metrics = metrics_;
   std::atomic<int> failures{0};
   Start(
       Config(/*batch=*/10),
