@@ -12,7 +12,14 @@ PACKAGES=(
   systemd  # systemd-analyze, for the package test of the unit
   python3-psycopg  # the Python writer (sdk/python) and its tests
   golang-go golang-github-jackc-pgx-v4-dev  # the Go writer (sdk/go) and its tests
+  default-jdk-headless libpostgresql-jdbc-java  # the Java writer (sdk/java) and its tests
 )
+
+# The Node writer (sdk/node) and its tests: Debian's nodejs and npm, unless a node with npm is
+# already installed (another distribution of Node, such as NodeSource's, ships npm inside it).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  PACKAGES+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

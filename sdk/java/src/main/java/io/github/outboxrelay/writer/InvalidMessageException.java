@@ -1,0 +1,16 @@
+package io.github.outboxrelay.writer;
+
+import java.sql.SQLException;
+
+/**
+ * A message the database refused (SQLSTATE 22023, 54000, 23505, 22P02, 22007 or 22008): the
+ * text names the argument, the limit and the fix. The caller's transaction is aborted; roll it
+ * back.
+ */
+public final class InvalidMessageException extends SQLException {
+  private static final long serialVersionUID = 1L;
+
+  InvalidMessageException(SQLException cause) {
+    super(cause.getMessage(), cause.getSQLState(), cause.getErrorCode(), cause);
+  }
+}

@@ -1,0 +1,149 @@
+package io.github.outboxrelay.writer;
+
+import java.time.Duration;
+import java.time.Instant;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.Objects;
+import java.util.UUID;
+
+/**
+ * One outbox message, built with {@link #to(String)}: the same fields as the C++ SDK and the
+ * other writers. Immutable.
+ *
+ * <pre>{@code
+ * OutboxMessage m = OutboxMessage.to("orders")
+ *     .json("{\"order\": 42}")        // or .bytes(raw)
+ *     .key("order-42")                 // ordering key (optional)
+ *     .eventType("order.paid")
+ *     .header("tenant", "acme")
+ *     .build();
+ * }</pre>
+ */
+public final class OutboxMessage {
+  final String destination;
+  final String json; // JSON text, exactly as written
+  final byte[] bytes;
+  final String key;
+  final Map<String, String> headers;
+  final String eventType;
+  final Instant deliverAt;
+  final Duration deliverAfter;
+  final String idempotencyKey;
+  final String traceparent;
+  final String tracestate;
+
+  private OutboxMessage(Builder b) {
+    destination = b.destination;
+    json = b.json;
+    bytes = b.bytes;
+    key = b.key;
+    headers = Collections.unmodifiableMap(new LinkedHashMap<>(b.headers));
+    eventType = b.eventType;
+    deliverAt = b.deliverAt;
+    deliverAfter = b.deliverAfter;
+    idempotencyKey = b.idempotencyKey;
+    traceparent = b.traceparent;
+    tracestate = b.tracestate;
+  }
+
+  /** Starts a message to {@code destination}, as named in the relay's config. */
+  public static Builder to(String destination) {
+    return new Builder(destination);
+  }
+
+  public String destination() {
+    return destination;
+  }
+
+  public static final class Builder {
+    private final String destination;
+    private String json;
+    private byte[] bytes;
+    private String key;
+    private final Map<String, String> headers = new LinkedHashMap<>();
+    private String eventType = "";
+    private Instant deliverAt;
+    private Duration deliverAfter;
+    private String idempotencyKey;
+    private String traceparent;
+    private String tracestate;
+
+    private Builder(String destination) {
+      this.destination = Objects.requireNonNull(destination, "destination");
+    }
+
+    /** The payload as JSON text (checked by the database). */
+    public Builder json(String jsonText) {
+      this.json = Objects.requireNonNull(jsonText, "json");
+      return this;
+    }
+
+    /** The payload as bytes (delivered as application/octet-stream to webhooks). */
+    public Builder bytes(byte[] payload) {
+      this.bytes = Objects.requireNonNull(payload, "bytes").clone();
+      return this;
+    }
+
+    /** The ordering key: messages of one destination with the same key go out in order. */
+    public Builder key(String orderingKey) {
+      this.key = orderingKey;
+      return this;
+    }
+
+    public Builder header(String name, String value) {
+      headers.put(Objects.requireNonNull(name, "header name"), Objects.requireNonNull(value, "header value"));
+      return this;
+    }
+
+    public Builder eventType(String type) {
+      this.eventType = Objects.requireNonNull(type, "eventType");
+      return this;
+    }
+
+    /** Not before this time. */
+    public Builder deliverAt(Instant when) {
+      this.deliverAt = when;
+      return this;
+    }
+
+    /** Not before now + this. */
+    public Builder deliverAfter(Duration delay) {
+      this.deliverAfter = delay;
+      return this;
+    }
+
+    /** A uuid; unset: a random one. Fix it so that a retried transaction writes the same key. */
+    public Builder idempotencyKey(UUID key) {
+      this.idempotencyKey = key == null ? null : key.toString();
+      return this;
+    }
+
+    /** The same, as text (the database checks it is a uuid). */
+    public Builder idempotencyKey(String key) {
+      this.idempotencyKey = key;
+      return this;
+    }
+
+    /** W3C trace context; unset: the writer's TraceContextProvider (OpenTelemetry). */
+    public Builder traceContext(String traceparent, String tracestate) {
+      this.traceparent = traceparent;
+      this.tracestate = tracestate;
+      return this;
+    }
+
+    /** Checks what needs no database; throws IllegalArgumentException naming the field. */
+    public OutboxMessage build() {
+      if ((json == null) == (bytes == null)) {
+        throw new IllegalArgumentException(
+            "message to \"" + destination + "\" needs exactly one payload: json(...) or bytes(...)");
+      }
+      if (deliverAt != null && deliverAfter != null) {
+        throw new IllegalArgumentException(
+            "message to \"" + destination + "\" sets both deliverAt and deliverAfter; keep one");
+      }
+      return new OutboxMessage(this);
+    }
+  }
+}

@@ -1,0 +1,254 @@
+package io.github.outboxrelay.writer;
+
+import java.lang.reflect.Method;
+import java.sql.Connection;
+import java.sql.DriverManager;
+import java.sql.ResultSet;
+import java.sql.SQLException;
+import java.sql.Statement;
+import java.time.Duration;
+import java.time.Instant;
+import java.time.temporal.ChronoUnit;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+
+/**
+ * The Java writer against a real PostgreSQL with the outbox schema (run_tests.sh starts one and
+ * sets OUTBOX_TEST_DATABASE_URL): atomicity with the caller's business write, batches, every
+ * argument, trace context, and each bad input refused with the argument named and nothing
+ * written. A small runner (no test framework needed): every public void test*() method runs;
+ * the exit code is the number of failures.
+ */
+public final class WriterTest {
+  static final String TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  static String url;
+
+  public static void main(String[] args) throws Exception {
+    url = System.getenv("OUTBOX_TEST_DATABASE_URL");
+    if (url == null || url.isEmpty()) {
+      System.out.println("SKIP: run through sdk/java/run_tests.sh (needs a database)");
+      return;
+    }
+    int failures = 0;
+    for (Method m : WriterTest.class.getDeclaredMethods()) {
+      if (!m.getName().startsWith("test")) continue;
+      try {
+        reset();
+        m.invoke(null);
+        System.out.println("PASS " + m.getName());
+      } catch (java.lang.reflect.InvocationTargetException e) {
+        failures++;
+        System.out.println("FAIL " + m.getName() + ": " + e.getCause());
+        e.getCause().printStackTrace(System.out);
+      }
+    }
+    System.out.println(failures == 0 ? "OK" : failures + " FAILED");
+    System.exit(failures);
+  }
+
+  static Connection connect() throws SQLException {
+    return DriverManager.getConnection(url);
+  }
+
+  static void check(boolean ok, String what) {
+    if (!ok) throw new AssertionError(what);
+  }
+
+  static void reset() throws SQLException {
+    try (Connection c = connect(); Statement s = c.createStatement()) {
+      s.execute("TRUNCATE outbox.messages");
+      s.execute("CREATE TABLE IF NOT EXISTS app_orders (id int PRIMARY KEY, state text)");
+      s.execute("TRUNCATE app_orders");
+    }
+  }
+
+  static List<Map<String, Object>> rows() throws SQLException {
+    List<Map<String, Object>> out = new ArrayList<>();
+    try (Connection c = connect(); Statement s = c.createStatement();
+        ResultSet rs = s.executeQuery(
+            "SELECT id, destination, ordering_key, idempotency_key::text AS ikey, event_type, "
+                + "headers::text AS headers, payload::text AS payload, payload_bytes, "
+                + "deliver_after, created_at FROM outbox.messages ORDER BY id")) {
+      while (rs.next()) {
+        Map<String, Object> r = new java.util.HashMap<>();
+        r.put("id", rs.getLong("id"));
+        r.put("destination", rs.getString("destination"));
+        r.put("key", rs.getString("ordering_key"));
+        r.put("ikey", rs.getString("ikey"));
+        r.put("event_type", rs.getString("event_type"));
+        r.put("headers", rs.getString("headers"));
+        r.put("payload", rs.getString("payload"));
+        r.put("bytes", rs.getBytes("payload_bytes"));
+        r.put("deliver_after", rs.getTimestamp("deliver_after").toInstant());
+        r.put("created_at", rs.getTimestamp("created_at").toInstant());
+        out.add(r);
+      }
+    }
+    return out;
+  }
+
+  static void execute(Connection c, String sql) throws SQLException {
+    try (Statement s = c.createStatement()) {
+      s.execute(sql);
+    }
+  }
+
+  public static void testCommitsWithTheBusinessWriteAndRollsBackWithIt() throws Exception {
+    long id;
+    try (Connection c = connect()) {
+      c.setAutoCommit(false);
+      execute(c, "INSERT INTO app_orders VALUES (1, 'paid')");
+      id = OutboxWriter.publish(c, OutboxMessage.to("orders").json("{\"order\": 1}").key("order-1").build());
+      c.commit();
+      execute(c, "INSERT INTO app_orders VALUES (2, 'paid')");
+      OutboxWriter.publish(c, OutboxMessage.to("orders").json("{\"order\": 2}").key("order-2").build());
+      c.rollback();
+    }
+    List<Map<String, Object>> got = rows();
+    check(got.size() == 1 && (long) got.get(0).get("id") == id, "only the committed message: " + got);
+    try (Connection c = connect(); Statement s = c.createStatement();
+        ResultSet rs = s.executeQuery("SELECT count(*) FROM app_orders")) {
+      rs.next();
+      check(rs.getInt(1) == 1, "the rolled-back order is gone");
+    }
+  }
+
+  public static void testEveryArgumentIsStored() throws Exception {
+    Instant later = Instant.now().plus(2, ChronoUnit.HOURS).truncatedTo(ChronoUnit.MICROS);
+    UUID key = UUID.randomUUID();
+    try (Connection c = connect()) {
+      c.setAutoCommit(false);
+      OutboxWriter.publish(c, OutboxMessage.to("orders").json("{\"a\": [1, 2], \"b\": \"x\\\"y\"}")
+          .key("k1").header("tenant", "acme").eventType("order.paid").deliverAt(later)
+          .idempotencyKey(key).traceContext(TRACEPARENT, "congo=t61rcWkgMzE").build());
+      OutboxWriter.publish(c, OutboxMessage.to("files").bytes(new byte[] {0, (byte) 0xff, 'r'})
+          .deliverAfter(Duration.ofMinutes(5)).build());
+      c.commit();
+    }
+    List<Map<String, Object>> got = rows();
+    Map<String, Object> j = got.get(0);
+    check("orders".equals(j.get("destination")) && "k1".equals(j.get("key"))
+        && key.toString().equals(j.get("ikey")) && "order.paid".equals(j.get("event_type")), "fields " + j);
+    check(("{\"tenant\": \"acme\", \"tracestate\": \"congo=t61rcWkgMzE\", \"traceparent\": \"" + TRACEPARENT + "\"}")
+        .equals(j.get("headers")), "headers " + j.get("headers"));
+    check("{\"a\": [1, 2], \"b\": \"x\\\"y\"}".equals(j.get("payload")), "payload " + j.get("payload"));
+    check(j.get("bytes") == null, "no bytes for JSON");
+    check(later.equals(j.get("deliver_after")), "deliver_after " + j.get("deliver_after") + " vs " + later);
+    Map<String, Object> b = got.get(1);
+    check(Arrays.equals(new byte[] {0, (byte) 0xff, 'r'}, (byte[]) b.get("bytes")), "bytes");
+    check(b.get("payload") == null && b.get("key") == null, "bytes row " + b);
+    check(Duration.between((Instant) b.get("created_at"), (Instant) b.get("deliver_after"))
+        .compareTo(Duration.ofMinutes(4)) > 0, "deliverAfter");
+  }
+
+  public static void testABatchIsWrittenInOrderInOneStatement() throws Exception {
+    List<OutboxMessage> batch = new ArrayList<>();
+    for (int i = 0; i < 50; i++) {
+      batch.add(OutboxMessage.to("orders").json("{\"n\": " + i + "}").key("k" + (i % 3)).build());
+    }
+    batch.add(OutboxMessage.to("files").bytes(new byte[] {1, 2}).header("h", "v")
+        .traceContext(TRACEPARENT, null).build());
+    long[] ids;
+    try (Connection c = connect()) {
+      ids = OutboxWriter.publishMany(c, batch); // autocommit: the statement is its transaction
+    }
+    check(ids.length == 51, "51 ids");
+    for (int i = 1; i < ids.length; i++) check(ids[i] > ids[i - 1], "ids in input order");
+    List<Map<String, Object>> got = rows();
+    for (int i = 0; i < 50; i++) check(("{\"n\": " + i + "}").equals(got.get(i).get("payload")), "row " + i);
+    check(("{\"h\": \"v\", \"traceparent\": \"" + TRACEPARENT + "\"}").equals(got.get(50).get("headers")),
+        "last headers " + got.get(50).get("headers"));
+    try (Connection c = connect()) {
+      check(OutboxWriter.publishMany(c, List.of()).length == 0, "empty batch");
+    }
+  }
+
+  public static void testTraceContextFromTheProvider() throws Exception {
+    OutboxWriter.setTraceContextProvider(() -> Map.of("traceparent", TRACEPARENT));
+    try (Connection c = connect()) {
+      OutboxWriter.publish(c, OutboxMessage.to("orders").json("1").build());
+    } finally {
+      OutboxWriter.setTraceContextProvider(null);
+    }
+    try (Connection c = connect()) {
+      OutboxWriter.publish(c, OutboxMessage.to("orders").json("2").build());
+    }
+    List<Map<String, Object>> got = rows();
+    check(("{\"traceparent\": \"" + TRACEPARENT + "\"}").equals(got.get(0).get("headers")), "provided");
+    check("{}".equals(got.get(1).get("headers")), "no OpenTelemetry: none " + got.get(1).get("headers"));
+  }
+
+  static void refused(OutboxMessage m, String text, boolean many) throws Exception {
+    try (Connection c = connect()) {
+      c.setAutoCommit(false);
+      execute(c, "INSERT INTO app_orders VALUES (9, 'paid')");
+      try {
+        if (many) {
+          OutboxWriter.publishMany(c, List.of(OutboxMessage.to("orders").json("{}").build(), m));
+        } else {
+          OutboxWriter.publish(c, m);
+        }
+        throw new AssertionError("not refused: " + text);
+      } catch (InvalidMessageException e) {
+        check(e.getMessage().contains(text), "\"" + e.getMessage() + "\" lacks \"" + text + "\"");
+      }
+      c.rollback();
+    }
+    check(rows().isEmpty(), "nothing half-written");
+  }
+
+  public static void testBadInputIsRefusedNamingTheArgument() throws Exception {
+    refused(OutboxMessage.to("").json("{}").build(), "destination must not be empty", false);
+    refused(OutboxMessage.to("orders").json("{}").key("k".repeat(1025)).build(),
+        "ordering_key is 1025 bytes long, the limit is 1024", false);
+    refused(OutboxMessage.to("orders").json("{}").deliverAfter(Duration.ofDays(400)).build(),
+        "is more than 1 year ahead", false);
+    refused(OutboxMessage.to("orders").bytes(new byte[1024 * 1024 + 1]).build(),
+        "payload is 1048577 bytes, the limit is 1048576", false);
+    refused(OutboxMessage.to("orders").json("{}").traceContext("00-abc", null).build(),
+        "header \"traceparent\" is not a W3C traceparent", false);
+    refused(OutboxMessage.to("orders").json("{}").eventType("t".repeat(256)).build(),
+        "event_type is 256 bytes long, the limit is 255", true);
+    refused(OutboxMessage.to("orders").json("{\"a\": 1, \"destination\": \"other\"").build(),
+        "invalid input syntax for type json", false);
+    refused(OutboxMessage.to("orders").json("1").idempotencyKey("not-a-uuid").build(), "not-a-uuid", false);
+    UUID key = UUID.randomUUID();
+    try (Connection c = connect()) {
+      c.setAutoCommit(false);
+      OutboxWriter.publish(c, OutboxMessage.to("orders").json("1").idempotencyKey(key).build());
+      try {
+        OutboxWriter.publish(c, OutboxMessage.to("orders").json("1").idempotencyKey(key).build());
+        throw new AssertionError("a key queued twice was accepted");
+      } catch (InvalidMessageException e) {
+        check(e.getMessage().contains("idempotency key " + key + " is already queued"), e.getMessage());
+      }
+      c.rollback();
+    }
+    // Refused before the database is asked.
+    for (Runnable bad : List.<Runnable>of(
+        () -> OutboxMessage.to("orders").build(),
+        () -> OutboxMessage.to("orders").json("1").bytes(new byte[1]).build(),
+        () -> OutboxMessage.to("orders").json("1").deliverAt(Instant.now()).deliverAfter(Duration.ZERO).build())) {
+      try {
+        bad.run();
+        throw new AssertionError("built");
+      } catch (IllegalArgumentException expected) {
+        check(expected.getMessage().contains("orders"), expected.getMessage());
+      }
+    }
+  }
+
+  /** A payload's text stays a payload: it cannot add fields to the message. */
+  public static void testAPayloadCannotRewriteTheMessage() throws Exception {
+    try (Connection c = connect()) {
+      OutboxWriter.publish(c, OutboxMessage.to("orders").json("{\"destination\": \"other\"}").build());
+    }
+    List<Map<String, Object>> got = rows();
+    check("orders".equals(got.get(0).get("destination")), "destination " + got.get(0).get("destination"));
+    check("{\"destination\": \"other\"}".equals(got.get(0).get("payload")), "payload");
+  }
+
+}

@@ -1,0 +1,40 @@
+// Types of the outbox-relay writer for Node (index.js).
+
+/** Anything with node-postgres's query(): a pg.Client, a pooled client inside a transaction. */
+export interface Queryable {
+  query(text: string, values?: unknown[]): Promise<{ rows: Array<Record<string, unknown>> }>;
+}
+
+/** One outbox message: the same fields as the C++ SDK and the other writers. */
+export interface Message {
+  /** As named in the relay's config. */
+  destination: string;
+  /** Exactly one payload: json (any JSON value) or data (bytes: application/octet-stream). */
+  json?: unknown;
+  data?: Uint8Array;
+  /** Ordering key: messages of one destination with the same key are delivered in order. */
+  key?: string | null;
+  headers?: Record<string, string>;
+  eventType?: string;
+  /** Not before this time, or this many milliseconds from now (one of the two). */
+  deliverAt?: Date;
+  deliverAfterMs?: number;
+  /** A uuid; absent: a random one. Fix it so that a retried transaction writes the same key. */
+  idempotencyKey?: string | null;
+  /** W3C trace context; absent: OpenTelemetry's active span, when @opentelemetry/api is installed. */
+  traceparent?: string;
+  tracestate?: string;
+}
+
+/** A message the database refused: the text names the argument, the limit and the fix. */
+export class InvalidMessage extends Error {
+  readonly hint?: string;
+  readonly sqlstate?: string;
+}
+
+export function publish(client: Queryable, message: Message): Promise<number>;
+export function publishMany(client: Queryable, messages: Iterable<Message>): Promise<number[]>;
+export function currentTraceContext(): { traceparent?: string; tracestate?: string };
+export function setTraceContextProvider(
+  fn: (() => { traceparent?: string; tracestate?: string }) | null
+): void;

@@ -1,0 +1,162 @@
+'use strict';
+// The Node writer against a real PostgreSQL with the outbox schema (run_tests.sh starts one and
+// sets OUTBOX_TEST_DATABASE_URL): atomicity with the caller's business write, batches, every
+// argument, trace context, and each bad input refused with the argument named and nothing
+// written.
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { Client } = require('pg');
+const { publish, publishMany, InvalidMessage, setTraceContextProvider } = require('..');
+
+const URL = process.env.OUTBOX_TEST_DATABASE_URL;
+const TRACEPARENT = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+const skip = URL ? false : 'run through sdk/node/run_tests.sh (needs a database)';
+
+async function connected(fn) {
+  const c = new Client({ connectionString: URL });
+  await c.connect();
+  try {
+    return await fn(c);
+  } finally {
+    await c.end();
+  }
+}
+
+async function reset() {
+  await connected(async (c) => {
+    await c.query('TRUNCATE outbox.messages');
+    await c.query('CREATE TABLE IF NOT EXISTS app_orders (id int PRIMARY KEY, state text)');
+    await c.query('TRUNCATE app_orders');
+  });
+}
+
+async function rows() {
+  return connected(async (c) => (await c.query(
+    `SELECT id, destination, ordering_key, idempotency_key::text AS idempotency_key, event_type,
+            headers, payload, payload_bytes, deliver_after, created_at
+       FROM outbox.messages ORDER BY id`)).rows);
+}
+
+test('commits with the business write and rolls back with it', { skip }, async () => {
+  await reset();
+  const id = await connected(async (c) => {
+    await c.query('BEGIN');
+    await c.query("INSERT INTO app_orders VALUES (1, 'paid')");
+    const id = await publish(c, { destination: 'orders', json: { order: 1 }, key: 'order-1' });
+    await c.query('COMMIT');
+    await c.query('BEGIN');
+    await c.query("INSERT INTO app_orders VALUES (2, 'paid')");
+    await publish(c, { destination: 'orders', json: { order: 2 }, key: 'order-2' });
+    await c.query('ROLLBACK');
+    return id;
+  });
+  const got = await rows();
+  assert.deepEqual(got.map((r) => Number(r.id)), [id]);
+  const orders = await connected(async (c) => (await c.query('SELECT count(*)::int AS n FROM app_orders')).rows[0].n);
+  assert.equal(orders, 1, 'the rolled-back order is gone with its message');
+});
+
+test('every argument is stored', { skip }, async () => {
+  await reset();
+  const later = new Date(Date.now() + 2 * 3600 * 1000);
+  const key = '5d0b8b7e-9f55-4a5c-9d2e-7d1f1d0f0c11';
+  await connected(async (c) => {
+    await c.query('BEGIN');
+    await publish(c, {
+      destination: 'orders', json: { a: [1, 2], b: 'x' }, key: 'k1', headers: { tenant: 'acme' },
+      eventType: 'order.paid', deliverAt: later, idempotencyKey: key, traceparent: TRACEPARENT,
+      tracestate: 'congo=t61rcWkgMzE',
+    });
+    await publish(c, { destination: 'files', data: Buffer.from([0, 0xff, 0x72]), deliverAfterMs: 5 * 60 * 1000 });
+    await c.query('COMMIT');
+  });
+  const [j, b] = await rows();
+  assert.equal(j.destination, 'orders');
+  assert.equal(j.ordering_key, 'k1');
+  assert.equal(j.idempotency_key, key);
+  assert.equal(j.event_type, 'order.paid');
+  assert.deepEqual(j.headers, { tenant: 'acme', traceparent: TRACEPARENT, tracestate: 'congo=t61rcWkgMzE' });
+  assert.deepEqual(j.payload, { a: [1, 2], b: 'x' });
+  assert.equal(j.payload_bytes, null);
+  assert.equal(j.deliver_after.getTime(), later.getTime());
+  assert.deepEqual([...b.payload_bytes], [0, 0xff, 0x72]);
+  assert.equal(b.payload, null);
+  assert.equal(b.ordering_key, null);
+  assert.ok(b.deliver_after - b.created_at > 4 * 60 * 1000);
+});
+
+test('a batch is written in order in one statement', { skip }, async () => {
+  await reset();
+  const msgs = [];
+  for (let i = 0; i < 50; ++i) msgs.push({ destination: 'orders', json: { n: i }, key: `k${i % 3}` });
+  msgs.push({ destination: 'files', data: new Uint8Array([1, 2]), headers: { h: 'v' }, traceparent: TRACEPARENT });
+  const ids = await connected((c) => publishMany(c, msgs));
+  assert.equal(ids.length, 51);
+  assert.deepEqual([...ids].sort((a, b) => a - b), ids, 'ids in input order');
+  const got = await rows();
+  assert.deepEqual(got.slice(0, 50).map((r) => r.payload.n), [...Array(50).keys()]);
+  assert.deepEqual([...got[50].payload_bytes], [1, 2]);
+  assert.deepEqual(got[50].headers, { h: 'v', traceparent: TRACEPARENT });
+  assert.deepEqual(await connected((c) => publishMany(c, [])), []);
+});
+
+test('trace context comes from the provider unless the message has its own', { skip }, async () => {
+  await reset();
+  setTraceContextProvider(() => ({ traceparent: TRACEPARENT, tracestate: 'k=v' }));
+  try {
+    await connected((c) => publishMany(c, [
+      { destination: 'orders', json: 1 },
+      { destination: 'orders', json: 2, traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' },
+    ]));
+  } finally {
+    setTraceContextProvider(null);
+  }
+  await connected((c) => publish(c, { destination: 'orders', json: 3 }));
+  const got = await rows();
+  assert.deepEqual(got[0].headers, { traceparent: TRACEPARENT, tracestate: 'k=v' });
+  assert.equal(got[1].headers.traceparent, '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01');
+  assert.deepEqual(got[2].headers, {}, 'no provider and no OpenTelemetry: no trace context');
+});
+
+test('bad input is refused naming the argument, nothing half-written', { skip }, async () => {
+  await reset();
+  async function refused(message, text, many = false) {
+    await connected(async (c) => {
+      await c.query('BEGIN');
+      await c.query("INSERT INTO app_orders VALUES (9, 'paid')");
+      await assert.rejects(
+        many ? publishMany(c, [{ destination: 'orders', json: {} }, message]) : publish(c, message),
+        (err) => {
+          assert.ok(err instanceof InvalidMessage, `${err}`);
+          assert.ok(err.message.includes(text), `"${err.message}" lacks "${text}"`);
+          return true;
+        });
+      await c.query('ROLLBACK');
+    });
+    assert.deepEqual(await rows(), [], 'nothing half-written');
+  }
+  await refused({ destination: '', json: {} }, 'destination must not be empty');
+  await refused({ destination: 'orders', json: {}, key: 'k'.repeat(1025) },
+    'ordering_key is 1025 bytes long, the limit is 1024');
+  await refused({ destination: 'orders', json: {}, headers: { n: 1 } }, 'header "n" is not a string');
+  await refused({ destination: 'orders', json: {}, deliverAfterMs: 400 * 86400 * 1000 }, 'is more than 1 year ahead');
+  await refused({ destination: 'orders', data: Buffer.alloc(1024 * 1024 + 1) },
+    'payload is 1048577 bytes, the limit is 1048576');
+  await refused({ destination: 'orders', json: {}, traceparent: '00-abc' }, 'header "traceparent" is not a W3C traceparent');
+  await refused({ destination: 'orders', json: {}, eventType: 't'.repeat(256) },
+    'event_type is 256 bytes long, the limit is 255', true);
+  // Refused before the database is asked.
+  await refused({ destination: 'orders' }, 'needs exactly one payload');
+  await refused({ destination: 'orders', json: 1, data: Buffer.from('x') }, 'needs exactly one payload');
+  await refused({ destination: 'orders', data: 'text' }, 'data must be a Buffer');
+  await refused({ destination: 'orders', json: 1, deliverAt: new Date('nope') }, 'deliverAt must be a valid Date');
+
+  const key = '0b2d6a52-3c1f-4a8e-9d3e-2f6f1c0e5a77';
+  await connected(async (c) => {
+    await c.query('BEGIN');
+    await publish(c, { destination: 'orders', json: 1, idempotencyKey: key });
+    await assert.rejects(publish(c, { destination: 'orders', json: 1, idempotencyKey: key }),
+      (err) => err instanceof InvalidMessage && err.message.includes(`idempotency key ${key} is already queued`));
+    await c.query('ROLLBACK');
+  });
+});
