@@ -79,6 +79,10 @@ TEST_F(VerifyTest, CleanAfterARunThenFindsADuplicateAGapAndAnInversion) {
   ASSERT_TRUE(DrainedBy({&relay}, 120s));
   StopGracefully(relay);
   ASSERT_EQ(Scalar("SELECT count(*) FROM outbox.delivered_archive"), 300);
+  // The relay registered its config's destination for the write-time guard (migration 0010).
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.destinations WHERE name = 'orders' AND "
+                   "registered_by LIKE 'relay %'"),
+            1);
 
   ASSERT_EQ(Verify(config), 0) << last_stdout_ << last_stderr_;
   EXPECT_TRUE(report_["clean"].get<bool>());

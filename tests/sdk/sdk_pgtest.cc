@@ -513,4 +513,52 @@ TEST_F(SdkTest, OneWakeUpPerTransactionNotPerRow) {
   EXPECT_EQ(n.load(), 1);
 }
 
+// 0010: with the guard on, a destination no relay config names (outbox.destinations) is
+// refused at write time, naming it and the fix; off (the default), or before anything is
+// registered, every destination is accepted.
+TEST_F(SdkTest, UnknownDestinationsAreRefusedOnceTheGuardIsOn) {
+  pqxx::connection c(db_url_);
+  auto enqueue = [&](const std::string& destination) -> std::string {
+    pqxx::work tx(c);
+    try {
+      tx.exec_params("SELECT outbox.enqueue($1, '{}'::jsonb)", destination);
+      outbox::Publish(tx, outbox::Message::To(destination).Json("{}").Build());
+      tx.exec_params(
+          "SELECT outbox.enqueue_many(jsonb_build_array(jsonb_build_object("
+          "'destination', $1::text, 'payload', 1)))",
+          destination);
+      tx.commit();
+      return "";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  };
+  auto exec = [&](const std::string& sql) {
+    pqxx::work tx(c);
+    tx.exec(sql);
+    tx.commit();
+  };
+  EXPECT_EQ(enqueue("ordres"), "") << "the guard is off by default";
+  exec("UPDATE outbox.settings SET refuse_unknown_destinations = true");
+  EXPECT_EQ(enqueue("ordres"), "") << "nothing registered yet: nothing to compare with";
+  exec("INSERT INTO outbox.destinations (name) VALUES ('orders')");
+  EXPECT_EQ(enqueue("orders"), "");
+  const std::int64_t before = Count(db_url_);
+  const std::string refused = enqueue("ordres");
+  EXPECT_NE(refused.find("destination \"ordres\" is unknown: no relay config names it"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(Count(db_url_), before) << "nothing half-written";
+  pqxx::work tx(c);
+  try {
+    tx.exec("SELECT outbox.enqueue('ordres', '{}'::jsonb)");
+    ADD_FAILURE() << "accepted";
+  } catch (const pqxx::sql_error& e) {
+    EXPECT_EQ(e.sqlstate(), "22023");
+  }
+  tx.abort();
+  exec("UPDATE outbox.settings SET refuse_unknown_destinations = false");
+  EXPECT_EQ(enqueue("ordres"), "") << "off again";
+}
+
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <iomanip>
@@ -145,6 +146,21 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   } catch (const std::exception& e) {
     return Fail(std::string("cannot reach the database: ") + e.what() +
                 " (check database_url / OUTBOX_DATABASE_URL)");
+  }
+
+  // The write-time guard of unknown destinations (when the schema owner turned it on) accepts
+  // what some relay's config names.
+  try {
+    Store store(cfg.database_url);
+    std::vector<std::string> names;
+    for (const auto& [name, dest] : cfg.destinations) names.push_back(name);
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    RegisterDestinations(store, names,
+                         "relay " + std::string(host) + ":" + std::to_string(::getpid()));
+  } catch (const std::exception& e) {
+    spdlog::warn("could not register the config's destinations in outbox.destinations: {}",
+                 e.what());
   }
 
   std::map<std::string, SinkPtr> sinks;

@@ -1,5 +1,6 @@
 #include "outbox_relay/dead_letters.h"
 
+#include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <stdexcept>
 
@@ -119,6 +120,15 @@ std::int64_t PurgeDeadLetters(Store& store, const std::vector<std::int64_t>& ids
                                   older_than, destination);
     tx.commit();
     return static_cast<std::int64_t>(r.size());
+  });
+}
+
+void RegisterDestinations(Store& store, const std::vector<std::string>& names,
+                          const std::string& registered_by) {
+  Translated([&] {
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    tx.exec_params(std::string(sql::queries::kregister_destinations), nlohmann::json(names).dump(),
+                   registered_by);
   });
 }
 

@@ -35,6 +35,11 @@ std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id);
 /// (of `destination` if given). Returns the new message ids.
 std::vector<std::int64_t> ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                                             const std::string& destination);
+/// Records `names` in outbox.destinations (migration 0010: what the write-time guard accepts
+/// when it is on), as registered by `registered_by`; known names are left as they are.
+void RegisterDestinations(Store& store, const std::vector<std::string>& names,
+                          const std::string& registered_by);
+
 /// Pausing a destination (`outbox-relay pause|resume`): every relay stops claiming it within
 /// a second (what is in flight finishes) until it is resumed; the reason shows in `status`.
 /// ResumeDestination returns false when it was not paused.
