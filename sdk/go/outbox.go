@@ -115,18 +115,7 @@ func PublishMany(ctx context.Context, q Querier, ms []Message) ([]int64, error) 
 		return nil, refused(err)
 	}
 	defer rows.Close()
-	ids := make([]int64, 0, len(ms))
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, refused(err)
-	}
-	return ids, nil
+	return collect(rows, len(ms))
 }
 
 // PublishSQL writes m in a database/sql transaction and returns its id.
@@ -152,7 +141,16 @@ func PublishManySQL(ctx context.Context, q SQLQuerier, ms []Message) ([]int64, e
 		return nil, refused(err)
 	}
 	defer rows.Close()
-	ids := make([]int64, 0, len(ms))
+	return collect(rows, len(ms))
+}
+
+// The ids enqueue_many returns, from pgx's or database/sql's rows.
+func collect(rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}, n int) ([]int64, error) {
+	ids := make([]int64, 0, n)
 	for rows.Next() {
 		var id int64
 		if err := rows.Scan(&id); err != nil {
