@@ -38,9 +38,9 @@ BEGIN
      AND NOT EXISTS (SELECT 1 FROM outbox.destinations d WHERE d.name = validate_message.destination) THEN
     RAISE EXCEPTION 'outbox.enqueue: destination "%" is unknown: no relay config names it (outbox.destinations)', left(destination, 255)
       USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'Check the name against SELECT name FROM outbox.destinations; a new destination is '
-                   'registered when a relay whose config has it starts, or by the schema owner: '
-                   'INSERT INTO outbox.destinations (name) VALUES (''...'').';
+            HINT = 'Check the name against outbox-relay destinations list; a new destination is '
+                   'registered when a relay whose config has it starts, or with '
+                   'outbox-relay destinations add NAME.';
   END IF;
   IF ordering_key = '' THEN
     RAISE EXCEPTION 'outbox.enqueue: ordering_key must be NULL or non-empty'

@@ -1,6 +1,7 @@
 // `outbox-relay verify` against what a real relay delivered to the mock cluster: clean after
 // a normal run; then a duplicate record, a lost record and an out-of-order record are each
-// found, named in the JSON report, and turn the exit code to 1.
+// found, named in the JSON report, and turn the exit code to 1. Also `outbox-relay
+// destinations`, whose list a starting relay fills (the write-time guard's, migration 0010).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -149,6 +150,33 @@ TEST_F(VerifyTest, RefusesWhatItCannotVerifyNamingTheFix) {
   EXPECT_NE(last_stderr_.find("no destination nope"), std::string::npos) << last_stderr_;
   EXPECT_EQ(Verify(config, {"--since", "yesterday"}), 2);
   EXPECT_NE(last_stderr_.find("is neither a UTC time"), std::string::npos) << last_stderr_;
+}
+
+TEST_F(VerifyTest, DestinationsListsWhatRelaysRegisteredAndAddRegistersMore) {
+  const std::string config = WriteConfig("relay.yaml", Yaml(db_url_));
+  auto run = [&](const std::vector<std::string>& args) {
+    ChildProcess& c = Spawn("destinations-" + std::to_string(++runs_), args);
+    EXPECT_TRUE(c.WaitExit(30s)) << c.Describe();
+    EXPECT_TRUE(c.ExitedWith(0)) << c.Describe() << c.Stderr();
+    return c.Stdout();
+  };
+  std::string out = run({"destinations", "list", "--config", config});
+  EXPECT_NE(out.find("guard of unknown destinations: off"), std::string::npos) << out;
+  EXPECT_NE(out.find("no destination registered yet"), std::string::npos) << out;
+  ChildProcess& relay = StartRelay(config);
+  ASSERT_TRUE(
+      WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.destinations") == 1; }, 30s));
+  StopGracefully(relay);
+  run({"destinations", "add", "--config", config, "invoices", "refunds"});
+  Exec("UPDATE outbox.settings SET refuse_unknown_destinations = true");
+  out = run({"destinations", "list", "--config", config});
+  EXPECT_NE(out.find("guard of unknown destinations: on"), std::string::npos) << out;
+  for (const char* line : {"orders", "invoices", "refunds", "relay ", "operator"}) {
+    EXPECT_NE(out.find(line), std::string::npos) << line << " missing in:\n" << out;
+  }
+  // The guard now takes what was added, and refuses a typo.
+  Exec("SELECT outbox.enqueue('invoices', '{}'::jsonb)");
+  EXPECT_THROW(Exec("SELECT outbox.enqueue('invoice', '{}'::jsonb)"), pqxx::sql_error);
 }
 
 }  // namespace

@@ -148,6 +148,22 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
                 " (check database_url / OUTBOX_DATABASE_URL)");
   }
 
+  // Signals are taken synchronously by this thread; every thread started below (the
+  // sinks' first) inherits the blocked mask, so SIGINT/SIGTERM reach only sigwait: a signal
+  // during start-up waits for it instead of killing the process through a sink's thread.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  std::map<std::string, SinkPtr> sinks;
+  try {
+    for (const auto& [name, dest] : cfg.destinations) sinks.emplace(name, MakeSink(dest));
+  } catch (const std::exception& e) {
+    return Fail(std::string("cannot create sink: ") + e.what());
+  }
+
   // The write-time guard of unknown destinations (when the schema owner turned it on) accepts
   // what some relay's config names.
   try {
@@ -162,21 +178,6 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
     spdlog::warn("could not register the config's destinations in outbox.destinations: {}",
                  e.what());
   }
-
-  std::map<std::string, SinkPtr> sinks;
-  try {
-    for (const auto& [name, dest] : cfg.destinations) sinks.emplace(name, MakeSink(dest));
-  } catch (const std::exception& e) {
-    return Fail(std::string("cannot create sink: ") + e.what());
-  }
-
-  // Signals are taken synchronously by this thread; every thread started below inherits
-  // the blocked mask, so SIGINT/SIGTERM reach only sigwait.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   RelayMetrics metrics(OUTBOX_RELAY_VERSION);
   for (const auto& [name, sink] : sinks) {
@@ -384,6 +385,39 @@ int RunPause(const std::string& database_url, const std::string& destination,
               << "\": relays claim nothing for it within a second (what is in flight finishes); "
                  "`outbox-relay resume "
               << destination << "` undoes it\n";
+    return 0;
+  });
+}
+
+int RunDestinationsList(const std::string& database_url) {
+  return WithStore(database_url, [&](Store& c) {
+    const DestinationRegistry r = ListRegisteredDestinations(c);
+    std::cout << "write-time guard of unknown destinations: " << (r.guard ? "on" : "off")
+              << " (outbox.settings.refuse_unknown_destinations)\n";
+    if (r.destinations.empty()) {
+      std::cout << "no destination registered yet (a relay registers its config's at start)\n";
+      return 0;
+    }
+    std::cout << std::left << std::setw(32) << "DESTINATION" << std::setw(32) << "REGISTERED BY"
+              << "AT\n";
+    for (const auto& d : r.destinations) {
+      std::cout << std::setw(32) << d.name << std::setw(32) << d.registered_by << d.registered_at
+                << "\n";
+    }
+    return 0;
+  });
+}
+
+int RunDestinationsAdd(const std::string& database_url, const std::vector<std::string>& names) {
+  for (const auto& n : names) {
+    if (n.empty() || n.size() > 255) {
+      return Fail("a destination name has 1 to 255 characters; got \"" + n.substr(0, 40) + "\"");
+    }
+  }
+  return WithStore(database_url, [&](Store& c) {
+    RegisterDestinations(c, names, "operator");
+    std::cout << "registered " << names.size()
+              << " destination(s); writers may use them while the guard is on\n";
     return 0;
   });
 }

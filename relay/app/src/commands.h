@@ -40,6 +40,11 @@ int RunPause(const std::string& database_url, const std::string& destination,
 /// outbox-relay resume DEST.
 int RunResume(const std::string& database_url, const std::string& destination);
 
+/// `outbox-relay destinations list`: what relays registered for the write-time guard.
+int RunDestinationsList(const std::string& database_url);
+/// `outbox-relay destinations add NAME...`: registers names before any relay serves them.
+int RunDestinationsAdd(const std::string& database_url, const std::vector<std::string>& names);
+
 /// `outbox-relay endpoints ...` (endpoint_commands.cc): the webhook service's endpoints.
 struct EndpointArgs {
   std::string database_url;

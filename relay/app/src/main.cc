@@ -238,6 +238,19 @@ int main(int argc, char** argv) {
   attempts->add_option("--limit,-n", ep.limit, "At most this many")->check(CLI::PositiveNumber);
   attempts->add_flag("--json", ep.json, "JSON lines");
 
+  std::vector<std::string> register_names;
+  auto* destinations = app.add_subcommand(
+      "destinations", "The destinations relays registered (the write-time guard's list)");
+  destinations->require_subcommand(1);
+  auto* dest_list = destinations->add_subcommand("list", "List registered destinations");
+  add_db(dest_list);
+  add_config(dest_list);
+  auto* dest_add = destinations->add_subcommand(
+      "add", "Register destinations before a relay serving them starts");
+  add_db(dest_add);
+  add_config(dest_add);
+  dest_add->add_option("names", register_names, "Destination names")->required();
+
   VerifyArgs verify_args;
   auto* verify = app.add_subcommand(
       "verify",
@@ -272,6 +285,12 @@ int main(int argc, char** argv) {
   }
   if (*check) return RunCheckConfig(config_path);
   if (*verify) return RunVerify(verify_args);
+  if (*destinations) {
+    database_url = DatabaseUrlFor(database_url, config_path);
+    if (database_url.empty()) return 2;
+    return *dest_list ? RunDestinationsList(database_url)
+                      : RunDestinationsAdd(database_url, register_names);
+  }
   if (*run) return RunRelay(config_path, database_url);
   if (*status) {
     database_url = DatabaseUrlFor(database_url, config_path);

@@ -132,6 +132,20 @@ void RegisterDestinations(Store& store, const std::vector<std::string>& names,
   });
 }
 
+DestinationRegistry ListRegisteredDestinations(Store& store) {
+  return Translated([&]() -> DestinationRegistry {
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    DestinationRegistry out;
+    for (const auto& r : tx.exec(std::string(sql::queries::kregistered_destinations))) {
+      out.guard = r["guard"].as<bool>();
+      if (r["name"].is_null()) continue;  // the settings row alone: nothing registered
+      out.destinations.push_back(
+          {r["name"].c_str(), r["registered_by"].c_str(), r["registered_at"].c_str()});
+    }
+    return out;
+  });
+}
+
 void PauseDestination(Store& store, const std::string& destination, const std::string& reason) {
   Translated([&] {
     pqxx::nontransaction tx(StoreAccess::Connection(store));

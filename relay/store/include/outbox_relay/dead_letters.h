@@ -40,6 +40,18 @@ std::vector<std::int64_t> ReplayDeadLetters(Store& store, const std::vector<std:
 void RegisterDestinations(Store& store, const std::vector<std::string>& names,
                           const std::string& registered_by);
 
+struct RegisteredDestination {
+  std::string name;
+  std::string registered_by;  ///< "relay host:pid" or "operator".
+  std::string registered_at;  ///< RFC 3339 UTC.
+};
+struct DestinationRegistry {
+  std::vector<RegisteredDestination> destinations;  ///< By name.
+  bool guard = false;  ///< outbox.settings.refuse_unknown_destinations.
+};
+/// What `outbox-relay destinations list` shows.
+DestinationRegistry ListRegisteredDestinations(Store& store);
+
 /// Pausing a destination (`outbox-relay pause|resume`): every relay stops claiming it within
 /// a second (what is in flight finishes) until it is resumed; the reason shows in `status`.
 /// ResumeDestination returns false when it was not paused.
