@@ -11,7 +11,7 @@ PACKAGES=(
   kcat openssl procps prometheus
   systemd  # systemd-analyze, for the package test of the unit
   python3-psycopg  # the Python writer (sdk/python) and its tests
-  golang-go golang-github-jackc-pgx-v4-dev  # the Go writer (sdk/go) and its tests
+  golang-go golang-github-jackc-pgx-v4-dev golang-opentelemetry-otel-dev  # the Go writer (sdk/go)
   default-jdk-headless libpostgresql-jdbc-java  # the Java writer (sdk/java) and its tests
 )
 

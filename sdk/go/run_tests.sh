@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the Go writer's tests against a throwaway PostgreSQL 15 migrated by the relay, offline:
-# Go and pgx v4 come from Debian (golang-go, golang-github-jackc-pgx-v4-dev; see
+# Go, pgx v4 and OpenTelemetry come from Debian (golang-go, golang-github-jackc-pgx-v4-dev,
+# golang-opentelemetry-otel-dev; see
 # scripts/install-deps.sh), built in GOPATH mode from /usr/share/gocode.
 # Usage: sdk/go/run_tests.sh PATH/TO/outbox-relay   (ctest passes the built one)
 set -euo pipefail
@@ -10,6 +11,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 command -v go >/dev/null || { echo "go is missing: run scripts/install-deps.sh" >&2; exit 1; }
 [ -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] ||
   { echo "pgx v4 is missing (golang-github-jackc-pgx-v4-dev): run scripts/install-deps.sh" >&2; exit 1; }
+[ -d /usr/share/gocode/src/go.opentelemetry.io/otel ] ||
+  { echo "OpenTelemetry is missing (golang-opentelemetry-otel-dev): run scripts/install-deps.sh" >&2; exit 1; }
 WORK=$(mktemp -d)
 trap 'pg_throwaway_stop "$WORK"; rm -rf "$WORK"' EXIT
 chmod 755 "$WORK"
@@ -22,5 +25,6 @@ pg_throwaway_start "$WORK"
 cd "$WORK/gopath/src/$PKG"
 export GO111MODULE=off GOPATH="$WORK/gopath:/usr/share/gocode" GOFLAGS= \
        GOCACHE="${GOCACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay-go-build}"
-go vet . ./examples/...
-OUTBOX_TEST_DATABASE_URL="$PG_URL" go test -count=1 -v . 2>&1
+go vet . ./otel ./examples/...
+# Sequentially: both packages use the one database.
+OUTBOX_TEST_DATABASE_URL="$PG_URL" go test -p 1 -count=1 -v . ./otel 2>&1
