@@ -3,6 +3,7 @@
 #include <array>
 #include <string_view>
 
+#include "cloudevents_config.h"
 #include "outbox_relay/config_fields.h"
 #include "outbox_relay/config_sources.h"
 #include "outbox_relay/kafka_target.h"
@@ -188,18 +189,8 @@ void ParseKafka(const Field& field, const EnvLookup& env, Destination& destinati
            "key, e.g. `key_header: tenant`");
     }
   }
-  if (auto f = m.Get("format")) {
-    kafka.cloudevents = cfg::ReadChoice(*f, {"plain", "cloudevents"},
-                                        "`plain`: the relay's headers; `cloudevents`: also the "
-                                        "CloudEvents binary-mode ce_* headers") == "cloudevents";
-  }
-  if (auto f = m.Get("cloudevents_source")) {
-    if (!kafka.cloudevents) Fail(*f, "needs `format: cloudevents`; add it or remove the key");
-    kafka.cloudevents_source = cfg::ReadNonEmptyString(*f);
-    if (HasSpaceOrControl(kafka.cloudevents_source)) {
-      Fail(*f, "must be a URI reference without spaces, e.g. `//billing.example.com/outbox`");
-    }
-  }
+  ReadCloudEventsFormat(m, "the relay's headers", "ce_*", kafka.cloudevents,
+                        kafka.cloudevents_source);
   if (auto producer = m.Get("producer")) kafka.producer = ReadProducer(*producer, env);
   destination.target = std::move(kafka);
 }

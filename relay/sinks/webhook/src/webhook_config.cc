@@ -4,6 +4,7 @@
 #include <cctype>
 #include <string_view>
 
+#include "cloudevents_config.h"
 #include "outbox_relay/config_fields.h"
 #include "outbox_relay/config_sources.h"
 #include "outbox_relay/webhook_target.h"
@@ -320,19 +321,8 @@ void ParseWebhook(const Field& field, const EnvLookup& env, Destination& destina
   if (auto f = m.Get("verify_tls")) webhook.verify_tls = cfg::ReadBool(*f);
   if (auto f = m.Get("headers")) webhook.headers = ReadHeaders(*f);
   if (auto f = m.Get("breaker")) webhook.breaker = ParseBreaker(*f);
-  if (auto f = m.Get("format")) {
-    webhook.cloudevents =
-        cfg::ReadChoice(*f, {"plain", "cloudevents"},
-                        "`plain`: the Standard Webhooks headers; `cloudevents`: "
-                        "also the CloudEvents binary-mode ce-* headers") == "cloudevents";
-  }
-  if (auto f = m.Get("cloudevents_source")) {
-    if (!webhook.cloudevents) Fail(*f, "needs `format: cloudevents`; add it or remove the key");
-    webhook.cloudevents_source = cfg::ReadNonEmptyString(*f);
-    if (HasSpaceOrControl(webhook.cloudevents_source)) {
-      Fail(*f, "must be a URI reference without spaces, e.g. `//billing.example.com/outbox`");
-    }
-  }
+  ReadCloudEventsFormat(m, "the Standard Webhooks headers", "ce-*", webhook.cloudevents,
+                        webhook.cloudevents_source);
   if (webhook.cloudevents) {
     for (const auto& [name, value] : webhook.headers) {
       if (Lowercase(name).starts_with("ce-")) {
