@@ -448,6 +448,38 @@ TEST(ParseConfig, RecordKeyHeaderAndCloudEventsFormat) {
                        "sets `ce-source`, which `format: cloudevents` sets from each message"));
 }
 
+TEST(ParseConfig, ExactlyOnceKafkaNeedsPartitionedClaims) {
+  const std::string kafka =
+      "      brokers: k:9092\n      topic: orders\n      delivery: exactly_once\n";
+  const RelayConfig config = ParseConfig(
+      "claim_mode: partitioned\n" + WithKafka(kafka + "      transactional_id_prefix: billing\n"),
+      "cfg.yaml", kNoEnv);
+  const auto& k = config.destinations.at("orders").target.Get<KafkaTarget>();
+  EXPECT_TRUE(k.exactly_once);
+  EXPECT_EQ(k.transactional_id_prefix, "billing");
+  const auto& plain =
+      ParseConfig(WithKafka("      brokers: k:9092\n      topic: orders\n"), "cfg.yaml", kNoEnv)
+          .destinations.at("orders")
+          .target.Get<KafkaTarget>();
+  EXPECT_FALSE(plain.exactly_once) << "at least once by default";
+  EXPECT_EQ(plain.transactional_id_prefix, "outbox-relay");
+
+  // skip_locked: no relay owns the rows it claims, so nothing could fence a stalled relay.
+  const std::string message = ErrorOf(WithKafka(kafka));
+  EXPECT_TRUE(Contains(message,
+                       "destinations.orders.kafka.delivery: exactly_once needs "
+                       "`claim_mode: partitioned`"))
+      << message;
+  EXPECT_TRUE(Contains(message, "or use `delivery: at_least_once`")) << message;
+  EXPECT_TRUE(Contains(
+      ErrorOf("claim_mode: partitioned\n" + WithKafka("      brokers: k:9092\n      topic: orders\n"
+                                                      "      delivery: exactly-once\n")),
+      "did you mean `exactly_once`?"));
+  EXPECT_TRUE(Contains(ErrorOf("claim_mode: partitioned\n" +
+                               WithKafka(kafka + "      transactional_id_prefix: \"a b\"\n")),
+                       "transactional_id_prefix: contains whitespace"));
+}
+
 TEST(ParseConfig, WebhookPrivateNetworkKeys) {
   const RelayConfig defaults =
       ParseConfig(WithWebhook("      secret: " + kSecretA + "\n"), "cfg.yaml", kNoEnv);
@@ -1076,7 +1108,8 @@ TEST(InvalidValues, RelayOwnedProducerPropertiesAreRefusedWithTheReason) {
       {"bootstrap.servers: x:9092", "bootstrap.servers", "from `brokers`"},
       {"metadata.broker.list: x:9092", "metadata.broker.list", "from `brokers`"},
       {"dr_msg_cb: x", "dr_msg_cb", "its own delivery report callback"},
-      {"transactional.id: x", "transactional.id", "not Kafka transactions"},
+      {"transactional.id: x", "transactional.id", "`delivery: exactly_once`"},
+      {"transaction.timeout.ms: 9000", "transaction.timeout.ms", "raise `lease_ms` instead"},
       {"acks_env: ACKS", "acks_env", "requires acks=all"},
   };
   for (const auto& c : cases) {

@@ -65,6 +65,14 @@ TEST(Decide, MapsOutcomesToSettlements) {
 
   s = Decide(id, 4, Out(OutcomeKind::kRetry, "shutdown"), p, "tok", 0.5, true);
   EXPECT_EQ(s.kind, Settlement::Kind::kRelease) << "shutting down hands back without counting";
+
+  // A retry that may have reached the target (a Kafka transaction whose end is unknown) counts
+  // even at shutdown: the counted attempt makes the next delivery check the topic first.
+  Outcome maybe = Out(OutcomeKind::kRetry, "transaction end unknown");
+  maybe.maybe_sent = true;
+  s = Decide(id, 1, maybe, p, "tok", 0.5, true);
+  EXPECT_EQ(s.kind, Settlement::Kind::kRetry) << "counted, not handed back";
+  EXPECT_EQ(s.error, "transaction end unknown");
 }
 
 TEST(Decide, EveryFailureCarriesATypedReason) {

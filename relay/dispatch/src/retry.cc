@@ -103,7 +103,7 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
     case OutcomeKind::kRetry:
       break;
   }
-  if (shutting_down) {
+  if (shutting_down && !outcome.maybe_sent) {
     s.kind = Settlement::Kind::kRelease;
     return s;
   }

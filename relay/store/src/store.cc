@@ -235,6 +235,7 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
       m.payload_is_json = false;
     }
     m.attempts = row["attempts"].as<int>();
+    m.bucket = row["bucket"].as<int>();
     if (!row["endpoint_id"].is_null()) m.endpoint_id = row["endpoint_id"].as<std::string>();
     if (!row["parked"].as<bool>()) out.fresh_lane.push_back(m.id);
     m.created_at = std::chrono::system_clock::time_point(

@@ -36,7 +36,8 @@ std::optional<Settlement> DecideBeforeAttempt(MessageId id, int attempts, const 
 
 /// Turns a sink's outcome for message `id` into what the store records:
 ///   delivered -> delete; permanent -> dead letter; retry -> retry later, or dead letter when
-///   this was the last allowed attempt; retry while shutting down, and returned -> release
+///   this was the last allowed attempt; retry while shutting down (unless Outcome::maybe_sent),
+///   and returned -> release
 ///   (not counted), after the outcome's retry_after when it gives one; fanned out -> the
 ///   message leaves the queue and each endpoint that did not take it gets a child
 ///   (DecideForEndpoint).

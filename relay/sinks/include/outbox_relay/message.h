@@ -27,6 +27,9 @@ struct Message {
   bool payload_is_json = true;
   int attempts = 0;  ///< Failed attempts before this one.
   std::chrono::system_clock::time_point created_at{};
+  /// The row's bucket (outbox.partitioning): the unit of ownership in claim_mode partitioned,
+  /// and of fencing for Kafka's exactly-once delivery.
+  int bucket = 0;
   /// Set on a row owed to one endpoint of a webhook service (migration 0008): deliver it to
   /// that endpoint only. Its ordering_key is then "<endpoint_id>:<the message's key>".
   std::optional<std::string> endpoint_id;

@@ -66,6 +66,11 @@ struct Outcome {
   int delivered_to = 0;
   /// The request this attempt made, when the sink speaks HTTP and a request was made.
   std::optional<HttpExchange> exchange;
+  /// kRetry of a message that may have reached the target although the attempt failed (a
+  /// Kafka transaction whose end is unknown): the attempt counts even at shutdown, when a
+  /// retry is otherwise handed back uncounted, because a counted attempt is what tells the
+  /// next delivery to check the target first (Kafka's exactly-once recovery).
+  bool maybe_sent = false;
 };
 
 /// Delivers messages of one destination. Implementations are thread-safe: Submit may be

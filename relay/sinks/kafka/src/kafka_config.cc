@@ -19,16 +19,23 @@ using cfg::Quote;
 
 namespace {
 
-constexpr std::array<std::string_view, 8> kKeys = {
-    "brokers",    "topic",  "producer",           "allowed_topics",
-    "key_header", "format", "cloudevents_source", "topic_prefix"};
+constexpr std::array<std::string_view, 10> kKeys = {"brokers",
+                                                    "topic",
+                                                    "producer",
+                                                    "allowed_topics",
+                                                    "key_header",
+                                                    "format",
+                                                    "cloudevents_source",
+                                                    "topic_prefix",
+                                                    "delivery",
+                                                    "transactional_id_prefix"};
 
 struct OwnedProperty {
   std::string_view name;
   std::string_view why;
 };
 
-constexpr std::array<OwnedProperty, 8> kOwnedProducerProperties = {{
+constexpr std::array<OwnedProperty, 9> kOwnedProducerProperties = {{
     {"bootstrap.servers", "the relay sets it from `brokers`; list the servers there instead"},
     {"metadata.broker.list", "the relay sets the servers from `brokers`; list them there instead"},
     {"enable.idempotence",
@@ -48,7 +55,11 @@ constexpr std::array<OwnedProperty, 8> kOwnedProducerProperties = {{
     {"dr_cb",
      "the relay installs its own delivery report callback to mark messages delivered; remove it"},
     {"transactional.id",
-     "the relay uses the idempotent producer, not Kafka transactions; remove it"},
+     "the relay names its transactional producers itself (`delivery: exactly_once`, "
+     "`transactional_id_prefix`); remove it"},
+    {"transaction.timeout.ms",
+     "the relay sets it from the lease, so a transaction ends inside the lease of its "
+     "messages; raise `lease_ms` instead"},
 }};
 
 std::string ReadBrokers(const Field& field) {
@@ -192,6 +203,19 @@ void ParseKafka(const Field& field, const EnvLookup& env, Destination& destinati
   ReadCloudEventsFormat(m, "the relay's headers", "ce_*", kafka.cloudevents,
                         kafka.cloudevents_source);
   if (auto producer = m.Get("producer")) kafka.producer = ReadProducer(*producer, env);
+  if (auto f = m.Get("delivery")) {
+    kafka.exactly_once =
+        cfg::ReadChoice(*f, {"at_least_once", "exactly_once"},
+                        "what a read_committed consumer may see twice") == "exactly_once";
+  }
+  if (auto f = m.Get("transactional_id_prefix")) {
+    kafka.transactional_id_prefix = cfg::ReadNonEmptyString(*f);
+    if (HasSpaceOrControl(kafka.transactional_id_prefix)) {
+      Fail(*f,
+           "contains whitespace; the transactional ids are \"<prefix>.<destination>.<bucket>\", "
+           "e.g. `transactional_id_prefix: billing-relay`");
+    }
+  }
   destination.target = std::move(kafka);
 }
 
@@ -214,9 +238,17 @@ std::optional<AttemptBound> KafkaAttemptBound(const Destination& d) {
 
 // Kafka attempts without an explicit bound get one that fits the lease: 2/3 of it, at most
 // librdkafka's usual 30 s.
-void CompleteKafka(Destination& d, const RelayConfig& config, const std::string&) {
-  d.target.Get<KafkaTarget>().attempt_timeout =
-      Millis{std::min<long long>(30'000, config.lease.count() * 2 / 3)};
+void CompleteKafka(Destination& d, const RelayConfig& config, const std::string& source) {
+  auto& kafka = d.target.Get<KafkaTarget>();
+  kafka.attempt_timeout = Millis{std::min<long long>(30'000, config.lease.count() * 2 / 3)};
+  if (kafka.exactly_once && config.claim_mode != ClaimMode::kPartitioned) {
+    // A transactional producer per bucket fences the bucket's previous owner; with
+    // skip_locked no relay owns the rows it claims (docs/adr/0002-exactly-once-kafka.md).
+    Fail(source, "destinations." + d.name + ".kafka.delivery",
+         "exactly_once needs `claim_mode: partitioned` (each bucket has one owner, whose "
+         "transactional producer fences the previous one); set `claim_mode: partitioned` or "
+         "use `delivery: at_least_once`");
+  }
 }
 
 }  // namespace

@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "kafka_records.h"
 #include "outbox_relay/kafka_sink.h"
 #include "outbox_relay/read_back.h"
 #include "outbox_relay/thread_name.h"
@@ -43,7 +46,8 @@ bool IsConnectionProperty(const std::string& name) {
   return false;
 }
 
-std::unique_ptr<Consumer> MakeConsumer(const KafkaTarget& target) {
+std::unique_ptr<Consumer> MakeConsumer(const KafkaTarget& target, const char* isolation,
+                                       const char* client_id) {
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
   char err[512];
   auto set = [&](const std::string& name, const std::string& value) {
@@ -56,12 +60,12 @@ std::unique_ptr<Consumer> MakeConsumer(const KafkaTarget& target) {
   for (const auto& [name, value] : target.producer) {
     if (IsConnectionProperty(name)) set(name, value);
   }
-  set("group.id", "outbox-relay-verify");  // assign() only: nothing is joined or committed
+  set("group.id", client_id);  // assign() only: nothing is joined or committed
   set("enable.auto.commit", "false");
   set("enable.auto.offset.store", "false");
   set("enable.partition.eof", "true");
-  set("isolation.level", "read_committed");
-  set("client.id", "outbox-relay-verify");
+  set("isolation.level", isolation);
+  set("client.id", client_id);
   auto consumer = std::make_unique<Consumer>();
   consumer->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
   if (consumer->rk == nullptr) {
@@ -109,31 +113,71 @@ std::vector<std::string> TopicsOf(const Destination& d, const KafkaTarget& targe
                               "read with --topic");
 }
 
-}  // namespace
+// The timestamp of the last record of a partition whose end is `high`, or -1 (empty, or its
+// last entry is a transaction marker). Read with its own assignment of `rk`.
+std::int64_t LastRecordTimestamp(rd_kafka_t* rk, const std::string& topic, int partition,
+                                 std::int64_t high, Clock::time_point deadline) {
+  if (high <= 0) return -1;
+  rd_kafka_topic_partition_list_t* one = rd_kafka_topic_partition_list_new(1);
+  rd_kafka_topic_partition_list_add(one, topic.c_str(), partition)->offset = high - 1;
+  const rd_kafka_resp_err_t e = rd_kafka_assign(rk, one);
+  rd_kafka_topic_partition_list_destroy(one);
+  if (e != RD_KAFKA_RESP_ERR_NO_ERROR) return -1;
+  std::int64_t timestamp = -1;
+  while (Clock::now() < deadline) {
+    rd_kafka_message_t* m = rd_kafka_consumer_poll(rk, std::max(RemainingMs(deadline), 1));
+    if (m == nullptr) continue;
+    const bool eof = m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF;
+    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) timestamp = rd_kafka_message_timestamp(m, nullptr);
+    rd_kafka_message_destroy(m);
+    if (eof || timestamp >= 0) break;
+  }
+  rd_kafka_assign(rk, nullptr);
+  return timestamp;
+}
 
-ReadBackResult ReadBackKafka(const Destination& d, const ReadBackOptions& options) {
-  const KafkaTarget& target = d.target.Get<KafkaTarget>();
-  const auto deadline = Clock::now() + options.timeout;
-  const auto consumer = MakeConsumer(target);
+// Reads `topics` with a read_committed consumer, every partition from the first record at or
+// after `since` (all of it when epoch) to its end, and hands each record to `on_record`. The
+// end: the last stable offset the consumer reports (past it lie only open transactions), or,
+// with `to_high_watermark`, the high watermark each partition had when the read began, so
+// that records committed before the call are read even behind a transaction still open.
+void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topics,
+                std::chrono::system_clock::time_point since, std::chrono::milliseconds timeout,
+                bool to_high_watermark, const char* client_id,
+                const std::function<void(ReadBackRecord)>& on_record,
+                std::vector<std::string>* streams_read) {
+  const auto deadline = Clock::now() + timeout;
+  const auto consumer = MakeConsumer(target, "read_committed", client_id);
   rd_kafka_t* rk = consumer->rk;
 
-  ReadBackResult result;
   rd_kafka_topic_partition_list_t* assignment = rd_kafka_topic_partition_list_new(8);
-  const bool from_start = options.since.time_since_epoch().count() == 0;
+  const bool from_start = since.time_since_epoch().count() == 0;
   const auto since_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(options.since.time_since_epoch())
-          .count();
-  std::map<std::string, bool> at_end;  // "<topic>/<partition>" -> reached the end
+      std::chrono::duration_cast<std::chrono::milliseconds>(since.time_since_epoch()).count();
+  std::map<std::string, bool> at_end;              // "<topic>/<partition>" -> reached the end
+  std::map<std::string, std::int64_t> high_water;  // with to_high_watermark: where the end is
   try {
-    for (const auto& topic : TopicsOf(d, target, options)) {
+    std::unique_ptr<Consumer> uncommitted;
+    if (to_high_watermark) uncommitted = MakeConsumer(target, "read_uncommitted", client_id);
+    for (const auto& topic : topics) {
       const int partitions = PartitionCount(rk, topic, deadline);
       for (int p = 0; p < partitions; ++p) {
         // offsets_for_times takes the timestamp in the offset field.
         rd_kafka_topic_partition_list_add(assignment, topic.c_str(), p)->offset =
             from_start ? RD_KAFKA_OFFSET_BEGINNING : since_ms;
         const std::string stream = topic + "/" + std::to_string(p);
-        result.streams_read.push_back(stream);
+        if (streams_read != nullptr) streams_read->push_back(stream);
         at_end[stream] = false;
+        if (to_high_watermark) {
+          std::int64_t low = 0, high = 0;
+          const rd_kafka_resp_err_t e =
+              rd_kafka_query_watermark_offsets(uncommitted->rk, topic.c_str(), p, &low, &high,
+                                               std::max(RemainingMs(deadline) * 10, 1000));
+          if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            throw std::runtime_error("finding the end of " + stream + ": " + rd_kafka_err2str(e));
+          }
+          high_water[stream] = high;
+        }
       }
     }
     if (!from_start) {
@@ -143,9 +187,26 @@ ReadBackResult ReadBackKafka(const Destination& d, const ReadBackOptions& option
         throw std::runtime_error(std::string("finding the offsets at --since: ") +
                                  rd_kafka_err2str(e));
       }
+      std::unique_ptr<Consumer> probe;
       for (int i = 0; i < assignment->cnt; ++i) {
-        // No record at or after the time: start at the end (nothing to read there).
-        if (assignment->elems[i].offset < 0) assignment->elems[i].offset = RD_KAFKA_OFFSET_END;
+        auto& elem = assignment->elems[i];
+        if (elem.offset >= 0) continue;
+        // No record at or after the time: start at the end (nothing to read there). Unless
+        // the partition's last record is that recent: then the broker cannot look records up
+        // by time (librdkafka's mock cluster), and the partition is read from its start.
+        elem.offset = RD_KAFKA_OFFSET_END;
+        std::int64_t low = 0, high = 0;
+        if (rd_kafka_query_watermark_offsets(rk, elem.topic, elem.partition, &low, &high,
+                                             std::max(RemainingMs(deadline) * 10, 1000)) !=
+                RD_KAFKA_RESP_ERR_NO_ERROR ||
+            high <= low) {
+          continue;
+        }
+        if (!probe) probe = MakeConsumer(target, "read_uncommitted", client_id);
+        if (LastRecordTimestamp(probe->rk, elem.topic, elem.partition, high, deadline) >=
+            since_ms) {
+          elem.offset = RD_KAFKA_OFFSET_BEGINNING;
+        }
       }
     }
     const rd_kafka_resp_err_t e = rd_kafka_assign(rk, assignment);
@@ -159,12 +220,13 @@ ReadBackResult ReadBackKafka(const Destination& d, const ReadBackOptions& option
   rd_kafka_topic_partition_list_destroy(assignment);
 
   // A partition is read once the consumer reports its end (for read_committed: the last
-  // stable offset, past which only open transactions lie).
+  // stable offset, past which only open transactions lie) at or past the high watermark
+  // when that is the goal.
   std::size_t ended = 0;
   while (ended < at_end.size()) {
     if (Clock::now() >= deadline) {
       throw std::runtime_error("reading the topics did not finish within " +
-                               std::to_string(options.timeout.count()) +
+                               std::to_string(timeout.count()) +
                                " ms; raise --timeout-ms or narrow the window with --since");
     }
     rd_kafka_message_t* m = rd_kafka_consumer_poll(rk, std::max(RemainingMs(deadline), 1));
@@ -172,8 +234,12 @@ ReadBackResult ReadBackKafka(const Destination& d, const ReadBackOptions& option
     const std::string stream =
         std::string(rd_kafka_topic_name(m->rkt)) + "/" + std::to_string(m->partition);
     if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-      if (!at_end[stream]) ++ended;
-      at_end[stream] = true;
+      const auto hw = high_water.find(stream);
+      const bool far_enough = hw == high_water.end() || m->offset >= hw->second;
+      if (far_enough && !at_end[stream]) {
+        ++ended;
+        at_end[stream] = true;
+      }
     } else if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
       const std::string what = rd_kafka_message_errstr(m);
       rd_kafka_message_destroy(m);
@@ -201,11 +267,42 @@ ReadBackResult ReadBackKafka(const Destination& d, const ReadBackOptions& option
           r.idempotency_key.assign(static_cast<const char*>(value), size);
         }
       }
-      result.records.push_back(std::move(r));
+      on_record(std::move(r));
     }
     rd_kafka_message_destroy(m);
   }
+}
+
+}  // namespace
+
+ReadBackResult ReadBackKafka(const Destination& d, const ReadBackOptions& options) {
+  const KafkaTarget& target = d.target.Get<KafkaTarget>();
+  ReadBackResult result;
+  ReadTopics(
+      target, TopicsOf(d, target, options), options.since, options.timeout,
+      /*to_high_watermark=*/false, "outbox-relay-verify",
+      [&](ReadBackRecord r) { result.records.push_back(std::move(r)); }, &result.streams_read);
   return result;
 }
+
+namespace kafka_detail {
+
+std::set<std::string> FindRecorded(const KafkaTarget& target,
+                                   const std::vector<std::string>& topics,
+                                   std::chrono::system_clock::time_point since,
+                                   const std::set<std::string>& idempotency_keys,
+                                   std::chrono::milliseconds timeout) {
+  std::set<std::string> found;
+  if (idempotency_keys.empty() || topics.empty()) return found;
+  ReadTopics(
+      target, topics, since, timeout, /*to_high_watermark=*/true, "outbox-relay-recovery",
+      [&](ReadBackRecord r) {
+        if (idempotency_keys.count(r.idempotency_key)) found.insert(std::move(r.idempotency_key));
+      },
+      nullptr);
+  return found;
+}
+
+}  // namespace kafka_detail
 
 }  // namespace outbox::relay

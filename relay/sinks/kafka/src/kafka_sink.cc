@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "kafka_records.h"
 #include "outbox_relay/cloudevents.h"
 #include "outbox_relay/thread_name.h"
 #include "topic_route.h"
@@ -36,56 +37,6 @@ constexpr milliseconds kRetireDrain{2'000};      // reports of a broken producer
 constexpr milliseconds kRecreateBackoff{1'000};  // when creating a replacement failed
 constexpr milliseconds kShutdownReserve{250};    // part of the deadline kept for the purge
 
-// Producer defaults; every one can be overridden through KafkaTarget::producer.
-const std::vector<std::pair<std::string, std::string>>& Defaults() {
-  static const std::vector<std::pair<std::string, std::string>> defaults = {
-      {"linger.ms", "5"},
-      {"queue.buffering.max.messages", "100000"},
-      // Same key -> partition mapping as the Java client, so records of one key land on the
-      // partition other (Java) producers of the topic would pick.
-      {"partitioner", "murmur2_random"},
-      {"client.id", "outbox-relay"},
-  };
-  return defaults;
-}
-
-void AddHeader(rd_kafka_headers_t* headers, const std::string& name, const std::string& value) {
-  rd_kafka_header_add(headers, name.data(), static_cast<ssize_t>(name.size()), value.data(),
-                      static_cast<ssize_t>(value.size()));
-}
-
-rd_kafka_headers_t* BuildHeaders(const Message& msg, const KafkaTarget& target) {
-  rd_kafka_headers_t* headers =
-      rd_kafka_headers_new(4 + msg.headers.size() + (target.cloudevents ? 7 : 0));
-  AddHeader(headers, "idempotency-key", msg.idempotency_key);
-  AddHeader(headers, "outbox-id", std::to_string(Raw(msg.id)));
-  if (!msg.event_type.empty()) AddHeader(headers, "event-type", msg.event_type);
-  AddHeader(headers, "created-at", FormatRfc3339(msg.created_at));
-  if (target.cloudevents) {
-    for (const auto& [attribute, value] : CloudEventAttributes(msg, target.cloudevents_source)) {
-      AddHeader(headers, "ce_" + attribute, value);
-    }
-    AddHeader(headers, "content-type",
-              msg.payload_is_json ? "application/json" : "application/octet-stream");
-  }
-  for (const auto& [name, value] : msg.headers) {
-    // In CloudEvents mode the ce_ attributes and the content type are the relay's.
-    if (target.cloudevents && (name.starts_with("ce_") || name == "content-type")) continue;
-    AddHeader(headers, name, value);
-  }
-  return headers;
-}
-
-// The record key: the value of the configured header, else the ordering key (null if none).
-const std::string* RecordKey(const Message& msg, const KafkaTarget& target) {
-  if (!target.key_header.empty()) {
-    for (const auto& [name, value] : msg.headers) {
-      if (name == target.key_header) return &value;
-    }
-  }
-  return msg.ordering_key ? &*msg.ordering_key : nullptr;
-}
-
 bool IsPurge(rd_kafka_resp_err_t err) {
   return err == RD_KAFKA_RESP_ERR__PURGE_QUEUE || err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT;
 }
@@ -99,52 +50,8 @@ Outcome ShutdownOutcome(MessageId id) {
   return out;
 }
 
-struct ConfDeleter {
-  void operator()(rd_kafka_conf_t* conf) const { rd_kafka_conf_destroy(conf); }
-};
-
-[[noreturn]] void Invalid(const std::string& destination, const std::string& what) {
-  throw std::invalid_argument("kafka destination \"" + destination + "\": " + what);
-}
-
-// The producer's configuration: the relay's defaults, the target's brokers and properties,
-// the settings the relay relies on, each property through librdkafka's own parser. The one
-// check of a Kafka target: the sink and check-config both come here.
-std::unique_ptr<rd_kafka_conf_t, ConfDeleter> ProducerConf(const std::string& destination,
-                                                           const KafkaTarget& target) {
-  std::map<std::string, std::string> props;
-  for (const auto& [key, value] : Defaults()) props[key] = value;
-  if (!target.producer.count("message.timeout.ms") &&
-      !target.producer.count("delivery.timeout.ms")) {
-    props["message.timeout.ms"] = std::to_string(target.attempt_timeout.count());
-  }
-  props["bootstrap.servers"] = target.brokers;
-  for (const auto& [key, value] : target.producer) props[key] = value;
-  if (props["bootstrap.servers"].empty())
-    Invalid(destination, "bootstrap.servers (brokers) is empty");
-  if (props.count("transactional.id")) {
-    Invalid(destination,
-            "producer property \"transactional.id\" is not supported: the relay uses the "
-            "idempotent, non-transactional producer");
-  }
-  if (auto it = props.find("enable.idempotence"); it != props.end() && it->second != "true") {
-    Invalid(destination,
-            "producer property \"enable.idempotence\" must stay true: the relay relies on the "
-            "idempotent producer for ordering and no duplicates across retries");
-  }
-  props["enable.idempotence"] = "true";
-  if (!props.count("acks") && !props.count("request.required.acks")) props["acks"] = "all";
-
-  std::unique_ptr<rd_kafka_conf_t, ConfDeleter> conf(rd_kafka_conf_new());
-  char errstr[512];
-  for (const auto& [key, value] : props) {
-    if (rd_kafka_conf_set(conf.get(), key.c_str(), value.c_str(), errstr, sizeof errstr) !=
-        RD_KAFKA_CONF_OK) {
-      Invalid(destination, std::string("invalid producer property \"") + key + "\": " + errstr);
-    }
-  }
-  return conf;
-}
+using kafka_detail::ConfDeleter;
+using kafka_detail::ProducerConf;
 
 }  // namespace
 
@@ -192,7 +99,7 @@ struct KafkaSink::Impl {
   // --- producer lifecycle ------------------------------------------------------------
 
   std::unique_ptr<Producer> CreateProducer() {
-    std::unique_ptr<rd_kafka_conf_t, ConfDeleter> conf = ProducerConf(destination, target);
+    std::unique_ptr<rd_kafka_conf_t, ConfDeleter> conf = ProducerConf(destination, target, nullptr);
     char errstr[512];
     auto p = std::make_unique<Producer>();
     p->impl = this;
@@ -301,7 +208,7 @@ struct KafkaSink::Impl {
       Finish(done, std::move(out));
       return;
     }
-    rd_kafka_headers_t* headers = BuildHeaders(msg, target);
+    rd_kafka_headers_t* headers = kafka_detail::BuildHeaders(msg, target);
     const auto give_up = Clock::now() + kQueueFullWait;
     while (true) {
       std::optional<Outcome> failed;
@@ -312,7 +219,9 @@ struct KafkaSink::Impl {
         } else {
           Producer* p = producer.get();
           const std::uint64_t token = Register(msg.id, std::move(done), p);
-          rd_kafka_error_t* error = Produce(p->rk, msg, headers, token, routed.topic);
+          rd_kafka_error_t* error = kafka_detail::ProduceRecord(
+              p->rk, msg, target, headers,
+              reinterpret_cast<void*>(static_cast<std::uintptr_t>(token)), routed.topic);
           if (error == nullptr) return;  // headers belong to librdkafka now
           const rd_kafka_resp_err_t code = rd_kafka_error_code(error);
           const bool retriable = rd_kafka_error_is_retriable(error) != 0;
@@ -335,30 +244,6 @@ struct KafkaSink::Impl {
       }
       std::this_thread::sleep_for(kQueueFullBackoff);
     }
-  }
-
-  rd_kafka_error_t* Produce(rd_kafka_t* rk, const Message& msg, rd_kafka_headers_t* headers,
-                            std::uint64_t token, const std::string& topic) {
-    rd_kafka_vu_t vu[6];
-    std::size_t n = 0;
-    vu[n].vtype = RD_KAFKA_VTYPE_TOPIC;
-    vu[n++].u.cstr = topic.c_str();
-    if (const std::string* key = RecordKey(msg, target)) {
-      vu[n].vtype = RD_KAFKA_VTYPE_KEY;
-      vu[n].u.mem.ptr = const_cast<char*>(key->data());
-      vu[n++].u.mem.size = key->size();
-    }
-    vu[n].vtype = RD_KAFKA_VTYPE_VALUE;
-    vu[n].u.mem.ptr = const_cast<char*>(msg.payload.data());
-    vu[n++].u.mem.size = msg.payload.size();
-    vu[n].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
-    vu[n++].u.i = RD_KAFKA_MSG_F_COPY;
-    // VTYPE_HEADERS (not VTYPE_HEADER): on failure the list stays ours, without double free.
-    vu[n].vtype = RD_KAFKA_VTYPE_HEADERS;
-    vu[n++].u.headers = headers;
-    vu[n].vtype = RD_KAFKA_VTYPE_OPAQUE;
-    vu[n++].u.ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(token));
-    return rd_kafka_produceva(rk, vu, n);
   }
 
   // --- librdkafka callbacks (run on the thread calling rd_kafka_poll/flush) -------------
@@ -581,10 +466,12 @@ const std::string& KafkaSink::destination() const { return impl_->destination; }
 
 void ValidateKafkaTarget(const std::string& destination, const KafkaTarget& target) {
   kafka_detail::TopicRoute(destination, target);  // throws for a bad template or allow-list
-  ProducerConf(destination, target);
+  const std::string transactional_id = target.transactional_id_prefix + "." + destination + ".0";
+  ProducerConf(destination, target, target.exactly_once ? &transactional_id : nullptr);
 }
 
 SinkPtr MakeKafkaSink(std::string destination, const KafkaTarget& target) {
+  if (target.exactly_once) return MakeTransactionalKafkaSink(std::move(destination), target);
   return std::make_unique<KafkaSink>(std::move(destination), target);
 }
 

@@ -111,8 +111,21 @@ class KafkaSink final : public Sink {
 /// both rely on it.
 void ValidateKafkaTarget(const std::string& destination, const KafkaTarget& target);
 
-/// Creates a KafkaSink; throws std::invalid_argument as the constructor does.
+/// Creates the sink `target` asks for: a KafkaSink, or with `delivery: exactly_once` the
+/// exactly-once sink (MakeTransactionalKafkaSink); throws std::invalid_argument as the
+/// constructor does.
 SinkPtr MakeKafkaSink(std::string destination, const KafkaTarget& target);
+
+/// The exactly-once sink (`delivery: exactly_once`; docs/adr/0002-exactly-once-kafka.md): the
+/// messages of a claim are produced in Kafka transactions, one transactional producer per
+/// bucket ("<transactional_id_prefix>.<destination>.<bucket>", whose creation fences the
+/// bucket's previous owner), and complete as delivered once their transaction committed. A
+/// message claimed with an attempt counted (it may have been produced before) is first looked
+/// for in its topic (read_committed, from its creation time to the high watermark) and
+/// completes as delivered without producing when it is there. A transaction that did not
+/// commit completes its messages with kRetry and Outcome::maybe_sent. Same record layout as
+/// KafkaSink; Message::bucket picks the producer.
+SinkPtr MakeTransactionalKafkaSink(std::string destination, const KafkaTarget& target);
 
 /// Reads back the destination's topics (its topic, its allowed_topics, or options.streams)
 /// with a read_committed consumer, every partition from the first record at or after

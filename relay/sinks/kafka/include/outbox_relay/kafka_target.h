@@ -29,6 +29,13 @@ struct KafkaTarget {
   /// and content-type headers on every record (cloudevents.h), besides the relay's own.
   bool cloudevents = false;
   std::string cloudevents_source;  ///< ce_source; empty: "/outbox-relay/<destination>".
+  /// `delivery: exactly_once`: each claimed batch is produced in Kafka transactions, one
+  /// transactional producer per bucket, and a message that may have been produced before is
+  /// looked for in its topic first (docs/delivery-semantics.md, ADR 0002). Needs claim_mode
+  /// partitioned. Default: at least once, with the idempotent producer.
+  bool exactly_once = false;
+  /// transactional.id = "<prefix>.<destination>.<bucket>" in exactly-once mode.
+  std::string transactional_id_prefix = "outbox-relay";
   /// librdkafka properties passed through as they are (compression.type, linger.ms,
   /// security.protocol, sasl.*, ssl.*, ...). Secrets resolved from *_env / *_file keys.
   std::map<std::string, std::string> producer;

@@ -1,0 +1,138 @@
+// What both Kafka sinks share (kafka_records.h).
+#include "kafka_records.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "outbox_relay/cloudevents.h"
+
+namespace outbox::relay::kafka_detail {
+namespace {
+
+// Producer defaults; every one can be overridden through KafkaTarget::producer.
+const std::vector<std::pair<std::string, std::string>>& Defaults() {
+  static const std::vector<std::pair<std::string, std::string>> defaults = {
+      {"linger.ms", "5"},
+      {"queue.buffering.max.messages", "100000"},
+      // Same key -> partition mapping as the Java client, so records of one key land on the
+      // partition other (Java) producers of the topic would pick.
+      {"partitioner", "murmur2_random"},
+      {"client.id", "outbox-relay"},
+  };
+  return defaults;
+}
+
+[[noreturn]] void Invalid(const std::string& destination, const std::string& what) {
+  throw std::invalid_argument("kafka destination \"" + destination + "\": " + what);
+}
+
+void AddHeader(rd_kafka_headers_t* headers, const std::string& name, const std::string& value) {
+  rd_kafka_header_add(headers, name.data(), static_cast<ssize_t>(name.size()), value.data(),
+                      static_cast<ssize_t>(value.size()));
+}
+
+}  // namespace
+
+ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
+                     const std::string* transactional_id) {
+  std::map<std::string, std::string> props;
+  for (const auto& [key, value] : Defaults()) props[key] = value;
+  if (!target.producer.count("message.timeout.ms") &&
+      !target.producer.count("delivery.timeout.ms")) {
+    props["message.timeout.ms"] = std::to_string(target.attempt_timeout.count());
+  }
+  props["bootstrap.servers"] = target.brokers;
+  for (const auto& [key, value] : target.producer) props[key] = value;
+  if (props["bootstrap.servers"].empty())
+    Invalid(destination, "bootstrap.servers (brokers) is empty");
+  if (props.count("transactional.id") || props.count("transaction.timeout.ms")) {
+    Invalid(destination,
+            "producer properties \"transactional.id\" and \"transaction.timeout.ms\" are the "
+            "relay's: set `delivery: exactly_once` (and `transactional_id_prefix`) instead");
+  }
+  if (auto it = props.find("enable.idempotence"); it != props.end() && it->second != "true") {
+    Invalid(destination,
+            "producer property \"enable.idempotence\" must stay true: the relay relies on the "
+            "idempotent producer for ordering and no duplicates across retries");
+  }
+  props["enable.idempotence"] = "true";
+  if (!props.count("acks") && !props.count("request.required.acks")) props["acks"] = "all";
+  if (transactional_id != nullptr) {
+    props["transactional.id"] = *transactional_id;
+    // A transaction the relay does not end (it died) is aborted by the coordinator before the
+    // messages' leases run out: the attempt timeout is 2/3 of the lease at most.
+    props["transaction.timeout.ms"] =
+        std::to_string(std::max<long long>(1000, target.attempt_timeout.count()));
+  }
+
+  ConfPtr conf(rd_kafka_conf_new());
+  char errstr[512];
+  for (const auto& [key, value] : props) {
+    if (rd_kafka_conf_set(conf.get(), key.c_str(), value.c_str(), errstr, sizeof errstr) !=
+        RD_KAFKA_CONF_OK) {
+      Invalid(destination, std::string("invalid producer property \"") + key + "\": " + errstr);
+    }
+  }
+  return conf;
+}
+
+rd_kafka_headers_t* BuildHeaders(const Message& msg, const KafkaTarget& target) {
+  rd_kafka_headers_t* headers =
+      rd_kafka_headers_new(4 + msg.headers.size() + (target.cloudevents ? 7 : 0));
+  AddHeader(headers, "idempotency-key", msg.idempotency_key);
+  AddHeader(headers, "outbox-id", std::to_string(Raw(msg.id)));
+  if (!msg.event_type.empty()) AddHeader(headers, "event-type", msg.event_type);
+  AddHeader(headers, "created-at", FormatRfc3339(msg.created_at));
+  if (target.cloudevents) {
+    for (const auto& [attribute, value] : CloudEventAttributes(msg, target.cloudevents_source)) {
+      AddHeader(headers, "ce_" + attribute, value);
+    }
+    AddHeader(headers, "content-type",
+              msg.payload_is_json ? "application/json" : "application/octet-stream");
+  }
+  for (const auto& [name, value] : msg.headers) {
+    // In CloudEvents mode the ce_ attributes and the content type are the relay's.
+    if (target.cloudevents && (name.starts_with("ce_") || name == "content-type")) continue;
+    AddHeader(headers, name, value);
+  }
+  return headers;
+}
+
+const std::string* RecordKey(const Message& msg, const KafkaTarget& target) {
+  if (!target.key_header.empty()) {
+    for (const auto& [name, value] : msg.headers) {
+      if (name == target.key_header) return &value;
+    }
+  }
+  return msg.ordering_key ? &*msg.ordering_key : nullptr;
+}
+
+rd_kafka_error_t* ProduceRecord(rd_kafka_t* rk, const Message& msg, const KafkaTarget& target,
+                                rd_kafka_headers_t* headers, void* opaque,
+                                const std::string& topic) {
+  rd_kafka_vu_t vu[6];
+  std::size_t n = 0;
+  vu[n].vtype = RD_KAFKA_VTYPE_TOPIC;
+  vu[n++].u.cstr = topic.c_str();
+  if (const std::string* key = RecordKey(msg, target)) {
+    vu[n].vtype = RD_KAFKA_VTYPE_KEY;
+    vu[n].u.mem.ptr = const_cast<char*>(key->data());
+    vu[n++].u.mem.size = key->size();
+  }
+  vu[n].vtype = RD_KAFKA_VTYPE_VALUE;
+  vu[n].u.mem.ptr = const_cast<char*>(msg.payload.data());
+  vu[n++].u.mem.size = msg.payload.size();
+  vu[n].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+  vu[n++].u.i = RD_KAFKA_MSG_F_COPY;
+  // VTYPE_HEADERS (not VTYPE_HEADER): on failure the list stays ours, without double free.
+  vu[n].vtype = RD_KAFKA_VTYPE_HEADERS;
+  vu[n++].u.headers = headers;
+  vu[n].vtype = RD_KAFKA_VTYPE_OPAQUE;
+  vu[n++].u.ptr = opaque;
+  return rd_kafka_produceva(rk, vu, n);
+}
+
+}  // namespace outbox::relay::kafka_detail

@@ -1,0 +1,54 @@
+// What both Kafka sinks (at-least-once and exactly-once) share: the producer's configuration
+// and how a message becomes a record (kafka_sink.h has the layout).
+#pragma once
+
+#include <librdkafka/rdkafka.h>
+
+#include <chrono>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "outbox_relay/kafka_target.h"
+#include "outbox_relay/message.h"
+
+namespace outbox::relay::kafka_detail {
+
+struct ConfDeleter {
+  void operator()(rd_kafka_conf_t* conf) const { rd_kafka_conf_destroy(conf); }
+};
+using ConfPtr = std::unique_ptr<rd_kafka_conf_t, ConfDeleter>;
+
+/// The producer's configuration: the relay's defaults, the target's brokers and properties,
+/// the settings the relay relies on (idempotence, acks=all), each property through
+/// librdkafka's own parser. With `transactional_id`, a transactional producer whose
+/// transactions must end within the target's attempt timeout. The one check of a Kafka
+/// target: both sinks and check-config come here. Throws std::invalid_argument naming the
+/// destination and the property.
+ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
+                     const std::string* transactional_id);
+
+/// The record's headers (kafka_sink.h); the caller owns the list.
+rd_kafka_headers_t* BuildHeaders(const Message& msg, const KafkaTarget& target);
+
+/// The record key: the value of the configured header, else the ordering key (null if none).
+const std::string* RecordKey(const Message& msg, const KafkaTarget& target);
+
+/// rd_kafka_produceva of `msg` to `topic` (the payload copied; `headers` passed to librdkafka
+/// on success, still the caller's on failure). Null on success.
+rd_kafka_error_t* ProduceRecord(rd_kafka_t* rk, const Message& msg, const KafkaTarget& target,
+                                rd_kafka_headers_t* headers, void* opaque,
+                                const std::string& topic);
+
+/// Which of `idempotency_keys` a read_committed consumer finds in `topics` (every partition,
+/// records from `since` on, each to the high watermark it had when the read began): the
+/// exactly-once sink's check before producing a message that may have been produced already.
+/// Throws std::runtime_error naming what failed (a broker, a timeout).
+std::set<std::string> FindRecorded(const KafkaTarget& target,
+                                   const std::vector<std::string>& topics,
+                                   std::chrono::system_clock::time_point since,
+                                   const std::set<std::string>& idempotency_keys,
+                                   std::chrono::milliseconds timeout);
+
+}  // namespace outbox::relay::kafka_detail

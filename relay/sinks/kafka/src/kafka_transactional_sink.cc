@@ -1,0 +1,527 @@
+// The exactly-once Kafka sink (`delivery: exactly_once`, docs/adr/0002-exactly-once-kafka.md):
+// the messages of each claimed batch are produced in Kafka transactions, one transactional
+// producer per bucket (transactional.id "<prefix>.<destination>.<bucket>"), and complete as
+// delivered only once their transaction committed.
+//
+// Why a transaction per bucket, and what makes it exactly once:
+//  - Fencing. In claim_mode partitioned a bucket has one owner. A relay that takes a bucket
+//    over creates the bucket's producer, and init_transactions fences the previous owner's:
+//    its open transaction is aborted and it can add nothing more, so a relay that stalled
+//    (SIGSTOP, a long pause) and wakes up cannot commit what the new owner is sending too.
+//  - Recovery. A message that may have been produced before is one claimed again with an
+//    attempt counted (the reaper counts one when a lease runs out; a failed transaction counts
+//    one, even at shutdown: Outcome::maybe_sent). Before producing such messages, and after
+//    the fence, the sink reads their topics (read_committed, from their creation time to the
+//    high watermark) and completes those it finds as delivered without producing them again:
+//    their earlier transaction committed, and only the settle was lost (a SIGKILL between
+//    commit and settle, a Postgres restart).
+//  Everything else is produced at most once per transaction; what a transaction that did not
+//  commit held is invisible to read_committed consumers.
+//
+// Threads: Submit queues; one thread ("or-kafka-txn") takes what is queued, groups it by
+// bucket, and runs one cycle: create the buckets' producers (init_transactions fences),
+// recover, begin and produce every bucket's transaction, then commit them. Completions run on
+// that thread.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kafka_records.h"
+#include "outbox_relay/kafka_sink.h"
+#include "outbox_relay/thread_name.h"
+#include "topic_route.h"
+
+namespace outbox::relay {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kLinger{2};           // gathers a claim's whole submission
+constexpr milliseconds kProbeInterval{500};  // metadata probe while not Ready
+constexpr milliseconds kProbeTimeout{250};
+constexpr milliseconds kIdleClose{60'000};  // a bucket producer unused this long is closed
+// Records are looked for from this long before the message was written: the record's
+// timestamp is the relay's clock, created_at the database's.
+constexpr std::chrono::minutes kClockSlack{5};
+
+struct Item {
+  Message msg;
+  std::string topic;
+  Sink::Completion done;
+  // Filled during the cycle.
+  bool produced = false;
+  rd_kafka_resp_err_t report = RD_KAFKA_RESP_ERR_NO_ERROR;  // its delivery report
+  bool reported = false;
+};
+
+struct BucketProducer {
+  rd_kafka_t* rk = nullptr;
+  std::string transactional_id;
+  Clock::time_point last_used{};
+  std::atomic<bool> fatal{false};
+  // Delivery reports point into the cycle's items; served only while the cycle runs.
+  bool in_cycle = false;
+  ~BucketProducer() {
+    if (rk != nullptr) rd_kafka_destroy(rk);
+  }
+};
+
+Outcome Make(MessageId id, OutcomeKind kind, std::string reason = {},
+             Reason reason_class = Reason::kNone, bool maybe_sent = false) {
+  Outcome out;
+  out.id = id;
+  out.kind = kind;
+  out.reason = std::move(reason);
+  out.reason_class = reason_class;
+  out.maybe_sent = maybe_sent;
+  return out;
+}
+
+std::string ErrorText(rd_kafka_error_t* error) {
+  std::string text = std::string(rd_kafka_error_name(error)) + ": " + rd_kafka_error_string(error);
+  return text;
+}
+
+class TransactionalKafkaSink final : public Sink {
+ public:
+  TransactionalKafkaSink(std::string destination, const KafkaTarget& target)
+      : destination_(std::move(destination)), target_(target), route_(destination_, target_) {
+    kafka_detail::ProducerConf(destination_, target_, &destination_);  // throws when invalid
+    char errstr[512];
+    kafka_detail::ConfPtr conf = kafka_detail::ProducerConf(destination_, target_, nullptr);
+    rd_kafka_conf_set_log_cb(conf.get(), &LogCb);
+    probe_ = rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr, sizeof errstr);
+    if (probe_ == nullptr) {
+      throw std::invalid_argument("kafka destination \"" + destination_ +
+                                  "\": cannot create the producer: " + errstr);
+    }
+    conf.release();
+    worker_ = std::thread([this] {
+      NameThisThread("or-kafka-txn");
+      Run();
+    });
+  }
+
+  ~TransactionalKafkaSink() override {
+    Shutdown(KafkaSink::kDestructorShutdownDeadline);
+    if (probe_ != nullptr) rd_kafka_destroy(probe_);
+  }
+
+  void Submit(Message msg, Completion done) override {
+    in_flight_.fetch_add(1);
+    const auto routed = route_.TopicFor(msg);
+    if (!routed.error.empty()) {  // a dead letter with the reason, never a produce error loop
+      Finish(done, Make(msg.id, OutcomeKind::kPermanent, routed.error, Reason::kInvalidTopic));
+      return;
+    }
+    {
+      std::lock_guard lk(mu_);
+      if (accepting_) {
+        queue_.push_back(Item{std::move(msg), routed.topic, std::move(done)});
+        cv_.notify_one();
+        return;
+      }
+    }
+    Finish(done, ShutdownOutcome(msg.id));
+  }
+
+  void Shutdown(milliseconds deadline) override {
+    std::lock_guard guard(shutdown_mu_);
+    if (shut_down_) return;
+    const auto start = Clock::now();
+    {
+      std::lock_guard lk(mu_);
+      accepting_ = false;
+      // The cycle running now ends its transactions (bounded by the attempt timeout); what is
+      // still queued was never sent.
+      stop_ = true;
+      stop_by_ = start + deadline;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+    std::deque<Item> left;
+    {
+      std::lock_guard lk(mu_);
+      left.swap(queue_);
+    }
+    for (auto& item : left) Finish(item.done, ShutdownOutcome(item.msg.id));
+    producers_.clear();
+    ready_.store(false);
+    shut_down_ = true;
+    spdlog::info("kafka destination \"{}\": exactly-once sink shut down in {} ms", destination_,
+                 std::chrono::duration_cast<milliseconds>(Clock::now() - start).count());
+  }
+
+  bool Ready() const override { return ready_.load(); }
+  std::string WhyNotReady() const override {
+    if (Ready()) return "";
+    return "no Kafka broker reachable (bootstrap.servers " + target_.brokers + ")";
+  }
+  std::size_t InFlight() const override { return in_flight_.load(); }
+  std::string_view Kind() const override { return "kafka"; }
+
+ private:
+  static Outcome ShutdownOutcome(MessageId id) {
+    return Make(id, OutcomeKind::kRetry, "shutdown", Reason::kShutdown);
+  }
+
+  void Finish(Completion& done, Outcome out) {
+    try {
+      if (done) done(std::move(out));
+    } catch (const std::exception& e) {
+      spdlog::error("kafka destination \"{}\": completion threw: {}", destination_, e.what());
+    } catch (...) {
+      spdlog::error("kafka destination \"{}\": completion threw", destination_);
+    }
+    in_flight_.fetch_sub(1);
+  }
+
+  // --- the worker --------------------------------------------------------------------
+
+  void Run() {
+    auto next_probe = Clock::now();
+    while (true) {
+      std::vector<Item> batch;
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait_for(lk, kProbeInterval, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        if (!queue_.empty()) {
+          // The dispatcher submits a claim's messages one after the other: take them together.
+          cv_.wait_for(lk, kLinger, [&] { return stop_; });
+          while (!queue_.empty()) {
+            batch.push_back(std::move(queue_.front()));
+            queue_.pop_front();
+          }
+        }
+      }
+      if (!batch.empty()) Cycle(batch);
+      CloseIdle();
+      if (!ready_.load() && Clock::now() >= next_probe) {
+        Probe();
+        next_probe = Clock::now() + kProbeInterval;
+      }
+    }
+  }
+
+  void Probe() {
+    const rd_kafka_metadata_t* md = nullptr;
+    if (rd_kafka_metadata(probe_, 0, nullptr, &md, static_cast<int>(kProbeTimeout.count())) ==
+        RD_KAFKA_RESP_ERR_NO_ERROR) {
+      if (md->broker_cnt > 0) ready_.store(true);
+      rd_kafka_metadata_destroy(md);
+    }
+  }
+
+  int TimeoutMs() const { return static_cast<int>(target_.attempt_timeout.count()); }
+
+  // One cycle over everything queued: producers (fencing), recovery, transactions.
+  void Cycle(std::vector<Item>& batch) {
+    std::map<int, std::vector<Item*>> by_bucket;
+    for (auto& item : batch) by_bucket[item.msg.bucket].push_back(&item);
+
+    // 1. Every bucket's producer, so that each previous owner is fenced before anything is
+    //    read back or produced.
+    for (auto it = by_bucket.begin(); it != by_bucket.end();) {
+      std::string why;
+      if (Producer(it->first, &why) == nullptr) {
+        for (Item* item : it->second) {
+          Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry, why, Reason::kBroker));
+        }
+        it = by_bucket.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // 2. Recovery: what an earlier attempt may have produced is looked for in its topic.
+    Recover(by_bucket);
+    // 3. Begin and produce every bucket's transaction, then 4. commit them: their records
+    //    travel together, each commit waits only for its own.
+    std::vector<std::pair<int, std::vector<Item*>>> open;
+    for (auto& [bucket, items] : by_bucket) {
+      if (items.empty()) continue;
+      if (BeginAndProduce(bucket, items)) open.emplace_back(bucket, std::move(items));
+    }
+    for (auto& [bucket, items] : open) Commit(bucket, items);
+  }
+
+  BucketProducer* Producer(int bucket, std::string* why) {
+    auto it = producers_.find(bucket);
+    if (it != producers_.end() && !it->second->fatal.load()) {
+      it->second->last_used = Clock::now();
+      return it->second.get();
+    }
+    if (it != producers_.end()) producers_.erase(it);  // fenced or broken: a new one fences back
+    auto p = std::make_unique<BucketProducer>();
+    p->transactional_id =
+        target_.transactional_id_prefix + "." + destination_ + "." + std::to_string(bucket);
+    kafka_detail::ConfPtr conf =
+        kafka_detail::ProducerConf(destination_, target_, &p->transactional_id);
+    rd_kafka_conf_set_opaque(conf.get(), p.get());
+    rd_kafka_conf_set_dr_msg_cb(conf.get(), &DeliveryReportCb);
+    rd_kafka_conf_set_error_cb(conf.get(), &ErrorCb);
+    rd_kafka_conf_set_log_cb(conf.get(), &LogCb);
+    char errstr[512];
+    p->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr, sizeof errstr);
+    if (p->rk == nullptr) {
+      *why = std::string("cannot create the transactional producer: ") + errstr;
+      return nullptr;
+    }
+    conf.release();
+    if (rd_kafka_error_t* error = rd_kafka_init_transactions(p->rk, TimeoutMs())) {
+      *why = "init_transactions of " + p->transactional_id + " failed: " + ErrorText(error);
+      rd_kafka_error_destroy(error);
+      ready_.store(false);
+      spdlog::warn("kafka destination \"{}\": {}", destination_, *why);
+      return nullptr;
+    }
+    spdlog::info(
+        "kafka destination \"{}\": transactional producer {} ready (any earlier producer of "
+        "bucket {} is fenced)",
+        destination_, p->transactional_id, bucket);
+    p->last_used = Clock::now();
+    ready_.store(true);
+    return (producers_[bucket] = std::move(p)).get();
+  }
+
+  void Recover(std::map<int, std::vector<Item*>>& by_bucket) {
+    std::set<std::string> keys;
+    std::set<std::string> topics;
+    auto since = std::chrono::system_clock::time_point::max();
+    for (auto& [bucket, items] : by_bucket) {
+      for (Item* item : items) {
+        if (item->msg.attempts == 0) continue;
+        keys.insert(item->msg.idempotency_key);
+        topics.insert(item->topic);
+        since = std::min(since, item->msg.created_at - kClockSlack);
+      }
+    }
+    if (keys.empty()) return;
+    std::set<std::string> found;
+    std::string error;
+    try {
+      found = kafka_detail::FindRecorded(target_, {topics.begin(), topics.end()}, since, keys,
+                                         target_.attempt_timeout);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    std::size_t recovered = 0;
+    for (auto& [bucket, items] : by_bucket) {
+      std::vector<Item*> keep;
+      for (Item* item : items) {
+        if (item->msg.attempts == 0) {
+          keep.push_back(item);
+        } else if (!error.empty()) {
+          Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry,
+                                  "cannot check whether an earlier attempt reached Kafka: " + error,
+                                  Reason::kBroker));
+        } else if (found.count(item->msg.idempotency_key)) {
+          ++recovered;
+          Finish(item->done, Make(item->msg.id, OutcomeKind::kDelivered));
+        } else {
+          keep.push_back(item);
+        }
+      }
+      items.swap(keep);
+    }
+    if (!error.empty()) {
+      spdlog::warn(
+          "kafka destination \"{}\": exactly-once recovery could not read {} message(s)' "
+          "topics, retried later: {}",
+          destination_, keys.size(), error);
+    } else {
+      spdlog::info(
+          "kafka destination \"{}\": exactly-once recovery: {} of {} message(s) claimed again "
+          "were already in Kafka (committed, settle lost) and complete without producing them "
+          "again",
+          destination_, recovered, keys.size());
+    }
+  }
+
+  // Begins `bucket`'s transaction and produces its items. False when nothing is open (every
+  // item completed).
+  bool BeginAndProduce(int bucket, std::vector<Item*>& items) {
+    BucketProducer* p = producers_.at(bucket).get();
+    if (rd_kafka_error_t* error = rd_kafka_begin_transaction(p->rk)) {
+      const std::string why = "begin_transaction failed: " + ErrorText(error);
+      rd_kafka_error_destroy(error);
+      p->fatal.store(true);  // replaced next time
+      for (Item* item : items) {
+        Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry, why, Reason::kFatal));
+      }
+      return false;
+    }
+    std::vector<Item*> produced;
+    p->in_cycle = true;
+    for (Item* item : items) {
+      rd_kafka_headers_t* headers = kafka_detail::BuildHeaders(item->msg, target_);
+      rd_kafka_error_t* error =
+          kafka_detail::ProduceRecord(p->rk, item->msg, target_, headers, item, item->topic);
+      if (error == nullptr) {
+        item->produced = true;
+        produced.push_back(item);
+        continue;
+      }
+      rd_kafka_headers_destroy(headers);
+      const rd_kafka_resp_err_t code = rd_kafka_error_code(error);
+      const bool retriable = rd_kafka_error_is_retriable(error) != 0;
+      rd_kafka_error_destroy(error);
+      Finish(item->done, ClassifyDeliveryError(item->msg.id, code, retriable));
+    }
+    items.swap(produced);
+    if (!items.empty()) return true;
+    p->in_cycle = false;
+    if (rd_kafka_error_t* error = rd_kafka_abort_transaction(p->rk, TimeoutMs())) {
+      rd_kafka_error_destroy(error);
+      p->fatal.store(true);
+    }
+    return false;
+  }
+
+  void Commit(int bucket, std::vector<Item*>& items) {
+    BucketProducer* p = producers_.at(bucket).get();
+    auto give_up = Clock::now() + target_.attempt_timeout;
+    {
+      std::lock_guard lk(mu_);
+      give_up = std::min(give_up, stop_by_);
+    }
+    rd_kafka_error_t* error = nullptr;
+    while (true) {
+      const auto left = std::chrono::duration_cast<milliseconds>(give_up - Clock::now());
+      error = rd_kafka_commit_transaction(p->rk,
+                                          static_cast<int>(std::max<long long>(left.count(), 1)));
+      if (error == nullptr || !rd_kafka_error_is_retriable(error) || Clock::now() >= give_up) {
+        break;
+      }
+      rd_kafka_error_destroy(error);
+    }
+    struct EndCycle {
+      BucketProducer* p;
+      ~EndCycle() { p->in_cycle = false; }
+    } end_cycle{p};
+    if (error == nullptr) {
+      ready_.store(true);
+      for (Item* item : items) Finish(item->done, Make(item->msg.id, OutcomeKind::kDelivered));
+      return;
+    }
+    std::string why =
+        "transaction of " + p->transactional_id + " did not commit: " + ErrorText(error);
+    Reason reason = Reason::kBroker;
+    if (rd_kafka_error_txn_requires_abort(error)) {
+      rd_kafka_error_destroy(error);
+      if (rd_kafka_error_t* abort = rd_kafka_abort_transaction(p->rk, TimeoutMs())) {
+        why += "; the abort failed too: " + ErrorText(abort);
+        rd_kafka_error_destroy(abort);
+        p->fatal.store(true);
+      } else {
+        why += " (aborted)";
+      }
+    } else {
+      // Fenced (another relay now owns the bucket), or the end is unknown: this producer is
+      // done; the next one for the bucket fences and recovers.
+      if (rd_kafka_error_is_fatal(error)) reason = Reason::kFatal;
+      rd_kafka_error_destroy(error);
+      p->fatal.store(true);
+    }
+    spdlog::warn("kafka destination \"{}\": {}; {} message(s) retried", destination_, why,
+                 items.size());
+    for (Item* item : items) {
+      if (item->reported && item->report != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        Outcome own = ClassifyDeliveryError(item->msg.id, item->report, false);
+        if (own.kind == OutcomeKind::kPermanent) {  // this record can never be produced
+          Finish(item->done, std::move(own));
+          continue;
+        }
+      }
+      // May be in Kafka (the commit's end is unknown; an aborted transaction's records are
+      // still in the log): counted, so the next attempt checks the topic first.
+      Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry, why, reason, true));
+    }
+  }
+
+  void CloseIdle() {
+    const auto now = Clock::now();
+    for (auto it = producers_.begin(); it != producers_.end();) {
+      if (now - it->second->last_used > kIdleClose || it->second->fatal.load()) {
+        it = producers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // --- librdkafka callbacks ----------------------------------------------------------
+
+  static void DeliveryReportCb(rd_kafka_t*, const rd_kafka_message_t* m, void* opaque) {
+    auto* item = static_cast<Item*>(m->_private);
+    if (item == nullptr || !static_cast<BucketProducer*>(opaque)->in_cycle) return;
+    item->reported = true;
+    item->report = m->err;
+  }
+
+  static void ErrorCb(rd_kafka_t* rk, int err, const char* reason, void* opaque) {
+    auto* p = static_cast<BucketProducer*>(opaque);
+    if (err == RD_KAFKA_RESP_ERR__FATAL) {
+      char text[512] = "";
+      const rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, text, sizeof text);
+      p->fatal.store(true);
+      // Fenced: another relay created this bucket's producer (it owns the bucket now).
+      spdlog::info("transactional producer {}: {} ({}); closed", p->transactional_id, text,
+                   rd_kafka_err2name(fatal));
+      return;
+    }
+    const bool connection = err == RD_KAFKA_RESP_ERR__TRANSPORT ||
+                            err == RD_KAFKA_RESP_ERR__RESOLVE ||
+                            err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN;
+    spdlog::log(connection ? spdlog::level::debug : spdlog::level::warn,
+                "transactional producer {}: {}: {}", p->transactional_id,
+                rd_kafka_err2name(static_cast<rd_kafka_resp_err_t>(err)), reason);
+  }
+
+  static void LogCb(const rd_kafka_t*, int level, const char* fac, const char* buf) {
+    spdlog::log(
+        level <= 2 ? spdlog::level::err : (level <= 4 ? spdlog::level::warn : spdlog::level::debug),
+        "kafka (exactly-once): librdkafka {}: {}", fac, buf);
+  }
+
+  const std::string destination_;
+  const KafkaTarget target_;
+  const kafka_detail::TopicRoute route_;
+  rd_kafka_t* probe_ = nullptr;  // metadata only: Ready() before the first transaction
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool accepting_ = true;
+  bool stop_ = false;
+  // After Shutdown began: the running cycle's commits end by then.
+  Clock::time_point stop_by_ = Clock::time_point::max();
+
+  std::map<int, std::unique_ptr<BucketProducer>> producers_;  // the worker's
+  std::atomic<std::size_t> in_flight_{0};
+  std::atomic<bool> ready_{false};
+  std::thread worker_;
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;
+};
+
+}  // namespace
+
+SinkPtr MakeTransactionalKafkaSink(std::string destination, const KafkaTarget& target) {
+  return std::make_unique<TransactionalKafkaSink>(std::move(destination), target);
+}
+
+}  // namespace outbox::relay
