@@ -16,12 +16,15 @@
 #include <mutex>
 #include <optional>
 #include <pqxx/pqxx>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "outbox/outbox.h"
 #include "outbox_test/kafka_mock.h"
 #include "outbox_test/pg.h"
+#include "outbox_test/wait.h"
 
 namespace outbox::testing {
 
@@ -105,6 +108,98 @@ ExpectedMap ReadBackExpected(pqxx::transaction_base& tx, const std::vector<std::
 /// Reports failures with ADD_FAILURE/EXPECT; returns the number of duplicate records.
 std::size_t ExpectAllDeliveredInKeyOrder(std::vector<ConsumedRecord> records,
                                          const ExpectedMap& expected);
+
+// A producer thread that enqueues continuously through the SDK, small transactions at a
+// steady pace, and remembers what it enqueued (read back inside each transaction).
+class ContinuousProducer {
+ public:
+  /// Every `unkeyed_every`-th message has no key; the others cycle over `keys` keys.
+  ContinuousProducer(std::string url, int per_transaction, Millis pace, int keys = 40,
+                     int unkeyed_every = 8, std::string tag = "process-test")
+      : url_(std::move(url)),
+        per_transaction_(per_transaction),
+        pace_(pace),
+        keys_(keys),
+        unkeyed_every_(unkeyed_every),
+        tag_(std::move(tag)) {}
+  ~ContinuousProducer() { Stop(); }
+  ContinuousProducer(const ContinuousProducer&) = delete;
+  ContinuousProducer& operator=(const ContinuousProducer&) = delete;
+
+  void Start() {
+    thread_ = std::thread([this] { Run(); });
+  }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  std::int64_t count() const { return count_; }
+  ExpectedMap expected() const {
+    std::lock_guard lk(mu_);
+    return expected_;
+  }
+  std::string error() const {
+    std::lock_guard lk(mu_);
+    return error_;
+  }
+  /// Waits until `n` more messages than now were enqueued (messages keep flowing).
+  bool WaitForMore(std::int64_t n, Millis timeout) const {
+    const std::int64_t target = count_ + n;
+    return WaitFor([&] { return count_ >= target || failed_; }, timeout, Millis{5}) && !failed_;
+  }
+
+ private:
+  void Run() {
+    try {
+      pqxx::connection c(url_);
+      std::int64_t n = 0;
+      int keyed = 0;
+      while (!stop_) {
+        pqxx::work tx(c);
+        std::vector<outbox::OutboxMessage> batch;
+        for (int i = 0; i < per_transaction_; ++i, ++n) {
+          auto b = outbox::Message::To(kTopic);
+          b.Json("{\"n\": " + std::to_string(n) + ", \"tag\": \"" + tag_ + "\"}")
+              .EventType("order.event");
+          if (n % unkeyed_every_ != unkeyed_every_ - 1)
+            b.Key("key-" + std::to_string(keyed++ % keys_));
+          batch.push_back(b.Build());
+        }
+        const auto ids = outbox::PublishMany(tx, batch);
+        ExpectedMap got = ReadBackExpected(tx, ids);
+        tx.commit();
+        if (got.size() != ids.size())
+          throw std::runtime_error("read back " + std::to_string(got.size()) + " of " +
+                                   std::to_string(ids.size()) + " messages");
+        {
+          std::lock_guard lk(mu_);
+          expected_.merge(got);
+        }
+        count_ += static_cast<std::int64_t>(ids.size());
+        // Pace of the flow (not a wait for a condition).
+        std::this_thread::sleep_for(pace_);
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard lk(mu_);
+      error_ = e.what();
+      failed_ = true;
+    }
+  }
+
+  std::string url_;
+  int per_transaction_;
+  Millis pace_;
+  int keys_;
+  int unkeyed_every_;
+  std::string tag_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};
+  std::atomic<std::int64_t> count_{0};
+  mutable std::mutex mu_;
+  ExpectedMap expected_;
+  std::string error_;
+  std::thread thread_;
+};
 
 /// Samples, from its own thread and connection, invariants that must hold at every instant:
 /// each check is a query that returns one row per violation. The default check: no two
