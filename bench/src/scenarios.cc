@@ -70,12 +70,14 @@ Percentiles PercentilesFrom(const json& j) {
   return p;
 }
 
-relay::Destination KafkaDestination(const std::string& bootstraps, const std::string& topic) {
+relay::Destination KafkaDestination(const std::string& bootstraps, const std::string& topic,
+                                    bool exactly_once = false) {
   relay::Destination d;
   d.name = kDestination;
   relay::KafkaTarget k;
   k.brokers = bootstraps;
   k.topic = topic;
+  k.exactly_once = exactly_once;
   d.target = k;
   return d;
 }
@@ -569,6 +571,13 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
            std::to_string(opt_.kafka_partitions) + " partitions)" +
            (v.keys > 0 ? ", " + std::to_string(v.keys) + " ordering keys" : ", no ordering keys");
   const std::string url = pg_.FreshDatabase(v.name);
+  if (v.buckets > 0) {
+    r.what += "; " + std::to_string(v.buckets) + " buckets";
+    pqxx::connection c(url);
+    pqxx::nontransaction(c).exec("SELECT outbox.set_bucket_count(" + std::to_string(v.buckets) +
+                                 ")");
+  }
+  if (v.exactly_once) r.what += "; delivery: exactly_once (a Kafka transaction per bucket)";
   if (v.stale_stats) {
     r.what += "; statistics stale: analyzed while empty, autovacuum off on the table";
     pqxx::connection c(url);
@@ -588,7 +597,7 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   }
   const std::string topic = NewTopic(v.name);
 
-  Relay relay(url, KafkaDestination(bootstraps_, topic), v.relays, Mode(v));
+  Relay relay(url, KafkaDestination(bootstraps_, topic, v.exactly_once), v.relays, Mode(v));
   Observation obs;
   Say(v.name + ": relay draining");
   obs.Begin(postmaster_pid_, {Kafka().pid()});
@@ -619,6 +628,14 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
     r.targets.push_back(t);
   } else if (v.name == "kafka_drain") {
     kafka_drain_rate_ = r.completed ? r.events_per_s : 0;
+  } else if (v.name == "kafka_drain_partitioned_b8") {
+    partitioned_b8_rate_ = r.completed ? r.events_per_s : 0;
+    partitioned_b8_pg_cpu_ = r.pg_cpu_us_per_msg.value_or(0);
+  } else if (v.exactly_once && partitioned_b8_rate_ > 0) {
+    // The price of exactly once: the same drain, same buckets, at least once, just before.
+    r.details["x_at_least_once"] = r.events_per_s / partitioned_b8_rate_;
+    if (r.pg_cpu_us_per_msg && partitioned_b8_pg_cpu_ > 0)
+      r.details["pg_cpu_x_at_least_once"] = *r.pg_cpu_us_per_msg / partitioned_b8_pg_cpu_;
   }
   if (with_target) {
     Target t{"events/s >= 0.5 x SQL ceiling", "", std::nullopt};
@@ -1074,6 +1091,19 @@ std::vector<ScenarioResult> Bench::Run(
       {"kafka_drain_keyed",
        [&] {
          return KafkaDrain({"kafka_drain_keyed", opt_.keys}, opt_.kafka_messages, false);
+       }},
+      {"kafka_drain_partitioned_b8",
+       [&] {
+         Variant v{"kafka_drain_partitioned_b8", 0, 1, true};
+         v.buckets = 8;
+         return KafkaDrain(v, opt_.kafka_messages, false);
+       }},
+      {"kafka_drain_exactly_once_b8",
+       [&] {
+         Variant v{"kafka_drain_exactly_once_b8", 0, 1, true};
+         v.buckets = 8;
+         v.exactly_once = true;
+         return KafkaDrain(v, opt_.kafka_messages, false);
        }},
       {"http_ceiling", [&] { return HttpCeiling(); }},
       {"webhook_drain",

@@ -119,6 +119,10 @@ class Bench {
     /// The queue table as autoanalyze last saw it: empty (analyzed before the preload, with
     /// autovacuum off on it), so the planner believes a handful of rows.
     bool stale_stats = false;
+    /// outbox.partitioning.bucket_count for the run (0: the default, 64).
+    int buckets = 0;
+    /// `delivery: exactly_once` (Kafka transactions, one producer per bucket).
+    bool exactly_once = false;
   };
   static relay::ClaimMode Mode(const Variant& v);
 
@@ -157,6 +161,9 @@ class Bench {
                                                       ///< HTTP-ceiling client's CPU per request.
   double preload_rate_ = 0;
   double kafka_drain_rate_ = 0;  ///< events/s of kafka_drain in this run (baseline of stale_stats)
+  /// events/s of kafka_drain_partitioned_b8 (at least once): the exactly-once drain's baseline.
+  double partitioned_b8_rate_ = 0;
+  double partitioned_b8_pg_cpu_ = 0;  ///< its Postgres CPU per message (µs)
   std::vector<std::pair<std::string, std::vector<Sample>>> timelines_;
 };
 
