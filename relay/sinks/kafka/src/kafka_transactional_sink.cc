@@ -18,10 +18,11 @@
 //  Everything else is produced at most once per transaction; what a transaction that did not
 //  commit held is invisible to read_committed consumers.
 //
-// Threads: Submit queues; one thread ("or-kafka-txn") takes what is queued, groups it by
-// bucket, and runs one cycle: create the buckets' producers (init_transactions fences),
-// recover, begin and produce every bucket's transaction, then commit them. Completions run on
-// that thread.
+// Threads: Submit queues; one thread ("or-kafka-txn") gathers what is submitted (until 5 ms
+// pass without a submission, at most 20 ms: a transaction's cost is mostly per transaction),
+// groups it by bucket, and runs one cycle: create the buckets' producers (init_transactions
+// fences), recover, begin and produce every bucket's transaction, then commit them. Completions run
+// on that thread.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -49,7 +50,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr milliseconds kLinger{2};           // gathers a claim's whole submission
+constexpr milliseconds kLinger{20};          // the longest a cycle gathers submissions
+constexpr milliseconds kLingerQuiet{5};      // ... and how long nothing may arrive meanwhile
 constexpr milliseconds kProbeInterval{500};  // metadata probe while not Ready
 constexpr milliseconds kProbeTimeout{250};
 constexpr milliseconds kIdleClose{60'000};  // a bucket producer unused this long is closed
@@ -172,6 +174,11 @@ class TransactionalKafkaSink final : public Sink {
   }
   std::size_t InFlight() const override { return in_flight_.load(); }
   std::string_view Kind() const override { return "kafka"; }
+  /// Room for the claims that arrive while a cycle commits: the next cycle takes them all, and
+  /// a transaction's cost is mostly per transaction, not per message.
+  std::size_t MaxInFlight(int claim_batch) const override {
+    return static_cast<std::size_t>(claim_batch) * 8;
+  }
 
  private:
   static Outcome ShutdownOutcome(MessageId id) {
@@ -200,8 +207,15 @@ class TransactionalKafkaSink final : public Sink {
         cv_.wait_for(lk, kProbeInterval, [&] { return stop_ || !queue_.empty(); });
         if (stop_) return;
         if (!queue_.empty()) {
-          // The dispatcher submits a claim's messages one after the other: take them together.
-          cv_.wait_for(lk, kLinger, [&] { return stop_; });
+          // Take what keeps arriving together (a claim's messages, the next claim's): a
+          // transaction costs mostly per transaction. Stop gathering once nothing arrived for
+          // kLingerQuiet, or after kLinger, so a lone message waits only kLingerQuiet.
+          const auto until = Clock::now() + kLinger;
+          std::size_t seen = 0;
+          while (!stop_ && queue_.size() != seen && Clock::now() < until) {
+            seen = queue_.size();
+            cv_.wait_for(lk, kLingerQuiet, [&] { return stop_; });
+          }
           while (!queue_.empty()) {
             batch.push_back(std::move(queue_.front()));
             queue_.pop_front();
@@ -417,6 +431,7 @@ class TransactionalKafkaSink final : public Sink {
       for (Item* item : items) Finish(item->done, Make(item->msg.id, OutcomeKind::kDelivered));
       return;
     }
+    if (!rd_kafka_error_is_fatal(error)) ready_.store(false);  // until a broker answers again
     std::string why =
         "transaction of " + p->transactional_id + " did not commit: " + ErrorText(error);
     Reason reason = Reason::kBroker;
