@@ -848,7 +848,8 @@ relay::ClaimMode Bench::Mode(const Variant& v) {
   return v.partitioned ? relay::ClaimMode::kPartitioned : relay::ClaimMode::kSkipLocked;
 }
 
-ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink, int keys) {
+ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink, int keys,
+                               Delivery delivery) {
   ScenarioResult r;
   r.name = name;
   r.sink = sink;
@@ -860,8 +861,19 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
   const std::string url = pg_.FreshDatabase(name);
   Helper& receiver = sink == "kafka" ? Kafka() : Http();
   std::unique_ptr<Relay> relay;
+  if (delivery != Delivery::kDefault) {
+    // The exactly-once drain's setting (8 buckets, partitioned) with both deliveries.
+    r.what += "; claim_mode partitioned, 8 buckets, delivery " +
+              std::string(delivery == Delivery::kExactlyOnce ? "exactly_once" : "at_least_once");
+    r.claim_mode = "partitioned";
+    pqxx::connection c(url);
+    pqxx::nontransaction(c).exec("SELECT outbox.set_bucket_count(8)");
+  }
   if (sink == "kafka") {
-    relay = std::make_unique<Relay>(url, KafkaDestination(bootstraps_, NewTopic(name)));
+    relay = std::make_unique<Relay>(
+        url, KafkaDestination(bootstraps_, NewTopic(name), delivery == Delivery::kExactlyOnce), 1,
+        delivery == Delivery::kDefault ? relay::ClaimMode::kSkipLocked
+                                       : relay::ClaimMode::kPartitioned);
   } else {
     Http().Call("RECORD");
     relay = std::make_unique<Relay>(url, WebhookDestination(http_port_, opt_.webhook_connections));
@@ -1121,6 +1133,14 @@ std::vector<ScenarioResult> Bench::Run(
       {"open_loop_kafka_keyed",
        [&] { return OpenLoop("open_loop_kafka_keyed", "kafka", opt_.keys); }},
       {"open_loop_webhook", [&] { return OpenLoop("open_loop_webhook", "webhook", 0); }},
+      {"open_loop_kafka_partitioned_b8",
+       [&] {
+         return OpenLoop("open_loop_kafka_partitioned_b8", "kafka", 0, Delivery::kAtLeastOnce);
+       }},
+      {"open_loop_kafka_exactly_once_b8",
+       [&] {
+         return OpenLoop("open_loop_kafka_exactly_once_b8", "kafka", 0, Delivery::kExactlyOnce);
+       }},
       {"burst_kafka", [&] { return Burst({"burst_kafka"}); }},
       {"sustained_kafka", [&] { return Sustained(); }},
   };

@@ -133,7 +133,10 @@ class Bench {
   ScenarioResult WebhookFanout(const std::string& name, int endpoints, bool delivery_log,
                                std::int64_t messages);
   ScenarioResult KafkaPathLatency();
-  ScenarioResult OpenLoop(const std::string& name, const std::string& sink, int keys);
+  /// kDefault: skip_locked, 64 buckets, at least once; the others: partitioned, 8 buckets.
+  enum class Delivery { kDefault, kAtLeastOnce, kExactlyOnce };
+  ScenarioResult OpenLoop(const std::string& name, const std::string& sink, int keys,
+                          Delivery delivery = Delivery::kDefault);
   ScenarioResult Burst(const Variant& v);
   ScenarioResult Sustained();
   static Target NoMessageWaitsForTheSweep(const ScenarioResult& r);

@@ -30,6 +30,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -249,17 +250,7 @@ class TransactionalKafkaSink final : public Sink {
 
     // 1. Every bucket's producer, so that each previous owner is fenced before anything is
     //    read back or produced.
-    for (auto it = by_bucket.begin(); it != by_bucket.end();) {
-      std::string why;
-      if (Producer(it->first, &why) == nullptr) {
-        for (Item* item : it->second) {
-          Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry, why, Reason::kBroker));
-        }
-        it = by_bucket.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    EnsureProducers(by_bucket);
     // 2. Recovery: what an earlier attempt may have produced is looked for in its topic.
     Recover(by_bucket);
     // 3. Begin and produce every bucket's transaction, then 4. commit them: their records
@@ -272,13 +263,21 @@ class TransactionalKafkaSink final : public Sink {
     for (auto& [bucket, items] : open) Commit(bucket, items);
   }
 
-  BucketProducer* Producer(int bucket, std::string* why) {
+  // The bucket's producer when it has a usable one (null otherwise: it needs a new one).
+  BucketProducer* Existing(int bucket) {
     auto it = producers_.find(bucket);
-    if (it != producers_.end() && !it->second->fatal.load()) {
-      it->second->last_used = Clock::now();
-      return it->second.get();
+    if (it == producers_.end()) return nullptr;
+    if (it->second->fatal.load()) {  // fenced or broken: a new one fences back
+      producers_.erase(it);
+      return nullptr;
     }
-    if (it != producers_.end()) producers_.erase(it);  // fenced or broken: a new one fences back
+    it->second->last_used = Clock::now();
+    return it->second.get();
+  }
+
+  // Creates the bucket's transactional producer and runs init_transactions (the fence): null
+  // with `why` when that failed. Touches nothing shared, so several run at once.
+  std::unique_ptr<BucketProducer> Create(int bucket, std::string* why) const {
     auto p = std::make_unique<BucketProducer>();
     p->transactional_id =
         target_.transactional_id_prefix + "." + destination_ + "." + std::to_string(bucket);
@@ -298,7 +297,6 @@ class TransactionalKafkaSink final : public Sink {
     if (rd_kafka_error_t* error = rd_kafka_init_transactions(p->rk, TimeoutMs())) {
       *why = "init_transactions of " + p->transactional_id + " failed: " + ErrorText(error);
       rd_kafka_error_destroy(error);
-      ready_.store(false);
       spdlog::warn("kafka destination \"{}\": {}", destination_, *why);
       return nullptr;
     }
@@ -307,8 +305,38 @@ class TransactionalKafkaSink final : public Sink {
         "bucket {} is fenced)",
         destination_, p->transactional_id, bucket);
     p->last_used = Clock::now();
-    ready_.store(true);
-    return (producers_[bucket] = std::move(p)).get();
+    return p;
+  }
+
+  // Every bucket of `by_bucket` gets a usable producer; the buckets that cannot are removed,
+  // their items completed as retries (nothing was sent). New producers are created side by
+  // side: init_transactions waits for the transaction coordinator (a second or so at first).
+  void EnsureProducers(std::map<int, std::vector<Item*>>& by_bucket) {
+    struct Pending {
+      int bucket;
+      std::string why;
+      std::future<std::unique_ptr<BucketProducer>> made;
+    };
+    std::vector<Pending> pending;
+    for (auto& [bucket, items] : by_bucket) {
+      if (Existing(bucket) == nullptr) pending.push_back(Pending{bucket, {}, {}});
+    }
+    for (auto& p : pending) {
+      p.made = std::async(std::launch::async, [this, &p] { return Create(p.bucket, &p.why); });
+    }
+    for (auto& p : pending) {
+      std::unique_ptr<BucketProducer> made = p.made.get();
+      if (made) {
+        producers_[p.bucket] = std::move(made);
+        ready_.store(true);
+        continue;
+      }
+      ready_.store(false);
+      for (Item* item : by_bucket.at(p.bucket)) {
+        Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry, p.why, Reason::kBroker));
+      }
+      by_bucket.erase(p.bucket);
+    }
   }
 
   void Recover(std::map<int, std::vector<Item*>>& by_bucket) {
