@@ -102,7 +102,7 @@ class TransactionalKafkaSink final : public Sink {
  public:
   TransactionalKafkaSink(std::string destination, const KafkaTarget& target)
       : destination_(std::move(destination)), target_(target), route_(destination_, target_) {
-    kafka_detail::ProducerConf(destination_, target_, &destination_);  // throws when invalid
+    ValidateKafkaTarget(destination_, target_);  // throws when invalid
     char errstr[512];
     kafka_detail::ConfPtr conf = kafka_detail::ProducerConf(destination_, target_, nullptr);
     rd_kafka_conf_set_log_cb(conf.get(), &LogCb);
@@ -217,6 +217,7 @@ class TransactionalKafkaSink final : public Sink {
             seen = queue_.size();
             cv_.wait_for(lk, kLingerQuiet, [&] { return stop_; });
           }
+          if (stop_) return;  // never sent: Shutdown hands them back
           while (!queue_.empty()) {
             batch.push_back(std::move(queue_.front()));
             queue_.pop_front();
