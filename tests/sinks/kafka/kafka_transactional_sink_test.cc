@@ -187,6 +187,31 @@ TEST_F(TransactionalSinkTest, ATransactionThatDidNotCommitIsRetriedWithoutDuplic
     EXPECT_EQ(n, 1) << "message " << id << " is in the topic " << n << " times";
 }
 
+// The broker refuses the records: another producer of the transactional id fenced this one
+// (what a relay that stalled meets when it wakes up). The transaction fails, its messages are
+// counted retries, and the next attempt creates a producer again and delivers them once.
+TEST_F(TransactionalSinkTest, AFencedProducersRecordsAreRetriedByANewProducer) {
+  auto sink = MakeKafkaSink("orders", Target());
+  for (const auto& [id, outs] : Deliver(*sink, {MakeMessage(1, 0)}))
+    ASSERT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id;
+  cluster_->PushRequestErrors(RD_KAFKAP_Produce, {RD_KAFKA_RESP_ERR_PRODUCER_FENCED});
+  std::vector<Message> batch;
+  for (int i = 2; i <= 6; ++i) batch.push_back(MakeMessage(i, 0));
+  for (const auto& [id, outs] : Deliver(*sink, batch)) {
+    ASSERT_EQ(outs.size(), 1u);
+    EXPECT_EQ(outs[0].kind, OutcomeKind::kRetry) << id;
+    EXPECT_TRUE(outs[0].maybe_sent) << id;
+  }
+  for (auto& m : batch) m.attempts = 1;
+  for (const auto& [id, outs] : Deliver(*sink, batch)) {
+    EXPECT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id << ": " << outs[0].reason;
+  }
+  const auto by_id = RecordsById(6);
+  ASSERT_EQ(by_id.size(), 6u);
+  for (const auto& [id, n] : by_id)
+    EXPECT_EQ(n, 1) << "message " << id << " is in the topic " << n << " times";
+}
+
 TEST_F(TransactionalSinkTest, ShutdownHandsBackWhatWasNeverSent) {
   auto sink = MakeKafkaSink("orders", Target());
   sink->Shutdown(2s);

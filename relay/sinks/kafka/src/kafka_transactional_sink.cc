@@ -469,17 +469,19 @@ class TransactionalKafkaSink final : public Sink {
       if (rd_kafka_error_t* abort = rd_kafka_abort_transaction(p->rk, TimeoutMs())) {
         why += "; the abort failed too: " + ErrorText(abort);
         rd_kafka_error_destroy(abort);
-        p->fatal.store(true);
       } else {
         why += " (aborted)";
       }
     } else {
-      // Fenced (another relay now owns the bucket), or the end is unknown: this producer is
-      // done; the next one for the bucket fences and recovers.
+      // Fenced (another relay now owns the bucket), or the end is unknown.
       if (rd_kafka_error_is_fatal(error)) reason = Reason::kFatal;
       rd_kafka_error_destroy(error);
-      p->fatal.store(true);
     }
+    // Whatever failed, the bucket's next transaction gets a new producer, whose
+    // init_transactions fences this one and settles the end of its transaction. Kept after an
+    // abort, a producer whose records a broker refused (PRODUCER_FENCED, which librdkafka 2.0
+    // treats as abortable) failed every later transaction on sequence numbers.
+    p->fatal.store(true);
     spdlog::warn("kafka destination \"{}\": {}; {} message(s) retried", destination_, why,
                  items.size());
     for (Item* item : items) {
