@@ -227,6 +227,31 @@ TEST(RelayMetrics, TargetHealthSetsGaugesAndCountsOpeningsOnce) {
             std::string::npos);
 }
 
+TEST(RelayMetrics, SinkEventsMoveByWhatTheSinkCountedSinceTheLastRead) {
+  RelayMetrics m("test");
+  m.UpdateSinkEvents("orders", {{"transactions_committed", 3}, {"recovered", 0}});
+  std::string text = m.Render();
+  EXPECT_NE(
+      text.find(
+          "outbox_sink_events_total{destination=\"orders\",event=\"transactions_committed\"} 3"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("outbox_sink_events_total{destination=\"orders\",event=\"recovered\"} 0"),
+            std::string::npos)
+      << "an event that has not happened yet is a series at 0";
+  m.UpdateSinkEvents("orders", {{"transactions_committed", 3}, {"recovered", 0}});  // unchanged
+  m.UpdateSinkEvents("orders", {{"transactions_committed", 7}, {"recovered", 2}});
+  text = m.Render();
+  EXPECT_NE(
+      text.find(
+          "outbox_sink_events_total{destination=\"orders\",event=\"transactions_committed\"} 7"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("outbox_sink_events_total{destination=\"orders\",event=\"recovered\"} 2"),
+            std::string::npos)
+      << text;
+}
+
 TEST(RelayMetrics, AWebhookServiceCountsItsEndpointsByStateNeverByEndpoint) {
   RelayMetrics m("test");
   TargetHealth h;
@@ -477,7 +502,7 @@ TEST(RelayMetrics, EveryNameFollowsConventions) {
     ++families;
     pos = end;
   }
-  EXPECT_EQ(families, 41u);
+  EXPECT_EQ(families, 42u);
 }
 
 }  // namespace

@@ -90,6 +90,11 @@ void Dispatcher::Impl::MaintenanceLoop() {
       }
       // the sinks' view of their targets: breaker, concurrency, pauses
       for (const auto& [name, health] : TargetHealths()) metrics->UpdateTargetHealth(name, health);
+      for (const auto& [name, sink] : sinks) {
+        if (auto counts = sink->EventCounts(); !counts.empty()) {
+          metrics->UpdateSinkEvents(name, counts);
+        }
+      }
       if (publish_status && now >= next_status) {
         next_status = now + status_interval;
         metrics->UpdateFromStatus(store.ReadStatus(StatusOptions{}));

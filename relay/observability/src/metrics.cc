@@ -205,6 +205,12 @@ RelayMetrics::RelayMetrics(std::string version)
           "Messages handed back to the queue with no attempt counted: at shutdown, or while a "
           "sink sends nothing (an open circuit breaker).",
           kDest)),
+      sink_events_total(registry.AddCounter(
+          "outbox_sink_events_total",
+          "Events a sink counts of its own, by name: the exactly-once Kafka sink's "
+          "transactions_committed, transactions_failed, recovered (messages found already in "
+          "Kafka and not produced again) and producers_created.",
+          {"destination", "event"})),
       settle_fenced_total(
           registry.AddCounter("outbox_settle_fenced_total",
                               "Settlements refused because the lease had expired and moved on.")),
@@ -311,6 +317,17 @@ void RelayMetrics::RecordReleased(std::string_view destination, std::int64_t n) 
 
 void RelayMetrics::RecordDbError(std::int64_t n) {
   if (n > 0) db_errors_total.Labels({}).Inc(static_cast<double>(n));
+}
+
+void RelayMetrics::UpdateSinkEvents(std::string_view destination,
+                                    const std::map<std::string, std::int64_t>& counts) {
+  const std::string dest(destination);
+  for (const auto& [event, count] : counts) {
+    auto& series = sink_events_total.Labels({dest, event});
+    if (static_cast<double>(count) > series.Value()) {
+      series.Inc(static_cast<double>(count) - series.Value());
+    }
+  }
 }
 
 void RelayMetrics::UpdateTargetHealth(std::string_view destination, const TargetHealth& h) {

@@ -127,6 +127,11 @@ TEST_F(TransactionalSinkTest, EachBucketsMessagesCommitInATransactionOfItsOwn) {
     ASSERT_EQ(outs.size(), 1u) << "completed once: " << id;
     EXPECT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id << ": " << outs[0].reason;
   }
+  const auto events = sink->EventCounts();
+  EXPECT_EQ(events.at("producers_created"), 3) << "one per bucket";
+  EXPECT_GE(events.at("transactions_committed"), 3);
+  EXPECT_EQ(events.at("transactions_failed"), 0);
+  EXPECT_EQ(events.at("recovered"), 0);
   const auto by_id = RecordsById(60);
   EXPECT_EQ(by_id.size(), 60u);
   for (const auto& [id, n] : by_id) EXPECT_EQ(n, 1) << "records of " << id;
@@ -153,6 +158,7 @@ TEST_F(TransactionalSinkTest, AMessageAnEarlierTransactionCommittedIsNotProduced
     ASSERT_EQ(outs.size(), 1u) << id;
     EXPECT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id << ": " << outs[0].reason;
   }
+  EXPECT_EQ(second->EventCounts().at("recovered"), 10);
   const auto by_id = RecordsById(20);
   ASSERT_EQ(by_id.size(), 20u);
   for (const auto& [id, n] : by_id)
@@ -202,10 +208,12 @@ TEST_F(TransactionalSinkTest, AFencedProducersRecordsAreRetriedByANewProducer) {
     EXPECT_EQ(outs[0].kind, OutcomeKind::kRetry) << id;
     EXPECT_TRUE(outs[0].maybe_sent) << id;
   }
+  EXPECT_EQ(sink->EventCounts().at("transactions_failed"), 1);
   for (auto& m : batch) m.attempts = 1;
   for (const auto& [id, outs] : Deliver(*sink, batch)) {
     EXPECT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id << ": " << outs[0].reason;
   }
+  EXPECT_EQ(sink->EventCounts().at("producers_created"), 2) << "the failed one was replaced";
   const auto by_id = RecordsById(6);
   ASSERT_EQ(by_id.size(), 6u);
   for (const auto& [id, n] : by_id)

@@ -97,6 +97,7 @@ struct RelayMetrics {
       webhook_endpoints_auto_disabled_total;      // ..._auto_disabled_total{destination}
   metrics::CounterFamily& sweep_found_total;      // outbox_sweep_found_total{destination}
   metrics::CounterFamily& released_total;         // outbox_released_total{destination}
+  metrics::CounterFamily& sink_events_total;      // outbox_sink_events_total{destination,event}
   metrics::CounterFamily& settle_fenced_total;    // outbox_settle_fenced_total
   metrics::CounterFamily& reaper_requeued_total;  // outbox_reaper_requeued_total
   metrics::CounterFamily& db_errors_total;        // outbox_db_errors_total
@@ -146,6 +147,10 @@ struct RelayMetrics {
   /// A sink's view of its target (Sink::Health), read often: sets the breaker state (0 closed,
   /// 1 half-open, 2 open), the concurrency limit and the pause left, and counts the openings
   /// and pauses since the previous call.
+  /// A sink's own event counts (Sink::EventCounts), read again and again: each series moves by
+  /// what the sink counted since the last call.
+  void UpdateSinkEvents(std::string_view destination,
+                        const std::map<std::string, std::int64_t>& counts);
   void UpdateTargetHealth(std::string_view destination, const TargetHealth& health);
 
   /// outbox_kafka_producer_queue_length{destination} = fn() at each scrape (e.g. the

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -127,6 +129,12 @@ class Sink {
   /// allows (webhooks); nullopt for a sink that keeps none. Published as metrics and in the
   /// relay's heartbeat, which `outbox-relay status` shows.
   virtual std::optional<TargetHealth> Health() const { return std::nullopt; }
+
+  /// How often each of the sink's own events happened since it started, by event name:
+  /// published as outbox_sink_events_total{destination,event} (the exactly-once Kafka sink:
+  /// its transactions, recoveries and producers). Names are a small fixed set per sink; empty
+  /// for a sink that counts none.
+  virtual std::map<std::string, std::int64_t> EventCounts() const { return {}; }
 };
 
 using SinkPtr = std::unique_ptr<Sink>;

@@ -180,6 +180,12 @@ class TransactionalKafkaSink final : public Sink {
   std::size_t MaxInFlight(int claim_batch) const override {
     return static_cast<std::size_t>(claim_batch) * 8;
   }
+  std::map<std::string, std::int64_t> EventCounts() const override {
+    return {{"transactions_committed", committed_.load()},
+            {"transactions_failed", failed_.load()},
+            {"recovered", recovered_.load()},
+            {"producers_created", created_.load()}};
+  }
 
  private:
   static Outcome ShutdownOutcome(MessageId id) {
@@ -328,6 +334,7 @@ class TransactionalKafkaSink final : public Sink {
     for (auto& p : pending) {
       std::unique_ptr<BucketProducer> made = p.made.get();
       if (made) {
+        ++created_;
         producers_[p.bucket] = std::move(made);
         ready_.store(true);
         continue;
@@ -373,6 +380,7 @@ class TransactionalKafkaSink final : public Sink {
                                   Reason::kBroker));
         } else if (found.count(item->msg.idempotency_key)) {
           ++recovered;
+          ++recovered_;
           Finish(item->done, Make(item->msg.id, OutcomeKind::kDelivered));
         } else {
           keep.push_back(item);
@@ -456,10 +464,12 @@ class TransactionalKafkaSink final : public Sink {
       ~EndCycle() { p->in_cycle = false; }
     } end_cycle{p};
     if (error == nullptr) {
+      ++committed_;
       ready_.store(true);
       for (Item* item : items) Finish(item->done, Make(item->msg.id, OutcomeKind::kDelivered));
       return;
     }
+    ++failed_;
     if (!rd_kafka_error_is_fatal(error)) ready_.store(false);  // until a broker answers again
     std::string why =
         "transaction of " + p->transactional_id + " did not commit: " + ErrorText(error);
@@ -558,6 +568,8 @@ class TransactionalKafkaSink final : public Sink {
 
   std::map<int, std::unique_ptr<BucketProducer>> producers_;  // the worker's
   std::atomic<std::size_t> in_flight_{0};
+  // EventCounts().
+  std::atomic<std::int64_t> committed_{0}, failed_{0}, recovered_{0}, created_{0};
   std::atomic<bool> ready_{false};
   std::thread worker_;
   std::mutex shutdown_mu_;
