@@ -87,6 +87,11 @@ TEST_F(ExactlyOnceProcessTest, ConsumersSeeEveryMessageOnceAcrossKillsOutagesAnd
   // Few buckets: each is a transactional producer in the relay that owns it.
   Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(6)) s");
   const std::string config = Config();
+  ChildProcess& check = Spawn("check-config", {"check-config", "--config", config});
+  ASSERT_TRUE(check.WaitExit(30s)) << check.Describe();
+  EXPECT_TRUE(check.ExitedWith(0)) << check.Describe() << check.Stderr();
+  EXPECT_NE(check.Stdout().find("orders (kafka, exactly once): 50 attempt(s)"), std::string::npos)
+      << check.Stdout();
   auto producer =
       std::make_unique<ContinuousProducer>(db_url_, 10, 20ms, 12, 8, "exactly-once-process-test");
   producer->Start();

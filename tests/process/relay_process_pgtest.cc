@@ -540,7 +540,8 @@ TEST_F(RelayProcessTest, OperatorCommandsTakeTheConfigFileForTheDatabase) {
   EXPECT_NE(migrate.Stdout().find("up to date"), std::string::npos) << migrate.Stdout();
   // Each destination's retry horizon (issue 17): 50 attempts, delays capped at 50, 100, 200,
   // 400 ms, then 45 x 500 ms: 23.25 s in all.
-  EXPECT_NE(check.Stdout().find("orders (kafka): 50 attempt(s), then dead letters; retries wait "
+  EXPECT_NE(check.Stdout().find("orders (kafka, at least once): 50 attempt(s), then dead "
+                                "letters; retries wait "
                                 "up to 23s in all (about 11s on average)"),
             std::string::npos)
       << check.Stdout();

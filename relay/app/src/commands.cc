@@ -112,8 +112,10 @@ int RunCheckConfig(const std::string& config_path) {
     // How long each destination keeps trying: what decides whether an outage of the target
     // ends in dead letters.
     for (const auto& [name, dest] : cfg.destinations) {
-      std::cout << "  " << name << " (" << SinkFactoryFor(dest).kind
-                << "): " << dest.retry.max_attempts
+      const SinkFactory& factory = SinkFactoryFor(dest);
+      const std::string described = factory.describe ? factory.describe(dest) : "";
+      std::cout << "  " << name << " (" << factory.kind
+                << (described.empty() ? "" : ", " + described) << "): " << dest.retry.max_attempts
                 << " attempt(s), then dead letters; retries wait up to "
                 << FormatDuration(RetryHorizon(dest.retry)) << " in all (about "
                 << FormatDuration(AverageRetryHorizon(dest.retry)) << " on average)\n";

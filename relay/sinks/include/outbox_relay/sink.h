@@ -164,6 +164,8 @@ struct SinkFactory {
   /// back (a webhook receiver keeps nothing the relay can ask for).
   ReadBackResult (*read_back)(const Destination& destination,
                               const ReadBackOptions& options) = nullptr;
+  /// What `check-config` adds after the kind ("exactly once"); empty or null: nothing.
+  std::string (*describe)(const Destination& destination) = nullptr;
 };
 
 }  // namespace outbox::relay

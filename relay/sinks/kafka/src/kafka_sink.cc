@@ -482,6 +482,9 @@ const SinkFactory& KafkaSinkFactory() {
       [](const Destination& d) { ValidateKafkaTarget(d.name, d.target.Get<KafkaTarget>()); },
       [](const Destination& d) { return MakeKafkaSink(d.name, d.target.Get<KafkaTarget>()); },
       ReadBackKafka,
+      [](const Destination& d) -> std::string {
+        return d.target.Get<KafkaTarget>().exactly_once ? "exactly once" : "at least once";
+      },
   };
   return factory;
 }

@@ -842,6 +842,7 @@ const SinkFactory& WebhookSinkFactory() {
                                               : MakeWebhookSink(d.name, target);
       },
       nullptr,  // a receiver keeps nothing the relay can read back
+      nullptr,
   };
   return factory;
 }
