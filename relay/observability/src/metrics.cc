@@ -209,7 +209,7 @@ RelayMetrics::RelayMetrics(std::string version)
           "outbox_sink_events_total",
           "Events a sink counts of its own, by name: the exactly-once Kafka sink's "
           "transactions_committed, transactions_failed, recovered (messages found already in "
-          "Kafka and not produced again) and producers_created.",
+          "Kafka and not produced again), recovery_partitions_read and producers_created.",
           {"destination", "event"})),
       settle_fenced_total(
           registry.AddCounter("outbox_settle_fenced_total",

@@ -165,6 +165,41 @@ TEST_F(TransactionalSinkTest, AMessageAnEarlierTransactionCommittedIsNotProduced
     EXPECT_EQ(n, 1) << "message " << id << " is in the topic " << n << " times";
 }
 
+// The recovery reads only the partitions the messages' keys hash to (the relay's partitioner,
+// murmur2_random); a message without a key may be anywhere, so its topic is read whole.
+TEST_F(TransactionalSinkTest, RecoveryReadsOnlyThePartitionsOfTheMessagesKeys) {
+  auto keyed = [](std::int64_t id, int attempts) {
+    Message m = MakeMessage(id, 0, attempts);
+    m.ordering_key = "one-key";
+    return m;
+  };
+  {
+    auto first = MakeKafkaSink("orders", Target());
+    std::vector<Message> committed;
+    for (int i = 1; i <= 10; ++i) committed.push_back(keyed(i, 0));
+    for (const auto& [id, outs] : Deliver(*first, committed))
+      ASSERT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id;
+  }
+  auto second = MakeKafkaSink("orders", Target());
+  std::vector<Message> again;
+  for (int i = 1; i <= 10; ++i) again.push_back(keyed(i, 1));
+  for (const auto& [id, outs] : Deliver(*second, again))
+    EXPECT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id;
+  auto events = second->EventCounts();
+  EXPECT_EQ(events.at("recovered"), 10);
+  EXPECT_EQ(events.at("recovery_partitions_read"), 1) << "one key: one of the 3 partitions";
+
+  Message unkeyed = MakeMessage(11, 0, 1);
+  unkeyed.ordering_key.reset();
+  for (const auto& [id, outs] : Deliver(*second, {keyed(12, 1), unkeyed}))
+    EXPECT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id;
+  events = second->EventCounts();
+  EXPECT_EQ(events.at("recovery_partitions_read"), 1 + 3) << "a message without a key: all 3";
+  const auto by_id = RecordsById(12);
+  ASSERT_EQ(by_id.size(), 12u);
+  for (const auto& [id, n] : by_id) EXPECT_EQ(n, 1) << "message " << id;
+}
+
 // The commit fails (the broker says another producer of the transactional id fenced this
 // one): the messages are retries that may have been sent, counted even at shutdown; the next
 // attempt, with a new producer, finds what reached the topic and sends the rest once.

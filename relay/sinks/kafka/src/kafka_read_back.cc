@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -141,11 +142,14 @@ std::int64_t LastRecordTimestamp(rd_kafka_t* rk, const std::string& topic, int p
 // end: the last stable offset the consumer reports (past it lie only open transactions), or,
 // with `to_high_watermark`, the high watermark each partition had when the read began, so
 // that records committed before the call are read even behind a transaction still open.
+// `wanted`, when given, picks the partitions of a topic to read (topic, partition, count).
+using PartitionFilter = std::function<bool(const std::string&, int, int)>;
+
 void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topics,
                 std::chrono::system_clock::time_point since, std::chrono::milliseconds timeout,
                 bool to_high_watermark, const char* client_id,
                 const std::function<void(ReadBackRecord)>& on_record,
-                std::vector<std::string>* streams_read) {
+                std::vector<std::string>* streams_read, const PartitionFilter& wanted = {}) {
   const auto deadline = Clock::now() + timeout;
   const auto consumer = MakeConsumer(target, "read_committed", client_id);
   rd_kafka_t* rk = consumer->rk;
@@ -162,6 +166,7 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
     for (const auto& topic : topics) {
       const int partitions = PartitionCount(rk, topic, deadline);
       for (int p = 0; p < partitions; ++p) {
+        if (wanted && !wanted(topic, p, partitions)) continue;
         // offsets_for_times takes the timestamp in the offset field.
         rd_kafka_topic_partition_list_add(assignment, topic.c_str(), p)->offset =
             from_start ? RD_KAFKA_OFFSET_BEGINNING : since_ms;
@@ -287,20 +292,40 @@ ReadBackResult ReadBackKafka(const Destination& d, const ReadBackOptions& option
 
 namespace kafka_detail {
 
-std::set<std::string> FindRecorded(const KafkaTarget& target,
-                                   const std::vector<std::string>& topics,
-                                   std::chrono::system_clock::time_point since,
-                                   const std::set<std::string>& idempotency_keys,
-                                   std::chrono::milliseconds timeout) {
-  std::set<std::string> found;
-  if (idempotency_keys.empty() || topics.empty()) return found;
+RecordedFound FindRecorded(const KafkaTarget& target, const KeysByTopic& topics,
+                           std::chrono::system_clock::time_point since,
+                           const std::set<std::string>& idempotency_keys,
+                           std::chrono::milliseconds timeout) {
+  RecordedFound out;
+  if (idempotency_keys.empty() || topics.empty()) return out;
+  // With the relay's partitioner (murmur2_random, the Java client's hashing) a keyed record is
+  // in the partition its key hashes to: a topic whose records all have keys is read there only.
+  const auto partitioner = target.producer.find("partitioner");
+  const bool murmur2 = partitioner == target.producer.end() ||
+                       partitioner->second == "murmur2_random" || partitioner->second == "murmur2";
+  const PartitionFilter wanted = [&](const std::string& topic, int partition, int count) {
+    const auto& keys = topics.at(topic);
+    if (!murmur2) return true;
+    for (const auto& key : keys) {
+      if (!key) return true;  // a record without a key may be in any partition
+      if (rd_kafka_msg_partitioner_murmur2(nullptr, key->data(), key->size(), count, nullptr,
+                                           nullptr) == partition) {
+        return true;
+      }
+    }
+    return false;
+  };
+  std::vector<std::string> names;
+  for (const auto& [topic, keys] : topics) names.push_back(topic);
   ReadTopics(
-      target, topics, since, timeout, /*to_high_watermark=*/true, "outbox-relay-recovery",
+      target, names, since, timeout, /*to_high_watermark=*/true, "outbox-relay-recovery",
       [&](ReadBackRecord r) {
-        if (idempotency_keys.count(r.idempotency_key)) found.insert(std::move(r.idempotency_key));
+        if (idempotency_keys.count(r.idempotency_key)) {
+          out.found.insert(std::move(r.idempotency_key));
+        }
       },
-      nullptr);
-  return found;
+      &out.partitions_read, wanted);
+  return out;
 }
 
 }  // namespace kafka_detail

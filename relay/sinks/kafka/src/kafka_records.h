@@ -5,7 +5,9 @@
 #include <librdkafka/rdkafka.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -41,14 +43,23 @@ rd_kafka_error_t* ProduceRecord(rd_kafka_t* rk, const Message& msg, const KafkaT
                                 rd_kafka_headers_t* headers, void* opaque,
                                 const std::string& topic);
 
-/// Which of `idempotency_keys` a read_committed consumer finds in `topics` (every partition,
-/// records from `since` on, each to the high watermark it had when the read began): the
-/// exactly-once sink's check before producing a message that may have been produced already.
-/// Throws std::runtime_error naming what failed (a broker, a timeout).
-std::set<std::string> FindRecorded(const KafkaTarget& target,
-                                   const std::vector<std::string>& topics,
-                                   std::chrono::system_clock::time_point since,
-                                   const std::set<std::string>& idempotency_keys,
-                                   std::chrono::milliseconds timeout);
+/// The record keys (null: the record has none) of the messages looked for, by topic.
+using KeysByTopic = std::map<std::string, std::vector<std::optional<std::string>>>;
+
+struct RecordedFound {
+  std::set<std::string> found;               ///< The idempotency keys found.
+  std::vector<std::string> partitions_read;  ///< "<topic>/<partition>"
+};
+
+/// Which of `idempotency_keys` a read_committed consumer finds in the topics of `topics`
+/// (records from `since` on, each partition to the high watermark it had when the read began):
+/// the exactly-once sink's check before producing a message that may have been produced
+/// already. With the relay's partitioner (murmur2_random, unless `producer.partitioner` says
+/// otherwise) a topic whose records all have keys is read only in the partitions the keys
+/// hash to. Throws std::runtime_error naming what failed (a broker, a timeout).
+RecordedFound FindRecorded(const KafkaTarget& target, const KeysByTopic& topics,
+                           std::chrono::system_clock::time_point since,
+                           const std::set<std::string>& idempotency_keys,
+                           std::chrono::milliseconds timeout);
 
 }  // namespace outbox::relay::kafka_detail

@@ -184,7 +184,8 @@ class TransactionalKafkaSink final : public Sink {
     return {{"transactions_committed", committed_.load()},
             {"transactions_failed", failed_.load()},
             {"recovered", recovered_.load()},
-            {"producers_created", created_.load()}};
+            {"producers_created", created_.load()},
+            {"recovery_partitions_read", partitions_read_.load()}};
   }
 
  private:
@@ -349,22 +350,27 @@ class TransactionalKafkaSink final : public Sink {
 
   void Recover(std::map<int, std::vector<Item*>>& by_bucket) {
     std::set<std::string> keys;
-    std::set<std::string> topics;
+    kafka_detail::KeysByTopic topics;
     auto since = std::chrono::system_clock::time_point::max();
     for (auto& [bucket, items] : by_bucket) {
       for (Item* item : items) {
         if (item->msg.attempts == 0) continue;
         keys.insert(item->msg.idempotency_key);
-        topics.insert(item->topic);
+        const std::string* record_key = kafka_detail::RecordKey(item->msg, target_);
+        topics[item->topic].push_back(record_key ? std::optional<std::string>(*record_key)
+                                                 : std::nullopt);
         since = std::min(since, item->msg.created_at - kClockSlack);
       }
     }
     if (keys.empty()) return;
     std::set<std::string> found;
+    std::size_t partitions = 0;
     std::string error;
     try {
-      found = kafka_detail::FindRecorded(target_, {topics.begin(), topics.end()}, since, keys,
-                                         target_.attempt_timeout);
+      auto read = kafka_detail::FindRecorded(target_, topics, since, keys, target_.attempt_timeout);
+      found = std::move(read.found);
+      partitions = read.partitions_read.size();
+      partitions_read_ += static_cast<std::int64_t>(partitions);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -397,8 +403,8 @@ class TransactionalKafkaSink final : public Sink {
       spdlog::info(
           "kafka destination \"{}\": exactly-once recovery: {} of {} message(s) claimed again "
           "were already in Kafka (committed, settle lost) and complete without producing them "
-          "again",
-          destination_, recovered, keys.size());
+          "again ({} partition(s) read)",
+          destination_, recovered, keys.size(), partitions);
     }
   }
 
@@ -569,7 +575,8 @@ class TransactionalKafkaSink final : public Sink {
   std::map<int, std::unique_ptr<BucketProducer>> producers_;  // the worker's
   std::atomic<std::size_t> in_flight_{0};
   // EventCounts().
-  std::atomic<std::int64_t> committed_{0}, failed_{0}, recovered_{0}, created_{0};
+  std::atomic<std::int64_t> committed_{0}, failed_{0}, recovered_{0}, created_{0},
+      partitions_read_{0};
   std::atomic<bool> ready_{false};
   std::thread worker_;
   std::mutex shutdown_mu_;
