@@ -457,10 +457,9 @@ TEST(ParseConfig, ExactlyOnceKafkaNeedsPartitionedClaims) {
   const auto& k = config.destinations.at("orders").target.Get<KafkaTarget>();
   EXPECT_TRUE(k.exactly_once);
   EXPECT_EQ(k.transactional_id_prefix, "billing");
-  const auto& plain =
-      ParseConfig(WithKafka("      brokers: k:9092\n      topic: orders\n"), "cfg.yaml", kNoEnv)
-          .destinations.at("orders")
-          .target.Get<KafkaTarget>();
+  const RelayConfig plain_config =
+      ParseConfig(WithKafka("      brokers: k:9092\n      topic: orders\n"), "cfg.yaml", kNoEnv);
+  const auto& plain = plain_config.destinations.at("orders").target.Get<KafkaTarget>();
   EXPECT_FALSE(plain.exactly_once) << "at least once by default";
   EXPECT_EQ(plain.transactional_id_prefix, "outbox-relay");
 
