@@ -1,6 +1,8 @@
 // What both Kafka sinks share (kafka_records.h).
 #include "kafka_records.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <map>
 #include <stdexcept>
@@ -77,6 +79,25 @@ ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
     }
   }
   return conf;
+}
+
+Outcome ShutdownOutcome(MessageId id) {
+  Outcome out;
+  out.id = id;
+  out.kind = OutcomeKind::kRetry;
+  out.reason = "shutdown";
+  out.reason_class = Reason::kShutdown;
+  return out;
+}
+
+void RunCompletion(const std::string& destination, Sink::Completion& done, Outcome out) {
+  try {
+    if (done) done(std::move(out));
+  } catch (const std::exception& e) {
+    spdlog::error("kafka destination \"{}\": completion threw: {}", destination, e.what());
+  } catch (...) {
+    spdlog::error("kafka destination \"{}\": completion threw", destination);
+  }
 }
 
 rd_kafka_headers_t* BuildHeaders(const Message& msg, const KafkaTarget& target) {

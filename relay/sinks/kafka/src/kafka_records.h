@@ -14,6 +14,7 @@
 
 #include "outbox_relay/kafka_target.h"
 #include "outbox_relay/message.h"
+#include "outbox_relay/sink.h"
 
 namespace outbox::relay::kafka_detail {
 
@@ -30,6 +31,12 @@ using ConfPtr = std::unique_ptr<rd_kafka_conf_t, ConfDeleter>;
 /// destination and the property.
 ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
                      const std::string* transactional_id);
+
+/// kRetry "shutdown": a message the sink gave back unsent when it stopped (not counted).
+Outcome ShutdownOutcome(MessageId id);
+
+/// Runs a sink's completion, logging (never passing on) what it throws.
+void RunCompletion(const std::string& destination, Sink::Completion& done, Outcome out);
 
 /// The record's headers (kafka_sink.h); the caller owns the list.
 rd_kafka_headers_t* BuildHeaders(const Message& msg, const KafkaTarget& target);

@@ -41,17 +41,9 @@ bool IsPurge(rd_kafka_resp_err_t err) {
   return err == RD_KAFKA_RESP_ERR__PURGE_QUEUE || err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT;
 }
 
-Outcome ShutdownOutcome(MessageId id) {
-  Outcome out;
-  out.id = id;
-  out.kind = OutcomeKind::kRetry;
-  out.reason = "shutdown";
-  out.reason_class = Reason::kShutdown;
-  return out;
-}
-
 using kafka_detail::ConfDeleter;
 using kafka_detail::ProducerConf;
+using kafka_detail::ShutdownOutcome;
 
 }  // namespace
 
@@ -128,13 +120,7 @@ struct KafkaSink::Impl {
   // --- completions ---------------------------------------------------------------------
 
   void Finish(Completion& done, Outcome out) {
-    try {
-      if (done) done(std::move(out));
-    } catch (const std::exception& e) {
-      spdlog::error("kafka destination \"{}\": completion threw: {}", destination, e.what());
-    } catch (...) {
-      spdlog::error("kafka destination \"{}\": completion threw", destination);
-    }
+    kafka_detail::RunCompletion(destination, done, std::move(out));
     in_flight.fetch_sub(1);
   }
 

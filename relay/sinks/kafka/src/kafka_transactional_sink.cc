@@ -65,7 +65,6 @@ struct Item {
   std::string topic;
   Sink::Completion done;
   // Filled during the cycle.
-  bool produced = false;
   rd_kafka_resp_err_t report = RD_KAFKA_RESP_ERR_NO_ERROR;  // its delivery report
   bool reported = false;
 };
@@ -94,8 +93,7 @@ Outcome Make(MessageId id, OutcomeKind kind, std::string reason = {},
 }
 
 std::string ErrorText(rd_kafka_error_t* error) {
-  std::string text = std::string(rd_kafka_error_name(error)) + ": " + rd_kafka_error_string(error);
-  return text;
+  return std::string(rd_kafka_error_name(error)) + ": " + rd_kafka_error_string(error);
 }
 
 class TransactionalKafkaSink final : public Sink {
@@ -138,7 +136,7 @@ class TransactionalKafkaSink final : public Sink {
         return;
       }
     }
-    Finish(done, ShutdownOutcome(msg.id));
+    Finish(done, kafka_detail::ShutdownOutcome(msg.id));
   }
 
   void Shutdown(milliseconds deadline) override {
@@ -160,7 +158,7 @@ class TransactionalKafkaSink final : public Sink {
       std::lock_guard lk(mu_);
       left.swap(queue_);
     }
-    for (auto& item : left) Finish(item.done, ShutdownOutcome(item.msg.id));
+    for (auto& item : left) Finish(item.done, kafka_detail::ShutdownOutcome(item.msg.id));
     producers_.clear();
     ready_.store(false);
     shut_down_ = true;
@@ -189,18 +187,8 @@ class TransactionalKafkaSink final : public Sink {
   }
 
  private:
-  static Outcome ShutdownOutcome(MessageId id) {
-    return Make(id, OutcomeKind::kRetry, "shutdown", Reason::kShutdown);
-  }
-
   void Finish(Completion& done, Outcome out) {
-    try {
-      if (done) done(std::move(out));
-    } catch (const std::exception& e) {
-      spdlog::error("kafka destination \"{}\": completion threw: {}", destination_, e.what());
-    } catch (...) {
-      spdlog::error("kafka destination \"{}\": completion threw", destination_);
-    }
+    kafka_detail::RunCompletion(destination_, done, std::move(out));
     in_flight_.fetch_sub(1);
   }
 
@@ -428,7 +416,6 @@ class TransactionalKafkaSink final : public Sink {
       rd_kafka_error_t* error =
           kafka_detail::ProduceRecord(p->rk, item->msg, target_, headers, item, item->topic);
       if (error == nullptr) {
-        item->produced = true;
         produced.push_back(item);
         continue;
       }
