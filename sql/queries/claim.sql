@@ -6,8 +6,15 @@
 WITH fresh AS (
   SELECT m.id, m.destination, m.ordering_key, m.deliver_after
   FROM outbox.messages m
-  WHERE m.destination = $1 AND m.id > $2 AND NOT m.parked AND m.lease_owner IS NULL
-  ORDER BY m.id
+  -- destination = $1 AND id > $2, written as a range over messages_fresh_idx's columns: a
+  -- plan that does not know the destination (a generic plan) then has no way to walk the
+  -- primary key from the cursor and filter on destination instead, which for a quiet
+  -- destination beside a busy one meant reading the busy one's whole backlog per claim
+  -- (tests/store/claim_plan_pgtest.cc). With `destination = $1` the planner treats the
+  -- destination as a constant, and the primary key's id order then satisfies the ORDER BY.
+  WHERE (m.destination, m.id) > ($1, $2) AND m.destination <= $1
+    AND NOT m.parked AND m.lease_owner IS NULL
+  ORDER BY m.destination, m.id
   LIMIT $3
   FOR UPDATE SKIP LOCKED
 ), slow AS (

@@ -1,5 +1,6 @@
 #include "outbox_relay/store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
@@ -242,6 +243,11 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
         std::chrono::microseconds(row["created_us"].as<std::int64_t>()));
     out.messages.push_back(std::move(m));
   }
+  // The statement returns them unordered; the dispatcher hands them out by id.
+  std::sort(out.messages.begin(), out.messages.end(),
+            [](const Message& a, const Message& b) { return Raw(a.id) < Raw(b.id); });
+  std::sort(out.fresh_lane.begin(), out.fresh_lane.end(),
+            [](MessageId a, MessageId b) { return Raw(a) < Raw(b); });
   return out;
 }
 
@@ -307,7 +313,18 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
     SettleCounts counts;
     if (settlements.empty()) return counts;
     nlohmann::json arr = nlohmann::json::array();
+    // Plain deliveries go as two arrays ($3, $4), the rest as JSON objects ($1).
+    std::string delivered_ids = "{", delivered_tokens = "{";
     for (const auto& s : settlements) {
+      if (s.kind == Settlement::Kind::kDelivered) {
+        if (delivered_ids.size() > 1) {
+          delivered_ids += ',';
+          delivered_tokens += ',';
+        }
+        delivered_ids += std::to_string(Raw(s.id));
+        delivered_tokens += s.lease_token;  // a uuid: no quoting needed
+        continue;
+      }
       nlohmann::json one = {{"id", Raw(s.id)},
                             {"token", s.lease_token},
                             {"outcome", KindName(s.kind)},
@@ -329,7 +346,8 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
     }
     auto& c = impl_->Get();
     pqxx::nontransaction tx(c);
-    const auto row = tx.exec_prepared1("settle", arr.dump(), archive);
+    const auto row = tx.exec_prepared1("settle", arr.dump(), archive, delivered_ids + "}",
+                                       delivered_tokens + "}");
     counts.delivered = row["delivered"].as<std::int64_t>();
     counts.dead = row["dead"].as<std::int64_t>();
     counts.retried = row["retried"].as<std::int64_t>();
@@ -339,8 +357,12 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
     counts.gone = row["gone"].as<std::int64_t>();
     counts.spawned = row["spawned"].as<std::int64_t>();
     counts.endpoint_dead = row["endpoint_dead"].as<std::int64_t>();
-    for (const auto& id : nlohmann::json::parse(row["written"].c_str())) {
-      counts.written.push_back(MessageId{id.get<std::int64_t>()});
+    if (row["written"].is_null()) {  // every outcome was written
+      counts.written.reserve(settlements.size());
+      for (const auto& s : settlements) counts.written.push_back(s.id);
+    } else {
+      const auto written = nlohmann::json::parse(row["written"].c_str());
+      for (const auto& id : written) counts.written.push_back(MessageId{id.get<std::int64_t>()});
     }
     counts.fenced = static_cast<std::int64_t>(settlements.size()) - counts.delivered - counts.dead -
                     counts.retried - counts.released - counts.gone;
