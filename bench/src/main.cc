@@ -56,6 +56,10 @@ int main(int argc, char** argv) {
                "Allow --database-url to have queued messages (they are deleted)");
   app.add_option("--pg-bin", opt.pg_bin, "PostgreSQL 15 binaries for the throwaway cluster")
       ->capture_default_str();
+  app.add_flag("--statement-stats", opt.statement_stats,
+               "Load pg_stat_statements in the throwaway cluster and report, per Kafka drain, "
+               "each relay statement's execution and planning time per message "
+               "(details.statements)");
   app.add_option("--pg-setting", opt.pg_settings,
                  "Extra server setting name=value for the throwaway cluster (repeatable)");
   std::string trace_claims;
@@ -133,6 +137,10 @@ int main(int argc, char** argv) {
       PgServer::Options pg_options;
       pg_options.bin_dir = opt.pg_bin;
       pg_options.settings = opt.pg_settings;
+      if (opt.statement_stats) {
+        pg_options.settings.push_back("shared_preload_libraries=pg_stat_statements");
+        pg_options.settings.push_back("pg_stat_statements.track_planning=on");
+      }
       pg = PgServer::StartThrowaway(pg_options);
     } else {
       pg = PgServer::UseExisting(opt.database_url, opt.wipe);

@@ -209,6 +209,63 @@ json TableStats(const std::string& url) {
           {"hot_ratio", upd > 0 ? static_cast<double>(hot) / static_cast<double>(upd) : 0.0}};
 }
 
+// --statement-stats: forget what pg_stat_statements holds, so that what it reports next is
+// the measured interval alone. False where the extension cannot be had (not preloaded, not a
+// superuser): the scenario then reports no statements.
+bool ResetStatementStats(const std::string& url) {
+  try {
+    pqxx::connection c(url);
+    pqxx::nontransaction tx(c);
+    tx.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    tx.exec("SELECT pg_stat_statements_reset()");
+    return true;
+  } catch (const std::exception& e) {
+    Say(std::string("--statement-stats: pg_stat_statements unavailable: ") + e.what());
+    return false;
+  }
+}
+
+// Postgres time of this database's statements since ResetStatementStats, grouped by the name
+// in the relay statement's first line ("-- claim: ...", "-- settle: ..."; anything else is
+// "other"), per delivered message: execution and planning, in microseconds.
+json StatementStats(const std::string& url, std::int64_t delivered) {
+  pqxx::connection c(url);
+  pqxx::nontransaction tx(c);
+  const auto rows = tx.exec(
+      "SELECT query, calls, plans, rows, total_exec_time, total_plan_time "
+      "FROM pg_stat_statements "
+      "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())");
+  struct Sum {
+    std::int64_t calls = 0, plans = 0, rows = 0;
+    double exec_ms = 0, plan_ms = 0;
+  };
+  std::map<std::string, Sum> by_name;
+  for (const auto& row : rows) {
+    const std::string q = row[0].as<std::string>();
+    std::string name = "other";
+    if (q.rfind("-- ", 0) == 0) {
+      const auto colon = q.find(':');
+      if (colon != std::string::npos && colon < 40) name = q.substr(3, colon - 3);
+    }
+    auto& sum = by_name[name];
+    sum.calls += row[1].as<std::int64_t>();
+    sum.plans += row[2].as<std::int64_t>();
+    sum.rows += row[3].as<std::int64_t>();
+    sum.exec_ms += row[4].as<double>();
+    sum.plan_ms += row[5].as<double>();
+  }
+  json out = json::object();
+  const double n = static_cast<double>(std::max<std::int64_t>(delivered, 1));
+  for (const auto& [name, sum] : by_name) {
+    out[name] = {{"calls", sum.calls},
+                 {"plans", sum.plans},
+                 {"rows", sum.rows},
+                 {"exec_us_per_msg", sum.exec_ms * 1000.0 / n},
+                 {"plan_us_per_msg", sum.plan_ms * 1000.0 / n}};
+  }
+  return out;
+}
+
 std::function<std::int64_t()> Delivered(const Relay& relay) {
   return [&relay] { return relay.delivered(); };
 }
@@ -597,6 +654,7 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   }
   const std::string topic = NewTopic(v.name);
 
+  const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
   Relay relay(url, KafkaDestination(bootstraps_, topic, v.exactly_once), v.relays, Mode(v));
   Observation obs;
   Say(v.name + ": relay draining");
@@ -609,6 +667,7 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   relay.Stop();
   r.details["dispatcher"] = relay.StatsJson();
   r.details["queue_table"] = TableStats(url);
+  if (statement_stats) r.details["statements"] = StatementStats(url, delivered);
   FillCommon(r, obs, delivered);
   FillDelivery(r,
                json::parse(Kafka().Call("FINISH " + std::to_string(delivered) + " 120 - 0", 180)));

@@ -46,6 +46,16 @@ void Walk(const json& node, Touched& t, int depth = 0) {
   }
 }
 
+// claim_partitioned's $8 and $9: the owned buckets and their epochs as array literals.
+std::pair<std::string, std::string> BucketsAndEpochs(const std::vector<BucketLease>& owned) {
+  std::string buckets = "{", epochs = "{";
+  for (std::size_t i = 0; i < owned.size(); ++i) {
+    buckets += (i ? "," : "") + std::to_string(owned[i].bucket);
+    epochs += (i ? "," : "") + std::to_string(owned[i].epoch);
+  }
+  return {buckets + "}", epochs + "}"};
+}
+
 class ClaimPlanTest : public testing::PgTest {
  protected:
   // The table as autoanalyze last saw it: empty. Then a burst it has not analyzed since
@@ -118,13 +128,7 @@ TEST_F(ClaimPlanTest, PartitionedClaimReadsTheBatchNotTheBacklogWhenStatisticsSa
   const int per_bucket = (kBatch + 63) / 64;
   ASSERT_GT(store.ClaimPartitioned("d", 0, per_bucket, kBatch / 2, 30s, me, owned).messages.size(),
             0u);
-  std::string buckets = "{", epochs = "{";
-  for (std::size_t i = 0; i < owned.size(); ++i) {
-    buckets += (i ? "," : "") + std::to_string(owned[i].bucket);
-    epochs += (i ? "," : "") + std::to_string(owned[i].epoch);
-  }
-  buckets += "}";
-  epochs += "}";
+  const auto [buckets, epochs] = BucketsAndEpochs(owned);
   for (const char* mode : {"force_generic_plan", "force_custom_plan", "auto"}) {
     const auto t = Explain(store,
                            "EXECUTE claim_partitioned('d', 0, " + std::to_string(per_bucket) +
@@ -156,13 +160,7 @@ TEST_F(ClaimPlanTest, GenericPlanOfARareDestinationReadsItsBatchNotTheBusyOnesBa
   const std::string me = NewUuid();
   const auto owned = store.Coordinate(me, 10s, false, "claim_plan_pgtest");
   ASSERT_EQ(owned.size(), 64u);
-  std::string buckets = "{", epochs = "{";
-  for (std::size_t i = 0; i < owned.size(); ++i) {
-    buckets += (i ? "," : "") + std::to_string(owned[i].bucket);
-    epochs += (i ? "," : "") + std::to_string(owned[i].epoch);
-  }
-  buckets += "}";
-  epochs += "}";
+  const auto [buckets, epochs] = BucketsAndEpochs(owned);
   // Prepare both statements on the Store's connection, as the relay does.
   ASSERT_EQ(store.Claim("rare", 0, kBatch, 0, 30s).messages.size(), std::size_t{kBatch});
   ASSERT_GT(store.ClaimPartitioned("rare", 0, 4, 0, 30s, me, owned).messages.size(), 0u);
