@@ -28,7 +28,7 @@ WITH input AS (
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome IN ('delivered', 'fanout')
   RETURNING m.id, m.destination, m.ordering_key, m.idempotency_key, m.event_type, m.headers,
             m.payload, m.payload_bytes, m.attempts, m.created_at, m.endpoint_id, m.bucket,
-            i.children
+            i.children, i.token
 ), archived AS (
   INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key,
                                         event_type, headers, payload, payload_bytes,
@@ -73,7 +73,7 @@ WITH input AS (
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'dead'
   RETURNING m.id, m.destination, m.ordering_key, m.idempotency_key, m.event_type, m.headers,
             m.payload, m.payload_bytes, m.attempts, m.created_at, i.error, i.counted,
-            m.endpoint_id
+            m.endpoint_id, i.token
 ), buried AS (
   INSERT INTO outbox.dead_letters (id, destination, ordering_key, idempotency_key, event_type,
                                    headers, payload, payload_bytes, attempts, reason,
@@ -98,7 +98,7 @@ WITH input AS (
       last_error = i.error
   FROM input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'retry'
-  RETURNING m.id
+  RETURNING m.id, i.token
 ), released AS (
   UPDATE outbox.messages m
   -- Shutdown, or an endpoint that stopped sending for a while (delay_ms): handed back
@@ -107,7 +107,7 @@ WITH input AS (
       deliver_after = clock_timestamp() + make_interval(secs => coalesce(i.delay_ms, 0) / 1000.0)
   FROM input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'release'
-  RETURNING m.id
+  RETURNING m.id, i.token
 ), finished AS (
   SELECT f.destination, f.ordering_key, max(f.id) AS id
   FROM (SELECT id, destination, ordering_key FROM delivered
@@ -124,6 +124,22 @@ WITH input AS (
                   AND n.id > f.id)
     AND m.parked AND m.deliver_after = 'infinity'
   RETURNING m.id
+), settled_claims AS (
+  -- How many leases of each claim this write ended (a fenced outcome ends none).
+  SELECT t.token, count(*) AS n
+  FROM (SELECT token FROM delivered UNION ALL SELECT token FROM dead
+        UNION ALL SELECT token FROM retried UNION ALL SELECT token FROM released) t
+  GROUP BY t.token
+), claims_done AS (
+  -- The claim's lease record (migration 0011) goes with its last lease, so the reaper only
+  -- ever reads claims that a relay abandoned or stalled on ...
+  DELETE FROM outbox.leases l USING settled_claims c
+  WHERE l.token = c.token AND l.remaining <= c.n
+), claims_left AS (
+  -- ... and otherwise counts what is left (one of the two, never both, for a record).
+  UPDATE outbox.leases l SET remaining = l.remaining - c.n
+  FROM settled_claims c
+  WHERE l.token = c.token AND l.remaining > c.n
 ), matched AS (
   -- Every input matched its row (the usual case): `gone` and `written` need no second look.
   SELECT (SELECT count(*) FROM input) = (SELECT count(*) FROM delivered) +

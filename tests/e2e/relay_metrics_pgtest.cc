@@ -159,11 +159,15 @@ TEST_F(RelayMetricsTest, CountersCountWhatTheSettleWrote) {
         outbox::Publish(tx, outbox::Message::To("hooks").Json(R"({"kind": "orphan"})").Build());
     tx.exec0("UPDATE outbox.messages SET attempts = 5, parked = true WHERE id = " +
              std::to_string(exhausted));
-    // Leased by a relay that died a while ago: the reaper takes it back.
+    // Leased by a relay that died a while ago (its claim's lease record with it): the reaper
+    // takes it back.
     tx.exec0(
-        "UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = "
+        "WITH l AS (UPDATE outbox.messages SET lease_owner = gen_random_uuid(), lease_until = "
         "clock_timestamp() - interval '1 minute' WHERE id = " +
-        std::to_string(orphan));
+        std::to_string(orphan) +
+        " RETURNING id, lease_owner, lease_until) "
+        "INSERT INTO outbox.leases (token, lease_until, ids, remaining) "
+        "SELECT lease_owner, lease_until, ARRAY[id], 1 FROM l");
     tx.commit();
   }
   RelayMetrics metrics("test");

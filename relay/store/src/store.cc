@@ -62,6 +62,11 @@ const char* KindName(Settlement::Kind k) {
 
 }  // namespace
 
+// Every kFullReapEvery-th Reap() also scans the whole queue (every 5 minutes at the default
+// reap_interval of 5 s) for leases without a lease record: leases of a relay older than
+// migration 0011, still running while an upgrade rolls out.
+constexpr std::int64_t kFullReapEvery = 60;
+
 struct Store::Impl {
   std::string url;
   std::unique_ptr<pqxx::connection> conn;
@@ -70,6 +75,7 @@ struct Store::Impl {
   std::atomic<int> rebalances{0};
   bool listening = false;
   bool claim_session = false;  // claim_session.sql applied on this connection
+  std::int64_t reaps = 0;      // Reap() calls: every kFullReapEvery-th scans the whole queue
   std::string last_claim_token;
 
   pqxx::connection& Get() {
@@ -81,6 +87,7 @@ struct Store::Impl {
       conn->prepare("claim_partitioned", std::string(q::kclaim_partitioned));
       conn->prepare("settle", std::string(q::ksettle));
       conn->prepare("reap", std::string(q::kreap));
+      conn->prepare("reap_full", std::string(q::kreap_full));
       conn->prepare("release_lost_claims", std::string(q::krelease_lost_claims));
       conn->prepare("renew_leases", std::string(q::krenew_leases));
       conn->prepare("wake_orphans", std::string(q::kwake_orphans));
@@ -403,6 +410,10 @@ std::vector<std::string> Store::Reap() {
     pqxx::nontransaction tx(c);
     std::vector<std::string> out;
     for (const auto& row : tx.exec_prepared("reap")) out.push_back(row[0].as<std::string>());
+    // The safety net: a scan of the whole queue for leases without a record (reap_full.sql).
+    if (++impl_->reaps % kFullReapEvery == 0) {
+      for (const auto& row : tx.exec_prepared("reap_full")) out.push_back(row[0].as<std::string>());
+    }
     return out;
   });
 }

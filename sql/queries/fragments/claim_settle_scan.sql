@@ -39,6 +39,14 @@ timed AS MATERIALIZED (
   FROM classified c
   WHERE m.id = c.id AND NOT c.ready
   RETURNING m.id, CASE WHEN c.due THEN m.ordering_key END AS blocked_key
+), recorded AS (
+  -- The record the reaper finds these leases by (migration 0011), ending no earlier than any
+  -- of them: clock_timestamp() has moved on since `leased` read it.
+  INSERT INTO outbox.leases (token, lease_until, ids, remaining)
+  SELECT $5::uuid, clock_timestamp() + make_interval(secs => $6::bigint / 1000.0), array_agg(id),
+         count(*)
+  FROM leased
+  HAVING count(*) > 0
 ), facts AS (
   -- The highest id handed out, read under the sequence's buffer lock. Not `SELECT last_value
   -- FROM outbox.messages_id_seq`: a heap scan reads the tuple after releasing that lock, and

@@ -1,0 +1,11 @@
+-- reap_full: reap.sql without the lease records: a sequential scan of the queue for expired
+-- leases, whatever took them. The safety net behind reap.sql (leases taken by a relay older
+-- than migration 0011, still running through an upgrade); the store runs it on every 60th
+-- reap. Counts as a failed attempt, like reap.sql.
+-- Returns the destination of every row returned.
+UPDATE outbox.messages
+SET lease_owner = NULL, lease_until = NULL, parked = true, attempts = attempts + 1,
+    deliver_after = clock_timestamp(),
+    last_error = 'lease expired: the relay that held it stopped or stalled'
+WHERE lease_until < clock_timestamp()
+RETURNING destination
