@@ -238,5 +238,27 @@ TEST_F(ClaimPlanTest, ReaperReadsTheExpiredLeasesNotTheBacklog) {
             kBatch);
 }
 
+// Handing back a claim whose reply was lost (a database restart mid-claim) finds its rows
+// through the claim's lease record too, not with a scan of the queue.
+TEST_F(ClaimPlanTest, HandingBackALostClaimReadsItsRowsNotTheBacklog) {
+  QueueBurstAfterEmptyAnalyze();
+  Store store(db_url_);
+  ASSERT_EQ(store.ReleaseLostClaims({NewUuid()}), 0);  // prepared, as in a relay
+  const auto lost = store.Claim("d", 0, kBatch, 0, 30s);
+  ASSERT_EQ(lost.messages.size(), std::size_t{kBatch});
+  const auto t =
+      Explain(store, "EXECUTE release_lost_claims('{" + lost.lease_token + "}')", "auto");
+  EXPECT_LE(t.max_rows_examined, 10 * kBatch) << "walked the backlog\n" << t.plan;
+  EXPECT_LE(t.buffers, 25 * kBatch) << "buffers far beyond the claim\n" << t.plan;
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction tx(c);
+  EXPECT_EQ(
+      tx.exec1("SELECT count(*) FROM outbox.messages WHERE lease_owner IS NOT NULL")[0].as<int>(),
+      0)
+      << "the lost claim's rows were handed back";
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.leases")[0].as<int>(), 0)
+      << "with its lease record";
+}
+
 }  // namespace
 }  // namespace outbox::relay
