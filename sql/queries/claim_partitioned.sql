@@ -17,7 +17,12 @@ WITH owned AS (
   FROM owned CROSS JOIN LATERAL (
     SELECT m.id, m.destination, m.ordering_key, m.deliver_after, m.bucket
     FROM outbox.messages m
-    WHERE m.destination = $1 AND m.bucket = owned.bucket AND m.id > $2
+    -- id > $2 written as (bucket, id) > (owned.bucket, $2), the same with bucket fixed: a
+    -- bound messages_fresh_bucket_idx can start at, but the primary key cannot. With `id > $2`
+    -- the planner, seeing the primary key in heap order, walked it from the cursor and
+    -- filtered on the bucket when buckets were few: every bucket's scan read all buckets' rows
+    -- (tests/store/claim_plan_pgtest.cc).
+    WHERE m.destination = $1 AND m.bucket = owned.bucket AND (m.bucket, m.id) > (owned.bucket, $2)
       AND NOT m.parked AND m.lease_owner IS NULL
     ORDER BY m.id
     LIMIT $3

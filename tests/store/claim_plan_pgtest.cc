@@ -260,5 +260,38 @@ TEST_F(ClaimPlanTest, HandingBackALostClaimReadsItsRowsNotTheBacklog) {
       << "with its lease record";
 }
 
+// The partitioned claim walks each owned bucket's rows in messages_fresh_bucket_idx. With few
+// buckets the planner preferred the primary key from the cursor, filtered on the bucket, with
+// true statistics and no burst at all: each bucket's scan read other buckets' rows until it
+// found its own, and a bucket with nothing queued (here bucket 7) read the whole backlog, in
+// every claim.
+TEST_F(ClaimPlanTest, PartitionedClaimReadsOnlyItsBucketsRows) {
+  {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    tx.exec("SELECT outbox.set_bucket_count(8)");
+    tx.exec(
+        "INSERT INTO outbox.messages (destination, idempotency_key, payload, deliver_after, "
+        "created_at, bucket) SELECT 'd', gen_random_uuid(), jsonb_build_object('n', g), now(), "
+        "now(), g % 7 FROM generate_series(1, 100000) g");
+    tx.exec("ANALYZE outbox.messages");
+  }
+  Store store(db_url_);
+  const std::string me = NewUuid();
+  const auto owned = store.Coordinate(me, 10s, false, "claim_plan_pgtest");
+  ASSERT_EQ(owned.size(), 8u);
+  const int per_bucket = kBatch / 8;
+  ASSERT_EQ(store.ClaimPartitioned("d", 0, per_bucket, 0, 30s, me, owned).messages.size(),
+            std::size_t{7 * per_bucket});
+  const auto [buckets, epochs] = BucketsAndEpochs(owned);
+  const auto t =
+      Explain(store,
+              "EXECUTE claim_partitioned('d', 0, " + std::to_string(per_bucket) + ", 0, '" +
+                  NewUuid() + "', 30000, '" + me + "', '" + buckets + "', '" + epochs + "')",
+              "auto");
+  EXPECT_LE(t.max_rows_examined, 2 * kBatch) << "a bucket's scan read other buckets' rows\n"
+                                             << t.plan;
+}
+
 }  // namespace
 }  // namespace outbox::relay
