@@ -58,8 +58,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--statement-stats", opt.statement_stats,
                "Load pg_stat_statements in the throwaway cluster and report, per Kafka drain, "
-               "each relay statement's execution and planning time per message "
-               "(details.statements)");
+               "open loop and sustained scenario, each statement's execution and planning time "
+               "per delivered message (details.statements)");
   app.add_option("--pg-setting", opt.pg_settings,
                  "Extra server setting name=value for the throwaway cluster (repeatable)");
   std::string trace_claims;

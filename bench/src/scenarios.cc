@@ -940,6 +940,7 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
   relay->Start();
   relay->WaitForFirstClaims();
   relay->WarmUp(url, kWarmUpMessages);
+  const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
 
   Observation obs;
   Say(name + ": producing");
@@ -958,6 +959,7 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
   const std::int64_t delivered = relay->delivered();
   relay->Stop();
   r.details["queue_table"] = TableStats(url);
+  if (statement_stats) r.details["statements"] = StatementStats(url, delivered);
   r.messages = inserted;
   r.details["producer"] = produced;
   r.details["dispatcher"] = relay->StatsJson();
@@ -1060,6 +1062,7 @@ ScenarioResult Bench::Sustained() {
   relay.WarmUp(url, kWarmUpMessages);
   pqxx::connection sampler(url);
   const std::int64_t ids_before = IdsHandedOut(sampler);
+  const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
 
   Observation obs;
   Say(r.name + ": producing for " + Fixed(opt_.sustained_seconds, 0) + " s");
@@ -1088,6 +1091,9 @@ ScenarioResult Bench::Sustained() {
       [&] { return IdsHandedOut(sampler) - ids_before; });
   const double catch_up_s = MonoSeconds() - drain_start;
   relay.Stop();
+  if (statement_stats) {
+    r.details["statements"] = StatementStats(url, relay.delivered());
+  }
   r.details["queue_table"] = TableStats(url);
   r.messages = inserted;
   r.details["producer"] = produced;

@@ -27,7 +27,7 @@ struct Options {
   std::string pg_bin = "/usr/lib/postgresql/15/bin";
   std::vector<std::string> pg_settings;
   /// Load pg_stat_statements and report each relay statement's Postgres time per message
-  /// (Kafka drains: details.statements).
+  /// (Kafka drains, open loop, sustained: details.statements).
   bool statement_stats = false;
   std::string out_dir;
   std::set<std::string> only;  ///< Scenario names to run; empty: all.
