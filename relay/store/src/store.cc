@@ -258,12 +258,19 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
   return out;
 }
 
+// Elements of a Postgres array literal: numbers, and strings that need no quoting (uuids).
+std::string ArrayElement(const std::string& s) { return s; }
+template <class N>
+std::string ArrayElement(N n) {
+  return std::to_string(n);
+}
+
 template <class T, class F>
 std::string ArrayLiteral(const std::vector<T>& v, F f) {
   std::string s = "{";
   for (std::size_t i = 0; i < v.size(); ++i) {
     if (i) s += ',';
-    s += std::to_string(f(v[i]));
+    s += ArrayElement(f(v[i]));
   }
   return s + "}";
 }
@@ -321,15 +328,10 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
     if (settlements.empty()) return counts;
     nlohmann::json arr = nlohmann::json::array();
     // Plain deliveries go as two arrays ($3, $4), the rest as JSON objects ($1).
-    std::string delivered_ids = "{", delivered_tokens = "{";
+    std::vector<const Settlement*> delivered;
     for (const auto& s : settlements) {
       if (s.kind == Settlement::Kind::kDelivered) {
-        if (delivered_ids.size() > 1) {
-          delivered_ids += ',';
-          delivered_tokens += ',';
-        }
-        delivered_ids += std::to_string(Raw(s.id));
-        delivered_tokens += s.lease_token;  // a uuid: no quoting needed
+        delivered.push_back(&s);
         continue;
       }
       nlohmann::json one = {{"id", Raw(s.id)},
@@ -353,8 +355,10 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
     }
     auto& c = impl_->Get();
     pqxx::nontransaction tx(c);
-    const auto row = tx.exec_prepared1("settle", arr.dump(), archive, delivered_ids + "}",
-                                       delivered_tokens + "}");
+    const auto row = tx.exec_prepared1(
+        "settle", arr.dump(), archive,
+        ArrayLiteral(delivered, [](const Settlement* d) { return Raw(d->id); }),
+        ArrayLiteral(delivered, [](const Settlement* d) { return d->lease_token; }));
     counts.delivered = row["delivered"].as<std::int64_t>();
     counts.dead = row["dead"].as<std::int64_t>();
     counts.retried = row["retried"].as<std::int64_t>();
@@ -395,11 +399,9 @@ const std::string& Store::last_claim_token() const { return impl_->last_claim_to
 std::int64_t Store::ReleaseLostClaims(const std::vector<std::string>& tokens) {
   return Translated([&]() -> std::int64_t {
     if (tokens.empty()) return 0;
-    std::string array = "{";
-    for (std::size_t i = 0; i < tokens.size(); ++i) array += (i ? "," : "") + tokens[i];
-    array += "}";
     auto& c = impl_->Get();
     pqxx::nontransaction tx(c);
+    const auto array = ArrayLiteral(tokens, [](const std::string& t) { return t; });
     return static_cast<std::int64_t>(tx.exec_prepared("release_lost_claims", array).size());
   });
 }
