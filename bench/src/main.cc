@@ -7,6 +7,7 @@
 // to stderr. The exit status is 0 when every scenario ran (missed targets are results, not
 // failures) and 1 when one could not run.
 #include <signal.h>
+#include <spdlog/cfg/env.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "--helper") == 0) return outbox::bench::RunHelper(argv[2]);
   ::signal(SIGPIPE, SIG_IGN);
   spdlog::set_level(spdlog::level::warn);
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug shows the relay's retries and reasons
   outbox::relay::SetEndpointDirectoryFactory(outbox::relay::MakePostgresEndpointDirectory);
 
   Options opt;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <random>
+#include <string_view>
 
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/retention.h"
@@ -35,7 +36,7 @@ class WakeReceiver final : public pqxx::notification_receiver {
 
 std::vector<std::pair<std::string, std::string>> ParseHeaders(const pqxx::field& f) {
   std::vector<std::pair<std::string, std::string>> out;
-  if (f.is_null()) return out;
+  if (f.is_null() || std::string_view(f.c_str()) == "{}") return out;  // most messages: none
   const auto j = nlohmann::json::parse(f.c_str());
   for (auto it = j.begin(); it != j.end(); ++it) {
     out.emplace_back(it.key(),
@@ -224,30 +225,38 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
   for (const auto& key : nlohmann::json::parse(first["blocked_keys"].c_str())) {
     out.facts.blocked_keys.push_back(key.get<std::string>());
   }
+  // Columns by number, looked up once: by name, each field costs a search of the column names.
+  const auto col = [&r](const char* name) { return r.column_number(name); };
+  const auto id = col("id"), ordering_key = col("ordering_key"),
+             idempotency_key = col("idempotency_key"), event_type = col("event_type"),
+             headers = col("headers"), payload = col("payload"),
+             payload_bytes = col("payload_bytes"), attempts = col("attempts"),
+             bucket = col("bucket"), endpoint_id = col("endpoint_id"), parked = col("parked"),
+             created_us = col("created_us");
   out.messages.reserve(r.size());
   for (const auto& row : r) {
-    if (row["id"].is_null()) continue;  // nothing leased: only the facts row
+    if (row[id].is_null()) continue;  // nothing leased: only the facts row
     Message m;
-    m.id = MessageId{row["id"].as<std::int64_t>()};
+    m.id = MessageId{row[id].as<std::int64_t>()};
     m.destination = destination;
-    if (!row["ordering_key"].is_null()) m.ordering_key = row["ordering_key"].as<std::string>();
-    m.idempotency_key = row["idempotency_key"].as<std::string>();
-    m.event_type = row["event_type"].as<std::string>();
-    m.headers = ParseHeaders(row["headers"]);
-    if (!row["payload"].is_null()) {
-      m.payload = row["payload"].as<std::string>();
+    if (!row[ordering_key].is_null()) m.ordering_key = row[ordering_key].as<std::string>();
+    m.idempotency_key = row[idempotency_key].as<std::string>();
+    m.event_type = row[event_type].as<std::string>();
+    m.headers = ParseHeaders(row[headers]);
+    if (!row[payload].is_null()) {
+      m.payload = row[payload].as<std::string>();
       m.payload_is_json = true;
     } else {
-      const pqxx::binarystring bytes(row["payload_bytes"]);
+      const pqxx::binarystring bytes(row[payload_bytes]);
       m.payload = bytes.str();
       m.payload_is_json = false;
     }
-    m.attempts = row["attempts"].as<int>();
-    m.bucket = row["bucket"].as<int>();
-    if (!row["endpoint_id"].is_null()) m.endpoint_id = row["endpoint_id"].as<std::string>();
-    if (!row["parked"].as<bool>()) out.fresh_lane.push_back(m.id);
+    m.attempts = row[attempts].as<int>();
+    m.bucket = row[bucket].as<int>();
+    if (!row[endpoint_id].is_null()) m.endpoint_id = row[endpoint_id].as<std::string>();
+    if (!row[parked].as<bool>()) out.fresh_lane.push_back(m.id);
     m.created_at = std::chrono::system_clock::time_point(
-        std::chrono::microseconds(row["created_us"].as<std::int64_t>()));
+        std::chrono::microseconds(row[created_us].as<std::int64_t>()));
     out.messages.push_back(std::move(m));
   }
   // The statement returns them unordered; the dispatcher hands them out by id.

@@ -1,7 +1,8 @@
 // Standard Webhooks signing: HMAC-SHA256 over "id.timestamp.body", base64, "v1," prefix.
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/params.h>
 
 #include <array>
 #include <memory>
@@ -34,20 +35,53 @@ std::string DecodeSecret(const std::string& whsec_secret) {
   }
 }
 
-std::string SignWithKey(const std::string& key, const std::string& msg_id,
-                        long long timestamp_seconds, const std::string& body) {
-  std::string content;
+namespace {
+
+using MacCtx = std::unique_ptr<EVP_MAC_CTX, decltype(&EVP_MAC_CTX_free)>;
+
+// An HMAC-SHA256 context keyed once: each signature duplicates it (copying the hashed key
+// pads) instead of fetching HMAC and SHA-256 from the provider and hashing the key again,
+// which is what the one-shot HMAC() does on every call (OpenSSL 3). Only ever read after
+// this: EVP_MAC_CTX_dup leaves its source as it is, so threads share it.
+std::shared_ptr<const EVP_MAC_CTX> KeyedHmac(const std::string& key) {
+  std::unique_ptr<EVP_MAC, decltype(&EVP_MAC_free)> mac(EVP_MAC_fetch(nullptr, "HMAC", nullptr),
+                                                        EVP_MAC_free);
+  if (!mac) throw std::runtime_error("HMAC is not available from OpenSSL");
+  MacCtx ctx(EVP_MAC_CTX_new(mac.get()), EVP_MAC_CTX_free);
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                               OSSL_PARAM_construct_end()};
+  if (!ctx || EVP_MAC_init(ctx.get(), reinterpret_cast<const unsigned char*>(key.data()),
+                           key.size(), params) != 1) {
+    throw std::runtime_error("HMAC-SHA256 key setup failed");
+  }
+  return std::shared_ptr<const EVP_MAC_CTX>(ctx.release(), EVP_MAC_CTX_free);
+}
+
+bool MacUpdate(EVP_MAC_CTX* ctx, std::string_view bytes) {
+  return EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()) ==
+         1;
+}
+
+std::string SignHmac(const EVP_MAC_CTX& keyed, const std::string& msg_id,
+                     long long timestamp_seconds, const std::string& body) {
+  MacCtx ctx(EVP_MAC_CTX_dup(&keyed), EVP_MAC_CTX_free);
   const std::string ts = std::to_string(timestamp_seconds);
-  content.reserve(msg_id.size() + ts.size() + body.size() + 2);
-  content.append(msg_id).append(1, '.').append(ts).append(1, '.').append(body);
   std::array<unsigned char, EVP_MAX_MD_SIZE> mac{};
-  unsigned int mac_len = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-           reinterpret_cast<const unsigned char*>(content.data()), content.size(), mac.data(),
-           &mac_len) == nullptr) {
+  std::size_t mac_len = 0;
+  if (!ctx || !MacUpdate(ctx.get(), msg_id) || !MacUpdate(ctx.get(), ".") ||
+      !MacUpdate(ctx.get(), ts) || !MacUpdate(ctx.get(), ".") || !MacUpdate(ctx.get(), body) ||
+      EVP_MAC_final(ctx.get(), mac.data(), &mac_len, mac.size()) != 1) {
     throw std::runtime_error("HMAC-SHA256 failed");
   }
   return "v1," + Base64Encode(std::string_view(reinterpret_cast<const char*>(mac.data()), mac_len));
+}
+
+}  // namespace
+
+std::string SignWithKey(const std::string& key, const std::string& msg_id,
+                        long long timestamp_seconds, const std::string& body) {
+  return SignHmac(*KeyedHmac(key), msg_id, timestamp_seconds, body);
 }
 
 namespace {
@@ -82,7 +116,7 @@ std::shared_ptr<EVP_PKEY> Ed25519FromSeed(std::string_view seed) {
 SigningKey DecodeSigningKey(const std::string& secret) {
   SigningKey key;
   if (secret.rfind("whsk_", 0) != 0) {
-    key.hmac_key = DecodeSecret(secret);
+    key.hmac = KeyedHmac(DecodeSecret(secret));
     return key;
   }
   // whsk_: base64 of the 32-byte seed, or of seed + public key (64 bytes, libsodium's form).
@@ -99,7 +133,7 @@ SigningKey DecodeSigningKey(const std::string& secret) {
 
 std::string Sign(const SigningKey& key, const std::string& msg_id, long long timestamp_seconds,
                  const std::string& body) {
-  if (!key.ed25519) return SignWithKey(key.hmac_key, msg_id, timestamp_seconds, body);
+  if (!key.ed25519) return SignHmac(*key.hmac, msg_id, timestamp_seconds, body);
   std::string content;
   const std::string ts = std::to_string(timestamp_seconds);
   content.reserve(msg_id.size() + ts.size() + body.size() + 2);

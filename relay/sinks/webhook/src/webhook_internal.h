@@ -45,8 +45,8 @@ bool IsToken(std::string_view name);
 /// private key ("whsk_", "v1a," signatures, Standard Webhooks' asymmetric scheme).
 struct SigningKey {
   bool ed25519 = false;
-  std::string hmac_key;                   ///< whsec_: the decoded key
-  std::shared_ptr<EVP_PKEY> private_key;  ///< whsk_
+  std::shared_ptr<const EVP_MAC_CTX> hmac;  ///< whsec_: HMAC-SHA256 keyed with the decoded key
+  std::shared_ptr<EVP_PKEY> private_key;    ///< whsk_
 };
 /// Throws std::invalid_argument (without echoing the secret) for anything else.
 SigningKey DecodeSigningKey(const std::string& secret);
