@@ -1,5 +1,5 @@
 -- status_targets: each live relay's view of its targets' health (heartbeat within $1 seconds),
--- one row per relay and destination, for relays that report one (webhook destinations).
+-- one row per relay and destination, for relays that report one (webhook and Kafka destinations).
 --   $1 seconds after which a silent relay counts as gone
 SELECT t.key AS destination, h.instance_id::text AS instance_id, h.description,
        t.value AS health

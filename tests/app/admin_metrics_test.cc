@@ -189,6 +189,20 @@ TEST(MetricsRegistry, ConcurrentUpdatesAreExact) {
   EXPECT_DOUBLE_EQ(s.sum, kEach * 1.0 + kEach * 0.25);
 }
 
+TEST(RelayMetrics, AKafkaTargetsHealthMakesNoWebhookSeries) {
+  RelayMetrics m("test");
+  TargetHealth h;
+  h.kind = "kafka";
+  h.delivery = "exactly_once";
+  m.UpdateTargetHealth("orders", h);
+  const std::string text = m.Render();
+  EXPECT_EQ(text.find("outbox_webhook_breaker_state{destination=\"orders\"}"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("outbox_webhook_concurrency_limit{destination=\"orders\"}"),
+            std::string::npos)
+      << text;
+}
+
 TEST(RelayMetrics, TargetHealthSetsGaugesAndCountsOpeningsOnce) {
   RelayMetrics m("test");
   TargetHealth h;

@@ -163,9 +163,67 @@ TEST_F(StatusTest, EachLiveRelaysViewOfItsWebhookEndpointsShows) {
     if (d["destination"] != "hooks") continue;
     seen = true;
     ASSERT_EQ(d["targets"].size(), 2u);
+    EXPECT_EQ(d["targets"][0]["kind"], "webhook");
     EXPECT_EQ(d["targets"][0]["breaker"], "open");
     EXPECT_EQ(d["targets"][0]["probe_in_seconds"], 20.0);
     EXPECT_EQ(d["targets"][1]["paused_for_seconds"], 90.0);
+  }
+  EXPECT_TRUE(seen) << json.dump();
+}
+
+TEST_F(StatusTest, EachLiveRelaysKafkaDeliveryModeShowsAndADisagreementWarns) {
+  Store store(db_url_);
+  TargetHealth exactly;
+  exactly.kind = "kafka";
+  exactly.delivery = "exactly_once";
+  exactly.transactions_committed = 41;
+  exactly.transactions_failed = 2;
+  exactly.recovered = 7;
+  TargetHealth at_least;
+  at_least.kind = "kafka";
+  at_least.delivery = "at_least_once";
+  store.Heartbeat("00000000-0000-4000-8000-00000000000a", {"orders", "payments"}, "host-a pid 1",
+                  {{"orders", exactly}, {"payments", exactly}});
+  store.Heartbeat("00000000-0000-4000-8000-00000000000b", {"orders", "payments"}, "host-b pid 2",
+                  {{"orders", at_least}, {"payments", exactly}});
+
+  const auto s = Read(StatusOptions{{"orders", "payments"}});
+  const auto* orders = s.Find("orders");
+  ASSERT_NE(orders, nullptr);
+  ASSERT_EQ(orders->targets.size(), 2u);
+  EXPECT_EQ(orders->targets[0].health.kind, "kafka");
+  EXPECT_EQ(orders->targets[0].health.delivery, "exactly_once");
+  EXPECT_EQ(orders->targets[0].health.transactions_committed, 41);
+  EXPECT_EQ(orders->targets[0].health.transactions_failed, 2);
+  EXPECT_EQ(orders->targets[0].health.recovered, 7);
+  EXPECT_EQ(orders->targets[1].health.delivery, "at_least_once");
+
+  const auto table = RenderStatusTable(s);
+  EXPECT_NE(table.find("kafka orders (relay host-a pid 1): delivery exactly_once, 41 "
+                       "transaction(s) committed, 2 failed, 7 message(s) recovered"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("kafka orders (relay host-b pid 2): delivery at_least_once\n"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("WARNING: orders: relays deliver it differently (at_least_once on relay "
+                       "host-b pid 2, exactly_once on relay host-a pid 1)"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(table.find("WARNING: payments"), std::string::npos) << "both relays agree\n" << table;
+  EXPECT_EQ(table.find("breaker"), std::string::npos) << "no webhook fields for Kafka\n" << table;
+
+  const auto json = StatusToJson(s);
+  bool seen = false;
+  for (const auto& d : json["destinations"]) {
+    if (d["destination"] != "orders") continue;
+    seen = true;
+    ASSERT_EQ(d["targets"].size(), 2u);
+    EXPECT_EQ(d["targets"][0]["kind"], "kafka");
+    EXPECT_EQ(d["targets"][0]["delivery"], "exactly_once");
+    EXPECT_EQ(d["targets"][0]["recovered"], 7);
+    EXPECT_FALSE(d["targets"][0].contains("breaker"));
+    EXPECT_EQ(d["targets"][1]["delivery"], "at_least_once");
   }
   EXPECT_TRUE(seen) << json.dump();
 }

@@ -331,6 +331,8 @@ void RelayMetrics::UpdateSinkEvents(std::string_view destination,
 }
 
 void RelayMetrics::UpdateTargetHealth(std::string_view destination, const TargetHealth& h) {
+  // Kafka targets' counts are the sink's event counters (outbox_sink_events_total).
+  if (h.kind != "webhook") return;
   const auto l = L(destination);
   const double state = h.breaker == "open" ? 2 : h.breaker == "half_open" ? 1 : 0;
   webhook_breaker_state.Labels(l).Set(state);

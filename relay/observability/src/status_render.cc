@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace outbox::relay {
 namespace {
@@ -85,8 +88,29 @@ std::vector<std::string> StatusWarnings(const StatusSnapshot& s) {
                 "` lets them");
   }
   for (const auto& d : s.destinations) {
+    // Exactly once holds only while every relay of the destination produces transactionally:
+    // during a rolling change of kafka.delivery, one at least once beside one exactly once
+    // loses it (and the two fence nothing of each other).
+    std::map<std::string, std::vector<std::string>> by_delivery;
+    for (const auto& t : d.targets) {
+      if (t.health.kind == "kafka") by_delivery[t.health.delivery].push_back(t.relay);
+    }
+    if (by_delivery.size() > 1) {
+      std::string modes;
+      for (const auto& [delivery, relays] : by_delivery) {
+        for (const auto& relay : relays) {
+          modes += (modes.empty() ? "" : ", ") + delivery + " on relay " + relay;
+        }
+      }
+      w.push_back(d.destination + ": relays deliver it differently (" + modes +
+                  "): exactly once holds only when every relay of the destination has "
+                  "kafka.delivery: exactly_once; roll the change out to all of them");
+    }
+  }
+  for (const auto& d : s.destinations) {
     for (const auto& t : d.targets) {
       const auto& h = t.health;
+      if (h.kind != "webhook") continue;
       if (h.breaker == "open" || h.breaker == "half_open") {
         w.push_back(
             d.destination + ": circuit breaker " + (h.breaker == "open" ? "open" : "half-open") +
@@ -194,6 +218,16 @@ std::string RenderStatusTable(const StatusSnapshot& s) {
   for (const auto& d : s.destinations) {
     for (const auto& t : d.targets) {
       const auto& h = t.health;
+      if (h.kind == "kafka") {
+        out += "kafka " + d.destination + " (relay " + t.relay + "): delivery " + h.delivery;
+        if (h.delivery == "exactly_once") {
+          out += ", " + std::to_string(h.transactions_committed) + " transaction(s) committed, " +
+                 std::to_string(h.transactions_failed) + " failed, " + std::to_string(h.recovered) +
+                 " message(s) recovered";
+        }
+        out += "\n";
+        continue;
+      }
       out += "endpoint " + d.destination + " (relay " + t.relay + "): breaker " + h.breaker +
              ", concurrency " + std::to_string(h.concurrency_limit) + "/" +
              std::to_string(h.max_concurrency) + ", opened " + std::to_string(h.times_opened) +
@@ -210,8 +244,19 @@ nlohmann::json TargetsToJson(const std::vector<RelayTargetHealth>& targets) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& t : targets) {
     const auto& h = t.health;
+    if (h.kind == "kafka") {
+      out.push_back({{"instance_id", t.instance_id},
+                     {"relay", t.relay},
+                     {"kind", h.kind},
+                     {"delivery", h.delivery},
+                     {"transactions_committed", h.transactions_committed},
+                     {"transactions_failed", h.transactions_failed},
+                     {"recovered", h.recovered}});
+      continue;
+    }
     out.push_back({{"instance_id", t.instance_id},
                    {"relay", t.relay},
+                   {"kind", h.kind},
                    {"breaker", h.breaker},
                    {"consecutive_failures", h.consecutive_failures},
                    {"concurrency_limit", h.concurrency_limit},

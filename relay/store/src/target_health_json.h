@@ -8,7 +8,15 @@
 namespace outbox::relay {
 
 inline nlohmann::json TargetHealthToJson(const TargetHealth& h) {
-  return {{"breaker", h.breaker},
+  if (h.kind == "kafka") {
+    return {{"kind", h.kind},
+            {"delivery", h.delivery},
+            {"transactions_committed", h.transactions_committed},
+            {"transactions_failed", h.transactions_failed},
+            {"recovered", h.recovered}};
+  }
+  return {{"kind", h.kind},
+          {"breaker", h.breaker},
           {"consecutive_failures", h.consecutive_failures},
           {"concurrency_limit", h.concurrency_limit},
           {"max_concurrency", h.max_concurrency},
@@ -27,6 +35,11 @@ inline nlohmann::json TargetHealthToJson(const TargetHealth& h) {
 inline TargetHealth TargetHealthFromJson(const nlohmann::json& j) {
   TargetHealth h;
   if (!j.is_object()) return h;
+  h.kind = j.value("kind", h.kind);
+  h.delivery = j.value("delivery", h.delivery);
+  h.transactions_committed = j.value("transactions_committed", std::int64_t{0});
+  h.transactions_failed = j.value("transactions_failed", std::int64_t{0});
+  h.recovered = j.value("recovered", std::int64_t{0});
   h.breaker = j.value("breaker", h.breaker);
   h.consecutive_failures = j.value("consecutive_failures", 0);
   h.concurrency_limit = j.value("concurrency_limit", 0);

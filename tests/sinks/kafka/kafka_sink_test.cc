@@ -127,6 +127,10 @@ TEST_F(KafkaSinkTest, DeliversKeyValueAndHeadersExactlyOnce) {
   for (const Outcome& out : rec.outcomes()) {
     EXPECT_EQ(out.kind, OutcomeKind::kDelivered) << Raw(out.id) << ": " << out.reason;
   }
+  const auto health = sink->Health();  // what `outbox-relay status` shows for this relay
+  ASSERT_TRUE(health.has_value());
+  EXPECT_EQ(health->kind, "kafka");
+  EXPECT_EQ(health->delivery, "at_least_once");
   const auto calls = rec.calls();
   ASSERT_EQ(calls.size(), static_cast<std::size_t>(kCount));
   for (const auto& [id, n] : calls) EXPECT_EQ(n, 1) << "completion count of " << id;

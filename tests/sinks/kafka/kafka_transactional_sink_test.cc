@@ -132,6 +132,13 @@ TEST_F(TransactionalSinkTest, EachBucketsMessagesCommitInATransactionOfItsOwn) {
   EXPECT_GE(events.at("transactions_committed"), 3);
   EXPECT_EQ(events.at("transactions_failed"), 0);
   EXPECT_EQ(events.at("recovered"), 0);
+  // What `outbox-relay status` shows for this relay (carried in its heartbeat).
+  const auto health = sink->Health();
+  ASSERT_TRUE(health.has_value());
+  EXPECT_EQ(health->kind, "kafka");
+  EXPECT_EQ(health->delivery, "exactly_once");
+  EXPECT_EQ(health->transactions_committed, events.at("transactions_committed"));
+  EXPECT_EQ(health->transactions_failed, 0);
   const auto by_id = RecordsById(60);
   EXPECT_EQ(by_id.size(), 60u);
   for (const auto& [id, n] : by_id) EXPECT_EQ(n, 1) << "records of " << id;

@@ -10,6 +10,17 @@ namespace outbox::relay {
 
 /// A target's health as its sink sees it (Sink::Health).
 struct TargetHealth {
+  /// "webhook": the breaker, concurrency and service fields apply. "kafka": `delivery` and
+  /// the transaction counts do. (Heartbeats of relays older than this field are webhooks'.)
+  std::string kind = "webhook";
+  /// Kafka: the destination's `kafka.delivery` as this relay runs it, "at_least_once" or
+  /// "exactly_once". Every relay of a destination must agree for exactly once to hold.
+  std::string delivery;
+  /// Kafka, exactly once, since the relay started: transactions committed and failed, and
+  /// messages claimed again that recovery found already in Kafka.
+  std::int64_t transactions_committed = 0;
+  std::int64_t transactions_failed = 0;
+  std::int64_t recovered = 0;
   std::string breaker = "closed";  ///< "closed", "open" or "half_open" (a probe is due or out).
   int consecutive_failures = 0;
   int concurrency_limit = 0;  ///< Concurrent requests allowed now (adaptive concurrency)...

@@ -442,6 +442,13 @@ std::string KafkaSink::WhyNotReady() const {
 
 std::size_t KafkaSink::InFlight() const { return impl_->in_flight.load(); }
 
+std::optional<TargetHealth> KafkaSink::Health() const {
+  TargetHealth h;
+  h.kind = "kafka";
+  h.delivery = "at_least_once";
+  return h;
+}
+
 std::size_t KafkaSink::QueueLength() const {
   std::shared_lock lock(impl_->producer_mu);
   if (!impl_->producer) return 0;

@@ -173,6 +173,15 @@ class TransactionalKafkaSink final : public Sink {
   }
   std::size_t InFlight() const override { return in_flight_.load(); }
   std::string_view Kind() const override { return "kafka"; }
+  std::optional<TargetHealth> Health() const override {
+    TargetHealth h;
+    h.kind = "kafka";
+    h.delivery = "exactly_once";
+    h.transactions_committed = committed_.load();
+    h.transactions_failed = failed_.load();
+    h.recovered = recovered_.load();
+    return h;
+  }
   /// Room for the claims that arrive while a cycle commits: the next cycle takes them all, and
   /// a transaction's cost is mostly per transaction, not per message.
   std::size_t MaxInFlight(int claim_batch) const override {

@@ -93,6 +93,8 @@ class KafkaSink final : public Sink {
   std::string WhyNotReady() const override;
   std::size_t InFlight() const override;
   std::string_view Kind() const override { return "kafka"; }
+  /// Kind "kafka", delivery "at_least_once" (`outbox-relay status` shows it per relay).
+  std::optional<TargetHealth> Health() const override;
   std::optional<std::size_t> ClientQueueLength() const override { return QueueLength(); }
 
   /// Messages and requests librdkafka still holds (rd_kafka_outq_len), for metrics.
