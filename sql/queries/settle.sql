@@ -5,7 +5,10 @@
 --                       "counted": whether this outcome ends an attempt (dead),
 --                       "children" (fanout): what the message's endpoints did not take, each
 --                         {"endpoint", "outcome": retry|dead|release, "delay_ms", "error",
---                          "attempts": attempts it already had}}
+--                          "attempts": attempts it already had},
+--                       "absent_as_of_us" (retry, release; optional): the message is known not
+--                         to be in its sink as of this time, microseconds since the epoch
+--                         (migration 0012)}
 --       A fanout message leaves the queue like a delivered one; each child becomes a row of
 --       its endpoint (migration 0008), or a dead letter of its endpoint.
 --   $2 boolean: also copy delivered messages to outbox.delivered_archive
@@ -19,9 +22,9 @@
 WITH input AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb)
     AS x(id bigint, token uuid, outcome text, delay_ms bigint, error text, counted boolean,
-         children jsonb)
+         children jsonb, absent_as_of_us bigint)
   UNION ALL
-  SELECT d.id, d.token, 'delivered', NULL, NULL, NULL, NULL
+  SELECT d.id, d.token, 'delivered', NULL, NULL, NULL, NULL, NULL
   FROM unnest($3::bigint[], $4::uuid[]) AS d(id, token)
 ), delivered AS (
   DELETE FROM outbox.messages m USING input i
@@ -95,7 +98,8 @@ WITH input AS (
   UPDATE outbox.messages m
   SET lease_owner = NULL, lease_until = NULL, parked = true, attempts = m.attempts + 1,
       deliver_after = clock_timestamp() + make_interval(secs => i.delay_ms / 1000.0),
-      last_error = i.error
+      last_error = i.error,
+      absent_as_of = coalesce(to_timestamp(i.absent_as_of_us / 1000000.0), m.absent_as_of)
   FROM input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'retry'
   RETURNING m.id, i.token
@@ -104,7 +108,8 @@ WITH input AS (
   -- Shutdown, or an endpoint that stopped sending for a while (delay_ms): handed back
   -- undelivered; no attempt is counted.
   SET lease_owner = NULL, lease_until = NULL, parked = true,
-      deliver_after = clock_timestamp() + make_interval(secs => coalesce(i.delay_ms, 0) / 1000.0)
+      deliver_after = clock_timestamp() + make_interval(secs => coalesce(i.delay_ms, 0) / 1000.0),
+      absent_as_of = coalesce(to_timestamp(i.absent_as_of_us / 1000000.0), m.absent_as_of)
   FROM input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'release'
   RETURNING m.id, i.token

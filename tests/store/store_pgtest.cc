@@ -217,6 +217,46 @@ TEST_F(StoreTest, ASettleWrittenTwiceReportsItsMessagesGoneNotFenced) {
   EXPECT_EQ(again.fenced, 1) << "the retried one is back in the queue, no longer ours";
 }
 
+// Exactly once's "known absent from Kafka as of" (migration 0012): written by a retry or a
+// release that says so, kept by one that does not, returned by every later claim.
+TEST_F(StoreTest, ALastKnownAbsentTimeIsKeptUntilALaterOneReplacesIt) {
+  using std::chrono::system_clock;
+  Enqueue({outbox::Message::To("d").Json("1").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_FALSE(r.messages[0].absent_as_of.has_value()) << "not known for a new message";
+
+  const auto first = system_clock::time_point(std::chrono::microseconds(1'790'000'000'123'456));
+  auto retry = Settle(r.messages[0], r.lease_token, Settlement::Kind::kRetry, 0ms, "aborted");
+  retry.absent_as_of = first;
+  ASSERT_EQ(store.Settle({retry}).retried, 1);
+  r = store.Claim("d", Raw(r.messages[0].id), 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 1u);
+  ASSERT_TRUE(r.messages[0].absent_as_of.has_value());
+  EXPECT_EQ(*r.messages[0].absent_as_of, first);
+
+  // A retry whose end is unknown says nothing: the earlier time stays.
+  ASSERT_EQ(store
+                .Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kRetry, 0ms,
+                                "commit timed out")})
+                .retried,
+            1);
+  r = store.Claim("d", Raw(r.messages[0].id), 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 1u);
+  ASSERT_TRUE(r.messages[0].absent_as_of.has_value());
+  EXPECT_EQ(*r.messages[0].absent_as_of, first);
+
+  const auto later = first + 90min;
+  auto release = Settle(r.messages[0], r.lease_token, Settlement::Kind::kRelease);
+  release.absent_as_of = later;
+  ASSERT_EQ(store.Settle({release}).released, 1);
+  r = store.Claim("d", Raw(r.messages[0].id), 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 1u);
+  ASSERT_TRUE(r.messages[0].absent_as_of.has_value());
+  EXPECT_EQ(*r.messages[0].absent_as_of, later);
+}
+
 TEST_F(StoreTest, ReaperReturnsExpiredLeasesAndTheOldOwnerCannotSettle) {
   auto ids = Enqueue({outbox::Message::To("d").Json("1").Key("k").Build()});
   Store store(db_url_);

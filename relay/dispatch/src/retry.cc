@@ -92,6 +92,7 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
     case OutcomeKind::kReturned:  // never sent: hand it back, count nothing
       s.kind = Settlement::Kind::kRelease;
       if (outcome.retry_after) s.delay = *outcome.retry_after;
+      s.absent_as_of = outcome.absent_as_of;
       return s;
     case OutcomeKind::kFannedOut:
       s.kind = Settlement::Kind::kFanOut;
@@ -103,6 +104,7 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
     case OutcomeKind::kRetry:
       break;
   }
+  s.absent_as_of = outcome.absent_as_of;
   if (shutting_down && !outcome.maybe_sent) {
     s.kind = Settlement::Kind::kRelease;
     return s;

@@ -232,7 +232,7 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
              headers = col("headers"), payload = col("payload"),
              payload_bytes = col("payload_bytes"), attempts = col("attempts"),
              bucket = col("bucket"), endpoint_id = col("endpoint_id"), parked = col("parked"),
-             created_us = col("created_us");
+             created_us = col("created_us"), absent_as_of_us = col("absent_as_of_us");
   out.messages.reserve(r.size());
   for (const auto& row : r) {
     if (row[id].is_null()) continue;  // nothing leased: only the facts row
@@ -257,6 +257,10 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
     if (!row[parked].as<bool>()) out.fresh_lane.push_back(m.id);
     m.created_at = std::chrono::system_clock::time_point(
         std::chrono::microseconds(row[created_us].as<std::int64_t>()));
+    if (!row[absent_as_of_us].is_null()) {
+      m.absent_as_of = std::chrono::system_clock::time_point(
+          std::chrono::microseconds(row[absent_as_of_us].as<std::int64_t>()));
+    }
     out.messages.push_back(std::move(m));
   }
   // The statement returns them unordered; the dispatcher hands them out by id.
@@ -349,6 +353,11 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
                             {"delay_ms", s.delay.count()},
                             {"error", s.error},
                             {"counted", s.counts_attempt}};
+      if (s.absent_as_of) {
+        one["absent_as_of_us"] = std::chrono::duration_cast<std::chrono::microseconds>(
+                                     s.absent_as_of->time_since_epoch())
+                                     .count();
+      }
       if (s.kind == Settlement::Kind::kFanOut) {
         nlohmann::json children = nlohmann::json::array();
         for (const auto& c : s.children) {

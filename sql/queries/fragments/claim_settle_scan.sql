@@ -29,7 +29,8 @@ timed AS MATERIALIZED (
   WHERE m.id = r.id AND r.ready
   RETURNING m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,
             m.payload_bytes, m.attempts, m.parked, m.endpoint_id, m.bucket,
-            (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us
+            (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us,
+            (extract(epoch FROM m.absent_as_of) * 1000000)::bigint AS absent_as_of_us
 ), held AS (
   -- Not ready: park it. A row that is due but blocked behind its key waits at 'infinity'
   -- until settling the earlier message wakes it (settle.sql).
@@ -66,6 +67,7 @@ timed AS MATERIALIZED (
 )
 SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.held, f.blocked_keys,
        l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
-       l.payload_bytes, l.attempts, l.parked, l.endpoint_id, l.bucket, l.created_us
+       l.payload_bytes, l.attempts, l.parked, l.endpoint_id, l.bucket, l.created_us,
+       l.absent_as_of_us
 FROM facts f LEFT JOIN leased l ON true
 -- In no particular order: the store sorts the batch by id (cheaper there than here).

@@ -207,6 +207,34 @@ TEST_F(TransactionalSinkTest, RecoveryReadsOnlyThePartitionsOfTheMessagesKeys) {
   for (const auto& [id, n] : by_id) EXPECT_EQ(n, 1) << "message " << id;
 }
 
+// A recovery reads from when the message was last known absent (an earlier attempt that
+// checked and aborted), not from its creation: records older than that are not read. Here
+// the message's copies in the topic predate that time (known absent "later" than they were
+// written: in the mock's clock, a time ahead of now), so the recovery does not see them and
+// produces it again; from the creation time, it would find them (the test above).
+TEST_F(TransactionalSinkTest, RecoveryReadsFromWhenTheMessageWasLastKnownAbsent) {
+  {
+    auto first = MakeKafkaSink("orders", Target());
+    std::vector<Message> committed;
+    for (int i = 1; i <= 5; ++i) committed.push_back(MakeMessage(i, 0));
+    for (const auto& [id, outs] : Deliver(*first, committed))
+      ASSERT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id;
+  }
+  auto second = MakeKafkaSink("orders", Target());
+  std::vector<Message> again;
+  for (int i = 1; i <= 5; ++i) {
+    Message m = MakeMessage(i, 0, 1);
+    m.absent_as_of = std::chrono::system_clock::now() + 1h;
+    again.push_back(std::move(m));
+  }
+  for (const auto& [id, outs] : Deliver(*second, again))
+    EXPECT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id << ": " << outs[0].reason;
+  EXPECT_EQ(second->EventCounts().at("recovered"), 0) << "nothing read before the bound";
+  const auto by_id = RecordsById(10);
+  ASSERT_EQ(by_id.size(), 5u);
+  for (const auto& [id, n] : by_id) EXPECT_EQ(n, 2) << "message " << id;
+}
+
 // The commit fails (the broker says another producer of the transactional id fenced this
 // one): the messages are retries that may have been sent, counted even at shutdown; the next
 // attempt, with a new producer, finds what reached the topic and sends the rest once.
@@ -224,6 +252,7 @@ TEST_F(TransactionalSinkTest, ATransactionThatDidNotCommitIsRetriedWithoutDuplic
     EXPECT_EQ(outs[0].kind, OutcomeKind::kRetry) << id;
     EXPECT_TRUE(outs[0].maybe_sent) << id;
     EXPECT_NE(outs[0].reason.find("did not commit"), std::string::npos) << outs[0].reason;
+    EXPECT_FALSE(outs[0].absent_as_of.has_value()) << id << ": the commit's end is unknown";
   }
   for (auto& m : batch) m.attempts = 1;
   for (const auto& [id, outs] : Deliver(*sink, batch)) {
@@ -245,10 +274,16 @@ TEST_F(TransactionalSinkTest, AFencedProducersRecordsAreRetriedByANewProducer) {
   cluster_->PushRequestErrors(RD_KAFKAP_Produce, {RD_KAFKA_RESP_ERR_PRODUCER_FENCED});
   std::vector<Message> batch;
   for (int i = 2; i <= 6; ++i) batch.push_back(MakeMessage(i, 0));
+  const auto before = std::chrono::system_clock::now();
   for (const auto& [id, outs] : Deliver(*sink, batch)) {
     ASSERT_EQ(outs.size(), 1u);
     EXPECT_EQ(outs[0].kind, OutcomeKind::kRetry) << id;
     EXPECT_TRUE(outs[0].maybe_sent) << id;
+    // Aborted, and a first attempt: as of the abort, it is not in Kafka (for read_committed),
+    // and the next recovery need not look further back (migration 0012).
+    EXPECT_NE(outs[0].reason.find("(aborted)"), std::string::npos) << outs[0].reason;
+    ASSERT_TRUE(outs[0].absent_as_of.has_value()) << id;
+    EXPECT_GE(*outs[0].absent_as_of, before) << id;
   }
   EXPECT_EQ(sink->EventCounts().at("transactions_failed"), 1);
   for (auto& m : batch) m.attempts = 1;

@@ -27,6 +27,9 @@ struct Message {
   bool payload_is_json = true;
   int attempts = 0;  ///< Failed attempts before this one.
   std::chrono::system_clock::time_point created_at{};
+  /// Known not to be in the target as of this time (Outcome::absent_as_of, written by an
+  /// earlier attempt's settle); unset when not known.
+  std::optional<std::chrono::system_clock::time_point> absent_as_of = std::nullopt;
   /// The row's bucket (outbox.partitioning): the unit of ownership in claim_mode partitioned,
   /// and of fencing for Kafka's exactly-once delivery.
   int bucket = 0;

@@ -73,6 +73,11 @@ struct Outcome {
   /// retry is otherwise handed back uncounted, because a counted attempt is what tells the
   /// next delivery to check the target first (Kafka's exactly-once recovery).
   bool maybe_sent = false;
+  /// kRetry, kReturned: the message is known not to be in the target as of this time: an
+  /// exactly-once attempt that found it absent from its topic (or had no earlier attempt),
+  /// with every earlier producer of its bucket fenced, and then produced nothing or aborted.
+  /// The next recovery reads the topic from here instead of from the message's creation.
+  std::optional<std::chrono::system_clock::time_point> absent_as_of = std::nullopt;
 };
 
 /// Delivers messages of one destination. Implementations are thread-safe: Submit may be

@@ -56,9 +56,17 @@ constexpr milliseconds kLingerQuiet{5};      // ... and how long nothing may arr
 constexpr milliseconds kProbeInterval{500};  // metadata probe while not Ready
 constexpr milliseconds kProbeTimeout{250};
 constexpr milliseconds kIdleClose{60'000};  // a bucket producer unused this long is closed
-// Records are looked for from this long before the message was written: the record's
-// timestamp is the relay's clock, created_at the database's.
+// Records are looked for from this long before the message was written (or last known
+// absent): the record's timestamp is the clock of the relay that produced it, created_at the
+// database's, absent_as_of another relay's.
 constexpr std::chrono::minutes kClockSlack{5};
+
+// Where a recovery of `msg` reads from (before kClockSlack): since it was last known not to
+// be in Kafka (an attempt that checked and then aborted or produced nothing, migration 0012),
+// else since it was written.
+std::chrono::system_clock::time_point RecoverFrom(const Message& msg) {
+  return msg.absent_as_of ? std::max(*msg.absent_as_of, msg.created_at) : msg.created_at;
+}
 
 struct Item {
   Message msg;
@@ -67,7 +75,19 @@ struct Item {
   // Filled during the cycle.
   rd_kafka_resp_err_t report = RD_KAFKA_RESP_ERR_NO_ERROR;  // its delivery report
   bool reported = false;
+  // Known not to be in Kafka when this attempt began to produce: no earlier attempt, or
+  // recovery looked (after the fence) and did not find it. An attempt that then produces
+  // nothing, or aborts, reports the time as Outcome::absent_as_of.
+  bool absent = false;
 };
+
+// The retry of an item this attempt did not put in Kafka.
+Outcome NotProduced(const Item& item, Outcome out) {
+  if (item.absent && out.kind == OutcomeKind::kRetry) {
+    out.absent_as_of = std::chrono::system_clock::now();
+  }
+  return out;
+}
 
 struct BucketProducer {
   rd_kafka_t* rk = nullptr;
@@ -351,12 +371,15 @@ class TransactionalKafkaSink final : public Sink {
     auto since = std::chrono::system_clock::time_point::max();
     for (auto& [bucket, items] : by_bucket) {
       for (Item* item : items) {
-        if (item->msg.attempts == 0) continue;
+        if (item->msg.attempts == 0) {
+          item->absent = true;  // nothing of it can be in Kafka
+          continue;
+        }
         keys.insert(item->msg.idempotency_key);
         const std::string* record_key = kafka_detail::RecordKey(item->msg, target_);
         topics[item->topic].push_back(record_key ? std::optional<std::string>(*record_key)
                                                  : std::nullopt);
-        since = std::min(since, item->msg.created_at - kClockSlack);
+        since = std::min(since, RecoverFrom(item->msg) - kClockSlack);
       }
     }
     if (keys.empty()) return;
@@ -386,6 +409,7 @@ class TransactionalKafkaSink final : public Sink {
           ++recovered_;
           Finish(item->done, Make(item->msg.id, OutcomeKind::kDelivered));
         } else {
+          item->absent = true;
           keep.push_back(item);
         }
       }
@@ -414,7 +438,8 @@ class TransactionalKafkaSink final : public Sink {
       rd_kafka_error_destroy(error);
       p->fatal.store(true);  // replaced next time
       for (Item* item : items) {
-        Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry, why, Reason::kFatal));
+        Finish(item->done,
+               NotProduced(*item, Make(item->msg.id, OutcomeKind::kRetry, why, Reason::kFatal)));
       }
       return false;
     }
@@ -432,7 +457,7 @@ class TransactionalKafkaSink final : public Sink {
       const rd_kafka_resp_err_t code = rd_kafka_error_code(error);
       const bool retriable = rd_kafka_error_is_retriable(error) != 0;
       rd_kafka_error_destroy(error);
-      Finish(item->done, ClassifyDeliveryError(item->msg.id, code, retriable));
+      Finish(item->done, NotProduced(*item, ClassifyDeliveryError(item->msg.id, code, retriable)));
     }
     items.swap(produced);
     if (!items.empty()) return true;
@@ -476,6 +501,7 @@ class TransactionalKafkaSink final : public Sink {
     std::string why =
         "transaction of " + p->transactional_id + " did not commit: " + ErrorText(error);
     Reason reason = Reason::kBroker;
+    bool aborted = false;
     if (rd_kafka_error_txn_requires_abort(error)) {
       rd_kafka_error_destroy(error);
       if (rd_kafka_error_t* abort = rd_kafka_abort_transaction(p->rk, TimeoutMs())) {
@@ -483,6 +509,7 @@ class TransactionalKafkaSink final : public Sink {
         rd_kafka_error_destroy(abort);
       } else {
         why += " (aborted)";
+        aborted = true;
       }
     } else {
       // Fenced (another relay now owns the bucket), or the end is unknown.
@@ -505,8 +532,10 @@ class TransactionalKafkaSink final : public Sink {
         }
       }
       // May be in Kafka (the commit's end is unknown; an aborted transaction's records are
-      // still in the log): counted, so the next attempt checks the topic first.
-      Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry, why, reason, true));
+      // still in the log): counted, so the next attempt checks the topic first. After an
+      // abort, from now on: a read_committed reader sees nothing of this transaction.
+      Outcome out = Make(item->msg.id, OutcomeKind::kRetry, why, reason, true);
+      Finish(item->done, aborted ? NotProduced(*item, std::move(out)) : std::move(out));
     }
   }
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -58,6 +59,9 @@ struct Settlement {
   bool counts_attempt = true;   ///< kDead: false when no delivery was tried (exhausted, unknown).
   std::vector<Child> children;  ///< kFanOut.
   int delivered_to = 0;         ///< kFanOut: endpoints that took the message.
+  /// kRetry, kRelease: the message is known not to be in its target as of this time
+  /// (Outcome::absent_as_of); written to the row for the next exactly-once recovery.
+  std::optional<std::chrono::system_clock::time_point> absent_as_of = std::nullopt;
   // Not written; what the metrics need once the settle has written it.
   std::string destination;
   Reason reason_class = Reason::kNone;  ///< kRetry, kDead: why (reason.h), for the metrics.
