@@ -428,10 +428,13 @@ TEST_F(DispatcherTest, TheFullSweepFindsARowTheLaneHadPassedAndCountsIt) {
   for (int i = 0; i < 10; ++i) db_.Enqueue("orders", std::nullopt);
   Start(Config(), DeliverAll);
   ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == 10u; }));
-  // Polls go on with the cursor past id 10; a row with id 3 appears (its id was taken long
-  // before it committed). The lane never looks below its cursor again ...
+  // A few idle polls later the cursor stands past id 10 (it moves a claim behind what the
+  // claims saw); a row with id 3 appears (its id was taken long before it committed). The
+  // lane never looks below its cursor again ...
+  auto claims = db_.Calls("claim");
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 3; }));
   db_.EnqueueLate("orders", 3);
-  const auto claims = db_.Calls("claim");
+  claims = db_.Calls("claim");
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 5; }));
   EXPECT_EQ(db_.Queued(), 1u);
   EXPECT_EQ(dispatcher_->stats().sweep_found, 0);

@@ -1,6 +1,7 @@
 // The full sweep is the claim path's safety net, and it tells on the fresh lane: a message the
 // lane passed and only the sweep found is delivered, counted (DispatcherStats::sweep_found,
-// outbox_sweep_found_total) and logged, so a gap in the claim path shows in production.
+// outbox_sweep_found_total) and logged, so a gap in the claim path shows in production. And
+// the claim loop under live traffic: one claim per wake-up, no empty claim after each.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -77,6 +78,49 @@ TEST_F(SweepTest, AMessageTheFreshLanePassedIsFoundByTheSweepAndCounted) {
   ASSERT_TRUE(testing::WaitFor([&] { return relay.stats().delivered == 2; }, 30s))
       << "the sweep did not find the passed message";
   EXPECT_EQ(relay.stats().sweep_found, 1);
+  relay.Stop();
+}
+
+// Live traffic: a claim that got less than it asked for saw everything committed before it,
+// so the loop waits for the next message's NOTIFY instead of claiming again at once. It used
+// to follow almost every delivered message with an empty claim (measured at 1k msg/s: 2,751
+// empty of 9,303 claims). The poll interval is an hour, so a wake-up this wait missed would
+// leave a message undelivered and fail the test on its deadline.
+TEST_F(SweepTest, TrickledMessagesCostOneClaimEachWithoutAnEmptyOneAfterEach) {
+  testing::KafkaMockCluster kafka(1);
+  kafka.CreateTopic("orders", 1);
+  RelayConfig cfg;
+  cfg.database_url = db_url_;
+  cfg.full_sweep_interval = std::chrono::hours(1);
+  cfg.poll_interval = std::chrono::hours(1);
+  Destination d;
+  d.name = "orders";
+  KafkaTarget k;
+  k.brokers = kafka.bootstraps();
+  k.topic = "orders";
+  d.target = k;
+  cfg.destinations.emplace("orders", d);
+  std::map<std::string, SinkPtr> sinks;
+  sinks.emplace("orders", MakeKafkaSink("orders", k));
+  Dispatcher relay(cfg, std::move(sinks));
+  relay.Start();
+
+  pqxx::connection c(db_url_);
+  constexpr int kMessages = 12;
+  for (int i = 1; i <= kMessages; ++i) {
+    {
+      pqxx::work tx(c);
+      outbox::Publish(tx, outbox::Message::To("orders").Json(std::to_string(i)).Build());
+      tx.commit();
+    }
+    ASSERT_TRUE(testing::WaitFor([&] { return relay.stats().delivered == i; }, 30s))
+        << "message " << i << " waited for the poll interval";
+  }
+  const auto stats = relay.stats();
+  // The first claim at start finds nothing; a notification that arrives while its message
+  // is being claimed may cost one more.
+  EXPECT_LE(stats.empty_claims, 3) << stats.claims << " claims for " << kMessages << " messages";
+  EXPECT_LE(stats.claims, kMessages + 3);
   relay.Stop();
 }
 

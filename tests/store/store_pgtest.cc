@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <pqxx/pqxx>
 #include <thread>
 
@@ -215,6 +216,65 @@ TEST_F(StoreTest, ASettleWrittenTwiceReportsItsMessagesGoneNotFenced) {
   EXPECT_EQ(again.delivered, 0);
   EXPECT_EQ(again.gone, 1) << "the delivered one left the queue with the first write";
   EXPECT_EQ(again.fenced, 1) << "the retried one is back in the queue, no longer ours";
+}
+
+// Counts the notifications of one channel on a listening connection.
+class Counted final : public pqxx::notification_receiver {
+ public:
+  Counted(pqxx::connection_base& c, const std::string& channel)
+      : pqxx::notification_receiver(c, channel) {}
+  void operator()(const std::string&, int) override { ++n; }
+  int n = 0;
+};
+
+// Relays LISTEN on outbox_messages and claim when woken. Only an INSERT that inserted rows may
+// wake them (migration 0013): the settle statement holds an INSERT (the rows a fanned-out
+// message still owes) that inserts nothing almost always, and every settle used to wake every
+// relay into an empty claim; an enqueue that met only an idempotency-key conflict did too.
+TEST_F(StoreTest, OnlyAnInsertThatInsertedRowsWakesTheRelays) {
+  pqxx::connection listener(db_url_);
+  Counted wakes(listener, "outbox_messages");
+  Counted marker(listener, "store_test_marker");
+  pqxx::connection writer(db_url_);
+  // Notifications arrive in commit order: once the marker sent after `what` is in, every
+  // wake-up `what` caused is in too.
+  const auto wakes_from = [&](const std::function<void()>& what) {
+    const int before = wakes.n, marks = marker.n;
+    what();
+    pqxx::nontransaction(writer).exec0("NOTIFY store_test_marker");
+    while (marker.n == marks) {
+      if (listener.await_notification(10, 0) == 0) {
+        ADD_FAILURE() << "the marker did not arrive";
+        break;
+      }
+    }
+    return wakes.n - before;
+  };
+
+  const auto key = "00000000-0000-4000-8000-0000000000aa";
+  EXPECT_EQ(wakes_from(
+                [&] { Enqueue({outbox::Message::To("d").Json("1").IdempotencyKey(key).Build()}); }),
+            1)
+      << "a new message wakes the relays";
+  EXPECT_EQ(wakes_from([&] {
+              pqxx::nontransaction(writer).exec0(
+                  "INSERT INTO outbox.messages (destination, idempotency_key, payload, "
+                  "deliver_after, created_at) VALUES ('d', '" +
+                  std::string(key) + "', '2', now(), now()) ON CONFLICT DO NOTHING");
+            }),
+            0)
+      << "an insert that met only a conflict";
+  Store store(db_url_);
+  const auto r = store.Claim("d", 0, 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(wakes_from([&] {
+              ASSERT_EQ(
+                  store.Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kDelivered)})
+                      .delivered,
+                  1);
+            }),
+            0)
+      << "a settle that spawned nothing";
 }
 
 // Exactly once's "known absent from Kafka as of" (migration 0012): written by a retry or a

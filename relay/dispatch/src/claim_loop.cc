@@ -95,6 +95,12 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
         continue;
       }
     }
+    // Wake-ups from here on are about rows this claim may not see (their commit came after
+    // its snapshot); earlier ones it covers.
+    {
+      std::lock_guard lk(mu);
+      seen_gen = wake_gen;
+    }
     const auto claim_started = Now();
     try {
       if (partitioned) {
@@ -155,7 +161,15 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
         cursor.Reset();
       }
     }
-    if (claim.messages.empty() && claim.facts.held == 0) {
+    // Claim again at once only while a lane stopped at its limit (or parked rows behind keys
+    // may have moved): a claim that got less than it asked for saw everything committed
+    // before it, and what commits later wakes this loop (its NOTIFY, a woken key, the
+    // reaper). Claiming again anyway cost, under live traffic, an empty claim after almost
+    // every delivered message (measured at 1k msg/s: 2,751 empty of 9,303 claims).
+    const auto fresh_got = claim.fresh_lane.size();
+    const bool drained = !claim.facts.fresh_full_bound.has_value() &&
+                         claim.messages.size() - fresh_got < static_cast<std::size_t>(slow_limit);
+    if ((claim.messages.empty() || drained) && claim.facts.held == 0) {
       std::unique_lock lk(mu);
       wake_cv.wait_for(lk, recheck.empty() ? config.poll_interval : tuning::kBlockedKeyRecheckEvery,
                        [&] { return stopping.load() || wake_gen != seen_gen; });
