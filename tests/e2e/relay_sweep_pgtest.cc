@@ -19,26 +19,35 @@ namespace {
 
 using namespace std::chrono_literals;
 
-class SweepTest : public testing::PgTest {};
+class SweepTest : public testing::PgTest {
+ protected:
+  // A started relay of one Kafka destination, "orders", on a one-broker mock cluster.
+  std::unique_ptr<Dispatcher> StartRelay(Millis full_sweep_interval, Millis poll_interval) {
+    kafka_.CreateTopic("orders", 1);
+    RelayConfig cfg;
+    cfg.database_url = db_url_;
+    cfg.full_sweep_interval = full_sweep_interval;
+    cfg.poll_interval = poll_interval;
+    Destination d;
+    d.name = "orders";
+    KafkaTarget k;
+    k.brokers = kafka_.bootstraps();
+    k.topic = "orders";
+    d.target = k;
+    cfg.destinations.emplace("orders", d);
+    std::map<std::string, SinkPtr> sinks;
+    sinks.emplace("orders", MakeKafkaSink("orders", k));
+    auto relay = std::make_unique<Dispatcher>(cfg, std::move(sinks));
+    relay->Start();
+    return relay;
+  }
+
+  testing::KafkaMockCluster kafka_{1};
+};
 
 TEST_F(SweepTest, AMessageTheFreshLanePassedIsFoundByTheSweepAndCounted) {
-  testing::KafkaMockCluster kafka(1);
-  kafka.CreateTopic("orders", 1);
-  RelayConfig cfg;
-  cfg.database_url = db_url_;
-  cfg.full_sweep_interval = 3s;
-  cfg.poll_interval = 200ms;
-  Destination d;
-  d.name = "orders";
-  KafkaTarget k;
-  k.brokers = kafka.bootstraps();
-  k.topic = "orders";
-  d.target = k;
-  cfg.destinations.emplace("orders", d);
-  std::map<std::string, SinkPtr> sinks;
-  sinks.emplace("orders", MakeKafkaSink("orders", k));
-  Dispatcher relay(cfg, std::move(sinks));
-  relay.Start();
+  auto owned = StartRelay(3s, 200ms);
+  Dispatcher& relay = *owned;
 
   // A writer that bypasses outbox.enqueue: it takes an id but no xid, so nothing holds the
   // fresh lane's cursor back while it stays open. This is the one way to make the lane pass a
@@ -87,23 +96,8 @@ TEST_F(SweepTest, AMessageTheFreshLanePassedIsFoundByTheSweepAndCounted) {
 // empty of 9,303 claims). The poll interval is an hour, so a wake-up this wait missed would
 // leave a message undelivered and fail the test on its deadline.
 TEST_F(SweepTest, TrickledMessagesCostOneClaimEachWithoutAnEmptyOneAfterEach) {
-  testing::KafkaMockCluster kafka(1);
-  kafka.CreateTopic("orders", 1);
-  RelayConfig cfg;
-  cfg.database_url = db_url_;
-  cfg.full_sweep_interval = std::chrono::hours(1);
-  cfg.poll_interval = std::chrono::hours(1);
-  Destination d;
-  d.name = "orders";
-  KafkaTarget k;
-  k.brokers = kafka.bootstraps();
-  k.topic = "orders";
-  d.target = k;
-  cfg.destinations.emplace("orders", d);
-  std::map<std::string, SinkPtr> sinks;
-  sinks.emplace("orders", MakeKafkaSink("orders", k));
-  Dispatcher relay(cfg, std::move(sinks));
-  relay.Start();
+  auto owned = StartRelay(std::chrono::hours(1), std::chrono::hours(1));
+  Dispatcher& relay = *owned;
 
   pqxx::connection c(db_url_);
   constexpr int kMessages = 12;
