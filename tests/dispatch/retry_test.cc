@@ -75,6 +75,33 @@ TEST(Decide, MapsOutcomesToSettlements) {
   EXPECT_EQ(s.error, "transaction end unknown");
 }
 
+// Exactly once's "known absent as of" (migration 0012) travels from the outcome to the settle
+// of a retry, of a shutdown's hand-back and of a release; a retry without it carries none.
+TEST(Decide, ALastKnownAbsentTimeReachesTheSettle) {
+  const auto p = Policy();
+  const MessageId id{7};
+  const auto t = std::chrono::system_clock::time_point(std::chrono::seconds(1'790'000'000));
+  Outcome aborted = Out(OutcomeKind::kRetry, "transaction aborted");
+  aborted.maybe_sent = true;
+  aborted.absent_as_of = t;
+  auto s = Decide(id, 0, aborted, p, "tok", 0.5, false);
+  EXPECT_EQ(s.kind, Settlement::Kind::kRetry);
+  EXPECT_EQ(s.absent_as_of, t);
+
+  Outcome never_began = Out(OutcomeKind::kRetry, "begin_transaction failed");
+  never_began.absent_as_of = t;
+  s = Decide(id, 0, never_began, p, "tok", 0.5, true);
+  EXPECT_EQ(s.kind, Settlement::Kind::kRelease) << "at shutdown, not sent: handed back";
+  EXPECT_EQ(s.absent_as_of, t);
+
+  Outcome returned = Out(OutcomeKind::kReturned, "not sent");
+  returned.absent_as_of = t;
+  EXPECT_EQ(Decide(id, 0, returned, p, "tok", 0.5, false).absent_as_of, t);
+
+  EXPECT_FALSE(Decide(id, 0, Out(OutcomeKind::kRetry, "commit timed out"), p, "tok", 0.5, false)
+                   .absent_as_of.has_value());
+}
+
 TEST(Decide, EveryFailureCarriesATypedReason) {
   const auto p = Policy();
   const MessageId id{7};
