@@ -13,11 +13,10 @@
 //       from bench.created looked up by webhook-id = idempotency key, or ref_us when > 0).
 #include <httplib.h>
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -26,6 +25,7 @@
 
 #include "common.h"
 #include "helper.h"
+#include "outbox_relay/listen_backlog.h"
 #include "workload.h"
 
 namespace outbox::bench {
@@ -39,7 +39,9 @@ struct Arrival {
 class Receiver {
  public:
   explicit Receiver(int threads) {
-    server_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+    server_.new_task_queue = [threads] {
+      return new httplib::ThreadPool(static_cast<std::size_t>(threads));
+    };
     // Real receivers keep connections open for many requests (nginx: 1000); httplib's
     // default of 5 would make every client reconnect all the time.
     server_.set_keep_alive_max_count(1'000'000);
@@ -55,8 +57,12 @@ class Receiver {
       ++count_;
       res.set_content("ok", "text/plain");
     });
+    // The relay's workers (and the ceiling's clients) connect all at once: with httplib's
+    // backlog of 5 some handshakes were dropped and the first requests failed after ~1 s.
+    const relay::ListenBacklog backlog(server_);
     port_ = server_.bind_to_any_port("127.0.0.1");
     if (port_ <= 0) throw std::runtime_error("cannot bind 127.0.0.1");
+    if (!backlog.Raise()) throw std::runtime_error("cannot raise the listen backlog");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
 
@@ -96,12 +102,13 @@ class Receiver {
       }
       if (start > 0) latencies.push_back(a.at_us - start);
     }
-      nlohmann::json j;
+    nlohmann::json j;
     j["received"] = arrivals.size();
     j["distinct"] = distinct.size();
     j["duplicates"] = arrivals.size() - distinct.size();
     j["connections"] = connections;
-    j["latency_source"] = ref_us > 0 ? "deliver_after (burst instant)" : "created_at (exact, bench.created)";
+    j["latency_source"] =
+        ref_us > 0 ? "deliver_after (burst instant)" : "created_at (exact, bench.created)";
     j["latency"] = LatencySummary(std::move(latencies));
     return j;
   }

@@ -1,13 +1,21 @@
 // The admin HTTP server on a real loopback socket: /metrics, /healthz, /readyz.
 #include "outbox_relay/admin_server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "outbox_relay/listen_backlog.h"
 
 namespace outbox::relay {
 namespace {
@@ -178,6 +186,52 @@ TEST(AdminServer, ParsesListenAddresses) {
   RelayMetrics m("dev");
   AdminServer s("no-port", m, nullptr, nullptr);
   EXPECT_THROW(s.Start(), std::invalid_argument);
+}
+
+// Clients that connect to a bound server whose accept loop has not taken them in yet: how many
+// finish their handshake within `deadline` (the kernel queues at most backlog + 1).
+int ConnectedWhileNobodyAccepts(int port, int clients, std::chrono::milliseconds deadline) {
+  std::vector<int> fds;
+  for (int i = 0; i < clients; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));  // EINPROGRESS
+    fds.push_back(fd);
+  }
+  std::vector<bool> done(fds.size(), false);
+  int connected = 0;
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (connected < clients && std::chrono::steady_clock::now() < until) {
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (done[i]) continue;
+      pollfd p{fds[i], POLLOUT, 0};
+      if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT)) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        ::getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &len);
+        done[i] = true;
+        if (err == 0) ++connected;
+      }
+    }
+    ::usleep(10'000);
+  }
+  for (int fd : fds) ::close(fd);
+  return connected;
+}
+
+// The webhook workers of a relay connect all at once; cpp-httplib 0.11 as packaged listens with
+// a backlog of 5, so all but 6 of them would wait for a SYN retransmit or fail.
+TEST(ListenBacklog, ABoundServerQueuesEveryClientThatConnectsAtOnce) {
+  httplib::Server server;
+  ListenBacklog backlog(server);
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  ASSERT_TRUE(backlog.Raise(128));
+  // Nobody accepts: each client that completes its handshake waits in the kernel's queue.
+  EXPECT_EQ(ConnectedWhileNobodyAccepts(port, 32, std::chrono::seconds(10)), 32);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "outbox_relay/listen_backlog.h"
 #include "outbox_relay/webhook_sink.h"
 
 int main(int argc, char** argv) {
@@ -64,9 +65,15 @@ int main(int argc, char** argv) {
     sigwait(&blocked, &sig);
     server.stop();
   });
+  // A relay's webhook workers connect all at once: httplib's backlog of 5 would drop some.
+  const outbox::relay::ListenBacklog backlog(server);
+  if (!server.bind_to_port(address, port) || !backlog.Raise()) {
+    std::cerr << "error: cannot listen on " << address << ":" << port << "\n";
+    std::quick_exit(1);
+  }
   std::cout << "outbox-sample-receiver: listening on http://" << address << ":" << port
             << std::endl;
-  if (!server.listen(address, port)) {
+  if (!server.listen_after_bind()) {
     std::cerr << "error: cannot listen on " << address << ":" << port << "\n";
     std::quick_exit(1);
   }

@@ -16,6 +16,7 @@
 #include <thread>
 #include <utility>
 
+#include "outbox_relay/listen_backlog.h"
 #include "outbox_test/wait.h"
 
 namespace outbox::testing {
@@ -108,8 +109,11 @@ struct HttpReceiver::Impl {
     server->Delete(".*", handler);
     server->Options(".*", handler);
 
+    // The relay's workers connect all at once: httplib's backlog of 5 would drop handshakes.
+    const outbox::relay::ListenBacklog backlog(*server);
     port = server->bind_to_any_port("127.0.0.1");
     if (port <= 0) throw std::runtime_error("HttpReceiver: cannot bind 127.0.0.1:0");
+    if (!backlog.Raise()) throw std::runtime_error("HttpReceiver: cannot raise the listen backlog");
     httplib::Server* s = server.get();
     thread = std::thread([s] { s->listen_after_bind(); });
     if (!WaitFor([s] { return s->is_running(); }, std::chrono::seconds(10))) {
