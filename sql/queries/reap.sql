@@ -26,5 +26,10 @@ WITH expired AS (
 ), forgotten AS (
   DELETE FROM outbox.leases l USING expired e
   WHERE l.token = e.token AND l.lease_until < clock_timestamp()
+), woke AS (
+  -- The rows are due now, and another relay may be the one to claim them (any relay in
+  -- claim_mode skip_locked; the bucket's owner in partitioned mode): wake them all as a new
+  -- message does. The insert trigger (migration 0013) does not fire for an UPDATE.
+  SELECT pg_notify('outbox_messages', '') FROM (SELECT 1 FROM returned LIMIT 1) r
 )
-SELECT destination FROM returned
+SELECT r.destination FROM returned r, (SELECT count(*) FROM woke) w

@@ -3,9 +3,15 @@
 -- than migration 0011, still running through an upgrade); the store runs it on every 60th
 -- reap. Counts as a failed attempt, like reap.sql.
 -- Returns the destination of every row returned.
-UPDATE outbox.messages
-SET lease_owner = NULL, lease_until = NULL, parked = true, attempts = attempts + 1,
-    deliver_after = clock_timestamp(),
-    last_error = 'lease expired: the relay that held it stopped or stalled'
-WHERE lease_until < clock_timestamp()
-RETURNING destination
+WITH returned AS (
+  UPDATE outbox.messages
+  SET lease_owner = NULL, lease_until = NULL, parked = true, attempts = attempts + 1,
+      deliver_after = clock_timestamp(),
+      last_error = 'lease expired: the relay that held it stopped or stalled'
+  WHERE lease_until < clock_timestamp()
+  RETURNING destination
+), woke AS (
+  -- Wakes every relay, as reap.sql does.
+  SELECT pg_notify('outbox_messages', '') FROM (SELECT 1 FROM returned LIMIT 1) r
+)
+SELECT r.destination FROM returned r, (SELECT count(*) FROM woke) w

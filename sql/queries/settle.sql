@@ -15,7 +15,8 @@
 --   $3 ids and $4 lease tokens (parallel arrays) of plain deliveries: outcome `delivered`
 --       without anything else to say, the bulk of every settle, passed as arrays because
 --       unpacking them costs a fraction of unpacking as many JSON objects
--- Returns counts of delivered, dead, retried, released and woken rows, and of `gone`: inputs
+-- Returns counts of delivered, dead, retried, released and woken rows, whether it woke the
+-- other relays (woke_others: rows handed back due now), and of `gone`: inputs
 -- whose row no longer exists (settled by an earlier run of this same write whose reply was
 -- lost, e.g. in a database restart, or delivered by another relay after the lease expired).
 -- The rest were fenced: the row is there, leased by someone else or returned to the queue.
@@ -112,7 +113,12 @@ WITH input AS (
       absent_as_of = coalesce(to_timestamp(i.absent_as_of_us / 1000000.0), m.absent_as_of)
   FROM input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome = 'release'
-  RETURNING m.id, i.token
+  RETURNING m.id, i.token, coalesce(i.delay_ms, 0) <= 0 AS due_now
+), handed_back AS (
+  -- Rows handed back due at once (a relay that stops) are for the other relays to claim:
+  -- wake them as a new message does. The insert trigger (migration 0013) does not fire for an
+  -- UPDATE, and the other relays would otherwise wait for their poll_interval_ms.
+  SELECT pg_notify('outbox_messages', '') FROM (SELECT 1 FROM released WHERE due_now LIMIT 1) r
 ), finished AS (
   SELECT f.destination, f.ordering_key, max(f.id) AS id
   FROM (SELECT id, destination, ordering_key FROM delivered
@@ -157,6 +163,7 @@ SELECT (SELECT count(*) FROM delivered) AS delivered, (SELECT count(*) FROM dead
        (SELECT count(*) FROM retried) AS retried, (SELECT count(*) FROM released) AS released,
        (SELECT count(*) FROM woken) AS woken, (SELECT count(*) FROM archived) AS archived,
        (SELECT count(*) FROM spawned) AS spawned,
+       (SELECT count(*) FROM handed_back) AS woke_others,
        -- The statement's snapshot still holds the rows it deletes itself. (A subquery in a
        -- CASE branch not taken is not run.)
        CASE WHEN (SELECT all_inputs FROM matched) THEN 0

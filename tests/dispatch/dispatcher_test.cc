@@ -491,6 +491,31 @@ TEST_F(DispatcherTest, PartitionedModeClaimsWhatTheCoordinatorAssignsAndHandsItB
   EXPECT_EQ(db_.Calls("coordinate_leave"), 1) << "buckets are handed back at stop";
 }
 
+// The claim loop reads its buckets, may hand back a lost claim's rows (a round trip), then
+// claims. A bucket the coordinator assigns in between must not wait for the poll: its
+// wake-up is counted from before the buckets were read, so the partial claim on the old
+// buckets is followed by one on the new.
+TEST_F(DispatcherTest, ABucketGainedWhileAClaimIsPreparedIsClaimedWithoutWaitingForThePoll) {
+  db_.OwnBuckets({0, 1, 2});
+  for (int i = 0; i < 4; ++i) db_.Enqueue("orders", std::nullopt);  // id 3 is in bucket 3
+  db_.LoseNextClaimReply();
+  db_.BeforeReleaseLostClaims([&] {
+    db_.OwnBuckets({0, 1, 2, 3});
+    // Two heartbeats later the coordinator has stored the new buckets and woken the loop.
+    const auto beats = db_.Calls("coordinate");
+    EXPECT_TRUE(WaitFor([&] { return db_.Calls("coordinate") >= beats + 2; }));
+  });
+  auto cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.partition_heartbeat = 20ms;
+  cfg.poll_interval = 1h;  // a wake-up that is lost is never made up for here
+  Start(cfg, DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }))
+      << db_.Queued() << " left; release_lost_claims ran " << db_.Calls("release_lost_claims")
+      << " time(s)";
+  EXPECT_EQ(db_.Calls("release_lost_claims"), 1);
+}
+
 TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
   db_.Pause("orders", "endpoint maintenance");
   for (int i = 0; i < 20; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 3));

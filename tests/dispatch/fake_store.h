@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -97,6 +98,19 @@ class FakeDatabase {
       paused_.erase(destination);
     }
     Notify();
+  }
+
+  /// claim_mode partitioned: the buckets Coordinate says this relay owns (all four at first).
+  /// A row's bucket is its id % kBuckets.
+  static constexpr int kBuckets = 4;
+  void OwnBuckets(std::vector<int> buckets) {
+    std::lock_guard lk(mu_);
+    owned_buckets_ = std::move(buckets);
+  }
+  /// Runs once, at the start of the next ReleaseLostClaims, without the store's lock.
+  void BeforeReleaseLostClaims(std::function<void()> hook) {
+    std::lock_guard lk(mu_);
+    before_release_lost_claims_ = std::move(hook);
   }
 
   /// The next claim leases its rows and then fails as if its reply was lost.
@@ -222,6 +236,8 @@ class FakeDatabase {
   std::int64_t renewed_ = 0;
   std::map<std::string, std::string> paused_;
   bool lose_claim_reply_ = false;
+  std::vector<int> owned_buckets_ = {0, 1, 2, 3};
+  std::function<void()> before_release_lost_claims_;
 
   std::mutex notify_mu_;
   std::condition_variable notify_cv_;
@@ -240,14 +256,21 @@ class FakeStore final : public QueueStore {
     last_token_ = NewUuid();
     const auto now = db_.clock_.WallNow();
     std::vector<std::int64_t> fresh, slow;
+    const auto in_scope = [&](std::int64_t id) {
+      return !only_buckets_ ||
+             std::find(only_buckets_->begin(), only_buckets_->end(),
+                       static_cast<int>(id % FakeDatabase::kBuckets)) != only_buckets_->end();
+    };
     for (const auto& [id, r] : db_.rows_) {
       if (static_cast<int>(fresh.size()) >= fresh_limit) break;
-      if (r.destination == destination && id > cursor && !r.parked && !r.lease_owner)
+      if (r.destination == destination && id > cursor && !r.parked && !r.lease_owner &&
+          in_scope(id))
         fresh.push_back(id);
     }
     std::vector<const FakeDatabase::Row*> due_parked;
     for (const auto& [id, r] : db_.rows_) {
-      if (r.destination == destination && r.parked && !r.lease_owner && r.deliver_after <= now)
+      if (r.destination == destination && r.parked && !r.lease_owner && r.deliver_after <= now &&
+          in_scope(id))
         due_parked.push_back(&r);
     }
     std::sort(due_parked.begin(), due_parked.end(), [](const auto* a, const auto* b) {
@@ -309,7 +332,7 @@ class FakeStore final : public QueueStore {
     return out;
   }
 
-  // Every row is in an owned bucket here (see Coordinate).
+  // Rows of the buckets the relay passes (id % kBuckets), whatever Coordinate says now.
   ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
                                int per_bucket_limit, int slow_limit, Millis lease,
                                const std::string&, const std::vector<BucketLease>& owned) override {
@@ -317,13 +340,30 @@ class FakeStore final : public QueueStore {
       std::lock_guard lk(db_.mu_);
       ++db_.calls_["claim_partitioned"];
     }
+    only_buckets_.emplace();
+    for (const auto& b : owned) only_buckets_->push_back(b.bucket);
+    struct Unscope {
+      std::optional<std::vector<int>>& scope;
+      ~Unscope() { scope.reset(); }
+    } unscope{only_buckets_};
     return Claim(destination, cursor, per_bucket_limit * static_cast<int>(owned.size()), slow_limit,
                  lease);
   }
 
   const std::string& last_claim_token() const override { return last_token_; }
 
+ private:
+  std::optional<std::vector<int>> only_buckets_;  ///< Set during ClaimPartitioned.
+
+ public:
+
   std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) override {
+    std::function<void()> hook;
+    {
+      std::lock_guard lk(db_.mu_);
+      hook.swap(db_.before_release_lost_claims_);
+    }
+    if (hook) hook();
     std::lock_guard lk(db_.mu_);
     db_.Enter("release_lost_claims");
     std::int64_t n = 0;
@@ -341,6 +381,7 @@ class FakeStore final : public QueueStore {
     std::lock_guard lk(db_.mu_);
     db_.Enter("settle");
     SettleCounts c;
+    bool wake_all = false;
     for (const auto& s : settlements) {
       const auto it = db_.rows_.find(Raw(s.id));
       if (it == db_.rows_.end()) {
@@ -378,9 +419,11 @@ class FakeStore final : public QueueStore {
           Requeue(r);
           ++c.released;
           c.written.push_back(s.id);
+          wake_all = wake_all || s.delay <= Millis(0);
           break;
       }
     }
+    if (wake_all) db_.Notify();  // handed back due now: the other relays may claim it
     return c;
   }
 
@@ -411,6 +454,7 @@ class FakeStore final : public QueueStore {
         out.push_back(r.destination);
       }
     }
+    if (!out.empty()) db_.Notify();  // reap.sql wakes every relay
     return out;
   }
 
@@ -427,13 +471,16 @@ class FakeStore final : public QueueStore {
     return db_.WakeBlocked(destination, &set);
   }
 
-  // One relay: it owns every bucket while it beats, none once it leaves.
+  // One relay: it owns the buckets OwnBuckets names (every one, unless a test says otherwise)
+  // while it beats, none once it leaves.
   std::vector<BucketLease> Coordinate(const std::string&, Millis, bool leaving,
                                       const std::string&) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter(leaving ? "coordinate_leave" : "coordinate");
     if (leaving) return {};
-    return {{0, 1}, {1, 1}, {2, 1}, {3, 1}};
+    std::vector<BucketLease> out;
+    for (const int b : db_.owned_buckets_) out.push_back({b, 1});
+    return out;
   }
   void Heartbeat(const std::string&, const std::vector<std::string>&, const std::string&,
                  const std::map<std::string, TargetHealth>&) override {

@@ -231,7 +231,9 @@ class Counted final : public pqxx::notification_receiver {
 // wake them (migration 0013): the settle statement holds an INSERT (the rows a fanned-out
 // message still owes) that inserts nothing almost always, and every settle used to wake every
 // relay into an empty claim; an enqueue that met only an idempotency-key conflict did too.
-TEST_F(StoreTest, OnlyAnInsertThatInsertedRowsWakesTheRelays) {
+// A relay's claim loop sleeps after a partial claim until a NOTIFY (or its poll): every row
+// that becomes claimable by another relay must send one, and nothing else should.
+TEST_F(StoreTest, RowsThatBecomeClaimableWakeTheRelaysAndNothingElseDoes) {
   pqxx::connection listener(db_url_);
   Counted wakes(listener, "outbox_messages");
   Counted marker(listener, "store_test_marker");
@@ -275,6 +277,37 @@ TEST_F(StoreTest, OnlyAnInsertThatInsertedRowsWakesTheRelays) {
             }),
             0)
       << "a settle that spawned nothing";
+
+  // Handed back due now (a relay that stops): the others claim it at once, not after their
+  // poll. Handed back for later: nothing to claim yet.
+  EXPECT_EQ(wakes_from([&] { Enqueue({outbox::Message::To("d").Json("3").Build()}); }), 1);
+  const auto handed_back = [&](Millis delay) {
+    const auto c = store.Claim("d", 0, 10, 10, 30s);
+    EXPECT_EQ(c.messages.size(), 1u);
+    if (c.messages.empty()) return -1;
+    return wakes_from([&] {
+      EXPECT_EQ(
+          store.Settle({Settle(c.messages[0], c.lease_token, Settlement::Kind::kRelease, delay)})
+              .released,
+          1);
+    });
+  };
+  EXPECT_EQ(handed_back(0ms), 1) << "a message handed back due now";
+  pqxx::nontransaction(writer).exec0(
+      "UPDATE outbox.messages SET deliver_after = now() WHERE destination = 'd'");
+  EXPECT_EQ(handed_back(1h), 0) << "a message handed back for an hour";
+
+  // The reaper returns an expired lease's row due now, maybe in another relay's bucket.
+  pqxx::nontransaction(writer).exec0(
+      "UPDATE outbox.messages SET deliver_after = now() WHERE destination = 'd'");
+  ASSERT_EQ(store.Claim("d", 0, 10, 10, 1ms).messages.size(), 1u);
+  std::vector<std::string> reaped;
+  EXPECT_EQ(wakes_from([&] {
+              for (int i = 0; i < 200 && reaped.empty(); ++i) reaped = store.Reap();
+            }),
+            1)
+      << "the reaper returned a message";
+  EXPECT_EQ(reaped, (std::vector<std::string>{"d"}));
 }
 
 // Exactly once's "known absent from Kafka as of" (migration 0012): written by a retry or a

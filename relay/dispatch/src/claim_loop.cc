@@ -60,6 +60,13 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
     }
     const int fresh_limit = std::min(batch, room);
     const int slow_limit = std::max(1, fresh_limit / 2);
+    // Wake-ups from here on are about rows this claim may not see (their commit came after
+    // its snapshot) or buckets it does not claim from (assigned after they were read below,
+    // e.g. while lost claims were handed back); earlier ones it covers.
+    {
+      std::lock_guard lk(mu);
+      seen_gen = wake_gen;
+    }
     ClaimResult claim;
     std::vector<BucketLease> buckets;
     if (partitioned) {
@@ -94,12 +101,6 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
         WaitFor(db.Failed(store, e), [] { return false; });
         continue;
       }
-    }
-    // Wake-ups from here on are about rows this claim may not see (their commit came after
-    // its snapshot); earlier ones it covers.
-    {
-      std::lock_guard lk(mu);
-      seen_gen = wake_gen;
     }
     const auto claim_started = Now();
     try {

@@ -74,9 +74,13 @@ struct Outcome {
   /// next delivery to check the target first (Kafka's exactly-once recovery).
   bool maybe_sent = false;
   /// kRetry, kReturned: the message is known not to be in the target as of this time: an
-  /// exactly-once attempt that found it absent from its topic (or had no earlier attempt),
-  /// with every earlier producer of its bucket fenced, and then produced nothing or aborted.
-  /// The next recovery reads the topic from here instead of from the message's creation.
+  /// exactly-once attempt that found it absent from its topic (or had no earlier attempt)
+  /// and then produced nothing or aborted. The next recovery reads the topic from here
+  /// (less kClockSlack, 5 minutes) instead of from the message's creation. Earlier producers
+  /// of the bucket are fenced when this relay initialised its producer; one it kept from an
+  /// earlier ownership of the bucket (up to a minute idle) fenced nobody, and then what
+  /// covers a transaction still open elsewhere is that it ends within the transaction
+  /// timeout (30 s at most), well inside the slack (docs/adr/0002).
   std::optional<std::chrono::system_clock::time_point> absent_as_of = std::nullopt;
 };
 
