@@ -13,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -298,6 +299,21 @@ TEST(WebhookSink, CloudEventsBinaryModeHeaders) {
       EXPECT_EQ(r.Header("ce-subject"), "") << "no ordering key, no subject";
     }
   }
+  sink->Shutdown(5s);
+}
+
+// A completion sees the sink without its own message. The webhook service's endpoint lanes
+// pump their backlog from the completion: a lane that still counted the finished request as
+// running left a delivery queued behind a full lane unpumped until it aged out (2 s, then a
+// row of its own). Found in review.
+TEST(WebhookSink, ACompletionNoLongerCountsItsOwnMessageInFlight) {
+  HttpReceiver receiver;
+  auto sink = MakeWebhookSink("hooks", Target(receiver.Url("/hook")));
+  std::promise<std::size_t> seen;
+  auto in_flight = seen.get_future();
+  sink->Submit(MakeMessage(1), [&](Outcome) { seen.set_value(sink->InFlight()); });
+  ASSERT_EQ(in_flight.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(in_flight.get(), 0u);
   sink->Shutdown(5s);
 }
 

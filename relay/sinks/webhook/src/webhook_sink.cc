@@ -575,9 +575,13 @@ class WebhookSink final : public Sink {
     }
   }
 
+  // The message leaves the count before its completion runs, so a completion that reads
+  // InFlight() sees the room it left: the webhook service pumps an endpoint's backlog from
+  // there, and with the finished request still counted a delivery it had just queued behind
+  // a full lane waited until it aged out.
   void Complete(Completion& done, Outcome outcome) {
-    CallCompletion(done, std::move(outcome), destination_);
     in_flight_.fetch_sub(1);
+    CallCompletion(done, std::move(outcome), destination_);
   }
 
   httplib::Headers BuildHeaders(const Message& msg, long long timestamp) const {
