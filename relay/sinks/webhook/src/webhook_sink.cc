@@ -449,13 +449,14 @@ class WebhookSink final : public Sink {
       Attempt attempt;
       if (auto refused = CheckAddress(worker, job.msg.id)) {
         attempt = std::move(*refused);
-      } else if (Abandoned(worker)) {
+      } else if (job.msg.payload.empty() && Abandoned(worker)) {
         // Shutdown took this message back while the address was resolved: sending it now
-        // would deliver a message the dispatcher already released.
+        // would deliver a message the dispatcher already released. (A body is checked again
+        // right before it is written, see Deliver; an empty one only here.)
         attempt.outcome =
             Retry(job.msg.id, "shutdown: not sent before the relay stopped", Reason::kShutdown);
       } else {
-        attempt = Deliver(*worker.client, job.msg);
+        attempt = Deliver(worker, job.msg);
       }
       std::optional<Completion> done;
       webhook_detail::Transition change;
@@ -629,7 +630,8 @@ class WebhookSink final : public Sink {
     return headers;
   }
 
-  Attempt Deliver(httplib::ClientImpl& client, const Message& msg) const {
+  Attempt Deliver(const Worker& worker, const Message& msg) const {
+    httplib::ClientImpl& client = *worker.client;
     const long long timestamp = std::chrono::duration_cast<std::chrono::seconds>(
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count();
@@ -637,7 +639,18 @@ class WebhookSink final : public Sink {
     req.method = "POST";
     req.path = url_.path;
     req.headers = BuildHeaders(msg, timestamp);
-    req.body = msg.payload;
+    // The body is written by a provider that first asks whether Shutdown has handed this
+    // message back meanwhile: connecting (under the client's socket lock, which stop() waits
+    // for) can outlast the shutdown deadline, and a request whose body never comes is not
+    // one the endpoint acts on. Asked under mu_, so either Shutdown took the message before
+    // (nothing is sent) or the request counts as running when it does.
+    req.content_length_ = msg.payload.size();
+    req.content_provider_ = [this, &worker, &msg](std::size_t offset, std::size_t length,
+                                                  httplib::DataSink& sink) {
+      if (offset == 0 && Abandoned(worker)) return false;  // Error::Canceled
+      sink.write(msg.payload.data() + offset, length);     // a failed write: Error::Write
+      return true;
+    };
 
     const auto start = Clock::now();
     const auto sent_at = std::chrono::system_clock::now();
