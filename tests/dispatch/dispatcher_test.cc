@@ -400,6 +400,29 @@ TEST_F(DispatcherTest, LeasesOfMessagesStillInTheSinkAreRenewedNotReaped) {
   EXPECT_EQ(dispatcher_->stats().fenced, 0);
 }
 
+// A relay stalled past its lease (its maintenance thread starved, a long GC-like pause): the
+// reaper returns a message whose copy is still in the sink, and the claim loop takes it again.
+// A second copy would be a second delivery (and, in exactly-once mode, a second record if the
+// first had not been produced yet when the second's recovery read the topic); the copy already
+// in the sink delivers it, and its outcome settles the new claim.
+TEST_F(DispatcherTest, AMessageClaimedAgainWhileItsCopyIsInTheSinkIsNotSentTwice) {
+  db_.Enqueue("orders", "a");
+  Start(Config(), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  const auto first = db_.Find(1)->lease_owner;
+  ASSERT_TRUE(first);
+  clock_.Advance(31s);  // past the whole lease at once: the reaper runs before any renewal
+  ASSERT_TRUE(WaitFor([&] {
+    const auto row = db_.Find(1);
+    return row && row->lease_owner && row->lease_owner != first && row->attempts == 1;
+  })) << "the reaper and the claim loop did not take the message again";
+  sink_->Release();
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }))
+      << "the claim taken again was never settled";
+  EXPECT_EQ(sink_->submitted(), std::vector<std::int64_t>{1}) << "sent twice";
+  EXPECT_EQ(db_.Delivered(), std::vector<std::int64_t>{1});
+}
+
 TEST_F(DispatcherTest, ReconnectsAfterTransientErrorsAndLosesNothing) {
   for (int i = 0; i < 60; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 3));
   db_.FailNext("claim", 1);

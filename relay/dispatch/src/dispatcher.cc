@@ -75,14 +75,39 @@ void Dispatcher::Impl::UpdatePaused(std::map<std::string, std::string> now) {
   if (resumed) Wake();
 }
 
-void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::string& token,
-                              Message msg, RoomWait* room) {
+void Dispatcher::Impl::EnqueueCompleted(Settlement s) {
+  std::size_t queued;
   {
     std::lock_guard lk(settle_mu);
-    ++unsettled;
-    held_leases[Raw(msg.id)] = token;
+    in_sink.erase(Raw(s.id));
+    if (const auto it = held_leases.find(Raw(s.id)); it != held_leases.end()) {
+      s.lease_token = it->second;
+    }
+    settle_queue.push_back(std::move(s));
+    queued = settle_queue.size();
   }
-  if (auto dead = DecideBeforeAttempt(msg.id, msg.attempts, dest.retry, token)) {
+  if (queued == 1 || queued == tuning::kSettleBatchTarget) settle_cv.notify_all();
+}
+
+void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::string& token,
+                              Message msg, RoomWait* room) {
+  auto dead = DecideBeforeAttempt(msg.id, msg.attempts, dest.retry, token);
+  {
+    std::lock_guard lk(settle_mu);
+    held_leases[Raw(msg.id)] = token;
+    if (in_sink.contains(Raw(msg.id))) {
+      // Its earlier copy is still in the sink: that one's outcome settles this claim.
+      spdlog::warn(
+          "{}: message {} was claimed again while its earlier claim is still being "
+          "delivered (that lease ran out); not sent twice, the delivery under way "
+          "settles it",
+          dest.name, Raw(msg.id));
+      return;
+    }
+    ++unsettled;
+    if (!dead) in_sink.insert(Raw(msg.id));
+  }
+  if (dead) {
     dead->destination = dest.name;
     dead->created_at = msg.created_at;
     Enqueue(std::move(*dead));
@@ -103,7 +128,7 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     if (outcome.kind != OutcomeKind::kReturned) {
       RecordAttempt(*d, sink, outcome, submitted);
     }
-    Enqueue(std::move(s));
+    EnqueueCompleted(std::move(s));
     // Room in flight: wake the claim loop once there is enough for a claim. (The sink may
     // still count this message; one more is close enough, the loop re-checks.)
     if (room == nullptr) {

@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "outbox_relay/clock.h"
@@ -90,10 +91,18 @@ struct Dispatcher::Impl {
   // The lease token of every message from Submit until the settler wrote its outcome: the
   // maintenance loop renews these leases, so none expires while its message is still ours.
   std::unordered_map<std::int64_t, std::string> held_leases;  // guarded by settle_mu
-  bool settler_stop = false;                                  // guarded by settle_mu
-  bool settler_give_up = false;                               // guarded by settle_mu
+  // Messages from Submit until their sink's completion (guarded by settle_mu). A message
+  // claimed again meanwhile (its lease ran out while this relay stalled, or a fence) is not
+  // given to the sink a second time: the copy in it settles the new claim, under the lease
+  // token held_leases has for it when it completes.
+  std::unordered_set<std::int64_t> in_sink;
+  bool settler_stop = false;     // guarded by settle_mu
+  bool settler_give_up = false;  // guarded by settle_mu
 
   void Enqueue(Settlement s);
+  // Enqueue for a sink's completion: the message leaves in_sink, and the settlement takes the
+  // lease token of the message's latest claim.
+  void EnqueueCompleted(Settlement s);
   // Hands `msg` to `sink` (or dead-letters it when its attempts are spent); its completion,
   // on a sink thread, turns the outcome into a settlement for the settler.
   void Submit(const Destination& dest, Sink& sink, const std::string& token, Message msg,
