@@ -423,6 +423,31 @@ TEST_F(DispatcherTest, AMessageClaimedAgainWhileItsCopyIsInTheSinkIsNotSentTwice
   EXPECT_EQ(db_.Delivered(), std::vector<std::int64_t>{1});
 }
 
+// The same after the sink: the message was delivered, but its settle cannot be written (the
+// database is away longer than the lease); when it is back, the reaper and this relay's claim
+// loop take the message again before the settler's next try. Sending it again would deliver
+// it twice; the delivered outcome settles the new claim instead.
+TEST_F(DispatcherTest, AMessageClaimedAgainWhileItsDeliveryIsUnsettledIsNotSentTwice) {
+  db_.Enqueue("orders", "a");
+  db_.FailNext("settle", 1000);
+  Start(Config(), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("settle") >= 1; }));
+  const auto first = db_.Find(1)->lease_owner;
+  ASSERT_TRUE(first);
+  clock_.Advance(31s);
+  ASSERT_TRUE(WaitFor([&] {
+    const auto row = db_.Find(1);
+    return row && row->lease_owner && row->lease_owner != first && row->attempts == 1;
+  })) << "the reaper and the claim loop did not take the message again";
+  const auto calls = db_.Calls("settle");
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("settle") > calls; }));  // a try after the claim
+  db_.Heal("settle");
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }, 20s))
+      << "the claim taken again was never settled";
+  EXPECT_EQ(sink_->submitted(), std::vector<std::int64_t>{1}) << "sent twice";
+  EXPECT_EQ(db_.Delivered(), std::vector<std::int64_t>{1});
+}
+
 TEST_F(DispatcherTest, ReconnectsAfterTransientErrorsAndLosesNothing) {
   for (int i = 0; i < 60; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 3));
   db_.FailNext("claim", 1);

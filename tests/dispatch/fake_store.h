@@ -87,6 +87,11 @@ class FakeDatabase {
     std::lock_guard lk(mu_);
     failures_[op] += n;
   }
+  /// Calls of `op` stop failing (what FailNext still owed is dropped).
+  void Heal(const std::string& op) {
+    std::lock_guard lk(mu_);
+    failures_[op] = 0;
+  }
   /// outbox-relay pause / resume.
   void Pause(const std::string& destination, const std::string& reason) {
     std::lock_guard lk(mu_);
@@ -356,7 +361,6 @@ class FakeStore final : public QueueStore {
   std::optional<std::vector<int>> only_buckets_;  ///< Set during ClaimPartitioned.
 
  public:
-
   std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) override {
     std::function<void()> hook;
     {

@@ -79,9 +79,10 @@ void Dispatcher::Impl::EnqueueCompleted(Settlement s) {
   std::size_t queued;
   {
     std::lock_guard lk(settle_mu);
-    in_sink.erase(Raw(s.id));
     if (const auto it = held_leases.find(Raw(s.id)); it != held_leases.end()) {
-      s.lease_token = it->second;
+      it->second.in_sink = false;
+      it->second.removes = Removes(s);
+      s.lease_token = it->second.token;
     }
     settle_queue.push_back(std::move(s));
     queued = settle_queue.size();
@@ -94,18 +95,21 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
   auto dead = DecideBeforeAttempt(msg.id, msg.attempts, dest.retry, token);
   {
     std::lock_guard lk(settle_mu);
-    held_leases[Raw(msg.id)] = token;
-    if (in_sink.contains(Raw(msg.id))) {
-      // Its earlier copy is still in the sink: that one's outcome settles this claim.
+    const auto [it, fresh] = held_leases.try_emplace(Raw(msg.id));
+    Held& held = it->second;
+    held.token = token;
+    if (!fresh && (held.in_sink || held.removes)) {
+      // Its earlier copy is still in the sink, or delivered and not settled yet: that
+      // outcome settles this claim.
       spdlog::warn(
-          "{}: message {} was claimed again while its earlier claim is still being "
-          "delivered (that lease ran out); not sent twice, the delivery under way "
-          "settles it",
+          "{}: message {} was claimed again while its earlier claim was not settled yet "
+          "(that lease ran out); not sent twice, the earlier claim's outcome settles it",
           dest.name, Raw(msg.id));
       return;
     }
     ++unsettled;
-    if (!dead) in_sink.insert(Raw(msg.id));
+    held.in_sink = !dead;
+    held.removes = dead.has_value();
   }
   if (dead) {
     dead->destination = dest.name;

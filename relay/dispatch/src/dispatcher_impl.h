@@ -20,7 +20,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "outbox_relay/clock.h"
@@ -88,19 +87,32 @@ struct Dispatcher::Impl {
   std::condition_variable settle_cv;
   std::vector<Settlement> settle_queue;  // guarded by settle_mu
   std::int64_t unsettled = 0;  // guarded by settle_mu: submitted or queued, not yet written
-  // The lease token of every message from Submit until the settler wrote its outcome: the
-  // maintenance loop renews these leases, so none expires while its message is still ours.
-  std::unordered_map<std::int64_t, std::string> held_leases;  // guarded by settle_mu
-  // Messages from Submit until their sink's completion (guarded by settle_mu). A message
-  // claimed again meanwhile (its lease ran out while this relay stalled, or a fence) is not
-  // given to the sink a second time: the copy in it settles the new claim, under the lease
-  // token held_leases has for it when it completes.
-  std::unordered_set<std::int64_t> in_sink;
-  bool settler_stop = false;     // guarded by settle_mu
-  bool settler_give_up = false;  // guarded by settle_mu
+  // Every message from Submit until the settler wrote its outcome: the lease token of its
+  // latest claim (the maintenance loop renews these leases, so none expires while its message
+  // is still ours), whether the sink still has it (until its completion), and whether the
+  // outcome on its way to the settler removes it from the queue (delivered, dead, fanned out).
+  // A message claimed again meanwhile (its lease ran out while this relay stalled or the
+  // database was away, or a fence) is not given to the sink a second time while a copy is in
+  // the sink or a removing outcome is unsettled: that one settles the new claim, under the
+  // token held here (the settler takes it before each try, and tries once more when a write
+  // was fenced because the claim came while it ran). After an unsettled retry or release the
+  // new claim is sent as usual.
+  struct Held {
+    std::string token;
+    bool in_sink = false;
+    bool removes = false;
+  };
+  std::unordered_map<std::int64_t, Held> held_leases;  // guarded by settle_mu
+  bool settler_stop = false;                           // guarded by settle_mu
+  bool settler_give_up = false;                        // guarded by settle_mu
 
   void Enqueue(Settlement s);
-  // Enqueue for a sink's completion: the message leaves in_sink, and the settlement takes the
+  // Whether `s` takes its message out of the queue (delivered, dead, fanned out).
+  static bool Removes(const Settlement& s) {
+    return s.kind == Settlement::Kind::kDelivered || s.kind == Settlement::Kind::kDead ||
+           s.kind == Settlement::Kind::kFanOut;
+  }
+  // Enqueue for a sink's completion: the message leaves the sink, and the settlement takes the
   // lease token of the message's latest claim.
   void EnqueueCompleted(Settlement s);
   // Hands `msg` to `sink` (or dead-letters it when its attempts are spent); its completion,

@@ -60,7 +60,7 @@ void Dispatcher::Impl::MaintenanceLoop() {
         {
           std::lock_guard lk(settle_mu);
           held.reserve(held_leases.size());
-          for (const auto& [id, token] : held_leases) held.emplace_back(MessageId{id}, token);
+          for (const auto& [id, h] : held_leases) held.emplace_back(MessageId{id}, h.token);
         }
         store.RenewLeases(held, config.lease);
       }

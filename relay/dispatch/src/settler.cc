@@ -84,9 +84,21 @@ void Dispatcher::Impl::SettleLoop() {
                    std::make_move_iterator(settle_queue.begin() + static_cast<long>(n)));
       settle_queue.erase(settle_queue.begin(), settle_queue.begin() + static_cast<long>(n));
     }
+    SettleCounts c;
     while (true) {
+      {
+        // A message claimed again since its outcome was queued settles under the new token.
+        std::lock_guard lk(settle_mu);
+        for (auto& s : batch) {
+          if (!Removes(s)) continue;
+          if (const auto it = held_leases.find(Raw(s.id));
+              it != held_leases.end() && !it->second.in_sink && it->second.removes) {
+            s.lease_token = it->second.token;
+          }
+        }
+      }
       try {
-        const SettleCounts c = store.Settle(batch, config.retention.archive_delivered);
+        c = store.Settle(batch, config.retention.archive_delivered);
         RecordSettled(batch, c);
         if (c.woken > 0) Wake();  // the next message of a settled key may go now
         metrics->RecordSettleFenced(c.fenced);
@@ -119,17 +131,29 @@ void Dispatcher::Impl::SettleLoop() {
         settle_cv.wait_for(lk, pause);
       }
     }
+    bool again = false;
     {
       std::lock_guard lk(settle_mu);
-      unsettled -= static_cast<std::int64_t>(batch.size());
-      for (const auto& s : batch) {
-        // A message claimed again under a new token since (after a fence) stays held.
-        if (auto it = held_leases.find(Raw(s.id));
-            it != held_leases.end() && it->second == s.lease_token) {
+      for (auto& s : batch) {
+        const auto it = held_leases.find(Raw(s.id));
+        if (it == held_leases.end()) {
+          --unsettled;
+        } else if (it->second.token == s.lease_token) {
           held_leases.erase(it);
+          --unsettled;
+        } else if (Removes(s) && it->second.removes && !it->second.in_sink &&
+                   std::find(c.written.begin(), c.written.end(), s.id) == c.written.end()) {
+          // Claimed again while this write ran, which the write found fenced: once more,
+          // under the new token.
+          s.lease_token = it->second.token;
+          settle_queue.push_back(std::move(s));
+          again = true;
+        } else {
+          --unsettled;  // claimed again and sent again (after a retry or release): stays held
         }
       }
     }
+    if (again) spdlog::info("settler: writing again outcomes whose message was claimed again");
     settle_cv.notify_all();
     batch.clear();
   }

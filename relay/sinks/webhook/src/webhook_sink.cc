@@ -449,10 +449,10 @@ class WebhookSink final : public Sink {
       Attempt attempt;
       if (auto refused = CheckAddress(worker, job.msg.id)) {
         attempt = std::move(*refused);
-      } else if (job.msg.payload.empty() && Abandoned(worker)) {
+      } else if (Abandoned(worker)) {
         // Shutdown took this message back while the address was resolved: sending it now
-        // would deliver a message the dispatcher already released. (A body is checked again
-        // right before it is written, see Deliver; an empty one only here.)
+        // would deliver a message the dispatcher already released. (Checked again right
+        // before the body is written, see Deliver.)
         attempt.outcome =
             Retry(job.msg.id, "shutdown: not sent before the relay stopped", Reason::kShutdown);
       } else {
@@ -643,7 +643,9 @@ class WebhookSink final : public Sink {
     // message back meanwhile: connecting (under the client's socket lock, which stop() waits
     // for) can outlast the shutdown deadline, and a request whose body never comes is not
     // one the endpoint acts on. Asked under mu_, so either Shutdown took the message before
-    // (nothing is sent) or the request counts as running when it does.
+    // (nothing is sent) or the request counts as running when it does. An empty body has no
+    // such last moment (httplib never calls the provider for it): only the check before the
+    // send guards it.
     req.content_length_ = msg.payload.size();
     req.content_provider_ = [this, &worker, &msg](std::size_t offset, std::size_t length,
                                                   httplib::DataSink& sink) {
