@@ -5,6 +5,18 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+
+#include "outbox_relay/endpoint_directory.h"
+#include "outbox_test/http_receiver.h"
+#include "outbox_test/wait.h"
+
 namespace outbox::relay {
 namespace {
 
@@ -34,6 +46,297 @@ TEST(EndpointDeliveryId, IsTheUuidOfTheMd5OfMessageAndEndpoint) {
   EXPECT_NE(a, EndpointDeliveryId("00000000-0000-0000-0000-000000000002", "ep_1"));
   // The id of ("", "") is md5("/"), 6666cd76f96956469e7be39d750cc7d9 (md5sum).
   EXPECT_EQ(EndpointDeliveryId("", ""), "6666cd76-f969-5646-9e7b-e39d750cc7d9");
+}
+
+// --- The service sink over a directory held in memory (the Postgres one is covered by
+// webhook_service_process_pgtest): what it does when its view of the endpoints lags ---
+
+using namespace std::chrono_literals;
+using outbox::testing::HttpReceiver;
+using outbox::testing::Reply;
+using outbox::testing::WaitFor;
+
+/// What the fake directories of a test read and count (every thread of the service makes its
+/// own directory, as it does with Postgres).
+struct FakeRegistry {
+  std::mutex mu;
+  std::int64_t version = 1;
+  std::vector<EndpointSpec> endpoints;
+  int loads = 0;
+  int owed_calls = 0;
+  int wake_failures = 0;  ///< WakeEndpoint throws this many times.
+  std::vector<std::string> woken;
+  int record_failures = 0;  ///< RecordAttempts throws this many times.
+  std::vector<AttemptRow> recorded;
+
+  int Loads() {
+    std::lock_guard lock(mu);
+    return loads;
+  }
+};
+
+class FakeDirectory final : public EndpointDirectory {
+ public:
+  explicit FakeDirectory(FakeRegistry& r) : r_(r) {}
+  std::int64_t Version() override {
+    std::lock_guard lock(r_.mu);
+    return r_.version;
+  }
+  Directory Load() override {
+    std::lock_guard lock(r_.mu);
+    ++r_.loads;
+    return Directory{r_.version, r_.endpoints, std::nullopt};
+  }
+  std::unordered_set<std::string> OwedKeys(const std::vector<std::string>&) override {
+    std::lock_guard lock(r_.mu);
+    ++r_.owed_calls;
+    return {};
+  }
+  std::int64_t WakeEndpoint(const std::string& id) override {
+    std::lock_guard lock(r_.mu);
+    if (r_.wake_failures > 0) {
+      --r_.wake_failures;
+      throw std::runtime_error("injected: wake failed");
+    }
+    r_.woken.push_back(id);
+    return 0;
+  }
+  void RecordAttempts(const std::vector<AttemptRow>& rows, bool) override {
+    std::lock_guard lock(r_.mu);
+    if (rows.empty()) return;
+    if (r_.record_failures > 0) {
+      --r_.record_failures;
+      throw std::runtime_error("injected: the database is away");
+    }
+    r_.recorded.insert(r_.recorded.end(), rows.begin(), rows.end());
+  }
+  std::vector<AutoDisabled> DisableFailing(std::chrono::milliseconds, const std::string&) override {
+    return {};
+  }
+  std::int64_t CleanupAttempts(std::chrono::milliseconds) override { return 0; }
+
+ private:
+  FakeRegistry& r_;
+};
+
+const std::string kSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+class WebhookServiceSinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetEndpointDirectoryFactory([this](const std::string&, const std::string&) {
+      return std::make_unique<FakeDirectory>(registry_);
+    });
+  }
+
+  static EndpointSpec Endpoint(const std::string& id, const std::string& url, int max_in_flight) {
+    EndpointSpec e;
+    e.id = id;
+    e.url = url;
+    e.secrets = {kSecret};
+    e.max_in_flight = max_in_flight;
+    return e;
+  }
+
+  SinkPtr Start() {
+    WebhookTarget t;
+    t.database_url = "postgresql://fake.invalid/none";  // the fake directory never connects
+    t.endpoints_from_database = true;
+    t.allow_private_networks = true;
+    t.timeout = 5000ms;
+    t.connect_timeout = 2000ms;
+    t.delivery_log = true;
+    auto sink = MakeWebhookServiceSink("hooks", t);
+    EXPECT_TRUE(WaitFor([&] { return sink->Ready(); }, 10s)) << sink->WhyNotReady();
+    return sink;
+  }
+
+  static Message Row(int n, const std::string& endpoint) {
+    Message m;
+    m.id = MessageId{n};
+    m.destination = "hooks";
+    m.endpoint_id = endpoint;
+    m.idempotency_key = EndpointDeliveryId(
+        "6f1c2d3e-0000-4000-8000-00000000000" + std::to_string(n % 10), endpoint);
+    m.payload = R"({"n":)" + std::to_string(n) + "}";
+    m.payload_is_json = true;
+    return m;
+  }
+
+  static Message Event(int n, std::optional<std::string> key = std::nullopt) {
+    Message m;
+    m.id = MessageId{n};
+    m.destination = "hooks";
+    m.ordering_key = std::move(key);
+    m.idempotency_key = "6f1c2d3e-0000-4000-8000-00000000010" + std::to_string(n % 10);
+    m.payload = R"({"n":)" + std::to_string(n) + "}";
+    m.payload_is_json = true;
+    return m;
+  }
+
+  /// Collects outcomes by message id.
+  struct Outcomes {
+    std::mutex mu;
+    std::map<std::int64_t, std::vector<Outcome>> by_id;
+    Sink::Completion For() {
+      return [this](Outcome o) {
+        std::lock_guard lock(mu);
+        by_id[Raw(o.id)].push_back(std::move(o));
+      };
+    }
+    std::optional<Outcome> Of(std::int64_t id) {
+      std::lock_guard lock(mu);
+      const auto it = by_id.find(id);
+      if (it == by_id.end() || it->second.empty()) return std::nullopt;
+      return it->second.back();
+    }
+  };
+
+  FakeRegistry registry_;
+};
+
+/// Holds receiver threads until opened.
+class Gate {
+ public:
+  void Wait() {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, 15s, [&] { return open_; });
+  }
+  void Open() {
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// A fan-out copy queued behind an endpoint's own rows (after an outage those fill its sink)
+// goes as soon as they finish, not after it aged out of the backlog (2 s, then a row of its
+// own "slower than the others").
+TEST_F(WebhookServiceSinkTest, AFanOutCopyBehindAnEndpointsRowsGoesWhenTheyFinish) {
+  Gate gate;
+  HttpReceiver receiver;
+  receiver.SetResponder([&](const outbox::testing::ReceivedRequest&) {
+    gate.Wait();
+    return Reply{};
+  });
+  registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};
+  auto sink = Start();
+  Outcomes done;
+  // max_in_flight 1: the endpoint's sink takes two (LaneRoom), both held by the receiver.
+  sink->Submit(Row(1, "ep"), done.For());
+  sink->Submit(Row(2, "ep"), done.For());
+  ASSERT_TRUE(receiver.WaitForCount(1, 10s));
+  const int owed_before = [&] {
+    std::lock_guard lock(registry_.mu);
+    return registry_.owed_calls;
+  }();
+  sink->Submit(Event(3, "k"), done.For());  // keyed: the planner asks for owed keys first
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard lock(registry_.mu);
+        return registry_.owed_calls > owed_before;
+      },
+      10s));
+  const auto opened = std::chrono::steady_clock::now();
+  gate.Open();
+  ASSERT_TRUE(WaitFor([&] { return done.Of(3).has_value(); }, 10s));
+  EXPECT_EQ(done.Of(3)->kind, OutcomeKind::kDelivered) << done.Of(3)->reason;
+  EXPECT_LT(std::chrono::steady_clock::now() - opened, 1500ms) << "it waited for the backlog's age";
+  EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kDelivered);
+  EXPECT_EQ(done.Of(2)->kind, OutcomeKind::kDelivered);
+  sink->Shutdown(5s);
+}
+
+// A row for an endpoint this relay does not know yet (created a moment ago, and its rows
+// replayed at once; or the registry could not be read since) is handed back and the registry
+// read again, not dead-lettered as deleted; only an endpoint still unknown after a fresh read is.
+TEST_F(WebhookServiceSinkTest, ARowForAnEndpointNotLoadedYetWaitsForAFreshReadBeforeItCounts) {
+  HttpReceiver receiver;
+  auto sink = Start();  // no endpoints yet
+  {
+    // The endpoint appears, but the version the relay polls does not move: its view is stale.
+    std::lock_guard lock(registry_.mu);
+    registry_.endpoints = {Endpoint("ep_new", receiver.Url("/hook"), 2)};
+  }
+  const int loads = registry_.Loads();
+  Outcomes done;
+  sink->Submit(Row(1, "ep_new"), done.For());
+  ASSERT_TRUE(done.Of(1).has_value());
+  EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kReturned) << done.Of(1)->reason;
+  ASSERT_TRUE(WaitFor([&] { return registry_.Loads() > loads; }, 5s)) << "no fresh read";
+  ASSERT_TRUE(WaitFor([&] { return sink->Health()->endpoints == 1; }, 5s));
+  sink->Submit(Row(1, "ep_new"), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(1)->kind != OutcomeKind::kReturned; }, 10s));
+  EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kDelivered) << done.Of(1)->reason;
+  EXPECT_EQ(receiver.Count(), 1u);
+
+  // Truly gone: unknown, and still unknown after a read that began after it was seen.
+  const int loads2 = registry_.Loads();
+  sink->Submit(Row(2, "ep_gone"), done.For());
+  ASSERT_TRUE(done.Of(2).has_value());
+  EXPECT_EQ(done.Of(2)->kind, OutcomeKind::kReturned) << done.Of(2)->reason;
+  ASSERT_TRUE(WaitFor([&] { return registry_.Loads() > loads2; }, 5s));
+  Outcomes later;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        sink->Submit(Row(2, "ep_gone"), later.For());
+        return later.Of(2) && later.Of(2)->kind == OutcomeKind::kPermanent;
+      },
+      5s));
+  EXPECT_NE(later.Of(2)->reason.find("no longer exists"), std::string::npos) << later.Of(2)->reason;
+  sink->Shutdown(5s);
+}
+
+// Waking an enabled endpoint's rows can fail (the database blinked): the reload still
+// completes (replaced sinks stop), and the wake is tried again.
+TEST_F(WebhookServiceSinkTest, AFailedWakeOfAnEnabledEndpointIsTriedAgain) {
+  HttpReceiver receiver;
+  auto disabled = Endpoint("ep", receiver.Url("/hook"), 2);
+  disabled.enabled = false;
+  registry_.endpoints = {disabled};
+  auto sink = Start();
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 2)};
+    registry_.wake_failures = 1;
+    ++registry_.version;
+  }
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard lock(registry_.mu);
+        return !registry_.woken.empty();
+      },
+      10s))
+      << "the endpoint's rows were never woken";
+  EXPECT_EQ(sink->Health()->endpoints_disabled, 0);
+  sink->Shutdown(5s);
+}
+
+// The delivery log keeps what it could not write while the database was away, and writes it
+// when it is back (docs/webhooks.md: up to 100,000 rows).
+TEST_F(WebhookServiceSinkTest, DeliveryLogRowsWaitForTheDatabaseInsteadOfBeingLost) {
+  HttpReceiver receiver;
+  registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 2)};
+  registry_.record_failures = 2;
+  auto sink = Start();
+  Outcomes done;
+  for (int n = 1; n <= 3; ++n) sink->Submit(Row(n, "ep"), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(1) && done.Of(2) && done.Of(3); }, 10s));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard lock(registry_.mu);
+        return registry_.recorded.size() == 3u;
+      },
+      10s))
+      << registry_.recorded.size() << " rows written";
+  sink->Shutdown(5s);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_set>
 
@@ -68,6 +69,8 @@ constexpr std::size_t kLogQueueMax = 100'000;  ///< Beyond this (database away) 
 constexpr milliseconds kCleanupEvery{60'000};
 /// After an endpoint is enabled again: longer than a claim, a hand-back and its settle take.
 constexpr milliseconds kRewakeAfter{3'000};
+/// A row of an endpoint not in the registry this relay read waits this long for a fresh read.
+constexpr milliseconds kUnknownHold{1'000};
 
 const char* LoggedOutcome(OutcomeKind k) {
   return k == OutcomeKind::kDelivered   ? "delivered"
@@ -207,7 +210,22 @@ class WebhookServiceSink final : public Sink {
       plan_cv_.notify_one();
       return;
     }
-    if (auto it = lanes->find(*msg.endpoint_id); it != lanes->end()) child_lane = it->second;
+    if (auto it = lanes->find(*msg.endpoint_id); it != lanes->end()) {
+      child_lane = it->second;
+    } else if (!Forgotten(*msg.endpoint_id)) {
+      // Not known here (yet): an endpoint created a moment ago, whose rows came before the
+      // registry poll saw it, or one this relay could not read since. Read the registry now;
+      // the row comes back after a short hold, and counts as deleted only when a read that
+      // began after it was first seen still does not have its endpoint.
+      lock.unlock();
+      registry_cv_.notify_all();
+      Call(done,
+           Simple(msg.id, OutcomeKind::kReturned,
+                  "endpoint " + *msg.endpoint_id + " is not in this relay's registry yet",
+                  Reason::kNone, kUnknownHold),
+           destination_);
+      return;
+    }
     lock.unlock();
     SubmitOwed(std::move(msg), std::move(done), child_lane);
   }
@@ -341,6 +359,20 @@ class WebhookServiceSink final : public Sink {
     std::vector<LanePtr> lanes;
   };
 
+  // Whether endpoint `id`, not in the lanes, is known to be gone: it was first seen missing
+  // before the start of the last registry read that succeeded. Otherwise remembers when it was
+  // first seen missing and asks the registry thread to read now. mu_ held.
+  bool Forgotten(const std::string& id) {
+    const auto now = Clock::now();
+    const auto [it, fresh] = unknown_since_.try_emplace(id, now);
+    if (!fresh && last_load_started_ > it->second) {
+      unknown_since_.erase(it);
+      return true;
+    }
+    reload_now_ = true;
+    return false;
+  }
+
   // A row owed to one endpoint: to that endpoint only, as a message of its own.
   void SubmitOwed(Message msg, Completion done, const LanePtr& lane) {
     const MessageId id = msg.id;
@@ -380,6 +412,7 @@ class WebhookServiceSink final : public Sink {
                      o.retry_after = BlockedHold(*sink);
                    }
                    in_flight_.fetch_sub(1);
+                   Pump(endpoint);  // room in the endpoint's sink: the next of its backlog goes
                    Call(done, std::move(o), destination_);
                  });
   }
@@ -474,7 +507,7 @@ class WebhookServiceSink final : public Sink {
     std::string delivery = copy.idempotency_key;
     Completion done = [this, fan, sink, endpoint, delivery = std::move(delivery)](Outcome o) {
       Log(endpoint, delivery, o);
-      Pump(endpoint, sink);  // room in the endpoint's sink: the next of its backlog goes
+      Pump(endpoint);  // room in the endpoint's sink: the next of its backlog goes
       if (o.kind == OutcomeKind::kDelivered) return fan->Took();
       EndpointOutcome owed;
       owed.endpoint_id = endpoint;
@@ -507,16 +540,25 @@ class WebhookServiceSink final : public Sink {
     return std::max<std::size_t>(2, sink.MaxInFlight(kLaneClaim) / 8);
   }
 
-  void Pump(const std::string& endpoint, const std::shared_ptr<Sink>& sink) {
+  // Sends what waits in `endpoint`'s backlog while its sink has room. Called when one of the
+  // endpoint's requests finished, fan-out copies and the endpoint's own rows alike. (After an
+  // update replaced the endpoint's sink, what waited for the old one still goes to it first:
+  // it hands it back, "shutdown", and a row of the endpoint follows; then the new one's turn.)
+  // A completion that runs inside Submit (a stopped sink) calls back in: the outer call goes on.
+  void Pump(const std::string& endpoint) {
+    thread_local std::set<std::string> pumping;  // endpoints this thread is pumping now
+    if (!pumping.insert(endpoint).second) return;
+    struct Done {
+      const std::string& endpoint;
+      ~Done() { pumping.erase(endpoint); }
+    } done{endpoint};
     while (true) {
       Pending next;
       {
         std::lock_guard lock(backlog_mu_);
         auto it = backlog_.find(endpoint);
         if (it == backlog_.end() || it->second.empty()) return;
-        // (After an update replaced the endpoint's sink, what waited for the old one still
-        // goes to it: it hands it back, "shutdown", and a row of the endpoint follows.)
-        if (it->second.front().sink != sink) return;
+        const auto& sink = it->second.front().sink;
         if (sink->InFlight() >= LaneRoom(*sink)) return;
         next = std::move(it->second.front());
         it->second.pop_front();
@@ -621,10 +663,26 @@ class WebhookServiceSink final : public Sink {
         failing = false;
       } catch (const std::exception& e) {
         if (!failing) {
-          spdlog::warn("webhook {}: cannot write the delivery log: {} ({} rows lost)", destination_,
-                       e.what(), rows.size());
+          spdlog::warn(
+              "webhook {}: cannot write the delivery log: {}; keeping its rows (up to {}) until "
+              "it can",
+              destination_, e.what(), kLogQueueMax);
         }
         failing = true;
+        if (stop) {
+          spdlog::warn("webhook {}: stopping: {} delivery-log rows not written", destination_,
+                       rows.size());
+          return;
+        }
+        // Back in front of what came since, in order; past the bound the oldest are dropped.
+        std::lock_guard lock(log_mu_);
+        const std::size_t room = kLogQueueMax - std::min(kLogQueueMax, log_queue_.size());
+        const std::size_t keep = std::min(room, rows.size());
+        log_dropped_ += static_cast<std::int64_t>(rows.size() - keep);
+        log_queue_.insert(log_queue_.begin(),
+                          std::make_move_iterator(rows.end() - static_cast<long>(keep)),
+                          std::make_move_iterator(rows.end()));
+        continue;
       }
       if (stop) return;
     }
@@ -636,12 +694,18 @@ class WebhookServiceSink final : public Sink {
     bool failing = false;
     while (true) {
       try {
+        bool now = false;
+        {
+          std::lock_guard lock(mu_);
+          std::swap(now, reload_now_);
+        }
+        const auto started = Clock::now();
         const std::int64_t v = registry_dir_->Version();
-        if (v != seen || (next_expiry && std::chrono::system_clock::now() >= *next_expiry)) {
+        if (v != seen || now || (next_expiry && std::chrono::system_clock::now() >= *next_expiry)) {
           Directory d = registry_dir_->Load();
           seen = d.version;
           next_expiry = d.next_expiry;
-          Apply(d);
+          Apply(d, started);
         }
         for (auto it = rewake_.begin(); it != rewake_.end();) {
           if (Clock::now() < it->second) {
@@ -663,14 +727,14 @@ class WebhookServiceSink final : public Sink {
       }
       std::unique_lock lock(mu_);
       registry_cv_.wait_for(lock, failing ? milliseconds(1'000) : kPollEvery,
-                            [this] { return stopping_; });
+                            [this] { return stopping_ || reload_now_; });
       if (stopping_) return;
     }
   }
 
   // Swaps in the endpoints of `d`, keeping the sink of every endpoint whose sending did not
   // change; sinks no longer used finish what they hold and stop.
-  void Apply(const Directory& d) {
+  void Apply(const Directory& d, Clock::time_point started) {
     std::shared_ptr<const Lanes> old;
     {
       std::lock_guard lock(mu_);
@@ -712,13 +776,24 @@ class WebhookServiceSink final : public Sink {
       lanes_ = next;
       loaded_ = true;
       registry_error_.clear();
+      last_load_started_ = started;
+      for (auto it = unknown_since_.begin(); it != unknown_since_.end();) {
+        // Known now, or not asked about for long (rows of a deleted endpoint that stopped).
+        if (next->count(it->first) || started - it->second > kDisabledHold) {
+          it = unknown_since_.erase(it);
+        } else {
+          ++it;
+        }
+      }
     }
     // `endpoints enable` woke the endpoint's rows, but this relay may have claimed some before
     // it saw the change and be about to hold them again as disabled: wake them once more now
     // that it knows, and again once such settles are surely written (each relay does this when
     // it notices; the last one to notice wins).
+    // (Through rewake_, which the registry loop works off and keeps what failed for its next
+    // turn: a wake that throws here would leave the replaced sinks below running.)
     for (const auto& id : reenabled) {
-      registry_dir_->WakeEndpoint(id);
+      rewake_.emplace_back(id, Clock::now());
       rewake_.emplace_back(id, Clock::now() + kRewakeAfter);
     }
     for (const auto& [id, lane] : *old) {
@@ -759,7 +834,11 @@ class WebhookServiceSink final : public Sink {
   bool loaded_ = false;                 ///< Guarded by mu_.
   bool stopping_ = false;               ///< Guarded by mu_.
   std::string registry_error_;          ///< Guarded by mu_.
-  std::deque<Job> plan_queue_;          ///< Guarded by mu_.
+  /// Endpoints of rows that were not in the lanes, since when (guarded by mu_): see Forgotten.
+  std::map<std::string, Clock::time_point> unknown_since_;
+  Clock::time_point last_load_started_{};  ///< Of the last read applied; guarded by mu_.
+  bool reload_now_ = false;                ///< Read the registry at once; guarded by mu_.
+  std::deque<Job> plan_queue_;             ///< Guarded by mu_.
   std::condition_variable plan_cv_;
   std::condition_variable registry_cv_;
   std::atomic<std::size_t> in_flight_{0};
