@@ -103,6 +103,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
       }
     }
     const auto claim_started = Now();
+    // (The sinks' clock, not the dispatcher's: a sink compares it with its own steady time.)
+    const auto claim_expires = std::chrono::steady_clock::now() + config.lease;
     try {
       if (partitioned) {
         const int per_bucket = std::max(1, (fresh_limit + static_cast<int>(buckets.size()) - 1) /
@@ -139,6 +141,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
     metrics->RecordClaim(dest.name, static_cast<std::int64_t>(claim.messages.size()),
                          std::chrono::duration<double>(Now() - claim_started));
     for (auto& msg : claim.messages) {
+      msg.claim_expires = claim_expires;
       Submit(dest, sink, claim.lease_token, std::move(msg), &room_wait);
     }
     // Keys this claim blocked may have lost their predecessor while it ran (its settle

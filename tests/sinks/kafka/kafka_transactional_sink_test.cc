@@ -297,6 +297,33 @@ TEST_F(TransactionalSinkTest, AFencedProducersRecordsAreRetriedByANewProducer) {
     EXPECT_EQ(n, 1) << "message " << id << " is in the topic " << n << " times";
 }
 
+// A relay stalled (SIGSTOP, a VM pause) past its claim's lease before it created the bucket's
+// producer: meanwhile another relay took the bucket and the message (attempts 1), found it
+// absent and committed it. The stalled relay's late init_transactions fences that owner, and
+// the message, still "attempts 0" in its copy, would be produced again without a read-back. A
+// claim that ran out by the time the producer is ready is handed back unsent instead.
+TEST_F(TransactionalSinkTest, AClaimThatRanOutBeforeItsProducerWasReadyIsHandedBackUnsent) {
+  {
+    auto owner = MakeKafkaSink("orders", Target());  // the relay that took over
+    for (const auto& [id, outs] : Deliver(*owner, {MakeMessage(1, 0, 1)}))
+      ASSERT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id;
+    owner->Shutdown(5s);
+  }
+  auto stalled = MakeKafkaSink("orders", Target());
+  Message stale = MakeMessage(1, 0, 0);
+  stale.claim_expires = std::chrono::steady_clock::now() - 1s;  // its lease ran out
+  Message live = MakeMessage(2, 0, 0);
+  live.claim_expires = std::chrono::steady_clock::now() + 60s;
+  const auto outcomes = Deliver(*stalled, {stale, live});
+  ASSERT_EQ(outcomes.at(1).size(), 1u);
+  EXPECT_EQ(outcomes.at(1)[0].kind, OutcomeKind::kReturned) << outcomes.at(1)[0].reason;
+  EXPECT_FALSE(outcomes.at(1)[0].maybe_sent);
+  EXPECT_EQ(outcomes.at(2)[0].kind, OutcomeKind::kDelivered) << outcomes.at(2)[0].reason;
+  const auto by_id = RecordsById(2);
+  EXPECT_EQ(by_id.at(1), 1) << "produced again by the stalled relay";
+  EXPECT_EQ(by_id.at(2), 1);
+}
+
 TEST_F(TransactionalSinkTest, ShutdownHandsBackWhatWasNeverSent) {
   auto sink = MakeKafkaSink("orders", Target());
   sink->Shutdown(2s);

@@ -36,6 +36,11 @@ struct Message {
   /// Set on a row owed to one endpoint of a webhook service (migration 0008): deliver it to
   /// that endpoint only. Its ordering_key is then "<endpoint_id>:<the message's key>".
   std::optional<std::string> endpoint_id;
+  /// When this relay's claim of the message runs out unless its lease is renewed (set by the
+  /// dispatcher: the claim's start plus lease_ms). A sink that fences other relays when it
+  /// starts (exactly-once Kafka) does not send a message whose claim ran out before it was
+  /// ready: another relay may have taken it over and sent it.
+  std::optional<std::chrono::steady_clock::time_point> claim_expires = std::nullopt;
 };
 
 }  // namespace outbox::relay

@@ -278,6 +278,9 @@ class TransactionalKafkaSink final : public Sink {
     EnsureProducers(by_bucket);
     // 2. Recovery: what an earlier attempt may have produced is looked for in its topic.
     Recover(by_bucket);
+    // 3a. A claim that ran out meanwhile may be another relay's now, which may have sent it;
+    //     our producer, made just now, may even have fenced that relay. Not ours to send.
+    DropExpiredClaims(by_bucket);
     // 3. Begin and produce every bucket's transaction, then 4. commit them: their records
     //    travel together, each commit waits only for its own.
     std::vector<std::pair<int, std::vector<Item*>>> open;
@@ -362,6 +365,33 @@ class TransactionalKafkaSink final : public Sink {
         Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry, p.why, Reason::kBroker));
       }
       by_bucket.erase(p.bucket);
+    }
+  }
+
+  void DropExpiredClaims(std::map<int, std::vector<Item*>>& by_bucket) {
+    const auto now = std::chrono::steady_clock::now();
+    std::size_t dropped = 0;
+    for (auto& [bucket, items] : by_bucket) {
+      std::vector<Item*> keep;
+      for (Item* item : items) {
+        if (item->msg.claim_expires && *item->msg.claim_expires <= now) {
+          ++dropped;
+          Finish(item->done,
+                 Make(item->msg.id, OutcomeKind::kReturned,
+                      "the claim ran out (lease_ms) before the bucket's producer was ready: not "
+                      "sent, another relay may have taken the message over",
+                      Reason::kNone));
+        } else {
+          keep.push_back(item);
+        }
+      }
+      items.swap(keep);
+    }
+    if (dropped > 0) {
+      spdlog::warn(
+          "kafka destination \"{}\": {} message(s) not sent: their claim ran out before their "
+          "bucket's producer was ready (this relay stalled, or the broker was slow)",
+          destination_, dropped);
     }
   }
 
