@@ -552,6 +552,7 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
         "         OR outbox.endpoint_delivery_id(a.idempotency_key, e.id) = nullif($3, '')::uuid)"
         "    AND (a.endpoint_id = e.id OR (a.endpoint_id IS NULL AND ("
         "         cardinality(e.event_types) = 0 OR a.event_type = ANY(e.event_types)"
+        "         OR '*' = ANY(e.event_types)"
         "         OR EXISTS (SELECT 1 FROM unnest(e.event_types) t"
         "                    WHERE t LIKE '%.*' AND starts_with(a.event_type, left(t, -1))))))"
         ") "

@@ -32,6 +32,10 @@ TEST(EndpointWants, AnEmptyFilterTakesEverythingAPatternItsPrefix) {
   EXPECT_FALSE(EndpointWants({"invoice.*"}, "invoices.paid"));
   EXPECT_TRUE(EndpointWants({"a", "invoice.*"}, "a"));
   EXPECT_FALSE(EndpointWants({"a", "invoice.*"}, ""));
+  // "*" alone is every event (the CLI takes it; it had matched nothing).
+  EXPECT_TRUE(EndpointWants({"*"}, "order.paid"));
+  EXPECT_TRUE(EndpointWants({"*"}, ""));
+  EXPECT_TRUE(EndpointWants({"order.paid", "*"}, "invoice"));
 }
 
 TEST(EndpointDeliveryId, IsTheUuidOfTheMd5OfMessageAndEndpoint) {

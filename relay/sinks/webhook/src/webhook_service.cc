@@ -40,7 +40,7 @@ std::string EndpointDeliveryId(const std::string& message_key, const std::string
 bool EndpointWants(const std::vector<std::string>& event_types, const std::string& event_type) {
   if (event_types.empty()) return true;
   for (const auto& t : event_types) {
-    if (t == event_type) return true;
+    if (t == event_type || t == "*") return true;
     if (t.size() >= 2 && t.ends_with(".*") &&
         event_type.starts_with(std::string_view(t).substr(0, t.size() - 1))) {
       return true;
