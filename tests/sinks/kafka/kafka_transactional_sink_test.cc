@@ -324,6 +324,42 @@ TEST_F(TransactionalSinkTest, AClaimThatRanOutBeforeItsProducerWasReadyIsHandedB
   EXPECT_EQ(by_id.at(2), 1);
 }
 
+// The read-back of one topic that cannot be read (here the relay may not read it; a topic
+// that does not exist answers the same way on a broker that does not create topics) fails
+// only its own messages: the others of the cycle are recovered at once, not retried after the
+// whole attempt timeout.
+TEST_F(TransactionalSinkTest, ATopicThatCannotBeReadBackFailsOnlyItsOwnMessages) {
+  KafkaTarget target = Target();
+  target.topic = "orders.{event_type}";
+  target.topic_prefix = "orders.";
+  target.attempt_timeout = 8s;
+  cluster_->CreateTopic("orders.created", 3, 3);
+  {
+    auto first = MakeKafkaSink("orders", target);
+    for (const auto& [id, outs] : Deliver(*first, {MakeMessage(1, 0)}))
+      ASSERT_EQ(outs[0].kind, OutcomeKind::kDelivered) << id << ": " << outs[0].reason;
+    first->Shutdown(5s);
+  }
+  auto second = MakeKafkaSink("orders", target);
+  Message committed = MakeMessage(1, 0, 1);  // its first transaction committed; settle lost
+  Message lost = MakeMessage(2, 0, 1);
+  lost.event_type = "unreadable";
+  rd_kafka_mock_topic_set_error(cluster_->raw(), "orders.unreadable",
+                                RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED);
+  Recorder rec;
+  const auto start = std::chrono::steady_clock::now();
+  second->Submit(committed, rec.Callback());
+  second->Submit(lost, rec.Callback());
+  ASSERT_TRUE(rec.WaitCount(2));
+  const auto outcomes = rec.outcomes();
+  EXPECT_EQ(outcomes.at(1)[0].kind, OutcomeKind::kDelivered) << outcomes.at(1)[0].reason;
+  EXPECT_NE(outcomes.at(2)[0].kind, OutcomeKind::kDelivered);
+  EXPECT_NE(outcomes.at(2)[0].reason.find("orders.unreadable"), std::string::npos)
+      << outcomes.at(2)[0].reason;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 6s) << "waited for the attempt timeout";
+  EXPECT_EQ(second->EventCounts().at("recovered"), 1);
+}
+
 TEST_F(TransactionalSinkTest, ShutdownHandsBackWhatWasNeverSent) {
   auto sink = MakeKafkaSink("orders", Target());
   sink->Shutdown(2s);

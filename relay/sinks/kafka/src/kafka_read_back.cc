@@ -11,6 +11,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kafka_records.h"
@@ -80,13 +81,18 @@ std::unique_ptr<Consumer> MakeConsumer(const KafkaTarget& target, const char* is
 int PartitionCount(rd_kafka_t* rk, const std::string& topic, Clock::time_point deadline) {
   rd_kafka_topic_t* t = rd_kafka_topic_new(rk, topic.c_str(), nullptr);
   std::string last_error = "timed out";
+  // A topic the broker does not know may be a moment from existing (just created): asked
+  // again for a while. One the relay may not read, or an invalid name, fails at once.
+  const auto unknown_until = std::min(deadline, Clock::now() + std::chrono::seconds(2));
   while (Clock::now() < deadline) {
     const rd_kafka_metadata_t* md = nullptr;
     const rd_kafka_resp_err_t e =
         rd_kafka_metadata(rk, 0, t, &md, std::max(RemainingMs(deadline), 1));
+    rd_kafka_resp_err_t topic_error = RD_KAFKA_RESP_ERR_NO_ERROR;
     if (e == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1) {
       const auto& tm = md->topics[0];
       const int n = tm.err == RD_KAFKA_RESP_ERR_NO_ERROR ? tm.partition_cnt : -1;
+      topic_error = tm.err;
       if (tm.err != RD_KAFKA_RESP_ERR_NO_ERROR) last_error = rd_kafka_err2str(tm.err);
       rd_kafka_metadata_destroy(md);
       if (n > 0) {
@@ -97,10 +103,18 @@ int PartitionCount(rd_kafka_t* rk, const std::string& topic, Clock::time_point d
       if (md != nullptr) rd_kafka_metadata_destroy(md);
       last_error = rd_kafka_err2str(e);
     }
+    const bool unknown = topic_error == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART ||
+                         topic_error == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
+    const bool final = (topic_error != RD_KAFKA_RESP_ERR_NO_ERROR && !unknown &&
+                        topic_error != RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE) ||
+                       (unknown && Clock::now() >= unknown_until);
+    if (final) break;
+    std::this_thread::sleep_for(
+        std::min(std::chrono::milliseconds(100), std::chrono::milliseconds(RemainingMs(deadline))));
   }
   rd_kafka_topic_destroy(t);
   throw std::runtime_error("topic " + topic + ": no partitions found (" + last_error +
-                           "); check the brokers and the topic name");
+                           "); check the brokers, the topic name and the relay's permissions");
 }
 
 std::vector<std::string> TopicsOf(const Destination& d, const KafkaTarget& target,

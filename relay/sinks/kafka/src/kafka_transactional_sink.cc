@@ -413,27 +413,37 @@ class TransactionalKafkaSink final : public Sink {
       }
     }
     if (keys.empty()) return;
+    // Topic by topic: one that cannot be read (no permission, gone) fails its own messages,
+    // not every message of the cycle. All within one attempt timeout.
+    const auto deadline = Clock::now() + target_.attempt_timeout;
     std::set<std::string> found;
+    std::map<std::string, std::string> failed;  // topic -> why
     std::size_t partitions = 0;
-    std::string error;
-    try {
-      auto read = kafka_detail::FindRecorded(target_, topics, since, keys, target_.attempt_timeout);
-      found = std::move(read.found);
-      partitions = read.partitions_read.size();
-      partitions_read_ += static_cast<std::int64_t>(partitions);
-    } catch (const std::exception& e) {
-      error = e.what();
+    for (const auto& [topic, record_keys] : topics) {
+      try {
+        const auto left = std::max(
+            milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+        auto read = kafka_detail::FindRecorded(target_, {{topic, record_keys}}, since, keys, left);
+        found.insert(read.found.begin(), read.found.end());
+        partitions += read.partitions_read.size();
+      } catch (const std::exception& e) {
+        failed[topic] = e.what();
+      }
     }
-    std::size_t recovered = 0;
+    partitions_read_ += static_cast<std::int64_t>(partitions);
+    std::size_t recovered = 0, unchecked = 0;
     for (auto& [bucket, items] : by_bucket) {
       std::vector<Item*> keep;
       for (Item* item : items) {
+        const auto why = failed.find(item->topic);
         if (item->msg.attempts == 0) {
           keep.push_back(item);
-        } else if (!error.empty()) {
-          Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry,
-                                  "cannot check whether an earlier attempt reached Kafka: " + error,
-                                  Reason::kBroker));
+        } else if (why != failed.end()) {
+          ++unchecked;
+          Finish(item->done,
+                 Make(item->msg.id, OutcomeKind::kRetry,
+                      "cannot check whether an earlier attempt reached Kafka: " + why->second,
+                      Reason::kBroker));
         } else if (found.count(item->msg.idempotency_key)) {
           ++recovered;
           ++recovered_;
@@ -445,18 +455,18 @@ class TransactionalKafkaSink final : public Sink {
       }
       items.swap(keep);
     }
-    if (!error.empty()) {
+    for (const auto& [topic, why] : failed) {
       spdlog::warn(
-          "kafka destination \"{}\": exactly-once recovery could not read {} message(s)' "
-          "topics, retried later: {}",
-          destination_, keys.size(), error);
-    } else {
-      spdlog::info(
-          "kafka destination \"{}\": exactly-once recovery: {} of {} message(s) claimed again "
-          "were already in Kafka (committed, settle lost) and complete without producing them "
-          "again ({} partition(s) read)",
-          destination_, recovered, keys.size(), partitions);
+          "kafka destination \"{}\": exactly-once recovery could not read topic {}; its "
+          "messages are retried later: {}",
+          destination_, topic, why);
     }
+    spdlog::info(
+        "kafka destination \"{}\": exactly-once recovery: {} of {} message(s) claimed again "
+        "were already in Kafka (committed, settle lost) and complete without producing them "
+        "again ({} partition(s) read{})",
+        destination_, recovered, keys.size(), partitions,
+        unchecked > 0 ? ", " + std::to_string(unchecked) + " not checked" : std::string());
   }
 
   // Begins `bucket`'s transaction and produces its items. False when nothing is open (every
