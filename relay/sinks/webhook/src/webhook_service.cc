@@ -450,10 +450,12 @@ class WebhookServiceSink final : public Sink {
     }
     std::unordered_set<std::string> owed;
     bool owed_known = true;
+    std::string owed_error;
     try {
       owed = planner_dir_->OwedKeys(keys);
     } catch (const std::exception& e) {
       owed_known = false;
+      owed_error = e.what();
       spdlog::warn("webhook {}: cannot read what endpoints still owe ({}); keyed messages wait",
                    destination_, e.what());
     }
@@ -462,8 +464,8 @@ class WebhookServiceSink final : public Sink {
         in_flight_.fetch_sub(1);
         Call(job.done,
              Simple(job.msg.id, OutcomeKind::kReturned,
-                    "cannot check the endpoints' order of this key: database unreachable",
-                    Reason::kNone, kNotLoadedHold),
+                    "cannot check the endpoints' order of this key: " + owed_error, Reason::kNone,
+                    kNotLoadedHold),
              destination_);
         continue;
       }
