@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "outbox_relay/endpoint_directory.h"
+#include "outbox_test/gate.h"
 #include "outbox_test/http_receiver.h"
 #include "outbox_test/wait.h"
 
@@ -56,7 +57,9 @@ TEST(EndpointDeliveryId, IsTheUuidOfTheMd5OfMessageAndEndpoint) {
 // webhook_service_process_pgtest): what it does when its view of the endpoints lags ---
 
 using namespace std::chrono_literals;
+using outbox::testing::Gate;
 using outbox::testing::HttpReceiver;
+using outbox::testing::OpenOnExit;
 using outbox::testing::Reply;
 using outbox::testing::WaitFor;
 
@@ -199,33 +202,13 @@ class WebhookServiceSinkTest : public ::testing::Test {
   FakeRegistry registry_;
 };
 
-/// Holds receiver threads until opened.
-class Gate {
- public:
-  void Wait() {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, 15s, [&] { return open_; });
-  }
-  void Open() {
-    {
-      std::lock_guard lock(mu_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
-
 // A fan-out copy queued behind an endpoint's own rows (after an outage those fill its sink)
 // goes as soon as they finish, not after it aged out of the backlog (2 s, then a row of its
 // own "slower than the others").
 TEST_F(WebhookServiceSinkTest, AFanOutCopyBehindAnEndpointsRowsGoesWhenTheyFinish) {
   Gate gate;
   HttpReceiver receiver;
+  OpenOnExit release{gate};
   receiver.SetResponder([&](const outbox::testing::ReceivedRequest&) {
     gate.Wait();
     return Reply{};

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "outbox_test/gate.h"
 #include "outbox_test/http_receiver.h"
 #include "outbox_test/wait.h"
 #include "spec_signature.h"
@@ -33,7 +34,9 @@ namespace outbox::relay {
 namespace {
 
 using namespace std::chrono_literals;
+using outbox::testing::Gate;
 using outbox::testing::HttpReceiver;
+using outbox::testing::OpenOnExit;
 using outbox::testing::ReceivedRequest;
 using outbox::testing::Reply;
 using outbox::testing::WaitFor;
@@ -79,34 +82,6 @@ class Completions {
   mutable std::mutex mu_;
   std::vector<Outcome> outcomes_;
   std::map<std::int64_t, int> calls_;
-};
-
-/// Holds receiver threads until opened (or until a safety bound passes).
-class Gate {
- public:
-  void Wait(std::chrono::milliseconds at_most = 15s) {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, at_most, [&] { return open_; });
-  }
-  void Open() {
-    {
-      std::lock_guard lock(mu_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
-
-/// Opens a gate when the test scope ends, before the receiver (declared earlier) joins
-/// its threads.
-struct OpenOnExit {
-  Gate& gate;
-  ~OpenOnExit() { gate.Open(); }
 };
 
 std::string KeyOf(int n) {
