@@ -89,6 +89,7 @@ class RecordingSink final : public Sink {
   }
 
   void Shutdown(std::chrono::milliseconds) override {
+    if (on_shutdown_) on_shutdown_();
     std::deque<Pending> held;
     {
       std::lock_guard lk(mu_);
@@ -104,6 +105,11 @@ class RecordingSink final : public Sink {
   }
   bool Ready() const override { return true; }
   std::string_view Kind() const override { return "recording"; }
+  bool FencesOthersWhenItStarts() const override { return fences_; }
+  /// Acts as an exactly-once sink would: its start fences the relay it took over from.
+  void SetFences(bool fences) { fences_ = fences; }
+  /// Runs at the start of Shutdown (set before the dispatcher starts).
+  void OnShutdown(std::function<void()> hook) { on_shutdown_ = std::move(hook); }
   std::size_t InFlight() const override {
     std::lock_guard lk(mu_);
     return static_cast<std::size_t>(in_flight_);
@@ -172,6 +178,8 @@ class RecordingSink final : public Sink {
   }
 
   Decide decide_;
+  bool fences_ = false;
+  std::function<void()> on_shutdown_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> ready_, held_;
@@ -208,9 +216,11 @@ class DispatcherTest : public ::testing::Test {
 
   // Starts a dispatcher for `config` whose only destination's sink is `sink`.
   Dispatcher& Start(RelayConfig config, RecordingSink::Decide decide,
-                    RelayMetrics* metrics = nullptr) {
+                    RelayMetrics* metrics = nullptr,
+                    const std::function<void(RecordingSink&)>& prepare = nullptr) {
     auto sink = std::make_unique<RecordingSink>(std::move(decide));
     sink_ = sink.get();
+    if (prepare) prepare(*sink);
     std::map<std::string, SinkPtr> sinks;
     sinks.emplace("orders", std::move(sink));
     DispatcherEnv env;
@@ -540,6 +550,36 @@ TEST_F(DispatcherTest, PartitionedModeClaimsWhatTheCoordinatorAssignsAndHandsItB
   }
   EXPECT_TRUE(dispatcher_->Stop());
   EXPECT_EQ(db_.Calls("coordinate_leave"), 1) << "buckets are handed back at stop";
+}
+
+// Exactly-once: the next owner of a bucket fences this relay's producer when it starts, which
+// aborts a transaction still open. A stopping relay whose sink fences keeps its buckets until
+// the sink finished what it holds (and the settles are written); others hand them back first,
+// so that the other relays take over at once.
+TEST_F(DispatcherTest, AFencingSinkFinishesBeforeTheBucketsAreHandedBack) {
+  for (const bool fences : {true, false}) {
+    SCOPED_TRACE(fences ? "fencing sink" : "plain sink");
+    if (dispatcher_) dispatcher_->Stop();
+    dispatcher_.reset();
+    const auto leaves_before = db_.Calls("coordinate_leave");
+    db_.Enqueue("orders", "k");
+    auto cfg = Config();
+    cfg.claim_mode = ClaimMode::kPartitioned;
+    cfg.partition_heartbeat = 20ms;
+    std::atomic<std::int64_t> left_at_shutdown{-1};
+    Start(
+        cfg, [](const Message&) { return std::optional<Outcome>(); }, nullptr,
+        [&](RecordingSink& sink) {
+          sink.SetFences(fences);
+          sink.OnShutdown(
+              [&] { left_at_shutdown = db_.Calls("coordinate_leave") - leaves_before; });
+        });
+    ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+    dispatcher_->Stop();
+    EXPECT_EQ(left_at_shutdown.load(), fences ? 0 : 1)
+        << "buckets handed back before the sink had finished";
+    EXPECT_EQ(db_.Calls("coordinate_leave") - leaves_before, 1) << "buckets are handed back";
+  }
 }
 
 // The claim loop reads its buckets, may hand back a lost claim's rows (a round trip), then

@@ -21,7 +21,7 @@ void Dispatcher::Impl::CoordinatorLoop() {
   Reconnect db("coordinator: heartbeat failed", "coordinator: database reachable again",
                [this] { DbError(); });
   std::uint64_t seen_gen = 0;
-  while (!stopping) {
+  while (!coordinator_stopping) {
     try {
       auto now_owned = store.Coordinate(instance_id, config.partition_lease, false, description);
       last_ok = Now();
@@ -50,7 +50,7 @@ void Dispatcher::Impl::CoordinatorLoop() {
     }
     std::unique_lock lk(mu);
     wake_cv.wait_for(lk, config.partition_heartbeat, [&] {
-      return stopping.load() || (rebalance_requested && wake_gen != seen_gen);
+      return coordinator_stopping.load() || (rebalance_requested && wake_gen != seen_gen);
     });
     seen_gen = wake_gen;
     rebalance_requested = false;

@@ -298,10 +298,27 @@ bool Dispatcher::Stop() {
   if (!d.started || d.stopped) return true;
   d.stopped = true;
   const auto deadline = d.Now() + d.config.shutdown_timeout;
-  d.stopping = true;
+  // Buckets go back at once, so the other relays take over while this one finishes; unless
+  // a sink's start fences the previous owner (exactly-once: the next owner's
+  // init_transactions would abort this relay's last transactions), then after the settles.
+  const bool keep_buckets = std::any_of(d.sinks.begin(), d.sinks.end(), [](const auto& s) {
+    return s.second->FencesOthersWhenItStarts();
+  });
+  auto hand_back_buckets = [&d] {
+    {
+      std::lock_guard lk(d.mu);
+      d.coordinator_stopping = true;
+    }
+    d.wake_cv.notify_all();
+    if (d.coordinator.joinable()) d.coordinator.join();  // hands the buckets back
+  };
+  {
+    std::lock_guard lk(d.mu);
+    d.stopping = true;
+  }
   d.wake_cv.notify_all();
   for (auto& t : d.loops) t.join();
-  if (d.coordinator.joinable()) d.coordinator.join();  // hands the buckets back at once
+  if (!keep_buckets) hand_back_buckets();
   if (d.listener.joinable()) d.listener.join();
   // In-flight deliveries come before maintenance, which may be inside a long query: it is
   // joined after the sinks have had their shutdown budget.
@@ -322,6 +339,7 @@ bool Dispatcher::Stop() {
   }
   d.settle_cv.notify_all();
   d.settler.join();
+  if (keep_buckets) hand_back_buckets();
   if (d.maintenance.joinable()) d.maintenance.join();
   return all;
 }

@@ -64,6 +64,10 @@ struct Dispatcher::Impl {
   // --- any thread ---
   std::atomic<bool> sweep_find_logged{false};
   std::atomic<bool> stopping{false};
+  // The coordinator's own stop (claim_mode partitioned): set with `stopping`, or, when a sink
+  // fences the next owner as it starts (Sink::FencesOthersWhenItStarts), after the sinks shut
+  // down and the settles were written, so the buckets move only then.
+  std::atomic<bool> coordinator_stopping{false};
   std::atomic<bool> db_ok{false};  // the last claim reached the database (readiness)
 
   void DbError() { metrics->RecordDbError(); }

@@ -134,6 +134,12 @@ class Sink {
   /// per response class in outbox_webhook_responses_total.
   virtual bool OutcomesAreResponses() const { return false; }
 
+  /// True when starting to deliver a bucket fences the relay that delivered it before (the
+  /// exactly-once Kafka sink: init_transactions aborts the previous producer's open
+  /// transaction). A stopping relay then keeps its buckets (claim_mode partitioned) until this
+  /// sink has shut down, so its last transactions commit rather than being fenced.
+  virtual bool FencesOthersWhenItStarts() const { return false; }
+
   /// What the sink knows of its target's health: the circuit breaker and the concurrency it
   /// allows (webhooks); nullopt for a sink that keeps none. Published as metrics and in the
   /// relay's heartbeat, which `outbox-relay status` shows.

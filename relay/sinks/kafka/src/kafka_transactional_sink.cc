@@ -193,6 +193,7 @@ class TransactionalKafkaSink final : public Sink {
   }
   std::size_t InFlight() const override { return in_flight_.load(); }
   std::string_view Kind() const override { return "kafka"; }
+  bool FencesOthersWhenItStarts() const override { return true; }  // init_transactions
   std::optional<TargetHealth> Health() const override {
     TargetHealth h;
     h.kind = "kafka";
