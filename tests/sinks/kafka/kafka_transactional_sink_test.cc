@@ -360,6 +360,31 @@ TEST_F(TransactionalSinkTest, ATopicThatCannotBeReadBackFailsOnlyItsOwnMessages)
   EXPECT_EQ(second->EventCounts().at("recovered"), 1);
 }
 
+// A message routed to a topic the relay may not write (or that does not exist, on a broker
+// that does not create topics) fails on its own: the other messages of its bucket commit.
+TEST_F(TransactionalSinkTest, AMessageForAnUnusableTopicDoesNotFailItsBucketsTransaction) {
+  KafkaTarget target = Target();
+  target.topic = "orders.{event_type}";
+  target.topic_prefix = "orders.";
+  target.attempt_timeout = 8s;
+  cluster_->CreateTopic("orders.created", 3, 3);
+  rd_kafka_mock_topic_set_error(cluster_->raw(), "orders.denied",
+                                RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED);
+  auto sink = MakeKafkaSink("orders", target);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    Message denied = MakeMessage(10 * round + 1, 0);
+    denied.event_type = "denied";
+    Message fine = MakeMessage(10 * round + 2, 0);
+    const auto outcomes = Deliver(*sink, {denied, fine});
+    EXPECT_EQ(outcomes.at(10 * round + 1)[0].kind, OutcomeKind::kPermanent);
+    EXPECT_NE(outcomes.at(10 * round + 1)[0].reason.find("orders.denied"), std::string::npos)
+        << outcomes.at(10 * round + 1)[0].reason;
+    EXPECT_EQ(outcomes.at(10 * round + 2)[0].kind, OutcomeKind::kDelivered)
+        << outcomes.at(10 * round + 2)[0].reason;
+  }
+}
+
 TEST_F(TransactionalSinkTest, ShutdownHandsBackWhatWasNeverSent) {
   auto sink = MakeKafkaSink("orders", Target());
   sink->Shutdown(2s);

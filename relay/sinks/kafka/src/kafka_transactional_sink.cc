@@ -282,6 +282,9 @@ class TransactionalKafkaSink final : public Sink {
     // 3a. A claim that ran out meanwhile may be another relay's now, which may have sent it;
     //     our producer, made just now, may even have fenced that relay. Not ours to send.
     DropExpiredClaims(by_bucket);
+    // 3b. A record for a topic the broker refuses (authorization, invalid name) would fail its
+    //     whole bucket's transaction: such messages fail on their own, before it begins.
+    DropUnusableTopics(by_bucket);
     // 3. Begin and produce every bucket's transaction, then 4. commit them: their records
     //    travel together, each commit waits only for its own.
     std::vector<std::pair<int, std::vector<Item*>>> open;
@@ -366,6 +369,69 @@ class TransactionalKafkaSink final : public Sink {
         Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry, p.why, Reason::kBroker));
       }
       by_bucket.erase(p.bucket);
+    }
+  }
+
+  // Why the broker refuses records for `topic` for good (nullopt: it takes them, or cannot be
+  // asked now: the transaction will tell). Asked once per topic until it answered for 60 s;
+  // a refusal is asked again after 5 s. An unknown topic is not refused: a broker may create
+  // it on the first record.
+  std::optional<rd_kafka_resp_err_t> TopicRefusal(const std::string& topic) {
+    const auto now = Clock::now();
+    if (const auto it = topic_checked_.find(topic);
+        it != topic_checked_.end() && now < it->second.until) {
+      return it->second.refusal;
+    }
+    rd_kafka_topic_t* t = rd_kafka_topic_new(probe_, topic.c_str(), nullptr);
+    const rd_kafka_metadata_t* md = nullptr;
+    const rd_kafka_resp_err_t e =
+        rd_kafka_metadata(probe_, 0, t, &md, static_cast<int>(kProbeTimeout.count()));
+    std::optional<rd_kafka_resp_err_t> refusal;
+    bool answered = false;
+    if (e == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1) {
+      answered = true;
+      switch (md->topics[0].err) {
+        case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+        case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:  // invalid topic name
+          refusal = md->topics[0].err;
+          break;
+        default:
+          break;
+      }
+    }
+    if (md != nullptr) rd_kafka_metadata_destroy(md);
+    rd_kafka_topic_destroy(t);
+    if (answered) {
+      topic_checked_[topic] =
+          TopicCheck{refusal, now + (refusal ? milliseconds(5'000) : milliseconds(60'000))};
+      if (topic_checked_.size() > 10'000) topic_checked_.clear();  // templates: bounded
+    }
+    return refusal;
+  }
+
+  void DropUnusableTopics(std::map<int, std::vector<Item*>>& by_bucket) {
+    std::map<std::string, std::optional<rd_kafka_resp_err_t>> refused;
+    for (auto& [bucket, items] : by_bucket) {
+      std::vector<Item*> keep;
+      for (Item* item : items) {
+        auto it = refused.find(item->topic);
+        if (it == refused.end()) it = refused.emplace(item->topic, TopicRefusal(item->topic)).first;
+        if (!it->second) {
+          keep.push_back(item);
+          continue;
+        }
+        Outcome out = ClassifyDeliveryError(item->msg.id, *it->second, false);
+        out.reason = "topic " + item->topic + ": " + rd_kafka_err2str(*it->second) +
+                     " (not produced; the other messages of its transaction were)";
+        Finish(item->done, NotProduced(*item, std::move(out)));
+      }
+      items.swap(keep);
+    }
+    for (const auto& [topic, why] : refused) {
+      if (why) {
+        spdlog::warn("kafka destination \"{}\": the broker refuses topic {}: {}", destination_,
+                     topic, rd_kafka_err2str(*why));
+      }
     }
   }
 
@@ -629,6 +695,11 @@ class TransactionalKafkaSink final : public Sink {
   const KafkaTarget target_;
   const kafka_detail::TopicRoute route_;
   rd_kafka_t* probe_ = nullptr;  // metadata only: Ready() before the first transaction
+  struct TopicCheck {
+    std::optional<rd_kafka_resp_err_t> refusal;
+    Clock::time_point until;
+  };
+  std::map<std::string, TopicCheck> topic_checked_;  // worker thread only
 
   std::mutex mu_;
   std::condition_variable cv_;
