@@ -385,6 +385,34 @@ TEST_F(TransactionalSinkTest, AMessageForAnUnusableTopicDoesNotFailItsBucketsTra
   }
 }
 
+// A topic that does not exist, on a broker that does not create topics: its first record
+// cannot complete and aborts its bucket's transaction (the broker might have created it).
+// After that the sink knows: while the broker still does not have it, its messages are
+// retried without being produced, and the others of the bucket commit.
+TEST_F(TransactionalSinkTest, AfterAMissingTopicFailedATransactionItsMessagesStayOutOfTheNext) {
+  KafkaTarget target = Target();
+  target.topic = "orders.{event_type}";
+  target.topic_prefix = "orders.";
+  target.attempt_timeout = 4s;
+  cluster_->CreateTopic("orders.created", 3, 3);
+  rd_kafka_mock_topic_set_error(cluster_->raw(), "orders.missing",
+                                RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART);
+  auto sink = MakeKafkaSink("orders", target);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    Message missing = MakeMessage(10 * round + 1, 0);
+    missing.event_type = "missing";
+    Message fine = MakeMessage(10 * round + 2, 0);
+    const auto outcomes = Deliver(*sink, {missing, fine});
+    EXPECT_EQ(outcomes.at(10 * round + 1)[0].kind, OutcomeKind::kRetry);
+    if (round == 1) {
+      EXPECT_EQ(outcomes.at(11)[0].reason_class, Reason::kUnknownTopic)
+          << outcomes.at(11)[0].reason;
+      EXPECT_EQ(outcomes.at(12)[0].kind, OutcomeKind::kDelivered) << outcomes.at(12)[0].reason;
+    }
+  }
+}
+
 TEST_F(TransactionalSinkTest, ShutdownHandsBackWhatWasNeverSent) {
   auto sink = MakeKafkaSink("orders", Target());
   sink->Shutdown(2s);

@@ -388,6 +388,7 @@ class TransactionalKafkaSink final : public Sink {
         rd_kafka_metadata(probe_, 0, t, &md, static_cast<int>(kProbeTimeout.count()));
     std::optional<rd_kafka_resp_err_t> refusal;
     bool answered = false;
+    bool unknown = false;
     if (e == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1) {
       answered = true;
       switch (md->topics[0].err) {
@@ -395,16 +396,24 @@ class TransactionalKafkaSink final : public Sink {
         case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:  // invalid topic name
           refusal = md->topics[0].err;
           break;
+        case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+          unknown = true;
+          // Still unknown after one of its records failed a transaction: the broker does not
+          // create it. Until it exists, its messages are retried without being produced.
+          if (stalled_topics_.count(topic)) refusal = md->topics[0].err;
+          break;
         default:
+          stalled_topics_.erase(topic);
           break;
       }
     }
     if (md != nullptr) rd_kafka_metadata_destroy(md);
     rd_kafka_topic_destroy(t);
     if (answered) {
-      topic_checked_[topic] =
-          TopicCheck{refusal, now + (refusal ? milliseconds(5'000) : milliseconds(60'000))};
+      topic_checked_[topic] = TopicCheck{
+          refusal, now + (refusal || unknown ? milliseconds(5'000) : milliseconds(60'000))};
       if (topic_checked_.size() > 10'000) topic_checked_.clear();  // templates: bounded
+      if (stalled_topics_.size() > 10'000) stalled_topics_.clear();
     }
     return refusal;
   }
@@ -422,7 +431,10 @@ class TransactionalKafkaSink final : public Sink {
         }
         Outcome out = ClassifyDeliveryError(item->msg.id, *it->second, false);
         out.reason = "topic " + item->topic + ": " + rd_kafka_err2str(*it->second) +
-                     " (not produced; the other messages of its transaction were)";
+                     (out.kind == OutcomeKind::kRetry
+                          ? " (a record of it did not complete before; not produced until the "
+                            "broker has the topic)"
+                          : " (not produced; the other messages of its transaction were)");
         Finish(item->done, NotProduced(*item, std::move(out)));
       }
       items.swap(keep);
@@ -630,6 +642,15 @@ class TransactionalKafkaSink final : public Sink {
     p->fatal.store(true);
     spdlog::warn("kafka destination \"{}\": {}; {} message(s) retried", destination_, why,
                  items.size());
+    // A record that never completed, or whose topic the broker did not know, may be one for a
+    // topic that does not exist: asked again before the next transaction (TopicRefusal).
+    for (Item* item : items) {
+      if (!item->reported || item->report == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART ||
+          item->report == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC) {
+        stalled_topics_.insert(item->topic);
+        topic_checked_.erase(item->topic);
+      }
+    }
     for (Item* item : items) {
       if (item->reported && item->report != RD_KAFKA_RESP_ERR_NO_ERROR) {
         Outcome own = ClassifyDeliveryError(item->msg.id, item->report, false);
@@ -700,6 +721,8 @@ class TransactionalKafkaSink final : public Sink {
     Clock::time_point until;
   };
   std::map<std::string, TopicCheck> topic_checked_;  // worker thread only
+  /// Topics with a record that did not complete in a failed transaction; worker thread only.
+  std::set<std::string> stalled_topics_;
 
   std::mutex mu_;
   std::condition_variable cv_;
