@@ -100,7 +100,13 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     held.token = token;
     if (!fresh && (held.in_sink || held.removes)) {
       // Its earlier copy is still in the sink, or delivered and not settled yet: that
-      // outcome settles this claim.
+      // outcome settles this claim. (A queued outcome takes the token here; one the settler
+      // has taken takes it before its next try, SettleLoop.)
+      if (!held.in_sink) {
+        for (auto& queued : settle_queue) {
+          if (queued.id == msg.id && Removes(queued)) queued.lease_token = token;
+        }
+      }
       spdlog::warn(
           "{}: message {} was claimed again while its earlier claim was not settled yet "
           "(that lease ran out); not sent twice, the earlier claim's outcome settles it",

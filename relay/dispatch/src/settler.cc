@@ -86,17 +86,6 @@ void Dispatcher::Impl::SettleLoop() {
     }
     SettleCounts c;
     while (true) {
-      {
-        // A message claimed again since its outcome was queued settles under the new token.
-        std::lock_guard lk(settle_mu);
-        for (auto& s : batch) {
-          if (!Removes(s)) continue;
-          if (const auto it = held_leases.find(Raw(s.id));
-              it != held_leases.end() && !it->second.in_sink && it->second.removes) {
-            s.lease_token = it->second.token;
-          }
-        }
-      }
       try {
         c = store.Settle(batch, config.retention.archive_delivered);
         RecordSettled(batch, c);
@@ -129,6 +118,15 @@ void Dispatcher::Impl::SettleLoop() {
           break;
         }
         settle_cv.wait_for(lk, pause);
+        // A message claimed again meanwhile (the outage outlasted its lease) settles under the
+        // new token.
+        for (auto& s : batch) {
+          if (!Removes(s)) continue;
+          if (const auto it = held_leases.find(Raw(s.id));
+              it != held_leases.end() && !it->second.in_sink && it->second.removes) {
+            s.lease_token = it->second.token;
+          }
+        }
       }
     }
     bool again = false;

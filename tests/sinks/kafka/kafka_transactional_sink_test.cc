@@ -95,6 +95,17 @@ class TransactionalSinkTest : public ::testing::Test {
     return target;
   }
 
+  // Topic per message, "orders.{event_type}" under the prefix "orders."; only orders.created
+  // exists at first.
+  KafkaTarget RoutedByEventType(std::chrono::milliseconds attempt_timeout) const {
+    KafkaTarget target = Target();
+    target.topic = "orders.{event_type}";
+    target.topic_prefix = "orders.";
+    target.attempt_timeout = attempt_timeout;
+    cluster_->CreateTopic("orders.created", 3, 3);
+    return target;
+  }
+
   // Submits `messages` to `sink` and waits for each completion.
   static std::map<std::int64_t, std::vector<Outcome>> Deliver(
       Sink& sink, const std::vector<Message>& messages) {
@@ -329,11 +340,7 @@ TEST_F(TransactionalSinkTest, AClaimThatRanOutBeforeItsProducerWasReadyIsHandedB
 // only its own messages: the others of the cycle are recovered at once, not retried after the
 // whole attempt timeout.
 TEST_F(TransactionalSinkTest, ATopicThatCannotBeReadBackFailsOnlyItsOwnMessages) {
-  KafkaTarget target = Target();
-  target.topic = "orders.{event_type}";
-  target.topic_prefix = "orders.";
-  target.attempt_timeout = 8s;
-  cluster_->CreateTopic("orders.created", 3, 3);
+  const KafkaTarget target = RoutedByEventType(8s);
   {
     auto first = MakeKafkaSink("orders", target);
     for (const auto& [id, outs] : Deliver(*first, {MakeMessage(1, 0)}))
@@ -363,11 +370,7 @@ TEST_F(TransactionalSinkTest, ATopicThatCannotBeReadBackFailsOnlyItsOwnMessages)
 // A message routed to a topic the relay may not write (or that does not exist, on a broker
 // that does not create topics) fails on its own: the other messages of its bucket commit.
 TEST_F(TransactionalSinkTest, AMessageForAnUnusableTopicDoesNotFailItsBucketsTransaction) {
-  KafkaTarget target = Target();
-  target.topic = "orders.{event_type}";
-  target.topic_prefix = "orders.";
-  target.attempt_timeout = 8s;
-  cluster_->CreateTopic("orders.created", 3, 3);
+  const KafkaTarget target = RoutedByEventType(8s);
   rd_kafka_mock_topic_set_error(cluster_->raw(), "orders.denied",
                                 RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED);
   auto sink = MakeKafkaSink("orders", target);
@@ -390,11 +393,7 @@ TEST_F(TransactionalSinkTest, AMessageForAnUnusableTopicDoesNotFailItsBucketsTra
 // After that the sink knows: while the broker still does not have it, its messages are
 // retried without being produced, and the others of the bucket commit.
 TEST_F(TransactionalSinkTest, AfterAMissingTopicFailedATransactionItsMessagesStayOutOfTheNext) {
-  KafkaTarget target = Target();
-  target.topic = "orders.{event_type}";
-  target.topic_prefix = "orders.";
-  target.attempt_timeout = 4s;
-  cluster_->CreateTopic("orders.created", 3, 3);
+  const KafkaTarget target = RoutedByEventType(4s);
   rd_kafka_mock_topic_set_error(cluster_->raw(), "orders.missing",
                                 RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART);
   auto sink = MakeKafkaSink("orders", target);
