@@ -55,7 +55,8 @@ Percentiles Summarize(std::vector<std::int64_t> values_us) {
   if (values_us.empty()) return p;
   std::sort(values_us.begin(), values_us.end());
   const auto at = [&](double q) {
-    const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(values_us.size())));
+    const auto rank =
+        static_cast<std::size_t>(std::ceil(q * static_cast<double>(values_us.size())));
     return static_cast<double>(values_us[std::max<std::size_t>(rank, 1) - 1]) / 1000.0;
   };
   p.p50_ms = at(0.50);
@@ -94,13 +95,23 @@ std::map<int, ThreadCpu> SelfThreadsCpu() {
     } catch (const std::exception&) {
       continue;
     }
+    std::string name = ReadTextFile(dir + "/comm");
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    // schedstat's first field is the thread's time on a CPU in nanoseconds, exact; stat's
+    // utime + stime come in clock ticks (10 ms), too coarse for 32 threads of a few seconds.
+    const auto run = SplitWords(ReadTextFile(dir + "/schedstat"));
+    if (!run.empty()) {
+      try {
+        out[tid] = ThreadCpu{name, std::stoll(run[0]) / 1000};
+        continue;
+      } catch (const std::exception&) {
+      }
+    }
     const std::string text = ReadTextFile(dir + "/stat");
     const auto close = text.rfind(')');
     if (close == std::string::npos) continue;  // the thread ended meanwhile
     const auto f = SplitWords(text.substr(close + 1));
     if (f.size() < 13) continue;
-    std::string name = ReadTextFile(dir + "/comm");
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
     out[tid] = ThreadCpu{name, (std::stoll(f[11]) + std::stoll(f[12])) * 1'000'000 / ticks};
   }
   return out;
