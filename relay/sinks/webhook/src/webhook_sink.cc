@@ -362,6 +362,13 @@ class WebhookSink final : public Sink {
     Completion done;
   };
 
+  struct Worker;
+  struct BodySource {
+    const WebhookSink* sink;
+    const Worker* worker;
+    const Message* msg;
+  };
+
   struct Worker {
     std::unique_ptr<httplib::ClientImpl> client;  ///< Keep-alive connection of this worker.
     std::string connect_ip;                       ///< The checked address client connects to.
@@ -401,10 +408,11 @@ class WebhookSink final : public Sink {
     sigaddset(&pipe, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
 
+    // Kept across requests: a std::deque allocates its map and a node when constructed.
+    std::deque<Job> returned;
     while (true) {
       Job job;
       EndpointGovernor::Ticket ticket;
-      std::deque<Job> returned;
       std::string why_returned;
       {
         std::unique_lock lock(mu_);
@@ -647,10 +655,12 @@ class WebhookSink final : public Sink {
     // such last moment (httplib never calls the provider for it): only the check before the
     // send guards it.
     req.content_length_ = msg.payload.size();
-    req.content_provider_ = [this, &worker, &msg](std::size_t offset, std::size_t length,
-                                                  httplib::DataSink& sink) {
-      if (offset == 0 && Abandoned(worker)) return false;  // Error::Canceled
-      sink.write(msg.payload.data() + offset, length);     // a failed write: Error::Write
+    // One pointer captured: std::function keeps it inline, with no allocation per request.
+    const BodySource body{this, &worker, &msg};
+    req.content_provider_ = [&body](std::size_t offset, std::size_t length,
+                                    httplib::DataSink& sink) {
+      if (offset == 0 && body.sink->Abandoned(*body.worker)) return false;  // Error::Canceled
+      sink.write(body.msg->payload.data() + offset, length);  // a failed write: Error::Write
       return true;
     };
 
