@@ -145,12 +145,12 @@ class WebhookServiceSinkTest : public ::testing::Test {
     return e;
   }
 
-  SinkPtr Start() {
+  SinkPtr Start(std::chrono::milliseconds timeout = 5000ms) {
     WebhookTarget t;
     t.database_url = "postgresql://fake.invalid/none";  // the fake directory never connects
     t.endpoints_from_database = true;
     t.allow_private_networks = true;
-    t.timeout = 5000ms;
+    t.timeout = timeout;
     t.connect_timeout = 2000ms;
     t.delivery_log = true;
     auto sink = MakeWebhookServiceSink("hooks", t);
@@ -324,6 +324,48 @@ TEST_F(WebhookServiceSinkTest, DeliveryLogRowsWaitForTheDatabaseInsteadOfBeingLo
       10s))
       << registry_.recorded.size() << " rows written";
   sink->Shutdown(5s);
+}
+
+// An endpoint whose URL changed gets a new sink; the registry thread then waits (up to one
+// request timeout) for the old one's requests to finish. Stopping the service meanwhile keeps
+// to the stop's deadline: it had waited for the registry thread, so for the old endpoint's
+// hanging request, the whole request timeout (20 s here) past a 300 ms deadline.
+TEST_F(WebhookServiceSinkTest, StoppingWhileAReplacedEndpointsRequestHangsKeepsTheDeadline) {
+  Gate gate;
+  HttpReceiver old_receiver, new_receiver;
+  OpenOnExit release{gate};
+  old_receiver.SetResponder([&](const outbox::testing::ReceivedRequest&) {
+    gate.Wait(60s);
+    return Reply{};
+  });
+  registry_.endpoints = {Endpoint("ep", old_receiver.Url("/hook"), 1)};
+  auto sink = Start(20s);
+  Outcomes done;
+  sink->Submit(Row(1, "ep"), done.For());
+  ASSERT_TRUE(old_receiver.WaitForCount(1, 10s));
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.endpoints = {Endpoint("ep", new_receiver.Url("/hook"), 1)};
+    ++registry_.version;
+  }
+  // The new sink takes the endpoint's rows once the registry thread swapped it in; right
+  // after, that thread stops the old sink, whose request still hangs.
+  int next = 100;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        sink->Submit(Row(next++, "ep"), done.For());
+        return new_receiver.Count() > 0;
+      },
+      10s, 50ms));
+  const auto stopping = std::chrono::steady_clock::now();
+  sink->Shutdown(300ms);
+  const auto took = std::chrono::steady_clock::now() - stopping;
+  EXPECT_LT(took, 5s) << "the stop waited for the replaced endpoint's request timeout";
+  ASSERT_TRUE(done.Of(1).has_value());
+  // Handed back, not counted (a row of an endpoint whose sink stopped).
+  EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kReturned) << done.Of(1)->reason;
+  EXPECT_EQ(done.Of(1)->reason_class, Reason::kShutdown) << done.Of(1)->reason;
+  gate.Open();
 }
 
 }  // namespace

@@ -235,10 +235,13 @@ class WebhookServiceSink final : public Sink {
     if (joined_) return;
     const auto until = Clock::now() + deadline;
     std::deque<Job> queued;
+    std::vector<std::shared_ptr<Sink>> retiring;
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
+      stop_until_ = until;
       queued.swap(plan_queue_);
+      retiring = retiring_;
     }
     plan_cv_.notify_all();
     registry_cv_.notify_all();
@@ -248,6 +251,13 @@ class WebhookServiceSink final : public Sink {
            Simple(job.msg.id, OutcomeKind::kRetry, "shutdown: not sent before the relay stopped",
                   Reason::kShutdown),
            destination_);
+    }
+    // The registry thread may be waiting for replaced endpoints' sinks (up to a request
+    // timeout): bring their stop forward to this deadline before waiting for that thread.
+    // (One it begins stopping later takes this deadline from stop_until_, see Apply.)
+    for (const auto& old : retiring) {
+      old->Shutdown(std::max(std::chrono::duration_cast<milliseconds>(until - Clock::now()),
+                             milliseconds(0)));
     }
     if (planner_thread_.joinable()) planner_thread_.join();
     if (registry_thread_.joinable()) registry_thread_.join();
@@ -798,13 +808,28 @@ class WebhookServiceSink final : public Sink {
       rewake_.emplace_back(id, Clock::now());
       rewake_.emplace_back(id, Clock::now() + kRewakeAfter);
     }
+    // Requests already sent to replaced sinks finish (up to one request timeout for all of
+    // them, or the service's stop deadline when it is stopping); new ones use the new sinks.
+    std::vector<std::shared_ptr<Sink>> retired;
     for (const auto& [id, lane] : *old) {
       if (!next->count(id)) spdlog::info("webhook {}: endpoint {} removed", destination_, id);
-      if (lane->sink && !kept.count(lane->sink.get())) {
-        // Requests already sent finish (up to one request timeout); new ones use the new sink.
-        lane->sink->Shutdown(defaults_.timeout);
-      }
+      if (lane->sink && !kept.count(lane->sink.get())) retired.push_back(lane->sink);
     }
+    if (retired.empty()) return;
+    auto until = Clock::now() + defaults_.timeout;
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) until = std::min(until, stop_until_);
+      retiring_.insert(retiring_.end(), retired.begin(), retired.end());
+    }
+    for (const auto& sink : retired) {
+      sink->Shutdown(std::max(std::chrono::duration_cast<milliseconds>(until - Clock::now()),
+                              milliseconds(0)));
+    }
+    std::lock_guard lock(mu_);
+    std::erase_if(retiring_, [&](const std::shared_ptr<Sink>& s) {
+      return std::find(retired.begin(), retired.end(), s) != retired.end();
+    });
   }
 
   std::shared_ptr<Sink> MakeLaneSink(const EndpointSpec& spec) const {
@@ -835,7 +860,10 @@ class WebhookServiceSink final : public Sink {
   std::shared_ptr<const Lanes> lanes_;  ///< Guarded by mu_ (the pointer; the map is immutable).
   bool loaded_ = false;                 ///< Guarded by mu_.
   bool stopping_ = false;               ///< Guarded by mu_.
-  std::string registry_error_;          ///< Guarded by mu_.
+  Clock::time_point stop_until_{};      ///< Shutdown's deadline, once stopping_; guarded by mu_.
+  /// Sinks of replaced or removed endpoints that Apply is stopping; guarded by mu_.
+  std::vector<std::shared_ptr<Sink>> retiring_;
+  std::string registry_error_;  ///< Guarded by mu_.
   /// Endpoints of rows that were not in the lanes, since when (guarded by mu_): see Forgotten.
   std::map<std::string, Clock::time_point> unknown_since_;
   Clock::time_point last_load_started_{};  ///< Of the last read applied; guarded by mu_.

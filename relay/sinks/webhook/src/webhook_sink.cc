@@ -246,10 +246,18 @@ class WebhookSink final : public Sink {
                    destination_);
   }
 
+  // Calls may overlap: the earliest deadline wins. (The webhook service stops a replaced
+  // endpoint's sink with one request timeout from its registry thread; the service's own
+  // stop then brings that forward to its deadline.)
   void Shutdown(std::chrono::milliseconds deadline) override {
+    {
+      std::lock_guard lock(mu_);
+      const auto now = Clock::now();
+      if (deadline < Clock::time_point::max() - now) stop_by_ = std::min(stop_by_, now + deadline);
+    }
+    idle_cv_.notify_all();
     std::lock_guard shutdown_lock(shutdown_mu_);
     if (joined_) return;
-    const auto until = Clock::now() + deadline;
 
     std::deque<Job> queued;
     stopping_now_ = true;
@@ -273,7 +281,7 @@ class WebhookSink final : public Sink {
     std::vector<Worker*> to_stop;
     {
       std::unique_lock lock(mu_);
-      idle_cv_.wait_until(lock, until, [this] { return running_ == 0; });
+      while (running_ != 0 && Clock::now() < stop_by_) idle_cv_.wait_until(lock, stop_by_);
       for (auto& worker : workers_) {
         if (worker->active) {
           abandoned.emplace_back(worker->active_id, std::move(*worker->active));
@@ -819,6 +827,9 @@ class WebhookSink final : public Sink {
   std::deque<Job> queue_;
   bool stopping_ = false;
   std::size_t running_ = 0;  ///< Workers between taking a job and finishing its request.
+  /// Guarded by mu_: when Shutdown stops waiting for running requests (the earliest deadline
+  /// of its calls).
+  Clock::time_point stop_by_ = Clock::time_point::max();
   std::atomic<std::size_t> in_flight_{0};
   static constexpr int kUnreachableAfter = 3;
   static constexpr std::size_t kQueuedPerRequest = 16;      ///< Messages in the sink per request.
