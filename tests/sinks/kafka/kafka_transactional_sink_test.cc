@@ -9,7 +9,10 @@
 // transaction wrote stays visible here: the recovery reads what a read_committed consumer
 // reads, and these tests check that nobody sees a message twice.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -76,6 +79,52 @@ Message MakeMessage(std::int64_t id, int bucket, int attempts = 0) {
   msg.attempts = attempts;
   return msg;
 }
+
+/// Keeps what the default logger writes while it lives (at debug level and up), so a test can
+/// wait for the sink to reach a step it logs.
+class LogWatch : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  static std::shared_ptr<LogWatch> Install() {
+    auto watch = std::make_shared<LogWatch>();
+    watch->level_before_ = spdlog::default_logger()->level();
+    spdlog::default_logger()->sinks().push_back(watch);
+    spdlog::default_logger()->set_level(spdlog::level::debug);
+    return watch;
+  }
+  void Remove() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), shared_from_this_sink()), sinks.end());
+    spdlog::default_logger()->set_level(level_before_);
+  }
+  bool WaitFor(const std::string& text) {
+    return outbox::testing::WaitFor(
+        [&] {
+          std::lock_guard lock(lines_mu_);
+          return std::any_of(lines_.begin(), lines_.end(), [&](const std::string& line) {
+            return line.find(text) != std::string::npos;
+          });
+        },
+        kWait);
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    std::lock_guard lock(lines_mu_);
+    lines_.emplace_back(msg.payload.data(), msg.payload.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::shared_ptr<spdlog::sinks::sink> shared_from_this_sink() {
+    for (const auto& s : spdlog::default_logger()->sinks()) {
+      if (s.get() == this) return s;
+    }
+    return nullptr;
+  }
+  std::mutex lines_mu_;
+  std::vector<std::string> lines_;
+  spdlog::level::level_enum level_before_ = spdlog::level::info;
+};
 
 class TransactionalSinkTest : public ::testing::Test {
  protected:
@@ -418,6 +467,58 @@ TEST_F(TransactionalSinkTest, ShutdownHandsBackWhatWasNeverSent) {
   const auto outcomes = Deliver(*sink, {MakeMessage(1, 0)});
   EXPECT_EQ(outcomes.at(1)[0].kind, OutcomeKind::kRetry);
   EXPECT_FALSE(outcomes.at(1)[0].maybe_sent) << "never sent: handed back uncounted";
+}
+
+// A stop keeps to its deadline while the running cycle waits on the brokers, here for the
+// coordinator of a new producer (init_transactions, given the whole attempt timeout), and
+// what that cycle never produced is handed back uncounted. It had waited the attempt
+// timeout (20 s) and then counted the message as a broker failure.
+TEST_F(TransactionalSinkTest, AStopWhileAProducerWaitsForItsCoordinatorKeepsTheDeadline) {
+  KafkaTarget target = Target();
+  target.attempt_timeout = 20s;
+  cluster_->SetAllBrokersDown(true);
+  auto sink = MakeKafkaSink("orders", target);
+  auto watch = LogWatch::Install();
+  Recorder rec;
+  sink->Submit(MakeMessage(1, 0), rec.Callback());
+  const bool waiting = watch->WaitFor("init_transactions");
+  watch->Remove();
+  ASSERT_TRUE(waiting) << "the cycle never began to create the bucket's producer";
+  const auto stopping = std::chrono::steady_clock::now();
+  sink->Shutdown(300ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - stopping, 5s) << "the stop waited for the broker";
+  ASSERT_TRUE(rec.WaitCount(1));
+  const Outcome out = rec.outcomes().at(1).at(0);
+  EXPECT_EQ(out.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(out.reason_class, Reason::kShutdown) << out.reason;
+  EXPECT_FALSE(out.maybe_sent) << "nothing was produced: handed back uncounted";
+}
+
+// The same while a transaction's commit waits for brokers that went away after it was
+// produced: the stop ends the wait at its deadline. What the commit did not confirm may be in
+// Kafka, so it comes back as a counted retry, checked before it is produced again.
+TEST_F(TransactionalSinkTest, AStopWhileACommitWaitsForTheBrokersKeepsTheDeadline) {
+  KafkaTarget target = Target();
+  target.attempt_timeout = 20s;
+  auto sink = MakeKafkaSink("orders", target);
+  ASSERT_TRUE(WaitFor([&] { return sink->Ready(); }, kWait)) << sink->WhyNotReady();
+  ASSERT_EQ(Deliver(*sink, {MakeMessage(1, 0)}).at(1)[0].kind, OutcomeKind::kDelivered);
+  auto watch = LogWatch::Install();
+  cluster_->PushRequestErrors(
+      RD_KAFKAP_EndTxn,
+      std::vector<rd_kafka_resp_err_t>(200, RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS));
+  Recorder rec;
+  sink->Submit(MakeMessage(2, 0), rec.Callback());
+  const bool committing = watch->WaitFor("committing");
+  watch->Remove();
+  ASSERT_TRUE(committing) << "the transaction never began to commit";
+  const auto stopping = std::chrono::steady_clock::now();
+  sink->Shutdown(300ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - stopping, 5s) << "the stop waited for the commit";
+  ASSERT_TRUE(rec.WaitCount(1));
+  const Outcome out = rec.outcomes().at(2).at(0);
+  EXPECT_EQ(out.kind, OutcomeKind::kRetry) << out.reason;
+  EXPECT_TRUE(out.maybe_sent) << out.reason;
 }
 
 TEST_F(TransactionalSinkTest, TransactionPropertiesAreTheRelays) {

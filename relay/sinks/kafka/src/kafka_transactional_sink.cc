@@ -30,6 +30,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -55,7 +56,10 @@ constexpr milliseconds kLinger{20};          // the longest a cycle gathers subm
 constexpr milliseconds kLingerQuiet{5};      // ... and how long nothing may arrive meanwhile
 constexpr milliseconds kProbeInterval{500};  // metadata probe while not Ready
 constexpr milliseconds kProbeTimeout{250};
-constexpr milliseconds kIdleClose{60'000};  // a bucket producer unused this long is closed
+constexpr milliseconds kIdleClose{60'000};
+// The longest a transactional call waits before the worker looks at a stop's deadline again
+// (init, commit and abort may be called again after they timed out, and resume).
+constexpr milliseconds kStopCheck{250};  // a bucket producer unused this long is closed
 // Records are looked for from this long before the message was written (or last known
 // absent): the record's timestamp is the clock of the relay that produced it, created_at the
 // database's, absent_as_of another relay's.
@@ -267,8 +271,6 @@ class TransactionalKafkaSink final : public Sink {
     }
   }
 
-  int TimeoutMs() const { return static_cast<int>(target_.attempt_timeout.count()); }
-
   // One cycle over everything queued: producers (fencing), recovery, transactions.
   void Cycle(std::vector<Item>& batch) {
     std::map<int, std::vector<Item*>> by_bucket;
@@ -277,8 +279,10 @@ class TransactionalKafkaSink final : public Sink {
     // 1. Every bucket's producer, so that each previous owner is fenced before anything is
     //    read back or produced.
     EnsureProducers(by_bucket);
+    if (HandBackOnStop(by_bucket)) return;
     // 2. Recovery: what an earlier attempt may have produced is looked for in its topic.
     Recover(by_bucket);
+    if (HandBackOnStop(by_bucket)) return;
     // 3a. A claim that ran out meanwhile may be another relay's now, which may have sent it;
     //     our producer, made just now, may even have fenced that relay. Not ours to send.
     DropExpiredClaims(by_bucket);
@@ -295,6 +299,52 @@ class TransactionalKafkaSink final : public Sink {
     for (auto& [bucket, items] : open) Commit(bucket, items);
   }
 
+  Clock::time_point StopBy() {
+    std::lock_guard lk(mu_);
+    return stop_by_;
+  }
+  bool Stopping() {
+    std::lock_guard lk(mu_);
+    return stop_;
+  }
+
+  // Once a stop began, what this cycle has not produced goes back unsent (true) rather than
+  // begin transactions the stop's deadline would cut off.
+  bool HandBackOnStop(std::map<int, std::vector<Item*>>& by_bucket) {
+    if (!Stopping()) return false;
+    std::size_t n = 0;
+    for (auto& [bucket, items] : by_bucket) {
+      for (Item* item : items) {
+        ++n;
+        Finish(item->done, NotProduced(*item, kafka_detail::ShutdownOutcome(item->msg.id)));
+      }
+      items.clear();
+    }
+    if (n > 0) {
+      spdlog::info("kafka destination \"{}\": stopping: {} message(s) handed back unsent",
+                   destination_, n);
+    }
+    return true;
+  }
+
+  // Runs `call` (init_transactions, commit_transaction or abort_transaction: each may be called
+  // again after it timed out, and resumes) in slices of kStopCheck until it succeeds, fails
+  // for another reason, or `until` or the stop's deadline passes; returns its last error.
+  rd_kafka_error_t* WithinDeadline(Clock::time_point until,
+                                   const std::function<rd_kafka_error_t*(int)>& call) {
+    while (true) {
+      const auto end = std::min(until, StopBy());
+      const auto left = std::chrono::duration_cast<milliseconds>(end - Clock::now());
+      const auto slice = std::clamp(left, milliseconds(1), kStopCheck);
+      rd_kafka_error_t* error = call(static_cast<int>(slice.count()));
+      if (error == nullptr || !rd_kafka_error_is_retriable(error) ||
+          Clock::now() >= std::min(until, StopBy())) {
+        return error;
+      }
+      rd_kafka_error_destroy(error);
+    }
+  }
+
   // The bucket's producer when it has a usable one (null otherwise: it needs a new one).
   BucketProducer* Existing(int bucket) {
     auto it = producers_.find(bucket);
@@ -308,8 +358,9 @@ class TransactionalKafkaSink final : public Sink {
   }
 
   // Creates the bucket's transactional producer and runs init_transactions (the fence): null
-  // with `why` when that failed. Touches nothing shared, so several run at once.
-  std::unique_ptr<BucketProducer> Create(int bucket, std::string* why) const {
+  // with `why` when that failed. Touches nothing shared but the stop's deadline, so several
+  // run at once.
+  std::unique_ptr<BucketProducer> Create(int bucket, std::string* why) {
     auto p = std::make_unique<BucketProducer>();
     p->transactional_id =
         target_.transactional_id_prefix + "." + destination_ + "." + std::to_string(bucket);
@@ -326,7 +377,13 @@ class TransactionalKafkaSink final : public Sink {
       return nullptr;
     }
     conf.release();
-    if (rd_kafka_error_t* error = rd_kafka_init_transactions(p->rk, TimeoutMs())) {
+    spdlog::debug(
+        "kafka destination \"{}\": starting transactional producer {} (init_transactions: "
+        "finds its transaction coordinator and fences the bucket's earlier producer)",
+        destination_, p->transactional_id);
+    if (rd_kafka_error_t* error =
+            WithinDeadline(Clock::now() + target_.attempt_timeout,
+                           [&](int ms) { return rd_kafka_init_transactions(p->rk, ms); })) {
       *why = "init_transactions of " + p->transactional_id + " failed: " + ErrorText(error);
       rd_kafka_error_destroy(error);
       spdlog::warn("kafka destination \"{}\": {}", destination_, *why);
@@ -364,9 +421,12 @@ class TransactionalKafkaSink final : public Sink {
         ready_.store(true);
         continue;
       }
-      ready_.store(false);
+      const bool stopping = Stopping();  // cut short by the stop: not the broker's failure
+      if (!stopping) ready_.store(false);
       for (Item* item : by_bucket.at(p.bucket)) {
-        Finish(item->done, Make(item->msg.id, OutcomeKind::kRetry, p.why, Reason::kBroker));
+        Finish(item->done, stopping
+                               ? kafka_detail::ShutdownOutcome(item->msg.id)
+                               : Make(item->msg.id, OutcomeKind::kRetry, p.why, Reason::kBroker));
       }
       by_bucket.erase(p.bucket);
     }
@@ -493,8 +553,9 @@ class TransactionalKafkaSink final : public Sink {
     }
     if (keys.empty()) return;
     // Topic by topic: one that cannot be read (no permission, gone) fails its own messages,
-    // not every message of the cycle. All within one attempt timeout.
-    const auto deadline = Clock::now() + target_.attempt_timeout;
+    // not every message of the cycle. All within one attempt timeout (or by a stop's deadline
+    // when the stop had begun; one that begins meanwhile waits for this read).
+    const auto deadline = std::min(Clock::now() + target_.attempt_timeout, StopBy());
     std::set<std::string> found;
     std::map<std::string, std::string> failed;  // topic -> why
     std::size_t partitions = 0;
@@ -517,6 +578,8 @@ class TransactionalKafkaSink final : public Sink {
         const auto why = failed.find(item->topic);
         if (item->msg.attempts == 0) {
           keep.push_back(item);
+        } else if (why != failed.end() && Stopping()) {
+          Finish(item->done, kafka_detail::ShutdownOutcome(item->msg.id));
         } else if (why != failed.end()) {
           ++unchecked;
           Finish(item->done,
@@ -581,30 +644,26 @@ class TransactionalKafkaSink final : public Sink {
     items.swap(produced);
     if (!items.empty()) return true;
     p->in_cycle = false;
-    if (rd_kafka_error_t* error = rd_kafka_abort_transaction(p->rk, TimeoutMs())) {
+    if (rd_kafka_error_t* error = Abort(*p)) {
       rd_kafka_error_destroy(error);
       p->fatal.store(true);
     }
     return false;
   }
 
+  rd_kafka_error_t* Abort(BucketProducer& p) {
+    return WithinDeadline(Clock::now() + target_.attempt_timeout,
+                          [&](int ms) { return rd_kafka_abort_transaction(p.rk, ms); });
+  }
+
   void Commit(int bucket, std::vector<Item*>& items) {
     BucketProducer* p = producers_.at(bucket).get();
-    auto give_up = Clock::now() + target_.attempt_timeout;
-    {
-      std::lock_guard lk(mu_);
-      give_up = std::min(give_up, stop_by_);
-    }
-    rd_kafka_error_t* error = nullptr;
-    while (true) {
-      const auto left = std::chrono::duration_cast<milliseconds>(give_up - Clock::now());
-      error = rd_kafka_commit_transaction(p->rk,
-                                          static_cast<int>(std::max<long long>(left.count(), 1)));
-      if (error == nullptr || !rd_kafka_error_is_retriable(error) || Clock::now() >= give_up) {
-        break;
-      }
-      rd_kafka_error_destroy(error);
-    }
+    spdlog::debug("kafka destination \"{}\": committing the transaction of {} ({} message(s))",
+                  destination_, p->transactional_id, items.size());
+    // Up to the attempt timeout, or a stop's deadline (also one that comes meanwhile).
+    rd_kafka_error_t* error = WithinDeadline(Clock::now() + target_.attempt_timeout, [&](int ms) {
+      return rd_kafka_commit_transaction(p->rk, ms);
+    });
     struct EndCycle {
       BucketProducer* p;
       ~EndCycle() { p->in_cycle = false; }
@@ -623,7 +682,7 @@ class TransactionalKafkaSink final : public Sink {
     bool aborted = false;
     if (rd_kafka_error_txn_requires_abort(error)) {
       rd_kafka_error_destroy(error);
-      if (rd_kafka_error_t* abort = rd_kafka_abort_transaction(p->rk, TimeoutMs())) {
+      if (rd_kafka_error_t* abort = Abort(*p)) {
         why += "; the abort failed too: " + ErrorText(abort);
         rd_kafka_error_destroy(abort);
       } else {
