@@ -58,8 +58,10 @@ constexpr milliseconds kProbeInterval{500};  // metadata probe while not Ready
 constexpr milliseconds kProbeTimeout{250};
 constexpr milliseconds kIdleClose{60'000};
 // The longest a transactional call waits before the worker looks at a stop's deadline again
-// (init, commit and abort may be called again after they timed out, and resume).
-constexpr milliseconds kStopCheck{250};  // a bucket producer unused this long is closed
+// (init, commit and abort may be called again after they timed out, and resume). Not shorter:
+// librdkafka recommends one call with the whole time left for a commit; most commits end well
+// within a slice, so a slow one is the only one called again.
+constexpr milliseconds kStopCheck{1000};  // a bucket producer unused this long is closed
 // Records are looked for from this long before the message was written (or last known
 // absent): the record's timestamp is the clock of the relay that produced it, created_at the
 // database's, absent_as_of another relay's.
