@@ -2,6 +2,7 @@
 find_package(PkgConfig REQUIRED)
 find_package(Threads REQUIRED)
 pkg_check_modules(PQXX REQUIRED IMPORTED_TARGET libpqxx>=6.4)
+pkg_check_modules(PQ REQUIRED IMPORTED_TARGET libpq)
 pkg_check_modules(RDKAFKA REQUIRED IMPORTED_TARGET rdkafka>=2.0)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib>=0.11)
 find_package(OpenSSL REQUIRED)

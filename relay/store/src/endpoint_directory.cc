@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
+#include "outbox_relay/conninfo.h"
 #include "outbox_relay/postgres_endpoint_directory.h"
 
 namespace outbox::relay {
@@ -32,7 +33,7 @@ struct PostgresEndpointDirectory::Impl {
   pqxx::connection& Get() {
     if (conn && conn->is_open()) return *conn;
     conn.reset();
-    auto c = std::make_unique<pqxx::connection>(url);
+    auto c = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
     // A stuck read must not hold the planner (and with it every delivery) for long.
     pqxx::nontransaction tx(*c);
     tx.exec("SET statement_timeout = 5000");

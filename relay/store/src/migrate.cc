@@ -5,6 +5,7 @@
 #include <string>
 
 #include "migrations.h"
+#include "outbox_relay/conninfo.h"
 #include "store_access.h"
 
 namespace outbox::relay {
@@ -41,14 +42,14 @@ int LatestMigrationVersion() {
 
 int CurrentSchemaVersion(const std::string& database_url) {
   return Translated([&]() -> int {
-    pqxx::connection conn(database_url);
+    pqxx::connection conn(WithConnectionDefaults(database_url));
     return ReadVersion(conn);
   });
 }
 
 MigrationResult Migrate(const std::string& database_url) {
   return Translated([&]() -> MigrationResult {
-    pqxx::connection conn(database_url);
+    pqxx::connection conn(WithConnectionDefaults(database_url));
     pqxx::nontransaction(conn).exec("SELECT pg_advisory_lock(" + std::to_string(kMigrateLockKey) +
                                     ")");
     MigrationResult result;

@@ -7,6 +7,7 @@
 #include <random>
 #include <string_view>
 
+#include "outbox_relay/conninfo.h"
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/retention.h"
 #include "outbox_relay/status.h"
@@ -83,7 +84,7 @@ struct Store::Impl {
     if (!conn || !conn->is_open()) {
       receiver.reset();
       claim_session = false;
-      conn = std::make_unique<pqxx::connection>(url);
+      conn = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
       conn->prepare("claim", std::string(q::kclaim));
       conn->prepare("claim_partitioned", std::string(q::kclaim_partitioned));
       conn->prepare("settle", std::string(q::ksettle));

@@ -1,0 +1,54 @@
+#include "outbox_relay/conninfo.h"
+
+#include <libpq-fe.h>
+
+#include <array>
+#include <memory>
+#include <set>
+#include <string_view>
+#include <utility>
+
+namespace outbox::relay {
+namespace {
+
+constexpr std::array<std::pair<std::string_view, std::string_view>, 5> kDefaults{{
+    {"connect_timeout", "10"},
+    {"keepalives_idle", "30"},
+    {"keepalives_interval", "10"},
+    {"keepalives_count", "3"},
+    {"tcp_user_timeout", "30000"},
+}};
+
+void AppendPair(std::string& out, std::string_view key, std::string_view value) {
+  if (!out.empty()) out += ' ';
+  out.append(key);
+  out += "='";
+  for (char c : value) {
+    if (c == '\\' || c == '\'') out += '\\';
+    out += c;
+  }
+  out += '\'';
+}
+
+}  // namespace
+
+std::string WithConnectionDefaults(const std::string& database_url) {
+  char* error = nullptr;
+  std::unique_ptr<PQconninfoOption, decltype(&PQconninfoFree)> options(
+      PQconninfoParse(database_url.c_str(), &error), &PQconninfoFree);
+  if (error != nullptr) PQfreemem(error);
+  if (!options) return database_url;
+  std::string out;
+  std::set<std::string_view> set;
+  for (const PQconninfoOption* o = options.get(); o->keyword != nullptr; ++o) {
+    if (o->val == nullptr) continue;
+    AppendPair(out, o->keyword, o->val);
+    set.insert(o->keyword);
+  }
+  for (const auto& [key, value] : kDefaults) {
+    if (!set.count(key)) AppendPair(out, key, value);
+  }
+  return out;
+}
+
+}  // namespace outbox::relay
