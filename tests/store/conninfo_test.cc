@@ -69,6 +69,21 @@ TEST(WithConnectionDefaults, KeepsWhatTheUrlSetsAndKeyValueQuoting) {
   EXPECT_EQ(multi.at("port"), "5432,5433");
 }
 
+// libpq applies a service's values and then the environment's only to options the string
+// leaves unset: a default written into the string would silently override them.
+TEST(WithConnectionDefaults, LeavesServicesAndPgConnectTimeoutTheirSay) {
+  EXPECT_EQ(WithConnectionDefaults("service=app dbname=x"), "service=app dbname=x");
+  EXPECT_EQ(WithConnectionDefaults("postgresql:///x?service=app"), "postgresql:///x?service=app");
+  setenv("PGSERVICE", "app", 1);
+  EXPECT_EQ(WithConnectionDefaults("dbname=x"), "dbname=x");
+  unsetenv("PGSERVICE");
+  setenv("PGCONNECT_TIMEOUT", "60", 1);
+  const auto got = Parsed(WithConnectionDefaults("dbname=x"));
+  unsetenv("PGCONNECT_TIMEOUT");
+  EXPECT_EQ(got.count("connect_timeout"), 0u);
+  EXPECT_EQ(got.at("tcp_user_timeout"), "30000");
+}
+
 TEST(WithConnectionDefaults, LeavesWhatLibpqCannotParseAlone) {
   EXPECT_EQ(WithConnectionDefaults("host=x no_such_option=1"), "host=x no_such_option=1");
   EXPECT_EQ(WithConnectionDefaults("postgresql://x/app?no_such_option=1"),

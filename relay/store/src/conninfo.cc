@@ -3,6 +3,7 @@
 #include <libpq-fe.h>
 
 #include <array>
+#include <cstdlib>
 #include <memory>
 #include <set>
 #include <string_view>
@@ -45,8 +46,14 @@ std::string WithConnectionDefaults(const std::string& database_url) {
     AppendPair(out, o->keyword, o->val);
     set.insert(o->keyword);
   }
+  // libpq takes a service's values (pg_service.conf) and then the environment's only for
+  // options the string leaves unset, so a default written here would override them: with a
+  // service the string stays as it is, and PGCONNECT_TIMEOUT keeps its say.
+  if (set.count("service") || std::getenv("PGSERVICE") != nullptr) return database_url;
   for (const auto& [key, value] : kDefaults) {
-    if (!set.count(key)) AppendPair(out, key, value);
+    if (set.count(key)) continue;
+    if (key == "connect_timeout" && std::getenv("PGCONNECT_TIMEOUT") != nullptr) continue;
+    AppendPair(out, key, value);
   }
   return out;
 }

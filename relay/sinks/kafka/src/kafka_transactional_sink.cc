@@ -56,12 +56,13 @@ constexpr milliseconds kLinger{20};          // the longest a cycle gathers subm
 constexpr milliseconds kLingerQuiet{5};      // ... and how long nothing may arrive meanwhile
 constexpr milliseconds kProbeInterval{500};  // metadata probe while not Ready
 constexpr milliseconds kProbeTimeout{250};
-constexpr milliseconds kIdleClose{60'000};
+constexpr milliseconds kIdleClose{60'000};  // a bucket producer unused this long is closed
 // The longest a transactional call waits before the worker looks at a stop's deadline again
 // (init, commit and abort may be called again after they timed out, and resume). Not shorter:
-// librdkafka recommends one call with the whole time left for a commit; most commits end well
-// within a slice, so a slow one is the only one called again.
-constexpr milliseconds kStopCheck{1000};  // a bucket producer unused this long is closed
+// librdkafka's header recommends a commit be given the whole remaining transaction time (-1)
+// and warns that other timeouts risk desynchronising its state when a request fails; most
+// commits end well within a slice, so only a slow one is cut and resumed.
+constexpr milliseconds kStopCheck{1000};
 // Records are looked for from this long before the message was written (or last known
 // absent): the record's timestamp is the clock of the relay that produced it, created_at the
 // database's, absent_as_of another relay's.
@@ -291,6 +292,7 @@ class TransactionalKafkaSink final : public Sink {
     // 3b. A record for a topic the broker refuses (authorization, invalid name) would fail its
     //     whole bucket's transaction: such messages fail on their own, before it begins.
     DropUnusableTopics(by_bucket);
+    if (HandBackOnStop(by_bucket)) return;
     // 3. Begin and produce every bucket's transaction, then 4. commit them: their records
     //    travel together, each commit waits only for its own.
     std::vector<std::pair<int, std::vector<Item*>>> open;
@@ -486,6 +488,10 @@ class TransactionalKafkaSink final : public Sink {
       std::vector<Item*> keep;
       for (Item* item : items) {
         auto it = refused.find(item->topic);
+        if (it == refused.end() && Stopping()) {  // asks no more: the cycle hands back after
+          keep.push_back(item);
+          continue;
+        }
         if (it == refused.end()) it = refused.emplace(item->topic, TopicRefusal(item->topic)).first;
         if (!it->second) {
           keep.push_back(item);

@@ -11,11 +11,12 @@ namespace outbox::relay {
 ///                             (a wedged proxy, a load balancer with no backend) fails the
 ///                             connection after 10 s; libpq's default waits forever
 ///   keepalives_idle=30, keepalives_interval=10, keepalives_count=3
-///                             an idle connection whose server went away is noticed in ~60 s
+///                             an idle connection whose server went away is noticed in ~40 s
 ///   tcp_user_timeout=30000    a request the server stops acknowledging (network partition)
 ///                             fails after 30 s instead of the kernel's ~15 minutes
-/// A value set in `database_url` wins. A string libpq cannot parse comes back unchanged, so
-/// connecting reports libpq's own error about it.
+/// A value set in `database_url` wins, and so does PGCONNECT_TIMEOUT. A string that names a
+/// service (or with PGSERVICE set), whose pg_service.conf may set these itself, comes back
+/// unchanged, as does one libpq cannot parse (connecting reports libpq's own error about it).
 std::string WithConnectionDefaults(const std::string& database_url);
 
 }  // namespace outbox::relay
