@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "fake_store.h"
 #include "outbox_relay/metrics.h"
@@ -580,6 +582,43 @@ TEST_F(DispatcherTest, AFencingSinkFinishesBeforeTheBucketsAreHandedBack) {
         << "buckets handed back before the sink had finished";
     EXPECT_EQ(db_.Calls("coordinate_leave") - leaves_before, 1) << "buckets are handed back";
   }
+}
+
+// The sinks of a stopping relay are stopped side by side: one may run to a deadline of its
+// own (a webhook sink connecting to an endpoint that does not answer runs to its connect
+// timeout), and stopped one after another the stop took the sum of them. Each sink's Shutdown
+// here waits until all three have begun (or 3 s).
+TEST_F(DispatcherTest, SinksAreStoppedSideBySide) {
+  RelayConfig cfg = Config();
+  const Destination orders = cfg.destinations.at("orders");
+  cfg.destinations.clear();
+  std::mutex mu;
+  std::condition_variable cv;
+  int begun = 0;
+  std::vector<int> seen;
+  std::map<std::string, SinkPtr> sinks;
+  for (const std::string name : {"a", "b", "c"}) {
+    Destination d = orders;
+    d.name = name;
+    cfg.destinations.emplace(name, d);
+    auto sink = std::make_unique<RecordingSink>(DeliverAll);
+    sink->OnShutdown([&] {
+      std::unique_lock lock(mu);
+      ++begun;
+      cv.notify_all();
+      cv.wait_for(lock, 3s, [&] { return begun == 3; });
+      seen.push_back(begun);
+    });
+    sinks.emplace(name, std::move(sink));
+  }
+  DispatcherEnv env;
+  env.stores = db_.Stores();
+  env.clock = &clock_;
+  Dispatcher dispatcher(std::move(cfg), std::move(sinks), std::move(env));
+  dispatcher.Start();
+  dispatcher.Stop();
+  std::lock_guard lock(mu);
+  EXPECT_EQ(seen, (std::vector<int>{3, 3, 3})) << "a sink's stop began only after another's ended";
 }
 
 // The claim loop reads its buckets, may hand back a lost claim's rows (a round trip), then

@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #include "dispatcher_impl.h"
 #include "outbox_relay/retry.h"
@@ -328,10 +332,27 @@ bool Dispatcher::Stop() {
   if (d.listener.joinable()) d.listener.join();
   // In-flight deliveries come before maintenance, which may be inside a long query: it is
   // joined after the sinks have had their shutdown budget.
-  // Sinks finish what they hold; what they cannot is completed as retry -> released.
-  for (auto& [name, sink] : d.sinks) {
-    const auto left = std::chrono::duration_cast<Millis>(deadline - d.Now());
-    sink->Shutdown(std::max(left, tuning::kMinSinkShutdown));
+  // Sinks finish what they hold; what they cannot is completed as retry -> released. Side by
+  // side: a sink may run past the deadline on its own (a webhook connect runs to its connect
+  // timeout), and one after another those overruns added up.
+  {
+    const auto stop = [&d, deadline](Sink& sink) {
+      const auto left = std::chrono::duration_cast<Millis>(deadline - d.Now());
+      try {
+        sink.Shutdown(std::max(left, tuning::kMinSinkShutdown));
+      } catch (const std::exception& e) {
+        spdlog::error("stopping a sink failed: {}", e.what());
+      }
+    };
+    std::vector<std::thread> stops;
+    for (auto& [name, sink] : d.sinks) {
+      try {
+        stops.emplace_back(stop, std::ref(*sink));
+      } catch (const std::system_error&) {
+        stop(*sink);  // no thread to be had: this one in turn
+      }
+    }
+    for (auto& t : stops) t.join();
   }
   bool all = true;
   {

@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "outbox_relay/endpoint_directory.h"
+#include "outbox_test/full_listener.h"
 #include "outbox_test/gate.h"
 #include "outbox_test/http_receiver.h"
 #include "outbox_test/wait.h"
@@ -57,6 +58,7 @@ TEST(EndpointDeliveryId, IsTheUuidOfTheMd5OfMessageAndEndpoint) {
 // webhook_service_process_pgtest): what it does when its view of the endpoints lags ---
 
 using namespace std::chrono_literals;
+using outbox::testing::FullListener;
 using outbox::testing::Gate;
 using outbox::testing::HttpReceiver;
 using outbox::testing::OpenOnExit;
@@ -145,13 +147,14 @@ class WebhookServiceSinkTest : public ::testing::Test {
     return e;
   }
 
-  SinkPtr Start(std::chrono::milliseconds timeout = 5000ms) {
+  SinkPtr Start(std::chrono::milliseconds timeout = 5000ms,
+                std::chrono::milliseconds connect_timeout = 2000ms) {
     WebhookTarget t;
     t.database_url = "postgresql://fake.invalid/none";  // the fake directory never connects
     t.endpoints_from_database = true;
     t.allow_private_networks = true;
     t.timeout = timeout;
-    t.connect_timeout = 2000ms;
+    t.connect_timeout = connect_timeout;
     t.delivery_log = true;
     auto sink = MakeWebhookServiceSink("hooks", t);
     EXPECT_TRUE(WaitFor([&] { return sink->Ready(); }, 10s)) << sink->WhyNotReady();
@@ -366,6 +369,30 @@ TEST_F(WebhookServiceSinkTest, StoppingWhileAReplacedEndpointsRequestHangsKeepsT
   EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kReturned) << done.Of(1)->reason;
   EXPECT_EQ(done.Of(1)->reason_class, Reason::kShutdown) << done.Of(1)->reason;
   gate.Open();
+}
+
+// Endpoints that do not answer at all (their hosts drop the SYNs) are stopped side by side:
+// each still connecting runs to its connect timeout, and stopped one after another, an
+// endpoint not yet stopped took its next queued row meanwhile and connected again, so the
+// stop took two connect timeouts or more (here 4 s each) where one suffices.
+TEST_F(WebhookServiceSinkTest, EndpointsThatDoNotAnswerAreStoppedSideBySide) {
+  FullListener a, b, c;
+  registry_.endpoints = {Endpoint("a", "http://127.0.0.1:" + std::to_string(a.Port()) + "/h", 1),
+                         Endpoint("b", "http://127.0.0.1:" + std::to_string(b.Port()) + "/h", 1),
+                         Endpoint("c", "http://127.0.0.1:" + std::to_string(c.Port()) + "/h", 1)};
+  auto sink = Start(10s, 4s);
+  Outcomes done;
+  int n = 0;
+  for (const char* ep : {"a", "b", "c"}) {
+    for (int i = 0; i < 3; ++i) sink->Submit(Row(++n, ep), done.For());
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] { return a.Connecting() == 1 && b.Connecting() == 1 && c.Connecting() == 1; }, 10s));
+  const auto stopping = std::chrono::steady_clock::now();
+  sink->Shutdown(200ms);
+  const auto took = std::chrono::steady_clock::now() - stopping;
+  EXPECT_LT(took, 6500ms) << "the endpoints were stopped one after another";
+  for (int id = 1; id <= n; ++id) EXPECT_TRUE(done.Of(id).has_value()) << id;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <unordered_set>
 
@@ -255,10 +256,7 @@ class WebhookServiceSink final : public Sink {
     // The registry thread may be waiting for replaced endpoints' sinks (up to a request
     // timeout): bring their stop forward to this deadline before waiting for that thread.
     // (One it begins stopping later takes this deadline from stop_until_, see Apply.)
-    for (const auto& old : retiring) {
-      old->Shutdown(std::max(std::chrono::duration_cast<milliseconds>(until - Clock::now()),
-                             milliseconds(0)));
-    }
+    StopSideBySide(retiring, until);
     if (planner_thread_.joinable()) planner_thread_.join();
     if (registry_thread_.joinable()) registry_thread_.join();
     AgeBacklogs(true);  // what never reached an endpoint's sink is handed back
@@ -267,11 +265,11 @@ class WebhookServiceSink final : public Sink {
       std::lock_guard lock(mu_);
       lanes = lanes_;
     }
+    std::vector<std::shared_ptr<Sink>> lane_sinks;
     for (const auto& [id, lane] : *lanes) {
-      if (!lane->sink) continue;
-      const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
-      lane->sink->Shutdown(std::max(left, milliseconds(0)));
+      if (lane->sink) lane_sinks.push_back(lane->sink);
     }
+    StopSideBySide(lane_sinks, until);
     {
       std::lock_guard lock(log_mu_);
       log_stop_ = true;
@@ -822,14 +820,35 @@ class WebhookServiceSink final : public Sink {
       if (stopping_) until = std::min(until, stop_until_);
       retiring_.insert(retiring_.end(), retired.begin(), retired.end());
     }
-    for (const auto& sink : retired) {
-      sink->Shutdown(std::max(std::chrono::duration_cast<milliseconds>(until - Clock::now()),
-                              milliseconds(0)));
-    }
+    StopSideBySide(retired, until);
     std::lock_guard lock(mu_);
     std::erase_if(retiring_, [&](const std::shared_ptr<Sink>& s) {
       return std::find(retired.begin(), retired.end(), s) != retired.end();
     });
+  }
+
+  // Stops `sinks` side by side, each by `until`. A sink still connecting to an endpoint that
+  // does not answer runs to its connect timeout; stopped one after another, the sinks not
+  // stopped yet kept taking their next rows and connecting again meanwhile.
+  void StopSideBySide(const std::vector<std::shared_ptr<Sink>>& sinks,
+                      Clock::time_point until) const {
+    const auto stop = [this, until](const std::shared_ptr<Sink>& sink) {
+      try {
+        sink->Shutdown(std::max(std::chrono::duration_cast<milliseconds>(until - Clock::now()),
+                                milliseconds(0)));
+      } catch (const std::exception& e) {
+        spdlog::error("webhook {}: stopping an endpoint's sink failed: {}", destination_, e.what());
+      }
+    };
+    std::vector<std::thread> stops;
+    for (const auto& sink : sinks) {
+      try {
+        stops.emplace_back(stop, sink);
+      } catch (const std::system_error&) {
+        stop(sink);  // no thread to be had: this one in turn
+      }
+    }
+    for (auto& t : stops) t.join();
   }
 
   std::shared_ptr<Sink> MakeLaneSink(const EndpointSpec& spec) const {
