@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <future>
 #include <map>
 #include <string>
@@ -20,6 +21,25 @@ namespace outbox::relay {
 namespace {
 
 using namespace std::chrono_literals;
+
+/// Clears PGSERVICE and PGCONNECT_TIMEOUT for a test (they change what is added), and puts
+/// back what the environment had.
+class CleanEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    for (const char* name : {"PGSERVICE", "PGCONNECT_TIMEOUT"}) {
+      if (const char* v = std::getenv(name)) saved_[name] = v;
+      unsetenv(name);
+    }
+  }
+  void TearDown() override {
+    for (const auto& [name, value] : saved_) setenv(name.c_str(), value.c_str(), 1);
+  }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+const auto* const kCleanEnvironment = ::testing::AddGlobalTestEnvironment(new CleanEnvironment);
 
 std::map<std::string, std::string> Parsed(const std::string& conninfo) {
   char* error = nullptr;

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <functional>
 #include <random>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -336,23 +335,29 @@ bool Dispatcher::Stop() {
   // side: a sink may run past the deadline on its own (a webhook connect runs to its connect
   // timeout), and one after another those overruns added up.
   {
-    const auto stop = [&d, deadline](Sink& sink) {
+    const auto stop = [&d, deadline](Sink& sink) noexcept {
       const auto left = std::chrono::duration_cast<Millis>(deadline - d.Now());
       try {
         sink.Shutdown(std::max(left, tuning::kMinSinkShutdown));
       } catch (const std::exception& e) {
         spdlog::error("stopping a sink failed: {}", e.what());
+      } catch (...) {
+        spdlog::error("stopping a sink failed");
       }
     };
-    std::vector<std::thread> stops;
+    struct Joined {
+      std::vector<std::thread> threads;
+      ~Joined() {
+        for (auto& t : threads) t.join();
+      }
+    } stops;
     for (auto& [name, sink] : d.sinks) {
       try {
-        stops.emplace_back(stop, std::ref(*sink));
-      } catch (const std::system_error&) {
-        stop(*sink);  // no thread to be had: this one in turn
+        stops.threads.emplace_back(stop, std::ref(*sink));
+      } catch (...) {  // no thread (or no memory for one) to be had: this one in turn
+        stop(*sink);
       }
     }
-    for (auto& t : stops) t.join();
   }
   bool all = true;
   {

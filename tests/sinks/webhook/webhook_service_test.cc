@@ -395,5 +395,41 @@ TEST_F(WebhookServiceSinkTest, EndpointsThatDoNotAnswerAreStoppedSideBySide) {
   for (int id = 1; id <= n; ++id) EXPECT_TRUE(done.Of(id).has_value()) << id;
 }
 
+// The same when a reload has just replaced an endpoint whose old sink is still connecting: one
+// connect timeout, not one for the replaced sink and another for the endpoints after it. (The
+// stop used to wait for the replaced sinks first; this test does not tell that apart, since
+// both connects here began together: the other endpoint is stopped as its first connect ends.)
+TEST_F(WebhookServiceSinkTest, AStopDuringAReloadStopsReplacedAndCurrentSinksTogether) {
+  FullListener old_url, other;
+  HttpReceiver new_url;
+  registry_.endpoints = {
+      Endpoint("a", "http://127.0.0.1:" + std::to_string(old_url.Port()) + "/h", 1),
+      Endpoint("b", "http://127.0.0.1:" + std::to_string(other.Port()) + "/h", 1)};
+  auto sink = Start(10s, 4s);
+  Outcomes done;
+  int n = 0;
+  for (const char* ep : {"a", "b"}) {
+    for (int i = 0; i < 3; ++i) sink->Submit(Row(++n, ep), done.For());
+  }
+  ASSERT_TRUE(WaitFor([&] { return old_url.Connecting() == 1 && other.Connecting() == 1; }, 10s));
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.endpoints[0] = Endpoint("a", new_url.Url("/h"), 1);
+    ++registry_.version;
+  }
+  // Swapped in once a's rows reach the new URL; the old sink is stopping, still connecting.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        sink->Submit(Row(++n, "a"), done.For());
+        return new_url.Count() > 0;
+      },
+      10s, 100ms));
+  const auto stopping = std::chrono::steady_clock::now();
+  sink->Shutdown(200ms);
+  const auto took = std::chrono::steady_clock::now() - stopping;
+  EXPECT_LT(took, 5s) << "the endpoints were stopped after the replaced sink";
+  for (int id = 1; id <= n; ++id) EXPECT_TRUE(done.Of(id).has_value()) << id;
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -12,7 +12,6 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <system_error>
 #include <thread>
 #include <unordered_set>
 
@@ -236,13 +235,16 @@ class WebhookServiceSink final : public Sink {
     if (joined_) return;
     const auto until = Clock::now() + deadline;
     std::deque<Job> queued;
-    std::vector<std::shared_ptr<Sink>> retiring;
+    std::vector<std::shared_ptr<Sink>> stopped;  // replaced sinks, then every endpoint's
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
       stop_until_ = until;
       queued.swap(plan_queue_);
-      retiring = retiring_;
+      stopped = retiring_;
+      for (const auto& [id, lane] : *lanes_) {
+        if (lane->sink) stopped.push_back(lane->sink);
+      }
     }
     plan_cv_.notify_all();
     registry_cv_.notify_all();
@@ -253,23 +255,30 @@ class WebhookServiceSink final : public Sink {
                   Reason::kShutdown),
            destination_);
     }
-    // The registry thread may be waiting for replaced endpoints' sinks (up to a request
-    // timeout): bring their stop forward to this deadline before waiting for that thread.
-    // (One it begins stopping later takes this deadline from stop_until_, see Apply.)
-    StopSideBySide(retiring, until);
-    if (planner_thread_.joinable()) planner_thread_.join();
-    if (registry_thread_.joinable()) registry_thread_.join();
-    AgeBacklogs(true);  // what never reached an endpoint's sink is handed back
-    std::shared_ptr<const Lanes> lanes;
     {
-      std::lock_guard lock(mu_);
-      lanes = lanes_;
-    }
-    std::vector<std::shared_ptr<Sink>> lane_sinks;
-    for (const auto& [id, lane] : *lanes) {
-      if (lane->sink) lane_sinks.push_back(lane->sink);
-    }
-    StopSideBySide(lane_sinks, until);
+      // Every sink stops at once, while the threads below are waited for: the registry thread
+      // may be waiting for replaced endpoints' sinks (up to a request timeout), which this
+      // brings forward to the deadline (one it begins stopping later takes the deadline from
+      // stop_until_, see Apply); and an endpoint's sink still connecting runs to its connect
+      // timeout, during which a sink not told to stop yet would take its next row and
+      // connect again.
+      SideBySide stops(*this, until);
+      for (const auto& sink : stopped) stops.Stop(sink);
+      if (planner_thread_.joinable()) planner_thread_.join();
+      if (registry_thread_.joinable()) registry_thread_.join();
+      AgeBacklogs(true);  // what never reached an endpoint's sink is handed back
+      // Endpoints a reload installed meanwhile.
+      std::shared_ptr<const Lanes> lanes;
+      {
+        std::lock_guard lock(mu_);
+        lanes = lanes_;
+      }
+      for (const auto& [id, lane] : *lanes) {
+        if (lane->sink && std::find(stopped.begin(), stopped.end(), lane->sink) == stopped.end()) {
+          stops.Stop(lane->sink);
+        }
+      }
+    }  // joins the stops
     {
       std::lock_guard lock(log_mu_);
       log_stop_ = true;
@@ -820,36 +829,53 @@ class WebhookServiceSink final : public Sink {
       if (stopping_) until = std::min(until, stop_until_);
       retiring_.insert(retiring_.end(), retired.begin(), retired.end());
     }
-    StopSideBySide(retired, until);
+    {
+      SideBySide stops(*this, until);
+      for (const auto& sink : retired) stops.Stop(sink);
+    }
     std::lock_guard lock(mu_);
     std::erase_if(retiring_, [&](const std::shared_ptr<Sink>& s) {
       return std::find(retired.begin(), retired.end(), s) != retired.end();
     });
   }
 
-  // Stops `sinks` side by side, each by `until`. A sink still connecting to an endpoint that
-  // does not answer runs to its connect timeout; stopped one after another, the sinks not
-  // stopped yet kept taking their next rows and connecting again meanwhile.
-  void StopSideBySide(const std::vector<std::shared_ptr<Sink>>& sinks,
-                      Clock::time_point until) const {
-    const auto stop = [this, until](const std::shared_ptr<Sink>& sink) {
+  // Stops sinks side by side, each by `until`, on a thread each; joined when it goes out of
+  // scope. A sink still connecting to an endpoint that does not answer runs to its connect
+  // timeout: stopped one after another, the sinks not stopped yet kept taking their next rows
+  // and connecting again meanwhile.
+  class SideBySide {
+   public:
+    SideBySide(const WebhookServiceSink& service, Clock::time_point until)
+        : service_(service), until_(until) {}
+    SideBySide(const SideBySide&) = delete;
+    SideBySide& operator=(const SideBySide&) = delete;
+    ~SideBySide() {
+      for (auto& t : threads_) t.join();
+    }
+    void Stop(std::shared_ptr<Sink> sink) {
       try {
-        sink->Shutdown(std::max(std::chrono::duration_cast<milliseconds>(until - Clock::now()),
-                                milliseconds(0)));
-      } catch (const std::exception& e) {
-        spdlog::error("webhook {}: stopping an endpoint's sink failed: {}", destination_, e.what());
-      }
-    };
-    std::vector<std::thread> stops;
-    for (const auto& sink : sinks) {
-      try {
-        stops.emplace_back(stop, sink);
-      } catch (const std::system_error&) {
-        stop(sink);  // no thread to be had: this one in turn
+        threads_.emplace_back([this, sink] { StopNow(*sink); });
+      } catch (...) {  // no thread (or no memory for one) to be had: this one in turn
+        StopNow(*sink);
       }
     }
-    for (auto& t : stops) t.join();
-  }
+
+   private:
+    void StopNow(Sink& sink) const noexcept {
+      try {
+        sink.Shutdown(std::max(std::chrono::duration_cast<milliseconds>(until_ - Clock::now()),
+                               milliseconds(0)));
+      } catch (const std::exception& e) {
+        spdlog::error("webhook {}: stopping an endpoint's sink failed: {}", service_.destination_,
+                      e.what());
+      } catch (...) {
+        spdlog::error("webhook {}: stopping an endpoint's sink failed", service_.destination_);
+      }
+    }
+    const WebhookServiceSink& service_;
+    const Clock::time_point until_;
+    std::vector<std::thread> threads_;
+  };
 
   std::shared_ptr<Sink> MakeLaneSink(const EndpointSpec& spec) const {
     WebhookTarget t = defaults_;
