@@ -5,13 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <random>
-#include <thread>
-#include <vector>
 
 #include "dispatcher_impl.h"
 #include "outbox_relay/retry.h"
+#include "outbox_relay/sink_stops.h"
 #include "outbox_relay/store.h"
 #include "outbox_relay/thread_name.h"
 #include "tuning.h"
@@ -335,29 +333,11 @@ bool Dispatcher::Stop() {
   // side: a sink may run past the deadline on its own (a webhook connect runs to its connect
   // timeout), and one after another those overruns added up.
   {
-    const auto stop = [&d, deadline](Sink& sink) noexcept {
-      const auto left = std::chrono::duration_cast<Millis>(deadline - d.Now());
-      try {
-        sink.Shutdown(std::max(left, tuning::kMinSinkShutdown));
-      } catch (const std::exception& e) {
-        spdlog::error("stopping a sink failed: {}", e.what());
-      } catch (...) {
-        spdlog::error("stopping a sink failed");
-      }
-    };
-    struct Joined {
-      std::vector<std::thread> threads;
-      ~Joined() {
-        for (auto& t : threads) t.join();
-      }
-    } stops;
-    for (auto& [name, sink] : d.sinks) {
-      try {
-        stops.threads.emplace_back(stop, std::ref(*sink));
-      } catch (...) {  // no thread (or no memory for one) to be had: this one in turn
-        stop(*sink);
-      }
-    }
+    SideBySideStops stops([&d, deadline] {
+      return std::max(std::chrono::duration_cast<Millis>(deadline - d.Now()),
+                      tuning::kMinSinkShutdown);
+    });
+    for (auto& [name, sink] : d.sinks) stops.Stop(*sink);
   }
   bool all = true;
   {

@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "outbox_relay/endpoint_directory.h"
+#include "outbox_relay/sink_stops.h"
 #include "outbox_relay/thread_name.h"
 #include "outbox_relay/webhook_sink.h"
 
@@ -262,7 +263,7 @@ class WebhookServiceSink final : public Sink {
       // stop_until_, see Apply); and an endpoint's sink still connecting runs to its connect
       // timeout, during which a sink not told to stop yet would take its next row and
       // connect again.
-      SideBySide stops(*this, until);
+      SideBySideStops stops = StopsBy(until);
       for (const auto& sink : stopped) stops.Stop(sink);
       if (planner_thread_.joinable()) planner_thread_.join();
       if (registry_thread_.joinable()) registry_thread_.join();
@@ -830,7 +831,7 @@ class WebhookServiceSink final : public Sink {
       retiring_.insert(retiring_.end(), retired.begin(), retired.end());
     }
     {
-      SideBySide stops(*this, until);
+      SideBySideStops stops = StopsBy(until);
       for (const auto& sink : retired) stops.Stop(sink);
     }
     std::lock_guard lock(mu_);
@@ -839,43 +840,13 @@ class WebhookServiceSink final : public Sink {
     });
   }
 
-  // Stops sinks side by side, each by `until`, on a thread each; joined when it goes out of
-  // scope. A sink still connecting to an endpoint that does not answer runs to its connect
-  // timeout: stopped one after another, the sinks not stopped yet kept taking their next rows
-  // and connecting again meanwhile.
-  class SideBySide {
-   public:
-    SideBySide(const WebhookServiceSink& service, Clock::time_point until)
-        : service_(service), until_(until) {}
-    SideBySide(const SideBySide&) = delete;
-    SideBySide& operator=(const SideBySide&) = delete;
-    ~SideBySide() {
-      for (auto& t : threads_) t.join();
-    }
-    void Stop(std::shared_ptr<Sink> sink) {
-      try {
-        threads_.emplace_back([this, sink] { StopNow(*sink); });
-      } catch (...) {  // no thread (or no memory for one) to be had: this one in turn
-        StopNow(*sink);
-      }
-    }
-
-   private:
-    void StopNow(Sink& sink) const noexcept {
-      try {
-        sink.Shutdown(std::max(std::chrono::duration_cast<milliseconds>(until_ - Clock::now()),
-                               milliseconds(0)));
-      } catch (const std::exception& e) {
-        spdlog::error("webhook {}: stopping an endpoint's sink failed: {}", service_.destination_,
-                      e.what());
-      } catch (...) {
-        spdlog::error("webhook {}: stopping an endpoint's sink failed", service_.destination_);
-      }
-    }
-    const WebhookServiceSink& service_;
-    const Clock::time_point until_;
-    std::vector<std::thread> threads_;
-  };
+  // Stops sinks side by side (SideBySideStops), each by `until`.
+  static SideBySideStops StopsBy(Clock::time_point until) {
+    return SideBySideStops([until] {
+      return std::max(std::chrono::duration_cast<milliseconds>(until - Clock::now()),
+                      milliseconds(0));
+    });
+  }
 
   std::shared_ptr<Sink> MakeLaneSink(const EndpointSpec& spec) const {
     WebhookTarget t = defaults_;
