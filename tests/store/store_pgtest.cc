@@ -639,6 +639,44 @@ TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
 }
 
+// `dlq purge --older-than 7` meant 7 days; Postgres reads a bare '7' as 7 seconds, and a
+// negative interval as "any age": both purged every dead letter for good.
+TEST_F(StoreTest, PurgeRefusesAnIntervalWithoutAUnitOrBelowZero) {
+  Enqueue({outbox::Message::To("d").Json("1").Build(), outbox::Message::To("d").Json("2").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 10, 10, 30s);
+  std::vector<Settlement> dead;
+  for (const auto& m : r.messages)
+    dead.push_back(Settle(m, r.lease_token, Settlement::Kind::kDead, 0ms, "bad"));
+  store.Settle(dead);
+  Scalar("WITH u AS (UPDATE outbox.dead_letters SET dead_at = now() - interval '1 minute' "
+         "RETURNING 1) SELECT count(*) FROM u");
+  Store c(db_url_);
+  auto error_of = [&](const std::string& older_than) -> std::string {
+    try {
+      PurgeDeadLetters(c, {}, older_than, "");
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  for (const std::string bare : {"7", " 30 ", "1.5", "+2"}) {
+    const std::string e = error_of(bare);
+    EXPECT_NE(e.find("--older-than '" + bare + "'"), std::string::npos) << e;
+    EXPECT_NE(e.find("no unit"), std::string::npos) << e;
+    EXPECT_NE(e.find("'7 days'"), std::string::npos) << e;
+  }
+  for (const std::string negative : {"-7 days", "1 day ago", "-00:00:01"}) {
+    const std::string e = error_of(negative);
+    EXPECT_NE(e.find("is negative"), std::string::npos) << negative << ": " << e;
+  }
+  const std::string junk = error_of("a week");
+  EXPECT_NE(junk.find("--older-than 'a week' is not an interval"), std::string::npos) << junk;
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 2) << "nothing was purged";
+
+  EXPECT_EQ(PurgeDeadLetters(c, {}, "00:00:30", ""), 2) << "a time of day names its units";
+}
+
 TEST_F(StoreTest, DeliveredMessagesAreArchivedOnlyWhenAsked) {
   auto ids = Enqueue({outbox::Message::To("d").Json("1").Key("k").Build(),
                       outbox::Message::To("d").Json("2").Build()});

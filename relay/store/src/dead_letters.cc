@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
+#include <regex>
 #include <stdexcept>
 
 #include "queries.h"
@@ -35,6 +36,30 @@ DeadLetter FromRow(const pqxx::row& r) {
   d.created_at = r["created_at"].as<std::string>();
   d.dead_at = r["dead_at"].as<std::string>();
   return d;
+}
+
+/// `--older-than` must be an interval with its units, not below zero: Postgres reads a bare
+/// '7' as 7 seconds and a negative interval as "any age", and either purged every dead letter.
+void CheckOlderThan(pqxx::connection& c, const std::string& older_than) {
+  static const std::regex kBareNumber(R"(\s*[+-]?[0-9]*\.?[0-9]+\s*)");
+  if (std::regex_match(older_than, kBareNumber)) {
+    throw std::invalid_argument("--older-than '" + older_than +
+                                "' has no unit (Postgres would read it as seconds); say "
+                                "'7 days', '12 hours' or '30 minutes'");
+  }
+  bool negative = false;
+  try {
+    pqxx::nontransaction check(c);
+    negative = check.exec_params1("SELECT $1::interval < interval '0'", older_than)[0].as<bool>();
+  } catch (const pqxx::data_exception&) {
+    throw std::invalid_argument("--older-than '" + older_than +
+                                "' is not an interval; say '7 days', '12 hours' or '30 minutes'");
+  }
+  if (negative) {
+    throw std::invalid_argument("--older-than '" + older_than +
+                                "' is negative, which would match every dead letter; to delete "
+                                "every dead letter say --older-than '0 seconds'");
+  }
 }
 
 }  // namespace
@@ -115,6 +140,7 @@ std::int64_t PurgeDeadLetters(Store& store, const std::vector<std::int64_t>& ids
           "purge needs ids, --older-than or --destination; to delete every dead letter say "
           "--older-than '0 seconds'");
     }
+    if (!older_than.empty()) CheckOlderThan(c, older_than);
     pqxx::work tx(c);
     const auto r = tx.exec_params(std::string(sql::queries::kdlq_purge), ArrayLiteral(ids),
                                   older_than, destination);
