@@ -2,13 +2,16 @@
 -- leases, whatever took them. The safety net behind reap.sql (leases taken by a relay older
 -- than migration 0011, still running through an upgrade); the store runs it on every 60th
 -- reap. Counts as a failed attempt, like reap.sql.
+-- A row another transaction has locked is passed over (see reap.sql); a later pass takes it.
 -- Returns the destination of every row returned.
-WITH returned AS (
+WITH taken AS (
+  SELECT id FROM outbox.messages WHERE lease_until < clock_timestamp() FOR UPDATE SKIP LOCKED
+), returned AS (
   UPDATE outbox.messages
   SET lease_owner = NULL, lease_until = NULL, parked = true, attempts = attempts + 1,
       deliver_after = clock_timestamp(),
       last_error = 'lease expired: the relay that held it stopped or stalled'
-  WHERE lease_until < clock_timestamp()
+  WHERE id = ANY ((SELECT array_agg(id) FROM taken)::bigint[])
   RETURNING destination
 ), woke AS (
   -- Wakes every relay, as reap.sql does.

@@ -4,13 +4,23 @@
 -- Fenced like settle: a lease that moved on (expired and reaped) is left alone. The claims'
 -- lease records (migration 0011) are extended with them, ending no earlier than any of their
 -- messages, so the reaper does not look at them before then.
+-- A row another transaction has locked is passed over, not waited for: that is a settle in
+-- flight writing it (or the reaper taking it back), and a renewal that waited deadlocked with
+-- the settle, which locks its rows in its own order. The next renewal (lease_ms / 3 later)
+-- takes it if it is still leased.
 --   $1 jsonb array of {"id", "token"}   $2 lease duration in milliseconds
-WITH renewed AS (
+WITH mine AS (
+  SELECT m.id, l.token
+  FROM outbox.messages m
+  JOIN jsonb_to_recordset($1::jsonb) AS l(id bigint, token uuid)
+    ON m.id = l.id AND m.lease_owner = l.token
+  FOR UPDATE OF m SKIP LOCKED
+), renewed AS (
   UPDATE outbox.messages m
   SET lease_until = clock_timestamp() + make_interval(secs => $2::bigint / 1000.0)
-  FROM jsonb_to_recordset($1::jsonb) AS l(id bigint, token uuid)
-  WHERE m.id = l.id AND m.lease_owner = l.token
-  RETURNING m.id, l.token
+  FROM mine
+  WHERE m.id = mine.id
+  RETURNING m.id, mine.token
 ), extended AS (
   UPDATE outbox.leases r
   SET lease_until = greatest(r.lease_until,

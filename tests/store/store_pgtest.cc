@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <functional>
+#include <future>
 #include <pqxx/pqxx>
 #include <thread>
 
@@ -10,6 +11,7 @@
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
+#include "outbox_test/wait.h"
 
 namespace outbox::relay {
 namespace {
@@ -414,6 +416,62 @@ TEST_F(StoreTest, TheLeaseRecordGoesWithTheClaimsLastLease) {
   EXPECT_EQ(remaining(), 1);
   (void)store.Settle({Settle(r.messages[2], r.lease_token, Settlement::Kind::kDelivered)});
   EXPECT_EQ(remaining(), -1) << "the record went with the claim's last lease";
+}
+
+// Renewing leases and reaping wait for no row another transaction has locked (the rows a
+// settle in flight is writing, typically): they pass over it, and a later round takes it. A
+// renewal that waited deadlocked with the settle, which locks its rows in its own order: a
+// second's stall, a reconnect, and a renewal put off by lease_ms / 3 (review, reproduced with
+// three sessions).
+TEST_F(StoreTest, RenewingLeasesWaitsForNoRowAnotherTransactionHolds) {
+  auto ids = Enqueue(
+      {outbox::Message::To("d").Json("1").Build(), outbox::Message::To("d").Json("2").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 2u);
+  pqxx::connection x(db_url_);
+  pqxx::work hold(x);
+  hold.exec("SELECT 1 FROM outbox.messages WHERE id = " + std::to_string(ids[1]) + " FOR UPDATE");
+  const std::vector<std::pair<MessageId, std::string>> held = {
+      {r.messages[0].id, r.lease_token}, {r.messages[1].id, r.lease_token}};
+  auto renew = std::async(std::launch::async, [&] { return store.RenewLeases(held, 120s); });
+  const bool waited = renew.wait_for(15s) != std::future_status::ready;
+  hold.abort();  // lets a renewal that waited finish
+  EXPECT_FALSE(waited) << "the renewal waited for the row the other transaction held";
+  EXPECT_EQ(renew.get(), waited ? 2 : 1) << "the locked row is passed over";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE lease_until > now() + "
+                   "interval '60 s'"),
+            1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.leases WHERE lease_until > now() + "
+                   "interval '60 s'"),
+            1)
+      << "the claim's record ends no earlier than its renewed lease";
+  EXPECT_EQ(store.RenewLeases(held, 120s), 2) << "the next round renews it";
+}
+
+TEST_F(StoreTest, TheReaperWaitsForNoRowAnotherTransactionHolds) {
+  auto ids = Enqueue(
+      {outbox::Message::To("d").Json("1").Build(), outbox::Message::To("d").Json("2").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 10, 10, 1ms);  // leases that expire at once
+  ASSERT_EQ(r.messages.size(), 2u);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return Scalar("SELECT count(*) FROM outbox.leases WHERE lease_until < now()") == 1; },
+      10s));
+  pqxx::connection x(db_url_);
+  pqxx::work hold(x);
+  hold.exec("SELECT 1 FROM outbox.messages WHERE id = " + std::to_string(ids[1]) + " FOR UPDATE");
+  auto reap = std::async(std::launch::async, [&] { return store.Reap(); });
+  const bool waited = reap.wait_for(15s) != std::future_status::ready;
+  hold.abort();
+  EXPECT_FALSE(waited) << "the reaper waited for the row the other transaction held";
+  EXPECT_EQ(reap.get().size(), waited ? 2u : 1u) << "the locked row is passed over";
+  EXPECT_EQ(store.Reap(), (std::vector<std::string>{"d"}))
+      << "the claim's record was kept for the row passed over";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.leases"), 0);
+  auto again = store.Claim("d", 0, 10, 10, 30s);
+  ASSERT_EQ(Ids(again), ids);
+  EXPECT_EQ(again.messages[1].attempts, 1);
 }
 
 // Renewing a lease extends the claim's lease record with it: the reaper leaves the claim's
