@@ -11,8 +11,10 @@ WITH moved AS (
 )
 INSERT INTO outbox.dead_letters (id, destination, ordering_key, idempotency_key, event_type,
                                  headers, payload, payload_bytes, attempts, reason,
-                                 last_error, created_at)
+                                 last_error, created_at, endpoint_id)
+-- endpoint_id too: an endpoint row replayed without it is a new message to the webhook
+-- service, fanned out again to every endpoint.
 SELECT id, destination, ordering_key, idempotency_key, event_type, headers, payload,
-       payload_bytes, attempts, $2, last_error, created_at
+       payload_bytes, attempts, $2, last_error, created_at, endpoint_id
 FROM moved
 RETURNING id

@@ -1,19 +1,49 @@
 -- dlq_replay: put dead letters back in the queue with their idempotency keys. They get new
 -- ids (so they queue behind their key's pending messages) and enter the slow lane.
+-- A dead letter whose idempotency key is queued, or that shares its key with another dead
+-- letter picked (an application that enqueued the same key again after the first died), is
+-- held back: its insert would collide, and the whole replay failed. One per key (the oldest)
+-- goes; the rest are returned as held back and stay dead letters.
+-- Each replayed key takes outbox.insert_message's per-key lock, in one global order, before
+-- any row takes its id: a replayed message then waits for an uncommitted writer of its key,
+-- as another writer would, instead of being claimed while the writer's earlier row is not
+-- visible yet (and both then in flight).
 --   $1 dead-letter ids as an array literal ('{1,2}'), or '' for all   $2 destination, or '' for any
-WITH picked AS (
-  DELETE FROM outbox.dead_letters d
+-- Returns (id, held_back): the new message ids, and the ids of the dead letters held back.
+WITH candidates AS (
+  SELECT d.id, d.idempotency_key
+  FROM outbox.dead_letters d
   WHERE (NULLIF($1, '') IS NULL OR d.id = ANY(NULLIF($1, '')::bigint[]))
     AND (NULLIF($2, '') IS NULL OR d.destination = $2)
+), chosen AS (
+  SELECT DISTINCT ON (c.idempotency_key) c.id
+  FROM candidates c
+  WHERE NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.idempotency_key = c.idempotency_key)
+  ORDER BY c.idempotency_key, c.id
+), picked AS (
+  DELETE FROM outbox.dead_letters d
+  WHERE d.id = ANY ((SELECT array_agg(id) FROM chosen)::bigint[])
   RETURNING d.*
+), key_locks AS (
+  SELECT count(*) AS n
+  FROM (SELECT pg_advisory_xact_lock(k.lock_key)
+        FROM (SELECT DISTINCT hashtextextended(destination || chr(31) || ordering_key, 7079) AS lock_key
+              FROM picked WHERE ordering_key IS NOT NULL) k
+        ORDER BY k.lock_key) l
+), replayed AS (
+  INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type, headers,
+                               payload, payload_bytes, deliver_after, parked, created_at,
+                               last_error, bucket, endpoint_id)
+  SELECT destination, ordering_key, idempotency_key, event_type, headers, payload,
+         payload_bytes, clock_timestamp(), true, created_at, 'replayed from dead letter ' || id,
+         CASE WHEN ordering_key IS NULL THEN floor(random() * p.bucket_count)
+              ELSE (hashtextextended(destination || chr(31) || ordering_key, 0) & 32767) % p.bucket_count END,
+         endpoint_id
+  FROM picked, outbox.partitioning p
+  WHERE (SELECT n FROM key_locks) >= 0  -- every key locked before the first id is taken
+  ORDER BY id
+  RETURNING id
 )
-INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type, headers,
-                             payload, payload_bytes, deliver_after, parked, created_at,
-                             last_error, bucket, endpoint_id)
-SELECT destination, ordering_key, idempotency_key, event_type, headers, payload,
-       payload_bytes, clock_timestamp(), true, created_at, 'replayed from dead letter ' || id,
-       CASE WHEN ordering_key IS NULL THEN floor(random() * p.bucket_count)
-            ELSE (hashtextextended(destination || chr(31) || ordering_key, 0) & 32767) % p.bucket_count END,
-       endpoint_id
-FROM picked, outbox.partitioning p ORDER BY id
-RETURNING id
+SELECT id, false AS held_back FROM replayed
+UNION ALL
+SELECT c.id, true FROM candidates c WHERE c.id <> ALL ((SELECT coalesce(array_agg(id), '{}') FROM chosen)::bigint[])

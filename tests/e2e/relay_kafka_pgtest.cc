@@ -247,7 +247,7 @@ TEST_F(RelayKafkaTest, ExhaustedAttemptsDeadLetterAndReplayDeliversWithTheSameKe
             4);
   kafka_->SetAllBrokersDown(false);
   Store c(db_url_);
-  EXPECT_EQ(ReplayDeadLetters(c, {}, "orders").size(), 4u);
+  EXPECT_EQ(ReplayDeadLetters(c, {}, "orders").ids.size(), 4u);
   ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 60s));
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
   auto records = kafka_->ConsumeAll("orders", 4, 30s);

@@ -1,6 +1,7 @@
 // The store's claim, settle, reap and cursor behaviour against a real PostgreSQL.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <future>
@@ -432,8 +433,8 @@ TEST_F(StoreTest, RenewingLeasesWaitsForNoRowAnotherTransactionHolds) {
   pqxx::connection x(db_url_);
   pqxx::work hold(x);
   hold.exec("SELECT 1 FROM outbox.messages WHERE id = " + std::to_string(ids[1]) + " FOR UPDATE");
-  const std::vector<std::pair<MessageId, std::string>> held = {
-      {r.messages[0].id, r.lease_token}, {r.messages[1].id, r.lease_token}};
+  const std::vector<std::pair<MessageId, std::string>> held = {{r.messages[0].id, r.lease_token},
+                                                               {r.messages[1].id, r.lease_token}};
   auto renew = std::async(std::launch::async, [&] { return store.RenewLeases(held, 120s); });
   const bool waited = renew.wait_for(15s) != std::future_status::ready;
   hold.abort();  // lets a renewal that waited finish
@@ -685,7 +686,7 @@ TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
   ASSERT_NE(one, list.end());
   EXPECT_EQ(one->idempotency_key, "123e4567-e89b-12d3-a456-426614174000");
   auto replayed = ReplayDeadLetters(c, {one->id}, "");
-  ASSERT_EQ(replayed.size(), 1u);
+  ASSERT_EQ(replayed.ids.size(), 1u);
   auto r = store.Claim("d", 0, 10, 10, 30s);
   ASSERT_EQ(r.messages.size(), 1u);
   EXPECT_EQ(r.messages[0].idempotency_key, "123e4567-e89b-12d3-a456-426614174000");
@@ -693,8 +694,95 @@ TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
   EXPECT_THROW(PurgeDeadLetters(c, {}, "", ""), std::invalid_argument);
   EXPECT_EQ(PurgeDeadLetters(c, {}, "1 hour", ""), 0) << "none is an hour old";
   EXPECT_EQ(PurgeDeadLetters(c, {}, "", "e"), 1);
-  EXPECT_EQ(ReplayDeadLetters(c, {}, "").size(), 1u) << "replay --all takes what is left";
+  EXPECT_EQ(ReplayDeadLetters(c, {}, "").ids.size(), 1u) << "replay --all takes what is left";
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
+}
+
+// A webhook service's endpoint row (endpoint_id set, its key prefixed with the endpoint) keeps
+// its endpoint through `dlq bury` and `dlq replay`. Buried without it, the replayed row was a
+// new message to the service, fanned out to every endpoint under new webhook-ids.
+TEST_F(StoreTest, BuryingAndReplayingAnEndpointRowKeepsItsEndpoint) {
+  auto ids = Enqueue({outbox::Message::To("hooks").Json("1").Key("order-1").Build()});
+  Scalar(
+      "WITH u AS (UPDATE outbox.messages SET endpoint_id = 'ep_a', ordering_key = "
+      "'ep_a:order-1' RETURNING 1) SELECT count(*) FROM u");
+  Store c(db_url_);
+  ASSERT_EQ(BuryDestination(c, "hooks", "no relay serves it"), 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_a'"), 1);
+  ReplayDeadLetters(c, {}, "hooks");
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a' AND "
+                   "ordering_key = 'ep_a:order-1'"),
+            1);
+}
+
+// A replayed message of a key waits for the key's uncommitted writer, as outbox.enqueue's
+// writers do (the per-key advisory lock): replayed first, it was claimed while the writer's
+// earlier row was invisible, and that row, once committed, was claimed too: two messages of
+// one key in flight.
+TEST_F(StoreTest, AReplayedMessageWaitsForItsKeysUncommittedWriter) {
+  Enqueue({outbox::Message::To("d").Json("\"old\"").Key("k").Build()});
+  Store store(db_url_);
+  {
+    auto r = store.Claim("d", 0, 10, 10, 30s);
+    ASSERT_EQ(r.messages.size(), 1u);
+    store.Settle({Settle(r.messages[0], r.lease_token, Settlement::Kind::kDead, 0ms, "bad")});
+  }
+  pqxx::connection w(db_url_);
+  pqxx::work writer(w);
+  const auto written =
+      outbox::Publish(writer, outbox::Message::To("d").Json("\"new\"").Key("k").Build());
+  Store c(db_url_);
+  auto replay = std::async(std::launch::async, [&] { ReplayDeadLetters(c, {}, "d"); });
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return replay.wait_for(0s) == std::future_status::ready ||
+               Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'") > 0;
+      },
+      10s));
+  auto first = store.Claim("d", 0, 10, 10, 30s);
+  writer.commit();
+  replay.get();
+  auto second = store.Claim("d", 0, 10, 10, 30s);
+  EXPECT_EQ(Ids(first).size() + Ids(second).size(), 1u) << "one message of the key in flight";
+  EXPECT_EQ(Ids(second), (std::vector<std::int64_t>{written}))
+      << "the writer's message first, the replayed one queued behind it";
+}
+
+// A dead letter whose idempotency key is queued again, or shared with another dead letter (an
+// application that enqueued the key again after the first died, and that died too), made the
+// whole replay fail on the unique key: nothing was replayed until someone found it.
+TEST_F(StoreTest, ReplayHoldsBackADeadLetterWhoseIdempotencyKeyIsTaken) {
+  const std::string queued_key = "123e4567-e89b-12d3-a456-426614174001";
+  const std::string twice_key = "123e4567-e89b-12d3-a456-426614174002";
+  Store store(db_url_);
+  auto bury_all = [&] {
+    auto r = store.Claim("d", 0, 10, 10, 30s);
+    std::vector<Settlement> dead;
+    for (const auto& m : r.messages)
+      dead.push_back(Settle(m, r.lease_token, Settlement::Kind::kDead, 0ms, "bad"));
+    store.Settle(dead);
+  };
+  Enqueue({outbox::Message::To("d").Json("1").IdempotencyKey(queued_key).Build(),
+           outbox::Message::To("d").Json("2").IdempotencyKey(twice_key).Build(),
+           outbox::Message::To("d").Json("3").Build()});
+  bury_all();
+  Enqueue({outbox::Message::To("d").Json("4").IdempotencyKey(twice_key).Build()});
+  bury_all();
+  Enqueue({outbox::Message::To("d").Json("5").IdempotencyKey(queued_key).Build()});
+  Store c(db_url_);
+  const auto id_of = [&](const std::string& payload) {
+    return Scalar("SELECT id FROM outbox.dead_letters WHERE payload::text = '" + payload + "'");
+  };
+  const std::vector<std::int64_t> held = {id_of("1"), id_of("4")};
+  const auto r = ReplayDeadLetters(c, {}, "d");
+  EXPECT_EQ(r.ids.size(), 2u) << "payloads 2 and 3";
+  auto held_back = r.held_back;
+  std::sort(held_back.begin(), held_back.end());
+  EXPECT_EQ(held_back, held);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE payload::text IN ('1', '4')"), 2)
+      << "what was held back stays a dead letter";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE payload::text IN ('2', '3', '5')"),
+            3);
 }
 
 // `dlq purge --older-than 7` meant 7 days; Postgres reads a bare '7' as 7 seconds, and a
@@ -707,8 +795,9 @@ TEST_F(StoreTest, PurgeRefusesAnIntervalWithoutAUnitOrBelowZero) {
   for (const auto& m : r.messages)
     dead.push_back(Settle(m, r.lease_token, Settlement::Kind::kDead, 0ms, "bad"));
   store.Settle(dead);
-  Scalar("WITH u AS (UPDATE outbox.dead_letters SET dead_at = now() - interval '1 minute' "
-         "RETURNING 1) SELECT count(*) FROM u");
+  Scalar(
+      "WITH u AS (UPDATE outbox.dead_letters SET dead_at = now() - interval '1 minute' "
+      "RETURNING 1) SELECT count(*) FROM u");
   Store c(db_url_);
   auto error_of = [&](const std::string& older_than) -> std::string {
     try {

@@ -337,13 +337,27 @@ int RunDlqReplay(const DlqArgs& a) {
   if (a.ids.empty() && !a.all) return Fail("name the dead letters to replay, or pass --all");
   if (!a.ids.empty() && a.all) return Fail("pass either ids or --all, not both");
   return WithStore(a.database_url, [&](Store& c) {
-    const auto ids = ReplayDeadLetters(c, a.ids, a.destination);
-    std::cout << "replayed " << ids.size() << " message(s)\n";
-    if (!a.ids.empty() && ids.size() != a.ids.size()) {
-      std::cerr << "warning: " << a.ids.size() - ids.size()
-                << " of the given ids were not dead letters\n";
+    const auto r = ReplayDeadLetters(c, a.ids, a.destination);
+    std::cout << "replayed " << r.ids.size() << " message(s)\n";
+    int code = 0;
+    if (!r.held_back.empty()) {
+      std::string ids;
+      for (const auto id : r.held_back) ids += " " + std::to_string(id);
+      std::cerr << "error: " << r.held_back.size()
+                << " dead letter(s) held back, their idempotency key is queued or was replayed "
+                   "now with an older dead letter:"
+                << ids
+                << "; they stay dead letters: replay them once that message is delivered, or "
+                   "purge them\n";
+      code = 1;
     }
-    return 0;
+    const std::size_t found = r.ids.size() + r.held_back.size();
+    if (!a.ids.empty() && found != a.ids.size()) {
+      std::cerr << "error: " << a.ids.size() - found
+                << " of the given ids are not dead letters (see `outbox-relay dlq list`)\n";
+      code = 1;
+    }
+    return code;
   });
 }
 

@@ -87,15 +87,15 @@ std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id) {
   });
 }
 
-std::vector<std::int64_t> ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
-                                            const std::string& destination) {
-  return Translated([&]() -> std::vector<std::int64_t> {
+Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
+                           const std::string& destination) {
+  return Translated([&]() -> Replayed {
     pqxx::connection& c = StoreAccess::Connection(store);
     pqxx::work tx(c);
-    std::vector<std::int64_t> out;
+    Replayed out;
     for (const auto& r :
          tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids), destination)) {
-      out.push_back(r[0].as<std::int64_t>());
+      (r[1].as<bool>() ? out.held_back : out.ids).push_back(r[0].as<std::int64_t>());
     }
     tx.commit();
     return out;

@@ -31,10 +31,16 @@ struct DeadLetter {
 /// Newest first. `destination` empty: all.
 std::vector<DeadLetter> ListDeadLetters(Store& store, const std::string& destination, int limit);
 std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id);
+struct Replayed {
+  std::vector<std::int64_t> ids;        ///< The new messages' ids.
+  std::vector<std::int64_t> held_back;  ///< Dead letters left as they are, see below.
+};
 /// Puts dead letters back in the queue with their idempotency keys; `ids` empty: every one
-/// (of `destination` if given). Returns the new message ids.
-std::vector<std::int64_t> ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
-                                            const std::string& destination);
+/// (of `destination` if given). A dead letter whose idempotency key is queued, or that shares
+/// it with another dead letter replayed now (the oldest goes), is held back: it stays a dead
+/// letter, to replay once that message is gone.
+Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
+                           const std::string& destination);
 /// Records `names` in outbox.destinations (migration 0010: what the write-time guard accepts
 /// when it is on), as registered by `registered_by`; known names are left as they are.
 void RegisterDestinations(Store& store, const std::vector<std::string>& names,
