@@ -2,6 +2,7 @@
 // PostgreSQL.
 #include <gtest/gtest.h>
 
+#include <future>
 #include <map>
 #include <pqxx/pqxx>
 #include <set>
@@ -9,6 +10,7 @@
 #include "outbox/outbox.h"
 #include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
+#include "outbox_test/wait.h"
 
 namespace outbox::relay {
 namespace {
@@ -145,6 +147,36 @@ TEST_F(CoordinateTest, BucketsFollowTheOrderingKeyAndTheCountCanChange) {
       true);
   Store store(db_url_);
   EXPECT_EQ(store.Coordinate(NewUuid(), 10s, false, "").size(), 128u);
+}
+
+// A message written while the bucket count changes lands in a bucket of the new count.
+// set_bucket_count re-buckets the rows it can see: a writer's uncommitted row kept its old
+// bucket, which no relay owned any more, so it was never claimed, and every later message of
+// its key parked behind it for good (review, reproduced).
+TEST_F(CoordinateTest, AMessageWrittenWhileTheBucketCountChangesLandsInABucketOfTheNewCount) {
+  pqxx::connection w(db_url_);
+  pqxx::work writer(w);
+  for (int i = 0; i < 8; ++i) {
+    outbox::Publish(writer,
+                    outbox::Message::To("d").Json("1").Key("k-" + std::to_string(i)).Build());
+  }
+  auto change = std::async(std::launch::async, [&] {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction(c).exec("SELECT outbox.set_bucket_count(4)");
+  });
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return change.wait_for(0s) == std::future_status::ready ||
+               Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'") > 0;
+      },
+      10s));
+  writer.commit();
+  change.get();
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE bucket >= 4"), 0);
+  pqxx::work late(w);
+  outbox::Publish(late, outbox::Message::To("d").Json("1").Key("k-9").Build());
+  late.commit();
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE bucket >= 4"), 0);
 }
 
 }  // namespace

@@ -92,6 +92,9 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
   return Translated([&]() -> Replayed {
     pqxx::connection& c = StoreAccess::Connection(store);
     pqxx::work tx(c);
+    // The writers' lock (migration 0014): no bucket count change between here and commit,
+    // so the replay's snapshot has the count its rows are bucketed by.
+    tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
     Replayed out;
     for (const auto& r :
          tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids), destination)) {

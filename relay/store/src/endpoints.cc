@@ -543,6 +543,7 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
             "since", "--since \"" + since + "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
       }
     }
+    tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");  // as ReplayDeadLetters
     const auto r = tx.exec_params(
         "WITH e AS (SELECT * FROM outbox.endpoints WHERE id = $1), picked AS ("
         "  SELECT a.* FROM outbox.delivered_archive a, e"
