@@ -389,6 +389,13 @@ TEST_F(WebhookServiceTest, TheCliRefusesBadInputNamingTheFieldAndChangesNothing)
   };
   const std::vector<Case> cases = {
       {{"endpoints", "add", "-d", kDest, "--url", "ftp://x/y"}, "url \"ftp://x/y\""},
+      // URLs the relay would refuse to send to: refused here, not dead-lettered later.
+      {{"endpoints", "add", "-d", kDest, "--url", "https://user:S3cretPass@x.example/h"},
+       "must not contain credentials"},
+      {{"endpoints", "add", "-d", kDest, "--url", "https://x.example:99999/h"}, "bad port"},
+      {{"endpoints", "add", "-d", kDest, "--url", "https://[::1/h"}, "unterminated IPv6"},
+      {{"endpoints", "update", "one", "--url", "http://a:b@x.example"},
+       "must not contain credentials"},
       {{"endpoints", "add", "-d", kDest, "--url", "https://x", "--id", "has space"},
        "endpoint id \"has space\""},
       {{"endpoints", "add", "-d", kDest, "--url", "https://x", "--id", "one"}, "already exists"},
@@ -407,6 +414,7 @@ TEST_F(WebhookServiceTest, TheCliRefusesBadInputNamingTheFieldAndChangesNothing)
     const auto [code, out] = Cli(c.args);
     EXPECT_NE(code, 0) << c.args[1];
     EXPECT_NE(out.find(c.says), std::string::npos) << "wanted '" << c.says << "' in: " << out;
+    EXPECT_EQ(out.find("S3cretPass"), std::string::npos) << "a password was echoed: " << out;
   }
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints"), 1) << "nothing half-written";
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_secrets"), 1);

@@ -8,6 +8,7 @@
 #include <regex>
 #include <stdexcept>
 
+#include "outbox_relay/webhook_url.h"
 #include "store_access.h"
 
 namespace outbox::relay {
@@ -95,11 +96,15 @@ json Changes(const EndpointFields& f) {
     c["destination"] = *f.destination;
   }
   if (f.url) {
-    static const std::regex re("^https?://[^/?#\\s]+[^\\s]*$", std::regex::icase);
-    if (!std::regex_match(*f.url, re)) {
-      throw InvalidField("url", "url \"" + *f.url +
-                                    "\" is not an http:// or https:// URL with a host; write e.g. "
-                                    "https://customer.example.com/webhooks");
+    // The sink's own check: a URL the relay would refuse is refused here, not dead-lettered.
+    try {
+      ParseWebhookUrl(*f.url);
+    } catch (const std::invalid_argument& e) {
+      // Not echoed when it may carry credentials.
+      const std::string shown =
+          f.url->find('@') == std::string::npos ? " \"" + *f.url + "\"" : std::string();
+      throw InvalidField("url", "url" + shown + " is not usable: " + e.what() +
+                                    "; write e.g. https://customer.example.com/webhooks");
     }
     c["url"] = *f.url;
   }

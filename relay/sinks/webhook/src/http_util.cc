@@ -11,12 +11,6 @@
 namespace outbox::relay::webhook_detail {
 namespace {
 
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 bool AllDigits(std::string_view s) {
   if (s.empty()) return false;
   for (char c : s) {
@@ -114,70 +108,6 @@ std::size_t Utf8SequenceLength(std::string_view s, std::size_t i) {
 }
 
 }  // namespace
-
-ParsedUrl ParseUrl(const std::string& url) {
-  ParsedUrl out;
-  for (char c : url) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u == 0x7F) {
-      throw std::invalid_argument("webhook url must not contain spaces or control characters");
-    }
-  }
-  const std::size_t scheme_end = url.find("://");
-  if (scheme_end == std::string::npos) {
-    throw std::invalid_argument("webhook url must start with http:// or https://");
-  }
-  const std::string scheme = Lower(std::string_view(url).substr(0, scheme_end));
-  if (scheme == "https") {
-    out.https = true;
-  } else if (scheme != "http") {
-    throw std::invalid_argument("webhook url must start with http:// or https://");
-  }
-  const std::size_t authority_begin = scheme_end + 3;
-  std::size_t authority_end = url.find_first_of("/?#", authority_begin);
-  if (authority_end == std::string::npos) authority_end = url.size();
-  const std::string_view authority =
-      std::string_view(url).substr(authority_begin, authority_end - authority_begin);
-  if (authority.find('@') != std::string_view::npos) {
-    throw std::invalid_argument("webhook url must not contain credentials (use headers)");
-  }
-  std::string_view port_text;
-  if (!authority.empty() && authority.front() == '[') {
-    const std::size_t close = authority.find(']');
-    if (close == std::string_view::npos) {
-      throw std::invalid_argument("webhook url has an unterminated IPv6 address");
-    }
-    out.host = std::string(authority.substr(1, close - 1));
-    const std::string_view after = authority.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':') throw std::invalid_argument("webhook url has a bad host");
-      port_text = after.substr(1);
-      if (port_text.empty()) throw std::invalid_argument("webhook url has an empty port");
-    }
-  } else {
-    const std::size_t colon = authority.find(':');
-    out.host = std::string(authority.substr(0, colon));
-    if (colon != std::string_view::npos) {
-      port_text = authority.substr(colon + 1);
-      if (port_text.empty()) throw std::invalid_argument("webhook url has an empty port");
-    }
-  }
-  if (out.host.empty()) throw std::invalid_argument("webhook url has no host");
-  if (port_text.empty()) {
-    out.port = out.https ? 443 : 80;
-  } else {
-    if (!AllDigits(port_text) || port_text.size() > 5 || std::stoi(std::string(port_text)) < 1 ||
-        std::stoi(std::string(port_text)) > 65535) {
-      throw std::invalid_argument("webhook url has a bad port");
-    }
-    out.port = std::stoi(std::string(port_text));
-  }
-  std::string path = url.substr(authority_end);
-  if (const std::size_t hash = path.find('#'); hash != std::string::npos) path.resize(hash);
-  if (path.empty() || path.front() != '/') path = "/" + path;
-  out.path = std::move(path);
-  return out;
-}
 
 std::optional<std::chrono::milliseconds> ParseRetryAfter(
     std::string_view value, std::chrono::system_clock::time_point now) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "outbox_relay/webhook_url.h"
+
 namespace outbox::relay::webhook_detail {
 
 std::string Base64Encode(std::string_view bytes);
@@ -19,15 +21,9 @@ std::string DecodeSecret(const std::string& whsec_secret);
 std::string SignWithKey(const std::string& key, const std::string& msg_id,
                         long long timestamp_seconds, const std::string& body);
 
-/// A webhook URL split for httplib.
-struct ParsedUrl {
-  bool https = false;
-  std::string host;  ///< Without brackets for IPv6 literals.
-  int port = 0;
-  std::string path;  ///< Path and query, at least "/". No fragment.
-};
-/// Throws std::invalid_argument saying what is wrong.
-ParsedUrl ParseUrl(const std::string& url);
+/// A webhook URL split for httplib (outbox_relay/webhook_url.h).
+using ParsedUrl = WebhookUrl;
+inline ParsedUrl ParseUrl(const std::string& url) { return ParseWebhookUrl(url); }
 
 /// Retry-After as delta-seconds or an HTTP-date (IMF-fixdate, RFC 850, asctime), relative to
 /// `now`. A date in the past gives 0. nullopt when it is neither.

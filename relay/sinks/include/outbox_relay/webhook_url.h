@@ -1,0 +1,21 @@
+// A webhook URL checked and split (plain or TLS, host, port, path). Shared by the webhook
+// sink and the places that store endpoint URLs (`outbox-relay endpoints`, the management API).
+#pragma once
+
+#include <string>
+
+namespace outbox::relay {
+
+struct WebhookUrl {
+  bool https = false;
+  std::string host;  ///< Without brackets for IPv6 literals.
+  int port = 0;
+  std::string path;  ///< Path and query, at least "/". No fragment.
+};
+
+/// Throws std::invalid_argument saying what is wrong, without echoing the URL (it may carry
+/// credentials or tokens): http:// or https:// only, a host, a port 1-65535 if any, no
+/// credentials, no spaces or control characters.
+WebhookUrl ParseWebhookUrl(const std::string& url);
+
+}  // namespace outbox::relay
