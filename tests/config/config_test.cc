@@ -863,6 +863,23 @@ TEST(DatabaseUrl, NonsenseIsRefusedWithoutEchoingIt) {
   EXPECT_TRUE(Lacks(message, "hunter2"));
 }
 
+// A URL libpq cannot parse (a raw '%' in the password, typically) passed check-config, and
+// `run`, `status` and `dlq` then printed libpq's error, which quotes the token: the password.
+TEST(DatabaseUrl, OneLibpqCannotParseIsRefusedWithoutEchoingIt) {
+  const std::string message = ErrorOf(
+      "database_url: postgresql://app:Sup3rS%ZZecret@127.0.0.1:1/app\n"
+      "destinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n");
+  EXPECT_TRUE(Contains(message, "cfg.yaml:1:1: database_url: is not a valid connection string"))
+      << message;
+  EXPECT_TRUE(Contains(message, "%25")) << message;
+  EXPECT_TRUE(Lacks(message, "Sup3rS")) << message;
+  const std::string pairs = ErrorOf(
+      "database_url: \"host=db password='hunter2\"\n"
+      "destinations: {o: {kafka: {brokers: k:9092, topic: o}}}\n");
+  EXPECT_TRUE(Contains(pairs, "database_url: is not a valid connection string")) << pairs;
+  EXPECT_TRUE(Lacks(pairs, "hunter2")) << pairs;
+}
+
 TEST(ProcessEnv, ReadsTheProcessEnvironment) {
   ASSERT_EQ(setenv("OUTBOX_CONFIG_TEST_VAR", "value-1", 1), 0);
   ASSERT_EQ(unsetenv("OUTBOX_CONFIG_TEST_UNSET"), 0);

@@ -104,10 +104,28 @@ TEST(WithConnectionDefaults, LeavesServicesAndPgConnectTimeoutTheirSay) {
   EXPECT_EQ(got.at("tcp_user_timeout"), "30000");
 }
 
-TEST(WithConnectionDefaults, LeavesWhatLibpqCannotParseAlone) {
-  EXPECT_EQ(WithConnectionDefaults("host=x no_such_option=1"), "host=x no_such_option=1");
-  EXPECT_EQ(WithConnectionDefaults("postgresql://x/app?no_such_option=1"),
-            "postgresql://x/app?no_such_option=1");
+// What libpq cannot parse is refused before connecting, naming the problem without the
+// secret: libpq's own error quotes the token it stopped at, in a URI often the password (a
+// raw '%' in it), and `run`, `status` and `dlq` printed it.
+TEST(WithConnectionDefaults, RefusesWhatLibpqCannotParseWithoutEchoingTheSecret) {
+  auto error_of = [](const std::string& url) -> std::string {
+    try {
+      WithConnectionDefaults(url);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const std::string percent = error_of("postgresql://app:Sup3rS%ZZecret@127.0.0.1:1/app");
+  EXPECT_NE(percent.find("database_url is not a valid connection string"), std::string::npos)
+      << percent;
+  EXPECT_NE(percent.find("%25"), std::string::npos) << percent;
+  EXPECT_EQ(percent.find("Sup3rS"), std::string::npos) << percent;
+  const std::string option = error_of("host=x no_such_option=1");
+  EXPECT_NE(option.find("\"no_such_option\""), std::string::npos)
+      << "what is not a secret is still named: " << option;
+  EXPECT_EQ(error_of("postgresql://x/app?password=hunter%2&no_such_option=1").find("hunter"),
+            std::string::npos);
 }
 
 /// A TCP listener that accepts connections and never says a word (a wedged proxy, a load

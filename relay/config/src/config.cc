@@ -15,6 +15,7 @@
 
 #include "outbox_relay/config_fields.h"
 #include "outbox_relay/config_sources.h"
+#include "outbox_relay/connection_string.h"
 
 namespace outbox::relay {
 
@@ -569,6 +570,9 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
          "does not look like a PostgreSQL connection string; write a URI such as "
          "postgresql://outbox_relay@db.internal:5432/app or key=value pairs such as "
          "`host=db.internal dbname=app`");
+  }
+  if (const auto problem = ConnectionStringProblem(database_url.value); !problem.empty()) {
+    Fail(database_url.origin, "database_url", "is not a valid connection string: " + problem);
   }
   config.database_url = database_url.value;
 

@@ -6,8 +6,11 @@
 #include <cstdlib>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string_view>
 #include <utility>
+
+#include "outbox_relay/connection_string.h"
 
 namespace outbox::relay {
 namespace {
@@ -38,7 +41,10 @@ std::string WithConnectionDefaults(const std::string& database_url) {
   std::unique_ptr<PQconninfoOption, decltype(&PQconninfoFree)> options(
       PQconninfoParse(database_url.c_str(), &error), &PQconninfoFree);
   if (error != nullptr) PQfreemem(error);
-  if (!options) return database_url;
+  if (!options) {
+    throw std::invalid_argument("database_url is not a valid connection string: " +
+                                ConnectionStringProblem(database_url));
+  }
   std::string out;
   std::set<std::string_view> set;
   for (const PQconninfoOption* o = options.get(); o->keyword != nullptr; ++o) {

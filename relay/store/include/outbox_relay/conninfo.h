@@ -16,7 +16,8 @@ namespace outbox::relay {
 ///                             fails after 30 s instead of the kernel's ~15 minutes
 /// A value set in `database_url` wins, and so does PGCONNECT_TIMEOUT. A string that names a
 /// service (or with PGSERVICE set), whose pg_service.conf may set these itself, comes back
-/// unchanged, as does one libpq cannot parse (connecting reports libpq's own error about it).
+/// unchanged. One libpq cannot parse throws std::invalid_argument naming the problem without
+/// its secrets (ConnectionStringProblem): libpq's own error quotes the password.
 std::string WithConnectionDefaults(const std::string& database_url);
 
 }  // namespace outbox::relay
