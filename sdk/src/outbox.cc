@@ -3,6 +3,7 @@
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string_view>
 
 namespace outbox {
 namespace {
@@ -78,7 +79,55 @@ bool IsTraceparent(const std::string& s) {
          s.substr(36, 16) != std::string(16, '0');
 }
 
+/// Well-formed UTF-8 (no overlong forms, surrogates or code points above U+10FFFF).
+bool IsUtf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t len = 1;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) return false;
+    for (std::size_t k = 1; k < len; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+void RequireUtf8(std::string_view text, const std::string& what) {
+  if (!IsUtf8(text)) {
+    throw InvalidMessage("outbox: " + what +
+                         " is not valid UTF-8; convert it (from Latin-1, say) before publishing, "
+                         "or send binary data in a Bytes() payload");
+  }
+}
+
 void Validate(const OutboxMessage& m) {
+  RequireUtf8(m.destination, "destination");
+  if (m.ordering_key) RequireUtf8(*m.ordering_key, "ordering key");
+  RequireUtf8(m.event_type, "event type");
+  for (const auto& [name, value] : m.headers) {
+    RequireUtf8(name, "header name");
+    RequireUtf8(value, "header \"" + name + "\"");
+  }
   if (m.destination.empty()) {
     throw InvalidMessage(
         "outbox: destination must not be empty; pass the destination name the relay is configured "
@@ -154,14 +203,13 @@ void Validate(const OutboxMessage& m) {
   }
 }
 
-nlohmann::json ToJson(const OutboxMessage& m) {
+/// The message as enqueue_many's JSON object. A JSON payload goes in as the caller wrote it
+/// (validated, not parsed and written again: nlohmann's numbers are doubles, and a 23-digit
+/// integer or a long decimal came out rounded; jsonb keeps them exactly).
+std::string ToJsonText(const OutboxMessage& m) {
   nlohmann::json j;
   j["destination"] = m.destination;
-  if (m.payload_is_json) {
-    j["payload"] = nlohmann::json::parse(m.payload);
-  } else {
-    j["payload_base64"] = Base64(m.payload);
-  }
+  if (!m.payload_is_json) j["payload_base64"] = Base64(m.payload);
   if (m.ordering_key) j["ordering_key"] = *m.ordering_key;
   nlohmann::json h = nlohmann::json::object();
   for (const auto& [k, v] : m.headers) h[k] = v;
@@ -169,7 +217,14 @@ nlohmann::json ToJson(const OutboxMessage& m) {
   j["event_type"] = m.event_type;
   if (m.deliver_after) j["deliver_after"] = Iso8601(*m.deliver_after);
   if (m.idempotency_key) j["idempotency_key"] = *m.idempotency_key;
-  return j;
+  std::string text = j.dump();  // an object with at least "destination": ends in '}'
+  if (m.payload_is_json) {
+    text.pop_back();
+    text += ",\"payload\":";
+    text += m.payload;
+    text += '}';
+  }
+  return text;
 }
 
 }  // namespace
@@ -255,20 +310,24 @@ OutboxMessage MessageBuilder::Build() const {
   return m;
 }
 
-std::int64_t Publish(pqxx::transaction_base& tx, const OutboxMessage& message) {
+std::int64_t Publish(pqxx::dbtransaction& tx, const OutboxMessage& message) {
   return PublishMany(tx, {message}).front();
 }
 
-std::vector<std::int64_t> PublishMany(pqxx::transaction_base& tx,
+std::vector<std::int64_t> PublishMany(pqxx::dbtransaction& tx,
                                       const std::vector<OutboxMessage>& messages) {
   for (const auto& m : messages) Validate(m);
   std::vector<std::int64_t> ids;
   ids.reserve(messages.size());
   for (std::size_t start = 0; start < messages.size(); start += kMaxBatch) {
-    nlohmann::json batch = nlohmann::json::array();
+    std::string batch = "[";
     const std::size_t end = std::min(messages.size(), start + kMaxBatch);
-    for (std::size_t i = start; i < end; ++i) batch.push_back(ToJson(messages[i]));
-    const pqxx::result r = tx.exec_params("SELECT outbox.enqueue_many($1::jsonb)", batch.dump());
+    for (std::size_t i = start; i < end; ++i) {
+      if (i > start) batch += ',';
+      batch += ToJsonText(messages[i]);
+    }
+    batch += ']';
+    const pqxx::result r = tx.exec_params("SELECT outbox.enqueue_many($1::jsonb)", batch);
     for (const auto& row : r) ids.push_back(row[0].as<std::int64_t>());
   }
   return ids;

@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <pqxx/pqxx>
 #include <set>
 #include <thread>
+#include <type_traits>
+#include <vector>
 
 #include "outbox/outbox.h"
 #include "outbox_test/pg.h"
@@ -260,6 +263,65 @@ TEST(SdkValidation, BuilderRejectsBadInputWithClearMessages) {
                       .Header(std::string(255, 'n'), std::string(4096, 'v'))
                       .DeliverAfter(std::chrono::hours(24 * 364))
                       .Build());
+}
+
+// Publish writes only inside the caller's transaction: with a nontransaction (autocommit) a
+// PublishMany of 1,500 whose last batch failed left the first 1,000 committed.
+static_assert(!std::is_invocable_v<decltype(&outbox::Publish), pqxx::nontransaction&,
+                                   const outbox::OutboxMessage&>,
+              "Publish must not accept an autocommit nontransaction");
+static_assert(!std::is_invocable_v<decltype(&outbox::PublishMany), pqxx::nontransaction&,
+                                   const std::vector<outbox::OutboxMessage>&>,
+              "PublishMany must not accept an autocommit nontransaction");
+
+// The payload reaches the database as written: it was parsed into doubles and written again,
+// so a 23-digit integer became 1.2345678901234568e+22 and long decimals were rounded.
+TEST_F(SdkTest, JsonPayloadNumbersArriveExactlyAsWritten) {
+  const std::string payload =
+      R"({"big": 12345678901234567890123, "amount": 1234567890123.456789, "p": 0.1000000000000000000001})";
+  pqxx::connection c(db_url_);
+  pqxx::work tx(c);
+  const auto id = outbox::Publish(tx, outbox::Message::To("d").Json(payload).Build());
+  const auto stored = tx.exec_params1(
+      "SELECT payload = $1::jsonb, payload->>'big', payload->>'amount', payload->>'p' "
+      "FROM outbox.messages WHERE id = $2",
+      payload, id);
+  EXPECT_TRUE(stored[0].as<bool>());
+  EXPECT_EQ(stored[1].as<std::string>(), "12345678901234567890123");
+  EXPECT_EQ(stored[2].as<std::string>(), "1234567890123.456789");
+  EXPECT_EQ(stored[3].as<std::string>(), "0.1000000000000000000001");
+}
+
+// A string that is not UTF-8 is refused naming its field, before anything is written; it
+// threw nlohmann's type_error 316 from inside the write, possibly after earlier batches.
+TEST_F(SdkTest, TextThatIsNotUtf8IsRefusedNamingTheField) {
+  const std::string bad = "caf\xe9";  // Latin-1
+  auto error_of = [&](const std::function<outbox::OutboxMessage()>& make) -> std::string {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    try {
+      outbox::PublishMany(tx, {outbox::Message::To("d").Json("1").Build(), make()});
+      tx.commit();
+    } catch (const outbox::InvalidMessage& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("not InvalidMessage: ") + e.what();
+    }
+    return "(no error)";
+  };
+  const std::vector<std::pair<std::string, std::function<outbox::OutboxMessage()>>> cases = {
+      {"ordering key", [&] { return outbox::Message::To("d").Json("1").Key(bad).Build(); }},
+      {"event type", [&] { return outbox::Message::To("d").Json("1").EventType(bad).Build(); }},
+      {"header \"h\"", [&] { return outbox::Message::To("d").Json("1").Header("h", bad).Build(); }},
+      {"header name", [&] { return outbox::Message::To("d").Json("1").Header(bad, "v").Build(); }},
+      {"destination", [&] { return outbox::Message::To(bad).Json("1").Build(); }},
+  };
+  for (const auto& [field, make] : cases) {
+    const std::string e = error_of(make);
+    EXPECT_NE(e.find("outbox: " + field), std::string::npos) << e;
+    EXPECT_NE(e.find("not valid UTF-8"), std::string::npos) << e;
+  }
+  EXPECT_EQ(Count(db_url_), 0) << "nothing written";
 }
 
 TEST_F(SdkTest, JitterSpreadsDeliverTimesInsideTheWindow) {

@@ -109,12 +109,14 @@ struct Message {
 
 /// Writes one message inside `tx` and returns its id. Throws InvalidMessage for invalid
 /// input and pqxx exceptions for database errors (after which the transaction is aborted,
-/// as always in PostgreSQL, so nothing is half-written).
-std::int64_t Publish(pqxx::transaction_base& tx, const OutboxMessage& message);
+/// as always in PostgreSQL, so nothing is half-written). `tx` is a real transaction
+/// (pqxx::work, a subtransaction, ...): a pqxx::nontransaction commits every statement on its
+/// own, so the message would not share the fate of the business write.
+std::int64_t Publish(pqxx::dbtransaction& tx, const OutboxMessage& message);
 
 /// Writes many messages inside `tx` in one round trip (per 1000 messages); returns their
 /// ids in input order. Validates all of them before writing any.
-std::vector<std::int64_t> PublishMany(pqxx::transaction_base& tx,
+std::vector<std::int64_t> PublishMany(pqxx::dbtransaction& tx,
                                       const std::vector<OutboxMessage>& messages);
 
 }  // namespace outbox
