@@ -832,6 +832,32 @@ TEST(DatabaseUrl, FromFileReference) {
       message, "database_url_file: cannot read file " + missing + ": No such file or directory"));
 }
 
+// An operator command (pause, dlq, status, migrate, endpoints) with --config needs only the
+// database: it read the whole file, and failed on a destination's secret its environment did
+// not have (the migration job had to be given the webhook secret to migrate).
+TEST(DatabaseUrl, OperatorCommandsReadOnlyTheDatabaseFromTheConfigFile) {
+  TempDir dir;
+  const std::string file = dir.Write(
+      "relay.yaml",
+      "database_url_env: APP_DB\n"
+      "destinations:\n"
+      "  orders: {kafka: {brokers: k:9092, topic: o, producer: {sasl.password_env: KAFKA_PW}}}\n");
+  const auto env = MapEnv({{"APP_DB", "postgresql://relay@db/app"}});
+  EXPECT_THROW(LoadConfigFile(file, env), ConfigError) << "the relay itself needs KAFKA_PW";
+  EXPECT_EQ(LoadDatabaseUrl(file, env), "postgresql://relay@db/app");
+  EXPECT_EQ(LoadDatabaseUrl(file, MapEnv({{"OUTBOX_DATABASE_URL", "postgresql://x@y/z"}})),
+            "postgresql://x@y/z");
+  std::string unset;
+  try {
+    LoadDatabaseUrl(file, kNoEnv);
+  } catch (const ConfigError& e) {
+    unset = e.what();
+  }
+  EXPECT_TRUE(Contains(unset, "APP_DB")) << unset;
+  const std::string typo = dir.Write("typo.yaml", "databse_url: postgresql://relay@db/app\n");
+  EXPECT_THROW(LoadDatabaseUrl(typo, kNoEnv), ConfigError) << "unknown keys are still refused";
+}
+
 TEST(DatabaseUrl, OutboxDatabaseUrlBeatsReferencesInTheFile) {
   const std::string yaml =
       "database_url_env: UNSET_VAR\ndestinations: {orders: {kafka: {brokers: k:9092, topic: o}}}\n";

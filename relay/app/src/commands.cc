@@ -241,7 +241,7 @@ std::string DatabaseUrlFor(const std::string& flag, const std::string& config_pa
   if (!flag.empty()) return flag;
   if (!config_path.empty()) {
     try {
-      return LoadConfigFile(config_path, ProcessEnv()).database_url;
+      return LoadDatabaseUrl(config_path, ProcessEnv());
     } catch (const ConfigError& e) {
       Fail(e.what());
       return "";

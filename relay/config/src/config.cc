@@ -388,8 +388,27 @@ const char* ToString(LogFormat format) {
   return "text";
 }
 
-RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
-                        const EnvLookup& env, const TargetKinds& kinds) {
+/// The config text's one YAML document, a mapping. Throws ConfigError.
+const std::vector<std::string_view> kTopLevelKeys = {"database_url",
+                                                     "database_url_env",
+                                                     "database_url_file",
+                                                     "batch_size",
+                                                     "lease_ms",
+                                                     "poll_interval_ms",
+                                                     "reap_interval_ms",
+                                                     "full_sweep_interval_ms",
+                                                     "shutdown_timeout_ms",
+                                                     "admin_listen",
+                                                     "log",
+                                                     "defaults",
+                                                     "destinations",
+                                                     "claim_mode",
+                                                     "partition_heartbeat_ms",
+                                                     "partition_lease_ms",
+                                                     "retention",
+                                                     "management_api"};
+
+static Field LoadRoot(const std::string& yaml_text, const std::string& source) {
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(yaml_text);
@@ -420,15 +439,64 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
              cfg::DescribeKind(root.node) + " (" + kExample + ")");
   }
 
-  Mapping top(
-      root,
-      {"database_url", "database_url_env", "database_url_file", "batch_size", "lease_ms",
-       "poll_interval_ms", "reap_interval_ms", "full_sweep_interval_ms", "shutdown_timeout_ms",
-       "admin_listen", "log", "defaults", "destinations", "claim_mode", "partition_heartbeat_ms",
-       "partition_lease_ms", "retention", "management_api"},
-      [&kinds](const std::string& key, const Field& value) {
-        return TopLevelHint(key, value, kinds);
-      });
+  return root;
+}
+
+/// The top-level keys naming the database (at most one of them may be set).
+static std::vector<Field> DatabaseUrlKeys(const Mapping& top) {
+  std::vector<Field> database_url_keys;
+  for (const char* key : {"database_url", "database_url_env", "database_url_file"}) {
+    if (auto f = top.Get(key)) database_url_keys.push_back(*f);
+  }
+  if (database_url_keys.size() > 1) {
+    Fail(database_url_keys[1],
+         "set only one of `database_url`, `database_url_env` and `database_url_file` (found `" +
+             database_url_keys[0].path + "` too); remove the others");
+  }
+  return database_url_keys;
+}
+
+/// The database: OUTBOX_DATABASE_URL, else the key of `keys` (its value, variable or file),
+/// checked. Throws ConfigError.
+static std::string ResolveDatabaseUrl(const std::vector<Field>& database_url_keys,
+                                      const EnvLookup& env, const std::string& source) {
+  StringSetting database_url;
+  if (auto value = Override(env, "OUTBOX_DATABASE_URL")) {
+    database_url = {*value, EnvOrigin("OUTBOX_DATABASE_URL"), true};
+  } else if (!database_url_keys.empty()) {
+    const Field& f = database_url_keys[0];
+    if (f.path == "database_url") {
+      database_url = {cfg::ReadNonEmptyString(f), f.Origin(), true};
+    } else if (f.path == "database_url_env") {
+      database_url = {cfg::ReadEnvReference(f, env), f.Origin(), true};
+    } else {
+      database_url = {cfg::ReadFileReference(f), f.Origin(), true};
+    }
+  }
+  if (!database_url.set) {
+    Fail(source, "database_url",
+         "is not set; set database_url in the config or OUTBOX_DATABASE_URL in the environment (or "
+         "use "
+         "database_url_env / database_url_file to read it from another variable or a file)");
+  }
+  if (!LooksLikePostgresConnectionString(database_url.value)) {
+    Fail(database_url.origin, "database_url",
+         "does not look like a PostgreSQL connection string; write a URI such as "
+         "postgresql://outbox_relay@db.internal:5432/app or key=value pairs such as "
+         "`host=db.internal dbname=app`");
+  }
+  if (const auto problem = ConnectionStringProblem(database_url.value); !problem.empty()) {
+    Fail(database_url.origin, "database_url", "is not a valid connection string: " + problem);
+  }
+  return database_url.value;
+}
+
+RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
+                        const EnvLookup& env, const TargetKinds& kinds) {
+  const Field root = LoadRoot(yaml_text, source);
+  Mapping top(root, kTopLevelKeys, [&kinds](const std::string& key, const Field& value) {
+    return TopLevelHint(key, value, kinds);
+  });
 
   const RelayConfig builtin;
   std::array<IntSetting, 8> ints = {{
@@ -495,15 +563,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
       log_format = {cfg::ReadString(*format), format->Origin(), true};
   }
 
-  std::vector<Field> database_url_keys;
-  for (const char* key : {"database_url", "database_url_env", "database_url_file"}) {
-    if (auto f = top.Get(key)) database_url_keys.push_back(*f);
-  }
-  if (database_url_keys.size() > 1) {
-    Fail(database_url_keys[1],
-         "set only one of `database_url`, `database_url_env` and `database_url_file` (found `" +
-             database_url_keys[0].path + "` too); remove the others");
-  }
+  const auto database_url_keys = DatabaseUrlKeys(top);
 
   RetryLayer default_retry;
   if (auto f = top.Get("defaults")) {
@@ -543,38 +603,9 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   if (auto value = Override(env, "OUTBOX_LOG_FORMAT"))
     log_format = {*value, EnvOrigin("OUTBOX_LOG_FORMAT"), true};
 
-  StringSetting database_url;
-  if (auto value = Override(env, "OUTBOX_DATABASE_URL")) {
-    database_url = {*value, EnvOrigin("OUTBOX_DATABASE_URL"), true};
-  } else if (!database_url_keys.empty()) {
-    const Field& f = database_url_keys[0];
-    if (f.path == "database_url") {
-      database_url = {cfg::ReadNonEmptyString(f), f.Origin(), true};
-    } else if (f.path == "database_url_env") {
-      database_url = {cfg::ReadEnvReference(f, env), f.Origin(), true};
-    } else {
-      database_url = {cfg::ReadFileReference(f), f.Origin(), true};
-    }
-  }
-
   // 3. Validation.
   RelayConfig config;
-  if (!database_url.set) {
-    Fail(source, "database_url",
-         "is not set; set database_url in the config or OUTBOX_DATABASE_URL in the environment (or "
-         "use "
-         "database_url_env / database_url_file to read it from another variable or a file)");
-  }
-  if (!LooksLikePostgresConnectionString(database_url.value)) {
-    Fail(database_url.origin, "database_url",
-         "does not look like a PostgreSQL connection string; write a URI such as "
-         "postgresql://outbox_relay@db.internal:5432/app or key=value pairs such as "
-         "`host=db.internal dbname=app`");
-  }
-  if (const auto problem = ConnectionStringProblem(database_url.value); !problem.empty()) {
-    Fail(database_url.origin, "database_url", "is not a valid connection string: " + problem);
-  }
-  config.database_url = database_url.value;
+  config.database_url = ResolveDatabaseUrl(database_url_keys, env, source);
 
   for (const auto& setting : ints) CheckIntRange(setting);
   config.batch_size = static_cast<int>(ints[0].value);
@@ -698,6 +729,18 @@ RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env,
                       "; check the path and that the relay's user may read it");
   }
   return ParseConfig(*text, path, env, kinds);
+}
+
+std::string LoadDatabaseUrl(const std::string& path, const EnvLookup& env) {
+  std::string error;
+  auto text = cfg::ReadWholeFile(path, &error);
+  if (!text) {
+    throw ConfigError(path + ": cannot read the config file: " + error +
+                      "; check the path and that the relay's user may read it");
+  }
+  const Field root = LoadRoot(*text, path);
+  const Mapping top(root, kTopLevelKeys);
+  return ResolveDatabaseUrl(DatabaseUrlKeys(top), env, path);
 }
 
 RetryPolicy DefaultRetryPolicy() {

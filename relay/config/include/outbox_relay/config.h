@@ -178,6 +178,12 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
 /// Reads and parses a file. Throws ConfigError when it cannot be read or is invalid.
 RelayConfig LoadConfigFile(const std::string& path, const EnvLookup& env, const TargetKinds& kinds);
 
+/// Only the database of the config file at `path`: OUTBOX_DATABASE_URL, else its
+/// database_url (or database_url_env / database_url_file), checked as LoadConfigFile checks
+/// it. The rest is not read, so an operator command (pause, dlq, status, migrate, endpoints)
+/// does not need every destination's secrets in its environment. Throws ConfigError.
+std::string LoadDatabaseUrl(const std::string& path, const EnvLookup& env);
+
 /// "text" or "json", as written in the config.
 const char* ToString(LogFormat format);
 
