@@ -685,6 +685,10 @@ TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
       std::find_if(list.begin(), list.end(), [](const DeadLetter& d) { return d.payload == "1"; });
   ASSERT_NE(one, list.end());
   EXPECT_EQ(one->idempotency_key, "123e4567-e89b-12d3-a456-426614174000");
+  EXPECT_EQ(GetDeadLetter(c, one->id)->payload, "1");
+  // 0 means "any" to the list query: `dlq show 0` showed the newest dead letter.
+  EXPECT_FALSE(GetDeadLetter(c, 0).has_value());
+  EXPECT_FALSE(GetDeadLetter(c, -1).has_value());
   auto replayed = ReplayDeadLetters(c, {one->id}, "");
   ASSERT_EQ(replayed.ids.size(), 1u);
   auto r = store.Claim("d", 0, 10, 10, 30s);

@@ -78,6 +78,7 @@ std::vector<DeadLetter> ListDeadLetters(Store& store, const std::string& destina
 }
 
 std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id) {
+  if (id <= 0) return std::nullopt;  // ids start at 1; 0 means "any" to dlq_list.sql
   return Translated([&]() -> std::optional<DeadLetter> {
     pqxx::connection& c = StoreAccess::Connection(store);
     pqxx::nontransaction tx(c);
