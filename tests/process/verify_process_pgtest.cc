@@ -152,6 +152,32 @@ TEST_F(VerifyTest, RefusesWhatItCannotVerifyNamingTheFix) {
   EXPECT_NE(last_stderr_.find("is neither a UTC time"), std::string::npos) << last_stderr_;
 }
 
+// A --since that names no real time, or one the clock cannot hold, would compare a window
+// other than the one asked for (999999999d wrapped around and checked nothing, yet said
+// CLEAN; February 31st became March 3rd): refused, naming --since and the forms it takes.
+TEST_F(VerifyTest, RefusesASinceThatIsNoRealTimeOrOutOfRange) {
+  const std::string config =
+      WriteConfig("relay.yaml", Yaml(db_url_, {}, "retention:\n  archive_delivered: true\n"));
+  for (const char* since :
+       {"999999999d", "999999999h", "200000d", "2026-02-31T00:00:00Z", "2026-02-29T00:00:00Z",
+        "2026-13-01T00:00:00Z", "2026-00-10T00:00:00Z", "2026-01-00T00:00:00Z",
+        "2026-02-31T25:61:00Z", "2026-01-01T24:00:00Z", "2026-01-01T00:60:00Z",
+        "2026-01-01T00:00:60Z", "1969-12-31T23:59:59Z", "9999-01-01T00:00:00Z"}) {
+    SCOPED_TRACE(since);
+    EXPECT_EQ(Verify(config, {"--since", since}), 2) << last_stdout_ << last_stderr_;
+    EXPECT_NE(last_stderr_.find(std::string("--since ") + since), std::string::npos)
+        << last_stderr_;
+    EXPECT_NE(last_stderr_.find("2026-11-23T08:00:00Z"), std::string::npos) << last_stderr_;
+    EXPECT_NE(last_stderr_.find("7d"), std::string::npos) << last_stderr_;
+    EXPECT_EQ(last_stdout_.find("CLEAN"), std::string::npos) << last_stdout_;
+  }
+  // Real times and ages in range are taken.
+  for (const char* since : {"2024-02-29T23:59:59.5Z", "1970-01-01T00:00:00Z", "20000d", "90s"}) {
+    SCOPED_TRACE(since);
+    EXPECT_EQ(Verify(config, {"--since", since}), 0) << last_stdout_ << last_stderr_;
+  }
+}
+
 TEST_F(VerifyTest, DestinationsListsWhatRelaysRegisteredAndAddRegistersMore) {
   const std::string config = WriteConfig("relay.yaml", Yaml(db_url_));
   auto run = [&](const std::vector<std::string>& args) {

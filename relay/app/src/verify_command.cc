@@ -30,8 +30,19 @@ int CannotVerify(const std::string& why) {
   return kCannotVerify;
 }
 
-// "2026-11-23T08:00:00Z" (optionally with .fff), or an age: "90s", "15m", "2h", "7d".
-std::optional<SystemTime> ParseSince(const std::string& text, SystemTime now) {
+// The latest whole second the clock holds (system_clock counts nanoseconds: 2262-04-11).
+std::time_t LatestSecond() {
+  return std::chrono::system_clock::to_time_t(
+             std::chrono::time_point_cast<std::chrono::seconds>(SystemTime::max())) -
+         1;
+}
+
+// "2026-11-23T08:00:00Z" (optionally with .fff), or an age: "90s", "15m", "2h", "7d". Either
+// names a time from 1970-01-01T00:00:00Z on that the clock holds; a date or time of day that
+// does not exist (February 31st, 25:61) is refused, never rolled over. Nullopt, with the
+// reason in `problem`, when `text` is none of these.
+std::optional<SystemTime> ParseSince(const std::string& text, SystemTime now,
+                                     std::string& problem) {
   static const std::regex age(R"((\d{1,9})([smhd]))");
   static const std::regex stamp(
       R"((\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(\.(\d{1,3}))?Z)");
@@ -39,7 +50,15 @@ std::optional<SystemTime> ParseSince(const std::string& text, SystemTime now) {
   if (std::regex_match(text, m, age)) {
     const long long n = std::stoll(m[1]);
     const long long unit = m[2] == "s" ? 1 : m[2] == "m" ? 60 : m[2] == "h" ? 3600 : 86400;
-    return now - std::chrono::seconds(n * unit);
+    const long long back = n * unit;  // at most 999999999 days: fits
+    const long long since_1970 =
+        std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
+    if (back > since_1970) {
+      problem = "reaches back before 1970-01-01 (an age is at most " +
+                std::to_string(since_1970 / 86400) + "d now)";
+      return std::nullopt;
+    }
+    return now - std::chrono::seconds(back);
   }
   if (std::regex_match(text, m, stamp)) {
     std::tm tm{};
@@ -49,13 +68,26 @@ std::optional<SystemTime> ParseSince(const std::string& text, SystemTime now) {
     tm.tm_hour = std::stoi(m[4]);
     tm.tm_min = std::stoi(m[5]);
     tm.tm_sec = std::stoi(m[6]);
+    const std::tm asked = tm;
+    const std::time_t t = timegm(&tm);  // normalises tm: a field out of range rolls over
+    if (tm.tm_year != asked.tm_year || tm.tm_mon != asked.tm_mon || tm.tm_mday != asked.tm_mday ||
+        tm.tm_hour != asked.tm_hour || tm.tm_min != asked.tm_min || tm.tm_sec != asked.tm_sec) {
+      problem =
+          "is no real UTC time (month 01-12, a day the month has, hour 00-23, minute and "
+          "second 00-59)";
+      return std::nullopt;
+    }
+    if (t < 0 || t > LatestSecond()) {
+      problem = "is outside 1970-01-01T00:00:00Z to " +
+                FormatRfc3339(std::chrono::system_clock::from_time_t(LatestSecond()));
+      return std::nullopt;
+    }
     std::string millis = m[8];
     while (!millis.empty() && millis.size() < 3) millis += '0';
-    const std::time_t t = timegm(&tm);
-    if (t < 0) return std::nullopt;
     return std::chrono::system_clock::from_time_t(t) +
            std::chrono::milliseconds(millis.empty() ? 0 : std::stoi(millis));
   }
+  problem = "is neither a UTC time nor an age";
   return std::nullopt;
 }
 
@@ -175,11 +207,12 @@ int RunVerify(const VerifyArgs& a) {
   SystemTime since{};
   std::string since_text = "the start";
   if (!a.since.empty()) {
-    const auto parsed = ParseSince(a.since, now);
+    std::string problem;
+    const auto parsed = ParseSince(a.since, now, problem);
     if (!parsed) {
-      return CannotVerify("--since " + a.since +
-                          " is neither a UTC time (2026-11-23T08:00:00Z) nor an age (90s, 15m, "
-                          "2h, 7d)");
+      return CannotVerify("--since " + a.since + " " + problem +
+                          "; give a UTC time (2026-11-23T08:00:00Z, optionally with "
+                          "milliseconds: 2026-11-23T08:00:00.250Z) or an age (90s, 15m, 2h, 7d)");
     }
     since = *parsed;
     since_text = FormatRfc3339(since);
