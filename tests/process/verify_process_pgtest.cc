@@ -178,6 +178,27 @@ TEST_F(VerifyTest, RefusesASinceThatIsNoRealTimeOrOutOfRange) {
   }
 }
 
+// `--json -`: stdout is the JSON report and nothing else (the summary goes to stderr), so it
+// can be piped to jq.
+TEST_F(VerifyTest, JsonToStdoutIsOnlyTheReport) {
+  const std::string config =
+      WriteConfig("relay.yaml", Yaml(db_url_, {}, "retention:\n  archive_delivered: true\n"));
+  Enqueue(20, 4, 5);
+  ChildProcess& relay = StartRelay(config);
+  ASSERT_TRUE(DrainedBy({&relay}, 120s));
+  StopGracefully(relay);
+  ChildProcess& v = Spawn("verify-stdout",
+                          {"verify", "--config", config, "--json", "-", "--timeout-ms", "30000"});
+  ASSERT_TRUE(v.WaitExit(60s)) << v.Describe();
+  EXPECT_TRUE(v.ExitedWith(0)) << v.Describe() << v.Stderr();
+  const nlohmann::json report = nlohmann::json::parse(v.Stdout(), nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << "stdout is not JSON:\n" << v.Stdout();
+  EXPECT_TRUE(report["clean"].get<bool>()) << report.dump(2);
+  EXPECT_EQ(report["archived"], 20);
+  EXPECT_NE(v.Stderr().find("CLEAN"), std::string::npos) << "the summary, on stderr:\n"
+                                                         << v.Stderr();
+}
+
 TEST_F(VerifyTest, DestinationsListsWhatRelaysRegisteredAndAddRegistersMore) {
   const std::string config = WriteConfig("relay.yaml", Yaml(db_url_));
   auto run = [&](const std::vector<std::string>& args) {

@@ -137,34 +137,36 @@ nlohmann::json ToJson(const VerifyReport& r, const std::string& destination,
   return j;
 }
 
-void PrintSummary(const VerifyReport& r, const std::string& destination, const std::string& since) {
-  std::cout << "verify " << destination << " since " << since << ": " << r.streams.size()
-            << " stream(s) read\n"
-            << "  delivered (archived) " << r.archived << ", records read " << r.records
-            << " (not the relay's " << r.foreign << ", of messages outside the window "
-            << r.not_archived << ")\n"
-            << "  gaps " << r.gaps.size() << ", duplicates " << r.duplicates.size()
-            << ", order inversions " << r.inversions.size() << "\n";
+// The summary for people: on stdout, or on stderr when stdout carries the JSON report.
+void PrintSummary(std::ostream& out, const VerifyReport& r, const std::string& destination,
+                  const std::string& since) {
+  out << "verify " << destination << " since " << since << ": " << r.streams.size()
+      << " stream(s) read\n"
+      << "  delivered (archived) " << r.archived << ", records read " << r.records
+      << " (not the relay's " << r.foreign << ", of messages outside the window " << r.not_archived
+      << ")\n"
+      << "  gaps " << r.gaps.size() << ", duplicates " << r.duplicates.size()
+      << ", order inversions " << r.inversions.size() << "\n";
   constexpr std::size_t kShown = 20;
   for (std::size_t i = 0; i < r.gaps.size() && i < kShown; ++i) {
-    std::cout << "  gap: message " << r.gaps[i].id << " (" << r.gaps[i].idempotency_key
-              << ") was delivered but is not in the target\n";
+    out << "  gap: message " << r.gaps[i].id << " (" << r.gaps[i].idempotency_key
+        << ") was delivered but is not in the target\n";
   }
   for (std::size_t i = 0; i < r.duplicates.size() && i < kShown; ++i) {
-    std::cout << "  duplicate: " << r.duplicates[i].idempotency_key << " found "
-              << r.duplicates[i].at.size() << " times:";
+    out << "  duplicate: " << r.duplicates[i].idempotency_key << " found "
+        << r.duplicates[i].at.size() << " times:";
     for (const auto& [stream, position] : r.duplicates[i].at) {
-      std::cout << " " << stream << "@" << position;
+      out << " " << stream << "@" << position;
     }
-    std::cout << "\n";
+    out << "\n";
   }
   for (std::size_t i = 0; i < r.inversions.size() && i < kShown; ++i) {
     const auto& v = r.inversions[i];
-    std::cout << "  inversion: key " << v.ordering_key << " in " << v.stream << ": message "
-              << v.earlier_id << " at " << v.earlier_position << " after message " << v.later_id
-              << " at " << v.later_position << "\n";
+    out << "  inversion: key " << v.ordering_key << " in " << v.stream << ": message "
+        << v.earlier_id << " at " << v.earlier_position << " after message " << v.later_id << " at "
+        << v.later_position << "\n";
   }
-  std::cout << (r.clean() ? "CLEAN" : "NOT CLEAN (details: --json)") << "\n";
+  out << (r.clean() ? "CLEAN" : "NOT CLEAN (details: --json)") << "\n";
 }
 
 }  // namespace
@@ -237,7 +239,8 @@ int RunVerify(const VerifyArgs& a) {
     return CannotVerify("reading back " + name + ": " + e.what());
   }
   const VerifyReport report = Reconcile(archived, read);
-  PrintSummary(report, name, since_text);
+  // `--json -`: stdout is the report alone (for jq and the like); the summary goes to stderr.
+  PrintSummary(a.json_path == "-" ? std::cerr : std::cout, report, name, since_text);
   if (!a.json_path.empty()) {
     const std::string text = ToJson(report, name, since_text).dump(2) + "\n";
     if (a.json_path == "-") {
