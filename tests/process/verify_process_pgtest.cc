@@ -199,6 +199,26 @@ TEST_F(VerifyTest, JsonToStdoutIsOnlyTheReport) {
                                                          << v.Stderr();
 }
 
+// --database-url stands in for a config without database_url, as it does for `run`.
+TEST_F(VerifyTest, DatabaseUrlFlagStandsInForAConfigWithoutOne) {
+  std::string yaml = Yaml(db_url_, {}, "retention:\n  archive_delivered: true\n");
+  const auto line = yaml.find("database_url:");
+  ASSERT_NE(line, std::string::npos);
+  yaml.erase(line, yaml.find('\n', line) + 1 - line);
+  const std::string config = WriteConfig("no-db.yaml", yaml);
+  // Without the flag: the config's own error.
+  EXPECT_EQ(Verify(config), 2);
+  EXPECT_NE(last_stderr_.find("database_url"), std::string::npos) << last_stderr_;
+  // With it: verified.
+  EXPECT_EQ(Verify(config, {"--database-url", db_url_}), 0) << last_stdout_ << last_stderr_;
+  EXPECT_TRUE(report_["clean"].get<bool>()) << report_.dump(2);
+  // And it wins over the config's database_url.
+  const std::string elsewhere = WriteConfig(
+      "elsewhere.yaml",
+      Yaml("postgresql://nobody@127.0.0.1:1/none", {}, "retention:\n  archive_delivered: true\n"));
+  EXPECT_EQ(Verify(elsewhere, {"--database-url", db_url_}), 0) << last_stdout_ << last_stderr_;
+}
+
 TEST_F(VerifyTest, DestinationsListsWhatRelaysRegisteredAndAddRegistersMore) {
   const std::string config = WriteConfig("relay.yaml", Yaml(db_url_));
   auto run = [&](const std::vector<std::string>& args) {

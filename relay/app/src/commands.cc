@@ -126,17 +126,19 @@ int RunCheckConfig(const std::string& config_path) {
   }
 }
 
-int RunRelay(const std::string& config_path, const std::string& database_url_override) {
-  RelayConfig cfg;
-  // --database-url wins over the file and the environment, and may stand in for both.
-  const EnvLookup process_env = ProcessEnv();
-  const EnvLookup env = [&](const std::string& name) -> std::optional<std::string> {
-    if (name == "OUTBOX_DATABASE_URL" && !database_url_override.empty())
-      return database_url_override;
+EnvLookup ProcessEnvWithDatabaseUrl(const std::string& database_url_flag) {
+  if (database_url_flag.empty()) return ProcessEnv();
+  return [process_env = ProcessEnv(),
+          database_url_flag](const std::string& name) -> std::optional<std::string> {
+    if (name == "OUTBOX_DATABASE_URL") return database_url_flag;
     return process_env(name);
   };
+}
+
+int RunRelay(const std::string& config_path, const std::string& database_url_override) {
+  RelayConfig cfg;
   try {
-    cfg = LoadConfigFile(config_path, env);
+    cfg = LoadConfigFile(config_path, ProcessEnvWithDatabaseUrl(database_url_override));
   } catch (const ConfigError& e) {
     return Fail(e.what());
   }

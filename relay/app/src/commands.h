@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "outbox_relay/config.h"
 #include "outbox_relay/store.h"
 
 namespace outbox::relay::app {
@@ -117,6 +118,11 @@ int WithStore(const std::string& url, F f) {
 /// overrides), else $OUTBOX_DATABASE_URL. Empty, with the reason printed, when there is none
 /// or the config file is invalid.
 std::string DatabaseUrlFor(const std::string& flag, const std::string& config_path);
+
+/// The process environment for LoadConfigFile, with --database-url (`database_url_flag`, when
+/// not empty) standing in for OUTBOX_DATABASE_URL: the flag wins over the file and the
+/// environment, and a config without database_url loads with it (run, verify).
+EnvLookup ProcessEnvWithDatabaseUrl(const std::string& database_url_flag);
 
 /// Sets up spdlog: level name and "text" or "json".
 void SetupLogging(const std::string& level, bool json);

@@ -258,7 +258,8 @@ int main(int argc, char** argv) {
       "duplicates, per-key order (exit 0 only when clean)");
   verify->add_option("--config,-c", verify_args.config_path, "YAML config file")->required();
   verify->add_option("--database-url", verify_args.database_url,
-                     "PostgreSQL URL (default: the config's)");
+                     "PostgreSQL URL; wins over the config's database_url and "
+                     "$OUTBOX_DATABASE_URL, as for run (default: the config's)");
   verify->add_option("--destination,-d", verify_args.destination,
                      "The destination (default: the config's only one)");
   verify->add_option("--since", verify_args.since,

@@ -174,11 +174,11 @@ void PrintSummary(std::ostream& out, const VerifyReport& r, const std::string& d
 int RunVerify(const VerifyArgs& a) {
   RelayConfig config;
   try {
-    config = LoadConfigFile(a.config_path, ProcessEnv());
+    // --database-url as for `run`: it wins, and stands in for a config without database_url.
+    config = LoadConfigFile(a.config_path, ProcessEnvWithDatabaseUrl(a.database_url));
   } catch (const std::exception& e) {
     return CannotVerify(e.what());
   }
-  if (!a.database_url.empty()) config.database_url = a.database_url;
   std::string name = a.destination;
   if (name.empty()) {
     if (config.destinations.size() != 1) {
