@@ -1712,3 +1712,69 @@ TEST(LeaseBounds, WithoutLeaseMsTheLeaseOutlastsTheLongestAttemptAndKafkaFitsIns
 
 }  // namespace
 }  // namespace outbox::relay
+
+// --- an attempt without an end ----------------------------------------------------------
+
+namespace outbox::relay {
+namespace {
+
+// librdkafka reads message.timeout.ms (alias delivery.timeout.ms) 0 as "no limit": an attempt
+// that never ends cannot end inside its lease.
+TEST(LeaseBounds, AKafkaMessageTimeoutOfZeroIsRefusedNamingTheKeyAndTheFix) {
+  for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
+    for (const char* lease : {"", "lease_ms: 30000\n"}) {
+      // librdkafka reads each of these as 0.
+      for (const char* zero : {"0", "00", "0x0", "\"0\""}) {
+        SCOPED_TRACE(std::string(key) + ": " + zero + " " + lease);
+        const std::string message = ErrorOf(kDb + lease +
+                                            "destinations:\n"
+                                            "  orders:\n"
+                                            "    kafka:\n"
+                                            "      brokers: k1:9092\n"
+                                            "      topic: orders\n"
+                                            "      producer:\n"
+                                            "        " +
+                                            key + ": " + zero + "\n");
+        EXPECT_TRUE(Contains(message, "destinations.orders.kafka.producer." + std::string(key)))
+            << message;
+        EXPECT_TRUE(Contains(message, "no limit")) << message;
+        EXPECT_TRUE(Contains(message, "lease_ms")) << message;
+        EXPECT_TRUE(Contains(message, "remove the key")) << message;
+      }
+    }
+  }
+  // The bound is read as librdkafka reads it: 0x7FFFFFFF is 24 days, not 0.
+  const std::string hex = ErrorOf(kDb + "lease_ms: 30000\n" +
+                                  "destinations:\n"
+                                  "  orders:\n"
+                                  "    kafka:\n"
+                                  "      brokers: k1:9092\n"
+                                  "      topic: orders\n"
+                                  "      producer:\n"
+                                  "        message.timeout.ms: 0x7FFFFFFF\n");
+  EXPECT_TRUE(Contains(hex, "message.timeout.ms = 2147483647 ms")) << hex;
+  // From the environment too.
+  const std::string from_env = ErrorOf(kDb +
+                                           "destinations:\n"
+                                           "  orders:\n"
+                                           "    kafka:\n"
+                                           "      brokers: k1:9092\n"
+                                           "      topic: orders\n"
+                                           "      producer:\n"
+                                           "        message.timeout.ms_env: KAFKA_TIMEOUT\n",
+                                       MapEnv({{"KAFKA_TIMEOUT", "0"}}));
+  EXPECT_TRUE(Contains(from_env, "message.timeout.ms")) << from_env;
+  EXPECT_TRUE(Contains(from_env, "no limit")) << from_env;
+  // A bound is still taken.
+  EXPECT_NO_THROW(ParseConfig(kDb + "destinations:\n"
+                                    "  orders:\n"
+                                    "    kafka:\n"
+                                    "      brokers: k1:9092\n"
+                                    "      topic: orders\n"
+                                    "      producer:\n"
+                                    "        message.timeout.ms: 10\n",
+                              "cfg.yaml", kNoEnv));
+}
+
+}  // namespace
+}  // namespace outbox::relay

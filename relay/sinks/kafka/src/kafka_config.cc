@@ -1,6 +1,9 @@
 // Reads a destination's `kafka:` section (docs/configuration.md, "Kafka").
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <optional>
 #include <string_view>
 
 #include "cloudevents_config.h"
@@ -110,6 +113,17 @@ void ValidateTopic(const Field& field, const std::string& topic) {
   if (!problem.empty()) Fail(field, problem);
 }
 
+// An integer property as librdkafka reads it: strtol in base 0 of its leading number ("00" is
+// 0, "0x10" 16, "010" 8, "5abc" 5). Nullopt where it reads no number (librdkafka refuses it).
+std::optional<long long> LibrdkafkaInteger(const std::string& value) {
+  const char* begin = value.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(begin, &end, 0);
+  if (end == begin || errno != 0) return std::nullopt;
+  return n;
+}
+
 std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLookup& env) {
   std::map<std::string, std::string> properties;
   std::map<std::string, std::string> written_as;  // property -> key that set it
@@ -161,6 +175,17 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
         if (node.Tag() == "?" && (value == "False" || value == "FALSE")) value = "false";
         break;
       }
+    }
+    if ((property == "message.timeout.ms" || property == "delivery.timeout.ms") &&
+        LibrdkafkaInteger(value) == 0) {
+      Fail(value_field,
+           "`" + property +
+               "` = 0 means \"no limit\" to librdkafka: a delivery attempt would never end, and "
+               "every "
+               "attempt must end inside its lease (lease_ms); set a bound at least 1000 ms "
+               "under lease_ms, e.g. `" +
+               property +
+               ": 20000`, or remove the key (an attempt then gets 2/3 of lease_ms, at most 30000)");
     }
     properties.emplace(property, std::move(value));
   }
@@ -225,12 +250,9 @@ std::optional<AttemptBound> KafkaAttemptBound(const Destination& d) {
   const auto& producer = d.target.Get<KafkaTarget>().producer;
   for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
     if (auto it = producer.find(key); it != producer.end()) {
-      try {
-        return AttemptBound{Millis{std::stoll(it->second)},
-                            "destinations." + d.name + ".kafka.producer." + key};
-      } catch (const std::exception&) {
-        return std::nullopt;  // librdkafka's own check names it (check-config, run)
-      }
+      const auto ms = LibrdkafkaInteger(it->second);
+      if (!ms) return std::nullopt;  // librdkafka's own check names it (check-config, run)
+      return AttemptBound{Millis{*ms}, "destinations." + d.name + ".kafka.producer." + key};
     }
   }
   return std::nullopt;
