@@ -1776,5 +1776,32 @@ TEST(LeaseBounds, AKafkaMessageTimeoutOfZeroIsRefusedNamingTheKeyAndTheFix) {
                               "cfg.yaml", kNoEnv));
 }
 
+// lease_ms is at most 86400000: an attempt that cannot end a second inside that is refused
+// naming what to lower, whether lease_ms is given or derived.
+TEST(LeaseBounds, AnAttemptLongerThanTheLongestLeaseIsRefusedNamingWhatToLower) {
+  const std::string hook = kHook +
+                           "      timeout_ms: 86400000\n"
+                           "      connect_timeout_ms: 86400000\n";
+  for (const char* lease : {"", "lease_ms: 86400000\n"}) {
+    const std::string message = ErrorOf(WithDestination("hooks", hook, lease));
+    EXPECT_TRUE(Contains(message,
+                         "destinations.hooks.webhook.timeout_ms + connect_timeout_ms = "
+                         "172800000 ms"))
+        << message;
+    EXPECT_TRUE(Contains(message, "at most 86400000")) << message;
+    EXPECT_TRUE(Contains(message,
+                         "lower destinations.hooks.webhook.timeout_ms + "
+                         "connect_timeout_ms to at most 86399000 ms"))
+        << message;
+    EXPECT_FALSE(Contains(message, "raise lease_ms")) << message;
+  }
+  // Just inside: a derived lease stops at the maximum.
+  const RelayConfig longest =
+      ParseConfig(WithDestination("hooks", kHook + "      timeout_ms: 86000000\n"
+                                                   "      connect_timeout_ms: 399000\n"),
+                  "cfg.yaml", kNoEnv);
+  EXPECT_EQ(longest.lease, std::chrono::milliseconds(86'400'000));
+}
+
 }  // namespace
 }  // namespace outbox::relay

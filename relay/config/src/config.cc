@@ -232,22 +232,43 @@ std::string SectionChoice(const TargetKinds& kinds, bool with_essentials) {
 }
 
 void ApplyLeaseBounds(RelayConfig& config, const std::string& lease_origin,
-                      const TargetKinds& kinds) {
+                      const TargetKinds& kinds, const std::string& source) {
   const bool lease_given = !lease_origin.empty();
+  constexpr Millis kLongestLease{kMaxDurationMs};
   for (const auto& [name, d] : config.destinations) {
     const TargetKind& kind = KindOf(d, kinds);
     const auto bound = kind.attempt_bound ? kind.attempt_bound(d) : std::nullopt;
     if (!bound) continue;
+    const std::string attempt = bound->set_by + " = " + std::to_string(bound->longest.count()) +
+                                " ms, and a lease must outlast its attempt by at least " +
+                                std::to_string(kLeaseSpare.count()) + " ms";
+    if (bound->longest + kLeaseSpare > kLongestLease) {
+      // No lease can hold it (lease_ms is at most kMaxDurationMs): the fix is the attempt's.
+      const std::string longest_fit = std::to_string((kLongestLease - kLeaseSpare).count());
+      if (!lease_given) {
+        Fail(source, "",
+             "one delivery attempt may take longer than any lease: " + attempt +
+                 ", while lease_ms is at most " + std::to_string(kMaxDurationMs) + "; lower " +
+                 bound->set_by + " to at most " + longest_fit + " ms");
+      }
+      Fail(lease_origin, "lease_ms",
+           std::to_string(config.lease.count()) +
+               " ms is shorter than one delivery attempt may take: " + attempt +
+               ", while lease_ms is at most " + std::to_string(kMaxDurationMs) + "; lower " +
+               bound->set_by + " to at most " +
+               std::to_string((config.lease - kLeaseSpare).count()) + " ms" +
+               (config.lease < kLongestLease ? " (or " + longest_fit + " ms with lease_ms: " +
+                                                   std::to_string(kMaxDurationMs) + ")"
+                                             : std::string()));
+    }
     if (!lease_given) {
-      config.lease = std::max(config.lease, bound->longest + kDerivedLeaseSpare);
+      config.lease =
+          std::max(config.lease, std::min(kLongestLease, bound->longest + kDerivedLeaseSpare));
     } else if (bound->longest + kLeaseSpare > config.lease) {
       Fail(lease_origin, "lease_ms",
            std::to_string(config.lease.count()) +
-               " ms is shorter than one delivery attempt may "
-               "take: " +
-               bound->set_by + " = " + std::to_string(bound->longest.count()) +
-               " ms, and a lease must outlast its attempt by at least " +
-               std::to_string(kLeaseSpare.count()) + " ms; raise lease_ms to at least " +
+               " ms is shorter than one delivery attempt may take: " + attempt +
+               "; raise lease_ms to at least " +
                std::to_string((bound->longest + kLeaseSpare).count()) + " or lower " +
                bound->set_by);
     }
@@ -712,7 +733,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     const std::string name = destination.name;
     config.destinations.emplace(name, std::move(destination));
   }
-  ApplyLeaseBounds(config, ints[1].origin.empty() ? std::string() : ints[1].origin, kinds);
+  ApplyLeaseBounds(config, ints[1].origin.empty() ? std::string() : ints[1].origin, kinds, source);
   for (auto& [name, d] : config.destinations) {
     const TargetKind& kind = KindOf(d, kinds);
     if (kind.complete) kind.complete(d, config, source);
