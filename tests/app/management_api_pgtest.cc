@@ -64,6 +64,14 @@ class ManagementApiTest : public PgTest {
     }
   }
 
+  // The error's message; empty when the answer is no error.
+  static std::string ErrorMessage(const Answer& a) {
+    const json& b = a.body;
+    if (!b.is_object() || !b.contains("error") || !b["error"].is_object()) return "";
+    const json& e = b["error"];
+    return e.contains("message") && e["message"].is_string() ? e["message"].get<std::string>() : "";
+  }
+
   std::unique_ptr<relay::ManagementApi> api_;
   std::unique_ptr<httplib::Client> client_;
 };
@@ -222,6 +230,39 @@ TEST_F(ManagementApiTest, BadInputIsA4xxNamingTheFieldAndWritesNothing) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_secrets"), 1);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE url = 'https://x'"), 1)
       << "the refused patches changed nothing";
+}
+
+// JSON integers are 64-bit (and beyond); an int field takes only what fits its range, and a
+// number that does not is refused naming the field, never cut to its low bits.
+TEST_F(ManagementApiTest, IntegersOutsideAFieldsRangeAreRefusedNamingTheFieldAndWriteNothing) {
+  ASSERT_EQ(Post("/v1/endpoints", R"({"id": "one", "destination": "d", "url": "https://x",
+                                       "max_in_flight": 4, "rate_limit": 20})")
+                .status,
+            201);
+  for (const std::string field : {"max_in_flight", "rate_limit"}) {
+    for (const std::string value :
+         {"4294967297", "4294967296", "-4294967296", "9223372036854775807", "18446744073709551615",
+          "99999999999999999999", "1.5", "2.0", "1e3", "true", "null"}) {
+      SCOPED_TRACE(field + ": " + value);
+      const auto added = Post("/v1/endpoints", R"({"destination": "d", "url": "https://y", ")" +
+                                                   field + "\": " + value + "}");
+      ExpectError(added, 400, "invalid_field", field);
+      const auto patched = Patch("/v1/endpoints/one", "{\"" + field + "\": " + value + "}");
+      ExpectError(patched, 400, "invalid_field", field);
+      EXPECT_NE(ErrorMessage(patched).find(field), std::string::npos) << patched.body.dump();
+    }
+  }
+  const auto max_message = Patch("/v1/endpoints/one", R"({"max_in_flight": 4294967297})");
+  EXPECT_NE(ErrorMessage(max_message).find("1 to 1024"), std::string::npos)
+      << max_message.body.dump();
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints"), 1);
+  EXPECT_EQ(Scalar("SELECT coalesce(max_in_flight, -1) FROM outbox.endpoints WHERE id = 'one'"), 4);
+  EXPECT_EQ(Scalar("SELECT coalesce(rate_limit, -1) FROM outbox.endpoints WHERE id = 'one'"), 20);
+  // The edges are taken.
+  auto edges = Patch("/v1/endpoints/one", R"({"max_in_flight": 1024, "rate_limit": 1000000})");
+  ASSERT_EQ(edges.status, 200) << edges.body.dump();
+  EXPECT_EQ(edges.body["max_in_flight"], 1024);
+  EXPECT_EQ(edges.body["rate_limit"], 1000000);
 }
 
 // docs/openapi.yaml and the server agree: every documented operation is a route (with the

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -80,6 +81,19 @@ std::optional<std::string> String(const json& body, const char* key) {
   return body[key].get<std::string>();
 }
 
+// A JSON integer field as 64 bits; nullopt when absent. JSON's integers go past an int (and
+// an unsigned one past int64): such a number is refused naming the field, never cut to fit.
+// `what` says what the field takes. The caller (or the store) checks the field's own range.
+std::optional<std::int64_t> Integer(const json& body, const char* key, const std::string& what) {
+  if (!body.contains(key)) return std::nullopt;
+  const json& v = body[key];
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))) {
+    throw BadField(key, what);
+  }
+  return v.get<std::int64_t>();
+}
+
 // The writable fields of an endpoint, checked for their JSON types; their values are checked
 // by the store (InvalidField names them too).
 EndpointFields Fields(const json& body) {
@@ -114,12 +128,9 @@ EndpointFields Fields(const json& body) {
     }
     f.headers = v.get<std::map<std::string, std::string>>();
   }
-  if (body.contains("max_in_flight")) {
-    if (!body["max_in_flight"].is_number_integer()) {
-      throw BadField("max_in_flight", "max_in_flight must be an integer from 1 to 1024");
-    }
-    f.max_in_flight = body["max_in_flight"].get<int>();
-  }
+  f.max_in_flight = Integer(body, "max_in_flight",
+                            "max_in_flight must be an integer from 1 to 1024 concurrent requests "
+                            "(0: the destination's setting)");
   if (body.contains("breaker")) {
     if (!body["breaker"].is_object()) {
       throw BadField("breaker", "breaker must be an object, e.g. {\"failure_threshold\": 5}");
@@ -134,12 +145,9 @@ EndpointFields Fields(const json& body) {
     }
     f.adaptive_concurrency = a.is_null() ? "" : (a.get<bool>() ? "true" : "false");
   }
-  if (body.contains("rate_limit")) {
-    if (!body["rate_limit"].is_number_integer()) {
-      throw BadField("rate_limit", "rate_limit must be an integer number of requests per second");
-    }
-    f.rate_limit = body["rate_limit"].get<int>();
-  }
+  f.rate_limit = Integer(body, "rate_limit",
+                         "rate_limit must be an integer from 1 to 1000000 requests per second "
+                         "(0: no limit of its own, the destination's)");
   if (body.contains("enabled")) {
     if (!body["enabled"].is_boolean()) throw BadField("enabled", "enabled must be true or false");
     f.enabled = body["enabled"].get<bool>();

@@ -74,9 +74,11 @@ struct EndpointFields {
   std::optional<std::string> metadata;  ///< JSON object text
   std::optional<std::vector<std::string>> event_types;
   std::optional<std::map<std::string, std::string>> headers;
-  std::optional<int> max_in_flight;    ///< 0: back to the destination's
-  std::optional<int> rate_limit;       ///< Requests per second; 0: back to the destination's
-  std::optional<std::string> breaker;  ///< JSON object text, replaces the endpoint's ({}: none)
+  /// 0: back to the destination's. 64-bit, as JSON's integers are: the store checks the range
+  /// of whatever it is given (nothing is cut to fit an int first).
+  std::optional<std::int64_t> max_in_flight;
+  std::optional<std::int64_t> rate_limit;  ///< Requests per second; 0: back to the destination's
+  std::optional<std::string> breaker;      ///< JSON object text, replaces the endpoint's ({}: none)
   std::optional<std::string> adaptive_concurrency;  ///< "true", "false"; "": the destination's
   std::optional<bool> enabled;
   std::optional<std::string> secret;  ///< add only; default: a new random key of `signature`
