@@ -265,6 +265,24 @@ TEST_F(ManagementApiTest, IntegersOutsideAFieldsRangeAreRefusedNamingTheFieldAnd
   EXPECT_EQ(edges.body["rate_limit"], 1000000);
 }
 
+// An overlap past what a timestamp holds is bad input, not a database error.
+TEST_F(ManagementApiTest, AnOverlapOutOfRangeIsRefusedNamingTheRangeAndWritesNothing) {
+  ASSERT_EQ(
+      Post("/v1/endpoints", R"({"id": "one", "destination": "d", "url": "https://x"})").status,
+      201);
+  for (const std::string value : {"100000000000000", "31536001", "9223372036854775807",
+                                  "18446744073709551615", "1.5", "\"3600\""}) {
+    SCOPED_TRACE(value);
+    const auto a = Post("/v1/endpoints/one/rotate-secret", "{\"overlap_seconds\": " + value + "}");
+    ExpectError(a, 400, "invalid_field", "overlap_seconds");
+    EXPECT_NE(ErrorMessage(a).find("0 to 31536000"), std::string::npos) << a.body.dump();
+  }
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_secrets"), 1) << "nothing rotated";
+  const auto year = Post("/v1/endpoints/one/rotate-secret", R"({"overlap_seconds": 31536000})");
+  ASSERT_EQ(year.status, 200) << year.body.dump();
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_secrets"), 2);
+}
+
 // docs/openapi.yaml and the server agree: every documented operation is a route (with the
 // token it is never answered "no such route"), and an undocumented one is not.
 TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {

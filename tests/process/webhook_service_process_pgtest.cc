@@ -408,6 +408,9 @@ TEST_F(WebhookServiceTest, TheCliRefusesBadInputNamingTheFieldAndChangesNothing)
       {{"endpoints", "show", "missing"}, "no endpoint has id \"missing\""},
       {{"endpoints", "update", "one"}, "nothing to update"},
       {{"endpoints", "rotate-secret", "one", "--overlap", "soon"}, "--overlap \"soon\""},
+      {{"endpoints", "rotate-secret", "one", "--overlap", "366d"}, "--overlap \"366d\""},
+      {{"endpoints", "rotate-secret", "one", "--overlap", "9999999999999999d"},
+       "--overlap \"9999999999999999d\" is longer than an overlap may be; write at most 365d"},
       {{"endpoints", "rotate-secret", "missing"}, "no endpoint has id \"missing\""},
   };
   for (const auto& c : cases) {

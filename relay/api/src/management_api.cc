@@ -287,33 +287,30 @@ struct ManagementApi::Impl {
                     });
                   });
     }
-    server.Post(
-        one + "/rotate-secret", [this](const httplib::Request& req, httplib::Response& res) {
-          Handle(req, res, [&](Store& s, httplib::Response& r) {
-            const std::string id = req.matches[1];
-            const json body = ParseBody(req, false);
-            OnlyKeys(body, {"overlap_seconds", "secret"});
-            long long overlap = 24 * 3600;
-            if (body.contains("overlap_seconds")) {
-              if (!body["overlap_seconds"].is_number_integer() ||
-                  body["overlap_seconds"].get<long long>() < 0) {
-                throw BadField("overlap_seconds",
-                               "overlap_seconds must be a whole number of seconds, 0 or more "
-                               "(default 86400)");
-              }
-              overlap = body["overlap_seconds"].get<long long>();
-            }
-            const RotatedKey key =
-                RotateEndpointSecret(s, id, std::chrono::seconds(overlap), String(body, "secret"));
-            json out = {{"id", id}};
-            if (key.public_key.empty()) {
-              out["secret"] = key.secret;
-            } else {
-              out["public_key"] = key.public_key;
-            }
-            Reply(r, 200, out);
-          });
-        });
+    server.Post(one + "/rotate-secret", [this](const httplib::Request& req,
+                                               httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        const std::string id = req.matches[1];
+        const json body = ParseBody(req, false);
+        OnlyKeys(body, {"overlap_seconds", "secret"});
+        const std::string range = "overlap_seconds must be a whole number of seconds from 0 to " +
+                                  std::to_string(kMaxSecretOverlap.count()) +
+                                  " (365 days; default 86400)";
+        const std::int64_t overlap = Integer(body, "overlap_seconds", range).value_or(24 * 3600);
+        if (overlap < 0 || overlap > kMaxSecretOverlap.count()) {
+          throw BadField("overlap_seconds", range);
+        }
+        const RotatedKey key =
+            RotateEndpointSecret(s, id, std::chrono::seconds(overlap), String(body, "secret"));
+        json out = {{"id", id}};
+        if (key.public_key.empty()) {
+          out["secret"] = key.secret;
+        } else {
+          out["public_key"] = key.public_key;
+        }
+        Reply(r, 200, out);
+      });
+    });
     server.Post(one + "/replay", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
         const std::string id = req.matches[1];

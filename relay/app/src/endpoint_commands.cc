@@ -70,6 +70,11 @@ std::chrono::seconds ParseOverlap(const std::string& text) {
                                 "\" is not a duration; write e.g. 24h, 30m, 90s or 0 (the old "
                                 "secret stops signing at once)");
   }
+  if (n > kMaxSecretOverlap.count() / mult) {  // also before n * mult could overflow
+    throw std::invalid_argument("--overlap \"" + text +
+                                "\" is longer than an overlap may be; write at most 365d (" +
+                                std::to_string(kMaxSecretOverlap.count()) + " seconds)");
+  }
   return std::chrono::seconds(n * mult);
 }
 

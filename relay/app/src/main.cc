@@ -217,8 +217,9 @@ int main(int argc, char** argv) {
       "rotate-secret", "New signing secret; the old one keeps signing during the overlap");
   add_ep_db(ep_rotate);
   add_ep_id(ep_rotate);
-  ep_rotate->add_option("--overlap", ep.overlap,
-                        "How long the previous secret still signs (default 24h; 0: stop now)");
+  ep_rotate->add_option(
+      "--overlap", ep.overlap,
+      "How long the previous secret still signs (default 24h; 0: stop now; at most 365d)");
   ep_rotate->add_option("--secret", ep.secret, "The new whsec_ secret (default: a random one)");
   ep_rotate->add_flag("--json", ep.json, "JSON output");
   auto* ep_replay = endpoints->add_subcommand(

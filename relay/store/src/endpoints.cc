@@ -443,7 +443,11 @@ bool DeleteEndpoint(Store& store, const std::string& id) {
 
 RotatedKey RotateEndpointSecret(Store& store, const std::string& id, std::chrono::seconds overlap,
                                 const std::optional<std::string>& secret) {
-  if (overlap.count() < 0) throw InvalidField("overlap", "the overlap must not be negative");
+  if (overlap.count() < 0 || overlap > kMaxSecretOverlap) {
+    throw InvalidField("overlap", "the overlap must be 0 to " +
+                                      std::to_string(kMaxSecretOverlap.count()) +
+                                      " seconds (365 days)");
+  }
   if (secret) KeyToStore(secret, "");  // checks it before anything is written
   return Translated([&]() -> RotatedKey {
     pqxx::work tx(StoreAccess::Connection(store));

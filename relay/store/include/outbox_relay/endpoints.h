@@ -115,6 +115,9 @@ bool SetEndpointEnabled(Store& store, const std::string& id, bool enabled,
 /// Deletes the endpoint and its secrets. Rows still waiting for it go to its dead letters when
 /// a relay meets them. False when there is no such endpoint.
 bool DeleteEndpoint(Store& store, const std::string& id);
+/// The longest a rotated-out secret keeps signing (RotateEndpointSecret's `overlap`): 365 days.
+inline constexpr std::chrono::seconds kMaxSecretOverlap{365 * 86'400};
+
 /// A new current secret (given, or random); the ones signing until now keep signing for
 /// `overlap` more, then stop. The new key is of the kind the endpoint signs with now, unless
 /// `secret` gives one (a whsec_ secret or a whsk_ ed25519 key). Throws std::invalid_argument
