@@ -17,6 +17,7 @@
 #include "outbox_relay/kafka_target.h"
 #include "outbox_relay/sink_registry.h"
 #include "outbox_relay/webhook_target.h"
+#include "outbox_test/http_receiver.h"
 
 namespace outbox::relay {
 namespace {
@@ -211,8 +212,7 @@ TEST(ParseConfig, MinimalConfigGetsEveryDefault) {
 
 TEST(ParseConfig, FullConfigParsesEveryField) {
   TempDir dir;
-  const std::string ca =
-      dir.Write("ca.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+  const std::string ca = outbox::testing::MakeTestPki().ca_cert_path;
   const std::string key_password = dir.Write("key-password", "s3cret-key-pass\n");
   const std::string yaml =
       "database_url: postgresql://relay@db:5432/app?sslmode=require\n"
@@ -1226,6 +1226,12 @@ TEST(InvalidValues, Webhook) {
       {WithWebhook(s + "      ca_file: " + dir.Path("no-ca.pem") + "\n"),
        "webhook.ca_file: cannot read " + dir.Path("no-ca.pem") +
            ": No such file or directory; point it at a readable PEM"},
+      // Readable, but nothing the TLS client can trust: every delivery failed verification.
+      {WithWebhook(s + "      ca_file: " +
+                   dir.Write("fake-ca.pem",
+                             "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n") +
+                   "\n"),
+       "fake-ca.pem holds no certificate OpenSSL can read; point it at a PEM bundle"},
       {WithWebhook(s + "      headers:\n        webhook-signature: x\n"),
        "webhook.headers.webhook-signature: cannot be set here: the relay signs every delivery"},
       {WithWebhook(s + "      headers:\n        Webhook-Custom: x\n"),

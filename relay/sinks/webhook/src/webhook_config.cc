@@ -1,7 +1,12 @@
 // Reads a destination's `webhook:` section (docs/configuration.md, "Webhooks").
+#include <openssl/err.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <memory>
 #include <string_view>
 
 #include "cloudevents_config.h"
@@ -22,6 +27,15 @@ using cfg::Mapping;
 using cfg::Quote;
 
 namespace {
+
+/// Whether `path` holds at least one certificate OpenSSL loads (what the sink's TLS client
+/// will trust): a readable file of something else made every delivery fail verification.
+bool HoldsCertificates(const std::string& path) {
+  std::unique_ptr<X509_STORE, decltype(&X509_STORE_free)> store(X509_STORE_new(), &X509_STORE_free);
+  const bool loaded = store && X509_STORE_load_file(store.get(), path.c_str()) == 1;
+  ERR_clear_error();
+  return loaded;
+}
 
 constexpr std::int64_t kMaxInFlight = 1024;
 
@@ -315,6 +329,12 @@ void ParseWebhook(const Field& field, const EnvLookup& env, Destination& destina
       Fail(*f,
            "cannot read " + path + ": " + error +
                "; point it at a readable PEM bundle, or remove the key to trust the system's CAs");
+    }
+    if (!HoldsCertificates(path)) {
+      Fail(*f, path +
+                   " holds no certificate OpenSSL can read; point it at a PEM bundle of the CA "
+                   "certificates to trust (-----BEGIN CERTIFICATE----- blocks), or remove the key "
+                   "to trust the system's CAs");
     }
     webhook.ca_file = path;
   }
