@@ -1656,6 +1656,8 @@ TEST(ParseConfig, RetentionSection) {
           .retention;
   EXPECT_TRUE(r.archive_delivered);
   EXPECT_EQ(r.archive_retention, std::chrono::hours(24));
+  EXPECT_TRUE(r.archive_retention_set);
+  EXPECT_FALSE(defaults.archive_retention_set) << "unset: the archive is left alone";
   EXPECT_EQ(r.dead_letter_retention, std::chrono::hours(720));
   EXPECT_EQ(r.cleanup_interval, 5000ms);
   EXPECT_TRUE(

@@ -423,6 +423,22 @@ TEST_F(DispatcherTest, LeasesOfMessagesStillInTheSinkAreRenewedNotReaped) {
 // A second copy would be a second delivery (and, in exactly-once mode, a second record if the
 // first had not been produced yet when the second's recovery read the topic); the copy already
 // in the sink delivers it, and its outcome settles the new claim.
+// retention.archive_retention_hours cleans the archive even with archive_delivered off (what
+// was archived while it was on): the key was read and then ignored, and the archive kept it all.
+TEST_F(DispatcherTest, AnArchiveRetentionSetAloneCleansTheArchive) {
+  auto config = Config();
+  config.retention.archive_delivered = false;
+  config.retention.archive_retention_set = true;
+  config.retention.cleanup_interval = 1s;
+  Start(std::move(config), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
+  for (int step = 0; step < 3 && db_.Calls("cleanup_archive") == 0; ++step) {
+    clock_.Advance(1s + 1ms);
+    WaitFor([&] { return db_.Calls("cleanup_archive") > 0; }, 2s);
+  }
+  EXPECT_GT(db_.Calls("cleanup_archive"), 0);
+}
+
 TEST_F(DispatcherTest, AMessageClaimedAgainWhileItsCopyIsInTheSinkIsNotSentTwice) {
   db_.Enqueue("orders", "a");
   Start(Config(), [](const Message&) { return std::optional<Outcome>(); });

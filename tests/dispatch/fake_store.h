@@ -516,7 +516,11 @@ class FakeStore final : public QueueStore {
   bool TakeRebalance() override { return false; }
 
   StatusSnapshot ReadStatus(const StatusOptions&) override { return {}; }
-  std::int64_t CleanupArchive(std::chrono::seconds, int) override { return 0; }
+  std::int64_t CleanupArchive(std::chrono::seconds, int) override {
+    std::lock_guard lk(db_.mu_);
+    db_.Enter("cleanup_archive");
+    return 0;
+  }
   std::int64_t CleanupDeadLetters(std::chrono::seconds, int) override { return 0; }
 
   void Reset() override {}

@@ -564,6 +564,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
                    "cleanup_interval_ms"});
     if (auto v = r.Get("archive_delivered")) retention.archive_delivered = cfg::ReadBool(*v);
     if (auto v = r.Get("archive_retention_hours")) {
+      retention.archive_retention_set = true;
       retention.archive_retention = std::chrono::hours(cfg::ReadIntegerIn(
           *v, 1, 24 * 3650, ", e.g. 168 for a week", "hours delivered messages stay archived"));
     }

@@ -75,7 +75,7 @@ void Dispatcher::Impl::MaintenanceLoop() {
       if (now >= next_cleanup) {
         next_cleanup = now + config.retention.cleanup_interval;
         const auto& r = config.retention;
-        if (r.archive_delivered) {
+        if (r.archive_delivered || r.archive_retention_set) {
           const auto n = store.CleanupArchive(r.archive_retention, tuning::kCleanupBatch);
           if (n > 0)
             spdlog::info("retention: removed {} archived messages older than {} h", n,

@@ -97,7 +97,10 @@ enum class LogFormat { kText, kJson };
 /// What leaves the queue where, and for how long it is kept (docs/operations.md).
 struct RetentionPolicy {
   bool archive_delivered = false;  ///< Copy delivered messages to outbox.delivered_archive.
-  std::chrono::hours archive_retention{168};    ///< Archive rows older than this are deleted.
+  std::chrono::hours archive_retention{168};  ///< Archive rows older than this are deleted.
+  /// archive_retention_hours was written: the archive is cleaned even with archive_delivered
+  /// off (rows archived while it was on). Unset and off, the archive is left alone.
+  bool archive_retention_set = false;
   std::chrono::hours dead_letter_retention{0};  ///< 0: keep dead letters until purged.
   Millis cleanup_interval{60'000};              ///< How often the batched cleanup runs.
 };
