@@ -132,6 +132,25 @@ TEST_F(RetentionTest, CleanupDeadLettersDeletesExactlyTheOldOnes) {
   EXPECT_TRUE(Ids("SELECT id FROM outbox.dead_letters").empty());
 }
 
+// The cutoff went to the client as text in the session's DateStyle and back: with
+// DateStyle 'Postgres, MDY' and TimeZone Asia/Shanghai it reads "... CST", which comes back
+// as US Central time: a one-hour retention deleted what had died minutes ago (review).
+TEST_F(RetentionTest, TheCutoffDoesNotDependOnTheSessionsDateStyleOrTimeZone) {
+  Exec(
+      "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET DateStyle = ''Postgres, MDY''', "
+      "current_database()); EXECUTE format('ALTER DATABASE %I SET TimeZone = "
+      "''Asia/Shanghai''', current_database()); END $$");
+  Dead(1, "5 minutes");
+  Dead(2, "2 hours");
+  Archive(10, "5 minutes");
+  Archive(11, "2 hours");
+  Store c(db_url_);  // a new connection: the database's settings apply
+  EXPECT_EQ(CleanupDeadLetters(c, std::chrono::hours(1), 10), 1);
+  EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters"), (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(1), 10), 1);
+  EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{10}));
+}
+
 TEST_F(RetentionTest, RejectsInvalidArguments) {
   Store c(db_url_);
   EXPECT_THROW(CleanupArchive(c, -1s, 10), std::invalid_argument);
