@@ -231,6 +231,30 @@ TEST_F(KafkaSinkTest, CloudEventsBinaryModeAndARecordKeyFromAHeader) {
   EXPECT_EQ(c.value, std::string("\x01\x02", 2));
 }
 
+// A message's own header named like one the relay sets cannot override it: consumers dedupe on
+// idempotency-key, verify and the exactly-once recovery read outbox-id and idempotency-key
+// (the last header of a name wins), and a writer's header came after the relay's (review).
+TEST_F(KafkaSinkTest, AMessagesHeadersCannotOverrideTheRelaysOwn) {
+  auto sink = MakeKafkaSink("orders", Target());
+  Message m = MakeMessage(1, "order-1");
+  m.headers = {{"idempotency-key", "123e4567-e89b-12d3-a456-426614174999"},
+               {"outbox-id", "77"},
+               {"Idempotency-Key", "x"},
+               {"event-type", "spoofed"},
+               {"created-at", "1970-01-01T00:00:00Z"},
+               {"tenant", "acme"}};
+  ASSERT_EQ(SubmitAndWait(*sink, m).kind, OutcomeKind::kDelivered);
+  const auto records = cluster_->ConsumeAll(kTopic, 1, kWait);
+  ASSERT_EQ(records.size(), 1u);
+  const auto& h = records[0].headers;
+  EXPECT_EQ(h.at("idempotency-key"), m.idempotency_key);
+  EXPECT_EQ(h.at("outbox-id"), "1");
+  EXPECT_EQ(h.at("event-type"), m.event_type);
+  EXPECT_NE(h.at("created-at"), "1970-01-01T00:00:00Z");
+  EXPECT_EQ(h.count("Idempotency-Key"), 0u) << "names are compared without case";
+  EXPECT_EQ(h.at("tenant"), "acme") << "the message's other headers stay";
+}
+
 TEST_F(KafkaSinkTest, RetriableBrokerErrorsAreRetriedInternally) {
   Recorder rec;
   auto sink = MakeKafkaSink("orders", Target());

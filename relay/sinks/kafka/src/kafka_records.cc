@@ -4,8 +4,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
+#include <iterator>
 #include <map>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -29,6 +32,19 @@ const std::vector<std::pair<std::string, std::string>>& Defaults() {
 
 [[noreturn]] void Invalid(const std::string& destination, const std::string& what) {
   throw std::invalid_argument("kafka destination \"" + destination + "\": " + what);
+}
+
+/// A header the relay sets on every record: a message's own of that name (in any case) is
+/// left out. Consumers dedupe on idempotency-key; verify and the exactly-once recovery read
+/// outbox-id and idempotency-key, and with two of a name the last (the message's) won.
+bool IsRelayHeader(const std::string& name) {
+  static constexpr std::string_view kOwn[] = {"idempotency-key", "outbox-id", "event-type",
+                                              "created-at"};
+  return std::any_of(std::begin(kOwn), std::end(kOwn), [&](std::string_view own) {
+    return std::equal(name.begin(), name.end(), own.begin(), own.end(), [](char a, char b) {
+      return std::tolower(static_cast<unsigned char>(a)) == b;
+    });
+  });
 }
 
 void AddHeader(rd_kafka_headers_t* headers, const std::string& name, const std::string& value) {
@@ -117,6 +133,10 @@ rd_kafka_headers_t* BuildHeaders(const Message& msg, const KafkaTarget& target) 
   for (const auto& [name, value] : msg.headers) {
     // In CloudEvents mode the ce_ attributes and the content type are the relay's.
     if (target.cloudevents && (name.starts_with("ce_") || name == "content-type")) continue;
+    if (IsRelayHeader(name)) {
+      spdlog::debug("kafka: message {}: header {} left out: the relay sets it", Raw(msg.id), name);
+      continue;
+    }
     AddHeader(headers, name, value);
   }
   return headers;
