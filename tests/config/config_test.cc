@@ -1728,6 +1728,37 @@ namespace {
 
 // librdkafka reads message.timeout.ms (alias delivery.timeout.ms) 0 as "no limit": an attempt
 // that never ends cannot end inside its lease.
+// librdkafka sends a `topic.` property to the topic config without the prefix, and reads an
+// integer with strtol cast to int: `topic.message.timeout.ms: 0` and "-4294967296" were "no
+// limit" to it but passed the relay's checks, and `topic.partitioner` slipped past its own
+// (review). A partitioner other than the relay's spreads one key over partitions.
+TEST(KafkaProducer, PropertiesAreCheckedAsLibrdkafkaReadsThem) {
+  auto error_of = [](const std::string& property) {
+    return ErrorOf(kDb +
+                   "destinations:\n"
+                   "  orders:\n"
+                   "    kafka:\n"
+                   "      brokers: k1:9092\n"
+                   "      topic: orders\n"
+                   "      producer:\n"
+                   "        " +
+                   property + "\n");
+  };
+  for (const char* zero : {"topic.message.timeout.ms: 0", "message.timeout.ms: \"-4294967296\"",
+                           "topic.delivery.timeout.ms: 0"}) {
+    const std::string e = error_of(zero);
+    EXPECT_TRUE(Contains(e, "no limit")) << zero << ": " << e;
+  }
+  for (const char* partitioner : {"partitioner: random", "topic.partitioner: random"}) {
+    const std::string e = error_of(partitioner);
+    EXPECT_TRUE(Contains(e, "cannot be set here")) << partitioner << ": " << e;
+    EXPECT_TRUE(Contains(e, "partition")) << e;
+  }
+  EXPECT_TRUE(Contains(error_of("topic.acks: 1"), "`acks` cannot be set here"));
+  EXPECT_TRUE(
+      Contains(error_of("linger.ms: 5\n        topic.linger.ms: 6"), "sets `linger.ms` again"));
+}
+
 TEST(LeaseBounds, AKafkaMessageTimeoutOfZeroIsRefusedNamingTheKeyAndTheFix) {
   for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
     for (const char* lease : {"", "lease_ms: 30000\n"}) {

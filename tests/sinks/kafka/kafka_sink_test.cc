@@ -577,6 +577,24 @@ TEST_F(KafkaSinkTest, InvalidProducerPropertyFailsStartupNamingIt) {
   ExpectInvalid(no_brokers, "bootstrap.servers");
 }
 
+// What librdkafka checks only when it creates the producer (one property against another) is
+// checked by the validation check-config runs: a config it passed failed at `run` (review).
+TEST_F(KafkaSinkTest, ValidationRefusesWhatTheProducerWouldRefuse) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"max.in.flight", "10"}, {"retries", "0"}}) {
+    KafkaTarget t = Target();
+    t.producer[key] = value;
+    try {
+      ValidateKafkaTarget("orders", t);
+      ADD_FAILURE() << key << "=" << value << " passed validation";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("orders"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(MakeKafkaSink("orders", t), std::invalid_argument) << key;
+  }
+  ValidateKafkaTarget("orders", Target());  // the defaults pass
+}
+
 TEST_F(KafkaSinkTest, PassesProducerPropertiesThrough) {
   auto sink = MakeKafkaSink("orders", Target({{"compression.type", "lz4"},
                                               {"linger.ms", "0"},

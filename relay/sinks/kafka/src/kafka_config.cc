@@ -38,7 +38,11 @@ struct OwnedProperty {
   std::string_view why;
 };
 
-constexpr std::array<OwnedProperty, 9> kOwnedProducerProperties = {{
+constexpr std::array<OwnedProperty, 10> kOwnedProducerProperties = {{
+    {"partitioner",
+     "the relay partitions by the murmur2 hash of the record key, as the Java client does, so "
+     "that one key's messages land in one partition (and the exactly-once recovery looks for a "
+     "record where that hash puts it); remove it"},
     {"bootstrap.servers", "the relay sets it from `brokers`; list the servers there instead"},
     {"metadata.broker.list", "the relay sets the servers from `brokers`; list them there instead"},
     {"enable.idempotence",
@@ -119,9 +123,9 @@ std::optional<long long> LibrdkafkaInteger(const std::string& value) {
   const char* begin = value.c_str();
   char* end = nullptr;
   errno = 0;
-  const long long n = std::strtoll(begin, &end, 0);
+  const long n = std::strtol(begin, &end, 0);
   if (end == begin || errno != 0) return std::nullopt;
-  return n;
+  return static_cast<int>(n);  // as librdkafka does: "-4294967296" is 0 to it
 }
 
 std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLookup& env) {
@@ -142,6 +146,9 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
            "names no property; write `<librdkafka property>_env` or `<property>_file`, e.g. "
            "`sasl.password_env: KAFKA_PASSWORD`");
     }
+    // librdkafka sets a `topic.` property on the default topic config without the prefix:
+    // the same property, checked and stored under its own name.
+    if (property.starts_with("topic.") && property.size() > 6) property.erase(0, 6);
     for (const auto& owned : kOwnedProducerProperties) {
       if (property == owned.name)
         Fail(value_field, "`" + property + "` cannot be set here: " + std::string(owned.why));

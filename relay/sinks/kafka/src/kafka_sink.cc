@@ -460,7 +460,25 @@ const std::string& KafkaSink::destination() const { return impl_->destination; }
 void ValidateKafkaTarget(const std::string& destination, const KafkaTarget& target) {
   kafka_detail::TopicRoute(destination, target);  // throws for a bad template or allow-list
   const std::string transactional_id = target.transactional_id_prefix + "." + destination + ".0";
-  ProducerConf(destination, target, target.exactly_once ? &transactional_id : nullptr);
+  kafka_detail::ConfPtr conf =
+      ProducerConf(destination, target, target.exactly_once ? &transactional_id : nullptr);
+  // librdkafka checks one property against another (max.in.flight with the idempotent
+  // producer, retries, acks, linger.ms against the timeout) only when it creates the
+  // producer: created here without brokers (it connects nowhere) and destroyed at once, so
+  // check-config refuses what `run` would.
+  char errstr[512];
+  if (rd_kafka_conf_set(conf.get(), "bootstrap.servers", "", errstr, sizeof errstr) !=
+          RD_KAFKA_CONF_OK ||
+      rd_kafka_conf_set(conf.get(), "log_level", "0", errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+    throw std::invalid_argument("kafka destination \"" + destination + "\": " + errstr);
+  }
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr, sizeof errstr);
+  if (rk == nullptr) {
+    throw std::invalid_argument("kafka destination \"" + destination +
+                                "\": the producer settings do not go together: " + errstr);
+  }
+  conf.release();  // rd_kafka_new took it
+  rd_kafka_destroy(rk);
 }
 
 SinkPtr MakeKafkaSink(std::string destination, const KafkaTarget& target) {
