@@ -7,12 +7,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "outbox_relay/store.h"
-
-#include <memory>
-#include <utility>
 
 namespace outbox::bench {
 
@@ -58,7 +57,8 @@ void TraceClaim(std::int64_t cursor, const relay::ClaimResult& r) {
                                           .count()),
                static_cast<long>(::gettid()), static_cast<long long>(cursor),
                static_cast<long long>(r.facts.seq_value));
-  for (const auto& m : r.messages) std::fprintf(trace_file, "%lld,", static_cast<long long>(relay::Raw(m.id)));
+  for (const auto& m : r.messages)
+    std::fprintf(trace_file, "%lld,", static_cast<long long>(relay::Raw(m.id)));
   std::fputc('\n', trace_file);
 }
 
@@ -106,8 +106,8 @@ class TimedStore final : public relay::QueueStore {
                                const std::string& instance_id,
                                const std::vector<BucketLease>& owned) override {
     const auto start = std::chrono::steady_clock::now();
-    ClaimResult result = inner_->ClaimPartitioned(destination, cursor, per_bucket_limit,
-                                                  slow_limit, lease, instance_id, owned);
+    ClaimResult result = inner_->ClaimPartitioned(destination, cursor, per_bucket_limit, slow_limit,
+                                                  lease, instance_id, owned);
     ClaimProbe().Record(Since(start), static_cast<std::int64_t>(result.messages.size()));
     TraceClaim(cursor, result);
     return result;
@@ -158,11 +158,13 @@ class TimedStore final : public relay::QueueStore {
   relay::StatusSnapshot ReadStatus(const relay::StatusOptions& options) override {
     return inner_->ReadStatus(options);
   }
-  std::int64_t CleanupArchive(std::chrono::seconds retention, int batch) override {
-    return inner_->CleanupArchive(retention, batch);
+  std::int64_t CleanupArchive(std::chrono::seconds retention, int batch,
+                              std::int64_t max_rows) override {
+    return inner_->CleanupArchive(retention, batch, max_rows);
   }
-  std::int64_t CleanupDeadLetters(std::chrono::seconds max_age, int batch) override {
-    return inner_->CleanupDeadLetters(max_age, batch);
+  std::int64_t CleanupDeadLetters(std::chrono::seconds max_age, int batch,
+                                  std::int64_t max_rows) override {
+    return inner_->CleanupDeadLetters(max_age, batch, max_rows);
   }
   void Reset() override { inner_->Reset(); }
   bool Connected() const override { return inner_->Connected(); }

@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -155,6 +156,11 @@ class FakeDatabase {
     const auto it = calls_.find(op);
     return it == calls_.end() ? 0 : it->second;
   }
+  /// From now on the archive has rows to clean without end, each taking `per_row`.
+  void SetCleanupBacklog(std::chrono::microseconds per_row) {
+    std::lock_guard lk(mu_);
+    cleanup_per_row_ = per_row;
+  }
   std::int64_t RenewedLeases() const {
     std::lock_guard lk(mu_);
     return renewed_;
@@ -247,6 +253,7 @@ class FakeDatabase {
   std::mutex notify_mu_;
   std::condition_variable notify_cv_;
   std::uint64_t notifications_ = 0;
+  std::chrono::microseconds cleanup_per_row_{0};  // guarded by mu_
 };
 
 class FakeStore final : public QueueStore {
@@ -516,12 +523,19 @@ class FakeStore final : public QueueStore {
   bool TakeRebalance() override { return false; }
 
   StatusSnapshot ReadStatus(const StatusOptions&) override { return {}; }
-  std::int64_t CleanupArchive(std::chrono::seconds, int) override {
-    std::lock_guard lk(db_.mu_);
-    db_.Enter("cleanup_archive");
-    return 0;
+  // With a backlog set, every call deletes all it may, taking per_row each.
+  std::int64_t CleanupArchive(std::chrono::seconds, int, std::int64_t max_rows) override {
+    std::chrono::microseconds per_row{0};
+    {
+      std::lock_guard lk(db_.mu_);
+      db_.Enter("cleanup_archive");
+      per_row = db_.cleanup_per_row_;
+    }
+    if (per_row.count() == 0) return 0;
+    std::this_thread::sleep_for(per_row * max_rows);
+    return max_rows;
   }
-  std::int64_t CleanupDeadLetters(std::chrono::seconds, int) override { return 0; }
+  std::int64_t CleanupDeadLetters(std::chrono::seconds, int, std::int64_t) override { return 0; }
 
   void Reset() override {}
   bool Connected() const override { return true; }

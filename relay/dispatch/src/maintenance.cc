@@ -75,18 +75,24 @@ void Dispatcher::Impl::MaintenanceLoop() {
       if (now >= next_cleanup) {
         next_cleanup = now + config.retention.cleanup_interval;
         const auto& r = config.retention;
+        bool more = false;  // a table had more to delete than one turn's share
         if (r.archive_delivered || r.archive_retention_set) {
-          const auto n = store.CleanupArchive(r.archive_retention, tuning::kCleanupBatch);
+          const auto n = store.CleanupArchive(r.archive_retention, tuning::kCleanupBatch,
+                                              tuning::kCleanupRowsPerTurn);
+          more = more || n >= tuning::kCleanupRowsPerTurn;
           if (n > 0)
             spdlog::info("retention: removed {} archived messages older than {} h", n,
                          r.archive_retention.count());
         }
         if (r.dead_letter_retention.count() > 0) {
-          const auto n = store.CleanupDeadLetters(r.dead_letter_retention, tuning::kCleanupBatch);
+          const auto n = store.CleanupDeadLetters(r.dead_letter_retention, tuning::kCleanupBatch,
+                                                  tuning::kCleanupRowsPerTurn);
+          more = more || n >= tuning::kCleanupRowsPerTurn;
           if (n > 0)
             spdlog::info("retention: removed {} dead letters older than {} h", n,
                          r.dead_letter_retention.count());
         }
+        if (more) next_cleanup = now;  // the rest on the next turn, after renewals and reaps
       }
       // the sinks' view of their targets: breaker, concurrency, pauses
       for (const auto& [name, health] : TargetHealths()) metrics->UpdateTargetHealth(name, health);

@@ -192,12 +192,14 @@ StatusSnapshot Store::ReadStatus(const StatusOptions& options) {
   return outbox::relay::ReadStatus(*this, options);
 }
 
-std::int64_t Store::CleanupArchive(std::chrono::seconds retention, int batch) {
-  return outbox::relay::CleanupArchive(*this, retention, batch);
+std::int64_t Store::CleanupArchive(std::chrono::seconds retention, int batch,
+                                   std::int64_t max_rows) {
+  return outbox::relay::CleanupArchive(*this, retention, batch, max_rows);
 }
 
-std::int64_t Store::CleanupDeadLetters(std::chrono::seconds max_age, int batch) {
-  return outbox::relay::CleanupDeadLetters(*this, max_age, batch);
+std::int64_t Store::CleanupDeadLetters(std::chrono::seconds max_age, int batch,
+                                       std::int64_t max_rows) {
+  return outbox::relay::CleanupDeadLetters(*this, max_age, batch, max_rows);
 }
 
 void Store::Reset() {
