@@ -363,7 +363,37 @@ TEST_F(KafkaSinkTest, BadTopicTemplatesAreRefusedNamingTheFix) {
   EXPECT_THROW(MakeKafkaSink("orders", t), std::invalid_argument) << "run refuses it too";
   t.topic = "orders.fixed";
   t.allowed_topics = {"orders.fixed"};
-  EXPECT_NE(error_of(t).find("apply to a topic template"), std::string::npos) << error_of(t);
+  EXPECT_NE(error_of(t).find("apply to a topic template"), std::string::npos) << error_of(
+      t);  // Templates that can never give a topic the route accepts were taken, and then every
+  // message went to the dead letters as invalid_topic (review).
+  t = Target();
+  t.topic = "orders/{event_type}";
+  t.allowed_topics = {"orders.created"};
+  EXPECT_NE(error_of(t).find("\"orders/\" has characters a Kafka topic name cannot have"),
+            std::string::npos)
+      << error_of(t);
+  t.topic = "events.{event_type}";
+  t.allowed_topics = {};
+  t.topic_prefix = "orders.";
+  EXPECT_NE(error_of(t).find("no topic it makes can start with topic_prefix \"orders.\""),
+            std::string::npos)
+      << error_of(t);
+  t.topic = "events.{event_type}";
+  t.topic_prefix = "";
+  t.allowed_topics = {"orders.created", "orders.paid"};
+  EXPECT_NE(error_of(t).find("matches none of allowed_topics"), std::string::npos) << error_of(t);
+  t.allowed_topics = {"orders.created", "events.paid"};
+  EXPECT_EQ(error_of(t), "") << "one allowed topic it can make is enough";
+  t.topic = "{destination}.{event_type}";
+  t.allowed_topics = {};
+  t.topic_prefix = "order";
+  EXPECT_EQ(error_of(t), "");
+  try {
+    ValidateKafkaTarget("order events", t);
+    ADD_FAILURE() << "a destination with a space passed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("{destination}"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(KafkaSinkTest, TooLargeForTheProducerIsPermanentAtOnce) {

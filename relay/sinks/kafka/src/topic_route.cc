@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <regex>
 #include <stdexcept>
 
 #include "outbox_relay/config_fields.h"
@@ -103,6 +104,66 @@ TopicRoute::TopicRoute(const std::string& destination, const KafkaTarget& target
   if (fixed_ && !IsValidTopicName(template_)) {
     throw std::invalid_argument(where + "topic \"" + template_ +
                                 "\" is not a valid Kafka topic name");
+  }
+  if (!fixed_) CheckTemplateCanRoute(where);
+}
+
+// A template whose every topic the route would refuse dead-letters every message: refused at
+// start instead. Its literal text and {destination} must be topic characters, its fixed start
+// must fit topic_prefix, and some allowed topic must have its shape (placeholders match any
+// non-empty run).
+void TopicRoute::CheckTemplateCanRoute(const std::string& where) const {
+  const auto topic_chars = [](const std::string& text) {
+    return std::all_of(text.begin(), text.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    });
+  };
+  std::string fixed_start;  // up to the first placeholder other than {destination}
+  bool open = false;
+  std::string pattern;
+  for (const auto& p : parts_) {
+    std::string literal;
+    if (p.kind == Part::kText) {
+      if (!topic_chars(p.text)) {
+        throw std::invalid_argument(where + "topic \"" + template_ + "\": \"" + p.text +
+                                    "\" has characters a Kafka topic name cannot have; use only "
+                                    "letters, digits, `.`, `_` and `-` around the placeholders");
+      }
+      literal = p.text;
+    } else if (p.kind == Part::kDestination) {
+      if (!topic_chars(destination_)) {
+        throw std::invalid_argument(
+            where + "topic \"" + template_ + "\": {destination} would put \"" + destination_ +
+            "\" in the topic, which has characters a Kafka topic name cannot have; write the "
+            "destination's topic name instead of {destination}");
+      }
+      literal = destination_;
+    } else {
+      open = true;
+      pattern += ".+";
+      continue;
+    }
+    if (!open) fixed_start += literal;
+    for (char c : literal) {
+      if (c == '.') pattern += '\\';
+      pattern += c;
+    }
+  }
+  if (!prefix_.empty() && !fixed_start.starts_with(prefix_) &&
+      !(open && prefix_.starts_with(fixed_start))) {
+    throw std::invalid_argument(where + "topic \"" + template_ +
+                                "\": no topic it makes can start with topic_prefix \"" + prefix_ +
+                                "\"; make the template start with the prefix");
+  }
+  if (!allowed_.empty()) {
+    const std::regex shape(pattern);
+    const bool any = std::any_of(allowed_.begin(), allowed_.end(),
+                                 [&](const std::string& t) { return std::regex_match(t, shape); });
+    if (!any) {
+      throw std::invalid_argument(where + "topic \"" + template_ +
+                                  "\" matches none of allowed_topics, so every message would be "
+                                  "refused; list the topics the template makes, or fix it");
+    }
   }
 }
 

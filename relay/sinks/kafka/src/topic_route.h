@@ -30,6 +30,8 @@ class TopicRoute {
   Routed TopicFor(const Message& msg) const;
 
  private:
+  /// Throws when no message could be routed: see topic_route.cc.
+  void CheckTemplateCanRoute(const std::string& where) const;
   struct Part {
     enum Kind { kText, kEventType, kDestination, kKey, kHeader } kind = kText;
     std::string text;  ///< kText: the text; kHeader: the header name.
