@@ -20,13 +20,39 @@ std::string FormatRfc3339(std::chrono::system_clock::time_point tp) {
   return out;
 }
 
+namespace {
+
+/// `text` as one URI path segment: RFC 3986 unreserved characters as they are, every other
+/// byte (UTF-8 included) as %XX.
+std::string PercentEncoded(const std::string& text) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+        c == '.' || c == '_' || c == '~') {
+      out += ch;
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, std::string>> CloudEventAttributes(const Message& msg,
                                                                       const std::string& source) {
   std::vector<std::pair<std::string, std::string>> out;
   out.reserve(6);
   out.emplace_back("specversion", "1.0");
   out.emplace_back("id", msg.idempotency_key);
-  out.emplace_back("source", source.empty() ? "/outbox-relay/" + msg.destination : source);
+  // The default source must be a URI reference: a destination's name may hold anything.
+  out.emplace_back("source",
+                   source.empty() ? "/outbox-relay/" + PercentEncoded(msg.destination) : source);
   out.emplace_back("type", msg.event_type.empty() ? msg.destination : msg.event_type);
   out.emplace_back("time", FormatRfc3339(msg.created_at));
   if (msg.ordering_key) {

@@ -255,6 +255,20 @@ TEST_F(KafkaSinkTest, AMessagesHeadersCannotOverrideTheRelaysOwn) {
   EXPECT_EQ(h.at("tenant"), "acme") << "the message's other headers stay";
 }
 
+// The default source is a URI reference: a destination's name is percent-encoded in it (a
+// space made it invalid, and strict CloudEvents consumers failed on the record; review).
+TEST_F(KafkaSinkTest, TheDefaultCloudEventsSourceIsAUriReference) {
+  KafkaTarget t = Target();
+  t.cloudevents = true;
+  auto sink = MakeKafkaSink("order events/\xc3\xbc", t);
+  Message m = MakeMessage(1, "order-1");
+  m.destination = "order events/\xc3\xbc";
+  ASSERT_EQ(SubmitAndWait(*sink, m).kind, OutcomeKind::kDelivered);
+  const auto records = cluster_->ConsumeAll(kTopic, 1, kWait);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].headers.at("ce_source"), "/outbox-relay/order%20events%2F%C3%BC");
+}
+
 TEST_F(KafkaSinkTest, RetriableBrokerErrorsAreRetriedInternally) {
   Recorder rec;
   auto sink = MakeKafkaSink("orders", Target());
