@@ -35,9 +35,12 @@ struct ApiError {
   std::string field;
 };
 
+// Never throws: text that is not UTF-8 (a path, a parameter echoed in an error) is written
+// with U+FFFD. Thrown from the error handler, which cpp-httplib runs outside its try, it
+// aborted the relay on one unauthenticated request.
 void Reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(body.dump(), kJson);
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), kJson);
 }
 
 void ReplyError(httplib::Response& res, const ApiError& e) {
@@ -197,6 +200,14 @@ struct ManagementApi::Impl {
           throw ApiError{503, "database_unavailable",
                          std::string("the database cannot be reached: ") + e.what(), ""};
         }
+        // SQLSTATE class 22 (data exception): a value the database cannot take, such as
+        // \u0000 in text or bytes that are not UTF-8. The client's to fix, not a 500 to retry.
+        if (e.sqlstate().starts_with("22")) {
+          throw ApiError{400, "invalid_input",
+                         std::string("a value cannot be stored: ") + e.what() +
+                             "; send UTF-8 text without NUL characters",
+                         ""};
+        }
         throw;
       }
     } catch (const ApiError& e) {
@@ -215,6 +226,13 @@ struct ManagementApi::Impl {
 
   static ApiError NotFound(const std::string& id) {
     return {404, "not_found", "no endpoint has id \"" + id + "\"", ""};
+  }
+
+  // The endpoint as a change left it; deleted since (by another replica or the CLI): 404.
+  static EndpointRecord ReadBack(Store& s, const std::string& id) {
+    auto e = GetEndpoint(s, id);
+    if (!e) throw NotFound(id);
+    return std::move(*e);
   }
 
   void Routes() {
@@ -263,7 +281,7 @@ struct ManagementApi::Impl {
                         "max_in_flight", "rate_limit", "breaker", "adaptive_concurrency"});
         if (body.empty()) throw ApiError{400, "invalid_json", "nothing to update", ""};
         if (!UpdateEndpoint(s, id, Fields(body))) throw NotFound(id);
-        Reply(r, 200, ToJson(*GetEndpoint(s, id)));
+        Reply(r, 200, ToJson(ReadBack(s, id)));
       });
     });
     server.Delete(one, [this](const httplib::Request& req, httplib::Response& res) {
@@ -283,7 +301,7 @@ struct ManagementApi::Impl {
                                             : std::initializer_list<const char*>{"reason"});
                       const std::string reason = String(body, "reason").value_or("");
                       if (!SetEndpointEnabled(s, id, enable, reason)) throw NotFound(id);
-                      Reply(r, 200, ToJson(*GetEndpoint(s, id)));
+                      Reply(r, 200, ToJson(ReadBack(s, id)));
                     });
                   });
     }
