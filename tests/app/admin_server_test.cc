@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -50,6 +51,27 @@ class AdminServerTest : public ::testing::Test {
   ReadyState state_;
   AdminServer server_;
 };
+
+// Scrapers that keep their connections open (a Prometheus pair, say) hold a worker each until
+// the keep-alive ends: with two workers two of them made /healthz wait 5 s, and the probes
+// (1 s in deploy/k8s) failed on a healthy relay (review).
+TEST_F(AdminServerTest, ProbesAreAnsweredWhileScrapersKeepTheirConnectionsOpen) {
+  std::vector<std::unique_ptr<httplib::Client>> scrapers;
+  for (int i = 0; i < 3; ++i) {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", server_.port());
+    c->set_keep_alive(true);
+    c->set_read_timeout(std::chrono::seconds(2));
+    auto res = c->Get("/metrics");
+    ASSERT_TRUE(res) << "scraper " << i << ": no answer within 2 s";
+    scrapers.push_back(std::move(c));  // the connection stays open, idle
+  }
+  httplib::Client probe("127.0.0.1", server_.port());
+  probe.set_connection_timeout(std::chrono::seconds(2));
+  probe.set_read_timeout(std::chrono::seconds(2));
+  auto res = probe.Get("/healthz");
+  ASSERT_TRUE(res) << "no answer within 2 s: " << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+}
 
 TEST_F(AdminServerTest, ServesMetricsInTheExpositionFormat) {
   metrics_.RecordClaim("orders", 5, std::chrono::milliseconds(3));

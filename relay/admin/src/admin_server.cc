@@ -104,9 +104,12 @@ void AdminServer::Start() {
   auto& d = *impl_;
   if (d.started) throw std::logic_error("AdminServer::Start called twice");
   d.address = ParseListenAddress(d.listen);
-  // Scrapes and probes are rare and cheap: two worker threads are plenty, and short
-  // timeouts keep a stuck client from holding one for long.
-  d.server.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // Scrapes and probes are rare and cheap, but cpp-httplib gives a connection a worker for
+  // its whole life: a scraper keeping its connection open (a Prometheus pair: two) holds one
+  // until the keep-alive ends. With two workers, two scrapers made /healthz wait 5 s and the
+  // probes failed; eight leave room for them and the probes. Short timeouts keep a stuck
+  // client from holding one for long.
+  d.server.new_task_queue = [] { return new httplib::ThreadPool(8); };
   d.server.set_read_timeout(std::chrono::seconds(5));
   d.server.set_write_timeout(std::chrono::seconds(5));
   d.server.set_keep_alive_timeout(5);
