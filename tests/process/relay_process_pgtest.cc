@@ -7,6 +7,7 @@
 // processes, configs, the results check) is in process_harness.h.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -718,6 +719,49 @@ TEST_F(RelayProcessTest, AnOperatorPausesAndResumesADestinationFromTheCli) {
   ASSERT_TRUE(again.WaitExit(30s)) << again.Describe();
   EXPECT_FALSE(again.ExitedNonZero()) << again.Stderr();
   EXPECT_NE(again.Stdout().find("was not paused"), std::string::npos) << again.Stdout();
+  StopGracefully(relay);
+}
+
+// /readyz of the binary as run: with every broker down the body names the destination and
+// why, once prefixed. (RunRelay's readiness text and the admin server both added "not ready:
+// ", so it read "not ready: not ready: orders: ...".)
+TEST_F(RelayProcessTest, ReadyzOfARunningRelaySaysOnceWhyItIsNotReady) {
+  kafka_->SetAllBrokersDown(true);
+  const std::string config = WriteConfig(
+      "relay.yaml",
+      Yaml(db_url_, {}, "admin_listen: \"127.0.0.1:" + std::to_string(PickFreePort()) + "\"\n"));
+  ChildProcess& relay = StartRelay(config);
+  int port = 0;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string log = relay.Stderr();
+        const auto at = log.find("admin server on 127.0.0.1:");
+        if (at == std::string::npos) return false;
+        port = std::stoi(log.substr(at + 26));
+        return port > 0;
+      },
+      20s))
+      << relay.Stderr();
+  httplib::Client admin("127.0.0.1", port);
+  std::string body;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto res = admin.Get("/readyz");
+        if (!res || res->status != 503) return false;
+        body = res->body;
+        return body.find(kTopic) != std::string::npos;
+      },
+      30s))
+      << body << relay.Stderr();
+  EXPECT_EQ(body.rfind("not ready: ", 0), 0u) << body;
+  EXPECT_EQ(body.find("not ready: not ready"), std::string::npos) << body;
+  kafka_->SetAllBrokersDown(false);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto res = admin.Get("/readyz");
+        return res && res->status == 200 && res->body == "ready\n";
+      },
+      30s));
   StopGracefully(relay);
 }
 

@@ -196,17 +196,17 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   if (!cfg.admin_listen.empty()) {
     admin = std::make_unique<AdminServer>(
         cfg.admin_listen, metrics, [&dispatcher] { return dispatcher.Ready(); },
-        [&dispatcher] {
-          const std::string why = dispatcher.WhyNotReady();
-          return why.empty() ? std::string("ready") : "not ready: " + why;
-        });
+        // Only the reason: the admin server writes "not ready: " before it.
+        [&dispatcher] { return dispatcher.WhyNotReady(); });
     try {
       admin->Start();
     } catch (const std::exception& e) {
       return Fail(std::string("admin_listen ") + cfg.admin_listen + ": " + e.what() +
                   " (choose a free host:port, or leave admin_listen empty)");
     }
-    spdlog::info("admin server on {} (/metrics, /healthz, /readyz)", cfg.admin_listen);
+    // The port it bound (admin_listen may say port 0).
+    spdlog::info("admin server on {}:{} (/metrics, /healthz, /readyz)",
+                 cfg.admin_listen.substr(0, cfg.admin_listen.rfind(':')), admin->port());
   }
   std::unique_ptr<ManagementApi> api;
   if (!cfg.management_api.listen.empty()) {

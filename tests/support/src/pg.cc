@@ -124,6 +124,23 @@ CommandResult Run(const std::vector<std::string>& args, const std::string& cwd) 
   return result;
 }
 
+std::string ReadFileFrom(const std::string& path, std::uintmax_t offset) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(static_cast<std::streamoff>(offset));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::uintmax_t FileSize(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  return ec ? 0 : size;
+}
+
+}  // namespace
+
 int PickFreePort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) ThrowErrno("socket");
@@ -143,23 +160,6 @@ int PickFreePort() {
   ::close(fd);
   return ntohs(addr.sin_port);
 }
-
-std::string ReadFileFrom(const std::string& path, std::uintmax_t offset) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  in.seekg(static_cast<std::streamoff>(offset));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::uintmax_t FileSize(const std::string& path) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  return ec ? 0 : size;
-}
-
-}  // namespace
 
 struct PgCluster::Impl {
   std::string bin;

@@ -8,6 +8,10 @@
 
 namespace outbox::testing {
 
+/// A 127.0.0.1 TCP port that was free a moment ago (bound, read, closed), for a child
+/// process whose config needs a fixed port.
+int PickFreePort();
+
 /// One cluster per process, started on first use: initdb + pg_ctl on a free 127.0.0.1 port,
 /// data and socket directories in a temp dir (as the `postgres` user when running as root).
 /// Torn down at exit, and by a watchdog process if the test binary dies (abort, SIGKILL).
