@@ -1,5 +1,6 @@
 #include "outbox/outbox.h"
 
+#include <algorithm>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -133,7 +134,9 @@ void Validate(const OutboxMessage& m) {
         "outbox: destination must not be empty; pass the destination name the relay is configured "
         "with");
   }
-  if (m.destination.size() > 255) {
+  // Characters, as outbox.messages counts them (UTF-8 checked above).
+  if (std::count_if(m.destination.begin(), m.destination.end(),
+                    [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }) > 255) {
     throw InvalidMessage("outbox: destination is longer than 255 characters; use a shorter name");
   }
   if (m.ordering_key && m.ordering_key->empty()) {

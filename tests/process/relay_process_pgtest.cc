@@ -554,6 +554,21 @@ TEST_F(RelayProcessTest, OperatorCommandsTakeTheConfigFileForTheDatabase) {
       << nowhere.Stderr();
 }
 
+// `destinations add` counts a name's characters, as outbox.destinations does: a non-ASCII
+// name of 255 characters (510 bytes) was refused though the database takes it.
+TEST_F(RelayProcessTest, DestinationsAddCountsCharactersNotBytes) {
+  std::string name;
+  for (int i = 0; i < 255; ++i) name += "\u00e9";
+  ChildProcess& add = Spawn("add", {"destinations", "add", "--database-url", db_url_, name});
+  ChildProcess& too_long =
+      Spawn("add-long", {"destinations", "add", "--database-url", db_url_, name + "x"});
+  for (ChildProcess* p : {&add, &too_long}) ASSERT_TRUE(p->WaitExit(30s)) << p->Describe();
+  EXPECT_FALSE(add.ExitedNonZero()) << add.Stderr();
+  EXPECT_TRUE(too_long.ExitedNonZero()) << too_long.Stdout();
+  EXPECT_NE(too_long.Stderr().find("1 to 255 characters"), std::string::npos) << too_long.Stderr();
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.destinations WHERE length(name) = 255"), 1);
+}
+
 // Issue: a relay dead-lettered messages of destinations it does not know while another relay
 // was delivering them (a rolling deploy that adds a destination, a canary). Now a relay leaves
 // other relays' destinations alone, says once when nothing serves one, and status shows it.

@@ -204,6 +204,10 @@ TEST(SdkValidation, BuilderRejectsBadInputWithClearMessages) {
                 "is not a uuid");
   ExpectInvalid([] { return Message::To(std::string(256, 'x')).Json("{}").Build(); },
                 "longer than 255");
+  // Characters, as outbox.messages counts them, not bytes: 255 x "\u00e9" is 510 bytes.
+  std::string e255;
+  for (int i = 0; i < 255; ++i) e255 += "\u00e9";
+  ExpectInvalid([&] { return Message::To(e255 + "x").Json("{}").Build(); }, "longer than 255");
   ExpectInvalid(
       [] { return Message::To("d").Json("{}").Jitter(std::chrono::milliseconds(-1)).Build(); },
       "jitter must not be negative");
@@ -256,6 +260,7 @@ TEST(SdkValidation, BuilderRejectsBadInputWithClearMessages) {
                 {"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
                 {"tracestate", "congo=t61rcWkgMzE"}}));
   // At the limits: accepted.
+  EXPECT_NO_THROW(Message::To(e255).Json("{}").Build());
   EXPECT_NO_THROW(Message::To("d")
                       .Json("{}")
                       .Key(std::string(1024, 'k'))

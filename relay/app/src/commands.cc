@@ -428,7 +428,7 @@ int RunDestinationsList(const std::string& database_url) {
 
 int RunDestinationsAdd(const std::string& database_url, const std::vector<std::string>& names) {
   for (const auto& n : names) {
-    if (n.empty() || n.size() > 255) {
+    if (n.empty() || Utf8Length(n) > kMaxDestinationChars) {
       return Fail("a destination name has 1 to 255 characters; got \"" + n.substr(0, 40) + "\"");
     }
   }

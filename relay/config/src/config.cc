@@ -28,20 +28,17 @@ using cfg::kMsHint;
 using cfg::Mapping;
 using cfg::Quote;
 
-namespace {
-
-constexpr std::int64_t kMaxBatchSize = 10'000;
-constexpr std::size_t kMaxDestinationName =
-    255;  // outbox.messages.destination allows 255 characters
-
-const char* const kExample = "see deploy/config/relay.example.yaml";
-
-// Characters, as PostgreSQL's length() counts them for UTF-8 text.
 std::size_t Utf8Length(std::string_view text) {
   return static_cast<std::size_t>(std::count_if(text.begin(), text.end(), [](char c) {
     return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
   }));
 }
+
+namespace {
+
+constexpr std::int64_t kMaxBatchSize = 10'000;
+
+const char* const kExample = "see deploy/config/relay.example.yaml";
 
 // ---------------------------------------------------------------------------------------------
 // Values whose origin must be remembered until validation (they may come from the environment).
@@ -288,7 +285,7 @@ ParsedDestination ParseDestination(const std::string& name, const Field& field,
          "a destination name must not be empty; use the name applications pass to outbox.enqueue, "
          "e.g. `orders`");
   }
-  if (Utf8Length(name) > kMaxDestinationName) {
+  if (Utf8Length(name) > kMaxDestinationChars) {
     Fail(field.Origin(), "destinations",
          "destination name is " + std::to_string(Utf8Length(name)) +
              " characters long; the limit is 255 (the same as outbox.messages.destination), use a "

@@ -8,6 +8,7 @@
 #include <regex>
 #include <stdexcept>
 
+#include "outbox_relay/config.h"
 #include "outbox_relay/webhook_url.h"
 #include "store_access.h"
 
@@ -88,7 +89,7 @@ void CheckId(const std::string& id) {
 json Changes(const EndpointFields& f) {
   json c = json::object();
   if (f.destination) {
-    if (f.destination->empty() || f.destination->size() > 255) {
+    if (f.destination->empty() || Utf8Length(*f.destination) > kMaxDestinationChars) {
       throw InvalidField("destination",
                          "destination must be 1 to 255 characters: the name applications pass to "
                          "outbox.enqueue, configured with `webhook: {endpoints: database}`");

@@ -16,6 +16,12 @@ namespace outbox::relay {
 
 using Millis = std::chrono::milliseconds;
 
+/// The longest destination name, in characters (outbox.messages.destination, length()).
+inline constexpr std::size_t kMaxDestinationChars = 255;
+/// Characters of UTF-8 text, as PostgreSQL's length() counts them (bytes that do not
+/// continue a character).
+std::size_t Utf8Length(std::string_view text);
+
 /// When to try a failed message again, and how often. Two shapes:
 ///  - exponential (schedule empty): retry n waits a random delay in
 ///    [0, min(max_backoff, initial_backoff * 2^(n-1))) (full jitter);
