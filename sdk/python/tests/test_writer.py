@@ -9,6 +9,7 @@ import unittest
 import uuid
 
 import psycopg
+from psycopg import errors
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from outbox_writer import InvalidMessage, Message, publish, publish_many  # noqa: E402
@@ -134,6 +135,68 @@ class WriterTest(unittest.TestCase):
         # A naive datetime is refused before the database is asked (no connection needed).
         with self.assertRaises(InvalidMessage) as ctx:
             publish(None, Message("orders", json={}, deliver_after=dt.datetime(2030, 1, 1)))
+        self.assertIn("timezone-aware", str(ctx.exception))
+
+    def test_an_autocommit_connection_is_refused(self):
+        # In autocommit mode every statement commits on its own: the message would commit
+        # without the business write (or the business write without the message).
+        with psycopg.connect(URL, autocommit=True) as conn:
+            for target in (conn, conn.cursor()):
+                with self.assertRaises(errors.NoActiveSqlTransaction) as ctx:
+                    publish(target, Message("orders", json={"order": 1}))
+                self.assertIn("autocommit", str(ctx.exception))
+                with self.assertRaises(errors.NoActiveSqlTransaction):
+                    publish_many(target, [Message("orders", json={"order": 1})])
+            self.assertEqual(self.rows(), [], "nothing written on its own")
+            # An explicit transaction on the same connection is the caller's transaction.
+            with conn.transaction():
+                conn.execute("INSERT INTO app_orders VALUES (5, 'paid')")
+                publish(conn, Message("orders", json={"order": 5}))
+                publish_many(conn.cursor(), [Message("orders", json={"order": 6})])
+        self.assertEqual([r[6] for r in self.rows()], [{"order": 5}, {"order": 6}])
+
+    def test_text_postgresql_cannot_hold_is_refused_naming_the_field(self):
+        # NUL and unpaired surrogates: PostgreSQL text and jsonb cannot hold them, and they
+        # failed as a psycopg DataError, a UnicodeEncodeError, an UntranslatableCharacter or
+        # "invalid input syntax for type json" that named no field.
+        cases = [
+            (Message("ord\x00ers", json={}), "destination"),
+            (Message("orders", json={}, key="k\ud800"), "ordering key"),
+            (Message("orders", json={}, event_type="order\x00paid"), "event type"),
+            (Message("orders", json={}, headers={"ten\x00ant": "acme"}), "header name"),
+            (Message("orders", json={}, headers={"tenant": "ac\udc00me"}), 'header "tenant"'),
+            (Message("orders", json={"a": ["x\x00y"]}), "payload"),
+            (Message("orders", json={"k\ud83d": 1}), "payload"),
+            (Message("orders", json={}, headers={7: "seven"}), "header name"),
+            (Message("orders", json={"x": float("nan")}), "payload"),
+        ]
+        for message, field in cases:
+            for many in (False, True):
+                with self.subTest(field=field, many=many), psycopg.connect(URL) as conn:
+                    conn.execute("INSERT INTO app_orders VALUES (9, 'paid')")
+                    with self.assertRaises(InvalidMessage) as ctx:
+                        if many:
+                            publish_many(conn, [Message("orders", json={}), message])
+                        else:
+                            publish(conn, message)
+                    self.assertIn(field, str(ctx.exception))
+                    if many:
+                        self.assertIn("message 1", str(ctx.exception))
+                    # Refused before the database was asked: the transaction goes on.
+                    self.assertEqual(conn.execute("SELECT count(*) FROM app_orders").fetchone()[0], 1)
+                    conn.rollback()
+        self.assertEqual(self.rows(), [], "nothing written")
+        # Characters outside the BMP are fine, as are escapes that are only text.
+        with psycopg.connect(URL) as conn:
+            publish(conn, Message("orders", json={"e": "\U0001F600", "t": "\\u0000"}, key="\U0001F600"))
+        self.assertEqual(self.rows()[0][6], {"e": "\U0001F600", "t": "\\u0000"})
+
+    def test_a_deliver_time_without_an_offset_is_refused(self):
+        class NoOffset(dt.tzinfo):  # aware in name only: utcoffset() is None
+            def utcoffset(self, d):
+                return None
+        with self.assertRaises(InvalidMessage) as ctx:
+            publish(None, Message("orders", json={}, deliver_after=dt.datetime(2030, 1, 1, tzinfo=NoOffset())))
         self.assertIn("timezone-aware", str(ctx.exception))
 
 

@@ -10,8 +10,11 @@
 
 The message is written by the SQL functions outbox.enqueue / outbox.enqueue_many in the
 caller's transaction: it becomes visible to the relay exactly when the business write commits,
-and disappears with it on rollback. Everything is checked by the database (docs/sdk.md,
-"Limits"); a refused message raises InvalidMessage and leaves the transaction to roll back.
+and disappears with it on rollback. Text PostgreSQL cannot hold (NUL, unpaired surrogates) is
+refused here, naming the field, before anything is written; every limit is checked by the
+database (docs/sdk.md, "Limits"): a refused message raises InvalidMessage and leaves the
+transaction to roll back. A connection in autocommit mode outside a transaction block is
+refused (psycopg.errors.NoActiveSqlTransaction): there each statement commits on its own.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import json as _json
+import re as _re
 import uuid as _uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
@@ -101,9 +105,91 @@ def _deliver_after(m: Message) -> Optional[str]:
     when = m.deliver_after
     if isinstance(when, _dt.timedelta):
         when = _dt.datetime.now(_dt.timezone.utc) + when
-    if when.tzinfo is None:
+    if when.utcoffset() is None:  # naive, or a tzinfo without an offset
         raise InvalidMessage("deliver_after must be timezone-aware (or a timedelta)")
     return when.isoformat()
+
+
+def _text_problem(s: str) -> Optional[str]:
+    """Why PostgreSQL text cannot hold `s`, or None."""
+    if "\x00" in s:
+        return "contains a NUL character (\\x00), which PostgreSQL text cannot hold; remove it"
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"contains an unpaired surrogate (U+{ord(s[e.start]):04X}), which is not valid "
+                "UTF-8; decode the text correctly before publishing")
+    return None
+
+
+# A JSON escape: \uXXXX or \ and one character (only inside strings, so a scan is exact).
+_JSON_ESCAPE = _re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", _re.S)
+
+
+def _json_text_problem(text: str) -> Optional[str]:
+    """Why jsonb cannot hold the JSON `text` (ASCII, as json.dumps writes it), or None:
+    \u0000 and unpaired surrogate escapes are valid JSON that jsonb refuses."""
+    high_end = -1  # where a high surrogate escape ended, waiting for its low half
+    for m in _JSON_ESCAPE.finditer(text):
+        code = int(m.group(1), 16) if m.group(1) else None
+        if high_end >= 0 and not (code is not None and 0xDC00 <= code <= 0xDFFF and m.start() == high_end):
+            break
+        if code == 0:
+            return "contains a NUL character (\\u0000), which jsonb cannot hold; remove it or send bytes as data="
+        if code is not None and 0xD800 <= code <= 0xDBFF:
+            high_end = m.end()
+        elif code is not None and 0xDC00 <= code <= 0xDFFF and high_end < 0:
+            break
+        else:
+            high_end = -1
+    else:
+        if high_end < 0:
+            return None
+    return "contains an unpaired surrogate, which is not valid UTF-8; decode the text correctly before publishing"
+
+
+def _validate(m: Message, where: str):
+    """Refuses, naming the field, what PostgreSQL cannot store; returns the headers (with the
+    trace context) and the JSON payload's text (None for bytes)."""
+    def check(value, what):
+        if isinstance(value, str):
+            problem = _text_problem(value)
+            if problem:
+                raise InvalidMessage(f"outbox: {where}{what} {problem}")
+    check(m.destination, "destination")
+    check(m.key, "ordering key")
+    check(m.event_type, "event type")
+    headers = _headers_of(m)
+    for name, value in headers.items():
+        if not isinstance(name, str):
+            raise InvalidMessage(f"outbox: {where}header name {name!r} is not a str; header names are strings")
+        check(name, "header name")
+        check(value, f"header {name!r}".replace("'", '"'))
+    if m.idempotency_key is not None:
+        check(str(m.idempotency_key), "idempotency key")
+    if m.data is not None:
+        return headers, None
+    try:
+        text = _json.dumps(m.json, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidMessage(f"outbox: {where}payload cannot be written as JSON: {e}") from e
+    problem = _json_text_problem(text)
+    if problem:
+        raise InvalidMessage(f"outbox: {where}payload {problem}")
+    return headers, text
+
+
+def _require_transaction(conn_or_cursor) -> None:
+    """In autocommit mode outside a transaction block each statement commits on its own: the
+    message would not commit or roll back with the business write."""
+    conn = conn_or_cursor if isinstance(conn_or_cursor, psycopg.Connection) else getattr(
+        conn_or_cursor, "connection", None)
+    if (conn is not None and conn.autocommit
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE):
+        raise _errors.NoActiveSqlTransaction(
+            "outbox: the connection is in autocommit mode and outside a transaction, so the message "
+            "would commit on its own, not with your business write; publish inside "
+            "`with conn.transaction():` or on a connection without autocommit")
 
 
 def _key_text(k: Union[None, str, _uuid.UUID]) -> Optional[str]:
@@ -135,11 +221,13 @@ def _execute(conn_or_cursor, sql: str, params: Sequence[Any]):
 def publish(conn_or_cursor, message: Message) -> int:
     """Writes `message` in the connection's (or cursor's) current transaction; returns its id."""
     m = message
+    headers, json_text = _validate(m, "")
+    _require_transaction(conn_or_cursor)
     if m.data is not None:
         sql, payload = _ENQUEUE_BYTES, bytes(m.data)
     else:
-        sql, payload = _ENQUEUE_JSON, _json.dumps(m.json)
-    rows = _execute(conn_or_cursor, sql, (m.destination, payload, m.key, _json.dumps(_headers_of(m)),
+        sql, payload = _ENQUEUE_JSON, json_text
+    rows = _execute(conn_or_cursor, sql, (m.destination, payload, m.key, _json.dumps(headers),
                                           m.event_type, _deliver_after(m), _key_text(m.idempotency_key)))
     return rows[0][0]
 
@@ -148,8 +236,9 @@ def publish_many(conn_or_cursor, messages: Iterable[Message]) -> list:
     """Writes every message in one statement (outbox.enqueue_many); returns the ids in order.
     Takes the per-key locks of the whole batch in one global order."""
     batch = []
-    for m in messages:
-        e: dict = {"destination": m.destination, "headers": _headers_of(m), "event_type": m.event_type}
+    for i, m in enumerate(messages):
+        headers, _ = _validate(m, f"message {i}: ")
+        e: dict = {"destination": m.destination, "headers": headers, "event_type": m.event_type}
         if m.data is not None:
             e["payload_base64"] = base64.b64encode(bytes(m.data)).decode("ascii")
         else:
@@ -163,5 +252,6 @@ def publish_many(conn_or_cursor, messages: Iterable[Message]) -> list:
         batch.append(e)
     if not batch:
         return []
+    _require_transaction(conn_or_cursor)
     rows = _execute(conn_or_cursor, "SELECT outbox.enqueue_many(%s::jsonb)", (_json.dumps(batch),))
     return [r[0] for r in rows]
