@@ -15,7 +15,9 @@
 // PublishManySQL take a database/sql *sql.Tx (any driver). Both are thin over the SQL
 // function outbox.enqueue_many, so the database checks every limit (docs/sdk.md, "Limits"): a
 // refused message returns an *InvalidMessageError naming the argument, the limit and the fix,
-// and the caller's transaction is aborted, to be rolled back.
+// and the caller's transaction is aborted, to be rolled back. Text PostgreSQL cannot hold
+// (invalid UTF-8, NUL) is refused before the database is asked, naming the field; a
+// connection, pool or *sql.DB outside a transaction is refused with ErrNoTransaction.
 package outbox
 
 import (
@@ -25,7 +27,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgconn"
 	"github.com/jackc/pgx/v4"
@@ -77,14 +82,22 @@ func (e *InvalidMessageError) Error() string {
 	return e.Message
 }
 
-// Querier is what Publish needs of pgx: pgx.Tx, *pgx.Conn and *pgxpool.Pool all have it.
-// Pass a transaction (or a connection inside one): outside a transaction the message
-// commits on its own.
+// ErrNoTransaction: Publish was given a connection outside a transaction, a pool or a *sql.DB,
+// where the message would commit on its own instead of with the caller's business write.
+// Nothing was written.
+var ErrNoTransaction = errors.New("outbox: not inside a transaction, so the message would commit " +
+	"on its own, not with your business write; publish on the pgx.Tx or *sql.Tx of that write")
+
+// Querier is what Publish needs of pgx: a pgx.Tx, or a *pgx.Conn or *pgxpool.Conn inside a
+// transaction it began (BEGIN). A *pgxpool.Pool, or a connection outside a transaction, is
+// refused with ErrNoTransaction: there the message would commit on its own.
 type Querier interface {
 	Query(ctx context.Context, sql string, args ...interface{}) (pgx.Rows, error)
 }
 
-// SQLQuerier is what PublishSQL needs of database/sql: *sql.Tx, *sql.Conn or *sql.DB.
+// SQLQuerier is what PublishSQL needs of database/sql: a *sql.Tx (or a *sql.Conn inside a
+// transaction it began). A *sql.DB, or a pgx stdlib *sql.Conn outside a transaction, is refused
+// with ErrNoTransaction.
 type SQLQuerier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
@@ -108,6 +121,9 @@ func PublishMany(ctx context.Context, q Querier, ms []Message) ([]int64, error) 
 	}
 	batch, err := encode(ctx, ms)
 	if err != nil {
+		return nil, err
+	}
+	if err := requireTransaction(q); err != nil {
 		return nil, err
 	}
 	rows, err := q.Query(ctx, enqueueMany, string(batch))
@@ -136,12 +152,58 @@ func PublishManySQL(ctx context.Context, q SQLQuerier, ms []Message) ([]int64, e
 	if err != nil {
 		return nil, err
 	}
+	if err := requireTransactionSQL(ctx, q); err != nil {
+		return nil, err
+	}
 	rows, err := q.QueryContext(ctx, enqueueMany, string(batch))
 	if err != nil {
 		return nil, refused(err)
 	}
 	defer rows.Close()
 	return collect(rows, len(ms))
+}
+
+// Whether q writes in a transaction that commits with the caller's business write.
+func requireTransaction(q Querier) error {
+	switch v := q.(type) {
+	case pgx.Tx:
+		return nil
+	case interface{ PgConn() *pgconn.PgConn }: // *pgx.Conn
+		return txStatus(v.PgConn())
+	case interface{ Conn() *pgx.Conn }: // *pgxpool.Conn
+		return txStatus(v.Conn().PgConn())
+	case interface {
+		Begin(context.Context) (pgx.Tx, error)
+	}: // *pgxpool.Pool: each query on a connection of its own, in autocommit
+		return fmt.Errorf("%w (got a %T)", ErrNoTransaction, q)
+	}
+	return nil // a wrapper of the caller's: trusted
+}
+
+func txStatus(c *pgconn.PgConn) error {
+	if c.TxStatus() == 'I' { // idle: no transaction block open
+		return ErrNoTransaction
+	}
+	return nil
+}
+
+func requireTransactionSQL(ctx context.Context, q SQLQuerier) error {
+	switch v := q.(type) {
+	case *sql.DB:
+		return fmt.Errorf("%w (got a *sql.DB)", ErrNoTransaction)
+	case *sql.Conn: // pgx's stdlib driver tells; other drivers are trusted
+		var err error
+		if rawErr := v.Raw(func(driverConn any) error {
+			if c, ok := driverConn.(interface{ Conn() *pgx.Conn }); ok {
+				err = txStatus(c.Conn().PgConn())
+			}
+			return nil
+		}); rawErr != nil {
+			return rawErr
+		}
+		return err
+	}
+	return nil
 }
 
 // The ids enqueue_many returns, from pgx's or database/sql's rows.
@@ -184,17 +246,42 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 			return nil, &InvalidMessageError{Message: fmt.Sprintf(
 				"message %d to %q needs exactly one payload: JSON or Data", i, m.Destination)}
 		}
+		invalid := func(format string, args ...any) error {
+			return &InvalidMessageError{Message: fmt.Sprintf("outbox: message %d: ", i) +
+				fmt.Sprintf(format, args...)}
+		}
+		texts := [][2]string{{"destination", m.Destination}, {"ordering key", m.Key},
+			{"event type", m.EventType}, {"idempotency key", m.IdempotencyKey},
+			{"trace parent", m.TraceParent}, {"trace state", m.TraceState}}
+		for name, value := range m.Headers {
+			texts = append(texts, [2]string{"header name", name},
+				[2]string{fmt.Sprintf("header %q", name), value})
+		}
+		for _, t := range texts {
+			if problem := textProblem(t[1]); problem != "" {
+				return nil, invalid("%s %s", t[0], problem)
+			}
+		}
 		if m.Data != nil {
 			b := base64.StdEncoding.EncodeToString(m.Data)
 			e.PayloadBase64 = &b
 		} else {
 			raw, ok := m.JSON.(json.RawMessage)
-			if !ok {
+			if ok {
+				if !json.Valid(raw) {
+					return nil, invalid("payload is not valid JSON; pass JSON text as json.RawMessage, or a Go value")
+				}
+				if !utf8.Valid(raw) {
+					return nil, invalid("payload is not valid UTF-8; convert it (from Latin-1, say) before publishing, or send bytes as Data")
+				}
+			} else {
 				var err error
 				if raw, err = json.Marshal(m.JSON); err != nil {
-					return nil, &InvalidMessageError{Message: fmt.Sprintf(
-						"message %d to %q: JSON payload cannot be encoded: %v", i, m.Destination, err)}
+					return nil, invalid("JSON payload cannot be encoded: %v", err)
 				}
+			}
+			if problem := jsonTextProblem(raw); problem != "" {
+				return nil, invalid("payload %s", problem)
 			}
 			e.Payload = raw
 		}
@@ -237,6 +324,57 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 		out = append(out, e)
 	}
 	return json.Marshal(out)
+}
+
+// Why PostgreSQL text cannot hold s, or "".
+func textProblem(s string) string {
+	if !utf8.ValidString(s) {
+		return "is not valid UTF-8; convert it (from Latin-1, say) before publishing, or send binary data as Data"
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return "contains a NUL character, which PostgreSQL text cannot hold; remove it"
+	}
+	return ""
+}
+
+// Why jsonb cannot hold the (valid, UTF-8) JSON text, or "": \u0000 and unpaired surrogate
+// escapes are valid JSON that jsonb refuses. Backslashes only occur inside strings, so
+// walking the escapes is exact.
+func jsonTextProblem(text []byte) string {
+	const unpaired = "contains an unpaired surrogate escape (\\ud800 to \\udfff), which is not valid UTF-8"
+	highEnd := -1 // where a high surrogate escape ended, waiting for its low half
+	for i := 0; i < len(text); i++ {
+		if text[i] != '\\' {
+			continue
+		}
+		start := i
+		i++ // the escaped character
+		code := -1
+		if i < len(text) && text[i] == 'u' && i+4 < len(text) {
+			if v, err := strconv.ParseUint(string(text[i+1:i+5]), 16, 32); err == nil {
+				code = int(v)
+			}
+			i += 4
+		}
+		isLow := code >= 0xDC00 && code <= 0xDFFF
+		if highEnd >= 0 && !(isLow && start == highEnd) {
+			return unpaired
+		}
+		switch {
+		case code == 0:
+			return "contains a NUL character (\\u0000), which jsonb cannot hold; remove it, or send bytes as Data"
+		case code >= 0xD800 && code <= 0xDBFF:
+			highEnd = i + 1
+		case isLow && highEnd < 0:
+			return unpaired
+		default:
+			highEnd = -1
+		}
+	}
+	if highEnd >= 0 {
+		return unpaired
+	}
+	return ""
 }
 
 // The SQLSTATEs of the SQL API's refusals: invalid argument, limit exceeded, idempotency key

@@ -255,13 +255,21 @@ func TestTraceContextFromTheContext(t *testing.T) {
 	}
 	defer func() { TraceContextFrom = nil }()
 	traced := context.WithValue(ctx, span{}, true)
-	if _, err := PublishMany(traced, c, []Message{
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := PublishMany(traced, tx, []Message{
 		{Destination: "orders", JSON: 1},
 		{Destination: "orders", JSON: 2, TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Publish(ctx, c, Message{Destination: "orders", JSON: 3}); err != nil {
+	if _, err := Publish(ctx, tx, Message{Destination: "orders", JSON: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	got := rows(t, c)
@@ -332,5 +340,127 @@ func TestBadInputIsRefusedNamingTheArgument(t *testing.T) {
 	var invalid *InvalidMessageError
 	if !errors.As(err, &invalid) || !strings.Contains(invalid.Error(), "idempotency key "+key+" is already queued") {
 		t.Fatalf("a key queued twice: %v", err)
+	}
+}
+
+func TestOutsideATransactionNothingIsWritten(t *testing.T) {
+	// Outside a transaction each statement commits on its own: the message would commit
+	// without the business write, or the business write without the message.
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	m := Message{Destination: "orders", JSON: 1}
+	if _, err := Publish(ctx, c, m); !errors.Is(err, ErrNoTransaction) {
+		t.Errorf("a *pgx.Conn outside a transaction: %v", err)
+	}
+	db, err := sql.Open("pgx", os.Getenv("OUTBOX_TEST_DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := PublishSQL(ctx, db, m); !errors.Is(err, ErrNoTransaction) {
+		t.Errorf("a *sql.DB: %v", err)
+	}
+	sc, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	if _, err := PublishManySQL(ctx, sc, []Message{m}); !errors.Is(err, ErrNoTransaction) {
+		t.Errorf("a *sql.Conn outside a transaction: %v", err)
+	}
+	if got := rows(t, c); len(got) != 0 {
+		t.Fatalf("written outside a transaction: %d rows", len(got))
+	}
+	// A connection inside a transaction it began itself is the caller's transaction.
+	if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Publish(ctx, c, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.ExecContext(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := PublishSQL(ctx, sc, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.ExecContext(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	if got := rows(t, c); len(got) != 0 {
+		t.Fatalf("rolled back, yet %d rows", len(got))
+	}
+}
+
+func TestTextPostgreSQLCannotHoldIsRefusedNamingTheField(t *testing.T) {
+	// Invalid UTF-8 was written as U+FFFD by encoding/json (the key "k\xff" became "k\uFFFD");
+	// a NUL, an unpaired surrogate escape or broken JSON text failed in the database (22P05,
+	// 22P02, 22021) or in json.Marshal, naming no field and aborting the caller's transaction.
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	cases := []struct {
+		m     Message
+		field string
+	}{
+		{Message{Destination: "ord\x00ers", JSON: 1}, "destination"},
+		{Message{Destination: "orders", JSON: 1, Key: "k\xff"}, "ordering key"},
+		{Message{Destination: "orders", JSON: 1, EventType: "order\x00paid"}, "event type"},
+		{Message{Destination: "orders", JSON: 1, Headers: map[string]string{"ten\xe9ant": "acme"}}, "header name"},
+		{Message{Destination: "orders", JSON: 1, Headers: map[string]string{"tenant": "ac\x00me"}}, `header "tenant"`},
+		{Message{Destination: "orders", JSON: map[string]string{"a": "x\x00y"}}, "payload"},
+		{Message{Destination: "orders", JSON: json.RawMessage(`{"a": "\u0000"}`)}, "payload"},
+		{Message{Destination: "orders", JSON: json.RawMessage(`["\ud800"]`)}, "payload"},
+		{Message{Destination: "orders", JSON: json.RawMessage("\"caf\xe9\"")}, "payload"},
+		{Message{Destination: "orders", JSON: json.RawMessage(`{"a": 1`)}, "payload"},
+	}
+	for _, tc := range cases {
+		for _, many := range []bool{false, true} {
+			tx, err := c.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO app_orders VALUES (9, 'paid')"); err != nil {
+				t.Fatal(err)
+			}
+			if many {
+				_, err = PublishMany(ctx, tx, []Message{{Destination: "orders", JSON: 1}, tc.m})
+			} else {
+				_, err = Publish(ctx, tx, tc.m)
+			}
+			var invalid *InvalidMessageError
+			if !errors.As(err, &invalid) || !strings.Contains(invalid.Error(), tc.field) ||
+				(many && !strings.Contains(invalid.Error(), "message 1")) {
+				t.Errorf("%q (many %v): want an InvalidMessageError naming %s, got %v", tc.m, many, tc.field, err)
+			}
+			// Refused before the database was asked: the transaction goes on.
+			var n int
+			if err := tx.QueryRow(ctx, "SELECT count(*) FROM app_orders").Scan(&n); err != nil || n != 1 {
+				t.Errorf("%q: the transaction did not go on: %v", tc.m, err)
+			}
+			tx.Rollback(ctx)
+		}
+	}
+	if got := rows(t, c); len(got) != 0 {
+		t.Fatalf("%d rows written", len(got))
+	}
+	// Characters outside the BMP, as text or as a surrogate pair, are fine.
+	tx, _ := c.Begin(ctx)
+	defer tx.Rollback(ctx)
+	if _, err := PublishMany(ctx, tx, []Message{
+		{Destination: "orders", JSON: map[string]string{"e": "\U0001F600"}, Key: "\U0001F600"},
+		{Destination: "orders", JSON: json.RawMessage(`"\ud83d\ude00 \\u0000"`)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tx.Commit(ctx)
+	got := rows(t, c)
+	if *got[0].payload != "{\"e\": \"\U0001F600\"}" || *got[0].key != "\U0001F600" ||
+		*got[1].payload != "\"\U0001F600 \\\\u0000\"" {
+		t.Errorf("stored %q %q %q", *got[0].payload, *got[0].key, *got[1].payload)
 	}
 }

@@ -37,13 +37,21 @@ func TestAMessageCarriesTheSpanItWasPublishedIn(t *testing.T) {
 	span := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID,
 		TraceFlags: trace.FlagsSampled, TraceState: state})
 	traced := trace.ContextWithSpanContext(ctx, span)
-	if _, err := outbox.PublishMany(traced, c, []outbox.Message{
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := outbox.PublishMany(traced, tx, []outbox.Message{
 		{Destination: "orders", JSON: 1},
 		{Destination: "orders", JSON: 2, TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Publish(ctx, c, outbox.Message{Destination: "orders", JSON: 3}); err != nil {
+	if _, err := outbox.Publish(ctx, tx, outbox.Message{Destination: "orders", JSON: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := c.Query(ctx, "SELECT headers::text FROM outbox.messages ORDER BY id")
