@@ -1,6 +1,9 @@
 // Types of the outbox-relay writer for Node (index.js).
 
-/** Anything with node-postgres's query(): a pg.Client, a pooled client inside a transaction. */
+/**
+ * Anything with node-postgres's query(): a pg.Client or pooled client inside a transaction
+ * (after BEGIN). A client outside one, or a pg.Pool, rejects with an Error whose code is '25P01'.
+ */
 export interface Queryable {
   query(text: string, values?: unknown[]): Promise<{ rows: Array<Record<string, unknown>> }>;
 }
@@ -26,7 +29,11 @@ export interface Message {
   tracestate?: string;
 }
 
-/** A message the database refused: the text names the argument, the limit and the fix. */
+/**
+ * A message refused, by the writer before the database is asked (text PostgreSQL cannot hold,
+ * a payload JSON cannot carry: no sqlstate, the transaction goes on) or by the database (the
+ * text names the argument, the limit and the fix; the transaction is aborted).
+ */
 export class InvalidMessage extends Error {
   readonly hint?: string;
   readonly sqlstate?: string;

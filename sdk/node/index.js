@@ -4,6 +4,9 @@
 // commits. Thin over the SQL function outbox.enqueue_many: the database checks every limit
 // (docs/sdk.md, "Limits"), and a refused message rejects with an InvalidMessage naming the
 // argument, the limit and the fix; the caller's transaction is then aborted (roll it back).
+// Text PostgreSQL cannot hold (NUL, unpaired surrogates), and payloads JSON cannot carry (NaN,
+// BigInt), are refused here, naming the field, before the database is asked; so is a client
+// outside a transaction (or a pool), where the message would commit on its own.
 
 /** The SQLSTATEs of the SQL API's refusals. */
 const REFUSALS = new Set(['22023', '54000', '23505', '22P02', '22007', '22008']);
@@ -45,10 +48,78 @@ function setTraceContextProvider(fn) {
   traceContextProvider = fn;
 }
 
+/** Why PostgreSQL text cannot hold s, or null. */
+function textProblem(s) {
+  if (s.includes('\u0000')) return 'contains a NUL character (\\u0000), which PostgreSQL text cannot hold; remove it';
+  if (/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(s)) {
+    return 'contains an unpaired surrogate, which is not valid UTF-8; decode the text correctly before publishing';
+  }
+  return null;
+}
+
+/**
+ * Why jsonb cannot hold the JSON text (as JSON.stringify writes it), or null: \u0000 and
+ * unpaired surrogate escapes are valid JSON that jsonb refuses. Backslashes only occur inside
+ * strings, so walking the escapes is exact.
+ */
+function jsonTextProblem(text) {
+  const unpaired = 'contains an unpaired surrogate, which is not valid UTF-8; decode the text correctly before publishing';
+  let highEnd = -1; // where a high surrogate escape ended, waiting for its low half
+  for (const m of text.matchAll(/\\(?:u([0-9a-fA-F]{4})|.)/gs)) {
+    const code = m[1] === undefined ? -1 : parseInt(m[1], 16);
+    const isLow = code >= 0xdc00 && code <= 0xdfff;
+    if (highEnd >= 0 && !(isLow && m.index === highEnd)) return unpaired;
+    if (code === 0) return 'contains a NUL character (\\u0000), which jsonb cannot hold; remove it, or send bytes as data';
+    if (code >= 0xd800 && code <= 0xdbff) highEnd = m.index + m[0].length;
+    else if (isLow && highEnd < 0) return unpaired;
+    else highEnd = -1;
+  }
+  return highEnd >= 0 ? unpaired : null;
+}
+
+/** The JSON text of a payload, refusing what JSON.stringify would drop or change. */
+function payloadText(value, where) {
+  let text;
+  try {
+    text = JSON.stringify(value, (k, v) => {
+      if (typeof v === 'number' && !Number.isFinite(v)) {
+        throw new InvalidMessage(`${where}payload holds ${v}, which JSON cannot carry (it would be written as null)`);
+      }
+      return v;
+    });
+  } catch (e) {
+    if (e instanceof InvalidMessage) throw e;
+    throw new InvalidMessage(`${where}payload cannot be written as JSON: ${e.message}`);
+  }
+  if (text === undefined) {
+    throw new InvalidMessage(`${where}payload ${typeof value === 'function' ? 'is a function' : `is ${String(value)}`}, not a JSON value`);
+  }
+  const problem = jsonTextProblem(text);
+  if (problem) throw new InvalidMessage(`${where}payload ${problem}`);
+  return text;
+}
+
+function checkText(value, what, where, optional) {
+  if (optional && (value === undefined || value === null)) return;
+  if (typeof value !== 'string') {
+    throw new InvalidMessage(`${where}${what} must be a string, got ${value === null ? 'null' : typeof value}`);
+  }
+  const problem = textProblem(value);
+  if (problem) throw new InvalidMessage(`${where}${what} ${problem}`);
+}
+
+/** Returns [element without its JSON payload, the payload's JSON text or null]. */
 function element(m, i) {
   if (m === null || typeof m !== 'object') {
     throw new InvalidMessage(`message ${i} is not an object`);
   }
+  const where = `outbox: message ${i}: `;
+  checkText(m.destination, 'destination', where, false);
+  checkText(m.key, 'ordering key', where, true);
+  checkText(m.eventType, 'event type', where, true);
+  checkText(m.idempotencyKey, 'idempotency key', where, true);
+  checkText(m.traceparent, 'traceparent', where, true);
+  checkText(m.tracestate, 'tracestate', where, true);
   const hasJson = Object.prototype.hasOwnProperty.call(m, 'json') && m.json !== undefined;
   const hasData = m.data !== undefined && m.data !== null;
   if (hasJson === hasData) {
@@ -61,8 +132,6 @@ function element(m, i) {
       throw new InvalidMessage(`message ${i}: data must be a Buffer or Uint8Array; pass a JSON value as json`);
     }
     e.payload_base64 = Buffer.from(m.data).toString('base64');
-  } else {
-    e.payload = m.json;
   }
   if (m.key !== undefined && m.key !== null) e.ordering_key = m.key;
   const headers = Object.assign({}, m.headers || {});
@@ -71,6 +140,10 @@ function element(m, i) {
     if (m.tracestate) headers.tracestate = m.tracestate;
   } else if (!('traceparent' in headers)) {
     Object.assign(headers, currentTraceContext());
+  }
+  for (const [name, value] of Object.entries(headers)) {
+    checkText(name, 'header name', where, false);
+    if (typeof value === 'string') checkText(value, `header "${name}"`, where, false);
   }
   e.headers = headers;
   if (m.deliverAt !== undefined && m.deliverAfterMs !== undefined) {
@@ -87,7 +160,34 @@ function element(m, i) {
   if (m.idempotencyKey !== undefined && m.idempotencyKey !== null) {
     e.idempotency_key = m.idempotencyKey;
   }
-  return e;
+  return [e, hasJson ? payloadText(m.json, where) : null];
+}
+
+/** One element's text: the payload goes in as its JSON text, as the C++ SDK writes it. */
+function elementText([e, payload]) {
+  const text = JSON.stringify(e);
+  return payload === null ? text : `${text.slice(0, -1)},"payload":${payload}}`;
+}
+
+/**
+ * Outside a transaction block each statement commits on its own: the message would commit
+ * without the business write. node-postgres >= 8.14 tells the protocol's transaction status;
+ * a query still queued (a BEGIN not yet answered) runs before ours, so then we cannot tell.
+ */
+function requireTransaction(client) {
+  let outside = false;
+  if (client && typeof client.getTransactionStatus === 'function') {
+    const queued = client._activeQuery || (client._queryQueue && client._queryQueue.length > 0);
+    outside = client.getTransactionStatus() === 'I' && !queued;
+  } else if (client && typeof client.totalCount === 'number' && typeof client.connect === 'function') {
+    outside = true; // a pg.Pool: each query on a client of its own, in autocommit
+  }
+  if (outside) {
+    const err = new Error('outbox: not inside a transaction, so the message would commit on its own, '
+      + "not with your business write; run client.query('BEGIN') first (pool.query cannot be used)");
+    err.code = '25P01'; // no_active_sql_transaction
+    throw err;
+  }
 }
 
 function refused(err) {
@@ -102,9 +202,11 @@ function refused(err) {
 async function publishMany(client, messages) {
   const batch = Array.from(messages, element);
   if (batch.length === 0) return [];
+  requireTransaction(client);
   let result;
   try {
-    result = await client.query('SELECT outbox.enqueue_many($1::jsonb) AS id', [JSON.stringify(batch)]);
+    result = await client.query('SELECT outbox.enqueue_many($1::jsonb) AS id',
+      [`[${batch.map(elementText).join(',')}]`]);
   } catch (err) {
     throw refused(err);
   }

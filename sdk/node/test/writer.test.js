@@ -5,7 +5,7 @@
 // written.
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { Client } = require('pg');
+const { Client, Pool } = require('pg');
 const { publish, publishMany, InvalidMessage, setTraceContextProvider } = require('..');
 
 const URL = process.env.OUTBOX_TEST_DATABASE_URL;
@@ -90,28 +90,38 @@ test('a batch is written in order in one statement', { skip }, async () => {
   const msgs = [];
   for (let i = 0; i < 50; ++i) msgs.push({ destination: 'orders', json: { n: i }, key: `k${i % 3}` });
   msgs.push({ destination: 'files', data: new Uint8Array([1, 2]), headers: { h: 'v' }, traceparent: TRACEPARENT });
-  const ids = await connected((c) => publishMany(c, msgs));
+  const ids = await connected(async (c) => {
+    await c.query('BEGIN');
+    const ids = await publishMany(c, msgs);
+    await c.query('COMMIT');
+    return ids;
+  });
   assert.equal(ids.length, 51);
   assert.deepEqual([...ids].sort((a, b) => a - b), ids, 'ids in input order');
   const got = await rows();
   assert.deepEqual(got.slice(0, 50).map((r) => r.payload.n), [...Array(50).keys()]);
   assert.deepEqual([...got[50].payload_bytes], [1, 2]);
   assert.deepEqual(got[50].headers, { h: 'v', traceparent: TRACEPARENT });
-  assert.deepEqual(await connected((c) => publishMany(c, [])), []);
+  assert.deepEqual(await connected((c) => publishMany(c, [])), [], 'an empty batch writes nothing');
 });
 
 test('trace context comes from the provider unless the message has its own', { skip }, async () => {
   await reset();
   setTraceContextProvider(() => ({ traceparent: TRACEPARENT, tracestate: 'k=v' }));
+  const inTransaction = (fn) => connected(async (c) => {
+    await c.query('BEGIN');
+    await fn(c);
+    await c.query('COMMIT');
+  });
   try {
-    await connected((c) => publishMany(c, [
+    await inTransaction((c) => publishMany(c, [
       { destination: 'orders', json: 1 },
       { destination: 'orders', json: 2, traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' },
     ]));
   } finally {
     setTraceContextProvider(null);
   }
-  await connected((c) => publish(c, { destination: 'orders', json: 3 }));
+  await inTransaction((c) => publish(c, { destination: 'orders', json: 3 }));
   const got = await rows();
   assert.deepEqual(got[0].headers, { traceparent: TRACEPARENT, tracestate: 'k=v' });
   assert.equal(got[1].headers.traceparent, '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01');
@@ -159,4 +169,80 @@ test('bad input is refused naming the argument, nothing half-written', { skip },
       (err) => err instanceof InvalidMessage && err.message.includes(`idempotency key ${key} is already queued`));
     await c.query('ROLLBACK');
   });
+});
+
+test('outside a transaction nothing is written', { skip }, async () => {
+  // Outside BEGIN each statement commits on its own: the message would commit without the
+  // business write, or the business write without the message.
+  await reset();
+  const noTransaction = (err) => err.code === '25P01' && /not inside a transaction/.test(err.message);
+  await connected(async (c) => {
+    await assert.rejects(publish(c, { destination: 'orders', json: 1 }), noTransaction);
+    await assert.rejects(publishMany(c, [{ destination: 'orders', json: 1 }]), noTransaction);
+  });
+  const pool = new Pool({ connectionString: URL });
+  try {
+    await assert.rejects(publish(pool, { destination: 'orders', json: 1 }), noTransaction);
+  } finally {
+    await pool.end();
+  }
+  assert.deepEqual(await rows(), [], 'nothing written on its own');
+  // BEGIN sent and not yet answered (node-postgres queues it) counts: it runs first.
+  await connected(async (c) => {
+    c.query('BEGIN');
+    await publish(c, { destination: 'orders', json: 4 });
+    await c.query('COMMIT');
+  });
+  assert.deepEqual((await rows()).map((r) => r.payload), [4]);
+});
+
+test('text PostgreSQL cannot hold is refused naming the field, before the database is asked', { skip }, async () => {
+  // A NUL failed in the database as SQLSTATE 22P05 (not an InvalidMessage), an unpaired
+  // surrogate as "invalid input syntax for type json" naming no field, both aborting the
+  // transaction; NaN and Infinity were written as null, a number destination as its text.
+  await reset();
+  const cases = [
+    [{ destination: 'ord\u0000ers', json: 1 }, 'destination'],
+    [{ destination: 42, json: 1 }, 'destination'],
+    [{ destination: 'orders', json: 1, key: 'k\ud800' }, 'ordering key'],
+    [{ destination: 'orders', json: 1, key: 7 }, 'ordering key'],
+    [{ destination: 'orders', json: 1, eventType: 'order\u0000paid' }, 'event type'],
+    [{ destination: 'orders', json: 1, headers: { 'ten\udc00ant': 'acme' } }, 'header name'],
+    [{ destination: 'orders', json: 1, headers: { tenant: 'ac\u0000me' } }, 'header "tenant"'],
+    [{ destination: 'orders', json: { a: ['x\u0000y'] } }, 'payload'],
+    [{ destination: 'orders', json: { ['k\ud83d']: 1 } }, 'payload'],
+    [{ destination: 'orders', json: { x: NaN } }, 'payload'],
+    [{ destination: 'orders', json: [Infinity] }, 'payload'],
+    [{ destination: 'orders', json: { n: 10n } }, 'payload'],
+    [{ destination: 'orders', json: () => 1 }, 'payload'],
+  ];
+  for (const [message, field] of cases) {
+    for (const many of [false, true]) {
+      await connected(async (c) => {
+        await c.query('BEGIN');
+        await c.query("INSERT INTO app_orders VALUES (9, 'paid')");
+        await assert.rejects(
+          many ? publishMany(c, [{ destination: 'orders', json: {} }, message]) : publish(c, message),
+          (err) => {
+            assert.ok(err instanceof InvalidMessage, `${field}: ${err}`);
+            assert.ok(err.message.includes(field), `"${err.message}" lacks "${field}"`);
+            if (many) assert.ok(err.message.includes('message 1'), err.message);
+            return true;
+          });
+        // Refused before the database was asked: the transaction goes on.
+        assert.equal((await c.query('SELECT count(*)::int AS n FROM app_orders')).rows[0].n, 1);
+        await c.query('ROLLBACK');
+      });
+    }
+  }
+  assert.deepEqual(await rows(), [], 'nothing written');
+  // Characters outside the BMP are fine, as are escapes that are only text.
+  await connected(async (c) => {
+    await c.query('BEGIN');
+    await publish(c, { destination: 'orders', json: { e: '\u{1F600}', t: '\\u0000' }, key: '\u{1F600}' });
+    await c.query('COMMIT');
+  });
+  const [r] = await rows();
+  assert.deepEqual(r.payload, { e: '\u{1F600}', t: '\\u0000' });
+  assert.equal(r.ordering_key, '\u{1F600}');
 });
