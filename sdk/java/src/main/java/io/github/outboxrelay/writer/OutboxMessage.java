@@ -133,8 +133,28 @@ public final class OutboxMessage {
       return this;
     }
 
-    /** Checks what needs no database; throws IllegalArgumentException naming the field. */
+    /**
+     * Checks what needs no database; throws IllegalArgumentException naming the field: text
+     * PostgreSQL cannot hold (a NUL, an unpaired surrogate, which pgJDBC would write as '?'),
+     * in the JSON text as characters or as escapes.
+     */
     public OutboxMessage build() {
+      String where = "message to \"" + destination.replace("\u0000", "\\u0000") + "\": ";
+      checkText(destination, "destination", where);
+      checkText(key, "ordering key", where);
+      checkText(eventType, "event type", where);
+      checkText(idempotencyKey, "idempotency key", where);
+      checkText(traceparent, "traceparent", where);
+      checkText(tracestate, "tracestate", where);
+      for (Map.Entry<String, String> h : headers.entrySet()) {
+        checkText(h.getKey(), "header name", where);
+        checkText(h.getValue(), "header \"" + h.getKey() + "\"", where);
+      }
+      if (json != null) {
+        checkText(json, "payload", where);
+        String problem = jsonEscapeProblem(json);
+        if (problem != null) throw new IllegalArgumentException(where + "payload " + problem);
+      }
       if ((json == null) == (bytes == null)) {
         throw new IllegalArgumentException(
             "message to \"" + destination + "\" needs exactly one payload: json(...) or bytes(...)");
@@ -145,5 +165,57 @@ public final class OutboxMessage {
       }
       return new OutboxMessage(this);
     }
+  }
+
+  private static void checkText(String s, String what, String where) {
+    if (s == null) return;
+    for (int i = 0; i < s.length(); i++) {
+      char c = s.charAt(i);
+      if (c == 0) {
+        throw new IllegalArgumentException(where + what
+            + " contains a NUL character (\\u0000), which PostgreSQL text cannot hold; remove it");
+      }
+      if (Character.isHighSurrogate(c) && i + 1 < s.length() && Character.isLowSurrogate(s.charAt(i + 1))) {
+        i++;
+      } else if (Character.isSurrogate(c)) {
+        throw new IllegalArgumentException(where + what + " contains an unpaired surrogate (U+"
+            + Integer.toHexString(c).toUpperCase() + "), which is not valid UTF-8; decode the text correctly");
+      }
+    }
+  }
+
+  /**
+   * Why jsonb cannot hold the JSON text's escapes, or null: \\u0000 and unpaired surrogate
+   * escapes are valid JSON that jsonb refuses. Backslashes only occur inside strings of valid
+   * JSON, so walking the escapes is exact (invalid JSON is the database's to refuse).
+   */
+  static String jsonEscapeProblem(String text) {
+    String unpaired = "contains an unpaired surrogate escape, which is not valid UTF-8";
+    int highEnd = -1; // where a high surrogate escape ended, waiting for its low half
+    for (int i = 0; i < text.length(); i++) {
+      if (text.charAt(i) != '\\') continue;
+      int start = i;
+      i++;
+      int code = -1;
+      if (i < text.length() && text.charAt(i) == 'u' && i + 4 < text.length()) {
+        try {
+          code = Integer.parseInt(text.substring(i + 1, i + 5), 16);
+        } catch (NumberFormatException e) {
+          code = -1;
+        }
+        i += 4;
+      }
+      boolean low = code >= 0xDC00 && code <= 0xDFFF;
+      if (highEnd >= 0 && !(low && start == highEnd)) return unpaired;
+      if (code == 0) return "contains a NUL character (\\u0000), which jsonb cannot hold; remove it, or send bytes(...)";
+      if (code >= 0xD800 && code <= 0xDBFF) {
+        highEnd = i + 1;
+      } else if (low && highEnd < 0) {
+        return unpaired;
+      } else {
+        highEnd = -1;
+      }
+    }
+    return highEnd >= 0 ? unpaired : null;
   }
 }

@@ -53,7 +53,10 @@ public final class OutboxWriter {
     traceContextProvider = provider == null ? OutboxWriter::openTelemetryContext : provider;
   }
 
-  /** Writes {@code message} in the connection's current transaction; returns its id. */
+  /**
+   * Writes {@code message} in the connection's current transaction; returns its id. A
+   * connection in autocommit mode is refused (SQLException, SQLSTATE 25P01).
+   */
   public static long publish(Connection conn, OutboxMessage message) throws SQLException {
     return publishMany(conn, List.of(message))[0];
   }
@@ -64,6 +67,12 @@ public final class OutboxWriter {
    */
   public static long[] publishMany(Connection conn, List<OutboxMessage> messages) throws SQLException {
     if (messages.isEmpty()) return new long[0];
+    if (conn.getAutoCommit()) {
+      // Each statement would commit on its own: the message apart from the business write.
+      throw new SQLException("outbox: the connection is in autocommit mode, so the message would "
+          + "commit on its own, not with your business write; call conn.setAutoCommit(false), do "
+          + "the business write and publish, then conn.commit()", "25P01");
+    }
     StringBuilder batch = new StringBuilder("[");
     for (int i = 0; i < messages.size(); i++) {
       if (i > 0) batch.append(',');

@@ -153,7 +153,9 @@ public final class WriterTest {
         .traceContext(TRACEPARENT, null).build());
     long[] ids;
     try (Connection c = connect()) {
-      ids = OutboxWriter.publishMany(c, batch); // autocommit: the statement is its transaction
+      c.setAutoCommit(false);
+      ids = OutboxWriter.publishMany(c, batch);
+      c.commit();
     }
     check(ids.length == 51, "51 ids");
     for (int i = 1; i < ids.length; i++) check(ids[i] > ids[i - 1], "ids in input order");
@@ -162,19 +164,23 @@ public final class WriterTest {
     check(("{\"h\": \"v\", \"traceparent\": \"" + TRACEPARENT + "\"}").equals(got.get(50).get("headers")),
         "last headers " + got.get(50).get("headers"));
     try (Connection c = connect()) {
-      check(OutboxWriter.publishMany(c, List.of()).length == 0, "empty batch");
+      check(OutboxWriter.publishMany(c, List.of()).length == 0, "empty batch: nothing to write");
     }
   }
 
   public static void testTraceContextFromTheProvider() throws Exception {
     OutboxWriter.setTraceContextProvider(() -> Map.of("traceparent", TRACEPARENT));
     try (Connection c = connect()) {
+      c.setAutoCommit(false);
       OutboxWriter.publish(c, OutboxMessage.to("orders").json("1").build());
+      c.commit();
     } finally {
       OutboxWriter.setTraceContextProvider(null);
     }
     try (Connection c = connect()) {
+      c.setAutoCommit(false);
       OutboxWriter.publish(c, OutboxMessage.to("orders").json("2").build());
+      c.commit();
     }
     List<Map<String, Object>> got = rows();
     check(("{\"traceparent\": \"" + TRACEPARENT + "\"}").equals(got.get(0).get("headers")), "provided");
@@ -244,11 +250,85 @@ public final class WriterTest {
   /** A payload's text stays a payload: it cannot add fields to the message. */
   public static void testAPayloadCannotRewriteTheMessage() throws Exception {
     try (Connection c = connect()) {
+      c.setAutoCommit(false);
       OutboxWriter.publish(c, OutboxMessage.to("orders").json("{\"destination\": \"other\"}").build());
+      c.commit();
     }
     List<Map<String, Object>> got = rows();
     check("orders".equals(got.get(0).get("destination")), "destination " + got.get(0).get("destination"));
     check("{\"destination\": \"other\"}".equals(got.get(0).get("payload")), "payload");
   }
 
+  /**
+   * In autocommit mode each statement commits on its own: the message would commit without the
+   * business write, or the business write without the message.
+   */
+  public static void testAnAutocommitConnectionIsRefused() throws Exception {
+    try (Connection c = connect()) {
+      check(c.getAutoCommit(), "JDBC connections start in autocommit");
+      for (boolean many : new boolean[] {false, true}) {
+        try {
+          if (many) {
+            OutboxWriter.publishMany(c, List.of(OutboxMessage.to("orders").json("1").build()));
+          } else {
+            OutboxWriter.publish(c, OutboxMessage.to("orders").json("1").build());
+          }
+          throw new AssertionError("published in autocommit mode");
+        } catch (SQLException e) {
+          check("25P01".equals(e.getSQLState()) && e.getMessage().contains("setAutoCommit(false)"),
+              e.getSQLState() + " " + e.getMessage());
+        }
+      }
+    }
+    check(rows().isEmpty(), "nothing written on its own");
+  }
+
+  /**
+   * A NUL or an unpaired surrogate: PostgreSQL text cannot hold them. pgJDBC wrote an unpaired
+   * surrogate as '?' (another key, another header), and a NUL failed in the database as SQLSTATE
+   * 22P05, not an InvalidMessageException, aborting the transaction.
+   */
+  public static void testTextPostgreSQLCannotHoldIsRefusedNamingTheField() throws Exception {
+    Map<String, java.util.function.Supplier<OutboxMessage.Builder>> cases = new java.util.LinkedHashMap<>();
+    cases.put("destination", () -> OutboxMessage.to("ord\u0000ers").json("1"));
+    cases.put("ordering key", () -> OutboxMessage.to("orders").json("1").key("k\ud800"));
+    cases.put("event type", () -> OutboxMessage.to("orders").json("1").eventType("order\u0000paid"));
+    cases.put("header name", () -> OutboxMessage.to("orders").json("1").header("ten\udc00ant", "acme"));
+    cases.put("header \"tenant\"", () -> OutboxMessage.to("orders").json("1").header("tenant", "ac\u0000me"));
+    cases.put("payload", () -> OutboxMessage.to("orders").json("{\"a\": \"x\\u0000y\"}"));
+    cases.put("payload ", () -> OutboxMessage.to("orders").json("[\"\\ud800\"]"));
+    cases.put("payload  ", () -> OutboxMessage.to("orders").json("[\"\ud800\"]"));
+    for (Map.Entry<String, java.util.function.Supplier<OutboxMessage.Builder>> e : cases.entrySet()) {
+      String field = e.getKey().trim();
+      try (Connection c = connect()) {
+        c.setAutoCommit(false);
+        execute(c, "INSERT INTO app_orders VALUES (9, 'paid')");
+        try {
+          OutboxWriter.publish(c, e.getValue().get().build());
+          throw new AssertionError("published: " + field);
+        } catch (IllegalArgumentException expected) {
+          check(expected.getMessage().contains(field), "\"" + expected.getMessage() + "\" lacks " + field);
+        } catch (SQLException notBeforeTheDatabase) {
+          throw new AssertionError(field + ": " + notBeforeTheDatabase.getMessage(), notBeforeTheDatabase);
+        }
+        // Refused before the database was asked: the transaction goes on.
+        try (Statement s = c.createStatement(); ResultSet rs = s.executeQuery("SELECT count(*) FROM app_orders")) {
+          rs.next();
+          check(rs.getInt(1) == 1, "the transaction went on");
+        }
+        c.rollback();
+      }
+    }
+    check(rows().isEmpty(), "nothing written");
+    // Characters outside the BMP, raw or escaped as a pair, and escapes that are only text.
+    try (Connection c = connect()) {
+      c.setAutoCommit(false);
+      OutboxWriter.publish(c, OutboxMessage.to("orders").json("[\"\ud83d\ude00\", \"\\ud83d\\ude00\", \"\\\\u0000\"]")
+          .key("\ud83d\ude00").build());
+      c.commit();
+    }
+    Map<String, Object> r = rows().get(0);
+    check("[\"\ud83d\ude00\", \"\ud83d\ude00\", \"\\\\u0000\"]".equals(r.get("payload")), "payload " + r.get("payload"));
+    check("\ud83d\ude00".equals(r.get("key")), "key " + r.get("key"));
+  }
 }
