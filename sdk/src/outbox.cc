@@ -113,13 +113,47 @@ bool IsUtf8(std::string_view s) {
   return true;
 }
 
+const char* const kNulFix =
+    " contains U+0000 (NUL), which PostgreSQL's text and jsonb cannot hold; remove it, or send "
+    "binary data in a Bytes() payload";
+
 void RequireUtf8(std::string_view text, const std::string& what) {
   if (!IsUtf8(text)) {
     throw InvalidMessage("outbox: " + what +
                          " is not valid UTF-8; convert it (from Latin-1, say) before publishing, "
                          "or send binary data in a Bytes() payload");
   }
+  if (text.find('\0') != std::string_view::npos) throw InvalidMessage("outbox: " + what + kNulFix);
 }
+
+/// Reads JSON text once: whether it is JSON, and whether a string or key in it holds U+0000
+/// (written \u0000; a raw NUL is not JSON), which jsonb refuses.
+class PayloadCheck : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  bool has_nul = false;
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t& v) override { return Text(v); }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t& v) override { return Text(v); }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception&) override {
+    return false;
+  }
+
+ private:
+  bool Text(const string_t& v) {
+    has_nul = v.find('\0') != string_t::npos;
+    return !has_nul;  // stop at the first
+  }
+};
 
 void Validate(const OutboxMessage& m) {
   RequireUtf8(m.destination, "destination");
@@ -162,9 +196,13 @@ void Validate(const OutboxMessage& m) {
         "outbox: deliver time is more than 1 year ahead (the scheduling horizon); keep later "
         "work in your own table and publish it nearer the time");
   }
-  if (m.payload_is_json && !nlohmann::json::accept(m.payload)) {
-    throw InvalidMessage(
-        "outbox: payload is not valid JSON; pass JSON text to Json() or raw bytes to Bytes()");
+  if (m.payload_is_json) {
+    PayloadCheck check;
+    if (!nlohmann::json::sax_parse(m.payload, &check)) {
+      if (check.has_nul) throw InvalidMessage(std::string("outbox: payload") + kNulFix);
+      throw InvalidMessage(
+          "outbox: payload is not valid JSON; pass JSON text to Json() or raw bytes to Bytes()");
+    }
   }
   for (std::size_t i = 0; i < m.headers.size(); ++i) {
     const auto& [name, value] = m.headers[i];

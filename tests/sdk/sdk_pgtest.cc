@@ -329,6 +329,47 @@ TEST_F(SdkTest, TextThatIsNotUtf8IsRefusedNamingTheField) {
   EXPECT_EQ(Count(db_url_), 0) << "nothing written";
 }
 
+// PostgreSQL's text and jsonb cannot hold U+0000: a NUL in a field, or \u0000 in a JSON
+// payload's string, reached the database and came back as pqxx's 22P05 (the caller's
+// transaction aborted) instead of an InvalidMessage naming the field. An escaped backslash
+// before "u0000" is ordinary text and goes through.
+TEST_F(SdkTest, ANulCharacterIsRefusedNamingTheField) {
+  const std::string nul("a\0b", 3);
+  auto error_of = [&](const std::function<outbox::OutboxMessage()>& make) -> std::string {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    try {
+      outbox::PublishMany(tx, {outbox::Message::To("d").Json("1").Build(), make()});
+      tx.commit();
+    } catch (const outbox::InvalidMessage& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("not InvalidMessage: ") + e.what();
+    }
+    return "(no error)";
+  };
+  const std::vector<std::pair<std::string, std::function<outbox::OutboxMessage()>>> cases = {
+      {"ordering key", [&] { return outbox::Message::To("d").Json("1").Key(nul).Build(); }},
+      {"event type", [&] { return outbox::Message::To("d").Json("1").EventType(nul).Build(); }},
+      {"header \"h\"", [&] { return outbox::Message::To("d").Json("1").Header("h", nul).Build(); }},
+      {"destination", [&] { return outbox::Message::To(nul).Json("1").Build(); }},
+      {"payload", [&] { return outbox::Message::To("d").Json(R"({"a": "x\u0000"})").Build(); }},
+      {"payload", [&] { return outbox::Message::To("d").Json(R"({"\u0000": 1})").Build(); }},
+  };
+  for (const auto& [field, make] : cases) {
+    const std::string e = error_of(make);
+    EXPECT_NE(e.find("outbox: " + field), std::string::npos) << e;
+    EXPECT_NE(e.find("U+0000"), std::string::npos) << e;
+  }
+  EXPECT_EQ(Count(db_url_), 0) << "nothing written";
+  pqxx::connection c(db_url_);
+  pqxx::work tx(c);
+  const auto id = outbox::Publish(tx, outbox::Message::To("d").Json(R"(["\\u0000"])").Build());
+  EXPECT_EQ(tx.exec_params1("SELECT payload->>0 FROM outbox.messages WHERE id = $1", id)[0]
+                .as<std::string>(),
+            "\\u0000");
+}
+
 TEST_F(SdkTest, JitterSpreadsDeliverTimesInsideTheWindow) {
   pqxx::connection c(db_url_);
   const auto before = outbox::Clock::now();
