@@ -98,6 +98,40 @@ TEST_F(ManagementApiTest, EveryRequestNeedsTheBearerToken) {
   EXPECT_EQ(Get("/v1/endpoints").status, 200);
 }
 
+// The auth scheme is case-insensitive (RFC 9110, 11.1): "bearer <token>" from a client that
+// writes it in lower case was a 401.
+TEST_F(ManagementApiTest, TheBearerSchemeIsMatchedWithoutRegardToCase) {
+  for (const std::string scheme : {"bearer ", "BEARER ", "Bearer  "}) {
+    httplib::Client c("127.0.0.1", api_->port());
+    c.set_default_headers({{"Authorization", scheme + kToken}});
+    const auto a = Of(c.Get("/v1/endpoints"));
+    EXPECT_EQ(a.status, scheme == "Bearer  " ? 401 : 200) << scheme;
+  }
+}
+
+// Clients that keep their connections open (a dashboard's pool, a few CLI sessions) each hold
+// one of cpp-httplib's workers until the keep-alive ends: with four workers, four idle
+// connections made the next request wait 5 s.
+TEST_F(ManagementApiTest, RequestsAreAnsweredWhileOtherClientsKeepTheirConnectionsOpen) {
+  std::vector<std::unique_ptr<httplib::Client>> idle;
+  for (int i = 0; i < 6; ++i) {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", api_->port());
+    c->set_keep_alive(true);
+    c->set_read_timeout(std::chrono::seconds(2));
+    c->set_default_headers({{"Authorization", "Bearer " + kToken}});
+    auto res = c->Get("/v1/endpoints");
+    ASSERT_TRUE(res) << "client " << i << ": no answer within 2 s";
+    idle.push_back(std::move(c));  // the connection stays open, idle
+  }
+  httplib::Client c("127.0.0.1", api_->port());
+  c.set_connection_timeout(std::chrono::seconds(2));
+  c.set_read_timeout(std::chrono::seconds(2));
+  c.set_default_headers({{"Authorization", "Bearer " + kToken}});
+  auto res = c.Get("/v1/endpoints");
+  ASSERT_TRUE(res) << "no answer within 2 s: " << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+}
+
 TEST_F(ManagementApiTest, EndpointsAreCreatedReadChangedRotatedAndDeleted) {
   auto created = Post("/v1/endpoints", R"({"id": "acme", "destination": "hooks",
       "url": "https://acme.example/hooks", "event_types": ["invoice.*"],
@@ -357,6 +391,15 @@ TEST_F(ManagementApiTest, AnEndpointDeletedBeforeItsUpdateIsReadBackIsA404) {
   }
 }
 
+// A body over the 1 MiB limit is a JSON error like every other refusal (cpp-httplib answered
+// an empty 413 that clients could not parse).
+TEST_F(ManagementApiTest, ABodyOverTheLimitIsA413NamingTheLimit) {
+  const std::string big = R"({"destination": "d", "url": "https://x", "description": ")" +
+                          std::string(2 << 20, 'x') + "\"}";
+  ExpectError(Post("/v1/endpoints", big), 413, "payload_too_large");
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints"), 0);
+}
+
 TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {
   ASSERT_EQ(
       Post("/v1/endpoints", R"({"id": "doc", "destination": "d", "url": "https://x"})").status,
@@ -383,6 +426,14 @@ TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {
                      [std::to_string(r->status)])
           << method << " " << route << " answered " << r->status
           << ", which the document does not list";
+      // What any route may answer: the database is away (503), a bug (500), and for a body
+      // over 1 MiB, 413.
+      const auto responses = doc["paths"][path.first.as<std::string>()][method]["responses"];
+      EXPECT_TRUE(responses["503"] && responses["500"]) << method << " " << route;
+      EXPECT_EQ(
+          static_cast<bool>(responses["413"]),
+          static_cast<bool>(doc["paths"][path.first.as<std::string>()][method]["requestBody"]))
+          << method << " " << route;
     }
   }
   EXPECT_EQ(operations, 10);

@@ -5,7 +5,9 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -174,8 +176,11 @@ struct ManagementApi::Impl {
 
   bool Authorized(const httplib::Request& req) const {
     const std::string header = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (header.size() != prefix.size() + token.size() || header.rfind(prefix, 0) != 0) {
+    const std::string prefix = "bearer ";  // the scheme is case-insensitive (RFC 9110, 11.1)
+    if (header.size() != prefix.size() + token.size() ||
+        !std::equal(prefix.begin(), prefix.end(), header.begin(), [](char p, char h) {
+          return p == std::tolower(static_cast<unsigned char>(h));
+        })) {
       return false;
     }
     return CRYPTO_memcmp(header.data() + prefix.size(), token.data(), token.size()) == 0;
@@ -363,6 +368,11 @@ struct ManagementApi::Impl {
     server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (res.status == 404 && res.body.empty()) {
         ReplyError(res, {404, "not_found", "no such route: " + req.method + " " + req.path, ""});
+      } else if (res.status == 413 && res.body.empty()) {
+        ReplyError(res, {413, "payload_too_large",
+                         "the request body is over 1 MiB, the limit; send less (a description "
+                         "or metadata of that size belongs in your own store)",
+                         ""});
       }
     });
   }
@@ -380,7 +390,12 @@ ManagementApi::~ManagementApi() { Stop(); }
 void ManagementApi::Start() {
   auto& d = *impl_;
   const ListenAddress address = ParseListenAddress(d.listen);
-  d.server.new_task_queue = [] { return new httplib::ThreadPool(4); };
+  // cpp-httplib gives a connection a worker for its whole life: clients keeping their
+  // connections open (a dashboard's pool, CLI sessions) each hold one until the keep-alive
+  // ends, and with four workers the fifth client waited 5 s. Requests still run one at a time
+  // on the one database connection (store_mu); the workers mostly wait on sockets.
+  d.server.new_task_queue = [] { return new httplib::ThreadPool(16); };
+  d.server.set_keep_alive_timeout(5);
   d.server.set_read_timeout(std::chrono::seconds(10));
   d.server.set_write_timeout(std::chrono::seconds(10));
   d.server.set_payload_max_length(1 << 20);
