@@ -97,7 +97,9 @@ json Changes(const EndpointFields& f) {
     c["destination"] = *f.destination;
   }
   if (f.url) {
-    // The sink's own check: a URL the relay would refuse is refused here, not dead-lettered.
+    // The sink's own parser: a URL it cannot read is refused here, not dead-lettered. The SSRF
+    // guard is the destination's (its relay config), applied when the endpoint's sink is made
+    // (docs/webhooks.md, "Webhook service").
     try {
       ParseWebhookUrl(*f.url);
     } catch (const std::invalid_argument& e) {

@@ -41,6 +41,17 @@ TEST(AddressPolicy, RefusesEveryNonPublicRangeByDefault) {
       {"64:ff9b:1::a00:1", "private (RFC 1918)"},   // local-use NAT64, 10.0.0.1
       {"::127.0.0.1", "loopback"},                  // IPv4-compatible
       {"2002:a9fe:a9fe::1", "link-local (cloud metadata endpoints live here)"},  // 6to4
+      // Review: the rest of ::/96 (0.0.1.2 is in 0.0.0.0/8), IPv4-translated (SIIT), and
+      // IPv6 ranges the Internet does not route to an endpoint.
+      {"::2", "unspecified (\"this network\")"},
+      {"::0.0.1.2", "unspecified (\"this network\")"},
+      {"::ffff:0:7f00:1", "loopback"},
+      {"::ffff:0:a00:1", "private (RFC 1918)"},
+      {"2001::1", "Teredo (RFC 4380)"},
+      {"2001:0:4136:e378:8000:63bf:80ff:fffe", "Teredo (RFC 4380)"},
+      {"fec0::1", "site-local (deprecated, still routed)"},
+      {"100::1", "discard-only (RFC 6666)"},
+      {"2001:db8::1", "documentation (RFC 3849)"},
   };
   for (const auto& [text, why] : refused) {
     EXPECT_EQ(BlockedRange(Ip(text)).value_or("public"), why) << text;
@@ -81,14 +92,34 @@ TEST(AddressPolicy, AnAllowListOrAllowPrivateNetworksLetsPrivateAddressesThrough
   EXPECT_FALSE(some.Refuses(Ip("::ffff:10.20.3.4"))) << "an IPv4-mapped address of the network";
   EXPECT_TRUE(some.Refuses(Ip("127.0.0.1")));
 
+  // An allow-list entry matches the IPv4 address an IPv6 one carries, not the IPv6 form:
+  // ::/0 allowed ::ffff:127.0.0.1 while 127.0.0.1 stayed refused (review).
+  const AddressPolicy v6_only(false, {ParseCidr("::/0")});
+  EXPECT_TRUE(v6_only.Refuses(Ip("::ffff:127.0.0.1")));
+  EXPECT_TRUE(v6_only.Refuses(Ip("2002:7f00:1::")));
+  EXPECT_FALSE(v6_only.Refuses(Ip("fd00::1")));
+
+  // allow_private_networks lets private and loopback addresses through, not link-local ones
+  // (the cloud metadata endpoints, AWS's IPv6 one included), unless the allow-list names
+  // them: with endpoints in Postgres the flag covers every endpoint the API adds (review).
   const AddressPolicy open(true, {});
   EXPECT_FALSE(open.Refuses(Ip("127.0.0.1")));
-  EXPECT_FALSE(open.Refuses(Ip("169.254.169.254")));
+  EXPECT_FALSE(open.Refuses(Ip("10.1.2.3")));
+  EXPECT_FALSE(open.Refuses(Ip("fd12::1")));
+  EXPECT_EQ(open.Refuses(Ip("169.254.169.254")).value_or(""),
+            "169.254.169.254 is a link-local (cloud metadata endpoints live here) address, "
+            "which allow_private_networks does not cover; list it in allowed_networks");
+  EXPECT_TRUE(open.Refuses(Ip("::ffff:169.254.169.254")));
+  EXPECT_TRUE(open.Refuses(Ip("fe80::1")));
+  EXPECT_TRUE(open.Refuses(Ip("fd00:ec2::254")));
+  const AddressPolicy open_listed(true, {ParseCidr("169.254.0.0/16")});
+  EXPECT_FALSE(open_listed.Refuses(Ip("169.254.169.254")));
 }
 
 TEST(AddressPolicy, BadNetworksAreRefusedWithTheFix) {
-  for (const std::string bad : {"10.0.0.0/33", "10.0.0.0/", "10.0.0/8", "fd00::/129", "nope",
-                                "10.0.0.0/8x", "0x0a.0.0.0/8"}) {
+  for (const std::string bad :
+       {"10.0.0.0/33", "10.0.0.0/", "10.0.0/8", "fd00::/129", "nope", "10.0.0.0/8x", "0x0a.0.0.0/8",
+        "0.0.0.0/-0", "10.0.0.0/ 8", "10.0.0.0/+8"}) {
     EXPECT_THROW(ParseCidr(bad), std::invalid_argument) << bad;
   }
   EXPECT_EQ(ParseCidr("10.0.0.0/8").prefix, 8);

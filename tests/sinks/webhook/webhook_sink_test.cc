@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "address_policy.h"
 #include "outbox_test/full_listener.h"
 #include "outbox_test/gate.h"
 #include "outbox_test/http_receiver.h"
@@ -875,7 +876,10 @@ TEST(WebhookSinkSsrf, RefusesLiteralPrivateAddressesInEveryNotationUnlessAllowed
   for (const std::string url :
        {"http://127.0.0.1:9/hook", "http://2130706433/hook", "http://0177.0.0.1/hook",
         "http://0x7f.0.0.1/hook", "http://[::1]:8080/hook", "https://169.254.169.254/",
-        "http://10.0.0.1/hook", "http://[::ffff:192.168.0.1]/hook"}) {
+        "http://10.0.0.1/hook", "http://[::ffff:192.168.0.1]/hook",
+        // Review: refused at delivery, but passed check-config.
+        "http://127.0.0.1./hook", "http://localhost/hook", "http://LocalHost./hook",
+        "http://hooks.localhost:8080/hook"}) {
     t.url = url;
     const std::string error = ErrorOfTarget(t);
     EXPECT_NE(error.find("is refused by the SSRF guard"), std::string::npos)
@@ -898,9 +902,31 @@ TEST(WebhookSinkSsrf, RefusesLiteralPrivateAddressesInEveryNotationUnlessAllowed
   EXPECT_EQ(ErrorOfTarget(t), "") << "names are checked when they are resolved, at delivery";
 }
 
+// Names the system cannot resolve, answered by a test resolver for as long as it lives.
+class FakeDns {
+ public:
+  explicit FakeDns(std::map<std::string, std::string> names) : names_(std::move(names)) {
+    webhook_detail::SetResolverForTesting(
+        [this](const std::string& host,
+               std::string* error) -> std::vector<webhook_detail::IpAddress> {
+          const auto it = names_.find(host);
+          if (it == names_.end()) {
+            *error = "unknown name";
+            return {};
+          }
+          return {*webhook_detail::ParseIpLiteral(it->second)};
+        });
+  }
+  ~FakeDns() { webhook_detail::SetResolverForTesting(nullptr); }
+
+ private:
+  std::map<std::string, std::string> names_;
+};
+
 TEST(WebhookSinkSsrf, ANameThatResolvesToABlockedAddressFailsTheDeliveryWithAClearReason) {
   HttpReceiver receiver;
-  WebhookTarget t = Target("http://localhost:" + std::to_string(receiver.port()) + "/hook");
+  FakeDns dns(std::map<std::string, std::string>{{"hooks.test", "127.0.0.1"}});
+  WebhookTarget t = Target("http://hooks.test:" + std::to_string(receiver.port()) + "/hook");
   t.allow_private_networks = false;
   t.breaker.enabled = false;
   Completions done;
@@ -910,7 +936,7 @@ TEST(WebhookSinkSsrf, ANameThatResolvesToABlockedAddressFailsTheDeliveryWithACle
   const Outcome o = done.Of(1);
   EXPECT_EQ(o.kind, OutcomeKind::kRetry);
   EXPECT_EQ(o.reason_class, Reason::kBlockedAddress);
-  EXPECT_NE(o.reason.find("blocked by the SSRF guard: localhost resolves only to refused "
+  EXPECT_NE(o.reason.find("blocked by the SSRF guard: hooks.test resolves only to refused "
                           "addresses"),
             std::string::npos)
       << o.reason;
@@ -920,11 +946,12 @@ TEST(WebhookSinkSsrf, ANameThatResolvesToABlockedAddressFailsTheDeliveryWithACle
 
 TEST(WebhookSinkSsrf, AnAllowedNameConnectsToTheCheckedAddressKeepingTheHostHeader) {
   HttpReceiver receiver;
-  const std::string host = "localhost:" + std::to_string(receiver.port());
+  // A name only the test resolver knows: had the client looked it up again (DNS rebinding's
+  // window), the system's resolver would have failed it and nothing would arrive.
+  FakeDns dns(std::map<std::string, std::string>{{"hooks.test", "127.0.0.1"}});
+  const std::string host = "hooks.test:" + std::to_string(receiver.port());
   WebhookTarget t = Target("http://" + host + "/hook");
   t.allow_private_networks = false;
-  // Only IPv4 loopback: a ::1 answer for localhost is refused and skipped, so the client must
-  // connect to the checked 127.0.0.1, where the receiver listens.
   t.allowed_networks = {"127.0.0.0/8"};
   Completions done;
   auto sink = MakeWebhookSink("hooks", t);

@@ -4,7 +4,9 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <cctype>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 namespace outbox::relay::webhook_detail {
@@ -59,10 +61,31 @@ constexpr Range kBlockedV4[] = {
     {"240.0.0.0/4", "reserved (and broadcast)"},
 };
 constexpr Range kBlockedV6[] = {
-    {"::/128", "unspecified"},   {"::1/128", "loopback"},
-    {"fe80::/10", "link-local"}, {"fc00::/7", "unique-local (private)"},
+    {"::/128", "unspecified"},
+    {"::1/128", "loopback"},
+    {"100::/64", "discard-only (RFC 6666)"},
+    {"2001::/32", "Teredo (RFC 4380)"},
+    {"2001:db8::/32", "documentation (RFC 3849)"},
+    {"fe80::/10", "link-local"},
+    {"fec0::/10", "site-local (deprecated, still routed)"},
+    {"fc00::/7", "unique-local (private)"},
     {"ff00::/8", "multicast"},
 };
+
+// Not covered by allow_private_networks, only by an allow-list entry: the link-local ranges,
+// where the cloud metadata endpoints answer (169.254.169.254; AWS's IPv6 one is fd00:ec2::254,
+// in the unique-local range). With endpoints in Postgres, the flag covers every endpoint the
+// management API adds.
+constexpr const char* kMetadataRanges[] = {"169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128"};
+
+const std::vector<Cidr>& MetadataRanges() {
+  static const auto ranges = [] {
+    std::vector<Cidr> out;
+    for (const char* r : kMetadataRanges) out.push_back(ParseCidr(r));
+    return out;
+  }();
+  return ranges;
+}
 
 const std::vector<std::pair<Cidr, const char*>>& Blocked() {
   static const auto blocked = [] {
@@ -75,25 +98,70 @@ const std::vector<std::pair<Cidr, const char*>>& Blocked() {
 }
 
 // The IPv4 address inside an IPv6 one that carries it: IPv4-mapped (::ffff:a.b.c.d),
-// IPv4-compatible (::a.b.c.d, deprecated), NAT64 (64:ff9b::a.b.c.d, and the local-use
-// 64:ff9b:1::/48) and 6to4 (2002:AABB:CCDD::, the IPv4 address in bytes 2-5).
+// IPv4-translated (::ffff:0:a.b.c.d, SIIT), IPv4-compatible (::a.b.c.d, deprecated: all of
+// ::/96 but :: and ::1), NAT64 (64:ff9b::a.b.c.d, and the local-use 64:ff9b:1::/48) and 6to4
+// (2002:AABB:CCDD::, the IPv4 address in bytes 2-5).
 std::optional<IpAddress> EmbeddedV4(const IpAddress& a) {
   if (a.v4) return std::nullopt;
   static const Cidr mapped = ParseCidr("::ffff:0:0/96");
+  static const Cidr translated = ParseCidr("::ffff:0:0:0/96");
   static const Cidr compatible = ParseCidr("::/96");
+  static const Cidr unspecified_or_loopback = ParseCidr("::/127");
   static const Cidr nat64 = ParseCidr("64:ff9b::/96");
   static const Cidr nat64_local = ParseCidr("64:ff9b:1::/48");
   static const Cidr six_to_four = ParseCidr("2002::/16");
   if (six_to_four.Contains(a)) return V4(a.bytes[2], a.bytes[3], a.bytes[4], a.bytes[5]);
-  // ::/96 also holds :: and ::1, which the IPv6 ranges judge themselves.
-  const bool compat = compatible.Contains(a) && (a.bytes[12] | a.bytes[13]) != 0;
-  if (!mapped.Contains(a) && !compat && !nat64.Contains(a) && !nat64_local.Contains(a)) {
+  // :: and ::1 are judged by the IPv6 ranges themselves.
+  const bool compat = compatible.Contains(a) && !unspecified_or_loopback.Contains(a);
+  if (!mapped.Contains(a) && !translated.Contains(a) && !compat && !nat64.Contains(a) &&
+      !nat64_local.Contains(a)) {
     return std::nullopt;
   }
   return V4(a.bytes[12], a.bytes[13], a.bytes[14], a.bytes[15]);
 }
 
+std::mutex& ResolverMu() {
+  static std::mutex mu;
+  return mu;
+}
+
+Resolver& TestResolver() {
+  static Resolver resolver;
+  return resolver;
+}
+
+std::vector<IpAddress> SystemResolve(const std::string& host, std::string* error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0) {
+    *error = gai_strerror(rc);
+    return {};
+  }
+  std::vector<IpAddress> out;
+  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) {
+      const auto* p = reinterpret_cast<const std::uint8_t*>(
+          &reinterpret_cast<const sockaddr_in*>(ai->ai_addr)->sin_addr);
+      out.push_back(V4(p[0], p[1], p[2], p[3]));
+    } else if (ai->ai_family == AF_INET6) {
+      unsigned char b[16];
+      std::memcpy(b, &reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr, 16);
+      out.push_back(V6(b));
+    }
+  }
+  freeaddrinfo(found);
+  return out;
+}
+
 }  // namespace
+
+void SetResolverForTesting(Resolver resolver) {
+  std::lock_guard lock(ResolverMu());
+  TestResolver() = std::move(resolver);
+}
 
 std::string IpAddress::ToString() const {
   char buf[INET6_ADDRSTRLEN] = {};
@@ -123,6 +191,28 @@ std::optional<IpAddress> ParseIpLiteral(std::string_view host) {
   return V4(p[0], p[1], p[2], p[3]);
 }
 
+std::optional<IpAddress> KnownAddressOf(std::string_view host) {
+  std::string text(host);
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']') {
+    text = text.substr(1, text.size() - 2);
+  }
+  if (const auto zone = text.find('%');
+      zone != std::string::npos && text.find(':') != std::string::npos) {
+    text.resize(zone);
+  }
+  if (!text.empty() && text.back() == '.') text.pop_back();
+  if (auto ip = ParseIpLiteral(text)) return ip;
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string_view suffix = ".localhost";
+  if (lower == "localhost" ||
+      (lower.size() > suffix.size() &&
+       lower.compare(lower.size() - suffix.size(), suffix.size(), suffix) == 0)) {
+    return V4(127, 0, 0, 1);
+  }
+  return std::nullopt;
+}
+
 bool Cidr::Contains(const IpAddress& address) const {
   return PrefixMatches(address, network, prefix);
 }
@@ -149,9 +239,11 @@ Cidr ParseCidr(std::string_view text) {
   int prefix = max;
   if (slash != std::string_view::npos) {
     const std::string p(text.substr(slash + 1));
-    char* end = nullptr;
-    const long n = p.empty() ? -1 : std::strtol(p.c_str(), &end, 10);
-    if (n < 0 || n > max || end == nullptr || *end != '\0') {
+    // Digits only: strtol alone also read "-0", " 8" and "+8".
+    const bool digits =
+        !p.empty() && p.size() <= 3 && p.find_first_not_of("0123456789") == std::string::npos;
+    const long n = digits ? std::strtol(p.c_str(), nullptr, 10) : -1;
+    if (n < 0 || n > max) {
       throw std::invalid_argument("'" + std::string(text) + "': the prefix length must be 0.." +
                                   std::to_string(max));
     }
@@ -172,12 +264,20 @@ AddressPolicy::AddressPolicy(bool allow_private_networks, std::vector<Cidr> allo
     : allow_private_(allow_private_networks), allowed_(std::move(allowed)) {}
 
 std::optional<std::string> AddressPolicy::Refuses(const IpAddress& address) const {
-  if (allow_private_) return std::nullopt;
   const auto why = BlockedRange(address);
   if (!why) return std::nullopt;
+  // An address that carries an IPv4 one is judged by it alone, so an IPv6 allow-list entry
+  // (::/0, 2002::/16) lets no IPv4 address through that its own entry would not.
   const IpAddress judged = EmbeddedV4(address).value_or(address);
   for (const auto& cidr : allowed_) {
-    if (cidr.Contains(address) || cidr.Contains(judged)) return std::nullopt;
+    if (cidr.Contains(judged)) return std::nullopt;
+  }
+  if (allow_private_) {
+    bool metadata = false;
+    for (const auto& cidr : MetadataRanges()) metadata = metadata || cidr.Contains(judged);
+    if (!metadata) return std::nullopt;
+    return address.ToString() + " is a " + *why +
+           " address, which allow_private_networks does not cover; list it in allowed_networks";
   }
   return address.ToString() + " is a " + *why + " address";
 }
@@ -193,29 +293,20 @@ Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy) 
     }
     return r;
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
-  if (rc != 0) {
-    r.error = "cannot resolve " + host + ": " + gai_strerror(rc);
+  Resolver resolver;
+  {
+    std::lock_guard lock(ResolverMu());
+    resolver = TestResolver();
+  }
+  std::string error;
+  const std::vector<IpAddress> found =
+      resolver ? resolver(host, &error) : SystemResolve(host, &error);
+  if (found.empty()) {
+    r.error = "cannot resolve " + host + ": " + (error.empty() ? "no address" : error);
     return r;
   }
   std::string refused;
-  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    IpAddress ip;
-    if (ai->ai_family == AF_INET) {
-      const auto* p = reinterpret_cast<const std::uint8_t*>(
-          &reinterpret_cast<const sockaddr_in*>(ai->ai_addr)->sin_addr);
-      ip = V4(p[0], p[1], p[2], p[3]);
-    } else if (ai->ai_family == AF_INET6) {
-      unsigned char b[16];
-      std::memcpy(b, &reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr, 16);
-      ip = V6(b);
-    } else {
-      continue;
-    }
+  for (const IpAddress& ip : found) {
     if (auto why = policy.Refuses(ip)) {
       if (refused.empty()) refused = *why;
       continue;
@@ -223,7 +314,6 @@ Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy) 
     r.address = ip;
     break;
   }
-  freeaddrinfo(found);
   if (!r.address) {
     r.error = host + " resolves only to refused addresses: " + refused;
     r.refused = true;

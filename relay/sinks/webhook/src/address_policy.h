@@ -9,6 +9,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,6 +29,11 @@ struct IpAddress {
 /// "2130706433", octal "0177.0.0.1", hex "0x7f.0.0.1", short "127.1"), or IPv6 (with or
 /// without brackets). nullopt for a name.
 std::optional<IpAddress> ParseIpLiteral(std::string_view host);
+
+/// The address a host is known to have without asking DNS, for check-config: an IP literal
+/// (also with one trailing dot, or an IPv6 zone id), and 127.0.0.1 for `localhost` and names
+/// under it (RFC 6761). nullopt when only a lookup can tell.
+std::optional<IpAddress> KnownAddressOf(std::string_view host);
 
 struct Cidr {
   IpAddress network;
@@ -64,5 +70,12 @@ struct Resolution {
   bool refused = false;  ///< The host resolved, but only to addresses the policy refuses.
 };
 Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy);
+
+/// What a name resolves to; empty with `error` set when it does not. The system's
+/// (getaddrinfo) unless a test replaced it: a name the system cannot resolve then proves the
+/// client connects to the checked address and asks no DNS of its own.
+using Resolver = std::function<std::vector<IpAddress>(const std::string& host, std::string* error)>;
+/// Replaces the resolver of every ResolveChecked until called with an empty one.
+void SetResolverForTesting(Resolver resolver);
 
 }  // namespace outbox::relay::webhook_detail

@@ -128,7 +128,7 @@ void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& 
                                 *target.ca_file);
   }
   const auto policy = AddressPolicyOf(destination, target);
-  if (const auto literal = webhook_detail::ParseIpLiteral(url.host)) {
+  if (const auto literal = webhook_detail::KnownAddressOf(url.host)) {
     if (const auto why = policy.Refuses(*literal)) {
       throw std::invalid_argument(
           "webhook " + destination + ": url: the host " + url.host + " is refused by the SSRF " +
