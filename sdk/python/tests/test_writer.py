@@ -7,11 +7,13 @@ import os
 import sys
 import unittest
 import uuid
+from unittest import mock
 
 import psycopg
 from psycopg import errors
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+import outbox_writer  # noqa: E402
 from outbox_writer import InvalidMessage, Message, publish, publish_many  # noqa: E402
 
 URL = os.environ.get("OUTBOX_TEST_DATABASE_URL", "")
@@ -124,6 +126,45 @@ class WriterTest(unittest.TestCase):
             conn.rollback()
         finally:
             conn.close()
+
+    def test_a_trace_context_given_twice_is_refused(self):
+        # traceparent=/tracestate= are the headers "traceparent"/"tracestate" (C++:
+        # TraceContext is two Header calls): given in headers= as well, the explicit one
+        # silently replaced the header. Refused like the C++ SDK's duplicate header.
+        other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        cases = [
+            (Message("orders", json={}, headers={"traceparent": other}, traceparent=TRACEPARENT),
+             'header "traceparent" is set twice'),
+            (Message("orders", json={}, headers={"tracestate": "a=1"}, traceparent=TRACEPARENT,
+                     tracestate="congo=t61rcWkgMzE"),
+             'header "tracestate" is set twice'),
+        ]
+        for message, text in cases:
+            for many in (False, True):
+                with self.subTest(text=text, many=many), psycopg.connect(URL) as conn:
+                    conn.execute("INSERT INTO app_orders VALUES (9, 'paid')")
+                    with self.assertRaises(InvalidMessage) as ctx:
+                        if many:
+                            publish_many(conn, [Message("orders", json={}), message])
+                        else:
+                            publish(conn, message)
+                    self.assertIn(text, str(ctx.exception))
+                    self.assertIn("set each header once", str(ctx.exception))
+                    if many:
+                        self.assertIn("message 1: ", str(ctx.exception))
+                    # Refused before the database was asked: the transaction goes on.
+                    self.assertEqual(conn.execute("SELECT count(*) FROM app_orders").fetchone()[0], 1)
+                    conn.rollback()
+        self.assertEqual(self.rows(), [], "nothing written")
+        # OpenTelemetry's current span fills in only what the message does not set: not a conflict.
+        otel = {"traceparent": other, "tracestate": "otel=1"}
+        with mock.patch.object(outbox_writer, "current_trace_context", return_value=otel), \
+                psycopg.connect(URL) as conn:
+            publish(conn, Message("orders", json={}, headers={"traceparent": TRACEPARENT}))
+            publish(conn, Message("orders", json={}, traceparent=TRACEPARENT))
+            publish(conn, Message("orders", json={}))
+        self.assertEqual([r[5] for r in self.rows()],
+                         [{"traceparent": TRACEPARENT}, {"traceparent": TRACEPARENT}, otel])
 
     def test_a_message_needs_exactly_one_payload(self):
         with self.assertRaises(InvalidMessage):

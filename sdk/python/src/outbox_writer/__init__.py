@@ -86,13 +86,22 @@ def current_trace_context() -> dict:
     return {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")}
 
 
-def _headers_of(m: Message) -> dict:
+def _headers_of(m: Message, where: str = "") -> dict:
+    """The message's headers with its trace context. traceparent=/tracestate= are the headers
+    "traceparent"/"tracestate", so giving one in headers= as well is a header set twice
+    (refused, as by the C++ SDK). OpenTelemetry's context is used only when the message has
+    neither a traceparent header nor traceparent=."""
     headers = dict(m.headers)
     trace = {}
     if m.traceparent is not None:
         trace["traceparent"] = m.traceparent
         if m.tracestate:
             trace["tracestate"] = m.tracestate
+        for name in trace:
+            if name in headers:
+                raise InvalidMessage(
+                    f'outbox: {where}header "{name}" is set twice (in headers= and as {name}=); '
+                    "set each header once")
     elif "traceparent" not in headers:
         trace = current_trace_context()
     headers.update(trace)
@@ -159,7 +168,7 @@ def _validate(m: Message, where: str):
     check(m.destination, "destination")
     check(m.key, "ordering key")
     check(m.event_type, "event type")
-    headers = _headers_of(m)
+    headers = _headers_of(m, where)
     for name, value in headers.items():
         if not isinstance(name, str):
             raise InvalidMessage(f"outbox: {where}header name {name!r} is not a str; header names are strings")
