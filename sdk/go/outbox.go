@@ -293,6 +293,21 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 		for k, v := range m.Headers {
 			e.Headers[k] = v
 		}
+		// TraceParent/TraceState are the headers "traceparent"/"tracestate": one given in
+		// Headers as well is a header set twice (refused, as by the C++ SDK). The context's
+		// trace context fills in only a message with neither.
+		if m.TraceParent != "" {
+			explicit := [][2]string{{"traceparent", "TraceParent"}}
+			if m.TraceState != "" {
+				explicit = append(explicit, [2]string{"tracestate", "TraceState"})
+			}
+			for _, h := range explicit {
+				if _, given := m.Headers[h[0]]; given {
+					return nil, invalid("header %q is set twice (in Headers and as %s); set each header once",
+						h[0], h[1])
+				}
+			}
+		}
 		traceparent, tracestate := m.TraceParent, m.TraceState
 		if traceparent == "" && TraceContextFrom != nil {
 			if _, given := m.Headers["traceparent"]; !given {

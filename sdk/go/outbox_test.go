@@ -284,6 +284,80 @@ func TestTraceContextFromTheContext(t *testing.T) {
 	}
 }
 
+func TestATraceContextGivenTwiceIsRefused(t *testing.T) {
+	// TraceParent/TraceState are the headers "traceparent"/"tracestate" (C++: TraceContext is
+	// two Header calls): given in Headers as well, the field silently replaced the header.
+	// Refused like the C++ SDK's duplicate header, before the database is asked.
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	other := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	cases := []struct {
+		m    Message
+		want string
+	}{
+		{Message{Destination: "orders", JSON: 1, Headers: map[string]string{"traceparent": other},
+			TraceParent: traceparent}, `header "traceparent" is set twice`},
+		{Message{Destination: "orders", JSON: 1, Headers: map[string]string{"tracestate": "a=1"},
+			TraceParent: traceparent, TraceState: "congo=t61rcWkgMzE"}, `header "tracestate" is set twice`},
+	}
+	for _, tc := range cases {
+		for _, many := range []bool{false, true} {
+			tx, err := c.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO app_orders VALUES (9, 'paid')"); err != nil {
+				t.Fatal(err)
+			}
+			if many {
+				_, err = PublishMany(ctx, tx, []Message{{Destination: "orders", JSON: 1}, tc.m})
+			} else {
+				_, err = Publish(ctx, tx, tc.m)
+			}
+			var invalid *InvalidMessageError
+			if !errors.As(err, &invalid) || !strings.Contains(invalid.Error(), tc.want) ||
+				!strings.Contains(invalid.Error(), "set each header once") ||
+				(many && !strings.Contains(invalid.Error(), "message 1")) {
+				t.Errorf("%s (many %v): want an InvalidMessageError %q, got %v", tc.want, many, tc.want, err)
+			}
+			// Refused before the database was asked: the transaction goes on.
+			var n int
+			if err := tx.QueryRow(ctx, "SELECT count(*) FROM app_orders").Scan(&n); err != nil || n != 1 {
+				t.Errorf("%s: the transaction did not go on: %v", tc.want, err)
+			}
+			tx.Rollback(ctx)
+		}
+	}
+	if got := rows(t, c); len(got) != 0 {
+		t.Fatalf("%d rows written", len(got))
+	}
+	// The context's trace context fills in only a message without either: not a conflict.
+	TraceContextFrom = func(context.Context) (string, string) { return other, "otel=1" }
+	defer func() { TraceContextFrom = nil }()
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := PublishMany(ctx, tx, []Message{
+		{Destination: "orders", JSON: 1, Headers: map[string]string{"traceparent": traceparent}},
+		{Destination: "orders", JSON: 2, TraceParent: traceparent},
+		{Destination: "orders", JSON: 3},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := rows(t, c)
+	if len(got[0].headers) != 1 || got[0].headers["traceparent"] != traceparent ||
+		len(got[1].headers) != 1 || got[1].headers["traceparent"] != traceparent ||
+		got[2].headers["traceparent"] != other || got[2].headers["tracestate"] != "otel=1" {
+		t.Errorf("headers: %v, %v, %v", got[0].headers, got[1].headers, got[2].headers)
+	}
+}
+
 func TestBadInputIsRefusedNamingTheArgument(t *testing.T) {
 	ctx := context.Background()
 	c := connect(t)
