@@ -24,7 +24,8 @@ export interface Message {
   deliverAfterMs?: number;
   /** A uuid; absent: a random one. Fix it so that a retried transaction writes the same key. */
   idempotencyKey?: string | null;
-  /** W3C trace context; absent: OpenTelemetry's active span, when @opentelemetry/api is installed. */
+  /** W3C trace context; absent: OpenTelemetry's active span, when @opentelemetry/api is installed.
+   *  These are the headers "traceparent"/"tracestate": do not also give them in headers. */
   traceparent?: string;
   tracestate?: string;
 }

@@ -135,7 +135,16 @@ function element(m, i) {
   }
   if (m.key !== undefined && m.key !== null) e.ordering_key = m.key;
   const headers = Object.assign({}, m.headers || {});
+  // traceparent/tracestate are the headers "traceparent"/"tracestate": one given in headers as
+  // well is a header set twice (refused, as by the C++ SDK). The provider fills in only a
+  // message with neither.
   if (m.traceparent) {
+    for (const name of m.tracestate ? ['traceparent', 'tracestate'] : ['traceparent']) {
+      if (Object.prototype.hasOwnProperty.call(headers, name)) {
+        throw new InvalidMessage(
+          `${where}header "${name}" is set twice (in headers and as ${name}); set each header once`);
+      }
+    }
     headers.traceparent = m.traceparent;
     if (m.tracestate) headers.tracestate = m.tracestate;
   } else if (!('traceparent' in headers)) {
