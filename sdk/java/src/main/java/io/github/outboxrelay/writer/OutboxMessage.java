@@ -4,8 +4,11 @@ import java.time.Duration;
 import java.time.Instant;
 import java.util.Collections;
 import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
+import java.util.List;
 import java.util.Map;
 import java.util.Objects;
+import java.util.Set;
 import java.util.UUID;
 
 /**
@@ -69,6 +72,7 @@ public final class OutboxMessage {
     private String idempotencyKey;
     private String traceparent;
     private String tracestate;
+    private final Set<String> setTwice = new LinkedHashSet<>(); // header names; build() refuses
 
     private Builder(String destination) {
       this.destination = Objects.requireNonNull(destination, "destination");
@@ -92,7 +96,9 @@ public final class OutboxMessage {
       return this;
     }
 
+    /** Adds a header. Names are unique per message: build() refuses one set twice. */
     public Builder header(String name, String value) {
+      if (headers.containsKey(name)) setTwice.add(name);
       headers.put(Objects.requireNonNull(name, "header name"), Objects.requireNonNull(value, "header value"));
       return this;
     }
@@ -126,8 +132,13 @@ public final class OutboxMessage {
       return this;
     }
 
-    /** W3C trace context; unset: the writer's TraceContextProvider (OpenTelemetry). */
+    /**
+     * W3C trace context: the headers "traceparent" and, when not empty, "tracestate" (so
+     * build() refuses it together with header("traceparent", ...), or given twice); unset: the
+     * writer's TraceContextProvider (OpenTelemetry).
+     */
     public Builder traceContext(String traceparent, String tracestate) {
+      if (isSet(this.traceparent) && isSet(traceparent)) setTwice.add("traceparent");
       this.traceparent = traceparent;
       this.tracestate = tracestate;
       return this;
@@ -136,7 +147,8 @@ public final class OutboxMessage {
     /**
      * Checks what needs no database; throws IllegalArgumentException naming the field: text
      * PostgreSQL cannot hold (a NUL, an unpaired surrogate, which pgJDBC would write as '?'),
-     * in the JSON text as characters or as escapes.
+     * in the JSON text as characters or as escapes; a header set twice (traceContext(...) sets
+     * the headers "traceparent" and "tracestate").
      */
     public OutboxMessage build() {
       String where = "message to \"" + destination.replace("\u0000", "\\u0000") + "\": ";
@@ -149,6 +161,19 @@ public final class OutboxMessage {
       for (Map.Entry<String, String> h : headers.entrySet()) {
         checkText(h.getKey(), "header name", where);
         checkText(h.getValue(), "header \"" + h.getKey() + "\"", where);
+      }
+      // As the C++ SDK: a header set twice is refused, not silently the last value.
+      if (!setTwice.isEmpty()) {
+        throw new IllegalArgumentException(
+            where + "header \"" + setTwice.iterator().next() + "\" is set twice; set each header once");
+      }
+      if (isSet(traceparent)) {
+        for (String name : isSet(tracestate) ? List.of("traceparent", "tracestate") : List.of("traceparent")) {
+          if (headers.containsKey(name)) {
+            throw new IllegalArgumentException(where + "header \"" + name
+                + "\" is set twice (by header(...) and traceContext(...)); set each header once");
+          }
+        }
       }
       if (json != null) {
         checkText(json, "payload", where);
@@ -165,6 +190,10 @@ public final class OutboxMessage {
       }
       return new OutboxMessage(this);
     }
+  }
+
+  private static boolean isSet(String s) {
+    return s != null && !s.isEmpty();
   }
 
   private static void checkText(String s, String what, String where) {

@@ -187,6 +187,55 @@ public final class WriterTest {
     check("{}".equals(got.get(1).get("headers")), "no OpenTelemetry: none " + got.get(1).get("headers"));
   }
 
+  /**
+   * A header set twice kept the last value, silently; so did a traceContext(...) (the headers
+   * "traceparent" and "tracestate") given with header("traceparent", ...). The C++ SDK refuses
+   * both; build() now does too, before anything is written.
+   */
+  public static void testAHeaderSetTwiceIsRefused() throws Exception {
+    String other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    Map<String, java.util.function.Supplier<OutboxMessage.Builder>> cases = new java.util.LinkedHashMap<>();
+    cases.put("a", () -> OutboxMessage.to("orders").json("1").header("a", "1").header("a", "2"));
+    cases.put("a ", () -> OutboxMessage.to("orders").json("1").header("a", "1").header("a", "1"));
+    cases.put("traceparent", () -> OutboxMessage.to("orders").json("1")
+        .header("traceparent", other).traceContext(TRACEPARENT, null));
+    cases.put("traceparent ", () -> OutboxMessage.to("orders").json("1")
+        .traceContext(TRACEPARENT, "").header("traceparent", other));
+    cases.put("traceparent  ", () -> OutboxMessage.to("orders").json("1")
+        .traceContext(TRACEPARENT, null).traceContext(other, null));
+    cases.put("tracestate", () -> OutboxMessage.to("orders").json("1")
+        .header("tracestate", "a=1").traceContext(TRACEPARENT, "congo=t61rcWkgMzE"));
+    for (Map.Entry<String, java.util.function.Supplier<OutboxMessage.Builder>> e : cases.entrySet()) {
+      String want = "header \"" + e.getKey().trim() + "\" is set twice";
+      try {
+        e.getValue().get().build();
+        throw new AssertionError("built: " + want);
+      } catch (IllegalArgumentException expected) {
+        check(expected.getMessage().contains(want) && expected.getMessage().contains("set each header once")
+            && expected.getMessage().contains("orders"), "\"" + expected.getMessage() + "\" lacks " + want);
+      }
+    }
+    check(rows().isEmpty(), "nothing written");
+    // The provider fills in only a message with neither: not a conflict.
+    OutboxWriter.setTraceContextProvider(() -> Map.of("traceparent", other, "tracestate", "otel=1"));
+    try (Connection c = connect()) {
+      c.setAutoCommit(false);
+      OutboxWriter.publishMany(c, List.of(
+          OutboxMessage.to("orders").json("1").header("traceparent", TRACEPARENT).build(),
+          OutboxMessage.to("orders").json("2").traceContext(TRACEPARENT, null).build(),
+          OutboxMessage.to("orders").json("3").build()));
+      c.commit();
+    } finally {
+      OutboxWriter.setTraceContextProvider(null);
+    }
+    List<Map<String, Object>> got = rows();
+    String mine = "{\"traceparent\": \"" + TRACEPARENT + "\"}";
+    check(mine.equals(got.get(0).get("headers")), "a header: " + got.get(0).get("headers"));
+    check(mine.equals(got.get(1).get("headers")), "traceContext: " + got.get(1).get("headers"));
+    check(("{\"tracestate\": \"otel=1\", \"traceparent\": \"" + other + "\"}").equals(got.get(2).get("headers")),
+        "provided: " + got.get(2).get("headers"));
+  }
+
   static void refused(OutboxMessage m, String text, boolean many) throws Exception {
     try (Connection c = connect()) {
       c.setAutoCommit(false);
