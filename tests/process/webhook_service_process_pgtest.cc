@@ -772,5 +772,52 @@ TEST_F(WebhookServiceTest, AnEndpointAddedThroughTheManagementApiReceivesMessage
   StopGracefully(relay);
 }
 
+// The management API applies the destination's SSRF guard when an endpoint is added or its
+// URL changes: an endpoint at the cloud metadata address (which allow_private_networks does
+// not open) was stored, and everything sent to it went to its dead letters (security review).
+TEST_F(WebhookServiceTest, TheManagementApiRefusesAnEndpointUrlTheSsrfGuardRefuses) {
+  const std::string token_file = WriteConfig("api-token", "process-test-token-0123456789\n");
+  config_ = WriteConfig("relay.yaml",
+                        ServiceYaml("", "management_api: {listen: \"127.0.0.1:0\", token_file: \"" +
+                                            token_file + "\"}\n"));
+  ChildProcess& relay = StartRelay(config_);
+  int port = 0;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string log = relay.Stderr();
+        const auto at = log.find("management API on port ");
+        if (at == std::string::npos) return false;
+        port = std::stoi(log.substr(at + 23));
+        return true;
+      },
+      20s))
+      << relay.Stderr();
+  httplib::Client api("127.0.0.1", port);
+  const httplib::Headers auth = {{"Authorization", "Bearer process-test-token-0123456789"}};
+  auto refused = api.Post("/v1/endpoints", auth,
+                          "{\"id\": \"meta\", \"destination\": \"" + std::string(kDest) +
+                              "\", \"url\": \"http://169.254.169.254/latest/meta-data/\"}",
+                          "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  const auto error = nlohmann::json::parse(refused->body, nullptr, false);
+  EXPECT_EQ(error["error"].value("field", ""), "url") << refused->body;
+  EXPECT_NE(refused->body.find("SSRF guard"), std::string::npos) << refused->body;
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints"), 0);
+
+  auto added = api.Post("/v1/endpoints", auth,
+                        "{\"id\": \"ok\", \"destination\": \"" + std::string(kDest) +
+                            "\", \"url\": \"" + receiver_.Url("/ok") + "\"}",
+                        "application/json");
+  ASSERT_TRUE(added);
+  ASSERT_EQ(added->status, 201) << added->body;
+  auto moved = api.Patch("/v1/endpoints/ok", auth, R"({"url": "http://[fe80::1]/hooks"})",
+                         "application/json");
+  ASSERT_TRUE(moved);
+  EXPECT_EQ(moved->status, 400) << moved->body;
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE url LIKE '%fe80%'"), 0);
+  StopGracefully(relay);
+}
+
 }  // namespace
 }  // namespace outbox::testing

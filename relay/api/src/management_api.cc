@@ -174,6 +174,13 @@ struct ManagementApi::Impl {
   std::mutex store_mu;
   std::unique_ptr<Store> store;  ///< Guarded by store_mu; one connection, made on first use.
 
+  ManagementApi::UrlCheck url_check;  ///< Set before Start; read-only after.
+
+  void CheckUrl(const std::string& destination, const std::string& url) const {
+    if (!url_check) return;
+    if (auto why = url_check(destination, url)) throw BadField("url", *why);
+  }
+
   bool Authorized(const httplib::Request& req) const {
     const std::string header = req.get_header_value("Authorization");
     const std::string prefix = "bearer ";  // the scheme is case-insensitive (RFC 9110, 11.1)
@@ -259,6 +266,7 @@ struct ManagementApi::Impl {
         EndpointFields f = Fields(body);
         if (!f.destination) throw BadField("destination", "destination is required");
         if (!f.url) throw BadField("url", "url is required");
+        CheckUrl(*f.destination, *f.url);
         const CreatedEndpoint created = AddEndpoint(s, f);
         json out = ToJson(created.endpoint);
         if (created.public_key.empty()) {
@@ -285,7 +293,13 @@ struct ManagementApi::Impl {
         OnlyKeys(body, {"destination", "url", "description", "metadata", "event_types", "headers",
                         "max_in_flight", "rate_limit", "breaker", "adaptive_concurrency"});
         if (body.empty()) throw ApiError{400, "invalid_json", "nothing to update", ""};
-        if (!UpdateEndpoint(s, id, Fields(body))) throw NotFound(id);
+        const EndpointFields f = Fields(body);
+        if (url_check && (f.url || f.destination)) {
+          const auto now = GetEndpoint(s, id);
+          if (!now) throw NotFound(id);
+          CheckUrl(f.destination.value_or(now->destination), f.url.value_or(now->url));
+        }
+        if (!UpdateEndpoint(s, id, f)) throw NotFound(id);
         Reply(r, 200, ToJson(ReadBack(s, id)));
       });
     });
@@ -386,6 +400,8 @@ ManagementApi::ManagementApi(std::string listen, std::string token, std::string 
 }
 
 ManagementApi::~ManagementApi() { Stop(); }
+
+void ManagementApi::SetUrlCheck(UrlCheck check) { impl_->url_check = std::move(check); }
 
 void ManagementApi::Start() {
   auto& d = *impl_;

@@ -24,6 +24,7 @@
 #include "outbox_relay/status.h"
 #include "outbox_relay/status_render.h"
 #include "outbox_relay/store.h"
+#include "outbox_relay/webhook_sink.h"
 
 namespace outbox::relay::app {
 
@@ -212,6 +213,19 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   if (!cfg.management_api.listen.empty()) {
     api = std::make_unique<ManagementApi>(cfg.management_api.listen, cfg.management_api.token,
                                           cfg.database_url);
+    // An endpoint of a webhook service this config runs meets its destination's SSRF guard
+    // when it is added; other destinations' settings are not known here.
+    std::map<std::string, WebhookTarget> services;
+    for (const auto& [name, d] : cfg.destinations) {
+      if (const auto* w = d.target.As<WebhookTarget>(); w && w->endpoints_from_database) {
+        services.emplace(name, *w);
+      }
+    }
+    api->SetUrlCheck([services = std::move(services)](const std::string& destination,
+                                                      const std::string& url) {
+      const auto it = services.find(destination);
+      return it == services.end() ? std::nullopt : EndpointUrlProblem(destination, it->second, url);
+    });
     try {
       api->Start();
     } catch (const std::exception& e) {

@@ -3,7 +3,9 @@
 // by docs/openapi.yaml.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace outbox::relay {
@@ -30,6 +32,13 @@ class ManagementApi {
   ~ManagementApi();  ///< Stop().
   ManagementApi(const ManagementApi&) = delete;
   ManagementApi& operator=(const ManagementApi&) = delete;
+
+  /// Why an endpoint of `destination` at `url` is refused (the destination's SSRF guard), or
+  /// nullopt; checked when an endpoint is added or its URL or destination changes.
+  using UrlCheck = std::function<std::optional<std::string>(const std::string& destination,
+                                                            const std::string& url)>;
+  /// Before Start. Without one, URLs are only parsed.
+  void SetUrlCheck(UrlCheck check);
 
   /// Binds and serves; throws std::invalid_argument (address) or std::runtime_error (bind).
   void Start();

@@ -109,6 +109,23 @@ webhook_detail::AddressPolicy AddressPolicyOf(const std::string& destination,
   return webhook_detail::AddressPolicy(target.allow_private_networks, std::move(allowed));
 }
 
+// The SSRF guard on what needs no DNS (an IP literal, localhost): refused by check-config
+// and start-up, and by the management API for an endpoint, instead of at every delivery.
+void CheckKnownHost(const std::string& destination, const WebhookTarget& target,
+                    const ParsedUrl& url) {
+  const auto policy = AddressPolicyOf(destination, target);
+  if (const auto literal = webhook_detail::KnownAddressOf(url.host)) {
+    if (const auto why = policy.Refuses(*literal)) {
+      throw std::invalid_argument(
+          "webhook " + destination + ": url: the host " + url.host + " is refused by the SSRF " +
+          "guard: " + *why + ". If this endpoint is meant to be on a private network, set " +
+          "destinations." + destination + ".webhook.allow_private_networks: true, or list " +
+          "its network in destinations." + destination + ".webhook.allowed_networks " +
+          "(docs/webhooks.md#private-networks)");
+    }
+  }
+}
+
 }  // namespace
 
 void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& target) {
@@ -127,17 +144,18 @@ void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& 
     throw std::invalid_argument("webhook " + destination + ": cannot read ca_file " +
                                 *target.ca_file);
   }
-  const auto policy = AddressPolicyOf(destination, target);
-  if (const auto literal = webhook_detail::KnownAddressOf(url.host)) {
-    if (const auto why = policy.Refuses(*literal)) {
-      throw std::invalid_argument(
-          "webhook " + destination + ": url: the host " + url.host + " is refused by the SSRF " +
-          "guard: " + *why + ". If this endpoint is meant to be on a private network, set " +
-          "destinations." + destination + ".webhook.allow_private_networks: true, or list " +
-          "its network in destinations." + destination + ".webhook.allowed_networks " +
-          "(docs/webhooks.md#private-networks)");
-    }
+  CheckKnownHost(destination, target, url);
+}
+
+std::optional<std::string> EndpointUrlProblem(const std::string& destination,
+                                              const WebhookTarget& defaults,
+                                              const std::string& url) {
+  try {
+    CheckKnownHost(destination, defaults, ParseTargetUrl(destination, url));
+  } catch (const std::invalid_argument& e) {
+    return std::string(e.what());
   }
+  return std::nullopt;
 }
 
 namespace {

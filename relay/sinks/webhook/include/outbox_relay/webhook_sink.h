@@ -1,6 +1,7 @@
 // The webhook sink: delivers each message as one signed HTTP POST (Standard Webhooks).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "outbox_relay/sink.h"
@@ -60,6 +61,14 @@ const SinkFactory& WebhookSinkFactory();
 /// a port), secrets, max_in_flight, timeouts, ca_file. Throws std::invalid_argument naming
 /// the destination. `check-config` and `run` both rely on it.
 void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& target);
+
+/// Why a webhook service endpoint at `url` could never be sent to under its destination's
+/// settings `defaults` (the URL unreadable, or a host the SSRF guard refuses without asking
+/// DNS: an IP literal, localhost); nullopt when it may be. For `endpoints add` through the
+/// management API, so such an endpoint is refused instead of dead-lettering what it is sent.
+std::optional<std::string> EndpointUrlProblem(const std::string& destination,
+                                              const WebhookTarget& defaults,
+                                              const std::string& url);
 
 /// The Standard Webhooks signature of one delivery: "v1," + base64(HMAC-SHA256(key,
 /// msg_id + "." + timestamp_seconds + "." + body)), where key is the base64-decoded part of
