@@ -488,6 +488,172 @@ TEST_F(SdkTest, SqlApiRejectsBadInputWithClearMessagesAndNoRows) {
   }
 }
 
+// outbox.enqueue_many's refusals (0015): each names the element (counted from 0) and the
+// field, with the SQLSTATE of the single call's refusal; nothing of the batch is written.
+struct BatchCase {
+  std::string batch;               // the JSON argument of outbox.enqueue_many
+  std::vector<std::string> parts;  // each must be in the error text
+  std::string sqlstate = "22023";  // invalid_parameter_value
+};
+
+void ExpectBatchesRefused(const std::string& db_url, const std::vector<BatchCase>& cases) {
+  pqxx::connection c(db_url);
+  for (const auto& tc : cases) {
+    pqxx::work tx(c);
+    try {
+      tx.exec("SELECT outbox.enqueue('ok', '{}'::jsonb)");  // a good row in the same transaction
+      tx.exec_params("SELECT outbox.enqueue_many($1::jsonb)", tc.batch);
+      ADD_FAILURE() << "accepted: " << tc.batch;
+    } catch (const pqxx::sql_error& e) {
+      for (const auto& part : tc.parts) {
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+            << tc.batch << "\n  wants: " << part << "\n  got: " << e.what();
+      }
+      EXPECT_EQ(e.sqlstate(), tc.sqlstate) << tc.batch << "\n" << e.what();
+    }
+  }
+  EXPECT_EQ(Count(db_url), 0) << "nothing half-written";
+}
+
+TEST_F(SdkTest, EnqueueManyNamesTheElementThatFailsACheck) {
+  const std::string ok = R"({"destination": "d", "payload": 1})";
+  auto batch = [&](const std::string& second) { return "[" + ok + ", " + second + "]"; };
+  ExpectBatchesRefused(
+      db_url_,
+      {
+          {batch(R"({"destination": "d", "payload": 1, "event_type": ")" + std::string(256, 't') +
+                 "\"}"),
+           {"outbox.enqueue_many: element 1: event_type is 256 bytes long, the limit is 255"}},
+          {"[" + ok + ", " + ok + R"(, {"destination": "", "payload": 1}])",
+           {"outbox.enqueue_many: element 2: destination must not be empty"}},
+          {batch(R"({"destination": "d", "payload": 1, "headers": {"n": 1}})"),
+           {"outbox.enqueue_many: element 1: header \"n\" is not a string"}},
+          {batch(R"({"destination": "d", "payload": 1, "ordering_key": ""})"),
+           {"outbox.enqueue_many: element 1: ordering_key must be NULL or non-empty"}},
+          {batch(R"({"destination": "d", "payload": 1, "deliver_after": "2099-01-01T00:00:00Z"})"),
+           {"outbox.enqueue_many: element 1: deliver_after ", "is more than 1 year ahead"}},
+          {batch(R"({"destination": "d", "payload": ")" + std::string(1048576, 'x') + "\"}"),
+           {"outbox.enqueue_many: element 1: payload is 1048578 bytes, the limit is 1048576"},
+           "54000"},
+          {batch(
+               R"({"destination": "d", "payload": 1, "idempotency_key": "123e4567-e89b-12d3-a456-426614174000"}, )"
+               R"({"destination": "d", "payload": 2, "idempotency_key": "123e4567-e89b-12d3-a456-426614174000"})"),
+           {"outbox.enqueue_many: element 2: idempotency key 123e4567-e89b-12d3-a456-426614174000 "
+            "is already queued"},
+           "23505"},
+          // Formats that failed in a cast, naming neither the element nor the field.
+          {batch(R"({"destination": "d", "payload": 1, "idempotency_key": "x"})"),
+           {"outbox.enqueue_many: element 1: idempotency_key \"x\" is not a UUID",
+            "32 hex digits"}},
+          {batch(R"({"destination": "d", "payload_base64": "AAE"})"),
+           {"outbox.enqueue_many: element 1: payload_base64 is not base64", "RFC 4648"}},
+          {batch(R"({"destination": "d", "payload_base64": "AA-_"})"),
+           {"outbox.enqueue_many: element 1: payload_base64 is not base64"}},
+          {batch(R"({"destination": "d", "payload": 1, "deliver_after": "next tuesday"})"),
+           {"outbox.enqueue_many: element 1: deliver_after \"next tuesday\" is not an RFC 3339 "
+            "time",
+            "2030-01-01T12:00:00Z"}},
+          {batch(R"({"destination": "d", "payload": 1, "deliver_after": "2026-02-29T00:00:00Z"})"),
+           {"outbox.enqueue_many: element 1: deliver_after \"2026-02-29T00:00:00Z\" is not a "
+            "valid time"}},
+          {batch(
+               R"({"destination": "d", "payload": 1, "deliver_after": "2026-01-01T00:00:00+16:00"})"),
+           {"outbox.enqueue_many: element 1: deliver_after", "is not a valid time"}},
+      });
+  // The single calls keep their messages: writers match on them.
+  pqxx::connection c(db_url_);
+  pqxx::work tx(c);
+  try {
+    tx.exec("SELECT outbox.enqueue('d', '{}'::jsonb, event_type => repeat('t', 256))");
+    ADD_FAILURE() << "accepted";
+  } catch (const pqxx::sql_error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "outbox.enqueue: event_type is 256 bytes long, the limit is 255"),
+              std::string::npos)
+        << e.what();
+  }
+  tx.abort();
+  // What the casts read still goes in: braces, no hyphens, MIME line breaks, any offset.
+  pqxx::work ok_tx(c);
+  const auto r = ok_tx.exec1(
+      R"(SELECT count(*) FROM outbox.enqueue_many('[)"
+      R"({"destination": "d", "payload": 1, "idempotency_key": "{123E4567E89B12D3A456426614174000}"},)"
+      R"({"destination": "d", "payload_base64": "SGVs\nbG8=", "deliver_after": "2026-01-01 02:00:00.123456789+0200"},)"
+      R"({"destination": "d", "payload_base64": "", "deliver_after": "2026-01-01t00:00z"}]'))");
+  EXPECT_EQ(r[0].as<int>(), 3);
+  ok_tx.commit();
+}
+
+TEST_F(SdkTest, EnqueueManyRefusesValuesThatAreNotStrings) {
+  ExpectBatchesRefused(
+      db_url_,
+      {
+          {R"([{"destination": 42, "payload": 1}])",
+           {"outbox.enqueue_many: element 0: destination must be a JSON string, got number",
+            "Quote the value"}},
+          {R"([{"destination": null, "payload": 1}])",
+           {"outbox.enqueue_many: element 0: destination must be a JSON string, got null"}},
+          {R"([{"destination": "d", "payload": 1}, {"destination": "d", "payload": 1, "ordering_key": 7}])",
+           {"outbox.enqueue_many: element 1: ordering_key must be a JSON string, got number"}},
+          {R"([{"destination": "d", "payload": 1, "event_type": true}])",
+           {"outbox.enqueue_many: element 0: event_type must be a JSON string, got boolean"}},
+          {R"([{"destination": "d", "payload": 1, "deliver_after": 1893456000}])",
+           {"outbox.enqueue_many: element 0: deliver_after must be a JSON string, got number"}},
+          {R"([{"destination": "d", "payload": 1, "idempotency_key": {"id": 1}}])",
+           {"outbox.enqueue_many: element 0: idempotency_key must be a JSON string, got object"}},
+          {R"([{"destination": "d", "payload_base64": [0, 1]}])",
+           {"outbox.enqueue_many: element 0: payload_base64 must be a JSON string, got array"}},
+          {R"([{"destination": "d", "payload": 1, "headers": ["tenant"]}])",
+           {"outbox.enqueue_many: element 0: headers must be a JSON object, got array"}},
+          {R"([{"destination": "d", "payload": 1, "headers": null}])",
+           {"outbox.enqueue_many: element 0: headers must be a JSON object, got null"}},
+      });
+  // JSON null is "absent" for the optional text fields.
+  pqxx::connection c(db_url_);
+  pqxx::work tx(c);
+  tx.exec(
+      R"(SELECT outbox.enqueue_many('[{"destination": "d", "payload": 1, "ordering_key": null, )"
+      R"("event_type": null, "deliver_after": null, "idempotency_key": null}]'))");
+  const auto r = tx.exec1(
+      "SELECT ordering_key IS NULL, event_type, deliver_after = created_at FROM outbox.messages");
+  EXPECT_TRUE(r[0].as<bool>());
+  EXPECT_EQ(r[1].as<std::string>(), "");
+  EXPECT_TRUE(r[2].as<bool>());
+}
+
+TEST_F(SdkTest, EnqueueManyRefusesADeliverAfterWithoutAnOffset) {
+  ExpectBatchesRefused(
+      db_url_,
+      {
+          {R"([{"destination": "d", "payload": 1, "deliver_after": "2026-01-01T00:00:00"}])",
+           {"outbox.enqueue_many: element 0: deliver_after \"2026-01-01T00:00:00\" has no UTC "
+            "offset",
+            "Append Z for UTC ('2026-01-01T00:00:00Z')"}},
+          {R"([{"destination": "d", "payload": 1}, {"destination": "d", "payload": 1, "deliver_after": "2026-01-01 00:00"}])",
+           {"outbox.enqueue_many: element 1: deliver_after \"2026-01-01 00:00\" has no UTC "
+            "offset"}},
+          {R"([{"destination": "d", "payload": 1, "deliver_after": "2026-01-01"}])",
+           {"outbox.enqueue_many: element 0: deliver_after \"2026-01-01\" has no UTC offset"}},
+      });
+  // With an offset the time is the same from every session's TimeZone.
+  pqxx::connection c(db_url_);
+  for (const char* zone : {"America/New_York", "Asia/Tokyo"}) {
+    pqxx::work tx(c);
+    tx.exec(std::string("SET LOCAL TimeZone = '") + zone + "'");
+    tx.exec(R"(SELECT outbox.enqueue_many('[{"destination": "d", "payload": 1, "deliver_after": )"
+            R"("2026-01-01T00:00:00Z"}, {"destination": "d", "payload": 2, "deliver_after": )"
+            R"("2026-01-01T02:00:00+02:00"}]'))");
+    tx.commit();
+  }
+  pqxx::nontransaction tx(c);
+  const auto r = tx.exec1(
+      "SELECT count(*), min(extract(epoch FROM deliver_after)), max(extract(epoch FROM "
+      "deliver_after)) FROM outbox.messages");
+  EXPECT_EQ(r[0].as<int>(), 4);
+  EXPECT_EQ(r[1].as<double>(), 1767225600.0) << "2026-01-01T00:00:00Z";
+  EXPECT_EQ(r[2].as<double>(), 1767225600.0);
+}
+
 // 'infinity' in deliver_after is the relay's "blocked behind an earlier message of its key"
 // and nothing else: even a privileged direct write cannot make an unkeyed or unparked row
 // look blocked (it would never be delivered).
