@@ -905,7 +905,18 @@ TEST(WebhookSinkSsrf, RefusesLiteralPrivateAddressesInEveryNotationUnlessAllowed
 // Names the system cannot resolve, answered by a test resolver for as long as it lives.
 class FakeDns {
  public:
-  explicit FakeDns(std::map<std::string, std::string> names) : names_(std::move(names)) {
+  explicit FakeDns(std::map<std::string, std::string> names) {
+    for (auto& [name, ip] : names) names_[name] = {ip};
+    Install();
+  }
+  explicit FakeDns(std::map<std::string, std::vector<std::string>> names)
+      : names_(std::move(names)) {
+    Install();
+  }
+  ~FakeDns() { webhook_detail::SetResolverForTesting(nullptr); }
+
+ private:
+  void Install() {
     webhook_detail::SetResolverForTesting(
         [this](const std::string& host,
                std::string* error) -> std::vector<webhook_detail::IpAddress> {
@@ -914,13 +925,13 @@ class FakeDns {
             *error = "unknown name";
             return {};
           }
-          return {*webhook_detail::ParseIpLiteral(it->second)};
+          std::vector<webhook_detail::IpAddress> out;
+          for (const auto& ip : it->second) out.push_back(*webhook_detail::ParseIpLiteral(ip));
+          return out;
         });
   }
-  ~FakeDns() { webhook_detail::SetResolverForTesting(nullptr); }
 
- private:
-  std::map<std::string, std::string> names_;
+  std::map<std::string, std::vector<std::string>> names_;
 };
 
 TEST(WebhookSinkSsrf, ANameThatResolvesToABlockedAddressFailsTheDeliveryWithAClearReason) {
@@ -960,6 +971,32 @@ TEST(WebhookSinkSsrf, AnAllowedNameConnectsToTheCheckedAddressKeepingTheHostHead
   EXPECT_EQ(done.Of(1).kind, OutcomeKind::kDelivered) << done.Of(1).reason;
   ASSERT_EQ(receiver.Count(), 1u);
   EXPECT_EQ(receiver.Requests()[0].Header("Host"), host);
+  sink->Shutdown(5s);
+}
+
+// A name with several allowed addresses, one of which takes no connections: the next attempt
+// goes to the next address. (cpp-httplib tried each address in turn; with the SSRF guard's own
+// resolution, the first one was used until the next resolution 30 s later, so one dead
+// address of a load balancer failed every delivery.)
+TEST(WebhookSinkSsrf, AnAddressThatTakesNoConnectionsIsPassedOverForTheNext) {
+  HttpReceiver receiver;  // on 127.0.0.1 only: 127.0.0.2 refuses the connection
+  FakeDns dns(
+      std::map<std::string, std::vector<std::string>>{{"multi.test", {"127.0.0.2", "127.0.0.1"}}});
+  WebhookTarget t = Target("http://multi.test:" + std::to_string(receiver.port()) + "/hook");
+  t.allow_private_networks = false;
+  t.allowed_networks = {"127.0.0.0/8"};
+  t.breaker.enabled = false;
+  t.max_in_flight = 1;
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", t);
+  sink->Submit(MakeMessage(1), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(1));
+  EXPECT_EQ(done.Of(1).kind, OutcomeKind::kRetry);
+  EXPECT_EQ(done.Of(1).reason_class, Reason::kConnection) << done.Of(1).reason;
+  sink->Submit(MakeMessage(2), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(2));
+  EXPECT_EQ(done.Of(2).kind, OutcomeKind::kDelivered) << done.Of(2).reason;
+  EXPECT_EQ(receiver.Count(), 1u);
   sink->Shutdown(5s);
 }
 

@@ -290,6 +290,7 @@ Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy) 
       r.refused = true;
     } else {
       r.address = *literal;
+      r.allowed.push_back(*literal);
     }
     return r;
   }
@@ -311,8 +312,8 @@ Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy) 
       if (refused.empty()) refused = *why;
       continue;
     }
-    r.address = ip;
-    break;
+    if (!r.address) r.address = ip;
+    r.allowed.push_back(ip);
   }
   if (!r.address) {
     r.error = host + " resolves only to refused addresses: " + refused;

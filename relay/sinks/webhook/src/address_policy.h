@@ -66,6 +66,9 @@ class AddressPolicy {
 /// allows. `error` says why there is none (resolution failed, or every address is refused).
 struct Resolution {
   std::optional<IpAddress> address;
+  /// Every address the policy allows, in the resolver's order (`address` first): where to
+  /// connect next when one takes no connections.
+  std::vector<IpAddress> allowed;
   std::string error;
   bool refused = false;  ///< The host resolved, but only to addresses the policy refuses.
 };

@@ -182,6 +182,7 @@ Outcome Returned(MessageId id, std::string reason) {
 struct Attempt {
   Outcome outcome;
   std::optional<Verdict> verdict;
+  bool not_connected = false;  ///< No connection could be made to the address tried.
 };
 
 class WebhookSink final : public Sink {
@@ -398,6 +399,8 @@ class WebhookSink final : public Sink {
   struct Worker {
     std::unique_ptr<httplib::ClientImpl> client;  ///< Keep-alive connection of this worker.
     std::string connect_ip;                       ///< The checked address client connects to.
+    std::vector<std::string> addresses;           ///< Every checked address, connect_ip among them.
+    std::size_t address_index = 0;                ///< connect_ip's place in addresses.
     Clock::time_point resolved_until{};           ///< When to resolve the host again.
     std::optional<Completion> active;             ///< Guarded by mu_; set while sending.
     MessageId active_id{};                        ///< Guarded by mu_.
@@ -491,6 +494,7 @@ class WebhookSink final : public Sink {
             Retry(job.msg.id, "shutdown: not sent before the relay stopped", Reason::kShutdown);
       } else {
         attempt = Deliver(worker, job.msg);
+        if (attempt.not_connected) PassOverAddress(worker);
       }
       std::optional<Completion> done;
       webhook_detail::Transition change;
@@ -551,13 +555,32 @@ class WebhookSink final : public Sink {
       spdlog::debug("webhook {}: message {} not sent: {}", destination_, Raw(id), a.outcome.reason);
       return a;
     }
-    const std::string ip = r.address->ToString();
+    worker.addresses.clear();
+    for (const auto& a : r.allowed) worker.addresses.push_back(a.ToString());
+    ConnectTo(worker, 0);
+    worker.resolved_until = now + kResolveEvery;
+    return std::nullopt;
+  }
+
+  void ConnectTo(Worker& worker, std::size_t index) {
+    worker.address_index = index;
+    const std::string& ip = worker.addresses[index];
     if (ip != worker.connect_ip) {
       worker.client->set_hostname_addr_map({{url_.host, ip}});
       worker.connect_ip = ip;
     }
-    worker.resolved_until = now + kResolveEvery;
-    return std::nullopt;
+  }
+
+  // The connection could not be made: the next request goes to the host's next checked
+  // address (a load balancer with one address down); after the last one, the host is
+  // resolved again.
+  void PassOverAddress(Worker& worker) {
+    const std::size_t next = worker.address_index + 1;
+    if (next < worker.addresses.size()) {
+      ConnectTo(worker, next);
+    } else {
+      worker.resolved_until = {};
+    }
   }
 
   bool Abandoned(const Worker& worker) const {
@@ -713,6 +736,8 @@ class WebhookSink final : public Sink {
     Outcome& outcome = attempt.outcome;
     if (!sent) {
       outcome = TransportFailure(client, msg.id, error, elapsed);
+      attempt.not_connected =
+          error == httplib::Error::Connection || error == httplib::Error::ConnectionTimeout;
       if (!stopping_now_.load()) {  // shutdown's aborted requests are no verdict
         std::lock_guard lock(last_failure_mu_);
         last_failure_ = outcome.reason;
