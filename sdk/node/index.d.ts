@@ -12,8 +12,14 @@ export interface Queryable {
 export interface Message {
   /** As named in the relay's config. */
   destination: string;
-  /** Exactly one payload: json (any JSON value) or data (bytes: application/octet-stream). */
+  /**
+   * Exactly one payload: json (any JSON value), jsonText (JSON text, cast to jsonb as it is:
+   * numbers keep every digit, e.g. '{"amount": 12345678901234567890123}') or data (bytes:
+   * application/octet-stream). jsonText that is not JSON, or holds \u0000 or an unpaired
+   * surrogate, is refused before the database is asked.
+   */
   json?: unknown;
+  jsonText?: string;
   data?: Uint8Array;
   /** Ordering key: messages of one destination with the same key are delivered in order. */
   key?: string | null;

@@ -6,7 +6,8 @@
 // argument, the limit and the fix; the caller's transaction is then aborted (roll it back).
 // Text PostgreSQL cannot hold (NUL, unpaired surrogates), and payloads JSON cannot carry (NaN,
 // BigInt), are refused here, naming the field, before the database is asked; so is a client
-// outside a transaction (or a pool), where the message would commit on its own.
+// outside a transaction (or a pool), where the message would commit on its own. A payload given
+// as JSON text (jsonText) is checked the same way and stored as written (every digit kept).
 
 /** The SQLSTATEs of the SQL API's refusals. */
 const REFUSALS = new Set(['22023', '54000', '23505', '22P02', '22007', '22008']);
@@ -99,6 +100,29 @@ function payloadText(value, where) {
   return text;
 }
 
+/**
+ * JSON text given as jsonText, checked and sent as it is (jsonb keeps every digit of a number,
+ * which a JS number cannot): it must be JSON, and hold no NUL or unpaired surrogate, as a
+ * character or as an escape.
+ */
+function rawPayloadText(text, where) {
+  if (typeof text !== 'string') {
+    throw new InvalidMessage(`${where}jsonText must be a string of JSON text, got ${typeof text}; `
+      + 'pass a JS value as json');
+  }
+  const problem = textProblem(text);
+  if (problem) throw new InvalidMessage(`${where}jsonText ${problem}`);
+  try {
+    JSON.parse(text);
+  } catch (e) {
+    throw new InvalidMessage(`${where}jsonText is not valid JSON (${e.message}); pass JSON text, or a JS value as json`);
+  }
+  // Valid JSON: backslashes occur only inside strings, so the escape scan is exact.
+  const escapes = jsonTextProblem(text);
+  if (escapes) throw new InvalidMessage(`${where}jsonText ${escapes}`);
+  return text;
+}
+
 function checkText(value, what, where, optional) {
   if (optional && (value === undefined || value === null)) return;
   if (typeof value !== 'string') {
@@ -121,10 +145,18 @@ function element(m, i) {
   checkText(m.traceparent, 'traceparent', where, true);
   checkText(m.tracestate, 'tracestate', where, true);
   const hasJson = Object.prototype.hasOwnProperty.call(m, 'json') && m.json !== undefined;
+  const hasJsonText = m.jsonText !== undefined && m.jsonText !== null;
   const hasData = m.data !== undefined && m.data !== null;
-  if (hasJson === hasData) {
+  const given = [hasJson && 'json', hasJsonText && 'jsonText', hasData && 'data'].filter(Boolean);
+  if (given.length === 0) {
     throw new InvalidMessage(
-      `message ${i} to ${JSON.stringify(m.destination)} needs exactly one payload: json or data`);
+      `message ${i} to ${JSON.stringify(m.destination)} needs exactly one payload: json, jsonText or data`);
+  }
+  if (given.length > 1) {
+    throw new InvalidMessage(
+      `message ${i} to ${JSON.stringify(m.destination)} gives ${given.length === 2 ? 'two' : 'three'} payloads `
+      + `(${given.slice(0, -1).join(', ')} and ${given[given.length - 1]}); it needs exactly one payload: `
+      + 'json, jsonText or data');
   }
   const e = { destination: m.destination, event_type: m.eventType || '' };
   if (hasData) {
@@ -169,6 +201,7 @@ function element(m, i) {
   if (m.idempotencyKey !== undefined && m.idempotencyKey !== null) {
     e.idempotency_key = m.idempotencyKey;
   }
+  if (hasJsonText) return [e, rawPayloadText(m.jsonText, where)];
   return [e, hasJson ? payloadText(m.json, where) : null];
 }
 

@@ -8,7 +8,8 @@ async function example(client: Client): Promise<number[]> {
     destination: 'orders', json: { order: 42 }, key: 'order-42', eventType: 'order.paid',
     headers: { tenant: 'acme' }, deliverAt: new Date(), idempotencyKey: null,
   });
-  const batch: Message[] = [{ destination: 'files', data: new Uint8Array([1]) }];
+  const batch: Message[] = [{ destination: 'files', data: new Uint8Array([1]) },
+    { destination: 'orders', jsonText: '{"amount": 12345678901234567890123}' }];
   const ids: number[] = await publishMany(client, batch);
   try {
     await publish(client, { destination: '', json: 1 });
@@ -19,6 +20,8 @@ async function example(client: Client): Promise<number[]> {
   await publish(client, { json: 1 });
   // @ts-expect-error: headers are strings
   await publish(client, { destination: 'orders', json: 1, headers: { n: 1 } });
+  // @ts-expect-error: jsonText is JSON text, not a value
+  await publish(client, { destination: 'orders', jsonText: { amount: 1 } });
   return [id, ...ids];
 }
 void example;
