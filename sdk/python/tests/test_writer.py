@@ -169,8 +169,9 @@ class WriterTest(unittest.TestCase):
     def test_a_message_needs_exactly_one_payload(self):
         with self.assertRaises(InvalidMessage):
             Message("orders")
-        with self.assertRaises(InvalidMessage):
+        with self.assertRaises(InvalidMessage) as ctx:
             Message("orders", json={}, data=b"x")
+        self.assertIn("gives two payloads (json= and data=)", str(ctx.exception))
         with self.assertRaises(InvalidMessage):
             Message("orders", data="text, not bytes")
         # A naive datetime is refused before the database is asked (no connection needed).
@@ -231,6 +232,73 @@ class WriterTest(unittest.TestCase):
         with psycopg.connect(URL) as conn:
             publish(conn, Message("orders", json={"e": "\U0001F600", "t": "\\u0000"}, key="\U0001F600"))
         self.assertEqual(self.rows()[0][6], {"e": "\U0001F600", "t": "\\u0000"})
+
+    def test_a_payload_given_as_json_text_is_stored_as_written(self):
+        # json= takes Python values: a float rounds 0.1000000000000000000001, and Decimal is
+        # refused by json.dumps, so such numbers could not be published exactly (the Go, Java
+        # and C++ writers take JSON text).
+        text = '{"big": 12345678901234567890123, "p": 0.1000000000000000000001}'
+        with psycopg.connect(URL) as conn:
+            publish(conn, Message("orders", json_text=text, key="k"))
+            publish_many(conn, [Message("orders", json={"n": 1}), Message("orders", json_text=text),
+                                Message("orders", json_text=' [1e400, "\\ud83d\\ude00 \\\\u0000", "caf\u00e9"] ')])
+        with psycopg.connect(URL) as c:
+            got = c.execute("SELECT payload->>'big', payload->>'p', payload FROM outbox.messages "
+                            "ORDER BY id").fetchall()
+            last = c.execute("SELECT payload->>0, payload->>1, payload->>2 FROM outbox.messages "
+                             "ORDER BY id DESC LIMIT 1").fetchone()
+        self.assertEqual(len(got), 4)
+        for row in (got[0], got[2]):
+            self.assertEqual(row[:2], ("12345678901234567890123", "0.1000000000000000000001"))
+        self.assertEqual(got[1][2], {"n": 1})
+        self.assertEqual(last, ("1" + "0" * 400, "\U0001F600 \\u0000", "caf\u00e9"),
+                         "a number beyond a float, a surrogate pair and an escaped backslash are fine")
+
+    def test_json_text_jsonb_cannot_hold_is_refused_naming_the_field(self):
+        cases = [
+            ('{"a": 1', "json_text is not valid JSON"),
+            ("", "json_text is not valid JSON"),
+            ('{"a": NaN}', "json_text is not valid JSON"),
+            ("[Infinity]", "json_text is not valid JSON"),
+            ('{"a": "\\u0000"}', "json_text contains a NUL character"),
+            ('{"k\\u0000": 1}', "json_text contains a NUL character"),
+            ('["x\x00y"]', "json_text contains a NUL character"),
+            ('["\\ud800"]', "json_text contains an unpaired surrogate"),
+            ('["\\udc00\\ud800"]', "json_text contains an unpaired surrogate"),
+            ('["x\ud800"]', "json_text contains an unpaired surrogate"),
+        ]
+        for text, expected in cases:
+            for many in (False, True):
+                with self.subTest(text=text, many=many), psycopg.connect(URL) as conn:
+                    conn.execute("INSERT INTO app_orders VALUES (9, 'paid')")
+                    with self.assertRaises(InvalidMessage) as ctx:
+                        if many:
+                            publish_many(conn, [Message("orders", json_text="{}"),
+                                                Message("orders", json_text=text)])
+                        else:
+                            publish(conn, Message("orders", json_text=text))
+                    self.assertIn(expected, str(ctx.exception))
+                    if many:
+                        self.assertIn("message 1: ", str(ctx.exception))
+                    # Refused before the database was asked: the transaction goes on.
+                    self.assertEqual(conn.execute("SELECT count(*) FROM app_orders").fetchone()[0], 1)
+                    conn.rollback()
+        self.assertEqual(self.rows(), [], "nothing written")
+
+    def test_two_payloads_are_refused_naming_them(self):
+        cases = [
+            (dict(json=1, json_text="1"), "gives two payloads (json= and json_text=)"),
+            (dict(json_text="1", data=b"x"), "gives two payloads (json_text= and data=)"),
+            (dict(json=1, json_text="1", data=b"x"), "gives three payloads (json=, json_text= and data=)"),
+            (dict(json_text=b"1"), "json_text must be a str"),
+            (dict(json_text={"a": 1}), "json_text must be a str"),
+        ]
+        for kwargs, expected in cases:
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaises(InvalidMessage) as ctx:
+                    Message("orders", **kwargs)
+                self.assertIn(expected, str(ctx.exception))
+        self.assertEqual(self.rows(), [], "nothing written")
 
     def test_a_deliver_time_without_an_offset_is_refused(self):
         class NoOffset(dt.tzinfo):  # aware in name only: utcoffset() is None

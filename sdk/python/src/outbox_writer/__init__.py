@@ -10,11 +10,13 @@
 
 The message is written by the SQL functions outbox.enqueue / outbox.enqueue_many in the
 caller's transaction: it becomes visible to the relay exactly when the business write commits,
-and disappears with it on rollback. Text PostgreSQL cannot hold (NUL, unpaired surrogates) is
-refused here, naming the field, before anything is written; every limit is checked by the
-database (docs/sdk.md, "Limits"): a refused message raises InvalidMessage and leaves the
-transaction to roll back. A connection in autocommit mode outside a transaction block is
-refused (psycopg.errors.NoActiveSqlTransaction): there each statement commits on its own.
+and disappears with it on rollback. A payload is a Python value (json=), JSON text stored as
+written, every digit of its numbers kept (json_text=), or bytes (data=). Text PostgreSQL cannot
+hold (NUL, unpaired surrogates) is refused here, naming the field, before anything is written;
+every limit is checked by the database (docs/sdk.md, "Limits"): a refused message raises
+InvalidMessage and leaves the transaction to roll back. A connection in autocommit mode outside
+a transaction block is refused (psycopg.errors.NoActiveSqlTransaction): there each statement
+commits on its own.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ class InvalidMessage(ValueError):
 
 @dataclass(frozen=True)
 class Message:
-    """One outbox message. Give exactly one payload: `json` (any JSON-serialisable value) or
-    `data` (bytes, delivered as application/octet-stream to webhooks)."""
+    """One outbox message. Give exactly one payload: `json` (any JSON-serialisable value),
+    `json_text` (JSON text, cast to jsonb as it is: numbers keep every digit, which a float
+    cannot) or `data` (bytes, delivered as application/octet-stream to webhooks)."""
 
     destination: str
     json: Any = _UNSET
@@ -64,11 +67,24 @@ class Message:
     traceparent: Optional[str] = None
     """W3C trace context; None: taken from OpenTelemetry's current span when it is installed."""
     tracestate: Optional[str] = None
+    json_text: Optional[str] = None
+    """The payload as JSON text, e.g. '{"amount": 12345678901234567890123}' (instead of json=)."""
 
     def __post_init__(self) -> None:
-        if (self.json is _UNSET) == (self.data is None):
+        given = [name for name, there in (("json=", self.json is not _UNSET),
+                                          ("json_text=", self.json_text is not None),
+                                          ("data=", self.data is not None)) if there]
+        needs = "needs exactly one payload: json=..., json_text='...' or data=b'...'"
+        if not given:
+            raise InvalidMessage(f"message to {self.destination!r} {needs}")
+        if len(given) > 1:
+            count = "two" if len(given) == 2 else "three"
+            raise InvalidMessage(f"message to {self.destination!r} gives {count} payloads "
+                                 f"({', '.join(given[:-1])} and {given[-1]}); it {needs}")
+        if self.json_text is not None and not isinstance(self.json_text, str):
             raise InvalidMessage(
-                f"message to {self.destination!r} needs exactly one payload: json=... or data=b'...'")
+                f"json_text must be a str of JSON text, got {type(self.json_text).__name__}; "
+                "pass a Python value as json=")
         if self.data is not None and not isinstance(self.data, (bytes, bytearray, memoryview)):
             raise InvalidMessage("data must be bytes; pass a JSON value as json=...")
         if not isinstance(self.headers, Mapping):
@@ -136,8 +152,8 @@ _JSON_ESCAPE = _re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", _re.S)
 
 
 def _json_text_problem(text: str) -> Optional[str]:
-    """Why jsonb cannot hold the JSON `text` (ASCII, as json.dumps writes it), or None:
-    \u0000 and unpaired surrogate escapes are valid JSON that jsonb refuses."""
+    """Why jsonb cannot hold the valid JSON `text` (as json.dumps writes it, or json_text=), or
+    None: \u0000 and unpaired surrogate escapes are valid JSON that jsonb refuses."""
     high_end = -1  # where a high surrogate escape ended, waiting for its low half
     for m in _JSON_ESCAPE.finditer(text):
         code = int(m.group(1), 16) if m.group(1) else None
@@ -155,6 +171,28 @@ def _json_text_problem(text: str) -> Optional[str]:
         if high_end < 0:
             return None
     return "contains an unpaired surrogate, which is not valid UTF-8; decode the text correctly before publishing"
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _raw_json_text(text: str, where: str) -> str:
+    """json_text=, checked and returned as it is: valid JSON (RFC 8259: no NaN/Infinity), and
+    no NUL or unpaired surrogate as a character or as an escape."""
+    problem = _text_problem(text)
+    if problem:
+        raise InvalidMessage(f"outbox: {where}json_text {problem}")
+    try:  # numbers stay text: no float rounding, no int digit limit
+        _json.loads(text, parse_int=str, parse_float=str, parse_constant=_not_json)
+    except (ValueError, RecursionError) as e:
+        raise InvalidMessage(
+            f"outbox: {where}json_text is not valid JSON ({e}); "
+            "pass JSON text, or a Python value as json=") from e
+    problem = _json_text_problem(text)
+    if problem:
+        raise InvalidMessage(f"outbox: {where}json_text {problem}")
+    return text
 
 
 def _validate(m: Message, where: str):
@@ -178,6 +216,8 @@ def _validate(m: Message, where: str):
         check(str(m.idempotency_key), "idempotency key")
     if m.data is not None:
         return headers, None
+    if m.json_text is not None:
+        return headers, _raw_json_text(m.json_text, where)
     try:
         text = _json.dumps(m.json, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -246,21 +286,23 @@ def publish_many(conn_or_cursor, messages: Iterable[Message]) -> list:
     Takes the per-key locks of the whole batch in one global order."""
     batch = []
     for i, m in enumerate(messages):
-        headers, _ = _validate(m, f"message {i}: ")
+        headers, json_text = _validate(m, f"message {i}: ")
         e: dict = {"destination": m.destination, "headers": headers, "event_type": m.event_type}
         if m.data is not None:
             e["payload_base64"] = base64.b64encode(bytes(m.data)).decode("ascii")
-        else:
-            e["payload"] = m.json
         if m.key is not None:
             e["ordering_key"] = m.key
         if m.deliver_after is not None:
             e["deliver_after"] = _deliver_after(m)
         if m.idempotency_key is not None:
             e["idempotency_key"] = _key_text(m.idempotency_key)
-        batch.append(e)
+        text = _json.dumps(e)
+        if json_text is not None:  # the payload's JSON text as checked, spliced in as it is
+            text = f'{text[:-1]}, "payload": {json_text}}}'
+        batch.append(text)
     if not batch:
         return []
     _require_transaction(conn_or_cursor)
-    rows = _execute(conn_or_cursor, "SELECT outbox.enqueue_many(%s::jsonb)", (_json.dumps(batch),))
+    rows = _execute(conn_or_cursor, "SELECT outbox.enqueue_many(%s::jsonb)",
+                    ("[" + ", ".join(batch) + "]",))
     return [r[0] for r in rows]
