@@ -85,6 +85,21 @@ class WebhookServiceTest : public RelayProcessFixture {
     return y.str();
   }
 
+  // The port the relay's management API bound, from its log; 0 when not logged within 20 s.
+  static int ManagementApiPort(ChildProcess& relay) {
+    int port = 0;
+    WaitFor(
+        [&] {
+          const std::string log = relay.Stderr();
+          const auto at = log.find("management API on port ");
+          if (at == std::string::npos) return false;
+          port = std::stoi(log.substr(at + 23));
+          return true;
+        },
+        20s);
+    return port;
+  }
+
   // Runs `outbox-relay <args> --config <config>`; the exit code and stdout.
   std::pair<int, std::string> Cli(std::vector<std::string> args) {
     args.push_back("--config");
@@ -738,17 +753,8 @@ TEST_F(WebhookServiceTest, AnEndpointAddedThroughTheManagementApiReceivesMessage
                         ServiceYaml("", "management_api: {listen: \"127.0.0.1:0\", token_file: \"" +
                                             token_file + "\"}\n"));
   ChildProcess& relay = StartRelay(config_);
-  int port = 0;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        const std::string log = relay.Stderr();
-        const auto at = log.find("management API on port ");
-        if (at == std::string::npos) return false;
-        port = std::stoi(log.substr(at + 23));
-        return true;
-      },
-      20s))
-      << relay.Stderr();
+  const int port = ManagementApiPort(relay);
+  ASSERT_GT(port, 0) << relay.Stderr();
   httplib::Client api("127.0.0.1", port);
   const std::string body = "{\"id\": \"viaapi\", \"destination\": \"" + std::string(kDest) +
                            "\", \"url\": \"" + receiver_.Url("/viaapi") + "\"}";
@@ -781,17 +787,8 @@ TEST_F(WebhookServiceTest, TheManagementApiRefusesAnEndpointUrlTheSsrfGuardRefus
                         ServiceYaml("", "management_api: {listen: \"127.0.0.1:0\", token_file: \"" +
                                             token_file + "\"}\n"));
   ChildProcess& relay = StartRelay(config_);
-  int port = 0;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        const std::string log = relay.Stderr();
-        const auto at = log.find("management API on port ");
-        if (at == std::string::npos) return false;
-        port = std::stoi(log.substr(at + 23));
-        return true;
-      },
-      20s))
-      << relay.Stderr();
+  const int port = ManagementApiPort(relay);
+  ASSERT_GT(port, 0) << relay.Stderr();
   httplib::Client api("127.0.0.1", port);
   const httplib::Headers auth = {{"Authorization", "Bearer process-test-token-0123456789"}};
   auto refused = api.Post("/v1/endpoints", auth,

@@ -297,22 +297,29 @@ TEST_F(SdkTest, JsonPayloadNumbersArriveExactlyAsWritten) {
   EXPECT_EQ(stored[3].as<std::string>(), "0.1000000000000000000001");
 }
 
+// What PublishMany of a good message and then make()'s says: the InvalidMessage's text, any
+// other error marked as such, or "(no error)".
+std::string ErrorOfPublishingAfterAGoodOne(const std::string& url,
+                                           const std::function<outbox::OutboxMessage()>& make) {
+  pqxx::connection c(url);
+  pqxx::work tx(c);
+  try {
+    outbox::PublishMany(tx, {outbox::Message::To("d").Json("1").Build(), make()});
+    tx.commit();
+  } catch (const outbox::InvalidMessage& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not InvalidMessage: ") + e.what();
+  }
+  return "(no error)";
+}
+
 // A string that is not UTF-8 is refused naming its field, before anything is written; it
 // threw nlohmann's type_error 316 from inside the write, possibly after earlier batches.
 TEST_F(SdkTest, TextThatIsNotUtf8IsRefusedNamingTheField) {
   const std::string bad = "caf\xe9";  // Latin-1
-  auto error_of = [&](const std::function<outbox::OutboxMessage()>& make) -> std::string {
-    pqxx::connection c(db_url_);
-    pqxx::work tx(c);
-    try {
-      outbox::PublishMany(tx, {outbox::Message::To("d").Json("1").Build(), make()});
-      tx.commit();
-    } catch (const outbox::InvalidMessage& e) {
-      return e.what();
-    } catch (const std::exception& e) {
-      return std::string("not InvalidMessage: ") + e.what();
-    }
-    return "(no error)";
+  auto error_of = [&](const std::function<outbox::OutboxMessage()>& make) {
+    return ErrorOfPublishingAfterAGoodOne(db_url_, make);
   };
   const std::vector<std::pair<std::string, std::function<outbox::OutboxMessage()>>> cases = {
       {"ordering key", [&] { return outbox::Message::To("d").Json("1").Key(bad).Build(); }},
@@ -335,18 +342,8 @@ TEST_F(SdkTest, TextThatIsNotUtf8IsRefusedNamingTheField) {
 // before "u0000" is ordinary text and goes through.
 TEST_F(SdkTest, ANulCharacterIsRefusedNamingTheField) {
   const std::string nul("a\0b", 3);
-  auto error_of = [&](const std::function<outbox::OutboxMessage()>& make) -> std::string {
-    pqxx::connection c(db_url_);
-    pqxx::work tx(c);
-    try {
-      outbox::PublishMany(tx, {outbox::Message::To("d").Json("1").Build(), make()});
-      tx.commit();
-    } catch (const outbox::InvalidMessage& e) {
-      return e.what();
-    } catch (const std::exception& e) {
-      return std::string("not InvalidMessage: ") + e.what();
-    }
-    return "(no error)";
+  auto error_of = [&](const std::function<outbox::OutboxMessage()>& make) {
+    return ErrorOfPublishingAfterAGoodOne(db_url_, make);
   };
   const std::vector<std::pair<std::string, std::function<outbox::OutboxMessage()>>> cases = {
       {"ordering key", [&] { return outbox::Message::To("d").Json("1").Key(nul).Build(); }},
