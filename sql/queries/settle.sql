@@ -53,6 +53,17 @@ WITH input AS (
        jsonb_to_recordset(d.children)
          AS c(endpoint text, outcome text, delay_ms bigint, error text, attempts integer)
   WHERE d.children IS NOT NULL
+), spawn_locks AS (
+  -- outbox.insert_message's per-key lock for each endpoint key spawned, in one global order,
+  -- before any row takes its id: an uncommitted writer of the key (a dlq or archive replay of
+  -- the endpoint's row) is waited for, so no row of the key is claimable while an earlier one
+  -- is invisible. No rows, no locks: a settle without fan-out takes none.
+  SELECT count(*) AS n
+  FROM (SELECT pg_advisory_xact_lock(k.lock_key)
+        FROM (SELECT DISTINCT hashtextextended(o.destination || chr(31) || o.endpoint || ':' ||
+                                               o.ordering_key, 7079) AS lock_key
+              FROM owed o WHERE o.outcome <> 'dead' AND o.ordering_key IS NOT NULL) k
+        ORDER BY k.lock_key) l
 ), spawned AS (
   -- Parked: they enter through the slow lane when due, behind their endpoint's earlier rows of
   -- the same key. ON CONFLICT: the endpoint already holds this message (written again).
@@ -69,7 +80,7 @@ WITH input AS (
                                      o.ordering_key, 0) & 32767) % p.bucket_count END,
          o.endpoint
   FROM owed o, outbox.partitioning p
-  WHERE o.outcome <> 'dead'
+  WHERE o.outcome <> 'dead' AND (SELECT n FROM spawn_locks) >= 0
   ON CONFLICT (idempotency_key) DO NOTHING
   RETURNING id
 ), dead AS (

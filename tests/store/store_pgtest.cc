@@ -10,6 +10,7 @@
 
 #include "outbox/outbox.h"
 #include "outbox_relay/dead_letters.h"
+#include "outbox_relay/endpoints.h"
 #include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
 #include "outbox_test/wait.h"
@@ -187,6 +188,45 @@ TEST_F(StoreTest, AFannedOutMessageLeavesRowsOnlyForTheEndpointsThatDidNotTakeIt
   auto third = store.Claim("d", 0, 100, 100, 30s);
   ASSERT_EQ(third.messages.size(), 1u) << "ep_a's second row waits behind its first";
   EXPECT_EQ(third.messages[0].attempts, 2);
+}
+
+// A fan-out's settle writes an endpoint's row of a key (ep_a:k) as outbox.insert_message does:
+// after the key's lock. A dlq replay of ep_a's dead letter of the key, uncommitted, holds it;
+// without the wait, the settle's row (a higher id) committed first and was claimed while the
+// replayed row was invisible, and then both were in flight.
+TEST_F(StoreTest, AFanOutsEndpointRowWaitsForItsKeysUncommittedWriter) {
+  Enqueue({outbox::Message::To("d").Json("1").Key("k").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(r.messages.size(), 1u);
+  pqxx::connection w(db_url_);
+  pqxx::work writer(w);
+  writer.exec("SELECT pg_advisory_xact_lock(hashtextextended('d' || chr(31) || 'ep_a:k', 7079))");
+  const auto written =
+      writer
+          .exec1(
+              "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
+              "  headers, payload, deliver_after, parked, endpoint_id, created_at)"
+              "  VALUES ('d', 'ep_a:k', gen_random_uuid(), '', '{}', '0', clock_timestamp(), true,"
+              "          'ep_a', now()) RETURNING id")[0]
+          .as<std::int64_t>();
+  Store settler(db_url_);
+  Settlement s = Settle(r.messages[0], r.lease_token, Settlement::Kind::kFanOut);
+  s.children = {{"ep_a", Settlement::Kind::kRetry, 0ms, "http 503", 1, {}}};
+  auto settled = std::async(std::launch::async, [&] { return settler.Settle({s}); });
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return settled.wait_for(0s) == std::future_status::ready ||
+               Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'") > 0;
+      },
+      10s));
+  auto first = store.Claim("d", 0, 100, 100, 30s);
+  writer.commit();
+  EXPECT_EQ(settled.get().spawned, 1);
+  auto second = store.Claim("d", 0, 100, 100, 30s);
+  EXPECT_EQ(Ids(first).size() + Ids(second).size(), 1u) << "one row of ep_a:k in flight";
+  EXPECT_EQ(Ids(second), (std::vector<std::int64_t>{written}))
+      << "the replayed row first, the settle's queued behind it";
 }
 
 TEST_F(StoreTest, SettleIsFencedByLeaseToken) {
@@ -750,6 +790,55 @@ TEST_F(StoreTest, AReplayedMessageWaitsForItsKeysUncommittedWriter) {
   EXPECT_EQ(Ids(first).size() + Ids(second).size(), 1u) << "one message of the key in flight";
   EXPECT_EQ(Ids(second), (std::vector<std::int64_t>{written}))
       << "the writer's message first, the replayed one queued behind it";
+}
+
+// An archive replay to one endpoint (`endpoints replay`) waits for an uncommitted writer of the
+// endpoint's key as the dlq replay does. Without outbox.insert_message's per-key lock, the
+// replayed row committed first and was claimed while the writer's earlier row (here a dlq
+// replay of the endpoint's dead letter, uncommitted) was invisible: once that row committed,
+// it was the key's head too, and two messages of the key were in flight.
+TEST_F(StoreTest, AnArchiveReplayToAnEndpointWaitsForItsKeysUncommittedWriter) {
+  Store c(db_url_);
+  relay::EndpointFields fields;
+  fields.id = "ep_a";
+  fields.destination = "hooks";
+  fields.url = "https://example.com/hook";
+  relay::AddEndpoint(c, fields);
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  VALUES (-1, 'hooks', 'order-1', gen_random_uuid(), 'order.paid', '{}', '1', 1, now())"
+      "  RETURNING 1) SELECT count(*) FROM a");
+  pqxx::connection w(db_url_);
+  pqxx::work writer(w);  // what a dlq replay of ep_a's dead letter of order-1 does, uncommitted
+  writer.exec(
+      "SELECT pg_advisory_xact_lock(hashtextextended('hooks' || chr(31) || 'ep_a:order-1', 7079))");
+  const auto written =
+      writer
+          .exec1(
+              "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
+              "  headers, payload, deliver_after, parked, endpoint_id, created_at)"
+              "  VALUES ('hooks', 'ep_a:order-1', gen_random_uuid(), 'order.paid', '{}', '2',"
+              "          clock_timestamp(), true, 'ep_a', now()) RETURNING id")[0]
+          .as<std::int64_t>();
+  Store replayer(db_url_);
+  auto replay = std::async(std::launch::async, [&] {
+    return relay::ReplayToEndpoint(replayer, "ep_a", "-infinity", "");
+  });
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return replay.wait_for(0s) == std::future_status::ready ||
+               Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'") > 0;
+      },
+      10s));
+  Store store(db_url_);
+  auto first = store.Claim("hooks", 0, 10, 10, 30s);
+  writer.commit();
+  EXPECT_EQ(replay.get(), 1);
+  auto second = store.Claim("hooks", 0, 10, 10, 30s);
+  EXPECT_EQ(Ids(first).size() + Ids(second).size(), 1u) << "one message of the key in flight";
+  EXPECT_EQ(Ids(second), (std::vector<std::int64_t>{written}))
+      << "the writer's row first, the replayed one queued behind it";
 }
 
 // A dead letter whose idempotency key is queued again, or shared with another dead letter (an

@@ -568,22 +568,32 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
         "         OR '*' = ANY(e.event_types)"
         "         OR EXISTS (SELECT 1 FROM unnest(e.event_types) t"
         "                    WHERE t LIKE '%.*' AND starts_with(a.event_type, left(t, -1))))))"
+        "), keyed AS ("
+        "  SELECT p.*, CASE WHEN p.endpoint_id IS NOT NULL THEN p.ordering_key"
+        "                   ELSE e.id || ':' || p.ordering_key END AS key"
+        "  FROM picked p, e"
+        "), key_locks AS ("
+        // outbox.insert_message's per-key lock, in one global order, before any row takes its
+        // id: a replayed row then waits for an uncommitted writer of its key (a dlq replay, a
+        // fan-out's settle) instead of being claimed while that writer's row is invisible.
+        "  SELECT count(*) AS n FROM (SELECT pg_advisory_xact_lock(k.lock_key) FROM ("
+        "    SELECT DISTINCT hashtextextended(destination || chr(31) || key, 7079) AS lock_key"
+        "    FROM keyed WHERE key IS NOT NULL) k ORDER BY k.lock_key) l"
         ") "
         "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
         "  headers, payload, payload_bytes, deliver_after, parked, created_at, last_error,"
         "  bucket, endpoint_id) "
-        "SELECT p.destination, k.key,"
+        "SELECT p.destination, p.key,"
         "  CASE WHEN p.endpoint_id IS NOT NULL THEN p.idempotency_key"
         "       ELSE outbox.endpoint_delivery_id(p.idempotency_key, e.id) END,"
         "  p.event_type, p.headers, p.payload, p.payload_bytes, clock_timestamp(), true,"
         "  p.created_at, 'replayed from the archive',"
-        "  CASE WHEN k.key IS NULL THEN floor(random() * pp.bucket_count)"
-        "       ELSE (hashtextextended(p.destination || chr(31) || k.key, 0) & 32767)"
+        "  CASE WHEN p.key IS NULL THEN floor(random() * pp.bucket_count)"
+        "       ELSE (hashtextextended(p.destination || chr(31) || p.key, 0) & 32767)"
         "            % pp.bucket_count END,"
         "  e.id "
-        "FROM picked p, e, outbox.partitioning pp,"
-        "  LATERAL (SELECT CASE WHEN p.endpoint_id IS NOT NULL THEN p.ordering_key"
-        "                       ELSE e.id || ':' || p.ordering_key END AS key) k "
+        "FROM keyed p, e, outbox.partitioning pp "
+        "WHERE (SELECT n FROM key_locks) >= 0 "  // every key locked before the first id
         "ORDER BY p.id "
         "ON CONFLICT (idempotency_key) DO NOTHING",
         endpoint_id, since, message);

@@ -93,8 +93,10 @@ class EndpointDirectory {
   /// in the same transaction.
   virtual std::vector<AutoDisabled> DisableFailing(std::chrono::milliseconds after,
                                                    const std::string& events_destination) = 0;
-  /// Deletes up to 10,000 of the destination's delivery-log rows older than `retention`.
+  /// Deletes up to kCleanupBatch of the destination's delivery-log rows older than
+  /// `retention`, oldest first; returns how many (kCleanupBatch: there may be more).
   virtual std::int64_t CleanupAttempts(std::chrono::milliseconds retention) = 0;
+  static constexpr std::int64_t kCleanupBatch = 10'000;
 };
 
 /// Makes the directory of one destination on one database.
