@@ -112,6 +112,13 @@ TEST(AddressPolicy, AnAllowListOrAllowPrivateNetworksLetsPrivateAddressesThrough
   EXPECT_TRUE(open.Refuses(Ip("::ffff:169.254.169.254")));
   EXPECT_TRUE(open.Refuses(Ip("fe80::1")));
   EXPECT_TRUE(open.Refuses(Ip("fd00:ec2::254")));
+  // The metadata addresses of other clouds inside ranges the flag opens (review): Google
+  // Cloud's IPv6 one (unique-local), Alibaba Cloud's (CGNAT); their neighbours stay open.
+  EXPECT_TRUE(open.Refuses(Ip("fd20:ce::254")));
+  EXPECT_TRUE(open.Refuses(Ip("100.100.100.200")));
+  EXPECT_TRUE(open.Refuses(Ip("::ffff:100.100.100.200")));
+  EXPECT_FALSE(open.Refuses(Ip("fd20:ce::253")));
+  EXPECT_FALSE(open.Refuses(Ip("100.100.100.201")));
   const AddressPolicy open_listed(true, {ParseCidr("169.254.0.0/16")});
   EXPECT_FALSE(open_listed.Refuses(Ip("169.254.169.254")));
 }

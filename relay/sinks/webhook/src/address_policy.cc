@@ -73,10 +73,12 @@ constexpr Range kBlockedV6[] = {
 };
 
 // Not covered by allow_private_networks, only by an allow-list entry: the link-local ranges,
-// where the cloud metadata endpoints answer (169.254.169.254; AWS's IPv6 one is fd00:ec2::254,
-// in the unique-local range). With endpoints in Postgres, the flag covers every endpoint the
-// management API adds.
-constexpr const char* kMetadataRanges[] = {"169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128"};
+// where the cloud metadata endpoints answer (169.254.169.254), and the metadata addresses that
+// sit in ranges the flag opens: AWS's IPv6 one fd00:ec2::254 and Google Cloud's fd20:ce::254
+// (unique-local), Alibaba Cloud's 100.100.100.200 (CGNAT). With endpoints in Postgres, the
+// flag covers every endpoint the management API adds.
+constexpr const char* kMetadataRanges[] = {"169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128",
+                                           "fd20:ce::254/128", "100.100.100.200/32"};
 
 const std::vector<Cidr>& MetadataRanges() {
   static const auto ranges = [] {
