@@ -282,8 +282,9 @@ std::int64_t PostgresEndpointDirectory::CleanupAttempts(std::chrono::millisecond
         "  SELECT id FROM outbox.delivery_attempts"
         "  WHERE attempted_at < clock_timestamp() - make_interval(secs => $1::bigint / 1000.0)"
         "    AND destination = $2"
-        "  ORDER BY attempted_at LIMIT 10000)",
-        static_cast<long long>(retention.count()), impl_->destination);
+        "  ORDER BY attempted_at LIMIT $3)",
+        static_cast<long long>(retention.count()), impl_->destination,
+        static_cast<long long>(kCleanupBatch));
     return static_cast<std::int64_t>(r.affected_rows());
   });
 }

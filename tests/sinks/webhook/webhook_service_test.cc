@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -77,6 +78,9 @@ struct FakeRegistry {
   std::vector<std::string> woken;
   int record_failures = 0;  ///< RecordAttempts throws this many times.
   std::vector<AttemptRow> recorded;
+  int disable_failures = 0;  ///< DisableFailing throws this many times.
+  int disable_calls = 0;
+  std::int64_t expired_attempts = 0;  ///< Delivery-log rows past the retention.
 
   int Loads() {
     std::lock_guard lock(mu);
@@ -120,9 +124,20 @@ class FakeDirectory final : public EndpointDirectory {
     r_.recorded.insert(r_.recorded.end(), rows.begin(), rows.end());
   }
   std::vector<AutoDisabled> DisableFailing(std::chrono::milliseconds, const std::string&) override {
+    std::lock_guard lock(r_.mu);
+    ++r_.disable_calls;
+    if (r_.disable_failures > 0) {
+      --r_.disable_failures;
+      throw std::runtime_error("injected: statement timeout");
+    }
     return {};
   }
-  std::int64_t CleanupAttempts(std::chrono::milliseconds) override { return 0; }
+  std::int64_t CleanupAttempts(std::chrono::milliseconds) override {
+    std::lock_guard lock(r_.mu);
+    const auto n = std::min(r_.expired_attempts, kCleanupBatch);
+    r_.expired_attempts -= n;
+    return n;
+  }
 
  private:
   FakeRegistry& r_;
@@ -156,6 +171,7 @@ class WebhookServiceSinkTest : public ::testing::Test {
     t.timeout = timeout;
     t.connect_timeout = connect_timeout;
     t.delivery_log = true;
+    if (tweak_) tweak_(t);
     auto sink = MakeWebhookServiceSink("hooks", t);
     EXPECT_TRUE(WaitFor([&] { return sink->Ready(); }, 10s)) << sink->WhyNotReady();
     return sink;
@@ -203,7 +219,50 @@ class WebhookServiceSinkTest : public ::testing::Test {
   };
 
   FakeRegistry registry_;
+  std::function<void(WebhookTarget&)> tweak_;  ///< Changes Start's target, when set.
 };
+
+// An attempt written to the delivery log is written once, also when what the log thread does
+// after writing it (disabling failing endpoints, the cleanup) fails: the rows went back to the
+// queue and were written again, a second attempt in `outbox-relay attempts` that never was.
+TEST_F(WebhookServiceSinkTest, AnAttemptIsLoggedOnceWhenTheWorkAfterWritingItFails) {
+  HttpReceiver receiver;
+  registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};
+  registry_.disable_failures = 1'000'000;  // a statement that keeps timing out
+  tweak_ = [](WebhookTarget& t) { t.auto_disable_after = 400ms; };  // checked every 200 ms
+  auto sink = Start();
+  Outcomes done;
+  sink->Submit(Row(1, "ep"), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(1).has_value(); }, 10s));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard lock(registry_.mu);
+        return !registry_.recorded.empty() && registry_.disable_calls >= 5;
+      },
+      10s));
+  sink->Shutdown(5s);
+  std::lock_guard lock(registry_.mu);
+  EXPECT_EQ(registry_.recorded.size(), 1u) << "the attempt was logged again";
+}
+
+// The delivery log's retention keeps up with a backlog: a full cleanup batch is followed by the
+// next at once, and the first comes at start. At one batch a minute (the old pace) a busy
+// service outgrew it (10,000 rows a minute against ~12k requests a second) and the table grew
+// without bound; a relay restarted more often than once a minute never cleaned up.
+TEST_F(WebhookServiceSinkTest, TheDeliveryLogsRetentionWorksOffABacklogBatchByBatch) {
+  HttpReceiver receiver;
+  registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};
+  registry_.expired_attempts = 3 * EndpointDirectory::kCleanupBatch + 5;
+  auto sink = Start();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard lock(registry_.mu);
+        return registry_.expired_attempts == 0;
+      },
+      10s))
+      << registry_.expired_attempts << " rows past the retention left";
+  sink->Shutdown(5s);
+}
 
 // A fan-out copy queued behind an endpoint's own rows (after an outage those fill its sink)
 // goes as soon as they finish, not after it aged out of the backlog (2 s, then a row of its

@@ -642,7 +642,11 @@ class WebhookServiceSink final : public Sink {
     const milliseconds check_every =
         std::clamp(defaults_.auto_disable_after / 2, milliseconds(200), milliseconds(5'000));
     auto next_check = Clock::now() + check_every;
-    auto next_cleanup = Clock::now() + kCleanupEvery;
+    // The first cleanup comes at once (a relay restarted more often than kCleanupEvery still
+    // cleans up); a full batch brings the next forward to the next turn, so a backlog (a
+    // retention shortened, a relay that was down) goes kCleanupBatch rows a turn, never
+    // slower than the log grows.
+    auto next_cleanup = Clock::now();
     bool failing = false;
     while (true) {
       std::vector<AttemptRow> rows;
@@ -663,6 +667,7 @@ class WebhookServiceSink final : public Sink {
       }
       try {
         log_dir_->RecordAttempts(rows, defaults_.delivery_log);
+        rows.clear();  // written: what fails below must not write them again
         const auto now = Clock::now();
         if (auto_disable && now >= next_check) {
           next_check = now + check_every;
@@ -678,7 +683,10 @@ class WebhookServiceSink final : public Sink {
         }
         if (defaults_.delivery_log && now >= next_cleanup) {
           next_cleanup = now + kCleanupEvery;
-          log_dir_->CleanupAttempts(defaults_.delivery_log_retention);
+          if (log_dir_->CleanupAttempts(defaults_.delivery_log_retention) >=
+              EndpointDirectory::kCleanupBatch) {
+            next_cleanup = now;
+          }
         }
         failing = false;
       } catch (const std::exception& e) {
