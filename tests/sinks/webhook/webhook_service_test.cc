@@ -222,6 +222,40 @@ class WebhookServiceSinkTest : public ::testing::Test {
   std::function<void(WebhookTarget&)> tweak_;  ///< Changes Start's target, when set.
 };
 
+// A slow endpoint's own rows (retries, what aged out of its backlog) go to its sink up to half
+// of what it asks for; the rest is handed back at once, due again a moment later, so the
+// destination's claim budget (MaxInFlight) is not held by one endpoint. Sent straight to the
+// sink, all 100 stayed in flight there at the endpoint's pace, and nothing more was claimed
+// for any endpoint until they were done.
+TEST_F(WebhookServiceSinkTest, ASlowEndpointsOwnRowsDoNotHoldTheDestinationsClaimBudget) {
+  Gate gate;
+  HttpReceiver receiver;
+  OpenOnExit release{gate};
+  receiver.SetResponder([&](const outbox::testing::ReceivedRequest& r) {
+    if (r.path == "/slow") gate.Wait();
+    return Reply{};
+  });
+  registry_.endpoints = {Endpoint("slow", receiver.Url("/slow"), 1),
+                         Endpoint("quick", receiver.Url("/quick"), 8)};
+  auto sink = Start();
+  Outcomes done;
+  for (int n = 1; n <= 100; ++n) sink->Submit(Row(n, "slow"), done.For());
+  EXPECT_LE(sink->InFlight(), 8u) << "held: half of what the slow endpoint's sink asks for (16)";
+  EXPECT_LE(sink->InFlight() + 50, sink->MaxInFlight(50)) << "room left for the others";
+  const auto returned = done.Of(100);
+  ASSERT_TRUE(returned.has_value());
+  EXPECT_EQ(returned->kind, OutcomeKind::kReturned) << returned->reason;
+  EXPECT_EQ(returned->reason, "endpoint slow busy: 8 of its requests waiting; not sent");
+  EXPECT_TRUE(returned->retry_after.has_value()) << "held back for a while, not due at once";
+  sink->Submit(Row(101, "quick"), done.For());
+  EXPECT_TRUE(WaitFor([&] { return done.Of(101).has_value(); }, 10s));
+  EXPECT_EQ(done.Of(101)->kind, OutcomeKind::kDelivered);
+  gate.Open();
+  EXPECT_TRUE(WaitFor([&] { return done.Of(1).has_value(); }, 10s));
+  EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kDelivered);
+  sink->Shutdown(5s);
+}
+
 // An attempt written to the delivery log is written once, also when what the log thread does
 // after writing it (disabling failing endpoints, the cleanup) fails: the rows went back to the
 // queue and were written again, a second attempt in `outbox-relay attempts` that never was.

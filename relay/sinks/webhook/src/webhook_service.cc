@@ -415,8 +415,17 @@ class WebhookServiceSink final : public Sink {
            destination_);
       return;
     }
-    in_flight_.fetch_add(1);
     std::shared_ptr<Sink> sink = lane->sink;
+    if (const std::size_t held = sink->InFlight(); held >= OwnRowRoom(*sink)) {
+      Call(done,
+           Simple(id, OutcomeKind::kReturned,
+                  "endpoint " + lane->spec.id + " busy: " + std::to_string(held) +
+                      " of its requests waiting; not sent",
+                  Reason::kNone, kBusyHold),
+           destination_);
+      return;
+    }
+    in_flight_.fetch_add(1);
     std::string delivery = msg.idempotency_key;  // an endpoint row's key is its delivery id
     sink->Submit(std::move(msg),
                  [this, sink, endpoint = lane->spec.id, delivery = std::move(delivery),
@@ -548,6 +557,16 @@ class WebhookServiceSink final : public Sink {
     }
     lock.unlock();
     sink->Submit(std::move(copy), std::move(done));
+  }
+
+  // How many requests an endpoint's sink may hold before its own rows (retries, what aged out
+  // of its backlog) are handed back, due again after kBusyHold: half of what the sink asks
+  // for. Sent past it, a slow or rate-limited endpoint's rows piled up in its sink at its pace
+  // and held the destination's claim budget (MaxInFlight), so no other endpoint got new
+  // messages; held up to it, the sink stays full, so fan-out copies still wait in the backlog
+  // and age out rather than pace their message at the slow endpoint's rate.
+  static std::size_t OwnRowRoom(const Sink& sink) {
+    return std::max(LaneRoom(sink), sink.MaxInFlight(kLaneClaim) / 2);
   }
 
   // What an endpoint's sink holds at most; the rest of what the claim brought waits in the
