@@ -3,8 +3,11 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <openssl/ssl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -419,6 +422,125 @@ struct RefusingPort {
   ~RefusingPort() { ::close(fd); }
   std::string Url() const { return "http://127.0.0.1:" + std::to_string(port) + "/hook"; }
 };
+
+/// Accepts connections on loopback, reads each request's head and answers with `answer`
+/// (over TLS when `tls` is given), then closes. For answers no HTTP server would send.
+class RawAnswerer {
+ public:
+  explicit RawAnswerer(std::string answer, const outbox::testing::TlsFiles* tls = nullptr)
+      : answer_(std::move(answer)) {
+    if (tls != nullptr) {
+      ctx_ = SSL_CTX_new(TLS_server_method());
+      if (ctx_ == nullptr ||
+          SSL_CTX_use_certificate_chain_file(ctx_, tls->cert_pem_path.c_str()) != 1 ||
+          SSL_CTX_use_PrivateKey_file(ctx_, tls->key_pem_path.c_str(), SSL_FILETYPE_PEM) != 1) {
+        throw std::runtime_error("cannot load the test certificate");
+      }
+    }
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+        ::listen(fd_, 8) != 0) {
+      throw std::runtime_error("cannot listen on loopback");
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~RawAnswerer() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+    if (ctx_ != nullptr) SSL_CTX_free(ctx_);
+  }
+  std::string Url() const {
+    return std::string(ctx_ != nullptr ? "https" : "http") + "://127.0.0.1:" +
+           std::to_string(port_) + "/hook";
+  }
+
+ private:
+  void Serve() {
+    sigset_t pipe;  // a write to a client that hung up fails; it must not end the test
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+    while (!stop_) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      SSL* ssl = nullptr;
+      if (ctx_ != nullptr) {
+        ssl = SSL_new(ctx_);
+        SSL_set_fd(ssl, c);
+        if (SSL_accept(ssl) != 1) {
+          SSL_free(ssl);
+          ::close(c);
+          continue;
+        }
+      }
+      std::string head;
+      char buf[4096];
+      while (head.find("\r\n\r\n") == std::string::npos) {
+        const long n = ssl != nullptr ? SSL_read(ssl, buf, sizeof buf) : ::recv(c, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        head.append(buf, static_cast<std::size_t>(n));
+      }
+      for (std::size_t at = 0; at < answer_.size();) {  // until the client stops reading
+        const std::size_t chunk = std::min<std::size_t>(65536, answer_.size() - at);
+        const long n = ssl != nullptr ? SSL_write(ssl, answer_.data() + at, static_cast<int>(chunk))
+                                      : ::send(c, answer_.data() + at, chunk, MSG_NOSIGNAL);
+        if (n <= 0) break;
+        at += static_cast<std::size_t>(n);
+      }
+      if (ssl != nullptr) SSL_free(ssl);
+      ::close(c);
+    }
+  }
+
+  std::string answer_;
+  SSL_CTX* ctx_ = nullptr;
+  int fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// An answer whose status line does not end (review): cpp-httplib 0.11 read it whole and matched
+// it with std::regex, which recurses per character: ~40 KB overflowed the worker's stack and
+// killed the relay (this test binary with it). The relay stops reading past 4 KB and retries.
+TEST(WebhookSink, AnEndlessStatusLineIsABadResponseNotACrash) {
+  const std::string answer = "HTTP/1.1 500 " + std::string(2 << 20, 'x') + "\r\n\r\n";
+  const auto pki = outbox::testing::MakeTestPki();
+  for (const bool tls : {false, true}) {
+    RawAnswerer endpoint(answer, tls ? &pki.server : nullptr);
+    WebhookTarget target = Target(endpoint.Url());
+    if (tls) target.ca_file = pki.ca_cert_path;
+    const Outcome o = DeliverOne(target);
+    EXPECT_EQ(o.kind, OutcomeKind::kRetry) << (tls ? "https" : "http");
+    EXPECT_EQ(o.reason,
+              "bad response: the response's status line is longer than 4096 bytes (not an HTTP "
+              "answer); not read further")
+        << (tls ? "https" : "http");
+  }
+}
+
+// A header line that does not end, and headers that do not: read up to a bound, not into
+// memory without end (cpp-httplib checks a line's 8 KB limit only once it has read it all).
+TEST(WebhookSink, EndlessResponseHeadersAreABadResponse) {
+  const Outcome line =
+      DeliverOne(Target(RawAnswerer("HTTP/1.1 200 OK\r\nX-A: " + std::string(8 << 20, 'a')).Url()));
+  EXPECT_EQ(line.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(line.reason,
+            "bad response: a response header line is longer than 65536 bytes; not read further");
+  std::string many = "HTTP/1.1 200 OK\r\n";
+  while (many.size() < (4u << 20)) many += "X-Filler: " + std::string(100, 'f') + "\r\n";
+  const Outcome head = DeliverOne(Target(RawAnswerer(many).Url()));
+  EXPECT_EQ(head.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(head.reason,
+            "bad response: the response's headers are longer than 262144 bytes; not read further");
+}
 
 TEST(WebhookSink, ConnectionRefusedIsRetried) {
   RefusingPort refusing;

@@ -26,6 +26,7 @@
 #include "outbox_relay/cloudevents.h"
 #include "outbox_relay/thread_name.h"
 #include "outbox_relay/webhook_service.h"
+#include "response_guard.h"
 #include "webhook_internal.h"
 
 namespace outbox::relay {
@@ -728,6 +729,7 @@ class WebhookSink final : public Sink {
 
     httplib::Response res;
     httplib::Error error = httplib::Error::Success;
+    webhook_detail::ResponseHeadGuard head_guard;  // what cpp-httplib reads of the answer
     const bool sent = client.send(req, res, error);
     const auto elapsed =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
@@ -735,7 +737,9 @@ class WebhookSink final : public Sink {
     Attempt attempt;
     Outcome& outcome = attempt.outcome;
     if (!sent) {
-      outcome = TransportFailure(client, msg.id, error, elapsed);
+      outcome = head_guard.Refused().empty()
+                    ? TransportFailure(client, msg.id, error, elapsed)
+                    : Retry(msg.id, "bad response: " + head_guard.Refused(), Reason::kConnection);
       attempt.not_connected =
           error == httplib::Error::Connection || error == httplib::Error::ConnectionTimeout;
       if (!stopping_now_.load()) {  // shutdown's aborted requests are no verdict
