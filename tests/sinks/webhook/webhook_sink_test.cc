@@ -870,6 +870,9 @@ TEST(WebhookSinkOutage, TheBreakerOpensHandsBackWhatWaitsProbesAndCloses) {
       EXPECT_NE(o.reason.find("circuit breaker open after 3 consecutive failures"),
                 std::string::npos)
           << o.reason;
+      // Due again at the probe (1 s at least), not at once for another relay to send (review).
+      ASSERT_TRUE(o.retry_after) << o.reason;
+      EXPECT_EQ(*o.retry_after, 1000ms);
     }
   }
   auto health = sink->Health();
@@ -881,6 +884,7 @@ TEST(WebhookSinkOutage, TheBreakerOpensHandsBackWhatWaitsProbesAndCloses) {
   // Submitted while open (a claim that raced the opening): back at once, nothing sent.
   sink->Submit(MakeMessage(11), done.Callback());
   EXPECT_EQ(done.Of(11).kind, OutcomeKind::kReturned);
+  EXPECT_TRUE(done.Of(11).retry_after);
   EXPECT_EQ(receiver.Count(), 3u);
 
   // After the cool-down one probe goes; it fails: open again.
@@ -910,7 +914,7 @@ TEST(WebhookSinkOutage, RetryAfterOn429PausesTheWholeEndpoint) {
   HttpReceiver receiver;
   std::atomic<int> answered{0};
   receiver.SetResponder([&](const ReceivedRequest&) {
-    return answered++ == 0 ? Reply{429, "slow down", {{"Retry-After", "1"}}, 0ms} : Reply{};
+    return answered++ == 0 ? Reply{429, "slow down", {{"Retry-After", "2"}}, 0ms} : Reply{};
   });
   WebhookTarget target = Target(receiver.Url("/hook"));
   target.max_in_flight = 1;
@@ -923,6 +927,11 @@ TEST(WebhookSinkOutage, RetryAfterOn429PausesTheWholeEndpoint) {
   for (int n = 2; n <= 5; ++n) {
     EXPECT_EQ(done.Of(n).kind, OutcomeKind::kReturned) << n;
     EXPECT_NE(done.Of(n).reason.find("Retry-After"), std::string::npos) << done.Of(n).reason;
+    // Due again when the pause ends, not at once: another relay, which has not seen the 429,
+    // claimed them and sent them into the pause (review).
+    ASSERT_TRUE(done.Of(n).retry_after) << n;
+    EXPECT_GE(*done.Of(n).retry_after, 1000ms) << n;
+    EXPECT_LE(*done.Of(n).retry_after, 2000ms) << n;
   }
   EXPECT_EQ(receiver.Count(), 1u) << "nothing else was sent during the pause";
   EXPECT_EQ(sink->MaxInFlight(100), 0u);

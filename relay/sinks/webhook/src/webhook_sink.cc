@@ -170,11 +170,14 @@ Outcome Retry(MessageId id, std::string reason, Reason reason_class) {
   return o;
 }
 
-Outcome Returned(MessageId id, std::string reason) {
+/// Handed back unsent; due again after `hold` (a message returned due at once went straight to
+/// another relay, which sent it into the same pause or outage).
+Outcome Returned(MessageId id, std::string reason, std::chrono::milliseconds hold) {
   Outcome o;
   o.id = id;
   o.kind = OutcomeKind::kReturned;
   o.reason = std::move(reason);
+  o.retry_after = hold;
   return o;
 }
 
@@ -245,6 +248,7 @@ class WebhookSink final : public Sink {
 
   void Submit(Message msg, Completion done) override {
     std::string blocked;
+    std::chrono::milliseconds hold{0};
     {
       std::lock_guard lock(mu_);
       if (!stopping_) {
@@ -256,10 +260,11 @@ class WebhookSink final : public Sink {
           return;
         }
         blocked = BlockedReason(now);
+        hold = BlockedHold(now);
       }
     }
     if (!blocked.empty()) {
-      CallCompletion(done, Returned(msg.id, std::move(blocked)), destination_);
+      CallCompletion(done, Returned(msg.id, std::move(blocked), hold), destination_);
       return;
     }
     CallCompletion(done, Retry(msg.id, "shutdown: the webhook sink is stopping", Reason::kShutdown),
@@ -444,6 +449,7 @@ class WebhookSink final : public Sink {
       Job job;
       EndpointGovernor::Ticket ticket;
       std::string why_returned;
+      std::chrono::milliseconds hold_returned{0};
       {
         std::unique_lock lock(mu_);
         while (true) {
@@ -453,6 +459,7 @@ class WebhookSink final : public Sink {
             // The breaker opened or the endpoint asked for a pause: what waits goes back.
             returned.swap(queue_);
             why_returned = BlockedReason(now);
+            hold_returned = BlockedHold(now);
             break;
           }
           if (!queue_.empty()) {
@@ -477,7 +484,7 @@ class WebhookSink final : public Sink {
         }
       }
       if (!returned.empty()) {
-        ReturnAll(returned, why_returned);
+        ReturnAll(returned, why_returned, hold_returned);
         continue;
       }
       if (ticket.probe) {
@@ -601,10 +608,17 @@ class WebhookSink final : public Sink {
            "ms; not sent";
   }
 
-  void ReturnAll(std::deque<Job>& jobs, const std::string& why) {
+  // How long what is handed back while nothing is sent waits: the pause or the time to the
+  // probe, at least a second (mu_ held).
+  std::chrono::milliseconds BlockedHold(Clock::time_point now) const {
+    const auto snap = governor_.Snapshot(now);
+    return std::max({std::chrono::milliseconds(1'000), snap.paused_for, snap.probe_in});
+  }
+
+  void ReturnAll(std::deque<Job>& jobs, const std::string& why, std::chrono::milliseconds hold) {
     spdlog::debug("webhook {}: {} queued message(s) handed back unsent: {}", destination_,
                   jobs.size(), why);
-    for (auto& job : jobs) Complete(job.done, Returned(job.msg.id, why));
+    for (auto& job : jobs) Complete(job.done, Returned(job.msg.id, why, hold));
     jobs.clear();
   }
 
