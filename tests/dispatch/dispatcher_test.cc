@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <random>
@@ -416,6 +417,60 @@ TEST_F(DispatcherTest, LeasesOfMessagesStillInTheSinkAreRenewedNotReaped) {
   sink_->Release();
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
   EXPECT_EQ(dispatcher_->stats().fenced, 0);
+}
+
+// A lease renewal that failed (a connection reset, a deadlock victim) is tried again after the
+// reconnect pause (100 ms, doubling), not lease / 3 later (review): two failures in a row let
+// the lease of a message still in the sink run out at the third.
+TEST_F(DispatcherTest, AFailedLeaseRenewalIsTriedAgainSoon) {
+  db_.Enqueue("orders", "a");
+  Start(Config(), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
+  db_.FailNext("renew", 1);
+  const auto renewed = db_.RenewedLeases();
+  clock_.Advance(10s + 1ms);  // lease / 3: a renewal is due, and fails
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("renew") >= 1; }));
+  EXPECT_TRUE(WaitFor([&] { return db_.RenewedLeases() > renewed; }, 5s))
+      << "not tried again until the clock moved another lease / 3";
+  sink_->Release();
+}
+
+// A stopping relay's sinks finish what they hold for up to shutdown_timeout_ms, and the settles
+// may wait for the database after that: the leases of what they hold are renewed until then
+// (review). The maintenance thread stopped at once, so a stop longer than the rest of a lease
+// let another relay's reaper take the messages back and send them again while this relay's
+// copies were still being delivered.
+TEST_F(DispatcherTest, LeasesAreRenewedWhileAStoppingRelaysSinksFinish) {
+  db_.Enqueue("orders", "a");
+  auto config = Config();
+  config.shutdown_timeout = 120s;  // on the fake clock
+  std::atomic<bool> in_shutdown{false};
+  std::promise<void> finish;
+  std::shared_future<void> finished = finish.get_future().share();
+  Start(
+      std::move(config), [](const Message&) { return std::optional<Outcome>(); }, nullptr,
+      [&](RecordingSink& sink) {
+        sink.OnShutdown([&in_shutdown, finished] {
+          in_shutdown = true;
+          finished.wait_for(20s);  // a request still running
+        });
+      });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
+  const auto token = db_.Find(1)->lease_owner;
+  auto stopped = std::async(std::launch::async, [&] { return dispatcher_->Stop(); });
+  ASSERT_TRUE(WaitFor([&] { return in_shutdown.load(); }));
+  for (int step = 0; step < 4; ++step) {  // more than a whole lease
+    const auto renewed = db_.RenewedLeases();
+    clock_.Advance(10s + 1ms);  // lease / 3
+    EXPECT_TRUE(WaitFor([&] { return db_.RenewedLeases() > renewed; }, 5s)) << "step " << step;
+  }
+  const auto row = db_.Find(1);
+  ASSERT_TRUE(row);
+  EXPECT_EQ(row->lease_owner, token) << "the lease ran out while the stopping sink held it";
+  finish.set_value();
+  stopped.get();
 }
 
 // A relay stalled past its lease (its maintenance thread starved, a long GC-like pause): the

@@ -352,6 +352,11 @@ bool Dispatcher::Stop() {
   d.settle_cv.notify_all();
   d.settler.join();
   if (keep_buckets) hand_back_buckets();
+  {
+    std::lock_guard lk(d.mu);
+    d.maintenance_stopping = true;
+  }
+  d.wake_cv.notify_all();
   if (d.maintenance.joinable()) d.maintenance.join();
   return all;
 }

@@ -69,6 +69,9 @@ struct Dispatcher::Impl {
   // down and the settles were written, so the buckets move only then.
   std::atomic<bool> coordinator_stopping{false};
   std::atomic<bool> db_ok{false};  // the last claim reached the database (readiness)
+  // The maintenance loop's own stop: after the sinks finished and the settles were written.
+  // Until then a stopping relay goes on renewing the leases of what its sinks still hold.
+  std::atomic<bool> maintenance_stopping{false};
 
   void DbError() { metrics->RecordDbError(); }
 
@@ -153,6 +156,8 @@ struct Dispatcher::Impl {
   void RecordSettled(const std::vector<Settlement>& batch, const SettleCounts& c);
   void ListenLoop();                                          // listener.cc
   void MaintenanceLoop();                                     // maintenance.cc
+  void RenewHeldLeases(QueueStore& store);                    // maintenance.cc
+  void PauseAfterFailure(Millis pause);                       // maintenance.cc
   std::map<std::string, TargetHealth> TargetHealths() const;  // of the sinks that keep one
   void WarnAboutUnservedDestinations(QueueStore& store);
   std::set<std::string> warned_unserved;  // maintenance thread only

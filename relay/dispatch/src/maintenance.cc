@@ -31,10 +31,32 @@ void Dispatcher::Impl::MaintenanceLoop() {
   auto next_unknown = Now() + tuning::kRelayHeartbeat;  // after our first heartbeat
   auto next_status = Now();
   auto next_cleanup = Now();
-  while (!stopping) {
-    WaitFor(tuning::kMaintenanceTick, [] { return false; });
-    if (stopping) break;
+  bool winding_down = false;  // stopping seen: only renewals from now on
+  while (true) {
+    {
+      std::unique_lock lk(mu);
+      wake_cv.wait_for(lk, tuning::kMaintenanceTick, [&] {
+        return maintenance_stopping.load() || (stopping.load() && !winding_down);
+      });
+    }
+    if (maintenance_stopping) break;
     const auto now = Now();
+    if (stopping) {
+      // Stopping: the sinks may hold messages for up to shutdown_timeout_ms (and a settle may
+      // wait for the database): their leases are renewed until the settles are written, or
+      // another relay's reaper took them back and sent them again while they were delivered.
+      winding_down = true;
+      try {
+        if (now >= next_renewal) {
+          RenewHeldLeases(store);
+          next_renewal = now + config.lease / 3;
+        }
+        db.Succeeded();
+      } catch (const std::exception& e) {
+        PauseAfterFailure(db.Failed(store, e));
+      }
+      continue;
+    }
     try {
       if (now >= next_paused) {
         next_paused = now + tuning::kPauseRefresh;
@@ -55,14 +77,8 @@ void Dispatcher::Impl::MaintenanceLoop() {
         if (woken > 0) Wake();
       }
       if (now >= next_renewal) {
+        RenewHeldLeases(store);  // failed: tried again after the reconnect pause, not lease / 3
         next_renewal = now + config.lease / 3;
-        std::vector<std::pair<MessageId, std::string>> held;
-        {
-          std::lock_guard lk(settle_mu);
-          held.reserve(held_leases.size());
-          for (const auto& [id, h] : held_leases) held.emplace_back(MessageId{id}, h.token);
-        }
-        store.RenewLeases(held, config.lease);
       }
       if (now >= next_heartbeat) {
         next_heartbeat = now + tuning::kRelayHeartbeat;
@@ -107,7 +123,9 @@ void Dispatcher::Impl::MaintenanceLoop() {
       }
       db.Succeeded();
     } catch (const std::exception& e) {
-      db.Failed(store, e);  // the next try is the next tick
+      // The next try comes after the reconnect pause (100 ms doubling to 5 s); a failed lease
+      // renewal is tried again then, each other duty at its next turn.
+      PauseAfterFailure(db.Failed(store, e));
     }
   }
   try {
@@ -115,6 +133,21 @@ void Dispatcher::Impl::MaintenanceLoop() {
   } catch (const std::exception& e) {
     spdlog::debug("could not remove this relay's heartbeat (it expires): {}", e.what());
   }
+}
+
+void Dispatcher::Impl::PauseAfterFailure(Millis pause) {
+  std::unique_lock lk(mu);
+  wake_cv.wait_for(lk, pause, [&] { return maintenance_stopping.load(); });
+}
+
+void Dispatcher::Impl::RenewHeldLeases(QueueStore& store) {
+  std::vector<std::pair<MessageId, std::string>> held;
+  {
+    std::lock_guard lk(settle_mu);
+    held.reserve(held_leases.size());
+    for (const auto& [id, h] : held_leases) held.emplace_back(MessageId{id}, h.token);
+  }
+  if (!held.empty()) store.RenewLeases(held, config.lease);
 }
 
 // Messages of destinations this relay does not serve belong to other relays (a rolling
