@@ -419,6 +419,36 @@ TEST_F(DispatcherTest, LeasesOfMessagesStillInTheSinkAreRenewedNotReaped) {
   EXPECT_EQ(dispatcher_->stats().fenced, 0);
 }
 
+// A key a claim blocked whose head settled after the claim's snapshot is rechecked for a second
+// (wake_keys.sql); a claim loop waiting for room in its sink longer than that dropped the key
+// unchecked, and the next message waited for the orphan sweep (reap_interval_ms; here never)
+// (review). Now the last check comes before a key is dropped, and checks go on while the loop
+// waits for room.
+TEST_F(DispatcherTest, ABlockedKeyIsRecheckedWhileTheLoopWaitsForRoom) {
+  auto config = Config(/*batch=*/2);  // room for 8; a claim needs 2 free
+  config.reap_interval = 1h;          // no orphan sweep: only the recheck can wake `next`
+  for (int i = 0; i < 6; ++i) db_.Enqueue("orders", std::nullopt);
+  const auto head = db_.Enqueue("orders", "k");
+  const auto next = db_.Enqueue("orders", "k");
+  Start(std::move(config), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] {
+    const auto row = db_.Find(next);
+    return row && row->parked && row->deliver_after == FakeDatabase::kInfinity;
+  }));
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 7u; }));     // room 1: the loop waits
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));  // the orphan sweep ran once
+  db_.RemoveWithoutWaking(head);  // its settle committed after the claim's snapshot
+  clock_.Advance(1100ms);         // past the second of rechecks
+  sink_->Release();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        const auto sent = sink_->submitted();
+        return std::find(sent.begin(), sent.end(), next) != sent.end();
+      },
+      5s))
+      << "the blocked key was dropped without a recheck";
+}
+
 // A lease renewal that failed (a connection reset, a deadlock victim) is tried again after the
 // reconnect pause (100 ms, doubling), not lease / 3 later (review): two failures in a row let
 // the lease of a message still in the sink run out at the third.

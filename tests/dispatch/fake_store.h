@@ -82,6 +82,13 @@ class FakeDatabase {
     return id;
   }
 
+  /// A settle that committed after a claim's snapshot (the race wake_keys.sql heals): the row
+  /// leaves the queue, and the next row of its key, which that claim parked, is not woken.
+  void RemoveWithoutWaking(std::int64_t id) {
+    std::lock_guard lk(mu_);
+    rows_.erase(id);
+  }
+
   /// The next `n` calls of `op` ("claim", "settle", "reap", "renew", ...) fail with a
   /// transient StoreError before doing anything.
   void FailNext(const std::string& op, int n) {

@@ -34,6 +34,29 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
     std::lock_guard lk(mu);
     seen_gen = wake_gen;
   }
+  // Keys a claim blocked may have lost their predecessor while it ran (its settle committed
+  // after our snapshot): each is checked every 50 ms for a second, so their next messages do
+  // not wait for the periodic orphan sweep; a key's last check comes before it is dropped,
+  // however long the loop was away (waiting for room). True when it woke rows.
+  const auto recheck_blocked_keys = [&]() -> bool {
+    if (recheck.empty() || Now() < next_recheck) return false;
+    next_recheck = Now() + tuning::kBlockedKeyRecheckEvery;
+    std::vector<std::string> keys;
+    keys.reserve(recheck.size());
+    for (const auto& entry : recheck) keys.push_back(entry.first);
+    while (!recheck.empty() && Now() - recheck.front().second > tuning::kBlockedKeyRecheckFor) {
+      recheck.pop_front();
+    }
+    try {
+      return store.WakeKeys(dest.name, keys) > 0;
+    } catch (const std::exception& e) {
+      DbError();
+      spdlog::warn("{}: recheck of blocked keys failed: {}", dest.name, e.what());
+      store.Reset();
+      cursor.Reset();
+      return false;
+    }
+  };
   while (!stopping) {
     if (Now() - last_sweep >= config.full_sweep_interval) {
       cursor.StartSweep();
@@ -50,6 +73,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
     const int limit = cap();
     const int room = limit - static_cast<int>(sink.InFlight());
     if (room < worth_a_claim(limit)) {
+      recheck_blocked_keys();  // woken rows wait for room like the rest
       room_wait.wake_at_or_below = limit - worth_a_claim(limit);
       WaitFor(tuning::kRoomPoll, [&] {
         const int now_cap = cap();
@@ -144,27 +168,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
       msg.claim_expires = claim_expires;
       Submit(dest, sink, claim.lease_token, std::move(msg), &room_wait);
     }
-    // Keys this claim blocked may have lost their predecessor while it ran (its settle
-    // committed after our snapshot): recheck them for a second, every 50 ms, so they do not
-    // wait for the periodic orphan sweep.
     for (auto& key : claim.facts.blocked_keys) recheck.emplace_back(std::move(key), Now());
-    if (!recheck.empty() && Now() >= next_recheck) {
-      next_recheck = Now() + tuning::kBlockedKeyRecheckEvery;
-      while (!recheck.empty() && Now() - recheck.front().second > tuning::kBlockedKeyRecheckFor) {
-        recheck.pop_front();
-      }
-      std::vector<std::string> keys;
-      keys.reserve(recheck.size());
-      for (const auto& entry : recheck) keys.push_back(entry.first);
-      try {
-        if (store.WakeKeys(dest.name, keys) > 0) continue;  // claim the woken rows now
-      } catch (const std::exception& e) {
-        DbError();
-        spdlog::warn("{}: recheck of blocked keys failed: {}", dest.name, e.what());
-        store.Reset();
-        cursor.Reset();
-      }
-    }
+    if (recheck_blocked_keys()) continue;  // claim the woken rows now
     // Claim again at once only while a lane stopped at its limit (or parked rows behind keys
     // may have moved): a claim that got less than it asked for saw everything committed
     // before it, and what commits later wakes this loop (its NOTIFY, a woken key, the
