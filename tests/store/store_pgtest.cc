@@ -792,6 +792,43 @@ TEST_F(StoreTest, AReplayedMessageWaitsForItsKeysUncommittedWriter) {
       << "the writer's message first, the replayed one queued behind it";
 }
 
+// An endpoint moved to another destination takes what it owes along: its queued rows (their
+// buckets computed for the new name) and its dead letters. Left behind, the old destination's
+// service, which no longer loads the endpoint, dead-lettered them all as deleted (review).
+TEST_F(StoreTest, AnEndpointMovedToAnotherDestinationTakesItsRowsAndDeadLetters) {
+  Store c(db_url_);
+  relay::EndpointFields fields;
+  fields.id = "ep_a";
+  fields.destination = "hooks";
+  fields.url = "https://example.com/hook";
+  relay::AddEndpoint(c, fields);
+  Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(16)) s");
+  Scalar(
+      "WITH i AS (INSERT INTO outbox.messages (destination, ordering_key, idempotency_key,"
+      "  event_type, headers, payload, deliver_after, parked, endpoint_id, created_at, bucket)"
+      "  SELECT 'hooks', k, gen_random_uuid(), '', '{}', '0', clock_timestamp(), true, 'ep_a',"
+      "         now(), 0 FROM (VALUES ('ep_a:order-1'), (NULL)) v(k) RETURNING 1)"
+      "SELECT count(*) FROM i");
+  Scalar(
+      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
+      "  endpoint_id) VALUES (-5, 'hooks', 'ep_a:order-2', gen_random_uuid(), '', '{}', '0', 1,"
+      "  'http 500', now(), 'ep_a') RETURNING 1) SELECT count(*) FROM d");
+  relay::EndpointFields move;
+  move.destination = "hooks-eu";
+  ASSERT_TRUE(relay::UpdateEndpoint(c, "ep_a", move));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'hooks-eu'"), 2);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'hooks'"), 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'hooks-eu' AND "
+                   "ordering_key IS NOT NULL AND bucket = (hashtextextended('hooks-eu' || chr(31) "
+                   "|| ordering_key, 0) & 32767) % 16"),
+            1)
+      << "a keyed row's bucket follows its new destination";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE destination = 'hooks-eu'"), 1);
+  Store store(db_url_);
+  EXPECT_EQ(store.Claim("hooks-eu", 0, 10, 10, 30s).messages.size(), 2u);
+}
+
 // An archive replay to one endpoint (`endpoints replay`) waits for an uncommitted writer of the
 // endpoint's key as the dlq replay does. Without outbox.insert_message's per-key lock, the
 // replayed row committed first and was claimed while the writer's earlier row (here a dlq

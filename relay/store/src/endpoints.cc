@@ -402,6 +402,26 @@ bool UpdateEndpoint(Store& store, const std::string& id, const EndpointFields& f
         "  updated_at = clock_timestamp() "
         "FROM (SELECT $2::jsonb AS c) x WHERE e.id = $1",
         id, c.dump());
+    if (r.affected_rows() > 0 && c.contains("destination")) {
+      // What the endpoint still owes goes with it: left in the old destination, whose service
+      // no longer loads the endpoint, its rows were dead-lettered as "no longer exists
+      // (deleted)", and a replay put them back there to die again. Rebucketed for the new
+      // destination (its name is in the hash), under the writers' shared lock as
+      // set_bucket_count expects (migration 0014).
+      const std::string to = c["destination"].get<std::string>();
+      tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
+      tx.exec_params(
+          "UPDATE outbox.messages m SET destination = $2, "
+          "  bucket = CASE WHEN m.ordering_key IS NULL THEN m.bucket % p.bucket_count "
+          "           ELSE (hashtextextended($2 || chr(31) || m.ordering_key, 0) & 32767)"
+          "                % p.bucket_count END "
+          "FROM outbox.partitioning p WHERE m.endpoint_id = $1 AND m.destination <> $2",
+          id, to);
+      tx.exec_params(
+          "UPDATE outbox.dead_letters SET destination = $2 "
+          "WHERE endpoint_id = $1 AND destination <> $2",
+          id, to);
+    }
     tx.commit();
     return r.affected_rows() > 0;
   });
