@@ -42,6 +42,29 @@ TEST(FreshCursor, NeverPassesARowOfATransactionStillRunning) {
   EXPECT_EQ(c.position(), 218);  // (219, 210) waits: xmin 200 < 210
 }
 
+// A transaction held open for long (pg_dump, a report) holds xmin back: every claim meanwhile
+// added a checkpoint, without bound (review: ~58 MB an hour at 1k claims/s). The list is
+// thinned instead; dropping a checkpoint only makes the cursor wait for the next one, so it
+// still never passes a value whose transactions may run.
+TEST(FreshCursor, CheckpointsStayBoundedWhileXminIsHeldBackAndStaySafe) {
+  FreshCursor c;
+  constexpr std::uint64_t kHeld = 5;  // the long transaction's xid: xmin stays there
+  for (std::int64_t i = 1; i <= 1'000'000; ++i) {
+    c.Observe(Facts(i * 10, kHeld, 10 + static_cast<std::uint64_t>(i), 3, i * 10));
+  }
+  EXPECT_LE(c.pending_checkpoints(), FreshCursor::kMaxCheckpoints);
+  EXPECT_EQ(c.position(), 0);
+  // The long transaction ends; one that began 100 claims ago still runs: the cursor moves, but
+  // only to a value read before an xid below that xmin. (seq (i-1)*10 pairs with xid 10 + i.)
+  const std::uint64_t xmin = 10 + 999'900;
+  c.Observe(Facts(10'000'010, xmin, 1'000'011, 3, 10'000'010));
+  EXPECT_GT(c.position(), 0);
+  EXPECT_LE(c.position(), static_cast<std::int64_t>((xmin - 10 - 1) * 10));
+  // The transaction ends: everything resolves.
+  c.Observe(Facts(10'000'020, 1'000'012, 1'000'012, 3, 10'000'020));
+  EXPECT_EQ(c.position(), 10'000'010);
+}
+
 TEST(FreshCursor, AFullScanBoundsTheCursorToWhatItSaw) {
   FreshCursor c;
   c.Observe(Facts(10'000, 1, 2, 500, 500));

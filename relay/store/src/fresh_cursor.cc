@@ -11,6 +11,15 @@ void FreshCursor::Observe(const ClaimFacts& facts) {
   // value had its xid before (enqueue takes the xid first), so all of theirs are smaller.
   if (unpaired_seq_) checkpoints_.emplace_back(*unpaired_seq_, facts.own_xid);
   unpaired_seq_ = facts.seq_value;
+  if (checkpoints_.size() > kMaxCheckpoints) {
+    // Keep every other one and the newest: a dropped (value, xid) pair only means the cursor
+    // moves at the next kept one, whose xid is larger and value no smaller.
+    const std::size_t n = checkpoints_.size();
+    std::size_t kept = 0;
+    for (std::size_t i = 1; i < n; i += 2) checkpoints_[kept++] = checkpoints_[i];
+    if (n % 2 == 1) checkpoints_[kept++] = checkpoints_[n - 1];
+    checkpoints_.resize(kept);
+  }
 
   // A checkpoint is resolved once this snapshot's xmin reached its xid: then no transaction
   // with a smaller xid is running, so every id up to its value is committed (and visible to

@@ -61,6 +61,11 @@ class FreshCursor {
 
   /// Checkpoints waiting for their transactions to finish (for tests and metrics).
   std::size_t pending_checkpoints() const { return checkpoints_.size(); }
+  /// Past this many, every other one is dropped (a long transaction holds xmin back while
+  /// each claim adds one); the cursor then waits for the next, which only ever delays it.
+  /// Old ones thin out fastest; when the long transaction ends, xmin moves to the oldest one
+  /// still running, most often a recent one, where the checkpoints are densest.
+  static constexpr std::size_t kMaxCheckpoints = 4096;
 
  private:
   std::int64_t low_ = 0;
