@@ -3,8 +3,8 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <openssl/ssl.h>
 #include <netinet/in.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -457,8 +457,8 @@ class RawAnswerer {
     if (ctx_ != nullptr) SSL_CTX_free(ctx_);
   }
   std::string Url() const {
-    return std::string(ctx_ != nullptr ? "https" : "http") + "://127.0.0.1:" +
-           std::to_string(port_) + "/hook";
+    return std::string(ctx_ != nullptr ? "https" : "http") +
+           "://127.0.0.1:" + std::to_string(port_) + "/hook";
   }
 
  private:
@@ -483,7 +483,8 @@ class RawAnswerer {
       std::string head;
       char buf[4096];
       while (head.find("\r\n\r\n") == std::string::npos) {
-        const long n = ssl != nullptr ? SSL_read(ssl, buf, sizeof buf) : ::recv(c, buf, sizeof buf, 0);
+        const long n =
+            ssl != nullptr ? SSL_read(ssl, buf, sizeof buf) : ::recv(c, buf, sizeof buf, 0);
         if (n <= 0) break;
         head.append(buf, static_cast<std::size_t>(n));
       }
@@ -1102,6 +1103,59 @@ TEST(WebhookSinkSsrf, AnAllowedNameConnectsToTheCheckedAddressKeepingTheHostHead
   EXPECT_EQ(done.Of(1).kind, OutcomeKind::kDelivered) << done.Of(1).reason;
   ASSERT_EQ(receiver.Count(), 1u);
   EXPECT_EQ(receiver.Requests()[0].Header("Host"), host);
+  sink->Shutdown(5s);
+}
+
+// A name that does not resolve when it is looked up again (a DNS restart) leaves the addresses
+// checked before in use, as a client's cache would (review): failing the lookup failed every
+// request to a healthy endpoint while DNS was away, opened its breaker and spent attempts. A
+// name that now resolves only to refused addresses is still refused.
+TEST(WebhookSinkSsrf, ANameThatDoesNotResolveAgainKeepsTheAddressesCheckedBefore) {
+  HttpReceiver receiver;
+  std::atomic<int> answer{0};  // 0: 127.0.0.1, 1: no answer, 2: a refused address
+  std::atomic<int> lookups{0};
+  webhook_detail::SetResolverForTesting(
+      [&](const std::string&, std::string* error) -> std::vector<webhook_detail::IpAddress> {
+        ++lookups;
+        if (answer == 1) {
+          *error = "Temporary failure in name resolution";
+          return {};
+        }
+        return {*webhook_detail::ParseIpLiteral(answer == 0 ? "127.0.0.1" : "10.1.2.3")};
+      });
+  webhook_detail::SetResolveEveryForTesting(1ms);  // every request looks the name up again
+  struct Restore {
+    ~Restore() {
+      webhook_detail::SetResolverForTesting(nullptr);
+      webhook_detail::SetResolveEveryForTesting(0ms);
+    }
+  } restore;
+  WebhookTarget t = Target("http://hooks.test:" + std::to_string(receiver.port()) + "/hook");
+  t.allow_private_networks = false;
+  t.allowed_networks = {"127.0.0.0/8"};
+  t.max_in_flight = 1;
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", t);
+  sink->Submit(MakeMessage(1), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(1));
+  EXPECT_EQ(done.Of(1).kind, OutcomeKind::kDelivered) << done.Of(1).reason;
+  answer = 1;
+  const int before = lookups;
+  for (int n = 2; n <= 3; ++n) {
+    std::this_thread::sleep_for(5ms);  // past the 1 ms the addresses are kept
+    sink->Submit(MakeMessage(n), done.Callback());
+    ASSERT_TRUE(done.WaitForSize(static_cast<std::size_t>(n)));
+    EXPECT_EQ(done.Of(n).kind, OutcomeKind::kDelivered) << done.Of(n).reason;
+  }
+  EXPECT_GT(lookups.load(), before) << "the name was looked up again";
+  answer = 2;  // DNS rebinding: the name now points into the network
+  std::this_thread::sleep_for(5ms);
+  sink->Submit(MakeMessage(4), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(4));
+  EXPECT_EQ(done.Of(4).kind, OutcomeKind::kRetry);
+  EXPECT_NE(done.Of(4).reason.find("blocked by the SSRF guard"), std::string::npos)
+      << done.Of(4).reason;
+  EXPECT_EQ(receiver.Count(), 3u);
   sink->Shutdown(5s);
 }
 

@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cctype>
 #include <cstring>
 #include <mutex>
@@ -163,6 +164,19 @@ std::vector<IpAddress> SystemResolve(const std::string& host, std::string* error
 void SetResolverForTesting(Resolver resolver) {
   std::lock_guard lock(ResolverMu());
   TestResolver() = std::move(resolver);
+}
+
+namespace {
+std::atomic<std::int64_t> resolve_every_ms{0};  // 0: the default
+}  // namespace
+
+std::chrono::milliseconds ResolveEvery() {
+  const auto ms = resolve_every_ms.load();
+  return ms > 0 ? std::chrono::milliseconds(ms) : std::chrono::seconds(30);
+}
+
+void SetResolveEveryForTesting(std::chrono::milliseconds every) {
+  resolve_every_ms.store(every.count());
 }
 
 std::string IpAddress::ToString() const {

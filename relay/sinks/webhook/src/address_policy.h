@@ -81,4 +81,9 @@ using Resolver = std::function<std::vector<IpAddress>(const std::string& host, s
 /// Replaces the resolver of every ResolveChecked until called with an empty one.
 void SetResolverForTesting(Resolver resolver);
 
+/// How long the addresses a name resolved to are used before it is resolved again: 30 s
+/// (DNS answers change), unless a test set another (0: back to 30 s).
+std::chrono::milliseconds ResolveEvery();
+void SetResolveEveryForTesting(std::chrono::milliseconds every);
+
 }  // namespace outbox::relay::webhook_detail

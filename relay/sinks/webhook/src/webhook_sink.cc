@@ -537,7 +537,7 @@ class WebhookSink final : public Sink {
     }
   }
 
-  // The SSRF guard: resolves the host (again every kResolveEvery), checks the addresses and
+  // The SSRF guard: resolves the host (again every ResolveEvery()), checks the addresses and
   // points the worker's client at the checked one, so it connects to exactly what was
   // checked (the host name stays in Host and SNI). An attempt that failed when the endpoint
   // has no acceptable address; nullopt when the request may go.
@@ -545,6 +545,16 @@ class WebhookSink final : public Sink {
     const auto now = Clock::now();
     if (!worker.connect_ip.empty() && now < worker.resolved_until) return std::nullopt;
     const auto r = webhook_detail::ResolveChecked(url_.host, policy_);
+    if (!r.address && !r.refused && !worker.connect_ip.empty()) {
+      // The name did not resolve this time (a DNS restart, a timeout): the addresses checked
+      // before still stand, as a client's cache would keep them; asked again a little later.
+      // (Failing here failed every request to a healthy endpoint while DNS was away.) A name
+      // that now resolves only to refused addresses is refused below, whatever came before.
+      spdlog::debug("webhook {}: {}; keeps {} for now", destination_, r.error, worker.connect_ip);
+      worker.resolved_until =
+          now + std::min<std::chrono::milliseconds>(webhook_detail::ResolveEvery(), kResolveRetry);
+      return std::nullopt;
+    }
     if (!r.address) {
       worker.connect_ip.clear();  // try again on the next request
       Attempt a;
@@ -566,7 +576,7 @@ class WebhookSink final : public Sink {
     worker.addresses.clear();
     for (const auto& a : r.allowed) worker.addresses.push_back(a.ToString());
     ConnectTo(worker, 0);
-    worker.resolved_until = now + kResolveEvery;
+    worker.resolved_until = now + webhook_detail::ResolveEvery();
     return std::nullopt;
   }
 
@@ -893,9 +903,10 @@ class WebhookSink final : public Sink {
   Clock::time_point stop_by_ = Clock::time_point::max();
   std::atomic<std::size_t> in_flight_{0};
   static constexpr int kUnreachableAfter = 3;
-  static constexpr std::size_t kQueuedPerRequest = 16;      ///< Messages in the sink per request.
-  static constexpr std::chrono::seconds kResolveEvery{30};  ///< DNS answers change.
-  EndpointGovernor governor_;                               ///< Guarded by mu_.
+  static constexpr std::size_t kQueuedPerRequest = 16;  ///< Messages in the sink per request.
+  /// A name that did not resolve while earlier addresses stand: asked again after this.
+  static constexpr std::chrono::seconds kResolveRetry{5};
+  EndpointGovernor governor_;  ///< Guarded by mu_.
   // Written by Deliver (const: it changes no configuration, only this record of the endpoint).
   mutable std::atomic<int> unreachable_in_a_row_{0};  ///< Attempts without any HTTP answer.
   std::atomic<bool> stopping_now_{false};  ///< Shutdown's aborted requests are no verdict.
