@@ -33,10 +33,21 @@ bool ResponseHeadGuard::Feed(const char* data, std::size_t n) {
     const char c = data[i];
     ++head_;
     if (c == '\n') {
-      if (line_ == 0 || (line_ == 1 && last_cr_)) in_head_ = false;  // the empty line
-      status_line_ = false;
+      if (line_ == 0 || (line_ == 1 && last_cr_)) {  // the empty line: the head ends
+        // An interim answer ("HTTP/1.1 100 Continue"): cpp-httplib reads the next head, with
+        // its status line, the same way; it is bounded the same way.
+        const bool interim = status_start_.size() >= 10 &&
+                             status_start_.compare(0, 7, "HTTP/1.") == 0 &&
+                             status_start_[8] == ' ' && status_start_[9] == '1';
+        in_head_ = interim;
+        status_line_ = interim;
+        status_start_.clear();
+      } else {
+        status_line_ = false;
+      }
       line_ = 0;
     } else {
+      if (status_line_ && status_start_.size() < 12) status_start_.push_back(c);
       ++line_;
       if (status_line_ && line_ > kMaxStatusLine) {
         refused_ = "the response's status line is longer than " + std::to_string(kMaxStatusLine) +

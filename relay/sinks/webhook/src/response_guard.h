@@ -23,7 +23,7 @@ namespace outbox::relay::webhook_detail {
 inline constexpr std::size_t kMaxStatusLine = 4096;
 /// The longest header line (cpp-httplib refuses over 8 KB once it has read it all).
 inline constexpr std::size_t kMaxHeaderLine = 65536;
-/// The whole head: status line and headers.
+/// The whole head: status line and headers, with any interim (1xx) heads before it.
 inline constexpr std::size_t kMaxResponseHead = 256 * 1024;
 
 /// Armed for the scope's life on the calling thread (one request: cpp-httplib's send()).
@@ -43,6 +43,7 @@ class ResponseHeadGuard {
  private:
   bool in_head_ = true;
   bool status_line_ = true;
+  std::string status_start_;  ///< The current head's first bytes: is it an interim 1xx?
   bool last_cr_ = false;
   std::size_t line_ = 0;  ///< Bytes since the last '\n'.
   std::size_t head_ = 0;
