@@ -57,6 +57,26 @@ TEST(EndpointGovernor, ConsecutiveFailuresOpenTheBreakerAndNothingIsSentWhileOpe
   EXPECT_EQ(g.NextTimedChange(kT0), kT0 + 1s) << "workers wake for the probe";
 }
 
+// Requests that were running when the breaker opened (a hung endpoint: they time out after
+// timeout_ms, longer than the cool-down) say nothing newer once a probe closed it: their
+// failures reopened the breaker on an endpoint that was back (review).
+TEST(EndpointGovernor, FailuresOfRequestsStartedBeforeTheBreakerOpenedDoNotReopenIt) {
+  EndpointGovernor g(Breaker(2), false, 8);
+  const auto a = g.TryStart(kT0), b = g.TryStart(kT0), c = g.TryStart(kT0), d = g.TryStart(kT0);
+  ASSERT_TRUE(a && b && c && d);
+  g.Finish(kT0, *a, TimedOut());
+  EXPECT_TRUE(g.Finish(kT0, *b, TimedOut()).opened);
+  const auto probe = g.TryStart(kT0 + 1s);
+  ASSERT_TRUE(probe && probe->probe);
+  EXPECT_TRUE(g.Finish(kT0 + 1s, *probe, Ok()).closed);
+  EXPECT_FALSE(g.Finish(kT0 + 2s, *c, TimedOut()).opened);
+  EXPECT_FALSE(g.Finish(kT0 + 2s, *d, TimedOut()).opened) << "stale failures reopened it";
+  EXPECT_FALSE(g.Blocked(kT0 + 2s));
+  // Failures of requests started after the close count as before.
+  Once(g, kT0 + 3s, Failed());
+  EXPECT_TRUE(Once(g, kT0 + 3s, Failed()).opened);
+}
+
 TEST(EndpointGovernor, OneProbeAfterTheCooldownItsFailureDoublesTheCooldownUpToTheCap) {
   EndpointGovernor g(Breaker(1), true, 8);
   EXPECT_TRUE(Once(g, kT0, Failed()).opened);

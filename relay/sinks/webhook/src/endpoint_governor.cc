@@ -107,8 +107,10 @@ Transition EndpointGovernor::Finish(Time now, const Ticket& ticket,
     return t;
   }
   // While open, only the probe's verdict counts: requests that were running when it opened
-  // say nothing newer.
+  // say nothing newer, nor after the probe closed it (a hung endpoint's timeouts arriving
+  // after a probe that succeeded reopened the breaker on an endpoint that was back).
   if (state_ != BreakerState::kClosed) return t;
+  if (v.failure && ticket.seq < stale_before_) return t;
   if (!v.failure) {
     consecutive_failures_ = 0;
     return t;
@@ -117,6 +119,7 @@ Transition EndpointGovernor::Finish(Time now, const Ticket& ticket,
     state_ = BreakerState::kOpen;
     cooldown_ = breaker_.cooldown;
     probe_at_ = now + cooldown_;
+    stale_before_ = next_seq_;
     ++times_opened_;
     t.opened = true;
   }

@@ -98,7 +98,10 @@ class EndpointGovernor {
   int running_ = 0;
   std::uint64_t next_seq_ = 1;
   std::uint64_t no_decrease_before_ = 0;  ///< Requests started before the last decrease.
-  int successes_ = 0;                     ///< Since the last increase.
+  /// Requests started before the breaker last opened: their failures say nothing newer than
+  /// what opened it, also once a probe has closed it.
+  std::uint64_t stale_before_ = 0;
+  int successes_ = 0;  ///< Since the last increase.
   BreakerState state_ = BreakerState::kClosed;
   int consecutive_failures_ = 0;
   Millis cooldown_;
