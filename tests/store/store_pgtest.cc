@@ -229,6 +229,38 @@ TEST_F(StoreTest, AFanOutsEndpointRowWaitsForItsKeysUncommittedWriter) {
       << "the replayed row first, the settle's queued behind it";
 }
 
+// A settle batch of keyed messages while several endpoints fail writes a row per endpoint and
+// key, each after its key's lock: 50,000 in one statement filled PostgreSQL's lock table
+// ("out of shared memory"; 20,000 fit with this cluster's 200 connections, 40,000 did not, and
+// a default server holds half as many), and the settler retried the batch
+// forever (review). Store::Settle splits such a batch into statements of at most
+// kMaxChildrenPerSettle rows.
+TEST_F(StoreTest, AFanOutBatchBiggerThanTheLockTableIsSettledInParts) {
+  std::vector<outbox::OutboxMessage> msgs;
+  for (int i = 0; i < 2500; ++i) {
+    msgs.push_back(outbox::Message::To("d").Json("1").Key("k" + std::to_string(i)).Build());
+  }
+  Enqueue(msgs);
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 2500, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 2500u);
+  std::vector<Settlement> batch;
+  for (const auto& m : r.messages) {
+    Settlement s = Settle(m, r.lease_token, Settlement::Kind::kFanOut);
+    for (int e = 0; e < 20; ++e) {
+      s.children.push_back(
+          {"ep_" + std::to_string(e), Settlement::Kind::kRetry, 0ms, "http 503", 1, {}});
+    }
+    batch.push_back(std::move(s));
+  }
+  const auto c = store.Settle(batch);
+  EXPECT_EQ(c.delivered, 2500);
+  EXPECT_EQ(c.spawned, 50000);
+  EXPECT_EQ(c.fenced, 0);
+  EXPECT_EQ(c.written.size(), 2500u);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id IS NOT NULL"), 50000);
+}
+
 TEST_F(StoreTest, SettleIsFencedByLeaseToken) {
   Enqueue({outbox::Message::To("d").Json("1").Build()});
   Store store(db_url_);
@@ -827,6 +859,30 @@ TEST_F(StoreTest, AnEndpointMovedToAnotherDestinationTakesItsRowsAndDeadLetters)
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE destination = 'hooks-eu'"), 1);
   Store store(db_url_);
   EXPECT_EQ(store.Claim("hooks-eu", 0, 10, 10, 30s).messages.size(), 2u);
+}
+
+// An archive replay to one endpoint takes each replayed key's lock: a whole archive in one
+// statement (50,000 keys here) filled PostgreSQL's lock table ("out of shared memory") and
+// replayed nothing (review). It goes in parts, each its own transaction, in archive order.
+TEST_F(StoreTest, AnArchiveReplayBiggerThanTheLockTableGoesInParts) {
+  Store c(db_url_);
+  relay::EndpointFields fields;
+  fields.id = "ep_a";
+  fields.destination = "hooks";
+  fields.url = "https://example.com/hook";
+  relay::AddEndpoint(c, fields);
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  SELECT g, 'hooks', 'k' || g, gen_random_uuid(), 'e', '{}', '1', 1, now()"
+      "  FROM generate_series(1, 50000) g RETURNING 1) SELECT count(*) FROM a");
+  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", ""), 50000);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 50000);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM (SELECT id, row_number() OVER (ORDER BY id) AS r,"
+                   "  substr(ordering_key, 7)::int AS k FROM outbox.messages) m WHERE r <> k"),
+            0)
+      << "queued in archive order";
+  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", ""), 0) << "what is queued is skipped";
 }
 
 // An archive replay to one endpoint (`endpoints replay`) waits for an uncommitted writer of the

@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
@@ -560,65 +561,82 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
         "(one message)");
   }
   return Translated([&]() -> std::int64_t {
-    pqxx::work tx(StoreAccess::Connection(store));
-    if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
-      throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
-                             "\"; `outbox-relay endpoints list` shows them");
-    }
-    if (!since.empty()) {
-      try {
-        pqxx::subtransaction check(tx, "since");
-        check.exec_params("SELECT $1::timestamptz", since);
-        check.commit();
-      } catch (const pqxx::data_exception&) {
-        throw InvalidField(
-            "since", "--since \"" + since + "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
+    {
+      pqxx::work tx(StoreAccess::Connection(store));
+      if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
+        throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
+                               "\"; `outbox-relay endpoints list` shows them");
+      }
+      if (!since.empty()) {
+        try {
+          tx.exec_params("SELECT $1::timestamptz", since);
+        } catch (const pqxx::data_exception&) {
+          throw InvalidField("since", "--since \"" + since +
+                                          "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
+        }
       }
     }
-    tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");  // as ReplayDeadLetters
-    const auto r = tx.exec_params(
-        "WITH e AS (SELECT * FROM outbox.endpoints WHERE id = $1), picked AS ("
-        "  SELECT a.* FROM outbox.delivered_archive a, e"
-        "  WHERE a.destination = e.destination"
-        "    AND ($2 = '' OR a.delivered_at >= nullif($2, '')::timestamptz)"
-        "    AND ($3 = '' OR a.idempotency_key = nullif($3, '')::uuid"
-        "         OR outbox.endpoint_delivery_id(a.idempotency_key, e.id) = nullif($3, '')::uuid)"
-        "    AND (a.endpoint_id = e.id OR (a.endpoint_id IS NULL AND ("
-        "         cardinality(e.event_types) = 0 OR a.event_type = ANY(e.event_types)"
-        "         OR '*' = ANY(e.event_types)"
-        "         OR EXISTS (SELECT 1 FROM unnest(e.event_types) t"
-        "                    WHERE t LIKE '%.*' AND starts_with(a.event_type, left(t, -1))))))"
-        "), keyed AS ("
-        "  SELECT p.*, CASE WHEN p.endpoint_id IS NOT NULL THEN p.ordering_key"
-        "                   ELSE e.id || ':' || p.ordering_key END AS key"
-        "  FROM picked p, e"
-        "), key_locks AS ("
-        // outbox.insert_message's per-key lock, in one global order, before any row takes its
-        // id: a replayed row then waits for an uncommitted writer of its key (a dlq replay, a
-        // fan-out's settle) instead of being claimed while that writer's row is invisible.
-        "  SELECT count(*) AS n FROM (SELECT pg_advisory_xact_lock(k.lock_key) FROM ("
-        "    SELECT DISTINCT hashtextextended(destination || chr(31) || key, 7079) AS lock_key"
-        "    FROM keyed WHERE key IS NOT NULL) k ORDER BY k.lock_key) l"
-        ") "
-        "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
-        "  headers, payload, payload_bytes, deliver_after, parked, created_at, last_error,"
-        "  bucket, endpoint_id) "
-        "SELECT p.destination, p.key,"
-        "  CASE WHEN p.endpoint_id IS NOT NULL THEN p.idempotency_key"
-        "       ELSE outbox.endpoint_delivery_id(p.idempotency_key, e.id) END,"
-        "  p.event_type, p.headers, p.payload, p.payload_bytes, clock_timestamp(), true,"
-        "  p.created_at, 'replayed from the archive',"
-        "  CASE WHEN p.key IS NULL THEN floor(random() * pp.bucket_count)"
-        "       ELSE (hashtextextended(p.destination || chr(31) || p.key, 0) & 32767)"
-        "            % pp.bucket_count END,"
-        "  e.id "
-        "FROM keyed p, e, outbox.partitioning pp "
-        "WHERE (SELECT n FROM key_locks) >= 0 "  // every key locked before the first id
-        "ORDER BY p.id "
-        "ON CONFLICT (idempotency_key) DO NOTHING",
-        endpoint_id, since, message);
-    tx.commit();
-    return static_cast<std::int64_t>(r.affected_rows());
+    // In parts of kReplayChunk archived messages, each its own transaction: each replayed row
+    // of a key takes the key's lock, and a whole archive's worth in one statement filled
+    // PostgreSQL's lock table ("out of shared memory"). What a failed run queued stays queued;
+    // run again, it queues the rest (what is queued already is skipped).
+    constexpr long long kReplayChunk = 500;
+    std::int64_t queued = 0;
+    long long after = std::numeric_limits<long long>::min();
+    while (true) {
+      pqxx::work tx(StoreAccess::Connection(store));
+      tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");  // as ReplayDeadLetters
+      const auto r = tx.exec_params1(
+          "WITH e AS (SELECT * FROM outbox.endpoints WHERE id = $1), picked AS ("
+          "  SELECT a.* FROM outbox.delivered_archive a, e"
+          "  WHERE a.destination = e.destination AND a.id > $4::bigint"
+          "    AND ($2 = '' OR a.delivered_at >= nullif($2, '')::timestamptz)"
+          "    AND ($3 = '' OR a.idempotency_key = nullif($3, '')::uuid"
+          "         OR outbox.endpoint_delivery_id(a.idempotency_key, e.id) = nullif($3, '')::uuid)"
+          "    AND (a.endpoint_id = e.id OR (a.endpoint_id IS NULL AND ("
+          "         cardinality(e.event_types) = 0 OR a.event_type = ANY(e.event_types)"
+          "         OR '*' = ANY(e.event_types)"
+          "         OR EXISTS (SELECT 1 FROM unnest(e.event_types) t"
+          "                    WHERE t LIKE '%.*' AND starts_with(a.event_type, left(t, -1))))))"
+          "  ORDER BY a.id LIMIT $5"
+          "), keyed AS ("
+          "  SELECT p.*, CASE WHEN p.endpoint_id IS NOT NULL THEN p.ordering_key"
+          "                   ELSE e.id || ':' || p.ordering_key END AS key"
+          "  FROM picked p, e"
+          "), key_locks AS ("
+          // outbox.insert_message's per-key lock, in one global order, before any row takes
+          // its id: a replayed row then waits for an uncommitted writer of its key (a dlq
+          // replay, a fan-out's settle) instead of being claimed while that writer's row is
+          // invisible.
+          "  SELECT count(*) AS n FROM (SELECT pg_advisory_xact_lock(k.lock_key) FROM ("
+          "    SELECT DISTINCT hashtextextended(destination || chr(31) || key, 7079) AS lock_key"
+          "    FROM keyed WHERE key IS NOT NULL) k ORDER BY k.lock_key) l"
+          "), inserted AS ("
+          "  INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
+          "    headers, payload, payload_bytes, deliver_after, parked, created_at, last_error,"
+          "    bucket, endpoint_id) "
+          "  SELECT p.destination, p.key,"
+          "    CASE WHEN p.endpoint_id IS NOT NULL THEN p.idempotency_key"
+          "         ELSE outbox.endpoint_delivery_id(p.idempotency_key, e.id) END,"
+          "    p.event_type, p.headers, p.payload, p.payload_bytes, clock_timestamp(), true,"
+          "    p.created_at, 'replayed from the archive',"
+          "    CASE WHEN p.key IS NULL THEN floor(random() * pp.bucket_count)"
+          "         ELSE (hashtextextended(p.destination || chr(31) || p.key, 0) & 32767)"
+          "              % pp.bucket_count END,"
+          "    e.id "
+          "  FROM keyed p, e, outbox.partitioning pp "
+          "  WHERE (SELECT n FROM key_locks) >= 0 "  // every key locked before the first id
+          "  ORDER BY p.id "
+          "  ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1"
+          ") "
+          "SELECT (SELECT max(id) FROM picked) AS last, (SELECT count(*) FROM inserted) AS n",
+          endpoint_id, since, message, after, kReplayChunk);
+      tx.commit();
+      if (r["last"].is_null()) break;
+      queued += r["n"].as<std::int64_t>();
+      after = r["last"].as<long long>();
+    }
+    return queued;
   });
 }
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <random>
+#include <span>
 #include <string_view>
 
 #include "outbox_relay/conninfo.h"
@@ -339,6 +340,40 @@ std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Milli
 }
 
 SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool archive) {
+  // A fan-out's settle takes outbox.insert_message's lock of each endpoint key it writes a row
+  // for (settle.sql): thousands in one statement (a batch of keyed messages while several
+  // endpoints fail) filled PostgreSQL's lock table ("out of shared memory": about
+  // max_locks_per_transaction x max_connections entries for every session together) and the
+  // settler retried the batch forever. At most kMaxChildrenPerSettle such rows a statement.
+  SettleCounts total;
+  std::size_t begin = 0, children = 0;
+  const auto flush = [&](std::size_t end) {
+    if (end == begin) return;
+    SettleCounts c = SettleStatement(std::span(settlements).subspan(begin, end - begin), archive);
+    total.delivered += c.delivered;
+    total.dead += c.dead;
+    total.retried += c.retried;
+    total.released += c.released;
+    total.woken += c.woken;
+    total.archived += c.archived;
+    total.spawned += c.spawned;
+    total.endpoint_dead += c.endpoint_dead;
+    total.fenced += c.fenced;
+    total.gone += c.gone;
+    total.written.insert(total.written.end(), c.written.begin(), c.written.end());
+    begin = end;
+    children = 0;
+  };
+  for (std::size_t i = 0; i < settlements.size(); ++i) {
+    const std::size_t n = settlements[i].children.size();
+    if (children + n > kMaxChildrenPerSettle) flush(i);
+    children += n;
+  }
+  flush(settlements.size());
+  return total;
+}
+
+SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, bool archive) {
   return Translated([&]() -> SettleCounts {
     SettleCounts counts;
     if (settlements.empty()) return counts;

@@ -2,7 +2,9 @@
 // The store knows nothing about Kafka or HTTP, and its headers name no libpqxx type.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,9 @@ class Store final : public QueueStore {
   /// One statement (sql/queries/settle.sql). `archive`: also copy delivered messages to
   /// outbox.delivered_archive.
   SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive = false) override;
+  /// Endpoint rows a fan-out's settle writes in one statement at most (each takes a lock);
+  /// Settle splits a batch with more into several statements.
+  static constexpr std::size_t kMaxChildrenPerSettle = 256;
   std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
                            Millis lease) override;
 
@@ -72,6 +77,7 @@ class Store final : public QueueStore {
   bool Connected() const override;
 
  private:
+  SettleCounts SettleStatement(std::span<const Settlement> settlements, bool archive);
   friend struct StoreAccess;  // the store module's own functions (src/store_access.h)
   struct Impl;
   std::unique_ptr<Impl> impl_;
