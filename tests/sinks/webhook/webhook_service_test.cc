@@ -247,6 +247,18 @@ TEST_F(WebhookServiceSinkTest, ASlowEndpointsOwnRowsDoNotHoldTheDestinationsClai
   EXPECT_EQ(returned->kind, OutcomeKind::kReturned) << returned->reason;
   EXPECT_EQ(returned->reason, "endpoint slow busy: 8 of its requests waiting; not sent");
   EXPECT_TRUE(returned->retry_after.has_value()) << "held back for a while, not due at once";
+  // The longer it stays busy, the longer what it hands back waits (up to 30 s): a large
+  // backlog of its own was claimed and handed back again every second (review).
+  int n = 1000;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        sink->Submit(Row(++n, "slow"), done.For());
+        const auto o = done.Of(n);
+        return o && o->kind == OutcomeKind::kReturned && o->retry_after &&
+               *o->retry_after > 1500ms;
+      },
+      10s));
+  EXPECT_LE(*done.Of(n)->retry_after, 30s);
   sink->Submit(Row(101, "quick"), done.For());
   EXPECT_TRUE(WaitFor([&] { return done.Of(101).has_value(); }, 10s));
   EXPECT_EQ(done.Of(101)->kind, OutcomeKind::kDelivered);

@@ -58,6 +58,8 @@ using std::chrono::milliseconds;
 constexpr milliseconds kPollEvery{250};        ///< Registry version poll.
 constexpr milliseconds kNotLoadedHold{1'000};  ///< Before the first load: try again after.
 constexpr milliseconds kBusyHold{1'000};       ///< An endpoint slower than the others.
+/// The longest an endpoint's own rows are held back while it is busy (see OwnRowHold).
+constexpr milliseconds kMaxBusyHold{30'000};
 /// How long a delivery may wait in an endpoint's backlog before it becomes a row of its own.
 constexpr milliseconds kBacklogWait{2'000};
 constexpr milliseconds kAgeEvery{100};
@@ -103,6 +105,9 @@ struct Lane {
   EndpointSpec spec;
   std::shared_ptr<Sink> sink;
   std::string error;  ///< Why there is no sink.
+  /// Since when the endpoint's own rows have been handed back as busy, without one admitted
+  /// since (steady clock, ns; 0: not busy).
+  mutable std::atomic<std::int64_t> busy_since_ns{0};
 };
 using LanePtr = std::shared_ptr<const Lane>;
 using Lanes = std::map<std::string, LanePtr>;
@@ -421,10 +426,11 @@ class WebhookServiceSink final : public Sink {
            Simple(id, OutcomeKind::kReturned,
                   "endpoint " + lane->spec.id + " busy: " + std::to_string(held) +
                       " of its requests waiting; not sent",
-                  Reason::kNone, kBusyHold),
+                  Reason::kNone, OwnRowHold(*lane)),
            destination_);
       return;
     }
+    lane->busy_since_ns.store(0);
     in_flight_.fetch_add(1);
     std::string delivery = msg.idempotency_key;  // an endpoint row's key is its delivery id
     sink->Submit(std::move(msg),
@@ -567,6 +573,19 @@ class WebhookServiceSink final : public Sink {
   // and age out rather than pace their message at the slow endpoint's rate.
   static std::size_t OwnRowRoom(const Sink& sink) {
     return std::max(LaneRoom(sink), sink.MaxInFlight(kLaneClaim) / 2);
+  }
+
+  // How long an own row handed back as busy waits: as long as the endpoint has been busy so
+  // far, from kBusyHold up to kMaxBusyHold. A slow endpoint with a large backlog of its own
+  // otherwise had every due row claimed and handed back again each second (a claim and a
+  // release written per row per second); the longer it stays busy, the rarer that gets.
+  static milliseconds OwnRowHold(const Lane& lane) {
+    const std::int64_t now = Clock::now().time_since_epoch().count();
+    std::int64_t since = 0;
+    lane.busy_since_ns.compare_exchange_strong(since, now);
+    const auto busy = std::chrono::duration_cast<milliseconds>(
+        Clock::duration(now - (since == 0 ? now : since)));
+    return std::clamp(busy, kBusyHold, kMaxBusyHold);
   }
 
   // What an endpoint's sink holds at most; the rest of what the claim brought waits in the
