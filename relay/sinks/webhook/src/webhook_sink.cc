@@ -408,6 +408,7 @@ class WebhookSink final : public Sink {
     std::vector<std::string> addresses;           ///< Every checked address, connect_ip among them.
     std::size_t address_index = 0;                ///< connect_ip's place in addresses.
     Clock::time_point resolved_until{};           ///< When to resolve the host again.
+    Clock::time_point resolved_at{};              ///< When the host last resolved.
     std::optional<Completion> active;             ///< Guarded by mu_; set while sending.
     MessageId active_id{};                        ///< Guarded by mu_.
     std::thread thread;
@@ -545,7 +546,8 @@ class WebhookSink final : public Sink {
     const auto now = Clock::now();
     if (!worker.connect_ip.empty() && now < worker.resolved_until) return std::nullopt;
     const auto r = webhook_detail::ResolveChecked(url_.host, policy_);
-    if (!r.address && !r.refused && !worker.connect_ip.empty()) {
+    if (!r.address && !r.refused && !worker.connect_ip.empty() &&
+        now - worker.resolved_at < 10 * webhook_detail::ResolveEvery()) {
       // The name did not resolve this time (a DNS restart, a timeout): the addresses checked
       // before still stand, as a client's cache would keep them; asked again a little later.
       // (Failing here failed every request to a healthy endpoint while DNS was away.) A name
@@ -577,6 +579,7 @@ class WebhookSink final : public Sink {
     for (const auto& a : r.allowed) worker.addresses.push_back(a.ToString());
     ConnectTo(worker, 0);
     worker.resolved_until = now + webhook_detail::ResolveEvery();
+    worker.resolved_at = now;
     return std::nullopt;
   }
 
@@ -904,7 +907,8 @@ class WebhookSink final : public Sink {
   std::atomic<std::size_t> in_flight_{0};
   static constexpr int kUnreachableAfter = 3;
   static constexpr std::size_t kQueuedPerRequest = 16;  ///< Messages in the sink per request.
-  /// A name that did not resolve while earlier addresses stand: asked again after this.
+  /// A name that did not resolve while earlier addresses stand (for at most 10 x
+  /// ResolveEvery(), 5 minutes, after it last did): asked again after this.
   static constexpr std::chrono::seconds kResolveRetry{5};
   EndpointGovernor governor_;  ///< Guarded by mu_.
   // Written by Deliver (const: it changes no configuration, only this record of the endpoint).
