@@ -9,12 +9,20 @@
 -- as another writer would, instead of being claimed while the writer's earlier row is not
 -- visible yet (and both then in flight).
 --   $1 dead-letter ids as an array literal ('{1,2}'), or '' for all   $2 destination, or '' for any
--- Returns (id, held_back): the new message ids, and the ids of the dead letters held back.
+--   $3 only dead letters with an id above this   $4 at most this many (the oldest first)
+-- Taken in parts ($3, $4) by the caller, each its own transaction: every replayed key takes a
+-- lock, and a whole queue of dead letters in one statement filled PostgreSQL's lock table
+-- ("out of shared memory").
+-- Returns (id, held_back, last): the new message ids, and the ids of the dead letters held
+-- back; `last` is the highest dead-letter id this part looked at (no rows: none was left).
 WITH candidates AS (
   SELECT d.id, d.idempotency_key
   FROM outbox.dead_letters d
   WHERE (NULLIF($1, '') IS NULL OR d.id = ANY(NULLIF($1, '')::bigint[]))
     AND (NULLIF($2, '') IS NULL OR d.destination = $2)
+    AND d.id > $3::bigint
+  ORDER BY d.id
+  LIMIT $4::bigint
 ), chosen AS (
   SELECT DISTINCT ON (c.idempotency_key) c.id
   FROM candidates c
@@ -44,6 +52,7 @@ WITH candidates AS (
   ORDER BY id
   RETURNING id
 )
-SELECT id, false AS held_back FROM replayed
+SELECT id, false AS held_back, (SELECT max(id) FROM candidates) AS last FROM replayed
 UNION ALL
-SELECT c.id, true FROM candidates c WHERE c.id <> ALL ((SELECT coalesce(array_agg(id), '{}') FROM chosen)::bigint[])
+SELECT c.id, true, (SELECT max(id) FROM candidates) FROM candidates c
+WHERE c.id <> ALL ((SELECT coalesce(array_agg(id), '{}') FROM chosen)::bigint[])

@@ -934,6 +934,26 @@ TEST_F(StoreTest, AnArchiveReplayToAnEndpointWaitsForItsKeysUncommittedWriter) {
       << "the writer's row first, the replayed one queued behind it";
 }
 
+// `dlq replay --all` takes each replayed key's lock: 50,000 dead letters of as many keys in one
+// statement filled PostgreSQL's lock table ("out of shared memory") and replayed nothing
+// (review). They go in parts, oldest first, each its own transaction.
+TEST_F(StoreTest, AReplayOfMoreDeadLettersThanTheLockTableHoldsGoesInParts) {
+  Scalar(
+      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, reason, created_at)"
+      "  SELECT g, 'd', 'k' || g, gen_random_uuid(), '', '{}', '0', 1, 'http 500', now()"
+      "  FROM generate_series(1, 50000) g RETURNING 1) SELECT count(*) FROM d");
+  Store c(db_url_);
+  const auto r = ReplayDeadLetters(c, {}, "d");
+  EXPECT_EQ(r.ids.size(), 50000u);
+  EXPECT_TRUE(r.held_back.empty());
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM (SELECT row_number() OVER (ORDER BY id) AS r,"
+                   "  substr(ordering_key, 2)::int AS k FROM outbox.messages) m WHERE r <> k"),
+            0)
+      << "replayed oldest first";
+}
+
 // A dead letter whose idempotency key is queued again, or shared with another dead letter (an
 // application that enqueued the key again after the first died, and that died too), made the
 // whole replay fail on the unique key: nothing was replayed until someone found it.

@@ -1,5 +1,6 @@
 #include "outbox_relay/dead_letters.h"
 
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <regex>
@@ -92,16 +93,25 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                            const std::string& destination) {
   return Translated([&]() -> Replayed {
     pqxx::connection& c = StoreAccess::Connection(store);
-    pqxx::work tx(c);
-    // The writers' lock (migration 0014): no bucket count change between here and commit,
-    // so the replay's snapshot has the count its rows are bucketed by.
-    tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
     Replayed out;
-    for (const auto& r :
-         tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids), destination)) {
-      (r[1].as<bool>() ? out.held_back : out.ids).push_back(r[0].as<std::int64_t>());
+    // In parts, oldest first, each its own transaction (dlq_replay.sql says why). What a
+    // failed run replayed stays replayed; run again, it replays the rest.
+    constexpr long long kReplayChunk = 500;
+    long long after = std::numeric_limits<long long>::min();
+    while (true) {
+      pqxx::work tx(c);
+      // The writers' lock (migration 0014): no bucket count change between here and commit,
+      // so the replay's snapshot has the count its rows are bucketed by.
+      tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
+      const auto rows = tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids),
+                                       destination, after, kReplayChunk);
+      tx.commit();
+      if (rows.empty()) break;
+      for (const auto& r : rows) {
+        (r[1].as<bool>() ? out.held_back : out.ids).push_back(r[0].as<std::int64_t>());
+      }
+      after = rows[0][2].as<long long>();
     }
-    tx.commit();
     return out;
   });
 }
