@@ -34,6 +34,14 @@ class StoreTest : public testing::PgTest {
     pqxx::nontransaction tx(c);
     return tx.exec1(sql)[0].as<std::int64_t>();
   }
+  // A webhook service's endpoint "ep_a" of destination "hooks".
+  static void AddEndpointA(Store& store) {
+    EndpointFields fields;
+    fields.id = "ep_a";
+    fields.destination = "hooks";
+    fields.url = "https://example.com/hook";
+    AddEndpoint(store, fields);
+  }
   static std::vector<std::int64_t> Ids(const ClaimResult& r) {
     std::vector<std::int64_t> out;
     for (const auto& m : r.messages) out.push_back(Raw(m.id));
@@ -829,11 +837,7 @@ TEST_F(StoreTest, AReplayedMessageWaitsForItsKeysUncommittedWriter) {
 // service, which no longer loads the endpoint, dead-lettered them all as deleted (review).
 TEST_F(StoreTest, AnEndpointMovedToAnotherDestinationTakesItsRowsAndDeadLetters) {
   Store c(db_url_);
-  relay::EndpointFields fields;
-  fields.id = "ep_a";
-  fields.destination = "hooks";
-  fields.url = "https://example.com/hook";
-  relay::AddEndpoint(c, fields);
+  AddEndpointA(c);
   Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(16)) s");
   Scalar(
       "WITH i AS (INSERT INTO outbox.messages (destination, ordering_key, idempotency_key,"
@@ -866,11 +870,7 @@ TEST_F(StoreTest, AnEndpointMovedToAnotherDestinationTakesItsRowsAndDeadLetters)
 // replayed nothing (review). It goes in parts, each its own transaction, in archive order.
 TEST_F(StoreTest, AnArchiveReplayBiggerThanTheLockTableGoesInParts) {
   Store c(db_url_);
-  relay::EndpointFields fields;
-  fields.id = "ep_a";
-  fields.destination = "hooks";
-  fields.url = "https://example.com/hook";
-  relay::AddEndpoint(c, fields);
+  AddEndpointA(c);
   Scalar(
       "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
       "  idempotency_key, event_type, headers, payload, attempts, created_at)"
@@ -892,11 +892,7 @@ TEST_F(StoreTest, AnArchiveReplayBiggerThanTheLockTableGoesInParts) {
 // it was the key's head too, and two messages of the key were in flight.
 TEST_F(StoreTest, AnArchiveReplayToAnEndpointWaitsForItsKeysUncommittedWriter) {
   Store c(db_url_);
-  relay::EndpointFields fields;
-  fields.id = "ep_a";
-  fields.destination = "hooks";
-  fields.url = "https://example.com/hook";
-  relay::AddEndpoint(c, fields);
+  AddEndpointA(c);
   Scalar(
       "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
       "  idempotency_key, event_type, headers, payload, attempts, created_at)"
