@@ -629,6 +629,25 @@ TEST(WebhookSink, ConnectTimeoutIsRetried) {
   EXPECT_LT(took, 5s);
 }
 
+// A rate limit caps what the sink asks the claim loop for at two seconds of it (at least 8):
+// asked for at the concurrency's pace, a 1 request/s endpoint held 200 leased messages that
+// took 200 s to send and that no other relay could take meanwhile (review).
+TEST(WebhookSink, ARateLimitCapsWhatTheSinkAsksTheClaimFor) {
+  RefusingPort nobody;  // never answers: only what the sink asks for is looked at
+  const auto asks = [&](int rate_limit) {
+    WebhookTarget t = Target(nobody.Url());
+    t.max_in_flight = 32;
+    t.rate_limit = rate_limit;
+    auto sink = MakeWebhookSink("hooks", t);
+    const auto n = sink->MaxInFlight(100);
+    sink->Shutdown(1s);
+    return n;
+  };
+  EXPECT_EQ(asks(0), 200u) << "two claims' worth";
+  EXPECT_EQ(asks(50), 100u);
+  EXPECT_EQ(asks(1), 8u);
+}
+
 TEST(WebhookSink, HonoursMaxInFlight) {
   HttpReceiver receiver;
   constexpr auto kServiceTime = 60ms;

@@ -365,8 +365,14 @@ class WebhookSink final : public Sink {
     }
     if (admit <= 1) return admit;
     const std::size_t requests = admit / kQueuedPerRequest;
-    const std::size_t bound =
+    std::size_t bound =
         std::max(2 * static_cast<std::size_t>(std::max(claim_batch, 1)), 2 * requests);
+    // A rate limit caps what may be held to two seconds of it: claimed at the concurrency's
+    // pace, a 1 request/s endpoint held 200 leased messages for 200 s, which no other relay
+    // could take meanwhile.
+    if (target_.rate_limit > 0) {
+      bound = std::min(bound, 2 * static_cast<std::size_t>(target_.rate_limit));
+    }
     return std::max<std::size_t>(std::min(admit, bound), 8);
   }
 
