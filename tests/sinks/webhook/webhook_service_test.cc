@@ -254,8 +254,7 @@ TEST_F(WebhookServiceSinkTest, ASlowEndpointsOwnRowsDoNotHoldTheDestinationsClai
       [&] {
         sink->Submit(Row(++n, "slow"), done.For());
         const auto o = done.Of(n);
-        return o && o->kind == OutcomeKind::kReturned && o->retry_after &&
-               *o->retry_after > 1500ms;
+        return o && o->kind == OutcomeKind::kReturned && o->retry_after && *o->retry_after > 1500ms;
       },
       10s));
   EXPECT_LE(*done.Of(n)->retry_after, 30s);
@@ -265,6 +264,31 @@ TEST_F(WebhookServiceSinkTest, ASlowEndpointsOwnRowsDoNotHoldTheDestinationsClai
   gate.Open();
   EXPECT_TRUE(WaitFor([&] { return done.Of(1).has_value(); }, 10s));
   EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kDelivered);
+  sink->Shutdown(5s);
+}
+
+// An endpoint that keeps going, slowly, frees a place in its sink with every request: it is
+// still busy, and what it hands back waits longer the longer that lasts. (Reset each time a row
+// got in, the hold stayed at a second, and a large backlog of its own went round the claim
+// every second.)
+TEST_F(WebhookServiceSinkTest, AnEndpointThatKeepsGoingSlowlyStaysBusy) {
+  HttpReceiver receiver;
+  receiver.SetResponder([](const outbox::testing::ReceivedRequest&) {
+    return Reply{200, "ok", {}, 20ms};
+  });
+  registry_.endpoints = {Endpoint("slow", receiver.Url("/slow"), 1)};
+  auto sink = Start();
+  Outcomes done;
+  int n = 0;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        for (int i = 0; i < 4; ++i) sink->Submit(Row(++n, "slow"), done.For());  // ~4 a poll
+        const auto o = done.Of(n);
+        return o && o->kind == OutcomeKind::kReturned && o->retry_after && *o->retry_after > 1500ms;
+      },
+      10s))
+      << "handed back with a second's hold, again and again";
+  EXPECT_GT(receiver.Count(), 20u) << "it kept going meanwhile";
   sink->Shutdown(5s);
 }
 

@@ -105,8 +105,8 @@ struct Lane {
   EndpointSpec spec;
   std::shared_ptr<Sink> sink;
   std::string error;  ///< Why there is no sink.
-  /// Since when the endpoint's own rows have been handed back as busy, without one admitted
-  /// since (steady clock, ns; 0: not busy).
+  /// Since when the endpoint's own rows have been handed back as busy, its sink not three
+  /// quarters empty since (steady clock, ns; 0: not busy).
   mutable std::atomic<std::int64_t> busy_since_ns{0};
 };
 using LanePtr = std::shared_ptr<const Lane>;
@@ -421,7 +421,8 @@ class WebhookServiceSink final : public Sink {
       return;
     }
     std::shared_ptr<Sink> sink = lane->sink;
-    if (const std::size_t held = sink->InFlight(); held >= OwnRowRoom(*sink)) {
+    const std::size_t held = sink->InFlight();
+    if (held >= OwnRowRoom(*sink)) {
       Call(done,
            Simple(id, OutcomeKind::kReturned,
                   "endpoint " + lane->spec.id + " busy: " + std::to_string(held) +
@@ -430,7 +431,10 @@ class WebhookServiceSink final : public Sink {
            destination_);
       return;
     }
-    lane->busy_since_ns.store(0);
+    // Busy until the endpoint catches up (its sink three quarters empty), not merely until a
+    // row gets in: a slow endpoint that keeps going frees a place every request, and each
+    // reset sent its handed-back rows round again a second later.
+    if (held < OwnRowRoom(*sink) / 4) lane->busy_since_ns.store(0);
     in_flight_.fetch_add(1);
     std::string delivery = msg.idempotency_key;  // an endpoint row's key is its delivery id
     sink->Submit(std::move(msg),
@@ -576,15 +580,16 @@ class WebhookServiceSink final : public Sink {
   }
 
   // How long an own row handed back as busy waits: as long as the endpoint has been busy so
-  // far, from kBusyHold up to kMaxBusyHold. A slow endpoint with a large backlog of its own
-  // otherwise had every due row claimed and handed back again each second (a claim and a
-  // release written per row per second); the longer it stays busy, the rarer that gets.
+  // far (since its sink was last three quarters empty), from kBusyHold up to kMaxBusyHold. A
+  // slow endpoint with a large backlog of its own otherwise had every due row claimed and
+  // handed back again each second (a claim and a release written per row per second); the
+  // longer it stays busy, the rarer that gets.
   static milliseconds OwnRowHold(const Lane& lane) {
     const std::int64_t now = Clock::now().time_since_epoch().count();
     std::int64_t since = 0;
     lane.busy_since_ns.compare_exchange_strong(since, now);
-    const auto busy = std::chrono::duration_cast<milliseconds>(
-        Clock::duration(now - (since == 0 ? now : since)));
+    const auto busy =
+        std::chrono::duration_cast<milliseconds>(Clock::duration(now - (since == 0 ? now : since)));
     return std::clamp(busy, kBusyHold, kMaxBusyHold);
   }
 
