@@ -34,6 +34,17 @@ class StoreTest : public testing::PgTest {
     pqxx::nontransaction tx(c);
     return tx.exec1(sql)[0].as<std::int64_t>();
   }
+  // Whether `work` (on another connection) finished, or waits on an advisory lock (a key's),
+  // within 10 s.
+  template <class Future>
+  bool DoneOrWaitingOnAKeyLock(Future& work) {
+    return testing::WaitFor(
+        [&] {
+          return work.wait_for(std::chrono::seconds(0)) == std::future_status::ready ||
+                 Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'") > 0;
+        },
+        std::chrono::seconds(10));
+  }
   // A webhook service's endpoint "ep_a" of destination "hooks".
   static void AddEndpointA(Store& store) {
     EndpointFields fields;
@@ -222,12 +233,7 @@ TEST_F(StoreTest, AFanOutsEndpointRowWaitsForItsKeysUncommittedWriter) {
   Settlement s = Settle(r.messages[0], r.lease_token, Settlement::Kind::kFanOut);
   s.children = {{"ep_a", Settlement::Kind::kRetry, 0ms, "http 503", 1, {}}};
   auto settled = std::async(std::launch::async, [&] { return settler.Settle({s}); });
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        return settled.wait_for(0s) == std::future_status::ready ||
-               Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'") > 0;
-      },
-      10s));
+  ASSERT_TRUE(DoneOrWaitingOnAKeyLock(settled));
   auto first = store.Claim("d", 0, 100, 100, 30s);
   writer.commit();
   EXPECT_EQ(settled.get().spawned, 1);
@@ -817,12 +823,7 @@ TEST_F(StoreTest, AReplayedMessageWaitsForItsKeysUncommittedWriter) {
       outbox::Publish(writer, outbox::Message::To("d").Json("\"new\"").Key("k").Build());
   Store c(db_url_);
   auto replay = std::async(std::launch::async, [&] { ReplayDeadLetters(c, {}, "d"); });
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        return replay.wait_for(0s) == std::future_status::ready ||
-               Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'") > 0;
-      },
-      10s));
+  ASSERT_TRUE(DoneOrWaitingOnAKeyLock(replay));
   auto first = store.Claim("d", 0, 10, 10, 30s);
   writer.commit();
   replay.get();
@@ -914,12 +915,7 @@ TEST_F(StoreTest, AnArchiveReplayToAnEndpointWaitsForItsKeysUncommittedWriter) {
   auto replay = std::async(std::launch::async, [&] {
     return relay::ReplayToEndpoint(replayer, "ep_a", "-infinity", "");
   });
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        return replay.wait_for(0s) == std::future_status::ready ||
-               Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'") > 0;
-      },
-      10s));
+  ASSERT_TRUE(DoneOrWaitingOnAKeyLock(replay));
   Store store(db_url_);
   auto first = store.Claim("hooks", 0, 10, 10, 30s);
   writer.commit();

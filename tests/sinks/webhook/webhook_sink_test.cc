@@ -437,28 +437,18 @@ class RawAnswerer {
         throw std::runtime_error("cannot load the test certificate");
       }
     }
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
-        ::listen(fd_, 8) != 0) {
-      throw std::runtime_error("cannot listen on loopback");
-    }
-    port_ = ntohs(addr.sin_port);
+    if (::listen(socket_.fd, 8) != 0) throw std::runtime_error("cannot listen on loopback");
     thread_ = std::thread([this] { Serve(); });
   }
   ~RawAnswerer() {
     stop_ = true;
-    ::shutdown(fd_, SHUT_RDWR);
+    ::shutdown(socket_.fd, SHUT_RDWR);
     thread_.join();
-    ::close(fd_);
     if (ctx_ != nullptr) SSL_CTX_free(ctx_);
   }
   std::string Url() const {
     return std::string(ctx_ != nullptr ? "https" : "http") +
-           "://127.0.0.1:" + std::to_string(port_) + "/hook";
+           "://127.0.0.1:" + std::to_string(socket_.port) + "/hook";
   }
 
  private:
@@ -468,7 +458,7 @@ class RawAnswerer {
     sigaddset(&pipe, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
     while (!stop_) {
-      const int c = ::accept(fd_, nullptr, nullptr);
+      const int c = ::accept(socket_.fd, nullptr, nullptr);
       if (c < 0) return;
       SSL* ssl = nullptr;
       if (ctx_ != nullptr) {
@@ -502,8 +492,7 @@ class RawAnswerer {
 
   std::string answer_;
   SSL_CTX* ctx_ = nullptr;
-  int fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-  int port_ = 0;
+  RefusingPort socket_;  // bound to a free loopback port; listening from the constructor on
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
