@@ -132,7 +132,7 @@ class TimedStore final : public relay::QueueStore {
     return inner_->WakeOrphans(destination);
   }
   std::int64_t WakeKeys(const std::string& destination,
-                        const std::vector<std::string>& keys) override {
+                        const std::vector<relay::BlockedKey>& keys) override {
     return inner_->WakeKeys(destination, keys);
   }
   std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,

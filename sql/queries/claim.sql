@@ -4,7 +4,7 @@
 --   $4 slow-lane limit   $5 lease token (uuid)   $6 lease duration in milliseconds
 -- Returns one row of snapshot facts (for the cursor) joined to every leased message.
 WITH fresh AS (
-  SELECT m.id, m.destination, m.ordering_key, m.deliver_after
+  SELECT m.id, m.destination, m.ordering_key, m.endpoint_id, m.deliver_after
   FROM outbox.messages m
   -- destination = $1 AND id > $2, written as a range over messages_fresh_idx's columns: a
   -- plan that does not know the destination (a generic plan) then has no way to walk the
@@ -18,7 +18,7 @@ WITH fresh AS (
   LIMIT $3
   FOR UPDATE SKIP LOCKED
 ), slow AS (
-  SELECT m.id, m.destination, m.ordering_key, m.deliver_after
+  SELECT m.id, m.destination, m.ordering_key, m.endpoint_id, m.deliver_after
   FROM outbox.messages m
   WHERE m.destination = $1 AND m.parked AND m.deliver_after <= now() AND m.lease_owner IS NULL
   ORDER BY m.deliver_after, m.id

@@ -13,9 +13,9 @@ WITH owned AS (
     ON o.bucket = mine.bucket AND o.epoch = mine.epoch
   WHERE o.owner = $7::uuid
 ), fresh AS (
-  SELECT f.id, f.destination, f.ordering_key, f.deliver_after, f.bucket
+  SELECT f.id, f.destination, f.ordering_key, f.endpoint_id, f.deliver_after, f.bucket
   FROM owned CROSS JOIN LATERAL (
-    SELECT m.id, m.destination, m.ordering_key, m.deliver_after, m.bucket
+    SELECT m.id, m.destination, m.ordering_key, m.endpoint_id, m.deliver_after, m.bucket
     FROM outbox.messages m
     -- id > $2 written as (bucket, id) > (owned.bucket, $2), the same with bucket fixed: a
     -- bound messages_fresh_bucket_idx can start at, but the primary key cannot. With `id > $2`
@@ -29,7 +29,7 @@ WITH owned AS (
     FOR UPDATE SKIP LOCKED
   ) f
 ), slow AS (
-  SELECT m.id, m.destination, m.ordering_key, m.deliver_after, m.bucket
+  SELECT m.id, m.destination, m.ordering_key, m.endpoint_id, m.deliver_after, m.bucket
   FROM outbox.messages m
   WHERE m.destination = $1 AND m.parked AND m.deliver_after <= now() AND m.lease_owner IS NULL
     AND m.bucket IN (SELECT bucket FROM owned)
@@ -37,8 +37,8 @@ WITH owned AS (
   LIMIT $4
   FOR UPDATE SKIP LOCKED
 ), scan AS (
-  SELECT id, destination, ordering_key, deliver_after FROM fresh
-  UNION ALL SELECT id, destination, ordering_key, deliver_after FROM slow
+  SELECT id, destination, ordering_key, endpoint_id, deliver_after FROM fresh
+  UNION ALL SELECT id, destination, ordering_key, endpoint_id, deliver_after FROM slow
 ), bound AS (
   -- The cursor may pass no bucket whose scan stopped at its limit.
   SELECT (SELECT min(top) FROM (SELECT max(id) AS top FROM fresh GROUP BY bucket

@@ -131,11 +131,12 @@ WITH input AS (
   -- UPDATE, and the other relays would otherwise wait for their poll_interval_ms.
   SELECT pg_notify('outbox_messages', '') FROM (SELECT 1 FROM released WHERE due_now LIMIT 1) r
 ), finished AS (
-  SELECT f.destination, f.ordering_key, max(f.id) AS id
-  FROM (SELECT id, destination, ordering_key FROM delivered
-        UNION ALL SELECT id, destination, ordering_key FROM dead) f
+  -- A key is the ordering key within its endpoint (claim_settle_scan.sql).
+  SELECT f.destination, f.ordering_key, f.endpoint_id, max(f.id) AS id
+  FROM (SELECT id, destination, ordering_key, endpoint_id FROM delivered
+        UNION ALL SELECT id, destination, ordering_key, endpoint_id FROM dead) f
   WHERE f.ordering_key IS NOT NULL
-  GROUP BY f.destination, f.ordering_key
+  GROUP BY f.destination, f.ordering_key, f.endpoint_id
 ), woken AS (
   -- The next message of each finished key may now go.
   UPDATE outbox.messages m
@@ -143,7 +144,7 @@ WITH input AS (
   FROM finished f
   WHERE m.id = (SELECT min(n.id) FROM outbox.messages n
                 WHERE n.destination = f.destination AND n.ordering_key = f.ordering_key
-                  AND n.id > f.id)
+                  AND n.endpoint_id IS NOT DISTINCT FROM f.endpoint_id AND n.id > f.id)
     AND m.parked AND m.deliver_after = 'infinity'
   RETURNING m.id
 ), settled_claims AS (

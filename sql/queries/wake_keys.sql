@@ -3,11 +3,14 @@
 -- predecessor whose settle commits right after the claim's snapshot: the claim loop rechecks
 -- the keys it just blocked for a second (dispatcher.cc), instead of leaving them to the
 -- periodic wake_orphans sweep.
---   $1 destination   $2 jsonb array of ordering keys
+--   $1 destination   $2 jsonb array of [ordering key, endpoint id or null] pairs: a key is
+--                       the ordering key within its endpoint (claim_settle_scan.sql)
 UPDATE outbox.messages m
 SET deliver_after = clock_timestamp()
-FROM (SELECT DISTINCT value AS ordering_key FROM jsonb_array_elements_text($2::jsonb)) k
+FROM (SELECT DISTINCT value ->> 0 AS ordering_key, value ->> 1 AS endpoint_id
+      FROM jsonb_array_elements($2::jsonb)) k
 WHERE m.id = (SELECT min(n.id) FROM outbox.messages n
-              WHERE n.destination = $1 AND n.ordering_key = k.ordering_key)
+              WHERE n.destination = $1 AND n.ordering_key = k.ordering_key
+                AND n.endpoint_id IS NOT DISTINCT FROM k.endpoint_id)
   AND m.parked AND m.deliver_after = 'infinity' AND m.lease_owner IS NULL
 RETURNING m.id

@@ -302,7 +302,7 @@ class FakeStore final : public QueueStore {
 
     ClaimResult out;
     out.lease_token = last_token_;
-    std::set<std::string> blocked;
+    std::set<BlockedKey> blocked;
     std::vector<std::int64_t> candidates = fresh;
     candidates.insert(candidates.end(), slow.begin(), slow.end());
     std::vector<std::int64_t> leased;
@@ -318,7 +318,7 @@ class FakeStore final : public QueueStore {
         r.parked = true;
         if (due) {
           r.deliver_after = FakeDatabase::kInfinity;
-          if (r.key) blocked.insert(*r.key);
+          if (r.key) blocked.insert({*r.key, std::nullopt});
         }
         ++out.facts.held;
       }
@@ -482,10 +482,11 @@ class FakeStore final : public QueueStore {
     return db_.WakeBlocked(destination, nullptr);
   }
   std::int64_t WakeKeys(const std::string& destination,
-                        const std::vector<std::string>& keys) override {
+                        const std::vector<BlockedKey>& keys) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter("wake_keys");
-    const std::set<std::string> set(keys.begin(), keys.end());
+    std::set<std::string> set;  // the fake has no endpoint rows
+    for (const auto& k : keys) set.insert(k.key);
     return db_.WakeBlocked(destination, &set);
   }
 

@@ -209,6 +209,63 @@ TEST_F(StoreTest, AFannedOutMessageLeavesRowsOnlyForTheEndpointsThatDidNotTakeIt
   EXPECT_EQ(third.messages[0].attempts, 2);
 }
 
+// An application's key and an endpoint's key are apart even when they read the same: an
+// endpoint row of key k is keyed "ep_a:k", and an application may well key a message "ep_a:k"
+// too. Compared by key alone, the endpoint's row waited behind the application's earlier
+// message (and would wait for as long as that one kept failing), the application's
+// message would wait behind the endpoint's row (for as long as ep_a stayed disabled), and
+// settling or rechecking one woke nothing of the other (review).
+TEST_F(StoreTest, AnApplicationKeyThatReadsLikeAnEndpointKeyIsAKeyOfItsOwn) {
+  const auto first = Enqueue({outbox::Message::To("d").Json("1").Key("ep_a:k").Build(),
+                              outbox::Message::To("d").Json("2").Key("k").Build()});
+  Store store(db_url_);
+  auto r1 = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(Ids(r1), first);
+  // The second message fans out: ep_a owes it, as a row keyed "ep_a:k".
+  Settlement s = Settle(r1.messages[1], r1.lease_token, Settlement::Kind::kFanOut);
+  s.children = {{"ep_a", Settlement::Kind::kRetry, 0ms, "http 503", 1, {}}};
+  ASSERT_EQ(store.Settle({s}).spawned, 1);
+  const auto endpoint_row = Scalar("SELECT id FROM outbox.messages WHERE endpoint_id = 'ep_a'");
+  const auto later = Enqueue({outbox::Message::To("d").Json("3").Key("ep_a:k").Build()})[0];
+
+  // The endpoint's row goes although the application's "ep_a:k" is in flight; the
+  // application's next "ep_a:k" waits for its own predecessor only.
+  auto r2 = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(Ids(r2), (std::vector<std::int64_t>{endpoint_row}));
+  EXPECT_EQ(r2.facts.held, 1);
+  EXPECT_EQ(r2.facts.blocked_keys, (std::vector<BlockedKey>{{"ep_a:k", std::nullopt}}));
+
+  // The predecessor's settle commits after a claim's snapshot without waking it (the race
+  // wake_keys.sql heals): the recheck of the blocked key wakes the application's row, though
+  // the endpoint's row of the same text has a lower id and is in flight.
+  Scalar("WITH d AS (DELETE FROM outbox.messages WHERE id = " + std::to_string(first[0]) +
+         " RETURNING 1) SELECT count(*) FROM d");
+  EXPECT_EQ(store.WakeKeys("d", {{"ep_a:k", "ep_a"}}), 0) << "ep_a's own row is in flight";
+  EXPECT_EQ(store.WakeKeys("d", r2.facts.blocked_keys), 1);
+  auto r3 = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(Ids(r3), (std::vector<std::int64_t>{later}));
+
+  // The sweep tells them apart too: a row of ep_a behind its own earlier row, at 'infinity'
+  // with its predecessor gone, is woken although the application's "ep_a:k" is in flight.
+  Scalar("WITH u AS (INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, "
+         "payload, parked, deliver_after, created_at, endpoint_id) VALUES ('d', 'ep_a:k', "
+         "gen_random_uuid(), '4', true, 'infinity', now(), 'ep_a') RETURNING 1) "
+         "SELECT count(*) FROM u");
+  Scalar("WITH d AS (DELETE FROM outbox.messages WHERE id = " + std::to_string(endpoint_row) +
+         " RETURNING 1) SELECT count(*) FROM d");
+  EXPECT_EQ(store.WakeOrphans("d"), 1);
+
+  // Settling the application's row wakes the application's next of the key, not ep_a's row.
+  const auto last = Enqueue({outbox::Message::To("d").Json("5").Key("ep_a:k").Build()})[0];
+  auto r4 = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(r4.messages.size(), 1u) << "ep_a's woken row";
+  EXPECT_EQ(r4.facts.blocked_keys, (std::vector<BlockedKey>{{"ep_a:k", std::nullopt}}));
+  EXPECT_EQ(store.Settle({Settle(r3.messages[0], r3.lease_token, Settlement::Kind::kDelivered)})
+                .woken,
+            1);
+  EXPECT_EQ(Ids(store.Claim("d", 0, 100, 100, 30s)), (std::vector<std::int64_t>{last}));
+}
+
 // A fan-out's settle writes an endpoint's row of a key (ep_a:k) as outbox.insert_message does:
 // after the key's lock. A dlq replay of ep_a's dead letter of the key, uncommitted, holds it;
 // without the wait, the settle's row (a higher id) committed first and was claimed while the

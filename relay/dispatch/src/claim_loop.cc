@@ -18,7 +18,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
   FreshCursor cursor;
   const bool partitioned = config.claim_mode == ClaimMode::kPartitioned;
   std::vector<BucketLease> last_buckets;
-  std::deque<std::pair<std::string, SteadyTime>> recheck;  // recently blocked keys
+  std::deque<std::pair<BlockedKey, SteadyTime>> recheck;  // recently blocked keys
   std::vector<std::string> lost_claims;  // tokens of claims that failed: maybe committed
   auto next_recheck = Now();
   const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
@@ -41,7 +41,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
   const auto recheck_blocked_keys = [&]() -> bool {
     if (recheck.empty() || Now() < next_recheck) return false;
     next_recheck = Now() + tuning::kBlockedKeyRecheckEvery;
-    std::vector<std::string> keys;
+    std::vector<BlockedKey> keys;
     keys.reserve(recheck.size());
     for (const auto& entry : recheck) keys.push_back(entry.first);
     while (!recheck.empty() && Now() - recheck.front().second > tuning::kBlockedKeyRecheckFor) {

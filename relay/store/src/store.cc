@@ -226,8 +226,10 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
     out.facts.fresh_full_bound = first["fresh_full_bound"].as<std::int64_t>();
   }
   out.facts.held = first["held"].as<std::int64_t>(0);
-  for (const auto& key : nlohmann::json::parse(first["blocked_keys"].c_str())) {
-    out.facts.blocked_keys.push_back(key.get<std::string>());
+  for (const auto& pair : nlohmann::json::parse(first["blocked_keys"].c_str())) {
+    BlockedKey key{pair.at(0).get<std::string>(), std::nullopt};
+    if (!pair.at(1).is_null()) key.endpoint = pair.at(1).get<std::string>();
+    out.facts.blocked_keys.push_back(std::move(key));
   }
   // Columns by number, looked up once: by name, each field costs a search of the column names.
   const auto col = [&r](const char* name) { return r.column_number(name); };
@@ -484,13 +486,17 @@ std::int64_t Store::WakeOrphans(const std::string& destination) {
   });
 }
 
-std::int64_t Store::WakeKeys(const std::string& destination, const std::vector<std::string>& keys) {
+std::int64_t Store::WakeKeys(const std::string& destination, const std::vector<BlockedKey>& keys) {
   return Translated([&]() -> std::int64_t {
     if (keys.empty()) return 0;
+    auto pairs = nlohmann::json::array();
+    for (const auto& k : keys) {
+      pairs.push_back({k.key, k.endpoint ? nlohmann::json(*k.endpoint) : nlohmann::json()});
+    }
     auto& c = impl_->Get();
     pqxx::nontransaction tx(c);
     return static_cast<std::int64_t>(
-        tx.exec_prepared("wake_keys", destination, nlohmann::json(keys).dump()).size());
+        tx.exec_prepared("wake_keys", destination, pairs.dump()).size());
   });
 }
 

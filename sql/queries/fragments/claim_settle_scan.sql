@@ -2,7 +2,8 @@
 -- `-- @include claim_settle_scan.sql`: given `fresh` and `scan` (the candidate rows, locked)
 -- and `bound` (how far the fresh scan looked), lease the ready rows, park the rest, and
 -- return the facts the fresh-lane cursor needs with every leased row. Not a statement on
--- its own; it ends the statement.
+-- its own; it ends the statement. `scan` has id, destination, ordering_key, endpoint_id and
+-- deliver_after.
 timed AS MATERIALIZED (
   -- Whether each row is due, read off the clock once: clock_timestamp(), not now(), since a
   -- row committed between this transaction's start and its snapshot is visible and due
@@ -10,16 +11,19 @@ timed AS MATERIALIZED (
   -- park below must agree: reading the clock again in the park let a row that fell due in
   -- between be parked at 'infinity' as if blocked behind its key, and without a key nothing
   -- ever woke it.
-  SELECT s.id, s.destination, s.ordering_key, s.deliver_after <= clock_timestamp() AS due
+  SELECT s.id, s.destination, s.ordering_key, s.endpoint_id,
+         s.deliver_after <= clock_timestamp() AS due
   FROM scan s
 ), classified AS MATERIALIZED (
   -- Ready: due, and the head of its key: no earlier message of the key is still in the
-  -- queue (pending, leased or waiting for a retry).
-  SELECT t.id, t.ordering_key, t.due,
+  -- queue (pending, leased or waiting for a retry). A key is the ordering key within its
+  -- endpoint (none for the application's messages): an endpoint's row is keyed
+  -- "<endpoint>:<key>", and an application may key a message with the same text.
+  SELECT t.id, t.ordering_key, t.endpoint_id, t.due,
          t.due AND (t.ordering_key IS NULL OR NOT EXISTS (
            SELECT 1 FROM outbox.messages p
            WHERE p.destination = t.destination AND p.ordering_key = t.ordering_key
-             AND p.id < t.id)) AS ready
+             AND p.endpoint_id IS NOT DISTINCT FROM t.endpoint_id AND p.id < t.id)) AS ready
   FROM timed t
 ), leased AS (
   UPDATE outbox.messages m
@@ -39,7 +43,7 @@ timed AS MATERIALIZED (
       deliver_after = CASE WHEN c.due THEN 'infinity'::timestamptz ELSE m.deliver_after END
   FROM classified c
   WHERE m.id = c.id AND NOT c.ready
-  RETURNING m.id, CASE WHEN c.due THEN m.ordering_key END AS blocked_key
+  RETURNING m.id, CASE WHEN c.due THEN m.ordering_key END AS blocked_key, m.endpoint_id
 ), recorded AS (
   -- The record the reaper finds these leases by (migration 0011), ending no earlier than any
   -- of them: clock_timestamp() has moved on since `leased` read it.
@@ -62,7 +66,9 @@ timed AS MATERIALIZED (
          (SELECT count(*) FROM fresh) AS fresh_scanned,
          (SELECT fresh_full_bound FROM bound) AS fresh_full_bound,
          (SELECT count(*) FROM held) AS held,
-         (SELECT coalesce(jsonb_agg(DISTINCT blocked_key), '[]'::jsonb) FROM held
+         -- [[key, endpoint or null], ...]
+         (SELECT coalesce(jsonb_agg(DISTINCT jsonb_build_array(blocked_key, endpoint_id)),
+                          '[]'::jsonb) FROM held
            WHERE blocked_key IS NOT NULL)::text AS blocked_keys
 )
 SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.held, f.blocked_keys,

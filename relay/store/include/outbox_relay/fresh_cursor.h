@@ -14,6 +14,15 @@
 
 namespace outbox::relay {
 
+/// A key rows wait behind: the ordering key within its endpoint. An endpoint's row is keyed
+/// "<endpoint>:<key>", and an application may key a message with the same text; they are
+/// different keys.
+struct BlockedKey {
+  std::string key;
+  std::optional<std::string> endpoint;  ///< None for the application's messages.
+  auto operator<=>(const BlockedKey&) const = default;
+};
+
 /// Facts one claim statement returns about its own snapshot and scan.
 struct ClaimFacts {
   std::int64_t seq_value = 0;   ///< Highest id handed out, read after the snapshot was taken.
@@ -28,7 +37,7 @@ struct ClaimFacts {
   std::optional<std::int64_t> fresh_full_bound;
   std::int64_t held = 0;  ///< Rows parked by the statement.
   /// Keys of the rows it parked behind an earlier message (at 'infinity').
-  std::vector<std::string> blocked_keys;
+  std::vector<BlockedKey> blocked_keys;
 };
 
 /// Not thread-safe; one per destination loop.

@@ -149,7 +149,7 @@ class QueueStore {
   virtual std::int64_t WakeOrphans(const std::string& destination) = 0;
   /// WakeOrphans for just these keys of `destination`; returns how many rows were woken.
   virtual std::int64_t WakeKeys(const std::string& destination,
-                                const std::vector<std::string>& keys) = 0;
+                                const std::vector<BlockedKey>& keys) = 0;
 
   /// Heartbeat + failure detection + rebalancing of buckets. Returns the buckets
   /// `instance_id` owns afterwards. `leaving`: hand every bucket back now.

@@ -48,7 +48,7 @@ class Store final : public QueueStore {
   /// Wakes rows blocked at 'infinity' whose key has no earlier message left.
   std::int64_t WakeOrphans(const std::string& destination) override;
   std::int64_t WakeKeys(const std::string& destination,
-                        const std::vector<std::string>& keys) override;
+                        const std::vector<BlockedKey>& keys) override;
 
   /// outbox.coordinate.
   std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
