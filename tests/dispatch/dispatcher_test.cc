@@ -366,6 +366,60 @@ TEST_F(DispatcherTest, ARetryWaitsForItsDelayOnTheClockNotOnTheWall) {
   EXPECT_EQ(sink_->key_overlaps(), 0);
 }
 
+// A fan-out whose endpoint rows need a key lock that another transaction holds is deferred by
+// the store (Store::kSettleLockTimeout); the settler writes everything else meanwhile, keeps
+// the fan-out's lease, and writes it again later. Before, the settle waited for the lock, and
+// no outcome of the relay was written until that transaction ended.
+TEST_F(DispatcherTest, ADeferredFanOutIsWrittenLaterAndHoldsBackNothingElse) {
+  const auto fanned = db_.Enqueue("orders", "k");
+  const auto plain = db_.Enqueue("orders", "other");
+  db_.HoldKeyLocks(true);
+  Start(Config(), [fanned](const Message& m) -> std::optional<Outcome> {
+    Outcome o{m.id, OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0, std::nullopt};
+    if (Raw(m.id) == fanned) {
+      o.kind = OutcomeKind::kFannedOut;
+      o.delivered_to = 1;
+      o.owed.push_back({"ep_a", OutcomeKind::kRetry, "http 503", Reason::kHttp5xx, std::nullopt});
+    }
+    return o;
+  });
+  ASSERT_TRUE(WaitFor([&] { return db_.Delivered() == std::vector<std::int64_t>{plain}; }))
+      << "the rest of the batch is written";
+  const auto next = db_.Enqueue("orders", std::nullopt);
+  ASSERT_TRUE(WaitFor([&] { return db_.Delivered() == std::vector<std::int64_t>{plain, next}; }))
+      << "the settler goes on writing what comes after";
+  const auto row = db_.Find(fanned);
+  ASSERT_TRUE(row);
+  EXPECT_TRUE(row->lease_owner) << "the deferred fan-out keeps its lease";
+
+  db_.HoldKeyLocks(false);
+  clock_.Advance(5s);
+  const auto later = db_.Enqueue("orders", std::nullopt);  // wakes the settler
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << "written once the lock is free";
+  auto delivered = db_.Delivered();
+  std::sort(delivered.begin(), delivered.end());
+  EXPECT_EQ(delivered, (std::vector<std::int64_t>{fanned, plain, next, later}));
+}
+
+// A fan-out still deferred when the shutdown budget is spent is left to its lease, as any
+// outcome that could not be written: Stop returns, and says not everything was settled.
+TEST_F(DispatcherTest, StopLeavesAFanOutStillDeferredToItsLease) {
+  const auto fanned = db_.Enqueue("orders", "k");
+  db_.HoldKeyLocks(true);
+  Start(Config(), [](const Message& m) -> std::optional<Outcome> {
+    Outcome o{m.id, OutcomeKind::kFannedOut, "", Reason::kNone, std::nullopt, {}, 1, std::nullopt};
+    o.owed.push_back({"ep_a", OutcomeKind::kRetry, "http 503", Reason::kHttp5xx, std::nullopt});
+    return o;
+  });
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("settle") >= 1; }));
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_FALSE(dispatcher_->Stop());
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 10s);
+  const auto row = db_.Find(fanned);
+  ASSERT_TRUE(row);
+  EXPECT_TRUE(row->lease_owner) << "nothing written; the lease expires and it goes again";
+}
+
 TEST_F(DispatcherTest, TheLastAllowedAttemptDeadLetters) {
   db_.Enqueue("orders", "a");
   db_.Enqueue("orders", "a");

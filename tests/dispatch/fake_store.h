@@ -126,6 +126,13 @@ class FakeDatabase {
     before_release_lost_claims_ = std::move(hook);
   }
 
+  /// While held, a settle defers each fan-out that leaves rows for endpoints (their keys' locks
+  /// held by another transaction past Store::kSettleLockTimeout) and writes the rest.
+  void HoldKeyLocks(bool held) {
+    std::lock_guard lk(mu_);
+    key_locks_held_ = held;
+  }
+
   /// The next claim leases its rows and then fails as if its reply was lost.
   void LoseNextClaimReply() {
     std::lock_guard lk(mu_);
@@ -254,6 +261,7 @@ class FakeDatabase {
   std::int64_t renewed_ = 0;
   std::map<std::string, std::string> paused_;
   bool lose_claim_reply_ = false;
+  bool key_locks_held_ = false;
   std::vector<int> owned_buckets_ = {0, 1, 2, 3};
   std::function<void()> before_release_lost_claims_;
 
@@ -409,6 +417,12 @@ class FakeStore final : public QueueStore {
       auto& r = it->second;
       if (r.lease_owner != s.lease_token) {
         ++c.fenced;
+        continue;
+      }
+      if (db_.key_locks_held_ && s.kind == Settlement::Kind::kFanOut &&
+          std::any_of(s.children.begin(), s.children.end(),
+                      [](const auto& child) { return child.kind != Settlement::Kind::kDead; })) {
+        c.deferred.push_back(s.id);
         continue;
       }
       switch (s.kind) {

@@ -69,11 +69,44 @@ void Dispatcher::Impl::SettleLoop() {
   Reconnect db("settle failed, will retry", "settler: database reachable again",
                [this] { DbError(); });
   std::vector<Settlement> batch;
+  // Fan-outs the store deferred (SettleCounts::deferred): still unsettled, their leases still
+  // renewed, written again once deferred_until has passed.
+  std::vector<Settlement> deferred;
+  SteadyTime deferred_until{};
   while (true) {
     {
       std::unique_lock lk(settle_mu);
-      settle_cv.wait(lk, [&] { return !settle_queue.empty() || settler_stop; });
-      if (settle_queue.empty() && settler_stop) return;
+      const auto deferred_due = [&] { return !deferred.empty() && Now() >= deferred_until; };
+      while (settle_queue.empty() && !settler_stop && !deferred_due()) {
+        if (deferred.empty()) {
+          settle_cv.wait(lk);
+        } else {
+          settle_cv.wait_for(lk, deferred_until - Now());
+        }
+      }
+      if (settle_queue.empty() && settler_stop && !deferred.empty()) {
+        // Stopping: what is still deferred when the shutdown budget is spent is left to its
+        // leases, like any outcome that could not be written.
+        spdlog::error(
+            "shutdown: {} fanned-out message(s) could not be written (a key lock they need is "
+            "held by another transaction); their leases will expire",
+            deferred.size());
+        unsettled -= static_cast<std::int64_t>(deferred.size());
+        for (const auto& s : deferred) held_leases.erase(Raw(s.id));
+        deferred.clear();
+      }
+      if (settle_queue.empty() && settler_stop && deferred.empty()) return;
+      if (deferred_due()) {
+        for (auto& s : deferred) {
+          // Claimed again meanwhile (its lease ran out): written under the new token.
+          if (const auto it = held_leases.find(Raw(s.id));
+              it != held_leases.end() && !it->second.in_sink && it->second.removes) {
+            s.lease_token = it->second.token;
+          }
+          settle_queue.push_back(std::move(s));
+        }
+        deferred.clear();
+      }
       if (settle_queue.size() < tuning::kSettleBatchTarget && !settler_stop) {
         settle_cv.wait_for(lk, tuning::kSettleLinger, [&] {
           return settle_queue.size() >= tuning::kSettleBatchTarget || settler_stop;
@@ -88,6 +121,22 @@ void Dispatcher::Impl::SettleLoop() {
     while (true) {
       try {
         c = store.Settle(batch, config.retention.archive_delivered);
+        if (!c.deferred.empty()) {
+          std::unordered_set<std::int64_t> later;
+          for (const auto id : c.deferred) later.insert(Raw(id));
+          const auto split = std::stable_partition(
+              batch.begin(), batch.end(), [&](const Settlement& s) { return !later.count(Raw(s.id)); });
+          std::lock_guard lk(settle_mu);
+          deferred.insert(deferred.end(), std::make_move_iterator(split),
+                          std::make_move_iterator(batch.end()));
+          deferred_until = Now() + tuning::kDeferredSettleRetry;
+          batch.erase(split, batch.end());
+          spdlog::warn(
+              "settler: {} fanned-out message(s) not written yet: a key lock their endpoint rows "
+              "need is held by another transaction (an uncommitted replay, or a writer of a key "
+              "like \"<endpoint>:<key>\"); trying again in {} ms",
+              c.deferred.size(), tuning::kDeferredSettleRetry.count());
+        }
         RecordSettled(batch, c);
         if (c.woken > 0) Wake();  // the next message of a settled key may go now
         metrics->RecordSettleFenced(c.fenced);

@@ -82,6 +82,10 @@ struct SettleCounts {
   /// Ids this write delivered, dead-lettered, returned for a retry or released: what the
   /// metrics count.
   std::vector<MessageId> written;
+  /// Fan-outs not written this time: a key lock their endpoint rows take
+  /// (outbox.insert_message's) was held by another transaction for longer than the settle
+  /// waits. Nothing of them was written; they still hold their lease. Write them again later.
+  std::vector<MessageId> deferred;
 };
 
 /// Every failure of a store call. `transient()`: the database could not be reached or asked
