@@ -666,6 +666,40 @@ TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackNotLeftToItsLease) {
   EXPECT_EQ(db_.Delivered().size(), 10u);
 }
 
+// A claim whose reply was lost is handed back even when its destination is paused before the
+// hand-back could be written: the loop waited for the resume first, and the claim's rows stayed
+// leased (their keys held) until the lease ran out and the reaper counted an attempt.
+TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackWhileTheDestinationIsPaused) {
+  for (int i = 0; i < 10; ++i) db_.Enqueue("orders", "k");
+  db_.LoseNextClaimReply();
+  db_.FailNext("release_lost_claims", 1'000'000);
+  Start(Config(), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("release_lost_claims") >= 1; }));
+  db_.Pause("orders", "maintenance");
+  // Maintenance reads the pause every 500 ms of clock time.
+  for (int i = 0; i < 2; ++i) {
+    const auto reads = db_.Calls("paused");
+    clock_.Advance(600ms);
+    ASSERT_TRUE(WaitFor([&] { return db_.Calls("paused") > reads; })) << "the relay reads the pause";
+  }
+  db_.Heal("release_lost_claims");
+  EXPECT_TRUE(WaitFor([&] { return db_.Leased() == 0; }, 15s))
+      << db_.Leased() << " still leased by the lost claim while paused";
+  EXPECT_TRUE(db_.Delivered().empty()) << "paused: nothing is sent";
+}
+
+// The same when the relay stops: the loop ended with the lost claim's rows still leased.
+TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackWhenTheRelayStops) {
+  for (int i = 0; i < 10; ++i) db_.Enqueue("orders", "k");
+  db_.LoseNextClaimReply();
+  db_.FailNext("release_lost_claims", 1'000'000);
+  Start(Config(), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("release_lost_claims") >= 1; }));
+  db_.Heal("release_lost_claims");
+  dispatcher_->Stop();
+  EXPECT_EQ(db_.Leased(), 0u) << "the lost claim's rows are handed back on the way out";
+}
+
 TEST_F(DispatcherTest, TheFullSweepFindsARowTheLaneHadPassedAndCountsIt) {
   for (int i = 0; i < 10; ++i) db_.Enqueue("orders", std::nullopt);
   Start(Config(), DeliverAll);

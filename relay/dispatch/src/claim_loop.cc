@@ -57,12 +57,34 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
       return false;
     }
   };
+  // Claims that failed may have committed with their reply lost (the database restarted, the
+  // connection broke): hand back what they leased, so their keys move within a reconnect
+  // instead of after the whole lease. True when nothing is left to hand back.
+  const auto release_lost_claims = [&]() -> bool {
+    if (lost_claims.empty()) return true;
+    try {
+      const auto released = store.ReleaseLostClaims(lost_claims);
+      if (released > 0) {
+        spdlog::warn("{}: handed back {} message(s) leased by a claim whose reply was lost",
+                     dest.name, released);
+        Wake();
+      }
+      lost_claims.clear();
+      return true;
+    } catch (const std::exception& e) {
+      if (!stopping) WaitFor(db.Failed(store, e), [] { return false; });
+      return false;
+    }
+  };
   while (!stopping) {
     if (Now() - last_sweep >= config.full_sweep_interval) {
       cursor.StartSweep();
       last_sweep = Now();
     }
     if (IsPaused(dest.name)) {  // an operator paused it: claim nothing, spend no attempt
+      // A lost claim's rows go back now, not after the resume (they held their keys until the
+      // lease ran out, and the reaper counted an attempt).
+      release_lost_claims();
       WaitFor(tuning::kPausedPoll, [&] { return !IsPaused(dest.name); });
       continue;
     }
@@ -109,23 +131,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
         continue;
       }
     }
-    // Claims that failed may have committed with their reply lost (the database restarted,
-    // the connection broke): hand back what they leased before claiming again, so their
-    // keys move within a reconnect instead of after the whole lease.
-    if (!lost_claims.empty()) {
-      try {
-        const auto released = store.ReleaseLostClaims(lost_claims);
-        if (released > 0) {
-          spdlog::warn("{}: handed back {} message(s) leased by a claim whose reply was lost",
-                       dest.name, released);
-          Wake();
-        }
-        lost_claims.clear();
-      } catch (const std::exception& e) {
-        WaitFor(db.Failed(store, e), [] { return false; });
-        continue;
-      }
-    }
+    // What lost claims leased goes back before claiming again.
+    if (!release_lost_claims()) continue;
     const auto claim_started = Now();
     // (The sinks' clock, not the dispatcher's: a sink compares it with its own steady time.)
     const auto claim_expires = std::chrono::steady_clock::now() + config.lease;
@@ -184,6 +191,12 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
                        [&] { return stopping.load() || wake_gen != seen_gen; });
       seen_gen = wake_gen;
     }
+  }
+  // Stopping: one more try, so a lost claim's rows do not wait for their lease.
+  if (!release_lost_claims()) {
+    spdlog::warn("{}: could not hand back what a claim whose reply was lost leased; its lease "
+                 "will expire",
+                 dest.name);
   }
 }
 
