@@ -15,6 +15,9 @@
 --   $3 ids and $4 lease tokens (parallel arrays) of plain deliveries: outcome `delivered`
 --       without anything else to say, the bulk of every settle, passed as arrays because
 --       unpacking them costs a fraction of unpacking as many JSON objects
+-- A fan-out whose endpoint rows need a key lock another transaction holds is not written at
+-- all (its row stays, leased); its id is returned in `deferred`, for the relay to write again
+-- later.
 -- Returns counts of delivered, dead, retried, released and woken rows, whether it woke the
 -- other relays (woke_others: rows handed back due now), and of `gone`: inputs
 -- whose row no longer exists (settled by an earlier run of this same write whose reply was
@@ -27,9 +30,30 @@ WITH input AS (
   UNION ALL
   SELECT d.id, d.token, 'delivered', NULL, NULL, NULL, NULL, NULL
   FROM unnest($3::bigint[], $4::uuid[]) AS d(id, token)
+), fanout_keys AS (
+  -- outbox.insert_message's per-key lock of each endpoint key a fan-out writes a row for:
+  -- an uncommitted writer of the key (a dlq or archive replay of the endpoint's row, or an
+  -- application writing a key that reads the same) holds it, and no row of the key may become
+  -- claimable while an earlier one is invisible. A dead letter of an endpoint takes none.
+  SELECT i.id, hashtextextended(m.destination || chr(31) || c.endpoint || ':' || m.ordering_key,
+                                7079) AS lock_key
+  FROM input i
+  JOIN outbox.messages m ON m.id = i.id AND m.lease_owner = i.token
+  CROSS JOIN LATERAL jsonb_to_recordset(i.children) AS c(endpoint text, outcome text)
+  WHERE i.outcome = 'fanout' AND c.outcome <> 'dead' AND m.ordering_key IS NOT NULL
+), key_locks AS MATERIALIZED (
+  -- Tried, not waited for: a transaction left open would otherwise hold every outcome of this
+  -- write (and of the relay, whose one settler waits with it). No rows, no locks.
+  SELECT k.lock_key, pg_try_advisory_xact_lock(k.lock_key) AS got
+  FROM (SELECT DISTINCT lock_key FROM fanout_keys) k
+), deferred AS MATERIALIZED (
+  -- Fan-outs with a lock held elsewhere: nothing of them is written now (the relay writes them
+  -- again later, still under their lease).
+  SELECT DISTINCT f.id FROM fanout_keys f JOIN key_locks l USING (lock_key) WHERE NOT l.got
 ), delivered AS (
   DELETE FROM outbox.messages m USING input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome IN ('delivered', 'fanout')
+    AND NOT EXISTS (SELECT 1 FROM deferred f WHERE f.id = i.id)
   RETURNING m.id, m.destination, m.ordering_key, m.idempotency_key, m.event_type, m.headers,
             m.payload, m.payload_bytes, m.attempts, m.created_at, m.endpoint_id, m.bucket,
             i.children, i.token
@@ -53,17 +77,6 @@ WITH input AS (
        jsonb_to_recordset(d.children)
          AS c(endpoint text, outcome text, delay_ms bigint, error text, attempts integer)
   WHERE d.children IS NOT NULL
-), spawn_locks AS (
-  -- outbox.insert_message's per-key lock for each endpoint key spawned, in one global order,
-  -- before any row takes its id: an uncommitted writer of the key (a dlq or archive replay of
-  -- the endpoint's row) is waited for, so no row of the key is claimable while an earlier one
-  -- is invisible. No rows, no locks: a settle without fan-out takes none.
-  SELECT count(*) AS n
-  FROM (SELECT pg_advisory_xact_lock(k.lock_key)
-        FROM (SELECT DISTINCT hashtextextended(o.destination || chr(31) || o.endpoint || ':' ||
-                                               o.ordering_key, 7079) AS lock_key
-              FROM owed o WHERE o.outcome <> 'dead' AND o.ordering_key IS NOT NULL) k
-        ORDER BY k.lock_key) l
 ), spawned AS (
   -- Parked: they enter through the slow lane when due, behind their endpoint's earlier rows of
   -- the same key. ON CONFLICT: the endpoint already holds this message (written again).
@@ -79,8 +92,10 @@ WITH input AS (
               ELSE (hashtextextended(o.destination || chr(31) || o.endpoint || ':' ||
                                      o.ordering_key, 0) & 32767) % p.bucket_count END,
          o.endpoint
+  -- Their keys' locks were taken (key_locks) before any of these rows takes its id: `owed`
+  -- comes from `delivered`, which reads `deferred`.
   FROM owed o, outbox.partitioning p
-  WHERE o.outcome <> 'dead' AND (SELECT n FROM spawn_locks) >= 0
+  WHERE o.outcome <> 'dead'
   ON CONFLICT (idempotency_key) DO NOTHING
   RETURNING id
 ), dead AS (
@@ -188,4 +203,6 @@ SELECT (SELECT count(*) FROM delivered) AS delivered, (SELECT count(*) FROM dead
          (SELECT coalesce(jsonb_agg(w.id), '[]'::jsonb)
             FROM (SELECT id FROM delivered UNION ALL SELECT id FROM buried
                   UNION ALL SELECT id FROM retried UNION ALL SELECT id FROM released) w)::text
-       END AS written
+       END AS written,
+       -- Fan-outs not written (a key lock held elsewhere); NULL when none.
+       (SELECT jsonb_agg(id) FROM deferred)::text AS deferred

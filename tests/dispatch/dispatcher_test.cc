@@ -367,7 +367,7 @@ TEST_F(DispatcherTest, ARetryWaitsForItsDelayOnTheClockNotOnTheWall) {
 }
 
 // A fan-out whose endpoint rows need a key lock that another transaction holds is deferred by
-// the store (Store::kSettleLockTimeout); the settler writes everything else meanwhile, keeps
+// the store (SettleCounts::deferred); the settler writes everything else meanwhile, keeps
 // the fan-out's lease, and writes it again later. Before, the settle waited for the lock, and
 // no outcome of the relay was written until that transaction ended.
 TEST_F(DispatcherTest, ADeferredFanOutIsWrittenLaterAndHoldsBackNothingElse) {

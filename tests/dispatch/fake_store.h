@@ -127,7 +127,7 @@ class FakeDatabase {
   }
 
   /// While held, a settle defers each fan-out that leaves rows for endpoints (their keys' locks
-  /// held by another transaction past Store::kSettleLockTimeout) and writes the rest.
+  /// held by another transaction, SettleCounts::deferred) and writes the rest.
   void HoldKeyLocks(bool held) {
     std::lock_guard lk(mu_);
     key_locks_held_ = held;

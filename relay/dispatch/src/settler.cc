@@ -127,9 +127,11 @@ void Dispatcher::Impl::SettleLoop() {
           const auto split = std::stable_partition(
               batch.begin(), batch.end(), [&](const Settlement& s) { return !later.count(Raw(s.id)); });
           std::lock_guard lk(settle_mu);
+          // The retry is due 5 s after the oldest deferral: newer ones go with it early rather
+          // than pushing it back.
+          if (deferred.empty()) deferred_until = Now() + tuning::kDeferredSettleRetry;
           deferred.insert(deferred.end(), std::make_move_iterator(split),
                           std::make_move_iterator(batch.end()));
-          deferred_until = Now() + tuning::kDeferredSettleRetry;
           batch.erase(split, batch.end());
           spdlog::warn(
               "settler: {} fanned-out message(s) not written yet: a key lock their endpoint rows "

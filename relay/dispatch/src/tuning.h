@@ -24,7 +24,7 @@ inline constexpr std::size_t kSettleBatchMax = 2'000;
 inline constexpr std::size_t kSettleBatchTarget = 100;
 inline constexpr Millis kSettleLinger{3};
 /// Settler: fan-outs a settle deferred (a key lock held by another transaction, see
-/// Store::kSettleLockTimeout) are written again this much later.
+/// SettleCounts::deferred) are written again this much later.
 inline constexpr Millis kDeferredSettleRetry{5'000};
 /// Listener: one wait for a notification, at most (then it checks for stop).
 inline constexpr Millis kListenWait{200};

@@ -376,59 +376,14 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
   return total;
 }
 
-namespace {
-// Whether writing `s` takes key locks: a fan-out that leaves rows for endpoints (settle.sql's
-// spawn_locks; a dead letter of an endpoint takes none).
-bool TakesKeyLocks(const Settlement& s) {
-  return s.kind == Settlement::Kind::kFanOut &&
-         std::any_of(s.children.begin(), s.children.end(), [](const Settlement::Child& c) {
-           return c.kind != Settlement::Kind::kDead;
-         });
-}
-}  // namespace
-
 SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, bool archive) {
-  std::vector<const Settlement*> all;
-  all.reserve(settlements.size());
-  bool locks = false;
-  for (const auto& s : settlements) {
-    all.push_back(&s);
-    locks = locks || TakesKeyLocks(s);
-  }
-  if (!locks) return WriteSettle(all, archive, false);
-  // A key lock is held by a writer of the key until it commits: a replay's part, or an
-  // application's transaction writing a key that reads like "<endpoint>:<key>". Waited for
-  // without a bound, a transaction left open held every outcome of this relay.
-  try {
-    return WriteSettle(all, archive, true);
-  } catch (const StoreError& e) {
-    if (e.sqlstate() != "55P03") throw;  // lock_not_available: the lock timeout
-  }
-  SettleCounts counts;
-  std::vector<const Settlement*> rest;
-  for (const Settlement* s : all) {
-    if (TakesKeyLocks(*s)) {
-      counts.deferred.push_back(s->id);
-    } else {
-      rest.push_back(s);
-    }
-  }
-  if (rest.empty()) return counts;
-  SettleCounts written = WriteSettle(rest, archive, false);
-  written.deferred = std::move(counts.deferred);
-  return written;
-}
-
-SettleCounts Store::WriteSettle(std::span<const Settlement* const> settlements, bool archive,
-                                bool bounded_lock_wait) {
   return Translated([&]() -> SettleCounts {
     SettleCounts counts;
     if (settlements.empty()) return counts;
     nlohmann::json arr = nlohmann::json::array();
     // Plain deliveries go as two arrays ($3, $4), the rest as JSON objects ($1).
     std::vector<const Settlement*> delivered;
-    for (const Settlement* p : settlements) {
-      const Settlement& s = *p;
+    for (const auto& s : settlements) {
       if (s.kind == Settlement::Kind::kDelivered) {
         delivered.push_back(&s);
         continue;
@@ -458,23 +413,11 @@ SettleCounts Store::WriteSettle(std::span<const Settlement* const> settlements, 
       arr.push_back(std::move(one));
     }
     auto& c = impl_->Get();
-    const auto run = [&](pqxx::transaction_base& tx) {
-      return tx.exec_prepared(
-          "settle", arr.dump(), archive,
-          ArrayLiteral(delivered, [](const Settlement* d) { return Raw(d->id); }),
-          ArrayLiteral(delivered, [](const Settlement* d) { return d->lease_token; }));
-    };
-    pqxx::result result;
-    if (bounded_lock_wait) {
-      pqxx::work tx(c);
-      tx.exec("SET LOCAL lock_timeout = " + std::to_string(kSettleLockTimeout.count()));
-      result = run(tx);
-      tx.commit();
-    } else {
-      pqxx::nontransaction tx(c);
-      result = run(tx);
-    }
-    const auto row = result.at(0);
+    pqxx::nontransaction tx(c);
+    const auto row = tx.exec_prepared1(
+        "settle", arr.dump(), archive,
+        ArrayLiteral(delivered, [](const Settlement* d) { return Raw(d->id); }),
+        ArrayLiteral(delivered, [](const Settlement* d) { return d->lease_token; }));
     counts.delivered = row["delivered"].as<std::int64_t>();
     counts.dead = row["dead"].as<std::int64_t>();
     counts.retried = row["retried"].as<std::int64_t>();
@@ -484,15 +427,20 @@ SettleCounts Store::WriteSettle(std::span<const Settlement* const> settlements, 
     counts.gone = row["gone"].as<std::int64_t>();
     counts.spawned = row["spawned"].as<std::int64_t>();
     counts.endpoint_dead = row["endpoint_dead"].as<std::int64_t>();
+    if (!row["deferred"].is_null()) {
+      for (const auto& id : nlohmann::json::parse(row["deferred"].c_str()))
+        counts.deferred.push_back(MessageId{id.get<std::int64_t>()});
+    }
     if (row["written"].is_null()) {  // every outcome was written
       counts.written.reserve(settlements.size());
-      for (const Settlement* s : settlements) counts.written.push_back(s->id);
+      for (const auto& s : settlements) counts.written.push_back(s.id);
     } else {
       const auto written = nlohmann::json::parse(row["written"].c_str());
       for (const auto& id : written) counts.written.push_back(MessageId{id.get<std::int64_t>()});
     }
     counts.fenced = static_cast<std::int64_t>(settlements.size()) - counts.delivered - counts.dead -
-                    counts.retried - counts.released - counts.gone;
+                    counts.retried - counts.released - counts.gone -
+                    static_cast<std::int64_t>(counts.deferred.size());
     return counts;
   });
 }

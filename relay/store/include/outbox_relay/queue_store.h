@@ -83,8 +83,9 @@ struct SettleCounts {
   /// metrics count.
   std::vector<MessageId> written;
   /// Fan-outs not written this time: a key lock their endpoint rows take
-  /// (outbox.insert_message's) was held by another transaction for longer than the settle
-  /// waits. Nothing of them was written; they still hold their lease. Write them again later.
+  /// (outbox.insert_message's) was held by another transaction (settle.sql tries the locks and
+  /// waits for none). Nothing of them was written; they still hold their lease. Write them
+  /// again later.
   std::vector<MessageId> deferred;
 };
 

@@ -41,9 +41,6 @@ class Store final : public QueueStore {
   /// Endpoint rows a fan-out's settle writes in one statement at most (each takes a lock);
   /// Settle splits a batch with more into several statements.
   static constexpr std::size_t kMaxChildrenPerSettle = 256;
-  /// How long a statement that writes endpoint rows waits for their keys' locks before its
-  /// fan-outs are deferred (SettleCounts::deferred) and the rest is written without them.
-  static constexpr Millis kSettleLockTimeout{2'000};
   std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
                            Millis lease) override;
 
@@ -81,8 +78,6 @@ class Store final : public QueueStore {
 
  private:
   SettleCounts SettleStatement(std::span<const Settlement> settlements, bool archive);
-  SettleCounts WriteSettle(std::span<const Settlement* const> settlements, bool archive,
-                           bool bounded_lock_wait);
   friend struct StoreAccess;  // the store module's own functions (src/store_access.h)
   struct Impl;
   std::unique_ptr<Impl> impl_;
