@@ -85,6 +85,26 @@ TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBoun
       << "every moved bucket got a new epoch";
 }
 
+// A relay frozen (SIGSTOP, a network cut) inside its heartbeat's transaction, after
+// outbox.coordinate took the coordinator's lock and before the COMMIT, held that lock until TCP
+// noticed (hours): every other relay's heartbeat waited behind it, and the frozen relay's
+// buckets were never handed on. The session is ended once it idles in that transaction for
+// longer than the lease it asked for, and the other relays go on (review).
+TEST_F(CoordinateTest, ARelayFrozenInsideItsHeartbeatHoldsNoOtherForLongerThanItsLease) {
+  Store store(db_url_);
+  const std::string frozen = NewUuid(), other = NewUuid();
+  pqxx::connection fc(db_url_);
+  pqxx::work stuck(fc);
+  stuck.exec("SELECT * FROM outbox.coordinate('" + frozen + "'::uuid, interval '1 second', false)");
+  auto beat = std::async(std::launch::async, [&] { return store.Coordinate(other, 1s, false, ""); });
+  if (beat.wait_for(30s) != std::future_status::ready) {
+    stuck.abort();  // lets the heartbeat end, so the test can fail instead of hanging
+    beat.wait();
+    FAIL() << "a heartbeat waited 30 s behind a relay frozen in its transaction";
+  }
+  EXPECT_EQ(beat.get().size(), 64u) << "the frozen relay's buckets went to the one alive";
+}
+
 TEST_F(CoordinateTest, AClaimWithStaleEpochsTakesNothingFromBucketsThatMoved) {
   {
     pqxx::connection c(db_url_);

@@ -329,14 +329,15 @@ std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Milli
                                            bool leaving, const std::string& description) {
   return Translated([&]() -> std::vector<BucketLease> {
     auto& c = impl_->Get();
-    pqxx::work tx(c);
+    // One autocommit statement: the coordinator's lock (taken inside) is never held across a
+    // round trip to this process, which may freeze in between (migration 0016).
+    pqxx::nontransaction tx(c);
     std::vector<BucketLease> out;
     const auto r = tx.exec_params(
         "SELECT bucket, epoch FROM outbox.coordinate($1::uuid, make_interval(secs => $2::bigint / "
         "1000.0), $3, $4)",
         instance_id, static_cast<long long>(dead_after.count()), leaving, description);
     for (const auto& row : r) out.push_back({row[0].as<int>(), row[1].as<std::int64_t>()});
-    tx.commit();
     return out;
   });
 }

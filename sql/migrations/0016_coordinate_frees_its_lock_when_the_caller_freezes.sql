@@ -1,0 +1,56 @@
+-- 0016: a relay frozen inside its heartbeat's transaction holds no other relay for long.
+-- outbox.coordinate takes the coordinator's transaction-scoped lock (7079, 1). A caller frozen
+-- (SIGSTOP, a network cut) after that and before its COMMIT kept the lock until TCP gave up on
+-- the connection, hours by default: every other relay's heartbeat waited behind it and the
+-- frozen relay's buckets were never handed on. The function now sets
+-- idle_in_transaction_session_timeout for its own transaction to the lease it was given (at
+-- least 1 s), so the server ends such a session once it idles that long. The relay itself
+-- calls it in a single autocommit statement (no idle moment inside the transaction). The body
+-- is 0014's otherwise.
+
+CREATE OR REPLACE FUNCTION outbox.coordinate(instance uuid, dead_after interval, leaving boolean,
+                                  description text DEFAULT '')
+RETURNS TABLE (bucket integer, epoch bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+  n integer;
+  bc integer;
+BEGIN
+  -- Before the lock: a caller that stops answering inside this transaction (frozen before its
+  -- COMMIT) has its session ended once it idles in it longer than the lease it asked for,
+  -- which frees the lock; it is dead by then anyway.
+  PERFORM set_config('idle_in_transaction_session_timeout',
+                     (extract(epoch FROM greatest(dead_after, interval '1 second')) * 1000)::bigint::text,
+                     true);
+  PERFORM pg_advisory_xact_lock(7079, 1);
+  bc := (SELECT p.bucket_count FROM outbox.partitioning p);
+  IF leaving THEN
+    DELETE FROM outbox.relay_instances WHERE instance_id = instance;
+  ELSE
+    INSERT INTO outbox.relay_instances AS r (instance_id, heartbeat_at, description)
+    VALUES (instance, clock_timestamp(), description)
+    ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at;
+  END IF;
+  DELETE FROM outbox.relay_instances r WHERE r.heartbeat_at < clock_timestamp() - dead_after;
+  INSERT INTO outbox.bucket_owners (bucket) SELECT g FROM generate_series(0, bc - 1) g
+  ON CONFLICT DO NOTHING;
+  DELETE FROM outbox.bucket_owners o WHERE o.bucket >= bc;
+  SELECT count(*) INTO n FROM outbox.relay_instances;
+  WITH live AS (
+    SELECT r.instance_id, (row_number() OVER (ORDER BY r.instance_id) - 1)::integer AS idx
+    FROM outbox.relay_instances r
+  ), desired AS (
+    SELECT o.bucket AS b, l.instance_id AS want
+    FROM outbox.bucket_owners o LEFT JOIN live l ON l.idx = o.bucket % greatest(n, 1)
+  )
+  UPDATE outbox.bucket_owners o SET owner = d.want, epoch = o.epoch + 1
+  FROM desired d
+  WHERE o.bucket = d.b AND o.owner IS DISTINCT FROM d.want;
+  IF leaving THEN
+    PERFORM pg_notify('outbox_messages', 'rebalance');
+  END IF;
+  RETURN QUERY SELECT o.bucket, o.epoch FROM outbox.bucket_owners o WHERE o.owner = instance
+               ORDER BY o.bucket;
+END
+$$;
