@@ -29,6 +29,12 @@ class CoordinateTest : public testing::PgTest {
     }
     return out;
   }
+  void Enqueue(const std::vector<outbox::OutboxMessage>& msgs) {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    outbox::PublishMany(tx, msgs);
+    tx.commit();
+  }
   std::int64_t Scalar(const std::string& sql) {
     pqxx::connection c(db_url_);
     pqxx::nontransaction tx(c);
@@ -197,6 +203,51 @@ TEST_F(CoordinateTest, AMessageWrittenWhileTheBucketCountChangesLandsInABucketOf
   outbox::Publish(late, outbox::Message::To("d").Json("1").Key("k-9").Build());
   late.commit();
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE bucket >= 4"), 0);
+}
+
+// A webhook service's settle writes rows for the endpoints that did not take a message: it is
+// a writer too. It read the bucket count without the writers' lock, so a settle running while
+// set_bucket_count(4) re-bucketed the queue wrote its endpoint row into a bucket of the old
+// count (64), which no relay owns any more: claimed by nobody, and every later row of its key
+// parked behind it for good (review). Now the fan-out is deferred while the count changes
+// and written after, in a bucket of the new count.
+TEST_F(CoordinateTest, AnEndpointRowWrittenWhileTheBucketCountChangesLandsInABucketOfTheNewCount) {
+  // A key whose endpoint row falls in a bucket of 64 that 4 buckets do not have.
+  std::string key;
+  for (int i = 0; key.empty(); ++i) {
+    const std::string k = "k-" + std::to_string(i);
+    if (Scalar("SELECT (hashtextextended('d' || chr(31) || 'ep_a:" + k +
+               "', 0) & 32767) % 64") >= 4) {
+      key = k;
+    }
+  }
+  Enqueue({outbox::Message::To("d").Json("1").Key(key).Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 1u);
+  Settlement fan;
+  fan.id = r.messages[0].id;
+  fan.lease_token = r.lease_token;
+  fan.kind = Settlement::Kind::kFanOut;
+  fan.children = {{"ep_a", Settlement::Kind::kRetry, 0ms, "http 503", 1, {}}};
+
+  pqxx::connection cc(db_url_);
+  pqxx::work change(cc);
+  change.exec("SELECT outbox.set_bucket_count(4)");
+  auto settled = std::async(std::launch::async, [&] { return store.Settle({fan}); });
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return settled.wait_for(0s) == std::future_status::ready ||
+               Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
+      },
+      10s));
+  change.commit();
+  auto c = settled.get();
+  if (!c.deferred.empty()) c = store.Settle({fan});  // deferred while the count changed
+  EXPECT_TRUE(c.deferred.empty());
+  EXPECT_EQ(c.spawned, 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE bucket >= 4"), 0)
+      << "no row in a bucket the new count does not have";
 }
 
 }  // namespace

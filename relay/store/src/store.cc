@@ -377,7 +377,56 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
   return total;
 }
 
+namespace {
+// Whether writing `s` writes rows into the queue: a fan-out that leaves rows for endpoints (a
+// dead letter of an endpoint is not a queue row).
+bool SpawnsRows(const Settlement& s) {
+  return s.kind == Settlement::Kind::kFanOut &&
+         std::any_of(s.children.begin(), s.children.end(), [](const Settlement::Child& c) {
+           return c.kind != Settlement::Kind::kDead;
+         });
+}
+}  // namespace
+
 SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, bool archive) {
+  if (std::none_of(settlements.begin(), settlements.end(), SpawnsRows)) {
+    return Translated([&]() -> SettleCounts {
+      pqxx::nontransaction tx(impl_->Get());
+      return SettleIn(tx, settlements, archive);
+    });
+  }
+  // Endpoint rows get a bucket from the bucket count: written, like every writer's rows, under
+  // the writers' shared lock (migration 0014), which set_bucket_count takes alone while it
+  // re-buckets the queue; and read after it, by a statement whose snapshot comes later.
+  // Tried, not waited for: while the count changes, the fan-outs are deferred (a settle
+  // waiting would hold every outcome of the relay), the rest is written.
+  return Translated([&]() -> SettleCounts {
+    pqxx::work tx(impl_->Get());
+    if (tx.exec1("SELECT pg_try_advisory_xact_lock_shared(7079, 2)")[0].as<bool>()) {
+      auto counts = SettleIn(tx, settlements, archive);
+      tx.commit();
+      return counts;
+    }
+    tx.abort();
+    std::vector<Settlement> rest;
+    SettleCounts deferred;
+    for (const auto& s : settlements) {
+      if (SpawnsRows(s)) {
+        deferred.deferred.push_back(s.id);
+      } else {
+        rest.push_back(s);
+      }
+    }
+    pqxx::nontransaction plain(impl_->Get());
+    auto counts = SettleIn(plain, rest, archive);
+    counts.deferred.insert(counts.deferred.end(), deferred.deferred.begin(),
+                           deferred.deferred.end());
+    return counts;
+  });
+}
+
+SettleCounts Store::SettleIn(pqxx::transaction_base& tx, std::span<const Settlement> settlements,
+                             bool archive) {
   return Translated([&]() -> SettleCounts {
     SettleCounts counts;
     if (settlements.empty()) return counts;
@@ -413,8 +462,6 @@ SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, boo
       }
       arr.push_back(std::move(one));
     }
-    auto& c = impl_->Get();
-    pqxx::nontransaction tx(c);
     const auto row = tx.exec_prepared1(
         "settle", arr.dump(), archive,
         ArrayLiteral(delivered, [](const Settlement* d) { return Raw(d->id); }),

@@ -10,6 +10,10 @@
 
 #include "outbox_relay/queue_store.h"
 
+namespace pqxx {
+class transaction_base;
+}
+
 namespace outbox::relay {
 
 /// The PostgreSQL QueueStore: a single connection and the relay's statements on it. Not
@@ -78,6 +82,8 @@ class Store final : public QueueStore {
 
  private:
   SettleCounts SettleStatement(std::span<const Settlement> settlements, bool archive);
+  SettleCounts SettleIn(pqxx::transaction_base& tx, std::span<const Settlement> settlements,
+                        bool archive);
   friend struct StoreAccess;  // the store module's own functions (src/store_access.h)
   struct Impl;
   std::unique_ptr<Impl> impl_;
