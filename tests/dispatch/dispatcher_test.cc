@@ -239,6 +239,16 @@ class DispatcherTest : public ::testing::Test {
     if (dispatcher_) dispatcher_->Stop();
   }
 
+  // Ten messages of one key, leased by a claim whose reply was lost; handing them back fails
+  // until db_.Heal("release_lost_claims").
+  void StartWithALostClaimNotHandedBackYet() {
+    for (int i = 0; i < 10; ++i) db_.Enqueue("orders", "k");
+    db_.LoseNextClaimReply();
+    db_.FailNext("release_lost_claims", 1'000'000);
+    Start(Config(), DeliverAll);
+    ASSERT_TRUE(WaitFor([&] { return db_.Calls("release_lost_claims") >= 1; }));
+  }
+
   FakeClock clock_;
   FakeDatabase db_{clock_};
   RecordingSink* sink_ = nullptr;
@@ -670,11 +680,7 @@ TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackNotLeftToItsLease) {
 // hand-back could be written: the loop waited for the resume first, and the claim's rows stayed
 // leased (their keys held) until the lease ran out and the reaper counted an attempt.
 TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackWhileTheDestinationIsPaused) {
-  for (int i = 0; i < 10; ++i) db_.Enqueue("orders", "k");
-  db_.LoseNextClaimReply();
-  db_.FailNext("release_lost_claims", 1'000'000);
-  Start(Config(), DeliverAll);
-  ASSERT_TRUE(WaitFor([&] { return db_.Calls("release_lost_claims") >= 1; }));
+  ASSERT_NO_FATAL_FAILURE(StartWithALostClaimNotHandedBackYet());
   db_.Pause("orders", "maintenance");
   // Maintenance reads the pause every 500 ms of clock time.
   for (int i = 0; i < 2; ++i) {
@@ -690,11 +696,7 @@ TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackWhileTheDestinationIsP
 
 // The same when the relay stops: the loop ended with the lost claim's rows still leased.
 TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackWhenTheRelayStops) {
-  for (int i = 0; i < 10; ++i) db_.Enqueue("orders", "k");
-  db_.LoseNextClaimReply();
-  db_.FailNext("release_lost_claims", 1'000'000);
-  Start(Config(), DeliverAll);
-  ASSERT_TRUE(WaitFor([&] { return db_.Calls("release_lost_claims") >= 1; }));
+  ASSERT_NO_FATAL_FAILURE(StartWithALostClaimNotHandedBackYet());
   db_.Heal("release_lost_claims");
   dispatcher_->Stop();
   EXPECT_EQ(db_.Leased(), 0u) << "the lost claim's rows are handed back on the way out";
