@@ -91,6 +91,30 @@ TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBoun
       << "every moved bucket got a new epoch";
 }
 
+// Each relay is declared dead by the lease it runs with, not by the lease of whoever
+// heartbeats next: during a rollout that changes partition_lease_ms, a relay on a 1 s lease
+// deleted a peer on a 10 s lease (heartbeating every 2 s) whenever it saw a heartbeat older
+// than 1 s, and the buckets moved back and forth at every heartbeat (review).
+TEST_F(CoordinateTest, ARelayIsDeclaredDeadByItsOwnLeaseNotByItsPeers) {
+  Store store(db_url_);
+  const std::string quick = NewUuid(), slow = NewUuid();
+  store.Coordinate(slow, 10s, false, "");
+  store.Coordinate(quick, 1s, false, "");
+  EXPECT_EQ(store.Coordinate(slow, 10s, false, "").size(), 32u);
+  const auto epochs = Scalar("SELECT sum(epoch) FROM outbox.bucket_owners");
+  // `slow` last beat 2 s ago: well within its own 10 s.
+  Scalar("WITH u AS (UPDATE outbox.relay_instances SET heartbeat_at = clock_timestamp() - "
+         "interval '2 seconds' WHERE instance_id = '" + slow + "' RETURNING 1) "
+         "SELECT count(*) FROM u");
+  EXPECT_EQ(store.Coordinate(quick, 1s, false, "").size(), 32u) << "slow keeps its buckets";
+  EXPECT_EQ(Scalar("SELECT sum(epoch) FROM outbox.bucket_owners"), epochs) << "nothing moved";
+  // Past its own lease it is dead, for everyone.
+  Scalar("WITH u AS (UPDATE outbox.relay_instances SET heartbeat_at = clock_timestamp() - "
+         "interval '11 seconds' WHERE instance_id = '" + slow + "' RETURNING 1) "
+         "SELECT count(*) FROM u");
+  EXPECT_EQ(store.Coordinate(quick, 1s, false, "").size(), 64u);
+}
+
 // A relay frozen (SIGSTOP, a network cut) inside its heartbeat's transaction, after
 // outbox.coordinate took the coordinator's lock and before the COMMIT, held that lock until TCP
 // noticed (hours): every other relay's heartbeat waited behind it, and the frozen relay's

@@ -1,4 +1,5 @@
--- 0016: a relay frozen inside its heartbeat's transaction holds no other relay for long.
+-- 0016: outbox.coordinate, the partitioned mode's heartbeat.
+-- * A relay frozen inside its heartbeat's transaction holds no other relay for long.
 -- outbox.coordinate takes the coordinator's transaction-scoped lock (7079, 1). A caller frozen
 -- (SIGSTOP, a network cut) after that and before its COMMIT kept the lock until TCP gave up on
 -- the connection, hours by default: every other relay's heartbeat waited behind it and the
@@ -6,7 +7,14 @@
 -- idle_in_transaction_session_timeout for its own transaction to the lease it was given (at
 -- least 1 s), so the server ends such a session once it idles that long. The relay itself
 -- calls it in a single autocommit statement (no idle moment inside the transaction). The body
--- is 0014's otherwise.
+-- * Each relay is declared dead by the lease it runs with (stored with its heartbeat), not by
+--   the lease of whoever heartbeats next: during a rollout that changed partition_lease_ms, a
+--   relay on a short lease deleted a peer on a longer one at every heartbeat, and their buckets
+--   moved back and forth. A row without one (written before this migration) is judged by the
+--   caller's lease, as before.
+-- The body is 0014's otherwise.
+
+ALTER TABLE outbox.relay_instances ADD COLUMN dead_after interval;
 
 CREATE OR REPLACE FUNCTION outbox.coordinate(instance uuid, dead_after interval, leaving boolean,
                                   description text DEFAULT '')
@@ -21,18 +29,22 @@ BEGIN
   -- COMMIT) has its session ended once it idles in it longer than the lease it asked for,
   -- which frees the lock; it is dead by then anyway.
   PERFORM set_config('idle_in_transaction_session_timeout',
-                     (extract(epoch FROM greatest(dead_after, interval '1 second')) * 1000)::bigint::text,
+                     (extract(epoch FROM greatest(coordinate.dead_after, interval '1 second'))
+                      * 1000)::bigint::text,
                      true);
   PERFORM pg_advisory_xact_lock(7079, 1);
   bc := (SELECT p.bucket_count FROM outbox.partitioning p);
   IF leaving THEN
     DELETE FROM outbox.relay_instances WHERE instance_id = instance;
   ELSE
-    INSERT INTO outbox.relay_instances AS r (instance_id, heartbeat_at, description)
-    VALUES (instance, clock_timestamp(), description)
-    ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at;
+    INSERT INTO outbox.relay_instances AS r (instance_id, heartbeat_at, description, dead_after)
+    VALUES (instance, clock_timestamp(), coordinate.description, coordinate.dead_after)
+    ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
+                                            dead_after = excluded.dead_after;
   END IF;
-  DELETE FROM outbox.relay_instances r WHERE r.heartbeat_at < clock_timestamp() - dead_after;
+  -- (The parameter named in full: with use_column, a bare dead_after is now the column.)
+  DELETE FROM outbox.relay_instances r
+  WHERE r.heartbeat_at < clock_timestamp() - coalesce(r.dead_after, coordinate.dead_after);
   INSERT INTO outbox.bucket_owners (bucket) SELECT g FROM generate_series(0, bc - 1) g
   ON CONFLICT DO NOTHING;
   DELETE FROM outbox.bucket_owners o WHERE o.bucket >= bc;
