@@ -115,6 +115,41 @@ TEST_F(CoordinateTest, ARelayIsDeclaredDeadByItsOwnLeaseNotByItsPeers) {
   EXPECT_EQ(store.Coordinate(quick, 1s, false, "").size(), 64u);
 }
 
+// set_bucket_count holds the coordinator's lock while it re-buckets the queue, which takes a
+// while on a big one; every relay's heartbeat waits behind it meanwhile. Those relays were
+// alive, not dead: the first heartbeat afterwards deleted every other relay whose lease had
+// run out during the wait, and all buckets moved twice (review). The time it held the lock
+// is added to every heartbeat.
+TEST_F(CoordinateTest, RelaysWaitingForABucketCountChangeAreNotDeclaredDead) {
+  Enqueue({outbox::Message::To("d").Json("1").Build()});
+  Store store(db_url_);
+  const std::string waiting = NewUuid(), first = NewUuid();
+  store.Coordinate(waiting, 1s, false, "");
+  store.Coordinate(first, 1s, false, "");
+  // A row lock keeps the re-bucketing (and so the coordinator's lock) going for a while.
+  pqxx::connection lc(db_url_);
+  pqxx::work locker(lc);
+  locker.exec("SELECT id FROM outbox.messages FOR UPDATE");
+  auto change = std::async(std::launch::async, [&] {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction(c).exec("SELECT outbox.set_bucket_count(8)");
+  });
+  const bool lapsed = testing::WaitFor(
+      [&] {
+        return Scalar("SELECT count(*) FROM outbox.relay_instances WHERE instance_id = '" +
+                      waiting + "' AND heartbeat_at < clock_timestamp() - interval '1500 ms'") ==
+                   1 &&
+               Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
+      },
+      10s);
+  locker.commit();
+  change.get();
+  ASSERT_TRUE(lapsed) << "the change held the lock past the relays' lease";
+  EXPECT_EQ(store.Coordinate(first, 1s, false, "").size(), 4u)
+      << "the relay that waited keeps its share";
+  EXPECT_EQ(store.Coordinate(waiting, 1s, false, "").size(), 4u);
+}
+
 // A relay frozen (SIGSTOP, a network cut) inside its heartbeat's transaction, after
 // outbox.coordinate took the coordinator's lock and before the COMMIT, held that lock until TCP
 // noticed (hours): every other relay's heartbeat waited behind it, and the frozen relay's

@@ -1,18 +1,23 @@
--- 0016: outbox.coordinate, the partitioned mode's heartbeat.
+-- 0016: the partitioned mode's coordination (outbox.coordinate, outbox.set_bucket_count).
 -- * A relay frozen inside its heartbeat's transaction holds no other relay for long.
--- outbox.coordinate takes the coordinator's transaction-scoped lock (7079, 1). A caller frozen
--- (SIGSTOP, a network cut) after that and before its COMMIT kept the lock until TCP gave up on
--- the connection, hours by default: every other relay's heartbeat waited behind it and the
--- frozen relay's buckets were never handed on. The function now sets
--- idle_in_transaction_session_timeout for its own transaction to the lease it was given (at
--- least 1 s), so the server ends such a session once it idles that long. The relay itself
--- calls it in a single autocommit statement (no idle moment inside the transaction). The body
+--   outbox.coordinate takes the coordinator's transaction-scoped lock (7079, 1). A caller
+--   frozen (SIGSTOP, a network cut) after that and before its COMMIT kept the lock until TCP
+--   gave up on the connection, hours by default: every other relay's heartbeat waited behind
+--   it and the frozen relay's buckets were never handed on. The function now sets
+--   idle_in_transaction_session_timeout for its own transaction to the lease it was given (at
+--   least 1 s), so the server ends such a session once it idles that long. The relay itself
+--   calls it in a single autocommit statement (no idle moment inside the transaction).
 -- * Each relay is declared dead by the lease it runs with (stored with its heartbeat), not by
 --   the lease of whoever heartbeats next: during a rollout that changed partition_lease_ms, a
 --   relay on a short lease deleted a peer on a longer one at every heartbeat, and their buckets
 --   moved back and forth. A row without one (written before this migration) is judged by the
 --   caller's lease, as before.
--- The body is 0014's otherwise.
+-- * set_bucket_count holds the coordinator's lock while it re-buckets the queue (a while, on a
+--   big one), and every relay's heartbeat waits behind it. Those relays are alive: the first
+--   heartbeat afterwards deleted every other relay whose lease ran out during the wait, and
+--   all buckets moved twice. The time it held the lock is now added to every heartbeat, and
+--   the relays are told to take the buckets it freed at once ('rebalance').
+-- The bodies are 0014's otherwise.
 
 ALTER TABLE outbox.relay_instances ADD COLUMN dead_after interval;
 
@@ -64,5 +69,26 @@ BEGIN
   END IF;
   RETURN QUERY SELECT o.bucket, o.epoch FROM outbox.bucket_owners o WHERE o.owner = instance
                ORDER BY o.bucket;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.set_bucket_count(new_count integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  held_since timestamptz;
+BEGIN
+  PERFORM pg_advisory_xact_lock(7079, 2);
+  PERFORM pg_advisory_xact_lock(7079, 1);
+  held_since := clock_timestamp();
+  UPDATE outbox.partitioning SET bucket_count = new_count;
+  UPDATE outbox.messages m
+  SET bucket = CASE WHEN m.ordering_key IS NULL THEN floor(random() * new_count)
+                    ELSE (hashtextextended(m.destination || chr(31) || m.ordering_key, 0) & 32767) % new_count END;
+  UPDATE outbox.bucket_owners SET owner = NULL, epoch = epoch + 1;
+  DELETE FROM outbox.bucket_owners WHERE bucket >= new_count;
+  -- Heartbeats could not be written while this held the lock: that time is not held against
+  -- the relays.
+  UPDATE outbox.relay_instances SET heartbeat_at = heartbeat_at + (clock_timestamp() - held_since);
+  PERFORM pg_notify('outbox_messages', 'rebalance');
 END
 $$;
