@@ -70,6 +70,45 @@ TEST_F(CoordinateTest, EveryBucketHasExactlyOneLiveOwnerAndEachAFairShare) {
   EXPECT_EQ(OwnerCounts(), (std::map<std::string, int>{{"none", 64}}));
 }
 
+// A relay that joins or leaves moves only what its share needs: the others keep what they own
+// up to their new share. With "bucket b goes to relay b mod n", going from 4 relays to 5 moved
+// 48 of 64 buckets (each move resets a cursor, and re-initialises an exactly-once producer),
+// not the 12 or 13 the newcomer takes (review).
+TEST_F(CoordinateTest, AJoiningOrLeavingRelayMovesOnlyItsShareOfBuckets) {
+  Store store(db_url_);
+  std::vector<std::string> relays;
+  for (int i = 0; i < 4; ++i) relays.push_back(NewUuid());
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& id : relays) store.Coordinate(id, 10s, false, "");
+  }
+  const auto moves = [&] { return Scalar("SELECT sum(epoch) FROM outbox.bucket_owners"); };
+  for (int joined = 0; joined < 3; ++joined) {
+    const auto before = moves();
+    relays.push_back(NewUuid());
+    for (int round = 0; round < 2; ++round) {
+      for (const auto& id : relays) store.Coordinate(id, 10s, false, "");
+    }
+    const auto share = 64 / static_cast<std::int64_t>(relays.size());
+    EXPECT_LE(moves() - before, share + 1) << relays.size() << " relays";
+    std::size_t total = 0;
+    for (const auto& id : relays) {
+      const auto n = store.Coordinate(id, 10s, false, "").size();
+      EXPECT_GE(n, static_cast<std::size_t>(share));
+      EXPECT_LE(n, static_cast<std::size_t>(share + 1));
+      total += n;
+    }
+    EXPECT_EQ(total, 64u);
+  }
+  // One leaves: only its buckets move.
+  const auto before = moves();
+  const auto leaving = store.Coordinate(relays[2], 10s, false, "").size();
+  store.Coordinate(relays[2], 10s, true, "");
+  relays.erase(relays.begin() + 2);
+  for (const auto& id : relays) store.Coordinate(id, 10s, false, "");
+  EXPECT_LE(moves() - before, static_cast<std::int64_t>(leaving) + 2);
+  EXPECT_EQ(OwnerCounts().count("none"), 0u);
+}
+
 TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBound) {
   Store store(db_url_);
   const std::string live = NewUuid(), dead = NewUuid();
