@@ -4,6 +4,7 @@
 // the claim loop under live traffic: one claim per wake-up, no empty claim after each.
 #include <gtest/gtest.h>
 
+#include <future>
 #include <memory>
 #include <pqxx/pqxx>
 
@@ -22,10 +23,12 @@ using namespace std::chrono_literals;
 class SweepTest : public testing::PgTest {
  protected:
   // A started relay of one Kafka destination, "orders", on a one-broker mock cluster.
-  std::unique_ptr<Dispatcher> StartRelay(Millis full_sweep_interval, Millis poll_interval) {
+  std::unique_ptr<Dispatcher> StartRelay(Millis full_sweep_interval, Millis poll_interval,
+                                         Millis shutdown_timeout = Millis{10'000}) {
     kafka_.CreateTopic("orders", 1);
     RelayConfig cfg;
     cfg.database_url = db_url_;
+    cfg.shutdown_timeout = shutdown_timeout;
     cfg.full_sweep_interval = full_sweep_interval;
     cfg.poll_interval = poll_interval;
     Destination d;
@@ -116,6 +119,36 @@ TEST_F(SweepTest, TrickledMessagesCostOneClaimEachWithoutAnEmptyOneAfterEach) {
   EXPECT_LE(stats.empty_claims, 3) << stats.claims << " claims for " << kMessages << " messages";
   EXPECT_LE(stats.claims, kMessages + 3);
   relay.Stop();
+}
+
+// A relay stopping while its queue table is locked (VACUUM FULL, a migration's ALTER TABLE):
+// its claim waited for the lock, and Stop waited for the claim, for as long as the lock was
+// held, well past shutdown_timeout_ms, until a process manager killed it. Past the deadline
+// the statements still running are cut, and Stop returns.
+TEST_F(SweepTest, StopKeepsToItsDeadlineWhileTheQueueTableIsLocked) {
+  auto relay = StartRelay(std::chrono::hours(1), Millis{50}, Millis{1'000});
+  ASSERT_TRUE(testing::WaitFor([&] { return relay->stats().claims >= 1; }, 30s));
+  pqxx::connection lc(db_url_);
+  pqxx::work locker(lc);
+  locker.exec("LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE");
+  pqxx::connection watch(db_url_);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return pqxx::nontransaction(watch)
+                   .exec1("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[0]
+                   .as<int>() > 0;
+      },
+      30s))
+      << "the relay's claim waits for the lock";
+  const auto started = std::chrono::steady_clock::now();
+  auto stopped = std::async(std::launch::async, [&] { relay->Stop(); });
+  if (stopped.wait_for(30s) != std::future_status::ready) {
+    locker.abort();  // lets Stop end, so the test can fail instead of hanging
+    stopped.wait();
+    FAIL() << "Stop waited 30 s for the lock";
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 15s);
+  locker.abort();
 }
 
 }  // namespace

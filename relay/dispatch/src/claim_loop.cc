@@ -15,6 +15,7 @@ namespace outbox::relay {
 void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
   const auto owned_store = stores();
   QueueStore& store = *owned_store;
+  const LiveStore live(*this, Role::kClaim, store);  // let go of before the store goes
   FreshCursor cursor;
   const bool partitioned = config.claim_mode == ClaimMode::kPartitioned;
   std::vector<BucketLease> last_buckets;

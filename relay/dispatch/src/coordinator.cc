@@ -17,6 +17,7 @@ namespace outbox::relay {
 void Dispatcher::Impl::CoordinatorLoop() {
   const auto owned_store = stores();
   QueueStore& store = *owned_store;
+  const LiveStore live(*this, Role::kCoordinator, store);  // let go of before the store goes
   auto last_ok = Now();
   Reconnect db("coordinator: heartbeat failed", "coordinator: database reachable again",
                [this] { DbError(); });

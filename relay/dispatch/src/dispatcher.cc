@@ -24,6 +24,29 @@ double Uniform01() {
 
 }  // namespace
 
+Dispatcher::Impl::LiveStore::LiveStore(Impl& d, Role role, QueueStore& store) : d_(d) {
+  std::lock_guard lk(d_.live_mu);
+  it_ = d_.live_stores.emplace(role, &store);
+}
+
+Dispatcher::Impl::LiveStore::~LiveStore() {
+  {
+    std::lock_guard lk(d_.live_mu);
+    d_.live_stores.erase(it_);
+  }
+  d_.live_cv.notify_all();
+}
+
+void Dispatcher::Impl::InterruptAfter(Role role, Millis budget) {
+  std::unique_lock lk(live_mu);
+  if (live_cv.wait_for(lk, budget, [&] { return live_stores.count(role) == 0; })) return;
+  const auto [first, last] = live_stores.equal_range(role);
+  spdlog::warn("shutdown: {} database call(s) still running after the shutdown budget (a lock "
+               "held elsewhere, or a database that does not answer); cutting them",
+               std::distance(first, last));
+  for (auto it = first; it != last; ++it) it->second->Interrupt();
+}
+
 void Dispatcher::Impl::Wake() {
   {
     std::lock_guard lk(mu);
@@ -317,13 +340,21 @@ bool Dispatcher::Stop() {
       d.coordinator_stopping = true;
     }
     d.wake_cv.notify_all();
-    if (d.coordinator.joinable()) d.coordinator.join();  // hands the buckets back
+    if (d.coordinator.joinable()) {
+      d.InterruptAfter(Impl::Role::kCoordinator, tuning::kStuckStatementGrace);
+      d.coordinator.join();  // hands the buckets back
+    }
   };
   {
     std::lock_guard lk(d.mu);
     d.stopping = true;
   }
   d.wake_cv.notify_all();
+  // A claim stuck in the database (a lock held elsewhere: VACUUM FULL, a migration's ALTER
+  // TABLE; a database that stopped answering) is cut at the deadline: waited for, it held the
+  // whole shutdown, and the sinks then had no time left for what they still sent.
+  d.InterruptAfter(Impl::Role::kClaim,
+                   std::max(std::chrono::duration_cast<Millis>(deadline - d.Now()), Millis{0}));
   for (auto& t : d.loops) t.join();
   if (!keep_buckets) hand_back_buckets();
   if (d.listener.joinable()) d.listener.join();
@@ -350,6 +381,7 @@ bool Dispatcher::Stop() {
     d.settler_give_up = true;
   }
   d.settle_cv.notify_all();
+  d.InterruptAfter(Impl::Role::kSettler, tuning::kStuckStatementGrace);
   d.settler.join();
   if (keep_buckets) hand_back_buckets();
   {
@@ -357,7 +389,10 @@ bool Dispatcher::Stop() {
     d.maintenance_stopping = true;
   }
   d.wake_cv.notify_all();
-  if (d.maintenance.joinable()) d.maintenance.join();
+  if (d.maintenance.joinable()) {
+    d.InterruptAfter(Impl::Role::kMaintenance, tuning::kStuckStatementGrace);
+    d.maintenance.join();
+  }
   return all;
 }
 

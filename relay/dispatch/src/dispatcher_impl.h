@@ -144,6 +144,29 @@ struct Dispatcher::Impl {
   std::vector<BucketLease> owned;  // guarded by owned_mu; written by the coordinator
   std::vector<BucketLease> OwnedBuckets();
 
+  // --- the stores of the threads that talk to the database, for Stop ---
+  // A statement can hang (a lock held elsewhere, a database that stopped answering): Stop
+  // waits for such a thread only so long, then cuts the statement it is stuck in.
+  enum class Role { kClaim, kCoordinator, kSettler, kMaintenance };
+  std::mutex live_mu;
+  std::condition_variable live_cv;               // a thread let go of its store
+  std::multimap<Role, QueueStore*> live_stores;  // guarded by live_mu
+  // Held by a thread for as long as it uses `store`.
+  class LiveStore {
+   public:
+    LiveStore(Impl& d, Role role, QueueStore& store);
+    ~LiveStore();
+    LiveStore(const LiveStore&) = delete;
+    LiveStore& operator=(const LiveStore&) = delete;
+
+   private:
+    Impl& d_;
+    std::multimap<Role, QueueStore*>::iterator it_;
+  };
+  // Waits up to `budget` for the threads of `role` to let go of their stores, then interrupts
+  // the stores still held (QueueStore::Interrupt). Stop only.
+  void InterruptAfter(Role role, Millis budget);
+
   // --- the threads (Start/Stop only) ---
   std::vector<std::thread> loops;
   std::thread settler, listener, maintenance, coordinator;

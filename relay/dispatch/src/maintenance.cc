@@ -22,6 +22,7 @@ std::map<std::string, TargetHealth> Dispatcher::Impl::TargetHealths() const {
 void Dispatcher::Impl::MaintenanceLoop() {
   const auto owned_store = stores();
   QueueStore& store = *owned_store;
+  const LiveStore live(*this, Role::kMaintenance, store);  // let go of before the store goes
   Reconnect db("maintenance failed, will retry", "maintenance: database reachable again",
                [this] { DbError(); });
   auto next_reap = Now();

@@ -66,6 +66,7 @@ void Dispatcher::Impl::RecordSettled(const std::vector<Settlement>& batch, const
 void Dispatcher::Impl::SettleLoop() {
   const auto owned_store = stores();
   QueueStore& store = *owned_store;
+  const LiveStore live(*this, Role::kSettler, store);  // let go of before the store goes
   Reconnect db("settle failed, will retry", "settler: database reachable again",
                [this] { DbError(); });
   std::vector<Settlement> batch;

@@ -53,5 +53,9 @@ inline constexpr Millis kReconnectMax{5'000};
 /// what they completed, even when shutdown_timeout is spent.
 inline constexpr Millis kMinSinkShutdown{100};
 inline constexpr Millis kMinSettleAtStop{2'000};
+/// Stop: how long a thread stuck in a statement (the coordinator's, the settler's, the
+/// maintenance loop's) is waited for, once its part of the shutdown is due, before its
+/// statement is cut (QueueStore::Interrupt). The claim loops get what is left of the deadline.
+inline constexpr Millis kStuckStatementGrace{1'000};
 
 }  // namespace outbox::relay::tuning

@@ -1,7 +1,10 @@
 #include "outbox_relay/store.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <random>
@@ -70,8 +73,14 @@ const char* KindName(Settlement::Kind k) {
 // migration 0011, still running while an upgrade rolls out.
 constexpr std::int64_t kFullReapEvery = 60;
 
+constexpr const char* kInterrupted = "interrupted: the relay is stopping";
+
 struct Store::Impl {
   std::string url;
+  // Replaced (made, reset) only under conn_mu, which Interrupt takes to reach its socket from
+  // another thread.
+  std::mutex conn_mu;
+  std::atomic<bool> interrupted{false};
   std::unique_ptr<pqxx::connection> conn;
   std::unique_ptr<WakeReceiver> receiver;
   std::atomic<int> notifications{0};
@@ -82,10 +91,17 @@ struct Store::Impl {
   std::string last_claim_token;
 
   pqxx::connection& Get() {
+    if (interrupted) throw StoreError(StoreError::Kind::kTransient, "", kInterrupted);
     if (!conn || !conn->is_open()) {
       receiver.reset();
       claim_session = false;
-      conn = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
+      auto fresh = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
+      {
+        std::lock_guard lk(conn_mu);
+        conn = std::move(fresh);
+      }
+      // Interrupted while it connected: this connection is not used either.
+      if (interrupted) throw StoreError(StoreError::Kind::kTransient, "", kInterrupted);
       conn->prepare("claim", std::string(q::kclaim));
       conn->prepare("claim_partitioned", std::string(q::kclaim_partitioned));
       conn->prepare("settle", std::string(q::ksettle));
@@ -205,8 +221,23 @@ std::int64_t Store::CleanupDeadLetters(std::chrono::seconds max_age, int batch,
 
 void Store::Reset() {
   impl_->receiver.reset();
-  impl_->conn.reset();
+  std::unique_ptr<pqxx::connection> dropped;
+  {
+    std::lock_guard lk(impl_->conn_mu);
+    dropped = std::move(impl_->conn);
+  }
   impl_->claim_session = false;
+}
+
+void Store::Interrupt() {
+  std::lock_guard lk(impl_->conn_mu);
+  impl_->interrupted = true;
+  // The socket is shut down, not closed: the thread in the statement gets an error from libpq
+  // at once, and the descriptor stays this connection's until it is reset (under conn_mu).
+  if (impl_->conn && impl_->conn->is_open()) {
+    const int fd = impl_->conn->sock();
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
 }
 
 bool Store::Connected() const { return impl_->conn && impl_->conn->is_open(); }

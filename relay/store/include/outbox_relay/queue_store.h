@@ -193,6 +193,10 @@ class QueueStore {
 
   /// Drops the connection; the next call reconnects.
   virtual void Reset() = 0;
+  /// From another thread: cuts the statement in progress, which fails as if the connection had
+  /// broken, and makes every later call fail at once. For a stopping relay whose thread is
+  /// stuck in a statement (a lock held elsewhere, a database that stopped answering).
+  virtual void Interrupt() {}
   virtual bool Connected() const = 0;
 };
 

@@ -53,6 +53,7 @@ class Store final : public QueueStore {
   std::int64_t WakeOrphans(const std::string& destination) override;
   std::int64_t WakeKeys(const std::string& destination,
                         const std::vector<BlockedKey>& keys) override;
+  void Interrupt() override;
 
   /// outbox.coordinate.
   std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
