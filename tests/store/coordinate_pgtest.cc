@@ -40,6 +40,15 @@ class CoordinateTest : public testing::PgTest {
     pqxx::nontransaction tx(c);
     return tx.exec1(sql)[0].as<std::int64_t>();
   }
+  // Every bucket's changes of owner so far (each bumps its epoch).
+  std::int64_t Epochs() { return Scalar("SELECT sum(epoch) FROM outbox.bucket_owners"); }
+  // Relays `a` and `b` join with these leases and end up with 32 buckets each.
+  void TwoRelaysShareTheBuckets(Store& store, const std::string& a, Millis a_lease,
+                                const std::string& b, Millis b_lease) {
+    store.Coordinate(a, a_lease, false, "");
+    store.Coordinate(b, b_lease, false, "");
+    EXPECT_EQ(store.Coordinate(a, a_lease, false, "").size(), 32u);
+  }
 };
 
 TEST_F(CoordinateTest, EveryBucketHasExactlyOneLiveOwnerAndEachAFairShare) {
@@ -81,15 +90,14 @@ TEST_F(CoordinateTest, AJoiningOrLeavingRelayMovesOnlyItsShareOfBuckets) {
   for (int round = 0; round < 2; ++round) {
     for (const auto& id : relays) store.Coordinate(id, 10s, false, "");
   }
-  const auto moves = [&] { return Scalar("SELECT sum(epoch) FROM outbox.bucket_owners"); };
   for (int joined = 0; joined < 3; ++joined) {
-    const auto before = moves();
+    const auto before = Epochs();
     relays.push_back(NewUuid());
     for (int round = 0; round < 2; ++round) {
       for (const auto& id : relays) store.Coordinate(id, 10s, false, "");
     }
     const auto share = 64 / static_cast<std::int64_t>(relays.size());
-    EXPECT_LE(moves() - before, share + 1) << relays.size() << " relays";
+    EXPECT_LE(Epochs() - before, share + 1) << relays.size() << " relays";
     std::size_t total = 0;
     for (const auto& id : relays) {
       const auto n = store.Coordinate(id, 10s, false, "").size();
@@ -100,22 +108,20 @@ TEST_F(CoordinateTest, AJoiningOrLeavingRelayMovesOnlyItsShareOfBuckets) {
     EXPECT_EQ(total, 64u);
   }
   // One leaves: only its buckets move.
-  const auto before = moves();
+  const auto before = Epochs();
   const auto leaving = store.Coordinate(relays[2], 10s, false, "").size();
   store.Coordinate(relays[2], 10s, true, "");
   relays.erase(relays.begin() + 2);
   for (const auto& id : relays) store.Coordinate(id, 10s, false, "");
-  EXPECT_LE(moves() - before, static_cast<std::int64_t>(leaving) + 2);
+  EXPECT_LE(Epochs() - before, static_cast<std::int64_t>(leaving) + 2);
   EXPECT_EQ(OwnerCounts().count("none"), 0u);
 }
 
 TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBound) {
   Store store(db_url_);
   const std::string live = NewUuid(), dead = NewUuid();
-  store.Coordinate(live, 1s, false, "");
-  store.Coordinate(dead, 1s, false, "");
-  EXPECT_EQ(store.Coordinate(live, 1s, false, "").size(), 32u);
-  const auto epoch_before = Scalar("SELECT sum(epoch) FROM outbox.bucket_owners");
+  TwoRelaysShareTheBuckets(store, live, 1s, dead, 1s);
+  const auto epoch_before = Epochs();
   // `dead` stops heartbeating; `live` keeps going and takes everything after the bound.
   const auto start = std::chrono::steady_clock::now();
   std::size_t mine = 0;
@@ -126,7 +132,7 @@ TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBoun
   EXPECT_EQ(mine, 64u);
   EXPECT_GE(took, 900ms) << "not before the dead relay's lease ran out";
   EXPECT_LT(took, 3s);
-  EXPECT_EQ(Scalar("SELECT sum(epoch) FROM outbox.bucket_owners"), epoch_before + 32)
+  EXPECT_EQ(Epochs(), epoch_before + 32)
       << "every moved bucket got a new epoch";
 }
 
@@ -137,16 +143,14 @@ TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBoun
 TEST_F(CoordinateTest, ARelayIsDeclaredDeadByItsOwnLeaseNotByItsPeers) {
   Store store(db_url_);
   const std::string quick = NewUuid(), slow = NewUuid();
-  store.Coordinate(slow, 10s, false, "");
-  store.Coordinate(quick, 1s, false, "");
-  EXPECT_EQ(store.Coordinate(slow, 10s, false, "").size(), 32u);
-  const auto epochs = Scalar("SELECT sum(epoch) FROM outbox.bucket_owners");
+  TwoRelaysShareTheBuckets(store, slow, 10s, quick, 1s);
+  const auto epochs = Epochs();
   // `slow` last beat 2 s ago: well within its own 10 s.
   Scalar("WITH u AS (UPDATE outbox.relay_instances SET heartbeat_at = clock_timestamp() - "
          "interval '2 seconds' WHERE instance_id = '" + slow + "' RETURNING 1) "
          "SELECT count(*) FROM u");
   EXPECT_EQ(store.Coordinate(quick, 1s, false, "").size(), 32u) << "slow keeps its buckets";
-  EXPECT_EQ(Scalar("SELECT sum(epoch) FROM outbox.bucket_owners"), epochs) << "nothing moved";
+  EXPECT_EQ(Epochs(), epochs) << "nothing moved";
   // Past its own lease it is dead, for everyone.
   Scalar("WITH u AS (UPDATE outbox.relay_instances SET heartbeat_at = clock_timestamp() - "
          "interval '11 seconds' WHERE instance_id = '" + slow + "' RETURNING 1) "
