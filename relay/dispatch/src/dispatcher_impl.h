@@ -114,6 +114,12 @@ struct Dispatcher::Impl {
   bool settler_give_up = false;                        // guarded by settle_mu
 
   void Enqueue(Settlement s);
+  // settle_mu held. A removing outcome of a message claimed again meanwhile (its lease ran
+  // out) is written under the new claim's token.
+  void TakeLatestToken(Settlement& s);
+  // settle_mu held. Outcomes that will not be written (shutdown): their messages are
+  // delivered again once their leases expire. Clears `outcomes`.
+  void LeaveToTheirLeases(std::vector<Settlement>& outcomes);
   // Whether `s` takes its message out of the queue (delivered, dead, fanned out).
   static bool Removes(const Settlement& s) {
     return s.kind == Settlement::Kind::kDelivered || s.kind == Settlement::Kind::kDead ||

@@ -61,6 +61,20 @@ void Dispatcher::Impl::RecordSettled(const std::vector<Settlement>& batch, const
   }
 }
 
+void Dispatcher::Impl::TakeLatestToken(Settlement& s) {
+  if (!Removes(s)) return;
+  if (const auto it = held_leases.find(Raw(s.id));
+      it != held_leases.end() && !it->second.in_sink && it->second.removes) {
+    s.lease_token = it->second.token;
+  }
+}
+
+void Dispatcher::Impl::LeaveToTheirLeases(std::vector<Settlement>& outcomes) {
+  unsettled -= static_cast<std::int64_t>(outcomes.size());
+  for (const auto& s : outcomes) held_leases.erase(Raw(s.id));
+  outcomes.clear();
+}
+
 // Writes outcomes in batches. Keeps them until the database takes them: nothing is lost
 // while it is away, and leases that expire meanwhile are fenced by their token.
 void Dispatcher::Impl::SettleLoop() {
@@ -89,21 +103,15 @@ void Dispatcher::Impl::SettleLoop() {
         // Stopping: what is still deferred when the shutdown budget is spent is left to its
         // leases, like any outcome that could not be written.
         spdlog::error(
-            "shutdown: {} fanned-out message(s) could not be written (a key lock they need is "
-            "held by another transaction); their leases will expire",
+            "shutdown: {} fanned-out message(s) could not be written (a lock they need was "
+            "held elsewhere); their leases will expire",
             deferred.size());
-        unsettled -= static_cast<std::int64_t>(deferred.size());
-        for (const auto& s : deferred) held_leases.erase(Raw(s.id));
-        deferred.clear();
+        LeaveToTheirLeases(deferred);
       }
       if (settle_queue.empty() && settler_stop && deferred.empty()) return;
       if (deferred_due()) {
         for (auto& s : deferred) {
-          // Claimed again meanwhile (its lease ran out): written under the new token.
-          if (const auto it = held_leases.find(Raw(s.id));
-              it != held_leases.end() && !it->second.in_sink && it->second.removes) {
-            s.lease_token = it->second.token;
-          }
+          TakeLatestToken(s);
           settle_queue.push_back(std::move(s));
         }
         deferred.clear();
@@ -135,9 +143,10 @@ void Dispatcher::Impl::SettleLoop() {
                           std::make_move_iterator(batch.end()));
           batch.erase(split, batch.end());
           spdlog::warn(
-              "settler: {} fanned-out message(s) not written yet: a key lock their endpoint rows "
-              "need is held by another transaction (an uncommitted replay, or a writer of a key "
-              "like \"<endpoint>:<key>\"); trying again in {} ms",
+              "settler: {} fanned-out message(s) not written yet: a lock their endpoint rows "
+              "need is held elsewhere (a key's, by an uncommitted replay or a writer of a key "
+              "like \"<endpoint>:<key>\"; or the bucket count's, while it changes); trying "
+              "again in {} ms",
               c.deferred.size(), tuning::kDeferredSettleRetry.count());
         }
         RecordSettled(batch, c);
@@ -164,21 +173,13 @@ void Dispatcher::Impl::SettleLoop() {
         if (settler_stop && settler_give_up) {
           spdlog::error("shutdown: {} outcomes could not be written; their leases will expire",
                         batch.size());
-          unsettled -= static_cast<std::int64_t>(batch.size());
-          for (const auto& s : batch) held_leases.erase(Raw(s.id));
-          batch.clear();
+          LeaveToTheirLeases(batch);
           break;
         }
         settle_cv.wait_for(lk, pause);
         // A message claimed again meanwhile (the outage outlasted its lease) settles under the
         // new token.
-        for (auto& s : batch) {
-          if (!Removes(s)) continue;
-          if (const auto it = held_leases.find(Raw(s.id));
-              it != held_leases.end() && !it->second.in_sink && it->second.removes) {
-            s.lease_token = it->second.token;
-          }
-        }
+        for (auto& s : batch) TakeLatestToken(s);
       }
     }
     bool again = false;

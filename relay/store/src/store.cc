@@ -440,18 +440,17 @@ SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, boo
     }
     tx.abort();
     std::vector<Settlement> rest;
-    SettleCounts deferred;
+    std::vector<MessageId> deferred;
     for (const auto& s : settlements) {
       if (SpawnsRows(s)) {
-        deferred.deferred.push_back(s.id);
+        deferred.push_back(s.id);
       } else {
         rest.push_back(s);
       }
     }
     pqxx::nontransaction plain(impl_->Get());
     auto counts = SettleIn(plain, rest, archive);
-    counts.deferred.insert(counts.deferred.end(), deferred.deferred.begin(),
-                           deferred.deferred.end());
+    counts.deferred.insert(counts.deferred.end(), deferred.begin(), deferred.end());
     return counts;
   });
 }

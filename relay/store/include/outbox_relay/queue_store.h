@@ -82,10 +82,10 @@ struct SettleCounts {
   /// Ids this write delivered, dead-lettered, returned for a retry or released: what the
   /// metrics count.
   std::vector<MessageId> written;
-  /// Fan-outs not written this time: a key lock their endpoint rows take
-  /// (outbox.insert_message's) was held by another transaction (settle.sql tries the locks and
-  /// waits for none). Nothing of them was written; they still hold their lease. Write them
-  /// again later.
+  /// Fan-outs not written this time: a lock their endpoint rows take was held elsewhere, a
+  /// key's (outbox.insert_message's, by an uncommitted writer of the key) or the bucket
+  /// count's (while set_bucket_count runs). The locks are tried, never waited for. Nothing of
+  /// them was written; they still hold their lease. Write them again later.
   std::vector<MessageId> deferred;
 };
 
