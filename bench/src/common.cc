@@ -130,7 +130,15 @@ std::string ProcessName(int pid) {
 
 std::int64_t ProcessTreeCpuMicros(int parent_pid) {
   if (parent_pid <= 0) return 0;
-  std::int64_t total = std::max<std::int64_t>(PidCpuMicros(parent_pid), 0);
+  // The parent's own time and, in cutime + cstime (fields 13 and 14), that of every child it has
+  // reaped: a child's time moves there from the live sum below when it exits, so a child that
+  // ends inside a measured interval neither vanishes nor takes its earlier time with it.
+  const auto f = StatFields(parent_pid);
+  if (f.size() < 15) return 0;
+  const long ticks = sysconf(_SC_CLK_TCK);
+  std::int64_t total =
+      (std::stoll(f[11]) + std::stoll(f[12]) + std::stoll(f[13]) + std::stoll(f[14])) * 1'000'000 /
+      ticks;
   DIR* dir = opendir("/proc");
   if (dir == nullptr) return total;
   while (const dirent* e = readdir(dir)) {

@@ -28,9 +28,10 @@ Percentiles Summarize(std::vector<std::int64_t> values_us);
 std::int64_t SelfCpuMicros();
 /// User + system CPU time of `pid` from /proc (all threads; clock-tick resolution); -1 if gone.
 std::int64_t PidCpuMicros(int pid);
-/// CPU time of `parent_pid` plus its live direct children (a postmaster and its backends).
-/// Children that exit inside a measured interval lose their share; the relay's connections
-/// live for a whole scenario, so this undercounts only short-lived helpers.
+/// CPU time of `parent_pid`, its live direct children (a postmaster and its backends) and the
+/// children it has reaped (cutime + cstime): monotonic, so the difference over an interval counts
+/// children that exit inside it (a preload's backends, autovacuum workers) for exactly their part.
+/// Grandchildren not reaped by their own parent are not counted.
 std::int64_t ProcessTreeCpuMicros(int parent_pid);
 /// Each live thread of this process: its name (/proc/self/task/<tid>/comm; the relay names its
 /// threads "or-<role>") and its user + system CPU time in microseconds, by thread id.
