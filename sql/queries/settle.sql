@@ -15,9 +15,10 @@
 --   $3 ids and $4 lease tokens (parallel arrays) of plain deliveries: outcome `delivered`
 --       without anything else to say, the bulk of every settle, passed as arrays because
 --       unpacking them costs a fraction of unpacking as many JSON objects
--- A fan-out whose endpoint rows need a key lock another transaction holds is not written at
--- all (its row stays, leased); its id is returned in `deferred`, for the relay to write again
--- later.
+-- What a fan-out leaves an endpoint is written into the destination the endpoint is in now.
+-- A fan-out that needs a key lock or an endpoint's registry row another transaction holds is
+-- not written at all (its row stays, leased); its id is returned in `deferred`, for the relay
+-- to write again later.
 -- Returns counts of delivered, dead, retried, released and woken rows, whether it woke the
 -- other relays (woke_others: rows handed back due now), and of `gone`: inputs
 -- whose row no longer exists (settled by an earlier run of this same write whose reply was
@@ -30,17 +31,39 @@ WITH input AS (
   UNION ALL
   SELECT d.id, d.token, 'delivered', NULL, NULL, NULL, NULL, NULL
   FROM unnest($3::bigint[], $4::uuid[]) AS d(id, token)
+), fanout_children AS MATERIALIZED (
+  -- What each fan-out leaves its endpoints, with the message's destination and key.
+  SELECT i.id, m.destination, m.ordering_key, c.endpoint, c.outcome
+  FROM input i
+  JOIN outbox.messages m ON m.id = i.id AND m.lease_owner = i.token
+  CROSS JOIN LATERAL jsonb_to_recordset(i.children) AS c(endpoint text, outcome text)
+  WHERE i.outcome = 'fanout'
+), endpoint_rows AS MATERIALIZED (
+  -- Where those endpoints are now: an endpoint moved to another destination (`endpoints
+  -- update --destination`, which takes its queued rows and dead letters along) gets what it
+  -- is owed there, not in the destination its message was claimed from, whose service no
+  -- longer loads it. FOR SHARE holds a move off until this write commits (the move then finds
+  -- these rows too); tried, not waited for, like the key locks below.
+  SELECT e.id, e.destination FROM outbox.endpoints e
+  WHERE e.id IN (SELECT endpoint FROM fanout_children)
+  FOR SHARE SKIP LOCKED
+), endpoints_held AS MATERIALIZED (
+  -- Endpoints whose row another transaction holds (a move under way, or any other change of
+  -- the endpoint): their fan-outs wait for the next write. An endpoint that no longer exists
+  -- is in neither list; its rows go to the message's destination, whose service dead-letters
+  -- them as deleted.
+  SELECT e.id FROM outbox.endpoints e WHERE e.id IN (SELECT endpoint FROM fanout_children)
+  EXCEPT SELECT id FROM endpoint_rows
 ), fanout_keys AS (
   -- outbox.insert_message's per-key lock of each endpoint key a fan-out writes a row for:
   -- an uncommitted writer of the key (a dlq or archive replay of the endpoint's row, or an
   -- application writing a key that reads the same) holds it, and no row of the key may become
   -- claimable while an earlier one is invisible. A dead letter of an endpoint takes none.
-  SELECT i.id, hashtextextended(m.destination || chr(31) || c.endpoint || ':' || m.ordering_key,
-                                7079) AS lock_key
-  FROM input i
-  JOIN outbox.messages m ON m.id = i.id AND m.lease_owner = i.token
-  CROSS JOIN LATERAL jsonb_to_recordset(i.children) AS c(endpoint text, outcome text)
-  WHERE i.outcome = 'fanout' AND c.outcome <> 'dead' AND m.ordering_key IS NOT NULL
+  SELECT f.id, hashtextextended(coalesce(e.destination, f.destination) || chr(31) ||
+                                f.endpoint || ':' || f.ordering_key, 7079) AS lock_key
+  FROM fanout_children f
+  LEFT JOIN endpoint_rows e ON e.id = f.endpoint
+  WHERE f.outcome <> 'dead' AND f.ordering_key IS NOT NULL
 ), key_locks AS MATERIALIZED (
   -- Tried, not waited for: a transaction left open would otherwise hold every outcome of this
   -- write (and of the relay, whose one settler waits with it). No rows, no locks.
@@ -49,7 +72,9 @@ WITH input AS (
 ), deferred AS MATERIALIZED (
   -- Fan-outs with a lock held elsewhere: nothing of them is written now (the relay writes them
   -- again later, still under their lease).
-  SELECT DISTINCT f.id FROM fanout_keys f JOIN key_locks l USING (lock_key) WHERE NOT l.got
+  SELECT f.id FROM fanout_keys f JOIN key_locks l USING (lock_key) WHERE NOT l.got
+  UNION
+  SELECT f.id FROM fanout_children f JOIN endpoints_held h ON h.id = f.endpoint
 ), delivered AS (
   DELETE FROM outbox.messages m USING input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome IN ('delivered', 'fanout')
@@ -69,13 +94,15 @@ WITH input AS (
   ON CONFLICT (id) DO NOTHING
   RETURNING id
 ), owed AS (
-  -- What a fanned-out message's endpoints did not take.
-  SELECT d.destination, d.ordering_key, d.idempotency_key, d.event_type, d.headers, d.payload,
-         d.payload_bytes, d.created_at, c.endpoint, c.outcome, c.delay_ms, c.error,
-         c.attempts
-  FROM delivered d,
-       jsonb_to_recordset(d.children)
+  -- What a fanned-out message's endpoints did not take, in the destination each endpoint is
+  -- in now.
+  SELECT coalesce(e.destination, d.destination) AS destination, d.ordering_key,
+         d.idempotency_key, d.event_type, d.headers, d.payload, d.payload_bytes, d.created_at,
+         c.endpoint, c.outcome, c.delay_ms, c.error, c.attempts
+  FROM delivered d
+  CROSS JOIN LATERAL jsonb_to_recordset(d.children)
          AS c(endpoint text, outcome text, delay_ms bigint, error text, attempts integer)
+  LEFT JOIN endpoint_rows e ON e.id = c.endpoint
   WHERE d.children IS NOT NULL
 ), spawned AS (
   -- Parked: they enter through the slow lane when due, behind their endpoint's earlier rows of

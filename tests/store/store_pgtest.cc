@@ -983,6 +983,87 @@ TEST_F(StoreTest, AnEndpointMovedToAnotherDestinationTakesItsRowsAndDeadLetters)
   EXPECT_EQ(store.Claim("hooks-eu", 0, 10, 10, 30s).messages.size(), 2u);
 }
 
+// A fan-out settled after one of its endpoints moved to another destination writes what the
+// endpoint owes into the endpoint's new destination. Written into the old one (the relay
+// claimed the message there, before the move), the rows missed the move's sweep of the
+// queue, and the old destination's service, which no longer loads the endpoint, dead-lettered
+// them as deleted (review).
+TEST_F(StoreTest, AFanOutSettledAfterItsEndpointMovedWritesTheEndpointsRowsWhereItIsNow) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(16)) s");
+  const auto ids = Enqueue({outbox::Message::To("hooks").Json("1").Key("order-1").Build(),
+                            outbox::Message::To("hooks").Json("2").Key("order-2").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("hooks", 0, 10, 10, 30s);
+  ASSERT_EQ(Ids(r), ids);
+  relay::EndpointFields move;
+  move.destination = "hooks-eu";
+  ASSERT_TRUE(relay::UpdateEndpoint(c, "ep_a", move));
+
+  Settlement retry = Settle(r.messages[0], r.lease_token, Settlement::Kind::kFanOut);
+  retry.children = {{"ep_a", Settlement::Kind::kRetry, 0ms, "http 503", 1, {}}};
+  Settlement dead = Settle(r.messages[1], r.lease_token, Settlement::Kind::kFanOut);
+  dead.children = {{"ep_a", Settlement::Kind::kDead, 0ms, "http 410", 1, {}}};
+  const auto counts = store.Settle({retry, dead});
+  EXPECT_EQ(counts.delivered, 2);
+  EXPECT_EQ(counts.spawned, 1);
+  EXPECT_EQ(counts.endpoint_dead, 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a' AND "
+                   "destination = 'hooks-eu' AND bucket = (hashtextextended('hooks-eu' || "
+                   "chr(31) || ordering_key, 0) & 32767) % 16"),
+            1)
+      << "ep_a's row is in its new destination, in a bucket of that destination";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'hooks'"), 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_a' AND "
+                   "destination = 'hooks-eu'"),
+            1)
+      << "and so is its dead letter";
+  EXPECT_EQ(store.Claim("hooks-eu", 0, 10, 10, 30s).messages.size(), 1u);
+}
+
+// The same while the move is under way: the settle does not wait for the moving transaction
+// (a settle never waits for another transaction's lock) and does not write into the old
+// destination behind the move's back either. It defers the fan-out, and writes it into the new
+// destination once the move committed.
+TEST_F(StoreTest, AFanOutWhoseEndpointIsBeingMovedIsDeferredThenWrittenWhereTheEndpointWent) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  const auto ids = Enqueue({outbox::Message::To("hooks").Json("1").Key("order-1").Build(),
+                            outbox::Message::To("hooks").Json("2").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("hooks", 0, 10, 10, 30s);
+  ASSERT_EQ(Ids(r), ids);
+  pqxx::connection m(db_url_);
+  pqxx::work mover(m);
+  mover.exec("UPDATE outbox.endpoints SET destination = 'hooks-eu' WHERE id = 'ep_a'");
+
+  Settlement fan = Settle(r.messages[0], r.lease_token, Settlement::Kind::kFanOut);
+  fan.children = {{"ep_a", Settlement::Kind::kRetry, 0ms, "http 503", 1, {}}};
+  const Settlement plain = Settle(r.messages[1], r.lease_token, Settlement::Kind::kDelivered);
+  auto settled = std::async(std::launch::async, [&] { return store.Settle({fan, plain}); });
+  if (settled.wait_for(30s) != std::future_status::ready) {
+    mover.commit();  // lets the settle end, so the test can fail instead of hanging
+    settled.wait();
+    FAIL() << "the settle waited for the move";
+  }
+  const auto first = settled.get();
+  EXPECT_EQ(first.delivered, 1);
+  EXPECT_EQ(first.spawned, 0);
+  EXPECT_EQ(first.deferred, (std::vector<MessageId>{r.messages[0].id}));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 0)
+      << "nothing written into the old destination while the endpoint moves";
+
+  mover.commit();
+  const auto again = store.Settle({fan});
+  EXPECT_EQ(again.delivered, 1);
+  EXPECT_EQ(again.spawned, 1);
+  EXPECT_TRUE(again.deferred.empty());
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a' AND "
+                   "destination = 'hooks-eu'"),
+            1);
+}
+
 // An archive replay to one endpoint takes each replayed key's lock: a whole archive in one
 // statement (50,000 keys here) filled PostgreSQL's lock table ("out of shared memory") and
 // replayed nothing (review). It goes in parts, each its own transaction, in archive order.

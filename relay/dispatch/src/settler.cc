@@ -145,7 +145,8 @@ void Dispatcher::Impl::SettleLoop() {
           spdlog::warn(
               "settler: {} fanned-out message(s) not written yet: a lock their endpoint rows "
               "need is held elsewhere (a key's, by an uncommitted replay or a writer of a key "
-              "like \"<endpoint>:<key>\"; or the bucket count's, while it changes); trying "
+              "like \"<endpoint>:<key>\"; the bucket count's, while it changes; or an "
+              "endpoint's registry row, while it is changed or moved); trying "
               "again in {} ms",
               c.deferred.size(), tuning::kDeferredSettleRetry.count());
         }

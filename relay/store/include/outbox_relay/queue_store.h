@@ -83,8 +83,9 @@ struct SettleCounts {
   /// metrics count.
   std::vector<MessageId> written;
   /// Fan-outs not written this time: a lock their endpoint rows take was held elsewhere, a
-  /// key's (outbox.insert_message's, by an uncommitted writer of the key) or the bucket
-  /// count's (while set_bucket_count runs). The locks are tried, never waited for. Nothing of
+  /// key's (outbox.insert_message's, by an uncommitted writer of the key), the bucket count's
+  /// (while set_bucket_count runs) or an endpoint's registry row (by a transaction changing the
+  /// endpoint, e.g. moving it). The locks are tried, never waited for. Nothing of
   /// them was written; they still hold their lease. Write them again later.
   std::vector<MessageId> deferred;
 };
