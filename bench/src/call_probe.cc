@@ -136,8 +136,9 @@ class TimedStore final : public relay::QueueStore {
     return inner_->WakeKeys(destination, keys);
   }
   std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
-                                      bool leaving, const std::string& description) override {
-    return inner_->Coordinate(instance_id, dead_after, leaving, description);
+                                      bool leaving, const std::string& description,
+                                      bool exactly_once = false) override {
+    return inner_->Coordinate(instance_id, dead_after, leaving, description, exactly_once);
   }
   void Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
                  const std::string& description,

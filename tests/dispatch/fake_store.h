@@ -507,7 +507,7 @@ class FakeStore final : public QueueStore {
   // One relay: it owns the buckets OwnBuckets names (every one, unless a test says otherwise)
   // while it beats, none once it leaves.
   std::vector<BucketLease> Coordinate(const std::string&, Millis, bool leaving,
-                                      const std::string&) override {
+                                      const std::string&, bool = false) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter(leaving ? "coordinate_leave" : "coordinate");
     if (leaving) return {};

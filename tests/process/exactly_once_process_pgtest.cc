@@ -98,6 +98,11 @@ TEST_F(ExactlyOnceProcessTest, ConsumersSeeEveryMessageOnceAcrossKillsOutagesAnd
   std::vector<ChildProcess*> relays = {&StartRelay(config), &StartRelay(config)};
   std::vector<ChildProcess*> every = relays;  // every relay process the test started
   ASSERT_TRUE(DeliveredMore(200, 60s));
+  // Their heartbeats say they deliver exactly once, so the bucket count (the buckets being
+  // what their producers fence each other by) does not change under them (migration 0017).
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.relay_instances WHERE exactly_once"), 2);
+  EXPECT_THROW(Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(4)) s"),
+               pqxx::sql_error);
 
   // 1. SIGKILL each relay twice, in turn, while messages flow (mid-transaction, between the
   //    commit and the settle, wherever it lands); restart it at once.

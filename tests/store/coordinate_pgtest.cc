@@ -277,6 +277,40 @@ TEST_F(CoordinateTest, BucketsFollowTheOrderingKeyAndTheCountCanChange) {
   EXPECT_EQ(store.Coordinate(NewUuid(), 10s, false, "").size(), 128u);
 }
 
+// outbox.set_bucket_count moves messages between buckets, and with them between the Kafka
+// transactional ids an exactly-once relay fences its predecessors by: a message in flight at
+// one relay under bucket 3's producer can be claimed again under bucket 7's, which fences
+// nothing, and a read_committed consumer then sees it twice. It was only documented ("change
+// it with the relays stopped"); now it refuses while a live relay delivers exactly once,
+// naming that relay and the way out, unless forced.
+TEST_F(CoordinateTest, TheBucketCountDoesNotChangeUnderALiveExactlyOnceRelayUnlessForced) {
+  Store store(db_url_);
+  const std::string once = NewUuid(), plain = NewUuid();
+  store.Coordinate(once, 10s, false, "host-a pid 17", /*exactly_once=*/true);
+  store.Coordinate(plain, 10s, false, "host-b pid 18");
+  const auto epochs = Epochs();
+  try {
+    Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(8)) s");
+    ADD_FAILURE() << "the bucket count changed under a live exactly-once relay";
+  } catch (const pqxx::sql_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("exactly once"), std::string::npos) << what;
+    EXPECT_NE(what.find("host-a pid 17"), std::string::npos) << "names the relay: " << what;
+    EXPECT_EQ(what.find("host-b pid 18"), std::string::npos) << "and only that one: " << what;
+    EXPECT_NE(what.find("force => true"), std::string::npos) << "names the way out: " << what;
+  }
+  EXPECT_EQ(Scalar("SELECT bucket_count FROM outbox.partitioning"), 64);
+  EXPECT_EQ(Epochs(), epochs) << "nothing moved";
+
+  Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(8, force => true)) s");
+  EXPECT_EQ(Scalar("SELECT bucket_count FROM outbox.partitioning"), 8);
+
+  // Once the exactly-once relay has left, at-least-once relays do not hold a change up.
+  EXPECT_TRUE(store.Coordinate(once, 10s, true, "host-a pid 17", true).empty());
+  Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(16)) s");
+  EXPECT_EQ(Scalar("SELECT bucket_count FROM outbox.partitioning"), 16);
+}
+
 // A message written while the bucket count changes lands in a bucket of the new count.
 // set_bucket_count re-buckets the rows it can see: a writer's uncommitted row kept its old
 // bucket, which no relay owned any more, so it was never claimed, and every later message of

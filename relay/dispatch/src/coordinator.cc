@@ -22,9 +22,15 @@ void Dispatcher::Impl::CoordinatorLoop() {
   Reconnect db("coordinator: heartbeat failed", "coordinator: database reachable again",
                [this] { DbError(); });
   std::uint64_t seen_gen = 0;
+  // A relay whose sink fences by bucket (exactly-once Kafka) says so in its heartbeat:
+  // outbox.set_bucket_count refuses to move messages between buckets while it lives.
+  const bool exactly_once = std::any_of(sinks.begin(), sinks.end(), [](const auto& s) {
+    return s.second->FencesOthersWhenItStarts();
+  });
   while (!coordinator_stopping) {
     try {
-      auto now_owned = store.Coordinate(instance_id, config.partition_lease, false, description);
+      auto now_owned =
+          store.Coordinate(instance_id, config.partition_lease, false, description, exactly_once);
       last_ok = Now();
       db.Succeeded();
       bool changed = false;
@@ -58,7 +64,7 @@ void Dispatcher::Impl::CoordinatorLoop() {
   }
   // Hand every bucket back at once so the others take them without waiting for our lease.
   try {
-    store.Coordinate(instance_id, config.partition_lease, true, description);
+    store.Coordinate(instance_id, config.partition_lease, true, description, exactly_once);
     spdlog::info("partitioned: handed back all buckets");
   } catch (const std::exception& e) {
     spdlog::warn("partitioned: could not hand back buckets (they move when our lease expires): {}",

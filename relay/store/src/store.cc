@@ -357,7 +357,8 @@ ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t
 }
 
 std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Millis dead_after,
-                                           bool leaving, const std::string& description) {
+                                           bool leaving, const std::string& description,
+                                           bool exactly_once) {
   return Translated([&]() -> std::vector<BucketLease> {
     auto& c = impl_->Get();
     // One autocommit statement: the coordinator's lock (taken inside) is never held across a
@@ -366,8 +367,9 @@ std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Milli
     std::vector<BucketLease> out;
     const auto r = tx.exec_params(
         "SELECT bucket, epoch FROM outbox.coordinate($1::uuid, make_interval(secs => $2::bigint / "
-        "1000.0), $3, $4)",
-        instance_id, static_cast<long long>(dead_after.count()), leaving, description);
+        "1000.0), $3, $4, $5)",
+        instance_id, static_cast<long long>(dead_after.count()), leaving, description,
+        exactly_once);
     for (const auto& row : r) out.push_back({row[0].as<int>(), row[1].as<std::int64_t>()});
     return out;
   });

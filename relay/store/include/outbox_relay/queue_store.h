@@ -158,9 +158,12 @@ class QueueStore {
                                 const std::vector<BlockedKey>& keys) = 0;
 
   /// Heartbeat + failure detection + rebalancing of buckets. Returns the buckets
-  /// `instance_id` owns afterwards. `leaving`: hand every bucket back now.
+  /// `instance_id` owns afterwards. `leaving`: hand every bucket back now. `exactly_once`: this
+  /// relay fences by bucket (an exactly-once Kafka destination), so outbox.set_bucket_count
+  /// refuses while it lives (migration 0017).
   virtual std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
-                                              bool leaving, const std::string& description) = 0;
+                                              bool leaving, const std::string& description,
+                                              bool exactly_once = false) = 0;
   /// This relay is alive and serves `destinations`; `targets` is what its sinks know of their
   /// targets' health (Sink::Health), shown by `outbox-relay status`.
   virtual void Heartbeat(const std::string& instance_id,

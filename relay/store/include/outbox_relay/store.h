@@ -57,7 +57,8 @@ class Store final : public QueueStore {
 
   /// outbox.coordinate.
   std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
-                                      bool leaving, const std::string& description) override;
+                                      bool leaving, const std::string& description,
+                                      bool exactly_once = false) override;
   /// outbox.relay_heartbeats.
   void Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
                  const std::string& description,
