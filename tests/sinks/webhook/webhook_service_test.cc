@@ -500,6 +500,52 @@ TEST_F(WebhookServiceSinkTest, StoppingWhileAReplacedEndpointsRequestHangsKeepsT
   gate.Open();
 }
 
+// A reload that replaced an endpoint whose request hangs does not hold the next one: the
+// registry thread waited for the replaced sink (up to the request timeout, 20 s here) before
+// it read the registry again, so an endpoint added meanwhile stayed unknown ("not in this
+// relay's registry yet") for that long, against the second the docs promise (review).
+TEST_F(WebhookServiceSinkTest, AReloadThatReplacedAHangingEndpointDoesNotHoldTheNextReload) {
+  Gate gate;
+  HttpReceiver old_receiver, new_receiver, added_receiver;
+  OpenOnExit release{gate};
+  old_receiver.SetResponder([&](const outbox::testing::ReceivedRequest&) {
+    gate.Wait(60s);
+    return Reply{};
+  });
+  registry_.endpoints = {Endpoint("ep", old_receiver.Url("/hook"), 1)};
+  auto sink = Start(20s);
+  Outcomes done;
+  sink->Submit(Row(1, "ep"), done.For());
+  ASSERT_TRUE(old_receiver.WaitForCount(1, 10s));
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.endpoints = {Endpoint("ep", new_receiver.Url("/hook"), 1)};
+    ++registry_.version;
+  }
+  int next = 100;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        sink->Submit(Row(next++, "ep"), done.For());
+        return new_receiver.Count() > 0;
+      },
+      10s, 50ms));
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.endpoints.push_back(Endpoint("added", added_receiver.Url("/hook"), 1));
+    ++registry_.version;
+  }
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        sink->Submit(Row(next++, "added"), done.For());
+        return added_receiver.Count() > 0;
+      },
+      5s, 50ms))
+      << "the endpoint added after the replacement was not loaded while the replaced sink's "
+         "request hung";
+  sink->Shutdown(300ms);
+  gate.Open();
+}
+
 // Endpoints that do not answer at all (their hosts drop the SYNs) are stopped side by side:
 // each still connecting runs to its connect timeout, and stopped one after another, an
 // endpoint not yet stopped took its next queued row meanwhile and connected again, so the

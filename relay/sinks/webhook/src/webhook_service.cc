@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -272,6 +273,14 @@ class WebhookServiceSink final : public Sink {
       for (const auto& sink : stopped) stops.Stop(sink);
       if (planner_thread_.joinable()) planner_thread_.join();
       if (registry_thread_.joinable()) registry_thread_.join();
+      // Replaced sinks: stopped above (by the deadline) if Apply had begun to stop them, or by
+      // the deadline in Apply (it read stop_until_) if it began after.
+      std::vector<std::future<void>> retirements;
+      {
+        std::lock_guard lock(mu_);
+        retirements.swap(retirements_);
+      }
+      for (auto& r : retirements) r.wait();
       AgeBacklogs(true);  // what never reached an endpoint's sink is handed back
       // Endpoints a reload installed meanwhile.
       std::shared_ptr<const Lanes> lanes;
@@ -876,19 +885,26 @@ class WebhookServiceSink final : public Sink {
     }
     if (retired.empty()) return;
     auto until = Clock::now() + defaults_.timeout;
-    {
-      std::lock_guard lock(mu_);
-      if (stopping_) until = std::min(until, stop_until_);
-      retiring_.insert(retiring_.end(), retired.begin(), retired.end());
-    }
-    {
-      SideBySideStops stops = StopsBy(until);
-      for (const auto& sink : retired) stops.Stop(sink);
-    }
     std::lock_guard lock(mu_);
-    std::erase_if(retiring_, [&](const std::shared_ptr<Sink>& s) {
-      return std::find(retired.begin(), retired.end(), s) != retired.end();
+    if (stopping_) until = std::min(until, stop_until_);
+    retiring_.insert(retiring_.end(), retired.begin(), retired.end());
+    // Stopped beside this thread, which goes on reading the registry: waiting here for a
+    // replaced endpoint's hanging request held every later change (an endpoint added, another
+    // disabled) for up to the request timeout. Shutdown waits for these stops.
+    std::erase_if(retirements_, [](const std::future<void>& f) {
+      return f.wait_for(milliseconds(0)) == std::future_status::ready;
     });
+    retirements_.push_back(std::async(std::launch::async, [this, retired, until] {
+      NameThisThread("or-retire");
+      {
+        SideBySideStops stops = StopsBy(until);
+        for (const auto& sink : retired) stops.Stop(sink);
+      }
+      std::lock_guard lock(mu_);
+      std::erase_if(retiring_, [&](const std::shared_ptr<Sink>& s) {
+        return std::find(retired.begin(), retired.end(), s) != retired.end();
+      });
+    }));
   }
 
   // Stops sinks side by side (SideBySideStops), each by `until`.
@@ -930,6 +946,8 @@ class WebhookServiceSink final : public Sink {
   Clock::time_point stop_until_{};      ///< Shutdown's deadline, once stopping_; guarded by mu_.
   /// Sinks of replaced or removed endpoints that Apply is stopping; guarded by mu_.
   std::vector<std::shared_ptr<Sink>> retiring_;
+  /// Apply's stops of those sinks, each on a thread of its own; guarded by mu_.
+  std::vector<std::future<void>> retirements_;
   std::string registry_error_;  ///< Guarded by mu_.
   /// Endpoints of rows that were not in the lanes, since when (guarded by mu_): see Forgotten.
   std::map<std::string, Clock::time_point> unknown_since_;
