@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string_view>
 
@@ -131,6 +132,9 @@ void RequireUtf8(std::string_view text, const std::string& what) {
 class PayloadCheck : public nlohmann::json_sax<nlohmann::json> {
  public:
   bool has_nul = false;
+  /// Where the text stopped being read at a number beyond a double's range (1e400), which is
+  /// JSON all the same: chars read so far, and the number as written.
+  std::optional<std::pair<std::size_t, std::string>> overflow;
 
   bool null() override { return true; }
   bool boolean(bool) override { return true; }
@@ -144,7 +148,9 @@ class PayloadCheck : public nlohmann::json_sax<nlohmann::json> {
   bool end_object() override { return true; }
   bool start_array(std::size_t) override { return true; }
   bool end_array() override { return true; }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception&) override {
+  bool parse_error(std::size_t read, const std::string& token,
+                   const nlohmann::json::exception& e) override {
+    if (e.id == 406) overflow.emplace(read, token);  // "number overflow"
     return false;
   }
 
@@ -154,6 +160,33 @@ class PayloadCheck : public nlohmann::json_sax<nlohmann::json> {
     return !has_nul;  // stop at the first
   }
 };
+
+/// Numbers beyond a double's range a payload may hold before PostgreSQL alone judges the rest.
+constexpr int kMaxOverflowingNumbers = 64;
+
+/// Whether `payload` is JSON that jsonb takes (no U+0000), or InvalidMessage saying why not.
+/// A number beyond a double's range (1e400) is JSON, and jsonb keeps it exactly, but nlohmann
+/// stops reading at it: the text is read again with that number written as 0, so what follows
+/// is checked too. Past kMaxOverflowingNumbers such numbers (each costs a read of the text),
+/// the rest is left to jsonb's own parser, whose refusal aborts the caller's transaction.
+void CheckJsonPayload(const std::string& payload) {
+  std::string patched;
+  const std::string* text = &payload;
+  for (int overflows = 0; overflows <= kMaxOverflowingNumbers; ++overflows) {
+    PayloadCheck check;
+    if (nlohmann::json::sax_parse(*text, &check)) return;
+    if (check.has_nul) throw InvalidMessage(std::string("outbox: payload") + kNulFix);
+    const std::size_t at =
+        check.overflow ? text->rfind(check.overflow->second, check.overflow->first)
+                       : std::string::npos;
+    if (at == std::string::npos) {
+      throw InvalidMessage(
+          "outbox: payload is not valid JSON; pass JSON text to Json() or raw bytes to Bytes()");
+    }
+    patched = text->substr(0, at) + "0" + text->substr(at + check.overflow->second.size());
+    text = &patched;
+  }
+}
 
 void Validate(const OutboxMessage& m) {
   RequireUtf8(m.destination, "destination");
@@ -196,14 +229,7 @@ void Validate(const OutboxMessage& m) {
         "outbox: deliver time is more than 1 year ahead (the scheduling horizon); keep later "
         "work in your own table and publish it nearer the time");
   }
-  if (m.payload_is_json) {
-    PayloadCheck check;
-    if (!nlohmann::json::sax_parse(m.payload, &check)) {
-      if (check.has_nul) throw InvalidMessage(std::string("outbox: payload") + kNulFix);
-      throw InvalidMessage(
-          "outbox: payload is not valid JSON; pass JSON text to Json() or raw bytes to Bytes()");
-    }
-  }
+  if (m.payload_is_json) CheckJsonPayload(m.payload);
   for (std::size_t i = 0; i < m.headers.size(); ++i) {
     const auto& [name, value] = m.headers[i];
     if (name.empty()) throw InvalidMessage("outbox: header name must not be empty");
