@@ -11,6 +11,7 @@
 #include "outbox/outbox.h"
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/endpoints.h"
+#include "outbox_relay/postgres_endpoint_directory.h"
 #include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
 #include "outbox_test/wait.h"
@@ -1062,6 +1063,33 @@ TEST_F(StoreTest, AFanOutWhoseEndpointIsBeingMovedIsDeferredThenWrittenWhereTheE
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a' AND "
                    "destination = 'hooks-eu'"),
             1);
+}
+
+// The webhook service's directory can be interrupted from another thread, as the dispatcher's
+// store can: a read waiting for a lock fails at once instead of after its statement timeout
+// (5 s), and so does every later call (the service is stopping).
+TEST_F(StoreTest, AnEndpointDirectoryCallWaitingForALockFailsAtOnceWhenInterrupted) {
+  auto dir = MakePostgresEndpointDirectory(db_url_, "hooks");
+  dir->Version();  // connected
+  pqxx::connection lc(db_url_);
+  pqxx::work locker(lc);
+  locker.exec("LOCK TABLE outbox.endpoint_registry IN ACCESS EXCLUSIVE MODE");
+  auto call = std::async(std::launch::async, [&] { return dir->Version(); });
+  pqxx::connection watch(db_url_);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return pqxx::nontransaction(watch)
+                   .exec1("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[0]
+                   .as<int>() > 0;
+      },
+      30s))
+      << "the read waits for the lock";
+  dir->Interrupt();
+  const bool ended = call.wait_for(3s) == std::future_status::ready;
+  locker.abort();  // lets a read that was not interrupted end, so the test can fail
+  EXPECT_TRUE(ended) << "the read went on waiting";
+  EXPECT_THROW(call.get(), std::exception);
+  EXPECT_THROW(dir->Version(), std::exception) << "later calls fail too";
 }
 
 // An archive replay to one endpoint takes each replayed key's lock: a whole archive in one

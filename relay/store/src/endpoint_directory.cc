@@ -1,6 +1,11 @@
+#include <sys/socket.h>
+
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
+#include <stdexcept>
 
 #include "outbox_relay/conninfo.h"
 #include "outbox_relay/postgres_endpoint_directory.h"
@@ -19,6 +24,7 @@ class PostgresEndpointDirectory final : public EndpointDirectory {
   std::vector<AutoDisabled> DisableFailing(std::chrono::milliseconds after,
                                            const std::string& events_destination) override;
   std::int64_t CleanupAttempts(std::chrono::milliseconds retention) override;
+  void Interrupt() override;
 
  private:
   struct Impl;
@@ -28,18 +34,30 @@ class PostgresEndpointDirectory final : public EndpointDirectory {
 struct PostgresEndpointDirectory::Impl {
   std::string url;
   std::string destination;
+  // Replaced only under conn_mu, which Interrupt takes to reach its socket from another thread.
+  std::mutex conn_mu;
+  std::atomic<bool> interrupted{false};
   std::unique_ptr<pqxx::connection> conn;
 
   pqxx::connection& Get() {
+    if (interrupted) throw std::runtime_error("interrupted: the relay is stopping");
     if (conn && conn->is_open()) return *conn;
-    conn.reset();
+    Drop();
     auto c = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
     // A stuck read must not hold the planner (and with it every delivery) for long.
     pqxx::nontransaction tx(*c);
     tx.exec("SET statement_timeout = 5000");
     tx.exec("SET application_name = 'outbox-relay endpoints'");
+    std::lock_guard lk(conn_mu);
     conn = std::move(c);
+    if (interrupted) throw std::runtime_error("interrupted: the relay is stopping");
     return *conn;
+  }
+
+  void Drop() {
+    std::unique_ptr<pqxx::connection> dropped;  // closed outside the lock
+    std::lock_guard lk(conn_mu);
+    dropped = std::move(conn);
   }
 
   template <class F>
@@ -47,11 +65,22 @@ struct PostgresEndpointDirectory::Impl {
     try {
       return f(Get());
     } catch (...) {
-      conn.reset();  // the next call reconnects
+      Drop();  // the next call reconnects
       throw;
     }
   }
 };
+
+void PostgresEndpointDirectory::Interrupt() {
+  std::lock_guard lk(impl_->conn_mu);
+  impl_->interrupted = true;
+  // Shut down, not closed: the statement under way gets an error from libpq at once, and the
+  // descriptor stays this connection's until the owner drops it (under conn_mu).
+  if (impl_->conn && impl_->conn->is_open()) {
+    const int fd = impl_->conn->sock();
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+}
 
 PostgresEndpointDirectory::PostgresEndpointDirectory(std::string database_url,
                                                      std::string destination)

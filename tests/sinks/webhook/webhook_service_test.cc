@@ -81,6 +81,10 @@ struct FakeRegistry {
   int disable_failures = 0;  ///< DisableFailing throws this many times.
   int disable_calls = 0;
   std::int64_t expired_attempts = 0;  ///< Delivery-log rows past the retention.
+  bool hang_version = false;  ///< Version() blocks (up to 20 s) until a directory is interrupted.
+  bool hanging = false;       ///< A Version() call is blocked now.
+  bool interrupted = false;   ///< Interrupt() was called on a directory.
+  std::condition_variable cv;
 
   int Loads() {
     std::lock_guard lock(mu);
@@ -92,8 +96,21 @@ class FakeDirectory final : public EndpointDirectory {
  public:
   explicit FakeDirectory(FakeRegistry& r) : r_(r) {}
   std::int64_t Version() override {
-    std::lock_guard lock(r_.mu);
+    std::unique_lock lock(r_.mu);
+    if (r_.hang_version) {
+      r_.hanging = true;
+      r_.cv.wait_for(lock, 20s, [this] { return r_.interrupted; });
+      r_.hanging = false;
+    }
+    if (r_.interrupted) throw std::runtime_error("interrupted");
     return r_.version;
+  }
+  void Interrupt() override {
+    {
+      std::lock_guard lock(r_.mu);
+      r_.interrupted = true;
+    }
+    r_.cv.notify_all();
   }
   Directory Load() override {
     std::lock_guard lock(r_.mu);
@@ -544,6 +561,30 @@ TEST_F(WebhookServiceSinkTest, AReloadThatReplacedAHangingEndpointDoesNotHoldThe
          "request hung";
   sink->Shutdown(300ms);
   gate.Open();
+}
+
+// The service's own threads keep to the stop's deadline while one is stuck in a database call,
+// here the registry read (a lock held on outbox.endpoint_registry, or a database that stopped
+// answering: up to tcp_user_timeout, 30 s). The dispatcher's threads were interrupted at the
+// deadline; these were joined however long their call took (review).
+TEST_F(WebhookServiceSinkTest, StoppingWhileTheRegistryReadHangsKeepsTheDeadline) {
+  HttpReceiver receiver;
+  registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};
+  auto sink = Start();
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.hang_version = true;
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard lock(registry_.mu);
+        return registry_.hanging;
+      },
+      10s));
+  const auto stopping = std::chrono::steady_clock::now();
+  sink->Shutdown(300ms);
+  const auto took = std::chrono::steady_clock::now() - stopping;
+  EXPECT_LT(took, 5s) << "the stop waited for the registry read";
 }
 
 // Endpoints that do not answer at all (their hosts drop the SYNs) are stopped side by side:

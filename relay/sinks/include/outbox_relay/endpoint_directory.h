@@ -68,12 +68,17 @@ struct AutoDisabled {
   std::string failing_since;  ///< RFC 3339
 };
 
-/// One connection's worth of reads and writes. Not thread-safe: each thread owns its own.
-/// Connects lazily; every call throws std::exception on failure, after which the next call
-/// reconnects.
+/// One connection's worth of reads and writes. Not thread-safe: each thread owns its own
+/// (Interrupt aside). Connects lazily; every call throws std::exception on failure, after which
+/// the next call reconnects.
 class EndpointDirectory {
  public:
   virtual ~EndpointDirectory() = default;
+
+  /// From another thread, when the service stops and its owner's call has outlived the
+  /// deadline (a statement waiting for a lock, a database that stopped answering): that call
+  /// fails at once, and so does every later one.
+  virtual void Interrupt() {}
 
   /// outbox.endpoint_registry.version: it moves with every change of an endpoint or secret.
   virtual std::int64_t Version() = 0;

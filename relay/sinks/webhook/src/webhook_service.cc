@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -75,6 +76,37 @@ constexpr milliseconds kCleanupEvery{60'000};
 constexpr milliseconds kRewakeAfter{3'000};
 /// A row of an endpoint not in the registry this relay read waits this long for a fresh read.
 constexpr milliseconds kUnknownHold{1'000};
+/// After the stop's deadline, how long the service's threads may stay in a database call
+/// before their directories are interrupted.
+constexpr milliseconds kStuckCallGrace{1'000};
+
+/// Runs `action` once `deadline` has passed, unless destroyed before.
+class AtDeadline {
+ public:
+  AtDeadline(Clock::time_point deadline, std::function<void()> action)
+      : thread_([this, deadline, action = std::move(action)] {
+          std::unique_lock lock(mu_);
+          if (cv_.wait_until(lock, deadline, [this] { return cancelled_; })) return;
+          lock.unlock();
+          action();
+        }) {}
+  ~AtDeadline() {
+    {
+      std::lock_guard lock(mu_);
+      cancelled_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  AtDeadline(const AtDeadline&) = delete;
+  AtDeadline& operator=(const AtDeadline&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool cancelled_ = false;
+  std::thread thread_;  // last: it uses the members above
+};
 
 const char* LoggedOutcome(OutcomeKind k) {
   return k == OutcomeKind::kDelivered   ? "delivered"
@@ -241,6 +273,14 @@ class WebhookServiceSink final : public Sink {
     std::lock_guard shutdown_lock(shutdown_mu_);
     if (joined_) return;
     const auto until = Clock::now() + deadline;
+    // The threads below that are still in a database call a moment after the deadline (a
+    // statement waiting for a lock, a database that stopped answering: up to tcp_user_timeout)
+    // have it fail then, as the dispatcher's do, so the stop keeps to its deadline.
+    const AtDeadline cut_loose(until + kStuckCallGrace, [this] {
+      registry_dir_->Interrupt();
+      planner_dir_->Interrupt();
+      log_dir_->Interrupt();
+    });
     std::deque<Job> queued;
     std::vector<std::shared_ptr<Sink>> stopped;  // replaced sinks, then every endpoint's
     {
