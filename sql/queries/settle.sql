@@ -15,10 +15,11 @@
 --   $3 ids and $4 lease tokens (parallel arrays) of plain deliveries: outcome `delivered`
 --       without anything else to say, the bulk of every settle, passed as arrays because
 --       unpacking them costs a fraction of unpacking as many JSON objects
--- What a fan-out leaves an endpoint is written into the destination the endpoint is in now.
--- A fan-out that needs a key lock or an endpoint's registry row another transaction holds is
--- not written at all (its row stays, leased); its id is returned in `deferred`, for the relay
--- to write again later.
+-- What a fan-out leaves an endpoint is written into the destination the endpoint is in now;
+-- the relay runs this after trying the endpoints' move locks (Store::SettleStatement), and
+-- leaves out the fan-outs whose lock was held. A fan-out that needs a key lock another
+-- transaction holds is not written at all (its row stays, leased); its id is returned in
+-- `deferred`, for the relay to write again later.
 -- Returns counts of delivered, dead, retried, released and woken rows, whether it woke the
 -- other relays (woke_others: rows handed back due now), and of `gone`: inputs
 -- whose row no longer exists (settled by an earlier run of this same write whose reply was
@@ -42,18 +43,11 @@ WITH input AS (
   -- Where those endpoints are now: an endpoint moved to another destination (`endpoints
   -- update --destination`, which takes its queued rows and dead letters along) gets what it
   -- is owed there, not in the destination its message was claimed from, whose service no
-  -- longer loads it. FOR SHARE holds a move off until this write commits (the move then finds
-  -- these rows too); tried, not waited for, like the key locks below.
+  -- longer loads it. The relay tried each endpoint's move lock (outbox.endpoint_lock_key,
+  -- migration 0018) in a statement before this one and holds it, shared: no move is under way
+  -- or can begin before this write commits, and a move committed before is in this snapshot.
   SELECT e.id, e.destination FROM outbox.endpoints e
   WHERE e.id IN (SELECT endpoint FROM fanout_children)
-  FOR SHARE SKIP LOCKED
-), endpoints_held AS MATERIALIZED (
-  -- Endpoints whose row another transaction holds (a move under way, or any other change of
-  -- the endpoint): their fan-outs wait for the next write. An endpoint that no longer exists
-  -- is in neither list; its rows go to the message's destination, whose service dead-letters
-  -- them as deleted.
-  SELECT e.id FROM outbox.endpoints e WHERE e.id IN (SELECT endpoint FROM fanout_children)
-  EXCEPT SELECT id FROM endpoint_rows
 ), fanout_keys AS (
   -- outbox.insert_message's per-key lock of each endpoint key a fan-out writes a row for:
   -- an uncommitted writer of the key (a dlq or archive replay of the endpoint's row, or an
@@ -72,9 +66,7 @@ WITH input AS (
 ), deferred AS MATERIALIZED (
   -- Fan-outs with a lock held elsewhere: nothing of them is written now (the relay writes them
   -- again later, still under their lease).
-  SELECT f.id FROM fanout_keys f JOIN key_locks l USING (lock_key) WHERE NOT l.got
-  UNION
-  SELECT f.id FROM fanout_children f JOIN endpoints_held h ON h.id = f.endpoint
+  SELECT DISTINCT f.id FROM fanout_keys f JOIN key_locks l USING (lock_key) WHERE NOT l.got
 ), delivered AS (
   DELETE FROM outbox.messages m USING input i
   WHERE m.id = i.id AND m.lease_owner = i.token AND i.outcome IN ('delivered', 'fanout')

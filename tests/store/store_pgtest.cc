@@ -1020,13 +1020,17 @@ TEST_F(StoreTest, AFanOutSettledAfterItsEndpointMovedWritesTheEndpointsRowsWhere
                    "destination = 'hooks-eu'"),
             1)
       << "and so is its dead letter";
+  EXPECT_EQ(Scalar("SELECT xmax::text::bigint FROM outbox.endpoints WHERE id = 'ep_a'"), 0)
+      << "the settle left no row lock on the endpoint: settles of several relays holding it "
+         "shared in turn could keep an UPDATE of the endpoint waiting indefinitely";
   EXPECT_EQ(store.Claim("hooks-eu", 0, 10, 10, 30s).messages.size(), 1u);
 }
 
-// The same while the move is under way: the settle does not wait for the moving transaction
-// (a settle never waits for another transaction's lock) and does not write into the old
-// destination behind the move's back either. It defers the fan-out, and writes it into the new
-// destination once the move committed.
+// The same while the move is under way (its transaction holds the endpoint's move lock,
+// outbox.endpoint_lock_key, as UpdateEndpoint takes it): the settle does not wait for the
+// moving transaction (a settle never waits for another transaction's lock) and does not write
+// into the old destination behind the move's back either. It defers the fan-out, and writes it
+// into the new destination once the move committed.
 TEST_F(StoreTest, AFanOutWhoseEndpointIsBeingMovedIsDeferredThenWrittenWhereTheEndpointWent) {
   Store c(db_url_);
   AddEndpointA(c);
@@ -1037,6 +1041,7 @@ TEST_F(StoreTest, AFanOutWhoseEndpointIsBeingMovedIsDeferredThenWrittenWhereTheE
   ASSERT_EQ(Ids(r), ids);
   pqxx::connection m(db_url_);
   pqxx::work mover(m);
+  mover.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('ep_a'))");
   mover.exec("UPDATE outbox.endpoints SET destination = 'hooks-eu' WHERE id = 'ep_a'");
 
   Settlement fan = Settle(r.messages[0], r.lease_token, Settlement::Kind::kFanOut);

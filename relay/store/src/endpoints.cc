@@ -382,6 +382,12 @@ bool UpdateEndpoint(Store& store, const std::string& id, const EndpointFields& f
   const json c = Changes(fields);
   return Translated([&]() -> bool {
     pqxx::work tx(StoreAccess::Connection(store));
+    if (c.contains("destination")) {
+      // The move lock (migration 0018), alone: a settle writing what a fan-out leaves this
+      // endpoint tries it shared and puts the fan-out aside while the move runs; one under way
+      // is waited for, and its rows are then in the queue for the sweep below.
+      tx.exec_params("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key($1))", id);
+    }
     const auto r = tx.exec_params(
         "UPDATE outbox.endpoints e SET "
         "  destination = coalesce(c->>'destination', e.destination), "
@@ -585,6 +591,10 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
     long long after = std::numeric_limits<long long>::min();
     while (true) {
       pqxx::work tx(StoreAccess::Connection(store));
+      // The endpoint's move lock (migration 0018), shared, before the bucket count's as a move
+      // takes them: the rows go where the endpoint is, and no move sweeps the queue meanwhile.
+      tx.exec_params("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key($1))",
+                     endpoint_id);
       tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");  // as ReplayDeadLetters
       const auto r = tx.exec_params1(
           "WITH e AS (SELECT * FROM outbox.endpoints WHERE id = $1), picked AS ("

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <random>
+#include <set>
 #include <span>
 #include <string_view>
 
@@ -419,39 +420,64 @@ bool SpawnsRows(const Settlement& s) {
            return c.kind != Settlement::Kind::kDead;
          });
 }
+// Whether writing `s` writes anything for its endpoints: queue rows or dead letters.
+bool LeavesEndpointsSomething(const Settlement& s) {
+  return s.kind == Settlement::Kind::kFanOut && !s.children.empty();
+}
 }  // namespace
 
 SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, bool archive) {
-  if (std::none_of(settlements.begin(), settlements.end(), SpawnsRows)) {
+  if (std::none_of(settlements.begin(), settlements.end(), LeavesEndpointsSomething)) {
     return Translated([&]() -> SettleCounts {
       pqxx::nontransaction tx(impl_->Get());
       return SettleIn(tx, settlements, archive);
     });
   }
-  // Endpoint rows get a bucket from the bucket count: written, like every writer's rows, under
-  // the writers' shared lock (migration 0014), which set_bucket_count takes alone while it
-  // re-buckets the queue; and read after it, by a statement whose snapshot comes later.
-  // Tried, not waited for: while the count changes, the fan-outs are deferred (a settle
-  // waiting would hold every outcome of the relay), the rest is written.
+  // What a fan-out leaves its endpoints goes where each endpoint is now, so not while one moves
+  // to another destination: its move lock (outbox.endpoint_lock_key, migration 0018), which
+  // the move holds alone. Endpoint rows get a bucket from the bucket count, so not while it
+  // changes either: the writers' lock (migration 0014), which set_bucket_count holds alone.
+  // Both are tried, shared, in a statement before the settle's, whose snapshot then holds a
+  // move committed before; not waited for (a settle waiting would hold every outcome of the
+  // relay): while one is held, the fan-outs that need it are deferred, the rest is written.
   return Translated([&]() -> SettleCounts {
-    pqxx::work tx(impl_->Get());
-    if (tx.exec1("SELECT pg_try_advisory_xact_lock_shared(7079, 2)")[0].as<bool>()) {
-      auto counts = SettleIn(tx, settlements, archive);
-      tx.commit();
-      return counts;
+    nlohmann::json endpoints = nlohmann::json::array();
+    bool spawns = false;
+    {
+      std::set<std::string> seen;
+      for (const auto& s : settlements) {
+        if (!LeavesEndpointsSomething(s)) continue;
+        spawns = spawns || SpawnsRows(s);
+        for (const auto& c : s.children) {
+          if (seen.insert(c.endpoint_id).second) endpoints.push_back(c.endpoint_id);
+        }
+      }
     }
-    tx.abort();
+    pqxx::work tx(impl_->Get());
+    const auto locks = tx.exec_params1(
+        "SELECT CASE WHEN $2 THEN pg_try_advisory_xact_lock_shared(7079, 2) ELSE true END, "
+        "  (SELECT coalesce(jsonb_agg(e), '[]') FROM jsonb_array_elements_text($1::jsonb) e "
+        "    WHERE NOT pg_try_advisory_xact_lock_shared(outbox.endpoint_lock_key(e)))::text",
+        endpoints.dump(), spawns);
+    const bool count_free = locks[0].as<bool>();
+    std::set<std::string> moving;
+    for (const auto& e : nlohmann::json::parse(locks[1].c_str())) moving.insert(e.get<std::string>());
     std::vector<Settlement> rest;
     std::vector<MessageId> deferred;
     for (const auto& s : settlements) {
-      if (SpawnsRows(s)) {
+      const bool defer = (!count_free && SpawnsRows(s)) ||
+                         std::any_of(s.children.begin(), s.children.end(),
+                                     [&](const Settlement::Child& c) {
+                                       return moving.count(c.endpoint_id) > 0;
+                                     });
+      if (defer) {
         deferred.push_back(s.id);
       } else {
         rest.push_back(s);
       }
     }
-    pqxx::nontransaction plain(impl_->Get());
-    auto counts = SettleIn(plain, rest, archive);
+    auto counts = SettleIn(tx, rest, archive);
+    tx.commit();
     counts.deferred.insert(counts.deferred.end(), deferred.begin(), deferred.end());
     return counts;
   });
