@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <ctime>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <random>
 #include <string_view>
 
@@ -132,9 +131,9 @@ void RequireUtf8(std::string_view text, const std::string& what) {
 class PayloadCheck : public nlohmann::json_sax<nlohmann::json> {
  public:
   bool has_nul = false;
-  /// Where the text stopped being read at a number beyond a double's range (1e400), which is
-  /// JSON all the same: chars read so far, and the number as written.
-  std::optional<std::pair<std::size_t, std::string>> overflow;
+  /// The text stopped being read at a number beyond a double's range (1e400), which is JSON
+  /// all the same.
+  bool overflow = false;
 
   bool null() override { return true; }
   bool boolean(bool) override { return true; }
@@ -148,9 +147,8 @@ class PayloadCheck : public nlohmann::json_sax<nlohmann::json> {
   bool end_object() override { return true; }
   bool start_array(std::size_t) override { return true; }
   bool end_array() override { return true; }
-  bool parse_error(std::size_t read, const std::string& token,
-                   const nlohmann::json::exception& e) override {
-    if (e.id == 406) overflow.emplace(read, token);  // "number overflow"
+  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& e) override {
+    overflow = e.id == 406;  // "number overflow"
     return false;
   }
 
@@ -161,31 +159,82 @@ class PayloadCheck : public nlohmann::json_sax<nlohmann::json> {
   }
 };
 
-/// Numbers beyond a double's range a payload may hold before PostgreSQL alone judges the rest.
-constexpr int kMaxOverflowingNumbers = 64;
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+/// Whether `t` is a number as JSON writes it: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+bool IsJsonNumber(std::string_view t) {
+  std::size_t k = 0;
+  const auto digits = [&] {
+    const std::size_t from = k;
+    while (k < t.size() && IsDigit(t[k])) ++k;
+    return k > from;
+  };
+  if (k < t.size() && t[k] == '-') ++k;
+  if (k < t.size() && t[k] == '0') {
+    ++k;
+  } else if (k >= t.size() || !IsDigit(t[k]) || !digits()) {
+    return false;
+  }
+  if (k < t.size() && t[k] == '.' && (++k, !digits())) return false;
+  if (k < t.size() && (t[k] == 'e' || t[k] == 'E')) {
+    ++k;
+    if (k < t.size() && (t[k] == '+' || t[k] == '-')) ++k;
+    if (!digits()) return false;
+  }
+  return k == t.size();
+}
+
+/// `json` with every number outside its strings written as 0: the same JSON, or not JSON, as
+/// before, whatever the numbers were. Runs of number characters that are not a JSON number
+/// (`01`, `1e5e5`) stay as they are, for the parser to refuse.
+std::string NumbersAsZero(std::string_view json) {
+  std::string out;
+  out.reserve(json.size());
+  bool in_string = false;
+  for (std::size_t i = 0; i < json.size();) {
+    const char c = json[i];
+    if (in_string) {
+      if (c == '\\' && i + 1 < json.size()) {
+        out.append(json.substr(i, 2));
+        i += 2;
+        continue;
+      }
+      in_string = c != '"';
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '-' || IsDigit(c)) {
+      std::size_t end = i;
+      while (end < json.size() && (IsDigit(json[end]) || json[end] == '-' || json[end] == '+' ||
+                                   json[end] == '.' || json[end] == 'e' || json[end] == 'E')) {
+        ++end;
+      }
+      const std::string_view run = json.substr(i, end - i);
+      out.append(IsJsonNumber(run) ? std::string_view("0") : run);
+      i = end;
+      continue;
+    }
+    out.push_back(c);
+    ++i;
+  }
+  return out;
+}
 
 /// Whether `payload` is JSON that jsonb takes (no U+0000), or InvalidMessage saying why not.
 /// A number beyond a double's range (1e400) is JSON, and jsonb keeps it exactly, but nlohmann
-/// stops reading at it: the text is read again with that number written as 0, so what follows
-/// is checked too. Past kMaxOverflowingNumbers such numbers (each costs a read of the text),
-/// the rest is left to jsonb's own parser, whose refusal aborts the caller's transaction.
+/// stops reading at it (out_of_range 406): the text is then read once more with every number
+/// written as 0, so what follows it is checked as well.
 void CheckJsonPayload(const std::string& payload) {
-  std::string patched;
-  const std::string* text = &payload;
-  for (int overflows = 0; overflows <= kMaxOverflowingNumbers; ++overflows) {
-    PayloadCheck check;
-    if (nlohmann::json::sax_parse(*text, &check)) return;
-    if (check.has_nul) throw InvalidMessage(std::string("outbox: payload") + kNulFix);
-    const std::size_t at =
-        check.overflow ? text->rfind(check.overflow->second, check.overflow->first)
-                       : std::string::npos;
-    if (at == std::string::npos) {
-      throw InvalidMessage(
-          "outbox: payload is not valid JSON; pass JSON text to Json() or raw bytes to Bytes()");
-    }
-    patched = text->substr(0, at) + "0" + text->substr(at + check.overflow->second.size());
-    text = &patched;
+  PayloadCheck check;
+  if (nlohmann::json::sax_parse(payload, &check)) return;
+  bool nul = check.has_nul;
+  if (!nul && check.overflow) {
+    PayloadCheck again;
+    if (nlohmann::json::sax_parse(NumbersAsZero(payload), &again)) return;
+    nul = again.has_nul;
   }
+  if (nul) throw InvalidMessage(std::string("outbox: payload") + kNulFix);
+  throw InvalidMessage(
+      "outbox: payload is not valid JSON; pass JSON text to Json() or raw bytes to Bytes()");
 }
 
 void Validate(const OutboxMessage& m) {
