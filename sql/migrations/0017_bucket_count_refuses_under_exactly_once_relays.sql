@@ -103,26 +103,30 @@ DECLARE
   held_since timestamptz;
   fencing text;
 BEGIN
-  PERFORM pg_advisory_xact_lock(7079, 2);
-  PERFORM pg_advisory_xact_lock(7079, 1);
-  -- Under the coordinator's lock: no relay joins or changes its mode meanwhile.
-  SELECT string_agg(format('%s (%s)', r.description, r.instance_id), ', '
-                    ORDER BY r.description)
-    INTO fencing
-  FROM outbox.relay_instances r
-  WHERE r.exactly_once
-    AND r.heartbeat_at >= clock_timestamp() - coalesce(r.dead_after, interval '10 seconds');
-  IF fencing IS NOT NULL AND NOT force THEN
-    RAISE EXCEPTION 'outbox.set_bucket_count(%): live relays deliver exactly once: %', new_count,
-                    fencing
-      USING DETAIL = 'Changing the bucket count moves queued messages between buckets, and so '
-                     'between the Kafka transactional ids these relays fence each other by: a '
-                     'message in flight could be produced twice, and a read_committed consumer '
-                     'would see both.',
-            HINT = format('Stop those relays (or let their partition lease run out) and run it '
-                          'again, or accept duplicates with '
-                          'SELECT outbox.set_bucket_count(%s, force => true).', new_count);
-  END IF;
+  -- Checked before the locks, so a refusal does not first wait for every writer of the queue
+  -- (and hold new ones back meanwhile), and again under them, where no relay joins.
+  FOR pass IN 1..2 LOOP
+    IF pass = 2 THEN
+      PERFORM pg_advisory_xact_lock(7079, 2);
+      PERFORM pg_advisory_xact_lock(7079, 1);
+    END IF;
+    SELECT string_agg(format('%s (%s)', r.description, r.instance_id), ', '
+                      ORDER BY r.description)
+      INTO fencing
+    FROM outbox.relay_instances r
+    WHERE r.exactly_once
+      AND r.heartbeat_at >= clock_timestamp() - coalesce(r.dead_after, interval '10 seconds');
+    IF fencing IS NOT NULL AND NOT force THEN
+      RAISE EXCEPTION 'outbox.set_bucket_count(%): live relays deliver exactly once: %',
+                      new_count, fencing
+        USING DETAIL = 'Changing the bucket count moves queued messages between buckets, and '
+                       'so between the Kafka transactional ids these relays fence each other '
+                       'by: a message in flight could be produced twice, and a read_committed '
+                       'consumer would see both.',
+              HINT = format('Stop those relays and run it again, or accept duplicates with '
+                            'SELECT outbox.set_bucket_count(%s, force => true).', new_count);
+    END IF;
+  END LOOP;
   IF fencing IS NOT NULL THEN
     RAISE WARNING 'outbox.set_bucket_count(%) forced under exactly-once relays: %', new_count,
                   fencing;

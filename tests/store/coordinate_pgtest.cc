@@ -301,6 +301,25 @@ TEST_F(CoordinateTest, TheBucketCountDoesNotChangeUnderALiveExactlyOnceRelayUnle
   }
   EXPECT_EQ(Scalar("SELECT bucket_count FROM outbox.partitioning"), 64);
   EXPECT_EQ(Epochs(), epochs) << "nothing moved";
+  // The refusal comes at once, not after waiting for the queue's writers (which it would hold
+  // back meanwhile): here one that keeps its transaction open.
+  {
+    pqxx::connection w(db_url_);
+    pqxx::work writer(w);
+    writer.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");  // as outbox.insert_message
+    auto refused = std::async(std::launch::async, [&] {
+      try {
+        Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(8)) s");
+      } catch (const pqxx::sql_error&) {
+        return true;
+      }
+      return false;
+    });
+    const bool prompt = refused.wait_for(10s) == std::future_status::ready;
+    writer.abort();  // lets a change that waited go on, so the test can fail instead of hang
+    EXPECT_TRUE(prompt) << "the refusal waited for the writer";
+    EXPECT_TRUE(refused.get());
+  }
 
   Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(8, force => true)) s");
   EXPECT_EQ(Scalar("SELECT bucket_count FROM outbox.partitioning"), 8);

@@ -925,25 +925,36 @@ class WebhookServiceSink final : public Sink {
     }
     if (retired.empty()) return;
     auto until = Clock::now() + defaults_.timeout;
+    std::vector<std::future<void>> finished;  // destroyed after the lock is released
     std::lock_guard lock(mu_);
     if (stopping_) until = std::min(until, stop_until_);
     retiring_.insert(retiring_.end(), retired.begin(), retired.end());
     // Stopped beside this thread, which goes on reading the registry: waiting here for a
     // replaced endpoint's hanging request held every later change (an endpoint added, another
     // disabled) for up to the request timeout. Shutdown waits for these stops.
-    std::erase_if(retirements_, [](const std::future<void>& f) {
-      return f.wait_for(milliseconds(0)) == std::future_status::ready;
-    });
-    retirements_.push_back(std::async(std::launch::async, [this, retired, until] {
+    for (auto it = retirements_.begin(); it != retirements_.end();) {
+      if (it->wait_for(milliseconds(0)) == std::future_status::ready) {
+        finished.push_back(std::move(*it));
+        it = retirements_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    retirements_.push_back(std::async(std::launch::async, [this, retired, until]() mutable {
       NameThisThread("or-retire");
       {
         SideBySideStops stops = StopsBy(until);
         for (const auto& sink : retired) stops.Stop(sink);
       }
-      std::lock_guard lock(mu_);
-      std::erase_if(retiring_, [&](const std::shared_ptr<Sink>& s) {
-        return std::find(retired.begin(), retired.end(), s) != retired.end();
-      });
+      {
+        std::lock_guard lock(mu_);
+        std::erase_if(retiring_, [&](const std::shared_ptr<Sink>& s) {
+          return std::find(retired.begin(), retired.end(), s) != retired.end();
+        });
+      }
+      // The last references, most likely: the sinks go here, not under mu_ wherever the
+      // future happens to be destroyed.
+      retired.clear();
     }));
   }
 
