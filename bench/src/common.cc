@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -130,23 +131,35 @@ std::string ProcessName(int pid) {
 
 std::int64_t ProcessTreeCpuMicros(int parent_pid) {
   if (parent_pid <= 0) return 0;
+  const long ticks = sysconf(_SC_CLK_TCK);
   // The parent's own time and, in cutime + cstime (fields 13 and 14), that of every child it has
   // reaped: a child's time moves there from the live sum below when it exits, so a child that
-  // ends inside a measured interval neither vanishes nor takes its earlier time with it.
-  const auto f = StatFields(parent_pid);
-  if (f.size() < 15) return 0;
-  const long ticks = sysconf(_SC_CLK_TCK);
-  std::int64_t total =
-      (std::stoll(f[11]) + std::stoll(f[12]) + std::stoll(f[13]) + std::stoll(f[14])) * 1'000'000 /
-      ticks;
-  DIR* dir = opendir("/proc");
-  if (dir == nullptr) return total;
-  while (const dirent* e = readdir(dir)) {
-    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
-    const int pid = std::atoi(e->d_name);
-    if (ParentPid(pid) == parent_pid) total += std::max<std::int64_t>(PidCpuMicros(pid), 0);
+  // ends inside a measured interval neither vanishes nor takes its earlier time with it. A
+  // child reaped while /proc is being read would be in neither sum: read again if the reaped
+  // time moved meanwhile.
+  const auto own_and_reaped = [&]() -> std::optional<std::pair<std::int64_t, std::int64_t>> {
+    const auto f = StatFields(parent_pid);
+    if (f.size() < 15) return std::nullopt;
+    return std::pair{(std::stoll(f[11]) + std::stoll(f[12])) * 1'000'000 / ticks,
+                     (std::stoll(f[13]) + std::stoll(f[14])) * 1'000'000 / ticks};
+  };
+  std::int64_t total = 0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const auto before = own_and_reaped();
+    if (!before) return 0;
+    std::int64_t live = 0;
+    if (DIR* dir = opendir("/proc")) {
+      while (const dirent* e = readdir(dir)) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        const int pid = std::atoi(e->d_name);
+        if (ParentPid(pid) == parent_pid) live += std::max<std::int64_t>(PidCpuMicros(pid), 0);
+      }
+      closedir(dir);
+    }
+    const auto after = own_and_reaped();
+    total = (after ? after->first + after->second : before->first + before->second) + live;
+    if (after && after->second == before->second) break;
   }
-  closedir(dir);
   return total;
 }
 
