@@ -114,6 +114,16 @@ void KafkaMockCluster::SetAllBrokersDown(bool down) {
   for (int id = 1; id <= brokers_; ++id) SetBrokerDown(id, down);
 }
 
+void KafkaMockCluster::SetAllBrokersRtt(std::chrono::milliseconds rtt) {
+  for (int id = 1; id <= brokers_; ++id) {
+    const rd_kafka_resp_err_t err =
+        rd_kafka_mock_broker_set_rtt(cluster_, id, static_cast<int>(rtt.count()));
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      throw std::runtime_error("rd_kafka_mock_broker_set_rtt: " + std::string(rd_kafka_err2str(err)));
+    }
+  }
+}
+
 void KafkaMockCluster::PushRequestErrors(int16_t api_key,
                                          const std::vector<rd_kafka_resp_err_t>& errors) {
   if (errors.empty()) return;

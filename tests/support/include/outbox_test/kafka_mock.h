@@ -60,6 +60,8 @@ class KafkaMockCluster {
   void SetBrokerDown(int broker_id, bool down);
   /// Every broker down / up.
   void SetAllBrokersDown(bool down);
+  /// Every broker answers each request `rtt` late (0: at once), a slow network or broker.
+  void SetAllBrokersRtt(std::chrono::milliseconds rtt);
   /// The next requests of `api_key` (e.g. RD_KAFKAP_Produce) fail with these errors, in order.
   /// Produce errors and the idempotent producer: the mock (librdkafka 2.0.2) checks sequence
   /// numbers only for transactional producers, so it stores a Produce request sent behind one
