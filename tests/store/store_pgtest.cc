@@ -1117,6 +1117,45 @@ TEST_F(StoreTest, AnArchiveReplayBiggerThanTheLockTableGoesInParts) {
   EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", ""), 0) << "what is queued is skipped";
 }
 
+// An archive replay to an endpoint replays what was archived when it began. It read the archive
+// in parts until a part found nothing, so with the relay running, a replayed copy that was
+// delivered (and archived, as a row of the endpoint) before the next part was read got
+// replayed again: the webhook service's process test saw "queued 8" for 6 messages under load.
+// Here a trigger stands for that relay, delivering and archiving the first three copies the
+// moment they are queued.
+TEST_F(StoreTest, AnArchiveReplayDoesNotReplayItsOwnCopiesDeliveredMeanwhile) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  VALUES (nextval('outbox.messages_id_seq'), 'hooks', 'k', gen_random_uuid(), 'e', '{}',"
+      "          '1', 1, now()) RETURNING 1)"
+      "SELECT count(*) FROM a");
+  pqxx::connection admin(db_url_);
+  pqxx::nontransaction(admin).exec(R"(
+    CREATE TABLE public.echoes (n integer NOT NULL);
+    INSERT INTO public.echoes VALUES (0);
+    CREATE FUNCTION public.deliver_at_once() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF NEW.endpoint_id = 'ep_a' AND (SELECT n FROM public.echoes) < 3 THEN
+        UPDATE public.echoes SET n = n + 1;
+        INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key,
+          event_type, headers, payload, attempts, created_at, endpoint_id)
+        VALUES (NEW.id, NEW.destination, NEW.ordering_key, NEW.idempotency_key, NEW.event_type,
+                NEW.headers, NEW.payload, 1, NEW.created_at, NEW.endpoint_id);
+        DELETE FROM outbox.messages WHERE id = NEW.id;
+      END IF;
+      RETURN NULL;
+    END $$;
+    CREATE TRIGGER deliver_at_once AFTER INSERT ON outbox.messages
+      FOR EACH ROW EXECUTE FUNCTION public.deliver_at_once();
+  )");
+  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", ""), 1)
+      << "the one archived message, once";
+  EXPECT_EQ(Scalar("SELECT n FROM public.echoes"), 1) << "its copy was delivered once";
+}
+
 // An archive replay to one endpoint (`endpoints replay`) waits for an uncommitted writer of the
 // endpoint's key as the dlq replay does. Without outbox.insert_message's per-key lock, the
 // replayed row committed first and was claimed while the writer's earlier row (here a dlq

@@ -567,8 +567,15 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
         "(one message)");
   }
   return Translated([&]() -> std::int64_t {
+    // What was archived when the replay began, and nothing archived since: with the relay
+    // running, a copy this replay queued may be delivered and archived (as a row of the
+    // endpoint) before the next part is read, and was replayed again. Copies take ids from the
+    // sequence, above every id archived before.
+    long long upto = 0;
     {
       pqxx::work tx(StoreAccess::Connection(store));
+      upto = tx.exec1("SELECT coalesce(max(id), 0) FROM outbox.delivered_archive")[0]
+                 .as<long long>();
       if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
         throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
                                "\"; `outbox-relay endpoints list` shows them");
@@ -599,7 +606,7 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
       const auto r = tx.exec_params1(
           "WITH e AS (SELECT * FROM outbox.endpoints WHERE id = $1), picked AS ("
           "  SELECT a.* FROM outbox.delivered_archive a, e"
-          "  WHERE a.destination = e.destination AND a.id > $4::bigint"
+          "  WHERE a.destination = e.destination AND a.id > $4::bigint AND a.id <= $6::bigint"
           "    AND ($2 = '' OR a.delivered_at >= nullif($2, '')::timestamptz)"
           "    AND ($3 = '' OR a.idempotency_key = nullif($3, '')::uuid"
           "         OR outbox.endpoint_delivery_id(a.idempotency_key, e.id) = nullif($3, '')::uuid)"
@@ -640,7 +647,7 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           "  ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1"
           ") "
           "SELECT (SELECT max(id) FROM picked) AS last, (SELECT count(*) FROM inserted) AS n",
-          endpoint_id, since, message, after, kReplayChunk);
+          endpoint_id, since, message, after, kReplayChunk, upto);
       tx.commit();
       if (r["last"].is_null()) break;
       queued += r["n"].as<std::int64_t>();
