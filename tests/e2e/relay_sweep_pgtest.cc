@@ -131,15 +131,7 @@ TEST_F(SweepTest, StopKeepsToItsDeadlineWhileTheQueueTableIsLocked) {
   pqxx::connection lc(db_url_);
   pqxx::work locker(lc);
   locker.exec("LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE");
-  pqxx::connection watch(db_url_);
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        return pqxx::nontransaction(watch)
-                   .exec1("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[0]
-                   .as<int>() > 0;
-      },
-      30s))
-      << "the relay's claim waits for the lock";
+  ASSERT_TRUE(WaitForALockWait(30s)) << "the relay's claim waits for the lock";
   const auto started = std::chrono::steady_clock::now();
   auto stopped = std::async(std::launch::async, [&] { relay->Stop(); });
   if (stopped.wait_for(30s) != std::future_status::ready) {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <functional>
 #include <future>
+#include <optional>
 #include <pqxx/pqxx>
 #include <thread>
 
@@ -58,6 +59,17 @@ class StoreTest : public testing::PgTest {
     std::vector<std::int64_t> out;
     for (const auto& m : r.messages) out.push_back(Raw(m.id));
     return out;
+  }
+  // Settles `batch` on another thread. When it has not ended within 30 s (it waits for a lock
+  // the test holds), runs `release` so that it ends, and returns nothing.
+  static std::optional<SettleCounts> SettleWithin30s(Store& store,
+                                                     const std::vector<Settlement>& batch,
+                                                     const std::function<void()>& release) {
+    auto settled = std::async(std::launch::async, [&] { return store.Settle(batch); });
+    if (settled.wait_for(30s) == std::future_status::ready) return settled.get();
+    release();
+    settled.wait();
+    return std::nullopt;
   }
   static Settlement Settle(const Message& m, const std::string& token, Settlement::Kind kind,
                            Millis delay = 0ms, std::string error = "") {
@@ -329,14 +341,10 @@ TEST_F(StoreTest, AFanOutWhoseKeyLockIsHeldOpenIsDeferredAndTheRestIsWritten) {
   free_key.children = fan.children;
   Settlement no_key = Settle(r.messages[3], r.lease_token, Settlement::Kind::kFanOut);
   no_key.children = fan.children;
-  auto settled = std::async(std::launch::async,
-                            [&] { return store.Settle({fan, plain, free_key, no_key}); });
-  if (settled.wait_for(30s) != std::future_status::ready) {
-    writer.commit();  // lets the settle end, so the test can fail instead of hanging
-    settled.wait();
-    FAIL() << "the settle waited for the open transaction";
-  }
-  const auto c = settled.get();
+  const auto settled =
+      SettleWithin30s(store, {fan, plain, free_key, no_key}, [&] { writer.commit(); });
+  ASSERT_TRUE(settled) << "the settle waited for the open transaction";
+  const auto& c = *settled;
   EXPECT_EQ(c.delivered, 3);
   EXPECT_EQ(c.fenced, 0);
   EXPECT_EQ(c.spawned, 2) << "ep_a's rows of k2 and of the unkeyed message";
@@ -1047,13 +1055,9 @@ TEST_F(StoreTest, AFanOutWhoseEndpointIsBeingMovedIsDeferredThenWrittenWhereTheE
   Settlement fan = Settle(r.messages[0], r.lease_token, Settlement::Kind::kFanOut);
   fan.children = {{"ep_a", Settlement::Kind::kRetry, 0ms, "http 503", 1, {}}};
   const Settlement plain = Settle(r.messages[1], r.lease_token, Settlement::Kind::kDelivered);
-  auto settled = std::async(std::launch::async, [&] { return store.Settle({fan, plain}); });
-  if (settled.wait_for(30s) != std::future_status::ready) {
-    mover.commit();  // lets the settle end, so the test can fail instead of hanging
-    settled.wait();
-    FAIL() << "the settle waited for the move";
-  }
-  const auto first = settled.get();
+  const auto settled = SettleWithin30s(store, {fan, plain}, [&] { mover.commit(); });
+  ASSERT_TRUE(settled) << "the settle waited for the move";
+  const auto& first = *settled;
   EXPECT_EQ(first.delivered, 1);
   EXPECT_EQ(first.spawned, 0);
   EXPECT_EQ(first.deferred, (std::vector<MessageId>{r.messages[0].id}));
@@ -1080,15 +1084,7 @@ TEST_F(StoreTest, AnEndpointDirectoryCallWaitingForALockFailsAtOnceWhenInterrupt
   pqxx::work locker(lc);
   locker.exec("LOCK TABLE outbox.endpoint_registry IN ACCESS EXCLUSIVE MODE");
   auto call = std::async(std::launch::async, [&] { return dir->Version(); });
-  pqxx::connection watch(db_url_);
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        return pqxx::nontransaction(watch)
-                   .exec1("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[0]
-                   .as<int>() > 0;
-      },
-      30s))
-      << "the read waits for the lock";
+  ASSERT_TRUE(WaitForALockWait(30s)) << "the read waits for the lock";
   dir->Interrupt();
   const bool ended = call.wait_for(3s) == std::future_status::ready;
   locker.abort();  // lets a read that was not interrupted end, so the test can fail

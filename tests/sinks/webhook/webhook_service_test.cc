@@ -235,6 +235,33 @@ class WebhookServiceSinkTest : public ::testing::Test {
     }
   };
 
+  // Endpoint "ep" at `old_receiver`, which holds each request until `gate` opens, has Row(1)
+  // hanging there when its URL changes to `new_receiver` (request timeout 20 s). Returns once
+  // the new sink took a row (`next` counts the rows submitted), so the replaced sink is being
+  // stopped with that request still hanging.
+  void ReplaceAHangingEndpoint(Gate& gate, HttpReceiver& old_receiver, HttpReceiver& new_receiver,
+                               Outcomes& done, SinkPtr& sink, int& next) {
+    old_receiver.SetResponder([&gate](const outbox::testing::ReceivedRequest&) {
+      gate.Wait(60s);
+      return Reply{};
+    });
+    registry_.endpoints = {Endpoint("ep", old_receiver.Url("/hook"), 1)};
+    sink = Start(20s);
+    sink->Submit(Row(1, "ep"), done.For());
+    ASSERT_TRUE(old_receiver.WaitForCount(1, 10s));
+    {
+      std::lock_guard lock(registry_.mu);
+      registry_.endpoints = {Endpoint("ep", new_receiver.Url("/hook"), 1)};
+      ++registry_.version;
+    }
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          sink->Submit(Row(next++, "ep"), done.For());
+          return new_receiver.Count() > 0;
+        },
+        10s, 50ms));
+  }
+
   FakeRegistry registry_;
   std::function<void(WebhookTarget&)> tweak_;  ///< Changes Start's target, when set.
 };
@@ -475,37 +502,19 @@ TEST_F(WebhookServiceSinkTest, DeliveryLogRowsWaitForTheDatabaseInsteadOfBeingLo
   sink->Shutdown(5s);
 }
 
-// An endpoint whose URL changed gets a new sink; the registry thread then waits (up to one
-// request timeout) for the old one's requests to finish. Stopping the service meanwhile keeps
-// to the stop's deadline: it had waited for the registry thread, so for the old endpoint's
-// hanging request, the whole request timeout (20 s here) past a 300 ms deadline.
+// An endpoint whose URL changed gets a new sink, and its old one finishes its requests (up to
+// one request timeout) while it stops. Stopping the service meanwhile keeps to the stop's
+// deadline: it had waited for the registry thread, so for the old endpoint's hanging request,
+// the whole request timeout (20 s here) past a 300 ms deadline.
 TEST_F(WebhookServiceSinkTest, StoppingWhileAReplacedEndpointsRequestHangsKeepsTheDeadline) {
   Gate gate;
   HttpReceiver old_receiver, new_receiver;
   OpenOnExit release{gate};
-  old_receiver.SetResponder([&](const outbox::testing::ReceivedRequest&) {
-    gate.Wait(60s);
-    return Reply{};
-  });
-  registry_.endpoints = {Endpoint("ep", old_receiver.Url("/hook"), 1)};
-  auto sink = Start(20s);
   Outcomes done;
-  sink->Submit(Row(1, "ep"), done.For());
-  ASSERT_TRUE(old_receiver.WaitForCount(1, 10s));
-  {
-    std::lock_guard lock(registry_.mu);
-    registry_.endpoints = {Endpoint("ep", new_receiver.Url("/hook"), 1)};
-    ++registry_.version;
-  }
-  // The new sink takes the endpoint's rows once the registry thread swapped it in; right
-  // after, that thread stops the old sink, whose request still hangs.
+  SinkPtr sink;
   int next = 100;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        sink->Submit(Row(next++, "ep"), done.For());
-        return new_receiver.Count() > 0;
-      },
-      10s, 50ms));
+  ReplaceAHangingEndpoint(gate, old_receiver, new_receiver, done, sink, next);
+  if (HasFatalFailure()) return;
   const auto stopping = std::chrono::steady_clock::now();
   sink->Shutdown(300ms);
   const auto took = std::chrono::steady_clock::now() - stopping;
@@ -525,27 +534,11 @@ TEST_F(WebhookServiceSinkTest, AReloadThatReplacedAHangingEndpointDoesNotHoldThe
   Gate gate;
   HttpReceiver old_receiver, new_receiver, added_receiver;
   OpenOnExit release{gate};
-  old_receiver.SetResponder([&](const outbox::testing::ReceivedRequest&) {
-    gate.Wait(60s);
-    return Reply{};
-  });
-  registry_.endpoints = {Endpoint("ep", old_receiver.Url("/hook"), 1)};
-  auto sink = Start(20s);
   Outcomes done;
-  sink->Submit(Row(1, "ep"), done.For());
-  ASSERT_TRUE(old_receiver.WaitForCount(1, 10s));
-  {
-    std::lock_guard lock(registry_.mu);
-    registry_.endpoints = {Endpoint("ep", new_receiver.Url("/hook"), 1)};
-    ++registry_.version;
-  }
+  SinkPtr sink;
   int next = 100;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        sink->Submit(Row(next++, "ep"), done.For());
-        return new_receiver.Count() > 0;
-      },
-      10s, 50ms));
+  ReplaceAHangingEndpoint(gate, old_receiver, new_receiver, done, sink, next);
+  if (HasFatalFailure()) return;
   {
     std::lock_guard lock(registry_.mu);
     registry_.endpoints.push_back(Endpoint("added", added_receiver.Url("/hook"), 1));

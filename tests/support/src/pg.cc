@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "outbox_relay/migrate.h"
+#include "outbox_test/wait.h"
 
 namespace outbox::testing {
 namespace {
@@ -473,6 +474,17 @@ void PgCluster::Start() {
 }
 
 void PgTest::SetUp() { db_url_ = PgCluster::Instance().CreateMigratedDatabase(); }
+
+bool PgTest::WaitForALockWait(std::chrono::milliseconds timeout) const {
+  pqxx::connection watch(db_url_);
+  return WaitFor(
+      [&] {
+        return pqxx::nontransaction(watch)
+                   .exec1("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[0]
+                   .as<int>() > 0;
+      },
+      timeout);
+}
 
 }  // namespace outbox::testing
 

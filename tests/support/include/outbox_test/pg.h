@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 
 namespace outbox::testing {
@@ -54,6 +55,9 @@ class PgCluster {
 class PgTest : public ::testing::Test {
  protected:
   void SetUp() override;
+  /// Whether, within `timeout`, some session of the cluster waits for a lock (pg_stat_activity):
+  /// a statement a test means to block has got as far as the lock.
+  bool WaitForALockWait(std::chrono::milliseconds timeout) const;
   std::string db_url_;
 };
 
