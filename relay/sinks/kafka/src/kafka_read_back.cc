@@ -29,17 +29,14 @@ int RemainingMs(Clock::time_point deadline) {
   return static_cast<int>(std::clamp<long long>(left.count(), 0, 1'000));
 }
 
-// A broker lookup's own timeout: all that is left of the deadline. It was at least 1 s and up to
-// 10 s whatever was left, once per partition, and librdkafka's watermark query waits for its
-// answer past its timeout anyway: a recovery with slow brokers ran to many times its budget.
-// So the deadline is also checked before each lookup (OutOfTime).
-int LookupMs(Clock::time_point deadline) {
+// A broker lookup's own timeout: all that is left of the deadline; past it, the lookup is not
+// made ("timed out <doing>"). It was at least 1 s and up to 10 s whatever was left, once per
+// partition, and librdkafka's watermark query waits for its answer past its timeout anyway: a
+// recovery with slow brokers ran to many times its budget.
+int LookupMs(Clock::time_point deadline, const std::string& doing) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::clamp<long long>(left.count(), 1, 3'600'000));
-}
-
-void OutOfTime(Clock::time_point deadline, const std::string& doing) {
-  if (Clock::now() >= deadline) throw std::runtime_error("timed out " + doing);
+  if (left.count() <= 0) throw std::runtime_error("timed out " + doing);
+  return static_cast<int>(std::min<long long>(left.count(), 3'600'000));
 }
 
 struct Consumer {
@@ -201,11 +198,10 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
         if (streams_read != nullptr) streams_read->push_back(stream);
         at_end[stream] = false;
         if (to_high_watermark) {
-          OutOfTime(deadline, "finding the end of " + stream);
           std::int64_t low = 0, high = 0;
-          const rd_kafka_resp_err_t e =
-              rd_kafka_query_watermark_offsets(uncommitted->rk, topic.c_str(), p, &low, &high,
-                                               LookupMs(deadline));
+          const rd_kafka_resp_err_t e = rd_kafka_query_watermark_offsets(
+              uncommitted->rk, topic.c_str(), p, &low, &high,
+              LookupMs(deadline, "finding the end of " + stream));
           if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
             throw std::runtime_error("finding the end of " + stream + ": " + rd_kafka_err2str(e));
           }
@@ -214,9 +210,8 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
       }
     }
     if (!from_start) {
-      OutOfTime(deadline, "finding the offsets at --since");
-      const rd_kafka_resp_err_t e =
-          rd_kafka_offsets_for_times(rk, assignment, LookupMs(deadline));
+      const rd_kafka_resp_err_t e = rd_kafka_offsets_for_times(
+          rk, assignment, LookupMs(deadline, "finding the offsets at --since"));
       if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
         throw std::runtime_error(std::string("finding the offsets at --since: ") +
                                  rd_kafka_err2str(e));
@@ -229,11 +224,11 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
         // the partition's last record is that recent: then the broker cannot look records up
         // by time (librdkafka's mock cluster), and the partition is read from its start.
         elem.offset = RD_KAFKA_OFFSET_END;
-        OutOfTime(deadline, std::string("finding where ") + elem.topic + "/" +
-                                std::to_string(elem.partition) + " ends");
         std::int64_t low = 0, high = 0;
-        if (rd_kafka_query_watermark_offsets(rk, elem.topic, elem.partition, &low, &high,
-                                             LookupMs(deadline)) !=
+        if (rd_kafka_query_watermark_offsets(
+                rk, elem.topic, elem.partition, &low, &high,
+                LookupMs(deadline, std::string("finding where ") + elem.topic + "/" +
+                                       std::to_string(elem.partition) + " ends")) !=
                 RD_KAFKA_RESP_ERR_NO_ERROR ||
             high <= low) {
           continue;
