@@ -554,7 +554,10 @@ ScenarioResult Bench::SqlCeiling(const std::string& name, int connections) {
   r.details["cpu_note"] = "relay CPU column = the benchmark's libpq client loop";
   // The first measurement is the baseline of every ratio; a later one shows how much the
   // machine drifted during the run.
-  if (baseline) sql_ceiling_ = r.events_per_s;
+  if (baseline) {
+    sql_ceiling_ = r.events_per_s;
+    sql_ceiling_pg_cpu_us_ = r.pg_cpu_us_per_msg;
+  }
   if (connections > 1) sql_ceiling_by_connections_[connections] = r.events_per_s;
   RatioToSqlCeiling(r);
   return r;
@@ -705,6 +708,27 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
       t.measured = "n/a: sql_ceiling not run";
     }
     r.targets.push_back(t);
+  }
+  if (v.name == "kafka_drain") {
+    // Issue 18's targets for the Kafka bridge on 2 cores, against the same run's ceiling.
+    Target rate{"one relay events/s >= 0.55 x SQL ceiling", "", std::nullopt};
+    if (r.x_sql_ceiling) {
+      rate.measured = Fixed(*r.x_sql_ceiling, 2) + " x";
+      rate.pass = r.completed && *r.x_sql_ceiling >= 0.55;
+    } else {
+      rate.measured = "n/a: sql_ceiling not run";
+    }
+    r.targets.push_back(rate);
+    Target cost{"Postgres CPU/msg <= 2 x the SQL ceiling's", "", std::nullopt};
+    if (sql_ceiling_pg_cpu_us_ && *sql_ceiling_pg_cpu_us_ > 0 && r.pg_cpu_us_per_msg) {
+      const double x = *r.pg_cpu_us_per_msg / *sql_ceiling_pg_cpu_us_;
+      cost.measured = Fixed(x, 2) + " x (" + Fixed(*r.pg_cpu_us_per_msg, 1) + " vs " +
+                      Fixed(*sql_ceiling_pg_cpu_us_, 1) + " µs)";
+      cost.pass = r.completed && x <= 2.0;
+    } else {
+      cost.measured = "n/a: sql_ceiling not run";
+    }
+    r.targets.push_back(cost);
   }
   timelines_.emplace_back(v.name, obs.timeline);
   return r;

@@ -159,6 +159,7 @@ class Bench {
   std::string bootstraps_;
   int http_port_ = 0;
   std::optional<double> sql_ceiling_, http_ceiling_;
+  std::optional<double> sql_ceiling_pg_cpu_us_;  ///< the baseline ceiling's Postgres CPU per row
   std::optional<double> http_ceiling_cpu_us_;
   /// webhook_drain's Postgres CPU per delivered request, for the fan-out scenarios' ratio.
   std::optional<double> webhook_drain_pg_cpu_us_;
