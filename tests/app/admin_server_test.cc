@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "outbox_relay/listen_backlog.h"
+#include "outbox_test/raw_http.h"
 
 namespace outbox::relay {
 namespace {
@@ -148,6 +149,32 @@ TEST_F(AdminServerTest, UnknownPathsAre404AndHeadWorks) {
   res = c.Post("/metrics", "x", "text/plain");
   ASSERT_TRUE(res);
   EXPECT_NE(res->status, 200);
+}
+
+// cpp-httplib reads a request body into memory before it routes the request, even one for a
+// route that does not exist: a chunked body with no limit, one without a length until the
+// client closes. Anyone who could reach the admin port could grow the relay's memory until it
+// was killed (review). Refused or taken as empty, as soon as the head is read.
+TEST_F(AdminServerTest, ARequestBodyIsNeitherReadNorWaitedFor) {
+  using std::chrono_literals::operator""s;
+  EXPECT_EQ(testing::RawHttpStatus(server_.port(),
+                                   "POST /metrics HTTP/1.1\r\nHost: relay\r\n"
+                                   "Transfer-Encoding: chunked\r\n\r\n10000\r\n" +
+                                       std::string(4096, 'x'),
+                                   3s),
+            411);
+  EXPECT_EQ(testing::RawHttpStatus(server_.port(),
+                                   "POST /healthz HTTP/1.1\r\nHost: relay\r\n\r\n", 3s),
+            404);
+  EXPECT_EQ(testing::RawHttpStatus(server_.port(),
+                                   "PUT /metrics HTTP/1.1\r\nHost: relay\r\n"
+                                   "Content-Length: 1073741824\r\n\r\nx",
+                                   3s),
+            413);
+  auto c = Client();
+  auto r = c.Get("/healthz");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << "the server still answers";
 }
 
 TEST_F(AdminServerTest, StopClosesThePortAndIsIdempotent) {

@@ -12,6 +12,7 @@
 
 #include "outbox_relay/management_api.h"
 #include "outbox_test/pg.h"
+#include "outbox_test/raw_http.h"
 #include "outbox_test/wait.h"
 
 namespace outbox::testing {
@@ -398,6 +399,41 @@ TEST_F(ManagementApiTest, ABodyOverTheLimitIsA413NamingTheLimit) {
                           std::string(2 << 20, 'x') + "\"}";
   ExpectError(Post("/v1/endpoints", big), 413, "payload_too_large");
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints"), 0);
+}
+
+// cpp-httplib reads a request body before it routes the request and before the token is
+// checked: a chunked body with no limit at all (its payload limit checks only Content-Length),
+// and a body with no length until the client closes. Anyone who could reach the port could
+// grow the relay's memory until it was killed (review). A chunked body is now refused as soon
+// as its head is read, and a request with neither header has no body, as HTTP says.
+TEST_F(ManagementApiTest, ABodyWithoutContentLengthIsNeitherReadNorWaitedFor) {
+  // A chunked body that has not ended: answered 411 at once, without the token.
+  EXPECT_EQ(RawHttpStatus(api_->port(),
+                          "POST /v1/endpoints HTTP/1.1\r\nHost: relay\r\n"
+                          "Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n"
+                          "\r\n10000\r\n" + std::string(4096, ' '),
+                          3s),
+            411);
+  // Neither Content-Length nor Transfer-Encoding (curl's DELETE): no body, answered at once.
+  EXPECT_EQ(RawHttpStatus(api_->port(),
+                          "DELETE /v1/endpoints/nope HTTP/1.1\r\nHost: relay\r\n"
+                          "Authorization: Bearer " + kToken + "\r\n\r\n",
+                          3s),
+            404);
+  EXPECT_EQ(RawHttpStatus(api_->port(),
+                          "POST /v1/endpoints HTTP/1.1\r\nHost: relay\r\n"
+                          "Content-Length: 99999999999\r\n\r\n{",
+                          3s),
+            413);
+  auto answer = Of(client_->Post("/v1/endpoints",
+                                 [](std::size_t, httplib::DataSink& sink) {
+                                   sink.write("{}", 2);
+                                   sink.done();
+                                   return true;
+                                 },
+                                 "application/json"));
+  ExpectError(answer, 411, "length_required");
+  EXPECT_EQ(Get("/v1/endpoints").status, 200) << "the server still answers";
 }
 
 TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {
