@@ -163,9 +163,9 @@ TEST_F(AdminServerTest, ARequestBodyIsNeitherReadNorWaitedFor) {
                                        std::string(4096, 'x'),
                                    3s),
             411);
-  EXPECT_EQ(testing::RawHttpStatus(server_.port(),
-                                   "POST /healthz HTTP/1.1\r\nHost: relay\r\n\r\n", 3s),
-            404);
+  EXPECT_EQ(
+      testing::RawHttpStatus(server_.port(), "POST /healthz HTTP/1.1\r\nHost: relay\r\n\r\n", 3s),
+      404);
   EXPECT_EQ(testing::RawHttpStatus(server_.port(),
                                    "PUT /metrics HTTP/1.1\r\nHost: relay\r\n"
                                    "Content-Length: 1073741824\r\n\r\nx",

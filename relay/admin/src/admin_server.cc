@@ -115,12 +115,12 @@ void AdminServer::Start() {
   d.server.set_write_timeout(std::chrono::seconds(5));
   d.server.set_keep_alive_timeout(5);
   // Its routes take no body: a few KiB is plenty, and none is read before routing unbounded.
-  LimitRequestBodies(d.server, 4096,
-                     [](httplib::Response& res, int status, const std::string&,
-                        const std::string& message) {
-                       res.status = status;
-                       res.set_content(message + "\n", "text/plain; charset=utf-8");
-                     });
+  LimitRequestBodies(
+      d.server, 4096,
+      [](httplib::Response& res, int status, const std::string&, const std::string& message) {
+        res.status = status;
+        res.set_content(message + "\n", "text/plain; charset=utf-8");
+      });
   // httplib's default sets SO_REUSEPORT, which lets a second relay bind the same port and
   // silently share the scrapes with the first. SO_REUSEADDR alone only allows restarting
   // while old connections linger in TIME_WAIT; a port in use is an error.

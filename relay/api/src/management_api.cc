@@ -415,11 +415,11 @@ void ManagementApi::Start() {
   d.server.set_keep_alive_timeout(5);
   d.server.set_read_timeout(std::chrono::seconds(10));
   d.server.set_write_timeout(std::chrono::seconds(10));
-  LimitRequestBodies(d.server, 1 << 20,
-                     [](httplib::Response& res, int status, const std::string& code,
-                        const std::string& message) {
-                       ReplyError(res, {status, code, message, ""});
-                     });
+  LimitRequestBodies(
+      d.server, 1 << 20,
+      [](httplib::Response& res, int status, const std::string& code, const std::string& message) {
+        ReplyError(res, {status, code, message, ""});
+      });
   d.server.set_socket_options([](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
