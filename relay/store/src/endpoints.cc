@@ -72,9 +72,17 @@ EndpointRecord FromRow(const pqxx::row& r) {
   return e;
 }
 
+// What the webhook sink decodes (webhook_detail::DecodeBase64): padding only to a whole
+// group, and no group of one character, which cannot make a byte. A secret the sink cannot
+// decode made the endpoint unusable and dead-lettered its messages (review).
 bool ValidSecret(const std::string& s) {
   static const std::regex re("^(whsec|whsk)_[A-Za-z0-9+/]+={0,2}$");
-  return std::regex_match(s, re);
+  if (!std::regex_match(s, re)) return false;
+  const std::string encoded = s.substr(s.find('_') + 1);
+  const std::size_t data =
+      encoded.find('=') == std::string::npos ? encoded.size() : encoded.find('=');
+  if (data < encoded.size() && encoded.size() % 4 != 0) return false;
+  return data % 4 != 1;
 }
 
 void CheckId(const std::string& id) {
