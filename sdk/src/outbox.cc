@@ -224,6 +224,16 @@ std::string NumbersAsZero(std::string_view json) {
 /// stops reading at it (out_of_range 406): the text is then read once more with every number
 /// written as 0, so what follows it is checked as well.
 void CheckJsonPayload(const std::string& payload) {
+  // What the parser below takes and PostgreSQL does not: it reads a raw NUL byte as the end of
+  // the input, and skips a leading byte order mark.
+  if (payload.find('\0') != std::string::npos) {
+    throw InvalidMessage(std::string("outbox: payload") + kNulFix);
+  }
+  if (payload.starts_with("\xEF\xBB\xBF")) {
+    throw InvalidMessage(
+        "outbox: payload starts with a UTF-8 byte order mark, which is not JSON; strip the "
+        "first 3 bytes (EF BB BF) before Json()");
+  }
   PayloadCheck check;
   if (nlohmann::json::sax_parse(payload, &check)) return;
   bool nul = check.has_nul;

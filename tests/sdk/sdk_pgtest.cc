@@ -193,6 +193,16 @@ TEST(SdkValidation, BuilderRejectsBadInputWithClearMessages) {
   ExpectInvalid([] { return Message::To("d").Build(); }, "has no payload; call Json() or Bytes()");
   ExpectInvalid([] { return Message::To("d").Json("{not json").Build(); },
                 "payload is not valid JSON");
+  // Text nlohmann's parser takes and PostgreSQL's json does not: a UTF-8 byte order mark
+  // (skipped by the parser) and a raw NUL byte (read as the end of the input). Accepted, they
+  // failed in the database with "invalid input syntax for type json" and no field named, and
+  // the caller's transaction was aborted (review).
+  ExpectInvalid([] { return Message::To("d").Json("\xEF\xBB\xBF{\"a\":1}").Build(); },
+                "payload starts with a UTF-8 byte order mark");
+  ExpectInvalid([] { return Message::To("d").Json(std::string("{}\0", 3)).Build(); },
+                "payload contains U+0000");
+  ExpectInvalid([] { return Message::To("d").Json(std::string("{\"a\":\"x\0y\"}", 11)).Build(); },
+                "payload contains U+0000");
   ExpectInvalid([] { return Message::To("d").Json("{}").Key("").Build(); },
                 "ordering key must not be empty");
   ExpectInvalid(
