@@ -554,6 +554,30 @@ TEST_F(RelayProcessTest, OperatorCommandsTakeTheConfigFileForTheDatabase) {
       << nowhere.Stderr();
 }
 
+// `dlq replay 7 7`: the same id twice is one dead letter, replayed once. The command counted
+// the ids given, not the distinct ones, and said one of them was no dead letter, exit 1, after
+// replaying it (review): a script retrying on exit 1 replayed nothing more but was misled.
+TEST_F(RelayProcessTest, DlqReplayOfAnIdGivenTwiceReplaysItOnceAndSucceeds) {
+  {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    tx.exec(
+        "INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
+        "payload, attempts, reason, created_at) VALUES (7, 'orders', gen_random_uuid(), '', "
+        "'{}', '1', 3, 'http 500', now())");
+    tx.commit();
+  }
+  const std::string config = WriteConfig("relay.yaml", Yaml(db_url_));
+  ChildProcess& replay = Spawn("dlq-replay", {"dlq", "replay", "7", "7", "--config", config});
+  ASSERT_TRUE(replay.WaitExit(30s)) << replay.Describe();
+  EXPECT_FALSE(replay.ExitedNonZero()) << replay.Stderr();
+  EXPECT_NE(replay.Stdout().find("replayed 1 message(s)"), std::string::npos) << replay.Stdout();
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction tx(c);
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.messages")[0].as<int>(), 1);
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.dead_letters")[0].as<int>(), 0);
+}
+
 // `destinations add` counts a name's characters, as outbox.destinations does: a non-ASCII
 // name of 255 characters (510 bytes) was refused though the database takes it.
 TEST_F(RelayProcessTest, DestinationsAddCountsCharactersNotBytes) {

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "build_info.h"
 #include "outbox_relay/admin_server.h"
@@ -368,8 +369,10 @@ int RunDlqReplay(const DlqArgs& a) {
       code = 1;
     }
     const std::size_t found = r.ids.size() + r.held_back.size();
-    if (!a.ids.empty() && found != a.ids.size()) {
-      std::cerr << "error: " << a.ids.size() - found
+    // An id given twice is one dead letter.
+    const std::size_t given = std::set<std::int64_t>(a.ids.begin(), a.ids.end()).size();
+    if (!a.ids.empty() && found != given) {
+      std::cerr << "error: " << given - found
                 << " of the given ids are not dead letters (see `outbox-relay dlq list`)\n";
       code = 1;
     }
