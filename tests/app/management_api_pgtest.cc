@@ -451,6 +451,27 @@ TEST_F(ManagementApiTest, ABodyWithoutContentLengthIsNeitherReadNorWaitedFor) {
   EXPECT_EQ(Get("/v1/endpoints").status, 200) << "the server still answers";
 }
 
+// A body nested 200,000 levels deep (well under 1 MiB): nlohmann parses it without recursion,
+// but writing it back out (dump) recursed once per level and overflowed the worker's stack,
+// killing the relay and every destination with it (review). Refused as bad JSON now.
+TEST_F(ManagementApiTest, ADeeplyNestedBodyIsRefusedNotWrittenOut) {
+  const int levels = 200000;
+  const std::string nested = std::string(levels, '[') + std::string(levels, ']');
+  ExpectError(
+      Post("/v1/endpoints",
+           R"({"destination": "d", "url": "https://x", "metadata": {"a": )" + nested + "}}"),
+      400, "invalid_json");
+  ExpectError(Post("/v1/endpoints",
+                   R"({"destination": "d", "url": "https://x", "breaker": {"a": )" + nested + "}}"),
+              400, "invalid_json");
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints"), 0);
+  // Ordinary nesting still goes through.
+  EXPECT_EQ(Post("/v1/endpoints", R"({"id": "n", "destination": "d", "url": "https://x", )"
+                                  R"("metadata": {"a": {"b": [[1, {"c": 2}]]}}})")
+                .status,
+            201);
+}
+
 TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {
   ASSERT_EQ(
       Post("/v1/endpoints", R"({"id": "doc", "destination": "d", "url": "https://x"})").status,

@@ -959,6 +959,31 @@ TEST_F(StoreTest, AReplayedMessageWaitsForItsKeysUncommittedWriter) {
       << "the writer's message first, the replayed one queued behind it";
 }
 
+// `endpoints add --metadata` with JSON nested 200,000 levels deep: written back out (the
+// endpoint's row is built as JSON), it recursed once per level and overflowed the stack
+// (review). Refused naming the field, nothing written.
+TEST_F(StoreTest, EndpointJsonNestedTooDeepIsRefusedNamingTheField) {
+  Store c(db_url_);
+  const std::string nested = std::string(200000, '[') + std::string(200000, ']');
+  for (const std::string field : {"metadata", "breaker"}) {
+    EndpointFields f;
+    f.id = "deep";
+    f.destination = "hooks";
+    f.url = "https://example.com/hook";
+    (field == "metadata" ? f.metadata : f.breaker) = "{\"a\": " + nested + "}";
+    try {
+      AddEndpoint(c, f);
+      ADD_FAILURE() << field << " accepted";
+    } catch (const InvalidField& e) {
+      EXPECT_EQ(e.field(), field) << e.what();
+    }
+  }
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints"), 0);
+  EXPECT_FALSE(JsonNestedDeeperThan(R"({"a": [{"b": "[[[[[[[[\"]]"}]})", 3))
+      << "brackets in strings do not count";
+  EXPECT_TRUE(JsonNestedDeeperThan(R"({"a": [{"b": [1]}]})", 3));
+}
+
 // An endpoint moved to another destination takes what it owes along: its queued rows (their
 // buckets computed for the new name) and its dead letters. Left behind, the old destination's
 // service, which no longer loads the endpoint, dead-lettered them all as deleted (review).

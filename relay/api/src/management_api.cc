@@ -61,6 +61,12 @@ json ParseBody(const httplib::Request& req, bool required) {
     if (required) throw ApiError{400, "invalid_json", "the request needs a JSON object body", ""};
     return json::object();
   }
+  if (JsonNestedDeeperThan(req.body, kMaxJsonDepth)) {
+    throw ApiError{400, "invalid_json",
+                   "the body nests deeper than " + std::to_string(kMaxJsonDepth) +
+                       " levels; flatten it (metadata is a small object of your own keys)",
+                   ""};
+  }
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded()) {
     throw ApiError{400, "invalid_json", "the body is not valid JSON", ""};

@@ -72,6 +72,32 @@ EndpointRecord FromRow(const pqxx::row& r) {
   return e;
 }
 
+}  // namespace
+
+bool JsonNestedDeeperThan(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+namespace {
+
 // What the webhook sink decodes (webhook_detail::DecodeBase64): padding only to a whole
 // group, and no group of one character, which cannot make a byte. A secret the sink cannot
 // decode made the endpoint unusable and dead-lettered its messages (review).
@@ -122,6 +148,10 @@ json Changes(const EndpointFields& f) {
   }
   if (f.description) c["description"] = *f.description;
   if (f.metadata) {
+    if (JsonNestedDeeperThan(*f.metadata, kMaxJsonDepth)) {
+      throw InvalidField("metadata", "metadata nests deeper than " + std::to_string(kMaxJsonDepth) +
+                                         " levels; flatten it");
+    }
     json m = json::parse(*f.metadata, nullptr, false);
     if (m.is_discarded() || !m.is_object()) {
       throw InvalidField("metadata",
@@ -163,6 +193,11 @@ json Changes(const EndpointFields& f) {
     c["max_in_flight"] = *f.max_in_flight;
   }
   if (f.breaker) {
+    if (JsonNestedDeeperThan(*f.breaker, kMaxJsonDepth)) {
+      throw InvalidField("breaker",
+                         "breaker nests deeper than " + std::to_string(kMaxJsonDepth) +
+                             " levels; it takes numbers, e.g. {\"failure_threshold\": 5}");
+    }
     json b = json::parse(*f.breaker, nullptr, false);
     if (b.is_discarded() || !b.is_object()) {
       throw InvalidField("breaker",

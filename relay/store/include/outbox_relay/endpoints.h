@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,15 @@ class EndpointExists : public InvalidField {
  public:
   using InvalidField::InvalidField;
 };
+
+/// How deep JSON given for an endpoint (metadata, breaker, an API request's body) may nest.
+/// nlohmann parses without recursion, but writes JSON back out (dump) recursing once per
+/// level: 200,000 levels, well under 1 MiB, overflowed a thread's stack.
+inline constexpr int kMaxJsonDepth = 64;
+
+/// Whether JSON text nests arrays and objects deeper than max_depth (read without parsing; for
+/// text that is not JSON the answer means nothing, and the parse refuses it anyway).
+bool JsonNestedDeeperThan(std::string_view text, int max_depth);
 
 /// The endpoint named does not exist.
 class EndpointNotFound : public std::invalid_argument {
