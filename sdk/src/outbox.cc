@@ -9,8 +9,6 @@
 namespace outbox {
 namespace {
 
-constexpr std::size_t kMaxBatch = 1000;
-
 bool IsUuid(const std::string& s) {
   if (s.size() != 36) return false;
   for (std::size_t i = 0; i < s.size(); ++i) {
@@ -444,18 +442,19 @@ std::vector<std::int64_t> PublishMany(pqxx::dbtransaction& tx,
                                       const std::vector<OutboxMessage>& messages) {
   for (const auto& m : messages) Validate(m);
   std::vector<std::int64_t> ids;
+  if (messages.empty()) return ids;
   ids.reserve(messages.size());
-  for (std::size_t start = 0; start < messages.size(); start += kMaxBatch) {
-    std::string batch = "[";
-    const std::size_t end = std::min(messages.size(), start + kMaxBatch);
-    for (std::size_t i = start; i < end; ++i) {
-      if (i > start) batch += ',';
-      batch += ToJsonText(messages[i]);
-    }
-    batch += ']';
-    const pqxx::result r = tx.exec_params("SELECT outbox.enqueue_many($1::jsonb)", batch);
-    for (const auto& row : r) ids.push_back(row[0].as<std::int64_t>());
+  // One call, whatever the count: enqueue_many takes the locks of the keys it is given in one
+  // global order before it writes, so keys split over several calls (it was one per 1000
+  // messages) were locked call by call, and two such batches sharing keys could deadlock.
+  std::string batch = "[";
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    if (i > 0) batch += ',';
+    batch += ToJsonText(messages[i]);
   }
+  batch += ']';
+  const pqxx::result r = tx.exec_params("SELECT outbox.enqueue_many($1::jsonb)", batch);
+  for (const auto& row : r) ids.push_back(row[0].as<std::int64_t>());
   return ids;
 }
 

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <functional>
+#include <future>
 #include <pqxx/pqxx>
 #include <set>
 #include <thread>
@@ -11,6 +12,7 @@
 
 #include "outbox/outbox.h"
 #include "outbox_test/pg.h"
+#include "outbox_test/wait.h"
 
 namespace {
 
@@ -80,6 +82,67 @@ TEST_F(SdkTest, CommittedTransactionMakesExactlyItsMessagesVisibleWithEveryField
   EXPECT_TRUE(b[2].as<bool>());
   EXPECT_TRUE(b[3].as<bool>()) << "a message due in an hour goes straight to the slow lane";
   EXPECT_TRUE(b[4].as<bool>()) << "deliver time kept to the microsecond";
+}
+
+// PublishMany takes the locks of all its keys in one global order (docs/sdk.md). It sent 1000
+// messages per call, each call locking its own keys only, so two transactions publishing
+// more than 1000 messages with two shared keys in opposite order deadlocked, and PostgreSQL
+// aborted one (review). Here the first chunk of each holds one key while it waits for `m`;
+// once `m` is free, the second chunks wanted each other's key.
+TEST_F(SdkTest, PublishManyOfMoreThanAThousandMessagesDoesNotDeadlockOnSharedKeys) {
+  using namespace std::chrono_literals;
+  const auto lock_of = [&](const std::string& key) {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    return tx.exec1("SELECT hashtextextended('d' || chr(31) || '" + key + "', 7079)")[0]
+        .as<std::int64_t>();
+  };
+  // Two keys whose locks come before m's in the global order.
+  const std::int64_t m_lock = lock_of("m");
+  std::vector<std::string> keys;
+  for (int i = 0; keys.size() < 2; ++i) {
+    if (lock_of("k" + std::to_string(i)) < m_lock) keys.push_back("k" + std::to_string(i));
+  }
+  const auto batch = [&](const std::string& first, const std::string& last) {
+    std::vector<outbox::OutboxMessage> msgs;
+    for (int i = 0; i < 999; ++i)
+      msgs.push_back(outbox::Message::To("d").Json("1").Key(first).Build());
+    msgs.push_back(outbox::Message::To("d").Json("1").Key("m").Build());
+    msgs.push_back(outbox::Message::To("d").Json("1").Key(last).Build());
+    return msgs;
+  };
+  pqxx::connection holder(db_url_);
+  pqxx::work hold(holder);
+  outbox::Publish(hold, outbox::Message::To("d").Json("1").Key("m").Build());
+  const auto publish = [&](std::vector<outbox::OutboxMessage> msgs) {
+    return std::async(std::launch::async, [this, msgs = std::move(msgs)]() -> std::string {
+      try {
+        pqxx::connection c(db_url_);
+        pqxx::work tx(c);
+        outbox::PublishMany(tx, msgs);
+        tx.commit();
+        return "";
+      } catch (const std::exception& e) {
+        return e.what();
+      }
+    });
+  };
+  auto one = publish(batch(keys[0], keys[1]));
+  auto two = publish(batch(keys[1], keys[0]));
+  ASSERT_TRUE(outbox::testing::WaitFor(
+      [&] {
+        pqxx::connection c(db_url_);
+        pqxx::nontransaction tx(c);
+        return tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'")[0]
+                   .as<int>() >= 2;
+      },
+      30s));
+  hold.commit();
+  EXPECT_EQ(one.get(), "");
+  EXPECT_EQ(two.get(), "");
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction tx(c);
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.messages")[0].as<int>(), 1 + 2 * 1001);
 }
 
 TEST_F(SdkTest, RolledBackTransactionLeavesNothing) {

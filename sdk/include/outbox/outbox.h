@@ -114,8 +114,9 @@ struct Message {
 /// own, so the message would not share the fate of the business write.
 std::int64_t Publish(pqxx::dbtransaction& tx, const OutboxMessage& message);
 
-/// Writes many messages inside `tx` in one round trip (per 1000 messages); returns their
-/// ids in input order. Validates all of them before writing any.
+/// Writes many messages inside `tx` in one round trip (one outbox.enqueue_many call, which
+/// takes the locks of all their keys in one global order first); returns their ids in input
+/// order. Validates all of them before writing any.
 std::vector<std::int64_t> PublishMany(pqxx::dbtransaction& tx,
                                       const std::vector<OutboxMessage>& messages);
 
