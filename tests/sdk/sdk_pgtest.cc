@@ -865,6 +865,29 @@ TEST_F(SdkTest, PayloadsOverTheDatabasesLimitAreRefusedNamingTheLimit) {
   EXPECT_EQ(Count(db_url_), 1) << "nothing half-written";
 }
 
+// PostgreSQL refuses PREPARE TRANSACTION after a NOTIFY, and every enqueue woke the relays
+// with one: a writer whose transaction ends in two-phase commit (XA, JTA) could not commit
+// once it had enqueued (review). `SET LOCAL outbox.notify = 'off'` skips the wake-up.
+TEST_F(SdkTest, ATwoPhaseCommitWriterCanSkipTheWakeUpAndPrepare) {
+  pqxx::connection c(db_url_);
+  {
+    pqxx::nontransaction tx(c);
+    tx.exec("BEGIN");
+    tx.exec("SET LOCAL outbox.notify = 'off'");
+    tx.exec("SELECT outbox.enqueue('d', '{\"xa\": 1}'::jsonb)");
+    tx.exec("PREPARE TRANSACTION 'outbox-xa-test'");
+    tx.exec("COMMIT PREPARED 'outbox-xa-test'");
+  }
+  EXPECT_EQ(Count(db_url_), 1);
+  // Without the setting, the wake-up is sent, and preparing is refused as PostgreSQL does.
+  pqxx::nontransaction tx(c);
+  tx.exec("BEGIN");
+  tx.exec("SELECT outbox.enqueue('d', '{\"xa\": 2}'::jsonb)");
+  EXPECT_THROW(tx.exec("PREPARE TRANSACTION 'outbox-xa-test-2'"), pqxx::sql_error);
+  tx.exec("ROLLBACK");
+  EXPECT_EQ(Count(db_url_), 1);
+}
+
 TEST_F(SdkTest, OneWakeUpPerTransactionNotPerRow) {
   pqxx::connection listener(db_url_);
   struct Counter : pqxx::notification_receiver {

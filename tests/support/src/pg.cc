@@ -317,7 +317,9 @@ struct PgCluster::Impl {
     const std::string opts = "-c listen_addresses=127.0.0.1 -p " + std::to_string(port) +
                              " -c unix_socket_directories=" + base +
                              " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-                             " -c max_connections=200 -c shared_buffers=128MB";
+                             " -c max_connections=200 -c shared_buffers=128MB"
+                             // two-phase commit, for the writers that end with it
+                             " -c max_prepared_transactions=4";
     const auto r = Run(
         Cmd({bin + "/pg_ctl", "start", "-D", data, "-l", log, "-w", "-t", "60", "-o", opts}), base);
     if (r.exit_code == 0) {
