@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "outbox_relay/webhook_service.h"
@@ -783,9 +784,19 @@ TEST_F(WebhookServiceTest, AnEndpointAddedThroughTheManagementApiReceivesMessage
 // not open) was stored, and everything sent to it went to its dead letters (security review).
 TEST_F(WebhookServiceTest, TheManagementApiRefusesAnEndpointUrlTheSsrfGuardRefuses) {
   const std::string token_file = WriteConfig("api-token", "process-test-token-0123456789\n");
-  config_ = WriteConfig("relay.yaml",
-                        ServiceYaml("", "management_api: {listen: \"127.0.0.1:0\", token_file: \"" +
-                                            token_file + "\"}\n"));
+  config_ = WriteConfig(
+      "relay.yaml",
+      ServiceYaml("",
+                  "management_api: {listen: \"127.0.0.1:0\", token_file: \"" + token_file + "\"}\n",
+                  "  fixed:\n"
+                  "    webhook:\n"
+                  "      url: \"" +
+                      receiver_.Url("/fixed") +
+                      "\"\n"
+                      "      secret: \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"
+                      "      allow_private_networks: true\n"
+                      "      timeout_ms: 1000\n"
+                      "      connect_timeout_ms: 500\n"));
   ChildProcess& relay = StartRelay(config_);
   const int port = ManagementApiPort(relay);
   ASSERT_GT(port, 0) << relay.Stderr();
@@ -813,6 +824,24 @@ TEST_F(WebhookServiceTest, TheManagementApiRefusesAnEndpointUrlTheSsrfGuardRefus
   ASSERT_TRUE(moved);
   EXPECT_EQ(moved->status, 400) << moved->body;
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE url LIKE '%fe80%'"), 0);
+
+  // Nor does an endpoint belong to a destination this relay delivers elsewhere (here a fixed
+  // URL; a Kafka topic alike): its rows and replays would go out as that destination's
+  // messages. Stored, it was (review).
+  for (const auto& [method, path, body] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"POST", "/v1/endpoints",
+            R"({"id": "lost", "destination": "fixed", "url": ")" + receiver_.Url("/lost") + "\"}"},
+           {"PATCH", "/v1/endpoints/ok", R"({"destination": "fixed"})"}}) {
+    auto r = method == "POST" ? api.Post(path, auth, body, "application/json")
+                              : api.Patch(path, auth, body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_EQ(nlohmann::json::parse(r->body, nullptr, false)["error"].value("field", ""),
+              "destination")
+        << r->body;
+  }
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE destination = 'fixed'"), 0);
   StopGracefully(relay);
 }
 

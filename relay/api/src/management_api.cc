@@ -181,11 +181,16 @@ struct ManagementApi::Impl {
   std::mutex store_mu;
   std::unique_ptr<Store> store;  ///< Guarded by store_mu; one connection, made on first use.
 
-  ManagementApi::UrlCheck url_check;  ///< Set before Start; read-only after.
+  ManagementApi::UrlCheck url_check;                  ///< Set before Start; read-only after.
+  ManagementApi::DestinationCheck destination_check;  ///< Set before Start; read-only after.
 
   void CheckUrl(const std::string& destination, const std::string& url) const {
     if (!url_check) return;
     if (auto why = url_check(destination, url)) throw BadField("url", *why);
+  }
+  void CheckDestination(const std::string& destination) const {
+    if (!destination_check) return;
+    if (auto why = destination_check(destination)) throw BadField("destination", *why);
   }
 
   bool Authorized(const httplib::Request& req) const {
@@ -273,6 +278,7 @@ struct ManagementApi::Impl {
         EndpointFields f = Fields(body);
         if (!f.destination) throw BadField("destination", "destination is required");
         if (!f.url) throw BadField("url", "url is required");
+        CheckDestination(*f.destination);
         CheckUrl(*f.destination, *f.url);
         const CreatedEndpoint created = AddEndpoint(s, f);
         json out = ToJson(created.endpoint);
@@ -301,6 +307,7 @@ struct ManagementApi::Impl {
                         "max_in_flight", "rate_limit", "breaker", "adaptive_concurrency"});
         if (body.empty()) throw ApiError{400, "invalid_json", "nothing to update", ""};
         const EndpointFields f = Fields(body);
+        if (f.destination) CheckDestination(*f.destination);
         if (url_check && (f.url || f.destination)) {
           const auto now = GetEndpoint(s, id);
           if (!now) throw NotFound(id);
@@ -409,6 +416,9 @@ ManagementApi::ManagementApi(std::string listen, std::string token, std::string 
 ManagementApi::~ManagementApi() { Stop(); }
 
 void ManagementApi::SetUrlCheck(UrlCheck check) { impl_->url_check = std::move(check); }
+void ManagementApi::SetDestinationCheck(DestinationCheck check) {
+  impl_->destination_check = std::move(check);
+}
 
 void ManagementApi::Start() {
   auto& d = *impl_;

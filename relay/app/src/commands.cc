@@ -217,11 +217,27 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
     // An endpoint of a webhook service this config runs meets its destination's SSRF guard
     // when it is added; other destinations' settings are not known here.
     std::map<std::string, WebhookTarget> services;
+    // This config's destinations that are no webhook service: endpoints moved or added there
+    // would be delivered as that destination's messages (a Kafka topic, a fixed URL), with
+    // ordering keys and idempotency keys of their own (review).
+    std::map<std::string, std::string> others;
     for (const auto& [name, d] : cfg.destinations) {
       if (const auto* w = d.target.As<WebhookTarget>(); w && w->endpoints_from_database) {
         services.emplace(name, *w);
+      } else {
+        others.emplace(name, d.target.As<WebhookTarget>() ? "a webhook destination with its URL "
+                                                            "in the config"
+                                                          : "a Kafka destination");
       }
     }
+    api->SetDestinationCheck(
+        [others = std::move(others)](const std::string& destination) -> std::optional<std::string> {
+          const auto it = others.find(destination);
+          if (it == others.end()) return std::nullopt;
+          return "destination \"" + destination + "\" is " + it->second +
+                 " of this relay, not a webhook service; endpoints belong to a destination "
+                 "with `webhook: {endpoints: database}`";
+        });
     api->SetUrlCheck([services = std::move(services)](const std::string& destination,
                                                       const std::string& url) {
       const auto it = services.find(destination);

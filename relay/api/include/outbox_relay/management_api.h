@@ -40,6 +40,14 @@ class ManagementApi {
   /// Before Start. Without one, URLs are only parsed.
   void SetUrlCheck(UrlCheck check);
 
+  /// Why endpoints cannot belong to `destination` (one this relay delivers somewhere else than
+  /// to database endpoints: a Kafka topic, a webhook URL in its config), or nullopt; checked
+  /// when an endpoint is added or moved.
+  using DestinationCheck =
+      std::function<std::optional<std::string>(const std::string& destination)>;
+  /// Before Start. Without one, any destination name is taken.
+  void SetDestinationCheck(DestinationCheck check);
+
   /// Binds and serves; throws std::invalid_argument (address) or std::runtime_error (bind).
   void Start();
   void Stop();
