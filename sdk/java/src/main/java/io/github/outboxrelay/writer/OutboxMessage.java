@@ -78,7 +78,7 @@ public final class OutboxMessage {
       this.destination = Objects.requireNonNull(destination, "destination");
     }
 
-    /** The payload as JSON text (checked by the database). */
+    /** The payload as JSON text (checked as JSON by build(); stored as the database parses it). */
     public Builder json(String jsonText) {
       this.json = Objects.requireNonNull(jsonText, "json");
       return this;
@@ -177,6 +177,11 @@ public final class OutboxMessage {
       }
       if (json != null) {
         checkText(json, "payload", where);
+        String syntax = jsonSyntaxProblem(json);
+        if (syntax != null) {
+          throw new IllegalArgumentException(where + "payload is not valid JSON: " + syntax
+              + "; pass JSON text to json(...) or raw bytes to bytes(...)");
+        }
         String problem = jsonEscapeProblem(json);
         if (problem != null) throw new IllegalArgumentException(where + "payload " + problem);
       }
@@ -246,5 +251,139 @@ public final class OutboxMessage {
       }
     }
     return highEnd >= 0 ? unpaired : null;
+  }
+
+  /**
+   * Why the text is not one JSON value (RFC 8259), or null; as in Python, Go and Node, checked
+   * before the database is asked, so that the caller's transaction goes on. Iterative: any
+   * nesting depth is read without recursion.
+   */
+  static String jsonSyntaxProblem(String t) {
+    StringBuilder open = new StringBuilder(); // the arrays ('[') and objects ('{') we are in
+    int i = skipSpace(t, 0);
+    boolean wantValue = true;
+    while (true) {
+      if (wantValue) {
+        if (i >= t.length()) return "the text ends where a value should be";
+        char c = t.charAt(i);
+        if (c == '[' || c == '{') {
+          open.append(c);
+          i = skipSpace(t, i + 1);
+          if (i < t.length() && t.charAt(i) == (c == '[' ? ']' : '}')) {
+            open.setLength(open.length() - 1);
+            i = skipSpace(t, i + 1);
+            wantValue = false;
+          } else if (c == '{') {
+            i = objectKey(t, i);
+            if (i < 0) return at(-i - 1, "expected an object key (a string) and ':'");
+          }
+          continue;
+        }
+        int end;
+        if (c == '"') {
+          end = stringEnd(t, i);
+        } else if (t.startsWith("true", i) || t.startsWith("null", i)) {
+          end = i + 4;
+        } else if (t.startsWith("false", i)) {
+          end = i + 5;
+        } else {
+          end = numberEnd(t, i);
+        }
+        if (end < 0) return at(i, "not a JSON value");
+        i = skipSpace(t, end);
+        wantValue = false;
+        continue;
+      }
+      if (open.length() == 0) return i == t.length() ? null : at(i, "text after the JSON value");
+      char top = open.charAt(open.length() - 1);
+      char close = top == '[' ? ']' : '}';
+      if (i >= t.length()) return "the text ends inside an " + (top == '[' ? "array" : "object");
+      char c = t.charAt(i);
+      if (c == close) {
+        open.setLength(open.length() - 1);
+        i = skipSpace(t, i + 1);
+      } else if (c == ',') {
+        i = skipSpace(t, i + 1);
+        if (top == '{') {
+          i = objectKey(t, i);
+          if (i < 0) return at(-i - 1, "expected an object key (a string) and ':'");
+        }
+        wantValue = true;
+      } else {
+        return at(i, "expected ',' or '" + close + "'");
+      }
+    }
+  }
+
+  private static String at(int i, String what) {
+    return what + " at character " + (i + 1);
+  }
+
+  private static int skipSpace(String t, int i) {
+    while (i < t.length() && (t.charAt(i) == ' ' || t.charAt(i) == '\t' || t.charAt(i) == '\n'
+        || t.charAt(i) == '\r')) {
+      i++;
+    }
+    return i;
+  }
+
+  /** After an object key and its ':' (spaces skipped), or -(where it went wrong) - 1. */
+  private static int objectKey(String t, int i) {
+    int end = stringEnd(t, i);
+    if (end < 0) return -i - 1;
+    end = skipSpace(t, end);
+    if (end >= t.length() || t.charAt(end) != ':') return -end - 1;
+    return skipSpace(t, end + 1);
+  }
+
+  /** Just after the string that starts at i, or -1 when none does. */
+  private static int stringEnd(String t, int i) {
+    if (i >= t.length() || t.charAt(i) != '"') return -1;
+    for (i++; i < t.length(); i++) {
+      char c = t.charAt(i);
+      if (c == '"') return i + 1;
+      if (c < 0x20) return -1; // a control character must be escaped
+      if (c == '\\') {
+        if (++i >= t.length()) return -1;
+        char e = t.charAt(i);
+        if (e == 'u') {
+          if (i + 4 >= t.length()) return -1;
+          for (int k = 1; k <= 4; k++) {
+            if (Character.digit(t.charAt(i + k), 16) < 0) return -1;
+          }
+          i += 4;
+        } else if ("\"\\/bfnrt".indexOf(e) < 0) {
+          return -1;
+        }
+      }
+    }
+    return -1;
+  }
+
+  private static boolean digit(String t, int i) {
+    return i < t.length() && t.charAt(i) >= '0' && t.charAt(i) <= '9';
+  }
+
+  /** Just after the number that starts at i, or -1 when none does. */
+  private static int numberEnd(String t, int i) {
+    int j = i;
+    if (j < t.length() && t.charAt(j) == '-') j++;
+    if (!digit(t, j)) return -1;
+    if (t.charAt(j) == '0') {
+      j++;
+    } else {
+      while (digit(t, j)) j++;
+    }
+    if (j < t.length() && t.charAt(j) == '.') {
+      if (!digit(t, ++j)) return -1;
+      while (digit(t, j)) j++;
+    }
+    if (j < t.length() && (t.charAt(j) == 'e' || t.charAt(j) == 'E')) {
+      j++;
+      if (j < t.length() && (t.charAt(j) == '+' || t.charAt(j) == '-')) j++;
+      if (!digit(t, j)) return -1;
+      while (digit(t, j)) j++;
+    }
+    return j;
   }
 }
