@@ -270,6 +270,22 @@ std::function<std::int64_t()> Delivered(const Relay& relay) {
   return [&relay] { return relay.delivered(); };
 }
 
+// A per-message CPU figure against a baseline of the same run: passes at most `limit` times the
+// baseline (and only when `completed`), and shows the ratio with both figures.
+Target CpuRatioTarget(std::string goal, std::optional<double> measured,
+                      std::optional<double> baseline, double limit, bool completed,
+                      const std::string& baseline_name) {
+  Target t{std::move(goal), "", std::nullopt};
+  if (baseline && measured && *baseline > 0) {
+    const double x = *measured / *baseline;
+    t.measured = Fixed(x, 2) + " x (" + Fixed(*measured, 1) + " vs " + Fixed(*baseline, 1) + " µs)";
+    t.pass = completed && x <= limit;
+  } else {
+    t.measured = "n/a: " + baseline_name + " not run";
+  }
+  return t;
+}
+
 }  // namespace
 
 // What the relay (this process), Postgres and the helpers spent over one measured interval,
@@ -714,16 +730,9 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   if (v.name == "kafka_drain") {
     // Issue 18's targets for the Kafka bridge on 2 cores, against the same run's ceiling.
     rate_target("one relay events/s >= 0.55 x SQL ceiling", 0.55);
-    Target cost{"Postgres CPU/msg <= 2 x the SQL ceiling's", "", std::nullopt};
-    if (sql_ceiling_pg_cpu_us_ && *sql_ceiling_pg_cpu_us_ > 0 && r.pg_cpu_us_per_msg) {
-      const double x = *r.pg_cpu_us_per_msg / *sql_ceiling_pg_cpu_us_;
-      cost.measured = Fixed(x, 2) + " x (" + Fixed(*r.pg_cpu_us_per_msg, 1) + " vs " +
-                      Fixed(*sql_ceiling_pg_cpu_us_, 1) + " µs)";
-      cost.pass = r.completed && x <= 2.0;
-    } else {
-      cost.measured = "n/a: sql_ceiling not run";
-    }
-    r.targets.push_back(cost);
+    r.targets.push_back(CpuRatioTarget("Postgres CPU/msg <= 2 x the SQL ceiling's",
+                                       r.pg_cpu_us_per_msg, sql_ceiling_pg_cpu_us_, 2.0,
+                                       r.completed, "sql_ceiling"));
   }
   timelines_.emplace_back(v.name, obs.timeline);
   return r;
@@ -775,16 +784,9 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
   }
   r.targets.push_back(t);
   // Signing, JSON and bookkeeping must cost less than the HTTP exchange itself.
-  Target cpu{"relay CPU/msg <= 1.3 x the HTTP-ceiling client's", "", std::nullopt};
-  if (http_ceiling_cpu_us_ && r.relay_cpu_us_per_msg && *http_ceiling_cpu_us_ > 0) {
-    const double x = *r.relay_cpu_us_per_msg / *http_ceiling_cpu_us_;
-    cpu.measured = Fixed(x, 2) + " x (" + Fixed(*r.relay_cpu_us_per_msg, 1) + " vs " +
-                   Fixed(*http_ceiling_cpu_us_, 1) + " µs)";
-    cpu.pass = x <= 1.3;
-  } else {
-    cpu.measured = "n/a: http_ceiling not run";
-  }
-  r.targets.push_back(cpu);
+  r.targets.push_back(CpuRatioTarget("relay CPU/msg <= 1.3 x the HTTP-ceiling client's",
+                                     r.relay_cpu_us_per_msg, http_ceiling_cpu_us_, 1.3,
+                                     /*completed=*/true, "http_ceiling"));
   if (!obs.busiest_thread.empty()) {
     // No single relay thread may be the bottleneck: a thread near a whole core caps the drain
     // on any machine.
@@ -868,17 +870,9 @@ ScenarioResult Bench::WebhookFanout(const std::string& name, int endpoints, bool
   }
   if (!delivery_log) {
     // The fan-out itself: one claim and one delete serve every endpoint.
-    Target t{"Postgres CPU per delivered request <= 0.6 x webhook_drain's (fan-out, no log)", "",
-             std::nullopt};
-    if (webhook_drain_pg_cpu_us_ && r.pg_cpu_us_per_msg && *webhook_drain_pg_cpu_us_ > 0) {
-      const double x = *r.pg_cpu_us_per_msg / *webhook_drain_pg_cpu_us_;
-      t.measured = Fixed(x, 2) + " x (" + Fixed(*r.pg_cpu_us_per_msg, 1) + " vs " +
-                   Fixed(*webhook_drain_pg_cpu_us_, 1) + " µs)";
-      t.pass = r.completed && x <= 0.6;
-    } else {
-      t.measured = "n/a: webhook_drain not run";
-    }
-    r.targets.push_back(t);
+    r.targets.push_back(CpuRatioTarget(
+        "Postgres CPU per delivered request <= 0.6 x webhook_drain's (fan-out, no log)",
+        r.pg_cpu_us_per_msg, webhook_drain_pg_cpu_us_, 0.6, r.completed, "webhook_drain"));
     if (r.pg_cpu_us_per_msg) fanout_nolog_pg_cpu_us_ = r.pg_cpu_us_per_msg;
   } else if (fanout_nolog_pg_cpu_us_ && r.pg_cpu_us_per_msg) {
     // What the delivery log adds: a row per request, written in batches.
