@@ -39,10 +39,10 @@ namespace {
 
 using MacCtx = std::unique_ptr<EVP_MAC_CTX, decltype(&EVP_MAC_CTX_free)>;
 
-// An HMAC-SHA256 context keyed once: each signature duplicates it (copying the hashed key
-// pads) instead of fetching HMAC and SHA-256 from the provider and hashing the key again,
-// which is what the one-shot HMAC() does on every call (OpenSSL 3). Only ever read after
-// this: EVP_MAC_CTX_dup leaves its source as it is, so threads share it.
+// An HMAC-SHA256 context keyed once, so that no signature fetches HMAC and SHA-256 from the
+// provider and hashes the key again, which is what the one-shot HMAC() does on every call
+// (OpenSSL 3). Only ever read after this: EVP_MAC_CTX_dup leaves its source as it is, so
+// threads share it; each worker's Signer duplicates it once and resets its copy per message.
 std::shared_ptr<const EVP_MAC_CTX> KeyedHmac(const std::string& key) {
   std::unique_ptr<EVP_MAC, decltype(&EVP_MAC_free)> mac(EVP_MAC_fetch(nullptr, "HMAC", nullptr),
                                                         EVP_MAC_free);
@@ -63,18 +63,24 @@ bool MacUpdate(EVP_MAC_CTX* ctx, std::string_view bytes) {
          1;
 }
 
-std::string SignHmac(const EVP_MAC_CTX& keyed, const std::string& msg_id,
-                     long long timestamp_seconds, const std::string& body) {
-  MacCtx ctx(EVP_MAC_CTX_dup(&keyed), EVP_MAC_CTX_free);
+// Signs with ctx, which is keyed and fresh (duplicated from a keyed one, or reset).
+std::string SignHmacWith(EVP_MAC_CTX* ctx, const std::string& msg_id, long long timestamp_seconds,
+                         const std::string& body) {
   const std::string ts = std::to_string(timestamp_seconds);
   std::array<unsigned char, EVP_MAX_MD_SIZE> mac{};
   std::size_t mac_len = 0;
-  if (!ctx || !MacUpdate(ctx.get(), msg_id) || !MacUpdate(ctx.get(), ".") ||
-      !MacUpdate(ctx.get(), ts) || !MacUpdate(ctx.get(), ".") || !MacUpdate(ctx.get(), body) ||
-      EVP_MAC_final(ctx.get(), mac.data(), &mac_len, mac.size()) != 1) {
+  if (!ctx || !MacUpdate(ctx, msg_id) || !MacUpdate(ctx, ".") || !MacUpdate(ctx, ts) ||
+      !MacUpdate(ctx, ".") || !MacUpdate(ctx, body) ||
+      EVP_MAC_final(ctx, mac.data(), &mac_len, mac.size()) != 1) {
     throw std::runtime_error("HMAC-SHA256 failed");
   }
   return "v1," + Base64Encode(std::string_view(reinterpret_cast<const char*>(mac.data()), mac_len));
+}
+
+std::string SignHmac(const EVP_MAC_CTX& keyed, const std::string& msg_id,
+                     long long timestamp_seconds, const std::string& body) {
+  MacCtx ctx(EVP_MAC_CTX_dup(&keyed), EVP_MAC_CTX_free);
+  return SignHmacWith(ctx.get(), msg_id, timestamp_seconds, body);
 }
 
 }  // namespace
@@ -149,6 +155,31 @@ std::string Sign(const SigningKey& key, const std::string& msg_id, long long tim
   }
   sig.resize(len);
   return "v1a," + Base64Encode(sig);
+}
+
+Signer::Signer(const std::vector<SigningKey>& keys) : keys_(keys) {
+  for (const auto& key : keys_) {
+    hmac_.emplace_back(key.ed25519 ? nullptr : EVP_MAC_CTX_dup(key.hmac.get()), EVP_MAC_CTX_free);
+    if (!key.ed25519 && !hmac_.back()) throw std::runtime_error("HMAC-SHA256 context copy failed");
+  }
+}
+
+std::string Signer::Signatures(const std::string& msg_id, long long timestamp_seconds,
+                               const std::string& body) {
+  std::string out;
+  for (std::size_t i = 0; i < keys_.size(); ++i) {
+    if (!out.empty()) out += ' ';
+    if (keys_[i].ed25519) {
+      out += Sign(keys_[i], msg_id, timestamp_seconds, body);
+      continue;
+    }
+    // A null key restarts HMAC with the key already set: no allocation, and nothing shared
+    // with another thread (EVP_MAC_CTX_dup bumps reference counts every worker touches).
+    EVP_MAC_CTX* ctx = hmac_[i].get();
+    if (EVP_MAC_init(ctx, nullptr, 0, nullptr) != 1) throw std::runtime_error("HMAC-SHA256 failed");
+    out += SignHmacWith(ctx, msg_id, timestamp_seconds, body);
+  }
+  return out;
 }
 
 }  // namespace webhook_detail

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "outbox_relay/webhook_url.h"
 
@@ -49,5 +50,20 @@ SigningKey DecodeSigningKey(const std::string& secret);
 /// "v1,<base64 HMAC>" or "v1a,<base64 ed25519 signature>" of "id.timestamp.body".
 std::string Sign(const SigningKey& key, const std::string& msg_id, long long timestamp_seconds,
                  const std::string& body);
+
+/// Signs with a sink's keys for one worker thread, reusing an HMAC context per key (Sign
+/// duplicates the shared keyed context on every call). Not for sharing between threads; keys
+/// must outlive it.
+class Signer {
+ public:
+  explicit Signer(const std::vector<SigningKey>& keys);
+  /// The webhook-signature header: each key's signature as Sign gives it, space-separated.
+  std::string Signatures(const std::string& msg_id, long long timestamp_seconds,
+                         const std::string& body);
+
+ private:
+  const std::vector<SigningKey>& keys_;
+  std::vector<std::unique_ptr<EVP_MAC_CTX, void (*)(EVP_MAC_CTX*)>> hmac_;  ///< null for ed25519
+};
 
 }  // namespace outbox::relay::webhook_detail

@@ -217,6 +217,7 @@ class WebhookSink final : public Sink {
     for (int i = 0; i < target_.max_in_flight; ++i) {
       auto worker = std::make_unique<Worker>();
       worker->client = MakeClient();
+      worker->signer = std::make_unique<webhook_detail::Signer>(keys_);
       workers_.push_back(std::move(worker));
     }
     try {
@@ -417,6 +418,8 @@ class WebhookSink final : public Sink {
     Clock::time_point resolved_at{};              ///< When the host last resolved.
     std::optional<Completion> active;             ///< Guarded by mu_; set while sending.
     MessageId active_id{};                        ///< Guarded by mu_.
+    /// This thread's signing contexts (one per key, reused for every message).
+    std::unique_ptr<webhook_detail::Signer> signer;
     std::thread thread;
   };
 
@@ -676,13 +679,10 @@ class WebhookSink final : public Sink {
     CallCompletion(done, std::move(outcome), destination_);
   }
 
-  httplib::Headers BuildHeaders(const Message& msg, long long timestamp) const {
+  httplib::Headers BuildHeaders(webhook_detail::Signer& signer, const Message& msg,
+                                long long timestamp) const {
     httplib::Headers headers;
-    std::string signatures;
-    for (const auto& key : keys_) {
-      if (!signatures.empty()) signatures += ' ';
-      signatures += webhook_detail::Sign(key, msg.idempotency_key, timestamp, msg.payload);
-    }
+    std::string signatures = signer.Signatures(msg.idempotency_key, timestamp, msg.payload);
     headers.emplace("webhook-id", msg.idempotency_key);
     headers.emplace("webhook-timestamp", std::to_string(timestamp));
     headers.emplace("webhook-signature", std::move(signatures));
@@ -729,7 +729,7 @@ class WebhookSink final : public Sink {
     httplib::Request req;
     req.method = "POST";
     req.path = url_.path;
-    req.headers = BuildHeaders(msg, timestamp);
+    req.headers = BuildHeaders(*worker.signer, msg, timestamp);
     // The body is written by a provider that first asks whether Shutdown has handed this
     // message back meanwhile: connecting (under the client's socket lock, which stop() waits
     // for) can outlast the shutdown deadline, and a request whose body never comes is not
