@@ -591,6 +591,68 @@ TEST_F(SdkTest, SqlApiRejectsBadInputWithClearMessagesAndNoRows) {
   }
 }
 
+// Two writers with the same idempotency key at once: both pass the "already queued" check
+// before either commits, and the second one's insert waits on the first. When the first
+// commits, the second is refused with the same named error as a key queued before (it got
+// PostgreSQL's bare "duplicate key value violates unique constraint" instead, naming
+// neither the key nor the fix); when the first rolls back, the second's message is written.
+TEST_F(SdkTest, ADuplicateIdempotencyKeyFromAConcurrentWriterIsRefusedNamingTheKey) {
+  const std::string key = "9b2f6a1e-3c4d-4e5f-8a6b-7c8d9e0f1a2b";
+  const std::string enqueue =
+      "SELECT outbox.enqueue('d', '{}'::jsonb, idempotency_key => '" + key + "')";
+  for (const bool first_commits : {true, false}) {
+    SCOPED_TRACE(first_commits ? "the first writer commits" : "the first writer rolls back");
+    pqxx::connection first_conn(db_url_);
+    pqxx::work first(first_conn);
+    first.exec(enqueue);
+
+    std::promise<std::string> second_result;  // "" when written, else the error
+    std::promise<int> second_pid;
+    std::thread second([&] {
+      try {
+        pqxx::connection c(db_url_);
+        second_pid.set_value(c.backendpid());
+        pqxx::work tx(c);
+        tx.exec(enqueue);
+        tx.commit();
+        second_result.set_value("");
+      } catch (const pqxx::sql_error& e) {
+        second_result.set_value(e.sqlstate() + " " + e.what());
+      } catch (const std::exception& e) {
+        second_result.set_value(std::string("not an sql_error: ") + e.what());
+      }
+    });
+    const int pid = second_pid.get_future().get();
+    pqxx::connection watch(db_url_);
+    const bool waits = outbox::testing::WaitFor(
+        [&] {
+          pqxx::nontransaction tx(watch);
+          return tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE pid = " +
+                          std::to_string(pid) + " AND wait_event_type = 'Lock'")[0]
+                     .as<int>() == 1;
+        },
+        10s);
+    if (first_commits) {
+      first.commit();
+    } else {
+      first.abort();
+    }
+    const std::string result = second_result.get_future().get();
+    second.join();
+    ASSERT_TRUE(waits) << "the second writer never waited on the first";
+    if (first_commits) {
+      EXPECT_EQ(result.rfind("23505 ", 0), 0u) << result;
+      EXPECT_NE(result.find("idempotency key " + key + " is already queued"), std::string::npos)
+          << result;
+    } else {
+      EXPECT_EQ(result, "");
+    }
+    EXPECT_EQ(Count(db_url_), 1);
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction(c).exec("DELETE FROM outbox.messages");
+  }
+}
+
 // outbox.enqueue_many's refusals (0015): each names the element (counted from 0) and the
 // field, with the SQLSTATE of the single call's refusal; nothing of the batch is written.
 struct BatchCase {
