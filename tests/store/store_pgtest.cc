@@ -1129,13 +1129,14 @@ TEST_F(StoreTest, AnArchiveReplayBiggerThanTheLockTableGoesInParts) {
       "  idempotency_key, event_type, headers, payload, attempts, created_at)"
       "  SELECT g, 'hooks', 'k' || g, gen_random_uuid(), 'e', '{}', '1', 1, now()"
       "  FROM generate_series(1, 50000) g RETURNING 1) SELECT count(*) FROM a");
-  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", ""), 50000);
+  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", "").queued, 50000);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 50000);
   EXPECT_EQ(Scalar("SELECT count(*) FROM (SELECT id, row_number() OVER (ORDER BY id) AS r,"
                    "  substr(ordering_key, 7)::int AS k FROM outbox.messages) m WHERE r <> k"),
             0)
       << "queued in archive order";
-  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", ""), 0) << "what is queued is skipped";
+  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", "").queued, 0)
+      << "what is queued is skipped";
 }
 
 // An archive replay to an endpoint replays what was archived when it began. It read the archive
@@ -1172,9 +1173,66 @@ TEST_F(StoreTest, AnArchiveReplayDoesNotReplayItsOwnCopiesDeliveredMeanwhile) {
     CREATE TRIGGER deliver_at_once AFTER INSERT ON outbox.messages
       FOR EACH ROW EXECUTE FUNCTION public.deliver_at_once();
   )");
-  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", ""), 1)
+  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", "").queued, 1)
       << "the one archived message, once";
   EXPECT_EQ(Scalar("SELECT n FROM public.echoes"), 1) << "its copy was delivered once";
+}
+
+// An archive replay that fails part-way (the database went away, the statement timed out) and
+// is run again resumes where it stopped: the parts it committed are not queued a second
+// time. It started over, so every message of those parts that the relay had delivered since
+// (no longer queued, so not skipped) was sent to the endpoint twice. Here a trigger fails the
+// second part, and the first part's copies are delivered and archived before the second run.
+TEST_F(StoreTest, AnInterruptedArchiveReplayRunAgainQueuesOnlyTheRest) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e', '{}',"
+      "    '1', 1, now()"
+      "  FROM generate_series(1, 1200) g RETURNING 1) SELECT count(*) FROM a");
+  pqxx::connection admin(db_url_);
+  pqxx::nontransaction(admin).exec(R"(
+    CREATE TABLE public.fail_on (key text);
+    INSERT INTO public.fail_on VALUES ('ep_a:k700');
+    CREATE FUNCTION public.fail_on_key() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF NEW.ordering_key IN (SELECT key FROM public.fail_on) THEN
+        RAISE EXCEPTION 'injected failure at %', NEW.ordering_key;
+      END IF;
+      RETURN NEW;
+    END $$;
+    CREATE TRIGGER fail_on_key BEFORE INSERT ON outbox.messages
+      FOR EACH ROW EXECUTE FUNCTION public.fail_on_key();
+  )");
+  EXPECT_THROW(relay::ReplayToEndpoint(c, "ep_a", "-infinity", ""), std::exception);
+  ASSERT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 500)
+      << "the first part committed";
+  // The relay delivers the first part's copies and archives them as rows of the endpoint.
+  Scalar(
+      "WITH d AS (DELETE FROM outbox.messages RETURNING *), a AS ("
+      "  INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key,"
+      "    event_type, headers, payload, attempts, created_at, endpoint_id)"
+      "  SELECT id, destination, ordering_key, idempotency_key, event_type, headers, payload, 1,"
+      "    created_at, endpoint_id FROM d RETURNING 1) SELECT count(*) FROM a");
+  pqxx::nontransaction(admin).exec("DELETE FROM public.fail_on");
+
+  Store again(db_url_);
+  const auto second = relay::ReplayToEndpoint(again, "ep_a", "-infinity", "");
+  EXPECT_EQ(second.queued, 700) << "the rest, once";
+  EXPECT_EQ(second.queued_earlier, 500) << "what the interrupted run had queued";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE substr(ordering_key, 7)::int <= 500"),
+            0)
+      << "the first part, delivered already, is not queued again";
+  EXPECT_EQ(Scalar("SELECT min(substr(ordering_key, 7)::int) FROM outbox.messages"), 501);
+
+  // Finished, the same replay asked again is a new one: it sends everything again (only what
+  // is still queued is skipped), as a replay asked for twice does.
+  pqxx::nontransaction(admin).exec("DELETE FROM outbox.messages");
+  const auto third = relay::ReplayToEndpoint(again, "ep_a", "-infinity", "");
+  EXPECT_EQ(third.queued, 1200);
+  EXPECT_EQ(third.queued_earlier, 0);
 }
 
 // An archive replay to one endpoint (`endpoints replay`) waits for an uncommitted writer of the
@@ -1204,7 +1262,7 @@ TEST_F(StoreTest, AnArchiveReplayToAnEndpointWaitsForItsKeysUncommittedWriter) {
           .as<std::int64_t>();
   Store replayer(db_url_);
   auto replay = std::async(std::launch::async, [&] {
-    return relay::ReplayToEndpoint(replayer, "ep_a", "-infinity", "");
+    return relay::ReplayToEndpoint(replayer, "ep_a", "-infinity", "").queued;
   });
   ASSERT_TRUE(DoneOrWaitingOnAKeyLock(replay));
   Store store(db_url_);

@@ -367,9 +367,9 @@ struct ManagementApi::Impl {
         const std::string id = req.matches[1];
         const json body = ParseBody(req, true);
         OnlyKeys(body, {"since", "message"});
-        const auto n = ReplayToEndpoint(s, id, String(body, "since").value_or(""),
-                                        String(body, "message").value_or(""));
-        Reply(r, 202, {{"queued", n}});
+        const auto replay = ReplayToEndpoint(s, id, String(body, "since").value_or(""),
+                                             String(body, "message").value_or(""));
+        Reply(r, 202, {{"queued", replay.queued}, {"queued_earlier", replay.queued_earlier}});
       });
     });
     server.Get("/v1/attempts", [this](const httplib::Request& req, httplib::Response& res) {

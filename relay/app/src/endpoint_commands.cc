@@ -246,7 +246,12 @@ int RunEndpointsRotateSecret(const EndpointArgs& a) {
 
 int RunEndpointsReplay(const EndpointArgs& a) {
   return WithStore(a.database_url, [&](Store& store) {
-    const auto n = ReplayToEndpoint(store, a.id, a.since, a.message);
+    const auto replay = ReplayToEndpoint(store, a.id, a.since, a.message);
+    const auto n = replay.queued;
+    if (replay.queued_earlier > 0) {
+      std::cout << "resumed the replay to " << a.id << " that stopped part-way after queueing "
+                << replay.queued_earlier << " message(s)\n";
+    }
     if (n == 0) {
       std::cout << "nothing to replay to " << a.id
                 << ": no archived message matches (is retention.archive_delivered on? an "

@@ -600,8 +600,8 @@ std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoin
   });
 }
 
-std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
-                              const std::string& since, const std::string& message) {
+ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
+                               const std::string& since, const std::string& message) {
   CheckUuid(message, "--message");
   if (since.empty() == message.empty()) {
     throw InvalidField(
@@ -609,16 +609,21 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
         "give exactly one of --since TIME (everything delivered since then) and --message UUID "
         "(one message)");
   }
-  return Translated([&]() -> std::int64_t {
-    // What was archived when the replay began, and nothing archived since: with the relay
-    // running, a copy this replay queued may be delivered and archived (as a row of the
-    // endpoint) before the next part is read, and was replayed again. Copies take ids from the
-    // sequence, above every id archived before.
-    long long upto = 0;
+  return Translated([&]() -> ReplayOutcome {
+    // The replay keeps its place in outbox.endpoint_replays (0022), in the same transaction
+    // as each part: one that fails part-way, asked again, goes on from there instead of
+    // queueing again what it queued before and the relay has delivered since. Its place
+    // holds what was archived when it began (upto), and nothing archived since: with the
+    // relay running, a copy this replay queued may be delivered and archived (as a row of
+    // the endpoint) before the next part is read, and was replayed again. Copies take ids
+    // from the sequence, above every id archived before.
+    const std::string since_at = since.empty() ? "-infinity" : since;
+    const std::string this_replay =
+        " WHERE endpoint_id = $1 AND since = $2::timestamptz"
+        " AND message = coalesce(nullif($3, '')::uuid::text, '')";
+    ReplayOutcome out;
     {
       pqxx::work tx(StoreAccess::Connection(store));
-      upto = tx.exec1("SELECT coalesce(max(id), 0) FROM outbox.delivered_archive")[0]
-                 .as<long long>();
       if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
         throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
                                "\"; `outbox-relay endpoints list` shows them");
@@ -631,14 +636,23 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
                                           "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
         }
       }
+      out.queued_earlier =
+          tx.exec_params1(
+                "INSERT INTO outbox.endpoint_replays (endpoint_id, since, message, upto,"
+                "  done_through) "
+                "SELECT $1, $2::timestamptz, coalesce(nullif($3, '')::uuid::text, ''),"
+                "  coalesce(max(id), 0), -9223372036854775808 FROM outbox.delivered_archive "
+                "ON CONFLICT (endpoint_id, since, message) DO UPDATE"
+                "  SET updated_at = clock_timestamp() "
+                "RETURNING queued",
+                endpoint_id, since_at, message)[0]
+              .as<std::int64_t>();
+      tx.commit();
     }
     // In parts of kReplayChunk archived messages, each its own transaction: each replayed row
     // of a key takes the key's lock, and a whole archive's worth in one statement filled
-    // PostgreSQL's lock table ("out of shared memory"). What a failed run queued stays queued;
-    // run again, it queues the rest (what is queued already is skipped).
+    // PostgreSQL's lock table ("out of shared memory").
     constexpr long long kReplayChunk = 500;
-    std::int64_t queued = 0;
-    long long after = std::numeric_limits<long long>::min();
     while (true) {
       pqxx::work tx(StoreAccess::Connection(store));
       // The endpoint's move lock (migration 0018), shared, before the bucket count's as a move
@@ -646,6 +660,14 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
       tx.exec_params("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key($1))",
                      endpoint_id);
       tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");  // as ReplayDeadLetters
+      // The place, locked after those: a second call of the same replay waits here and goes
+      // on from where this one leaves off. Gone: another call finished the replay.
+      const auto place = tx.exec_params(
+          "SELECT upto, done_through FROM outbox.endpoint_replays" + this_replay + " FOR UPDATE",
+          endpoint_id, since_at, message);
+      if (place.empty()) break;
+      const long long upto = place[0]["upto"].as<long long>();
+      const long long after = place[0]["done_through"].as<long long>();
       const auto r = tx.exec_params1(
           "WITH e AS (SELECT * FROM outbox.endpoints WHERE id = $1), picked AS ("
           "  SELECT a.* FROM outbox.delivered_archive a, e"
@@ -691,12 +713,23 @@ std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           ") "
           "SELECT (SELECT max(id) FROM picked) AS last, (SELECT count(*) FROM inserted) AS n",
           endpoint_id, since, message, after, kReplayChunk, upto);
+      if (r["last"].is_null()) {
+        tx.exec_params("DELETE FROM outbox.endpoint_replays" + this_replay, endpoint_id, since_at,
+                       message);
+        tx.commit();
+        break;
+      }
+      const std::int64_t n = r["n"].as<std::int64_t>();
+      // Its place moves in the transaction that queued the part.
+      tx.exec_params(
+          "UPDATE outbox.endpoint_replays SET done_through = $4::bigint,"
+          " queued = queued + $5::bigint, updated_at = clock_timestamp()" +
+              this_replay,
+          endpoint_id, since_at, message, r["last"].as<long long>(), n);
       tx.commit();
-      if (r["last"].is_null()) break;
-      queued += r["n"].as<std::int64_t>();
-      after = r["last"].as<long long>();
+      out.queued += n;
     }
-    return queued;
+    return out;
   });
 }
 

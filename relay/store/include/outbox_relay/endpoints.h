@@ -155,13 +155,20 @@ struct AttemptRecord {
 std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoint_id,
                                         const std::string& message, int limit);
 
+/// What ReplayToEndpoint queued.
+struct ReplayOutcome {
+  std::int64_t queued = 0;          ///< by this call
+  std::int64_t queued_earlier = 0;  ///< by the interrupted calls of the same replay it resumed
+};
+
 /// Sends archived messages (retention.archive_delivered) to one endpoint again, as rows of
 /// that endpoint: everything its subscription takes delivered since `since` (a time PostgreSQL
 /// reads as timestamptz, e.g. "2026-11-22 10:00Z"), or the one message `message` (its
-/// idempotency key or delivery id). Same
-/// delivery ids as the first time; what the endpoint still has queued is skipped. Returns how
-/// many were queued. Throws std::invalid_argument for an unknown endpoint or bad input.
-std::int64_t ReplayToEndpoint(Store& store, const std::string& endpoint_id,
-                              const std::string& since, const std::string& message);
+/// idempotency key or delivery id). Same delivery ids as the first time; what the endpoint
+/// still has queued is skipped. A replay that failed part-way is resumed by the next call with
+/// the same endpoint, time or message: it queues only the rest. Throws std::invalid_argument
+/// for an unknown endpoint or bad input.
+ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
+                               const std::string& since, const std::string& message);
 
 }  // namespace outbox::relay
