@@ -234,6 +234,23 @@ TEST_F(RelayKafkaTest, PermanentErrorsDeadLetterAtOnceWithTheReason) {
   EXPECT_EQ(relay->stats().delivered, 2);
 }
 
+// The database takes payloads up to outbox.settings.max_payload_bytes, 1 MiB by default;
+// librdkafka's producer refused anything over its message.max.bytes, 1,000,000 by default,
+// payload, key and headers together. A payload in between was accepted from the writer and
+// then dead-lettered at once as msg_too_large (review). The relay's producer default covers
+// the database's default limit now.
+TEST_F(RelayKafkaTest, APayloadUnderTheDatabasesDefaultLimitIsDeliveredNotDeadLettered) {
+  const auto ids = Enqueue(1, "orders", 1, 1'040'000);
+  auto relay = StartRelay(Config());
+  ASSERT_TRUE(WaitFor([&] { return QueueEmpty(); }, 30s));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
+  EXPECT_EQ(relay->stats().delivered, 1);
+  const auto records = kafka_->ConsumeAll("orders", 1, 30s);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_GT(records.front().value.size(), 1'040'000u);
+  EXPECT_EQ(std::stoll(records.front().headers.at("outbox-id")), ids.front());
+}
+
 TEST_F(RelayKafkaTest, ExhaustedAttemptsDeadLetterAndReplayDeliversWithTheSameKey) {
   auto ids = Enqueue(4, "orders", 2);
   const auto keys = IdempotencyKeys();

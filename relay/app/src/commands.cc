@@ -16,6 +16,7 @@
 #include "outbox_relay/config.h"
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/dispatcher.h"
+#include "outbox_relay/kafka_sink.h"
 #include "outbox_relay/logging.h"
 #include "outbox_relay/management_api.h"
 #include "outbox_relay/metrics.h"
@@ -183,6 +184,18 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   } catch (const std::exception& e) {
     spdlog::warn("could not register the config's destinations in outbox.destinations: {}",
                  e.what());
+  }
+  // What writers can queue against what each Kafka producer sends.
+  try {
+    Store store(cfg.database_url);
+    const std::int64_t max_payload = MaxPayloadBytes(store);
+    for (const auto& [name, dest] : cfg.destinations) {
+      if (const auto* k = dest.target.As<KafkaTarget>()) {
+        if (auto problem = PayloadLimitMismatch(name, *k, max_payload)) spdlog::warn(*problem);
+      }
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("could not read outbox.settings.max_payload_bytes: {}", e.what());
   }
 
   RelayMetrics metrics(OUTBOX_RELAY_VERSION);

@@ -163,6 +163,13 @@ std::int64_t PurgeDeadLetters(Store& store, const std::vector<std::int64_t>& ids
   });
 }
 
+std::int64_t MaxPayloadBytes(Store& store) {
+  return Translated([&]() -> std::int64_t {
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    return tx.exec1("SELECT max_payload_bytes FROM outbox.settings")[0].as<std::int64_t>();
+  });
+}
+
 void RegisterDestinations(Store& store, const std::vector<std::string>& names,
                           const std::string& registered_by) {
   Translated([&] {

@@ -422,6 +422,31 @@ TEST_F(KafkaSinkTest, TooLargeForTheProducerIsPermanentAtOnce) {
   EXPECT_EQ(SubmitAndWait(*sink, MakeMessage(8, "k")).kind, OutcomeKind::kDelivered);
 }
 
+// What the database accepts against what a destination's producer sends: the relay's default
+// covers the database's default limit; a producer setting or a database limit that leaves
+// payloads to be dead-lettered is named at start-up with both ways out.
+TEST_F(KafkaSinkTest, APayloadLimitTheProducerCannotCarryIsNamedWithTheFix) {
+  constexpr long long kDatabaseDefault = 1'048'576;
+  EXPECT_EQ(ProducerMessageMaxBytes(Target()), kDefaultProducerMessageMaxBytes);
+  EXPECT_EQ(PayloadLimitMismatch("orders", Target(), kDatabaseDefault), std::nullopt);
+  EXPECT_EQ(ProducerMessageMaxBytes(Target({{"message.max.bytes", "1000000"}})), 1'000'000);
+
+  const auto low =
+      PayloadLimitMismatch("orders", Target({{"message.max.bytes", "1000000"}}), kDatabaseDefault);
+  ASSERT_TRUE(low.has_value());
+  for (const std::string part :
+       {"\"orders\"", "1048576", "outbox.settings.max_payload_bytes", "1000000",
+        "message.max.bytes", "msg_too_large", "at least 1052672",
+        "UPDATE outbox.settings SET max_payload_bytes = 995904"}) {
+    EXPECT_NE(low->find(part), std::string::npos) << part << " in: " << *low;
+  }
+  // The database's limit raised past the relay's default.
+  EXPECT_TRUE(PayloadLimitMismatch("orders", Target(), 4 * kDatabaseDefault).has_value());
+  EXPECT_EQ(PayloadLimitMismatch("orders", Target({{"message.max.bytes", "8000000"}}),
+                                 4 * kDatabaseDefault),
+            std::nullopt);
+}
+
 TEST_F(KafkaSinkTest, BrokerRejectionIsPermanentAndLaterMessagesFlow) {
   auto sink = MakeKafkaSink("orders", Target());
   ASSERT_EQ(SubmitAndWait(*sink, MakeMessage(1, "k")).kind, OutcomeKind::kDelivered);

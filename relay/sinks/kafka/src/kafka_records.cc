@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "outbox_relay/cloudevents.h"
+#include "outbox_relay/kafka_sink.h"
 
 namespace outbox::relay::kafka_detail {
 namespace {
@@ -26,6 +27,9 @@ const std::vector<std::pair<std::string, std::string>>& Defaults() {
       // partition other (Java) producers of the topic would pick.
       {"partitioner", "murmur2_random"},
       {"client.id", "outbox-relay"},
+      // Over librdkafka's 1,000,000: what the database accepts by default must not be
+      // refused by the producer (kafka_sink.h).
+      {"message.max.bytes", std::to_string(kDefaultProducerMessageMaxBytes)},
   };
   return defaults;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
@@ -456,6 +457,38 @@ std::size_t KafkaSink::QueueLength() const {
 }
 
 const std::string& KafkaSink::destination() const { return impl_->destination; }
+
+long long ProducerMessageMaxBytes(const KafkaTarget& target) {
+  const auto it = target.producer.find("message.max.bytes");
+  if (it == target.producer.end()) return kDefaultProducerMessageMaxBytes;
+  long long value = 0;
+  const auto [end, ec] =
+      std::from_chars(it->second.data(), it->second.data() + it->second.size(), value);
+  if (ec != std::errc() || end != it->second.data() + it->second.size()) {
+    return kDefaultProducerMessageMaxBytes;
+  }
+  return value;
+}
+
+std::optional<std::string> PayloadLimitMismatch(const std::string& destination,
+                                                const KafkaTarget& target,
+                                                long long max_payload_bytes) {
+  constexpr long long kKeyAndHeaders = 4096;  // room left for a short key and a few headers
+  const long long limit = ProducerMessageMaxBytes(target);
+  if (max_payload_bytes + kKeyAndHeaders <= limit) return std::nullopt;
+  return "kafka destination \"" + destination + "\": the database accepts payloads of up to " +
+         std::to_string(max_payload_bytes) +
+         " bytes (outbox.settings.max_payload_bytes), but this destination's producer refuses "
+         "records over " +
+         std::to_string(limit) +
+         " bytes (message.max.bytes: payload, key and headers together), so larger messages "
+         "are dead-lettered as msg_too_large. Raise message.max.bytes in the destination's "
+         "producer properties to at least " +
+         std::to_string(max_payload_bytes + kKeyAndHeaders) +
+         " (the topic's max.message.bytes must allow as much), or lower the database's limit: "
+         "UPDATE outbox.settings SET max_payload_bytes = " +
+         std::to_string(std::max<long long>(1, limit - kKeyAndHeaders));
+}
 
 void ValidateKafkaTarget(const std::string& destination, const KafkaTarget& target) {
   kafka_detail::TopicRoute(destination, target);  // throws for a bad template or allow-list

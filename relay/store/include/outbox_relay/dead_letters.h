@@ -41,6 +41,8 @@ struct Replayed {
 /// letter, to replay once that message is gone.
 Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                            const std::string& destination);
+/// outbox.settings.max_payload_bytes: the largest payload writers can queue.
+std::int64_t MaxPayloadBytes(Store& store);
 /// Records `names` in outbox.destinations (migration 0010: what the write-time guard accepts
 /// when it is on), as registered by `registered_by`; known names are left as they are.
 void RegisterDestinations(Store& store, const std::vector<std::string>& names,

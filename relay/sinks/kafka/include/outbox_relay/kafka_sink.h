@@ -70,8 +70,9 @@ Outcome ClassifyDeliveryError(MessageId id, rd_kafka_resp_err_t err, bool retria
 ///
 /// Producer defaults, each overridable through KafkaTarget::producer: linger.ms=5,
 /// message.timeout.ms=30000, queue.buffering.max.messages=100000, partitioner=murmur2_random
-/// (the Java client's key hashing), client.id=outbox-relay. Always: enable.idempotence=true
-/// and acks=all (other values are rejected at start-up); transactional.id is rejected.
+/// (the Java client's key hashing), client.id=outbox-relay, message.max.bytes=
+/// kDefaultProducerMessageMaxBytes. Always: enable.idempotence=true and acks=all (other values
+/// are rejected at start-up); transactional.id is rejected.
 class KafkaSink final : public Sink {
  public:
   /// Creates the producer. Throws std::invalid_argument with librdkafka's error text (which
@@ -106,6 +107,25 @@ class KafkaSink final : public Sink {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+/// The producers' message.max.bytes unless a destination sets it (librdkafka's own default is
+/// 1,000,000): the database's default payload limit, outbox.settings.max_payload_bytes =
+/// 1 MiB, plus the most a message's ordering key (1 KiB) and headers (64 of 255 + 4096 bytes)
+/// and the relay's own headers can add. librdkafka refuses a record over it before sending
+/// (msg_too_large, a dead letter); the topic's max.message.bytes still applies on the broker.
+inline constexpr long long kDefaultProducerMessageMaxBytes = 1'048'576 + 286'720;
+
+/// The message.max.bytes a destination's producer runs with: its own setting, or
+/// kDefaultProducerMessageMaxBytes. (A setting librdkafka would refuse is left to
+/// ValidateKafkaTarget; this returns the default for it.)
+long long ProducerMessageMaxBytes(const KafkaTarget& target);
+
+/// Why `target`'s producer would refuse payloads the database accepts (`max_payload_bytes`,
+/// outbox.settings): what becomes of them and the two ways out; nullopt when a payload of
+/// that size fits with a few KiB of key and headers. `outbox-relay run` logs it at start-up.
+std::optional<std::string> PayloadLimitMismatch(const std::string& destination,
+                                                const KafkaTarget& target,
+                                                long long max_payload_bytes);
 
 /// Checks `target` exactly as the sink does, without connecting: brokers, the settings the
 /// relay relies on, and every producer property through librdkafka's parser. Throws
