@@ -5,11 +5,14 @@
 -- longer queued, so not skipped) was sent to the endpoint a second time (review, reproduced
 -- in tests/store/store_pgtest.cc). A replay under way keeps its place here, written in the
 -- same transaction as each part; the row goes when the replay finishes, so the same replay
--- asked again afterwards is a new one.
+-- asked again afterwards is a new one. One that stopped more than a day before it is asked
+-- again starts over.
 CREATE TABLE outbox.endpoint_replays (
+  id           bigint      GENERATED ALWAYS AS IDENTITY UNIQUE,
   endpoint_id  text        NOT NULL REFERENCES outbox.endpoints (id) ON DELETE CASCADE,
-  -- What was asked: messages delivered since this time ('-infinity' when one message was),
-  -- or the one message by its idempotency key or delivery id ('' when a time was).
+  -- What was asked: messages delivered since this time, read once when the replay began
+  -- ('-infinity' when one message was asked for), or the one message by its idempotency key
+  -- or delivery id ('' when a time was).
   since        timestamptz NOT NULL,
   message      text        NOT NULL,
   -- The archive as it was when the replay began: ids up to this one.

@@ -186,7 +186,9 @@ TEST_F(ManagementApiTest, EndpointsAreCreatedReadChangedRotatedAndDeleted) {
   auto replay = Post("/v1/endpoints/acme/replay", R"({"since": "2026-01-01T00:00:00Z"})");
   ASSERT_EQ(replay.status, 202) << replay.body.dump();
   EXPECT_EQ(replay.body["queued"], 0) << "nothing archived yet";
-  EXPECT_EQ(replay.body["queued_earlier"], 0) << "no replay of it stopped part-way";
+  EXPECT_EQ(replay.body["resumed"], false) << "no replay of it stopped part-way";
+  EXPECT_EQ(replay.body["queued_earlier"], 0);
+  EXPECT_EQ(replay.body["began"].get<std::string>().size(), 20u) << replay.body.dump();
   auto attempts = Get("/v1/attempts?endpoint_id=acme&limit=5");
   ASSERT_EQ(attempts.status, 200);
   EXPECT_TRUE(attempts.body["data"].empty());

@@ -651,6 +651,49 @@ TEST_F(SdkTest, ADuplicateIdempotencyKeyFromAConcurrentWriterIsRefusedNamingTheK
     pqxx::connection c(db_url_);
     pqxx::nontransaction(c).exec("DELETE FROM outbox.messages");
   }
+
+  // In REPEATABLE READ the second writer's snapshot predates the first one's commit: it gets
+  // a serialization failure, as for any concurrent update, and its retry the named refusal.
+  pqxx::connection first_conn(db_url_);
+  pqxx::work first(first_conn);
+  first.exec(enqueue);
+  pqxx::connection second_conn(db_url_);
+  std::promise<std::string> second_result;
+  std::thread second([&] {
+    try {
+      pqxx::transaction<pqxx::repeatable_read> tx(second_conn);
+      tx.exec("SELECT 1");  // the snapshot
+      tx.exec(enqueue);
+      tx.commit();
+      second_result.set_value("");
+    } catch (const std::exception& e) {
+      second_result.set_value(e.what());
+    }
+  });
+  pqxx::connection watch(db_url_);
+  const int pid = second_conn.backendpid();
+  const bool waits = outbox::testing::WaitFor(
+      [&] {
+        pqxx::nontransaction tx(watch);
+        return tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE pid = " + std::to_string(pid) +
+                        " AND wait_event_type = 'Lock'")[0]
+                   .as<int>() == 1;
+      },
+      10s);
+  first.commit();
+  const std::string result = second_result.get_future().get();
+  second.join();
+  ASSERT_TRUE(waits);
+  EXPECT_NE(result.find("could not serialize access"), std::string::npos) << result;
+  pqxx::transaction<pqxx::repeatable_read> retry(second_conn);
+  try {
+    retry.exec(enqueue);
+    ADD_FAILURE() << "the retry wrote a second message with the key";
+  } catch (const pqxx::sql_error& e) {
+    EXPECT_NE(std::string(e.what()).find("idempotency key " + key + " is already queued"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // outbox.enqueue_many's refusals (0015): each names the element (counted from 0) and the

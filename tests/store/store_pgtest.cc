@@ -1221,9 +1221,11 @@ TEST_F(StoreTest, AnInterruptedArchiveReplayRunAgainQueuesOnlyTheRest) {
   Store again(db_url_);
   const auto second = relay::ReplayToEndpoint(again, "ep_a", "-infinity", "");
   EXPECT_EQ(second.queued, 700) << "the rest, once";
+  EXPECT_TRUE(second.resumed);
   EXPECT_EQ(second.queued_earlier, 500) << "what the interrupted run had queued";
-  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE substr(ordering_key, 7)::int <= 500"),
-            0)
+  EXPECT_FALSE(second.began.empty());
+  EXPECT_EQ(
+      Scalar("SELECT count(*) FROM outbox.messages WHERE substr(ordering_key, 7)::int <= 500"), 0)
       << "the first part, delivered already, is not queued again";
   EXPECT_EQ(Scalar("SELECT min(substr(ordering_key, 7)::int) FROM outbox.messages"), 501);
 
@@ -1232,7 +1234,39 @@ TEST_F(StoreTest, AnInterruptedArchiveReplayRunAgainQueuesOnlyTheRest) {
   pqxx::nontransaction(admin).exec("DELETE FROM outbox.messages");
   const auto third = relay::ReplayToEndpoint(again, "ep_a", "-infinity", "");
   EXPECT_EQ(third.queued, 1200);
+  EXPECT_FALSE(third.resumed);
   EXPECT_EQ(third.queued_earlier, 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0) << "finished, gone";
+}
+
+// A replay's time is read once, when it begins: 'now' (or 'today' across midnight, or a time
+// without a zone under another session time zone) read again for each part found no row
+// after the first, so the replay stopped at once, reported success, and left its row behind.
+// And a replay that stopped more than a day before it is asked again starts over, with the
+// archive as it is then, instead of quietly replaying only what was archived back then.
+TEST_F(StoreTest, AReplaysTimeIsReadOnceAndAStaleOneStartsOver) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  const auto now = relay::ReplayToEndpoint(c, "ep_a", "now", "");
+  EXPECT_EQ(now.queued, 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0)
+      << "the replay found its own row and finished";
+
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e',"
+      "    '{}', '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  // A replay that stopped two days ago, before any of the three was archived.
+  Scalar(
+      "WITH r AS (INSERT INTO outbox.endpoint_replays (endpoint_id, since, message, upto,"
+      "  done_through, queued, started_at, updated_at)"
+      "  VALUES ('ep_a', '-infinity', '', 0, 0, 7, now() - interval '2 days',"
+      "          now() - interval '2 days') RETURNING 1) SELECT count(*) FROM r");
+  const auto stale = relay::ReplayToEndpoint(c, "ep_a", "-infinity", "");
+  EXPECT_FALSE(stale.resumed);
+  EXPECT_EQ(stale.queued, 3) << "started over with the archive as it is now";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0);
 }
 
 // An archive replay to one endpoint (`endpoints replay`) waits for an uncommitted writer of the

@@ -369,7 +369,11 @@ struct ManagementApi::Impl {
         OnlyKeys(body, {"since", "message"});
         const auto replay = ReplayToEndpoint(s, id, String(body, "since").value_or(""),
                                              String(body, "message").value_or(""));
-        Reply(r, 202, {{"queued", replay.queued}, {"queued_earlier", replay.queued_earlier}});
+        Reply(r, 202,
+              {{"queued", replay.queued},
+               {"resumed", replay.resumed},
+               {"queued_earlier", replay.queued_earlier},
+               {"began", replay.began}});
       });
     });
     server.Get("/v1/attempts", [this](const httplib::Request& req, httplib::Response& res) {

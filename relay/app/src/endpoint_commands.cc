@@ -248,9 +248,13 @@ int RunEndpointsReplay(const EndpointArgs& a) {
   return WithStore(a.database_url, [&](Store& store) {
     const auto replay = ReplayToEndpoint(store, a.id, a.since, a.message);
     const auto n = replay.queued;
-    if (replay.queued_earlier > 0) {
-      std::cout << "resumed the replay to " << a.id << " that stopped part-way after queueing "
-                << replay.queued_earlier << " message(s)\n";
+    if (replay.resumed) {
+      std::cout << "resumed the replay to " << a.id << " begun at " << replay.began
+                << ", which had queued " << replay.queued_earlier << " message(s)\n";
+      if (n == 0) {
+        std::cout << "nothing left to queue: the replay is complete\n";
+        return 0;
+      }
     }
     if (n == 0) {
       std::cout << "nothing to replay to " << a.id

@@ -616,12 +616,11 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
     // holds what was archived when it began (upto), and nothing archived since: with the
     // relay running, a copy this replay queued may be delivered and archived (as a row of
     // the endpoint) before the next part is read, and was replayed again. Copies take ids
-    // from the sequence, above every id archived before.
+    // from the sequence, above every id archived before. `since` is read once, here: a time
+    // such as 'today' or one without a zone would read differently later.
     const std::string since_at = since.empty() ? "-infinity" : since;
-    const std::string this_replay =
-        " WHERE endpoint_id = $1 AND since = $2::timestamptz"
-        " AND message = coalesce(nullif($3, '')::uuid::text, '')";
     ReplayOutcome out;
+    std::int64_t replay_id = 0;
     {
       pqxx::work tx(StoreAccess::Connection(store));
       if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
@@ -636,17 +635,30 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
                                           "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
         }
       }
-      out.queued_earlier =
-          tx.exec_params1(
-                "INSERT INTO outbox.endpoint_replays (endpoint_id, since, message, upto,"
-                "  done_through) "
-                "SELECT $1, $2::timestamptz, coalesce(nullif($3, '')::uuid::text, ''),"
-                "  coalesce(max(id), 0), -9223372036854775808 FROM outbox.delivered_archive "
-                "ON CONFLICT (endpoint_id, since, message) DO UPDATE"
-                "  SET updated_at = clock_timestamp() "
-                "RETURNING queued",
-                endpoint_id, since_at, message)[0]
-              .as<std::int64_t>();
+      // The same replay stopped part-way less than a day ago is resumed; one that stopped
+      // longer ago starts over, with the archive as it is now.
+      const auto row = tx.exec_params1(
+          "INSERT INTO outbox.endpoint_replays AS r (endpoint_id, since, message, upto,"
+          "  done_through) "
+          "SELECT $1, $2::timestamptz, coalesce(nullif($3, '')::uuid::text, ''),"
+          "  coalesce(max(id), 0), -9223372036854775808 FROM outbox.delivered_archive "
+          "ON CONFLICT (endpoint_id, since, message) DO UPDATE SET"
+          "  upto = CASE WHEN r.updated_at > clock_timestamp() - interval '1 day'"
+          "              THEN r.upto ELSE excluded.upto END,"
+          "  done_through = CASE WHEN r.updated_at > clock_timestamp() - interval '1 day'"
+          "                      THEN r.done_through ELSE excluded.done_through END,"
+          "  queued = CASE WHEN r.updated_at > clock_timestamp() - interval '1 day'"
+          "                THEN r.queued ELSE 0 END,"
+          "  started_at = CASE WHEN r.updated_at > clock_timestamp() - interval '1 day'"
+          "                    THEN r.started_at ELSE clock_timestamp() END,"
+          "  updated_at = clock_timestamp() "
+          "RETURNING r.id, r.queued, r.started_at < statement_timestamp() AS resumed,"
+          "  to_char(r.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS began",
+          endpoint_id, since_at, message);
+      replay_id = row["id"].as<std::int64_t>();
+      out.resumed = row["resumed"].as<bool>();
+      out.queued_earlier = out.resumed ? row["queued"].as<std::int64_t>() : 0;
+      out.began = row["began"].as<std::string>();
       tx.commit();
     }
     // In parts of kReplayChunk archived messages, each its own transaction: each replayed row
@@ -663,11 +675,13 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
       // The place, locked after those: a second call of the same replay waits here and goes
       // on from where this one leaves off. Gone: another call finished the replay.
       const auto place = tx.exec_params(
-          "SELECT upto, done_through FROM outbox.endpoint_replays" + this_replay + " FOR UPDATE",
-          endpoint_id, since_at, message);
+          "SELECT upto, done_through, CASE WHEN message = '' THEN since::text ELSE '' END AS since"
+          " FROM outbox.endpoint_replays WHERE id = $1 FOR UPDATE",
+          replay_id);
       if (place.empty()) break;
       const long long upto = place[0]["upto"].as<long long>();
       const long long after = place[0]["done_through"].as<long long>();
+      const std::string since_read = place[0]["since"].as<std::string>();
       const auto r = tx.exec_params1(
           "WITH e AS (SELECT * FROM outbox.endpoints WHERE id = $1), picked AS ("
           "  SELECT a.* FROM outbox.delivered_archive a, e"
@@ -712,20 +726,18 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           "  ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1"
           ") "
           "SELECT (SELECT max(id) FROM picked) AS last, (SELECT count(*) FROM inserted) AS n",
-          endpoint_id, since, message, after, kReplayChunk, upto);
+          endpoint_id, since_read, message, after, kReplayChunk, upto);
       if (r["last"].is_null()) {
-        tx.exec_params("DELETE FROM outbox.endpoint_replays" + this_replay, endpoint_id, since_at,
-                       message);
+        tx.exec_params("DELETE FROM outbox.endpoint_replays WHERE id = $1", replay_id);
         tx.commit();
         break;
       }
       const std::int64_t n = r["n"].as<std::int64_t>();
       // Its place moves in the transaction that queued the part.
       tx.exec_params(
-          "UPDATE outbox.endpoint_replays SET done_through = $4::bigint,"
-          " queued = queued + $5::bigint, updated_at = clock_timestamp()" +
-              this_replay,
-          endpoint_id, since_at, message, r["last"].as<long long>(), n);
+          "UPDATE outbox.endpoint_replays SET done_through = $2::bigint,"
+          " queued = queued + $3::bigint, updated_at = clock_timestamp() WHERE id = $1",
+          replay_id, r["last"].as<long long>(), n);
       tx.commit();
       out.queued += n;
     }

@@ -173,8 +173,8 @@ std::string Signer::Signatures(const std::string& msg_id, long long timestamp_se
       out += Sign(keys_[i], msg_id, timestamp_seconds, body);
       continue;
     }
-    // A null key restarts HMAC with the key already set: no allocation, and nothing shared
-    // with another thread (EVP_MAC_CTX_dup bumps reference counts every worker touches).
+    // A null key restarts HMAC with the key already set, touching nothing shared with another
+    // thread (EVP_MAC_CTX_dup bumps reference counts every worker touches).
     EVP_MAC_CTX* ctx = hmac_[i].get();
     if (EVP_MAC_init(ctx, nullptr, 0, nullptr) != 1) throw std::runtime_error("HMAC-SHA256 failed");
     out += SignHmacWith(ctx, msg_id, timestamp_seconds, body);

@@ -158,7 +158,9 @@ std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoin
 /// What ReplayToEndpoint queued.
 struct ReplayOutcome {
   std::int64_t queued = 0;          ///< by this call
-  std::int64_t queued_earlier = 0;  ///< by the interrupted calls of the same replay it resumed
+  bool resumed = false;             ///< it went on with a replay begun by an earlier call
+  std::int64_t queued_earlier = 0;  ///< resumed: what the earlier calls of it queued
+  std::string began;                ///< when the replay began, RFC 3339 UTC
 };
 
 /// Sends archived messages (retention.archive_delivered) to one endpoint again, as rows of
@@ -166,8 +168,8 @@ struct ReplayOutcome {
 /// reads as timestamptz, e.g. "2026-11-22 10:00Z"), or the one message `message` (its
 /// idempotency key or delivery id). Same delivery ids as the first time; what the endpoint
 /// still has queued is skipped. A replay that failed part-way is resumed by the next call with
-/// the same endpoint, time or message: it queues only the rest. Throws std::invalid_argument
-/// for an unknown endpoint or bad input.
+/// the same endpoint, time or message within a day: it queues only the rest (later, it starts
+/// over). Throws std::invalid_argument for an unknown endpoint or bad input.
 ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
                                const std::string& since, const std::string& message);
 
