@@ -14,9 +14,11 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "outbox_relay/listen_backlog.h"
+#include "outbox_relay/request_limits.h"
 #include "outbox_test/raw_http.h"
 
 namespace outbox::relay {
@@ -175,6 +177,151 @@ TEST_F(AdminServerTest, ARequestBodyIsNeitherReadNorWaitedFor) {
   auto r = c.Get("/healthz");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << "the server still answers";
+}
+
+// A header line of 40 KiB: cpp-httplib reads a line whole before any check, so a line that
+// never ends grows memory for as long as bytes come. The admin server reads heads through
+// GuardedServer: 431 once the head is over 32 KiB.
+TEST_F(AdminServerTest, AnOverlongRequestHeadIsRefused) {
+  using std::chrono_literals::operator""s;
+  EXPECT_EQ(testing::RawHttpStatus(server_.port(),
+                                   "GET /healthz HTTP/1.1\r\nHost: relay\r\nX-Long: " +
+                                       std::string(40 * 1024, 'a') + "\r\n\r\n",
+                                   3s),
+            431);
+  auto c = Client();
+  auto r = c.Get("/healthz");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << "the server still answers";
+}
+
+// GuardedServer on its own, with small limits.
+class GuardedServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_.Get("/hi", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("hi", "text/plain");
+    });
+    server_.Post("/size", [](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(std::to_string(req.body.size()), "text/plain");
+    });
+    server_.set_read_timeout(std::chrono::seconds(5));
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    ASSERT_GT(port_, 0);
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void TearDown() override {
+    server_.stop();
+    thread_.join();
+  }
+
+  int Connect() const {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+    return fd;
+  }
+  // Sends `head` at once, then `trickle` one byte every 100 ms until the server answers or
+  // closes (or `give_up` passes); returns what it answered and when.
+  struct Answer {
+    std::string text;
+    std::chrono::milliseconds after{0};
+    bool closed = false;
+  };
+  Answer Trickle(const std::string& head, const std::string& trickle,
+                 std::chrono::milliseconds give_up) const {
+    const int fd = Connect();
+    const auto start = std::chrono::steady_clock::now();
+    ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+    Answer a;
+    std::size_t next = 0;
+    while (std::chrono::steady_clock::now() - start < give_up) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) == 1) {
+        char buf[512];
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) {
+          a.closed = true;
+          break;
+        }
+        a.text.append(buf, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (!a.text.empty()) continue;  // answered: wait for the close
+      if (next < trickle.size()) ::send(fd, &trickle[next++], 1, MSG_NOSIGNAL);
+    }
+    a.after = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
+    ::close(fd);
+    return a;
+  }
+
+  GuardedServer server_{RequestReadLimits{1024, std::chrono::milliseconds(1000)}};
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// What it does not refuse works as on cpp-httplib's own server: keep-alive, bodies.
+TEST_F(GuardedServerTest, ServesRequestsAndKeepsConnectionsAlive) {
+  httplib::Client c("127.0.0.1", port_);
+  c.set_keep_alive(true);
+  for (int i = 0; i < 3; ++i) {
+    auto r = c.Get("/hi");
+    ASSERT_TRUE(r) << i;
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "hi");
+  }
+  auto posted = c.Post("/size", std::string(100'000, 'x'), "application/octet-stream");
+  ASSERT_TRUE(posted);
+  EXPECT_EQ(posted->body, "100000") << "the limit is the head's, not the body's";
+  EXPECT_EQ(
+      testing::RawHttpStatus(port_, "GET /hi HTTP/1.1\r\nHost: x\r\n\r\n", std::chrono::seconds(3)),
+      200);
+}
+
+// A head sent a byte at a time (slowloris): every byte arrives within the read timeout, so
+// cpp-httplib's server kept the connection, and its worker, for as long as bytes came. Here
+// the head has a second in all: 408, and the connection closes.
+TEST_F(GuardedServerTest, AHeadThatTricklesInIsCutOffAtTheDeadline) {
+  const auto a =
+      Trickle("GET /hi HTTP/1.1\r\n", "X-Slow: " + std::string(200, 'z'), std::chrono::seconds(6));
+  EXPECT_EQ(a.text.rfind("HTTP/1.1 408", 0), 0u) << a.text;
+  EXPECT_NE(a.text.find("within 1000 ms"), std::string::npos) << a.text;
+  EXPECT_TRUE(a.closed);
+  EXPECT_LT(a.after, std::chrono::milliseconds(3000));
+}
+
+// A body that trickles in is cut off by the same deadline: the whole request has a second.
+TEST_F(GuardedServerTest, ABodyThatTricklesInIsCutOffAtTheDeadline) {
+  const auto a = Trickle("POST /size HTTP/1.1\r\nContent-Length: 200\r\n\r\n",
+                         std::string(200, 'b'), std::chrono::seconds(6));
+  EXPECT_EQ(a.text.rfind("HTTP/1.1 408", 0), 0u) << a.text;
+  EXPECT_TRUE(a.closed);
+  EXPECT_LT(a.after, std::chrono::milliseconds(3000));
+}
+
+// A request line that never ends: refused once the head passes its limit, with no more read.
+TEST_F(GuardedServerTest, ALineThatNeverEndsIsRefusedAtTheHeadLimit) {
+  const int fd = Connect();
+  const std::string line = "GET /" + std::string(64 * 1024, 'a');  // no line end, ever
+  ::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
+  std::string answer;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) continue;
+    char buf[512];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 431", 0), 0u) << answer.substr(0, 200);
+  EXPECT_NE(answer.find("over 1024 bytes"), std::string::npos) << answer.substr(0, 200);
 }
 
 TEST_F(AdminServerTest, StopClosesThePortAndIsIdempotent) {

@@ -465,6 +465,17 @@ TEST_F(ManagementApiTest, ABodyWithoutContentLengthIsNeitherReadNorWaitedFor) {
   EXPECT_EQ(Get("/v1/endpoints").status, 200) << "the server still answers";
 }
 
+// The API reads request heads through GuardedServer: a head over 32 KiB is refused with 431
+// before the token is looked at (cpp-httplib reads a line whole, whatever its length).
+TEST_F(ManagementApiTest, AnOverlongRequestHeadIsRefused) {
+  EXPECT_EQ(RawHttpStatus(api_->port(),
+                          "GET /v1/endpoints HTTP/1.1\r\nHost: relay\r\nX-Long: " +
+                              std::string(40 * 1024, 'a') + "\r\n\r\n",
+                          3s),
+            431);
+  EXPECT_EQ(Get("/v1/endpoints").status, 200) << "the server still answers";
+}
+
 // A body nested 200,000 levels deep (well under 1 MiB): nlohmann parses it without recursion,
 // but writing it back out (dump) recursed once per level and overflowed the worker's stack,
 // killing the relay and every destination with it (review). Refused as bad JSON now.

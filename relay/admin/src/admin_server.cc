@@ -53,7 +53,7 @@ struct AdminServer::Impl {
   std::function<bool()> ready;
   std::function<std::string()> ready_detail;
   ListenAddress address;
-  httplib::Server server;
+  GuardedServer server;
   std::thread thread;
   std::atomic<bool> thread_done{false};
   std::atomic<int> port{0};

@@ -1,7 +1,13 @@
 #include "outbox_relay/request_limits.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <utility>
@@ -12,7 +18,186 @@ namespace {
 /// Bodies up to this many times the limit are read and dropped before the 413.
 constexpr std::uint64_t kDroppedBodyFactor = 64;
 
+using Clock = std::chrono::steady_clock;
+
+/// Rounded up, so that a wait of this long reaches `t`.
+int MillisUntil(Clock::time_point t) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(t - Clock::now());
+  return static_cast<int>(std::clamp<long long>(left.count(), 0, 3'600'000));
+}
+
+bool Poll(socket_t sock, short events, int timeout_ms) {
+  pollfd p{sock, events, 0};
+  int n;
+  do {
+    n = ::poll(&p, 1, timeout_ms);
+  } while (n < 0 && errno == EINTR);
+  return n == 1 && (p.revents & (events | POLLHUP | POLLERR)) != 0;
+}
+
+void NumericAddress(const sockaddr_storage& addr, socklen_t len, std::string& ip, int& port) {
+  char host[NI_MAXHOST] = "";
+  char serv[NI_MAXSERV] = "";
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof host, serv,
+                    sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+    ip = host;
+    port = std::atoi(serv);
+  }
+}
+
+/// A connection as cpp-httplib reads it, with RequestReadLimits applied to each request from
+/// BeginRequest on: the head's bytes are counted up to its empty line, and every read waits
+/// at most until the request's deadline. A request over either limit is answered here (431
+/// or 408) and the stream fails every later read and write, so cpp-httplib answers nothing
+/// more and the connection closes.
+class GuardedStream final : public httplib::Stream {
+ public:
+  GuardedStream(socket_t sock, RequestReadLimits limits, std::chrono::microseconds read_timeout,
+                std::chrono::microseconds write_timeout)
+      : sock_(sock),
+        limits_(limits),
+        read_timeout_ms_(static_cast<int>(read_timeout.count() / 1000)),
+        write_timeout_ms_(static_cast<int>(write_timeout.count() / 1000)) {}
+
+  void BeginRequest() {
+    in_head_ = true;
+    head_bytes_ = 0;
+    line_bytes_ = 0;
+    deadline_ = Clock::now() + limits_.request_timeout;
+  }
+  bool refused() const { return refused_; }
+
+  bool is_readable() const override {
+    return !refused_ && (pos_ < len_ || Poll(sock_, POLLIN, WaitMillis()));
+  }
+  bool is_writable() const override { return !refused_ && Poll(sock_, POLLOUT, write_timeout_ms_); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (refused_) return -1;
+    if (pos_ == len_) {
+      const int wait = WaitMillis();
+      if (!Poll(sock_, POLLIN, wait)) {
+        // Waited until the deadline (not merely the read timeout): the request is late.
+        if (wait < read_timeout_ms_) return Refuse(408, "Request Timeout", TimeoutText());
+        return -1;
+      }
+      ssize_t n;
+      do {
+        n = ::recv(sock_, buf_, sizeof buf_, 0);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return n;
+      pos_ = 0;
+      len_ = static_cast<std::size_t>(n);
+    }
+    const std::size_t n = std::min(size, len_ - pos_);
+    if (in_head_) {
+      for (std::size_t i = 0; i < n && in_head_; ++i) {
+        const char c = buf_[pos_ + i];
+        if (++head_bytes_ > limits_.max_head_bytes) {
+          return Refuse(431, "Request Header Fields Too Large",
+                        "the request line and headers are over " +
+                            std::to_string(limits_.max_head_bytes) + " bytes; send shorter ones");
+        }
+        if (c == '\n') {
+          if (line_bytes_ == 0) in_head_ = false;  // the empty line: the head is complete
+          line_bytes_ = 0;
+        } else if (c != '\r') {
+          ++line_bytes_;
+        }
+      }
+    }
+    std::copy_n(buf_ + pos_, n, ptr);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (refused_ || !Poll(sock_, POLLOUT, write_timeout_ms_)) return -1;
+    ssize_t n;
+    do {
+      n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    return n;
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (::getpeername(sock_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      NumericAddress(addr, len, ip, port);
+    }
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (::getsockname(sock_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      NumericAddress(addr, len, ip, port);
+    }
+  }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  int WaitMillis() const {
+    return deadline_ == Clock::time_point::max()
+               ? read_timeout_ms_
+               : std::min(read_timeout_ms_, MillisUntil(deadline_));
+  }
+  std::string TimeoutText() const {
+    return "the request did not arrive within " + std::to_string(limits_.request_timeout.count()) +
+           " ms; send it at once";
+  }
+  ssize_t Refuse(int status, const char* reason, const std::string& text) {
+    const std::string answer = "HTTP/1.1 " + std::to_string(status) + " " + reason +
+                               "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
+                               std::to_string(text.size() + 1) + "\r\nConnection: close\r\n\r\n" +
+                               text + "\n";
+    write(answer.data(), answer.size());
+    refused_ = true;
+    return -1;
+  }
+
+  socket_t sock_;
+  RequestReadLimits limits_;
+  int read_timeout_ms_;
+  int write_timeout_ms_;
+  char buf_[4096];
+  std::size_t pos_ = 0;
+  std::size_t len_ = 0;
+  bool in_head_ = false;
+  std::size_t head_bytes_ = 0;
+  std::size_t line_bytes_ = 0;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  bool refused_ = false;
+};
+
 }  // namespace
+
+bool GuardedServer::process_and_close_socket(socket_t sock) {
+  GuardedStream strm(
+      sock, limits_,
+      std::chrono::seconds(read_timeout_sec_) + std::chrono::microseconds(read_timeout_usec_),
+      std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_));
+  bool ok = false;
+  // As cpp-httplib's own loop: up to keep_alive_max_count_ requests, each waited for up to
+  // keep_alive_timeout_sec_, until the server stops.
+  for (std::size_t count = keep_alive_max_count_; count > 0; --count) {
+    const auto idle_until = Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_);
+    bool arrived = false;
+    while (svr_sock_ != INVALID_SOCKET && !arrived && Clock::now() < idle_until) {
+      arrived = Poll(sock, POLLIN, std::min(100, MillisUntil(idle_until)));
+    }
+    if (!arrived || svr_sock_ == INVALID_SOCKET) break;
+    bool connection_closed = false;
+    strm.BeginRequest();
+    // Every read of a request (its head, then its body) comes before its handler runs, so
+    // the deadline never cuts a handler short.
+    ok = process_request(strm, count == 1, connection_closed, nullptr);
+    if (!ok || connection_closed || strm.refused()) break;
+  }
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+  return ok;
+}
 
 void LimitRequestBodies(httplib::Server& server, std::size_t max_body_bytes, RefusalWriter write) {
   server.set_payload_max_length(max_body_bytes);

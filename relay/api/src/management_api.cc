@@ -173,7 +173,8 @@ struct ManagementApi::Impl {
   std::string listen;
   std::string token;
   std::string database_url;
-  httplib::Server server;
+  // A body of up to 1 MiB may take a slow client a while: 30 s for a whole request.
+  GuardedServer server{RequestReadLimits{32 * 1024, std::chrono::seconds(30)}};
   std::thread thread;
   std::atomic<bool> thread_done{false};
   int port = 0;

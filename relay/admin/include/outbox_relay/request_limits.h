@@ -14,18 +14,44 @@
 //   as if it said Content-Length: 0.
 // A refused request's connection is not read further for it; what the client still sends is
 // read as the next request and answered 400.
+//
+// And what it reads of a request head: a request line or header line is read whole, whatever
+// its length, before any check (memory grows as long as the client sends bytes without a line
+// end), and a connection keeps its worker as long as bytes trickle in, each read waiting up to
+// the read timeout (slowloris: a few such connections take every worker). GuardedServer bounds
+// both.
 #pragma once
 
+#include <httplib.h>
+
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <string>
 
-namespace httplib {
-class Server;
-struct Response;
-}  // namespace httplib
-
 namespace outbox::relay {
+
+/// How much of a request GuardedServer waits for.
+struct RequestReadLimits {
+  /// The request line and headers, line ends included: over it, 431 and the connection closes.
+  std::size_t max_head_bytes = 32 * 1024;
+  /// From its first byte, the whole request (head and body) must arrive within this: else 408
+  /// and the connection closes.
+  std::chrono::milliseconds request_timeout{10'000};
+};
+
+/// A cpp-httplib server that reads requests through RequestReadLimits; otherwise the same
+/// (keep-alive, timeouts, routes, handlers). Its connections are read by its own loop and
+/// stream, the way cpp-httplib's TLS server wraps its own.
+class GuardedServer : public httplib::Server {
+ public:
+  explicit GuardedServer(RequestReadLimits limits = {}) : limits_(limits) {}
+
+ private:
+  bool process_and_close_socket(socket_t sock) override;
+
+  RequestReadLimits limits_;
+};
 
 /// Writes a refusal (status, a short machine-readable code, a message naming the fix) in the
 /// server's own format.
