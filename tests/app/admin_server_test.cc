@@ -205,7 +205,16 @@ class GuardedServerTest : public ::testing::Test {
     server_.Post("/size", [](const httplib::Request& req, httplib::Response& res) {
       res.set_content(std::to_string(req.body.size()), "text/plain");
     });
+    server_.Post("/slow", [](const httplib::Request&, httplib::Response& res,
+                             const httplib::ContentReader& read) {
+      read([](const char*, std::size_t) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        return true;
+      });
+      res.set_content("read", "text/plain");
+    });
     server_.set_read_timeout(std::chrono::seconds(5));
+    server_.set_payload_max_length(1024 * 1024);
     port_ = server_.bind_to_any_port("127.0.0.1");
     ASSERT_GT(port_, 0);
     thread_ = std::thread([this] { server_.listen_after_bind(); });
@@ -322,6 +331,85 @@ TEST_F(GuardedServerTest, ALineThatNeverEndsIsRefusedAtTheHeadLimit) {
   ::close(fd);
   EXPECT_EQ(answer.rfind("HTTP/1.1 431", 0), 0u) << answer.substr(0, 200);
   EXPECT_NE(answer.find("over 1024 bytes"), std::string::npos) << answer.substr(0, 200);
+}
+
+// The head ends at a line that is exactly CRLF: a line ending in a bare LF (which cpp-httplib
+// skips, reading on) did end the count, and what followed went on growing uncounted (review).
+TEST_F(GuardedServerTest, ABareLineFeedDoesNotEndTheCountedHead) {
+  const int fd = Connect();
+  const std::string head = "GET /hi HTTP/1.1\r\n\n\r\r\n" + std::string(8 * 1024, 'a');
+  ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+  std::string answer;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (answer.empty() && std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) continue;
+    char buf[512];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 431", 0), 0u) << answer.substr(0, 200);
+}
+
+// A body whose bytes are always there before the server asks (it reads slowly here, 20 ms a
+// chunk): the deadline was checked only when a read found nothing ready, so it never fired and
+// the request took as long as the reading did (review). Now it is checked at every read.
+TEST_F(GuardedServerTest, ARequestWhoseBytesAreAlwaysReadyIsCutOffAtTheDeadlineToo) {
+  const int fd = Connect();
+  const std::string request =
+      "POST /slow HTTP/1.1\r\nContent-Length: 900000\r\n\r\n" + std::string(900'000, 'b');
+  std::size_t sent = 0;
+  std::string answer;
+  const auto start = std::chrono::steady_clock::now();
+  while (answer.empty() && std::chrono::steady_clock::now() - start < std::chrono::seconds(8)) {
+    if (sent < request.size()) {
+      const ssize_t n =
+          ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) sent += static_cast<std::size_t>(n);
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 5) != 1) continue;
+    char buf[512];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<std::size_t>(n));
+  }
+  const auto after = std::chrono::steady_clock::now() - start;
+  ::close(fd);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 408", 0), 0u) << answer.substr(0, 200);
+  EXPECT_LT(after, std::chrono::milliseconds(3000)) << "read to its end (about 4.4 s)";
+}
+
+// Two requests in one write (pipelining): the second, already read into the stream's buffer,
+// is answered at once, not after the keep-alive wait for bytes that had already come.
+TEST_F(GuardedServerTest, PipelinedRequestsAreAnsweredAtOnce) {
+  const int fd = Connect();
+  const std::string two = "GET /hi HTTP/1.1\r\nHost: x\r\n\r\nGET /hi HTTP/1.1\r\nHost: x\r\n\r\n";
+  ::send(fd, two.data(), two.size(), MSG_NOSIGNAL);
+  std::string answers;
+  const auto start = std::chrono::steady_clock::now();
+  auto count = [&] {
+    std::size_t n = 0;
+    for (auto at = answers.find("HTTP/1.1 200"); at != std::string::npos;
+         at = answers.find("HTTP/1.1 200", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  while (count() < 2 && std::chrono::steady_clock::now() - start < std::chrono::seconds(4)) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) continue;
+    char buf[512];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    answers.append(buf, static_cast<std::size_t>(n));
+  }
+  const auto after = std::chrono::steady_clock::now() - start;
+  ::close(fd);
+  EXPECT_EQ(count(), 2u) << answers;
+  EXPECT_LT(after, std::chrono::seconds(2)) << "the second waited for the keep-alive timeout";
 }
 
 TEST_F(AdminServerTest, StopClosesThePortAndIsIdempotent) {

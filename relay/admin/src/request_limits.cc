@@ -56,16 +56,20 @@ class GuardedStream final : public httplib::Stream {
                 std::chrono::microseconds write_timeout)
       : sock_(sock),
         limits_(limits),
-        read_timeout_ms_(static_cast<int>(read_timeout.count() / 1000)),
-        write_timeout_ms_(static_cast<int>(write_timeout.count() / 1000)) {}
+        read_timeout_ms_(Millis(read_timeout)),
+        write_timeout_ms_(Millis(write_timeout)) {}
 
   void BeginRequest() {
     in_head_ = true;
     head_bytes_ = 0;
     line_bytes_ = 0;
-    deadline_ = Clock::now() + limits_.request_timeout;
+    line_starts_with_cr_ = false;
+    deadline_ = Clock::now() + std::min<std::chrono::milliseconds>(limits_.request_timeout,
+                                                                   std::chrono::hours(24));
   }
   bool refused() const { return refused_; }
+  /// Bytes read from the socket and not handed out yet: the start of a pipelined request.
+  bool buffered() const { return pos_ < len_; }
 
   bool is_readable() const override {
     return !refused_ && (pos_ < len_ || Poll(sock_, POLLIN, WaitMillis()));
@@ -74,6 +78,9 @@ class GuardedStream final : public httplib::Stream {
 
   ssize_t read(char* ptr, size_t size) override {
     if (refused_) return -1;
+    // Late is late, whether or not more bytes are ready: a client sending steadily must not
+    // outlast the deadline either.
+    if (Clock::now() >= deadline_) return Refuse(408, "Request Timeout", TimeoutText());
     if (pos_ == len_) {
       const int wait = WaitMillis();
       if (!Poll(sock_, POLLIN, wait)) {
@@ -98,10 +105,13 @@ class GuardedStream final : public httplib::Stream {
                         "the request line and headers are over " +
                             std::to_string(limits_.max_head_bytes) + " bytes; send shorter ones");
         }
+        // The head ends at a line that is exactly CRLF, as cpp-httplib reads it (it skips a
+        // line ending in a bare LF and reads on).
         if (c == '\n') {
-          if (line_bytes_ == 0) in_head_ = false;  // the empty line: the head is complete
+          if (line_bytes_ == 1 && line_starts_with_cr_) in_head_ = false;
           line_bytes_ = 0;
-        } else if (c != '\r') {
+        } else {
+          if (line_bytes_ == 0) line_starts_with_cr_ = c == '\r';
           ++line_bytes_;
         }
       }
@@ -146,6 +156,9 @@ class GuardedStream final : public httplib::Stream {
     return "the request did not arrive within " + std::to_string(limits_.request_timeout.count()) +
            " ms; send it at once";
   }
+  static int Millis(std::chrono::microseconds d) {
+    return static_cast<int>(std::clamp<long long>(d.count() / 1000, 0, 3'600'000));
+  }
   ssize_t Refuse(int status, const char* reason, const std::string& text) {
     const std::string answer = "HTTP/1.1 " + std::to_string(status) + " " + reason +
                                "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
@@ -166,6 +179,7 @@ class GuardedStream final : public httplib::Stream {
   bool in_head_ = false;
   std::size_t head_bytes_ = 0;
   std::size_t line_bytes_ = 0;
+  bool line_starts_with_cr_ = false;
   Clock::time_point deadline_ = Clock::time_point::max();
   bool refused_ = false;
 };
@@ -182,7 +196,7 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
   // keep_alive_timeout_sec_, until the server stops.
   for (std::size_t count = keep_alive_max_count_; count > 0; --count) {
     const auto idle_until = Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_);
-    bool arrived = false;
+    bool arrived = strm.buffered();  // pipelined: already here
     while (svr_sock_ != INVALID_SOCKET && !arrived && Clock::now() < idle_until) {
       arrived = Poll(sock, POLLIN, std::min(100, MillisUntil(idle_until)));
     }
@@ -193,6 +207,20 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
     // the deadline never cuts a handler short.
     ok = process_request(strm, count == 1, connection_closed, nullptr);
     if (!ok || connection_closed || strm.refused()) break;
+  }
+  if (strm.refused()) {
+    // Answered while the client may still be sending: closing with its bytes unread would
+    // reset the connection, and a client still writing could get the reset instead of the
+    // answer. Stop sending, read and drop what comes for a moment (at most 64 KiB), then close.
+    ::shutdown(sock, SHUT_WR);
+    const auto until = Clock::now() + std::chrono::seconds(1);
+    char sink[4096];
+    for (std::size_t dropped = 0; dropped < 64 * 1024;) {
+      if (!Poll(sock, POLLIN, MillisUntil(until))) break;
+      const ssize_t n = ::recv(sock, sink, sizeof sink, 0);
+      if (n <= 0) break;
+      dropped += static_cast<std::size_t>(n);
+    }
   }
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
