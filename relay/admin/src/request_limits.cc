@@ -208,10 +208,11 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
     ok = process_request(strm, count == 1, connection_closed, nullptr);
     if (!ok || connection_closed || strm.refused()) break;
   }
-  if (strm.refused()) {
-    // Answered while the client may still be sending: closing with its bytes unread would
-    // reset the connection, and a client still writing could get the reset instead of the
-    // answer. Stop sending, read and drop what comes for a moment (at most 64 KiB), then close.
+  if (strm.refused() || Poll(sock, POLLIN, 0)) {
+    // Answered while the client may still be sending (a refusal here, or cpp-httplib's own
+    // 411/413/400 with the body unread): closing with its bytes unread would reset the
+    // connection, and a client still writing could get the reset instead of the answer. Stop
+    // sending, read and drop what comes for a moment (at most 64 KiB), then close.
     ::shutdown(sock, SHUT_WR);
     const auto until = Clock::now() + std::chrono::seconds(1);
     char sink[4096];
