@@ -466,13 +466,21 @@ TEST_F(ManagementApiTest, ABodyWithoutContentLengthIsNeitherReadNorWaitedFor) {
 }
 
 // The API reads request heads through GuardedServer: a head over 32 KiB is refused with 431
-// before the token is looked at (cpp-httplib reads a line whole, whatever its length).
+// before the token is looked at (cpp-httplib reads a line whole, whatever its length), as a
+// JSON error like the API's others.
 TEST_F(ManagementApiTest, AnOverlongRequestHeadIsRefused) {
-  EXPECT_EQ(RawHttpStatus(api_->port(),
-                          "GET /v1/endpoints HTTP/1.1\r\nHost: relay\r\nX-Long: " +
-                              std::string(40 * 1024, 'a') + "\r\n\r\n",
-                          3s),
-            431);
+  const std::string answer = outbox::testing::RawHttpAnswer(
+      api_->port(),
+      "GET /v1/endpoints HTTP/1.1\r\nHost: relay\r\nX-Long: " + std::string(40 * 1024, 'a') +
+          "\r\n\r\n",
+      3s);
+  ASSERT_EQ(answer.rfind("HTTP/1.1 431 ", 0), 0u) << answer.substr(0, 300);
+  EXPECT_NE(answer.find("Content-Type: application/json"), std::string::npos) << answer;
+  const auto body = json::parse(answer.substr(answer.find("\r\n\r\n") + 4), nullptr, false);
+  ASSERT_TRUE(body.is_object()) << answer;
+  EXPECT_EQ(body["error"]["code"], "request_head_too_large") << answer;
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("32768 bytes"), std::string::npos)
+      << answer;
   EXPECT_EQ(Get("/v1/endpoints").status, 200) << "the server still answers";
 }
 

@@ -52,10 +52,11 @@ void NumericAddress(const sockaddr_storage& addr, socklen_t len, std::string& ip
 /// more and the connection closes.
 class GuardedStream final : public httplib::Stream {
  public:
-  GuardedStream(socket_t sock, RequestReadLimits limits, std::chrono::microseconds read_timeout,
-                std::chrono::microseconds write_timeout)
+  GuardedStream(socket_t sock, RequestReadLimits limits, const RefusalWriter& refusal,
+                std::chrono::microseconds read_timeout, std::chrono::microseconds write_timeout)
       : sock_(sock),
         limits_(limits),
+        refusal_(refusal),
         read_timeout_ms_(Millis(read_timeout)),
         write_timeout_ms_(Millis(write_timeout)) {}
 
@@ -80,12 +81,14 @@ class GuardedStream final : public httplib::Stream {
     if (refused_) return -1;
     // Late is late, whether or not more bytes are ready: a client sending steadily must not
     // outlast the deadline either.
-    if (Clock::now() >= deadline_) return Refuse(408, "Request Timeout", TimeoutText());
+    if (Clock::now() >= deadline_)
+      return Refuse(408, "Request Timeout", "request_timeout", TimeoutText());
     if (pos_ == len_) {
       const int wait = WaitMillis();
       if (!Poll(sock_, POLLIN, wait)) {
         // Waited until the deadline (not merely the read timeout): the request is late.
-        if (wait < read_timeout_ms_) return Refuse(408, "Request Timeout", TimeoutText());
+        if (wait < read_timeout_ms_)
+          return Refuse(408, "Request Timeout", "request_timeout", TimeoutText());
         return -1;
       }
       ssize_t n;
@@ -101,7 +104,7 @@ class GuardedStream final : public httplib::Stream {
       for (std::size_t i = 0; i < n && in_head_; ++i) {
         const char c = buf_[pos_ + i];
         if (++head_bytes_ > limits_.max_head_bytes) {
-          return Refuse(431, "Request Header Fields Too Large",
+          return Refuse(431, "Request Header Fields Too Large", "request_head_too_large",
                         "the request line and headers are over " +
                             std::to_string(limits_.max_head_bytes) + " bytes; send shorter ones");
         }
@@ -159,11 +162,17 @@ class GuardedStream final : public httplib::Stream {
   static int Millis(std::chrono::microseconds d) {
     return static_cast<int>(std::clamp<long long>(d.count() / 1000, 0, 3'600'000));
   }
-  ssize_t Refuse(int status, const char* reason, const std::string& text) {
+  ssize_t Refuse(int status, const char* reason, const char* code, const std::string& text) {
+    httplib::Response res;
+    if (refusal_) {
+      refusal_(res, status, code, text);
+    } else {
+      res.set_content(text + "\n", "text/plain; charset=utf-8");
+    }
     const std::string answer = "HTTP/1.1 " + std::to_string(status) + " " + reason +
-                               "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
-                               std::to_string(text.size() + 1) + "\r\nConnection: close\r\n\r\n" +
-                               text + "\n";
+                               "\r\nContent-Type: " + res.get_header_value("Content-Type") +
+                               "\r\nContent-Length: " + std::to_string(res.body.size()) +
+                               "\r\nConnection: close\r\n\r\n" + res.body;
     write(answer.data(), answer.size());
     refused_ = true;
     return -1;
@@ -171,6 +180,7 @@ class GuardedStream final : public httplib::Stream {
 
   socket_t sock_;
   RequestReadLimits limits_;
+  const RefusalWriter& refusal_;
   int read_timeout_ms_;
   int write_timeout_ms_;
   char buf_[4096];
@@ -188,7 +198,7 @@ class GuardedStream final : public httplib::Stream {
 
 bool GuardedServer::process_and_close_socket(socket_t sock) {
   GuardedStream strm(
-      sock, limits_,
+      sock, limits_, refusal_,
       std::chrono::seconds(read_timeout_sec_) + std::chrono::microseconds(read_timeout_usec_),
       std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_));
   bool ok = false;
@@ -228,7 +238,8 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
   return ok;
 }
 
-void LimitRequestBodies(httplib::Server& server, std::size_t max_body_bytes, RefusalWriter write) {
+void LimitRequestBodies(GuardedServer& server, std::size_t max_body_bytes, RefusalWriter write) {
+  server.refusal_ = write;
   server.set_payload_max_length(max_body_bytes);
   server.set_pre_routing_handler([max_body_bytes, write = std::move(write)](
                                      const httplib::Request& req, httplib::Response& res) {

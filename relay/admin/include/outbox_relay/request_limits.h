@@ -40,26 +40,30 @@ struct RequestReadLimits {
   std::chrono::milliseconds request_timeout{10'000};
 };
 
-/// A cpp-httplib server that reads requests through RequestReadLimits; otherwise the same
-/// (keep-alive, timeouts, routes, handlers). Its connections are read by its own loop and
-/// stream, the way cpp-httplib's TLS server wraps its own.
-class GuardedServer : public httplib::Server {
- public:
-  explicit GuardedServer(RequestReadLimits limits = {}) : limits_(limits) {}
-
- private:
-  bool process_and_close_socket(socket_t sock) override;
-
-  RequestReadLimits limits_;
-};
-
 /// Writes a refusal (status, a short machine-readable code, a message naming the fix) in the
 /// server's own format.
 using RefusalWriter = std::function<void(httplib::Response& res, int status,
                                          const std::string& code, const std::string& message)>;
 
-/// Also sets the server's payload limit to max_body_bytes. Call before the server listens,
-/// and install no other pre-routing handler.
-void LimitRequestBodies(httplib::Server& server, std::size_t max_body_bytes, RefusalWriter write);
+/// A cpp-httplib server that reads requests through RequestReadLimits; otherwise the same
+/// (keep-alive, timeouts, routes, handlers). Its connections are read by its own loop and
+/// stream, the way cpp-httplib's TLS server wraps its own. Its 431 and 408 are written by the
+/// RefusalWriter LimitRequestBodies was given (plain text before that).
+class GuardedServer : public httplib::Server {
+ public:
+  explicit GuardedServer(RequestReadLimits limits = {}) : limits_(limits) {}
+
+ private:
+  friend void LimitRequestBodies(GuardedServer&, std::size_t, RefusalWriter);
+  bool process_and_close_socket(socket_t sock) override;
+
+  RequestReadLimits limits_;
+  RefusalWriter refusal_;  ///< Set before the server listens; read-only after.
+};
+
+/// Also sets the server's payload limit to max_body_bytes, and has `write` answer the
+/// server's own refusals (431, 408). Call before the server listens, and install no other
+/// pre-routing handler.
+void LimitRequestBodies(GuardedServer& server, std::size_t max_body_bytes, RefusalWriter write);
 
 }  // namespace outbox::relay
