@@ -226,12 +226,8 @@ class GuardedServerTest : public ::testing::Test {
   }
 
   int Connect() const {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(port_));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+    const int fd = testing::RawConnect(port_);
+    EXPECT_GE(fd, 0);
     return fd;
   }
   // Sends `head` at once, then `trickle` one byte every 100 ms until the server answers or
@@ -315,20 +311,8 @@ TEST_F(GuardedServerTest, ABodyThatTricklesInIsCutOffAtTheDeadline) {
 
 // A request line that never ends: refused once the head passes its limit, with no more read.
 TEST_F(GuardedServerTest, ALineThatNeverEndsIsRefusedAtTheHeadLimit) {
-  const int fd = Connect();
-  const std::string line = "GET /" + std::string(64 * 1024, 'a');  // no line end, ever
-  ::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
-  std::string answer;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  while (std::chrono::steady_clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) != 1) continue;
-    char buf[512];
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    answer.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
+  const std::string answer = testing::RawHttpAnswer(port_, "GET /" + std::string(64 * 1024, 'a'),
+                                                    std::chrono::seconds(3));  // no line end
   EXPECT_EQ(answer.rfind("HTTP/1.1 431", 0), 0u) << answer.substr(0, 200);
   EXPECT_NE(answer.find("over 1024 bytes"), std::string::npos) << answer.substr(0, 200);
 }
@@ -336,20 +320,9 @@ TEST_F(GuardedServerTest, ALineThatNeverEndsIsRefusedAtTheHeadLimit) {
 // The head ends at a line that is exactly CRLF: a line ending in a bare LF (which cpp-httplib
 // skips, reading on) did end the count, and what followed went on growing uncounted (review).
 TEST_F(GuardedServerTest, ABareLineFeedDoesNotEndTheCountedHead) {
-  const int fd = Connect();
-  const std::string head = "GET /hi HTTP/1.1\r\n\n\r\r\n" + std::string(8 * 1024, 'a');
-  ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
-  std::string answer;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  while (answer.empty() && std::chrono::steady_clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) != 1) continue;
-    char buf[512];
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    answer.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
+  const std::string answer = testing::RawHttpExchange(
+      port_, "GET /hi HTTP/1.1\r\n\n\r\r\n" + std::string(8 * 1024, 'a'), std::chrono::seconds(3),
+      [](const std::string& got) { return !got.empty(); });
   EXPECT_EQ(answer.rfind("HTTP/1.1 431", 0), 0u) << answer.substr(0, 200);
 }
 
@@ -385,12 +358,7 @@ TEST_F(GuardedServerTest, ARequestWhoseBytesAreAlwaysReadyIsCutOffAtTheDeadlineT
 // Two requests in one write (pipelining): the second, already read into the stream's buffer,
 // is answered at once, not after the keep-alive wait for bytes that had already come.
 TEST_F(GuardedServerTest, PipelinedRequestsAreAnsweredAtOnce) {
-  const int fd = Connect();
-  const std::string two = "GET /hi HTTP/1.1\r\nHost: x\r\n\r\nGET /hi HTTP/1.1\r\nHost: x\r\n\r\n";
-  ::send(fd, two.data(), two.size(), MSG_NOSIGNAL);
-  std::string answers;
-  const auto start = std::chrono::steady_clock::now();
-  auto count = [&] {
+  const auto count = [](const std::string& answers) {
     std::size_t n = 0;
     for (auto at = answers.find("HTTP/1.1 200"); at != std::string::npos;
          at = answers.find("HTTP/1.1 200", at + 1)) {
@@ -398,17 +366,12 @@ TEST_F(GuardedServerTest, PipelinedRequestsAreAnsweredAtOnce) {
     }
     return n;
   };
-  while (count() < 2 && std::chrono::steady_clock::now() - start < std::chrono::seconds(4)) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) != 1) continue;
-    char buf[512];
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    answers.append(buf, static_cast<std::size_t>(n));
-  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string answers = testing::RawHttpExchange(
+      port_, "GET /hi HTTP/1.1\r\nHost: x\r\n\r\nGET /hi HTTP/1.1\r\nHost: x\r\n\r\n",
+      std::chrono::seconds(4), [&](const std::string& got) { return count(got) >= 2; });
   const auto after = std::chrono::steady_clock::now() - start;
-  ::close(fd);
-  EXPECT_EQ(count(), 2u) << answers;
+  EXPECT_EQ(count(answers), 2u) << answers;
   EXPECT_LT(after, std::chrono::seconds(2)) << "the second waited for the keep-alive timeout";
 }
 
