@@ -189,6 +189,12 @@ TEST_F(ManagementApiTest, EndpointsAreCreatedReadChangedRotatedAndDeleted) {
   EXPECT_EQ(replay.body["resumed"], false) << "no replay of it stopped part-way";
   EXPECT_EQ(replay.body["queued_earlier"], 0);
   EXPECT_EQ(replay.body["began"].get<std::string>().size(), 20u) << replay.body.dump();
+  auto restarted =
+      Post("/v1/endpoints/acme/replay", R"({"since": "2026-01-01T00:00:00Z", "restart": true})");
+  ASSERT_EQ(restarted.status, 202) << restarted.body.dump();
+  EXPECT_EQ(restarted.body["resumed"], false);
+  ExpectError(Post("/v1/endpoints/acme/replay", R"({"since": "2026-01-01Z", "restart": "yes"})"),
+              400, "invalid_field", "restart");
   auto attempts = Get("/v1/attempts?endpoint_id=acme&limit=5");
   ASSERT_EQ(attempts.status, 200);
   EXPECT_TRUE(attempts.body["data"].empty());

@@ -592,6 +592,10 @@ TEST_F(WebhookServiceTest, ReplaySendsArchivedMessagesToOneEndpointAgain) {
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("queued 1 message(s)"), std::string::npos) << out;
   ASSERT_TRUE(WaitFor([&] { return requests_to("/b") == 7u && Queued() == 0; }, 60s));
+  std::tie(code, out) = Cli({"endpoints", "replay", "b", "--message", key, "--restart"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("queued 1 message(s)"), std::string::npos) << out;
+  ASSERT_TRUE(WaitFor([&] { return requests_to("/b") == 8u && Queued() == 0; }, 60s));
 
   std::tie(code, out) = Cli({"endpoints", "replay", "b", "--since", "yesterday-ish"});
   EXPECT_NE(code, 0);

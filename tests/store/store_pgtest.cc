@@ -48,6 +48,45 @@ class StoreTest : public testing::PgTest {
         std::chrono::seconds(10));
   }
   // A webhook service's endpoint "ep_a" of destination "hooks".
+  // 1,200 archived messages for ep_a; a replay of them all that fails in its second part (a
+  // trigger), and the first part's 500 copies then delivered and archived as the endpoint's.
+  void InterruptAReplayAfterItsFirstPart() {
+    Store c(db_url_);
+    AddEndpointA(c);
+    Scalar(
+        "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+        "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+        "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e', "
+        "'{}',"
+        "    '1', 1, now()"
+        "  FROM generate_series(1, 1200) g RETURNING 1) SELECT count(*) FROM a");
+    pqxx::connection admin(db_url_);
+    pqxx::nontransaction(admin).exec(R"(
+      CREATE TABLE public.fail_on (key text);
+      INSERT INTO public.fail_on VALUES ('ep_a:k700');
+      CREATE FUNCTION public.fail_on_key() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF NEW.ordering_key IN (SELECT key FROM public.fail_on) THEN
+          RAISE EXCEPTION 'injected failure at %', NEW.ordering_key;
+        END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER fail_on_key BEFORE INSERT ON outbox.messages
+        FOR EACH ROW EXECUTE FUNCTION public.fail_on_key();
+    )");
+    EXPECT_THROW(relay::ReplayToEndpoint(c, "ep_a", "-infinity", ""), std::exception);
+    ASSERT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 500)
+        << "the first part committed";
+    // The relay delivers the first part's copies and archives them as rows of the endpoint.
+    Scalar(
+        "WITH d AS (DELETE FROM outbox.messages RETURNING *), a AS ("
+        "  INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key,"
+        "    event_type, headers, payload, attempts, created_at, endpoint_id)"
+        "  SELECT id, destination, ordering_key, idempotency_key, event_type, headers, payload, 1,"
+        "    created_at, endpoint_id FROM d RETURNING 1) SELECT count(*) FROM a");
+    pqxx::nontransaction(admin).exec("DELETE FROM public.fail_on");
+  }
+
   static void AddEndpointA(Store& store) {
     EndpointFields fields;
     fields.id = "ep_a";
@@ -1184,39 +1223,8 @@ TEST_F(StoreTest, AnArchiveReplayDoesNotReplayItsOwnCopiesDeliveredMeanwhile) {
 // (no longer queued, so not skipped) was sent to the endpoint twice. Here a trigger fails the
 // second part, and the first part's copies are delivered and archived before the second run.
 TEST_F(StoreTest, AnInterruptedArchiveReplayRunAgainQueuesOnlyTheRest) {
-  Store c(db_url_);
-  AddEndpointA(c);
-  Scalar(
-      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
-      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
-      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e', '{}',"
-      "    '1', 1, now()"
-      "  FROM generate_series(1, 1200) g RETURNING 1) SELECT count(*) FROM a");
+  InterruptAReplayAfterItsFirstPart();
   pqxx::connection admin(db_url_);
-  pqxx::nontransaction(admin).exec(R"(
-    CREATE TABLE public.fail_on (key text);
-    INSERT INTO public.fail_on VALUES ('ep_a:k700');
-    CREATE FUNCTION public.fail_on_key() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-      IF NEW.ordering_key IN (SELECT key FROM public.fail_on) THEN
-        RAISE EXCEPTION 'injected failure at %', NEW.ordering_key;
-      END IF;
-      RETURN NEW;
-    END $$;
-    CREATE TRIGGER fail_on_key BEFORE INSERT ON outbox.messages
-      FOR EACH ROW EXECUTE FUNCTION public.fail_on_key();
-  )");
-  EXPECT_THROW(relay::ReplayToEndpoint(c, "ep_a", "-infinity", ""), std::exception);
-  ASSERT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 500)
-      << "the first part committed";
-  // The relay delivers the first part's copies and archives them as rows of the endpoint.
-  Scalar(
-      "WITH d AS (DELETE FROM outbox.messages RETURNING *), a AS ("
-      "  INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key,"
-      "    event_type, headers, payload, attempts, created_at, endpoint_id)"
-      "  SELECT id, destination, ordering_key, idempotency_key, event_type, headers, payload, 1,"
-      "    created_at, endpoint_id FROM d RETURNING 1) SELECT count(*) FROM a");
-  pqxx::nontransaction(admin).exec("DELETE FROM public.fail_on");
 
   Store again(db_url_);
   const auto second = relay::ReplayToEndpoint(again, "ep_a", "-infinity", "");
@@ -1236,6 +1244,18 @@ TEST_F(StoreTest, AnInterruptedArchiveReplayRunAgainQueuesOnlyTheRest) {
   EXPECT_EQ(third.queued, 1200);
   EXPECT_FALSE(third.resumed);
   EXPECT_EQ(third.queued_earlier, 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0) << "finished, gone";
+}
+
+// `endpoints replay --restart`: an operator who wants the whole replay again, not the rest of
+// an interrupted one, had to wait a day for the interrupted one to go stale.
+TEST_F(StoreTest, AnInterruptedArchiveReplayRestartedQueuesEverythingAgain) {
+  InterruptAReplayAfterItsFirstPart();
+  Store again(db_url_);
+  const auto restarted = relay::ReplayToEndpoint(again, "ep_a", "-infinity", "", true);
+  EXPECT_EQ(restarted.queued, 1200) << "the first part again, and the rest";
+  EXPECT_FALSE(restarted.resumed);
+  EXPECT_EQ(restarted.queued_earlier, 0);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0) << "finished, gone";
 }
 

@@ -367,9 +367,16 @@ struct ManagementApi::Impl {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
         const std::string id = req.matches[1];
         const json body = ParseBody(req, true);
-        OnlyKeys(body, {"since", "message"});
+        OnlyKeys(body, {"since", "message", "restart"});
+        bool restart = false;
+        if (body.contains("restart")) {
+          if (!body["restart"].is_boolean()) {
+            throw BadField("restart", "restart must be true or false");
+          }
+          restart = body["restart"].get<bool>();
+        }
         const auto replay = ReplayToEndpoint(s, id, String(body, "since").value_or(""),
-                                             String(body, "message").value_or(""));
+                                             String(body, "message").value_or(""), restart);
         Reply(r, 202,
               {{"queued", replay.queued},
                {"resumed", replay.resumed},

@@ -66,9 +66,10 @@ struct EndpointArgs {
   std::string reason;
   std::string overlap = "24h";
   bool json = false;
-  std::string since;    ///< replay
-  std::string message;  ///< replay, attempts
-  int limit = 50;       ///< attempts
+  std::string since;     ///< replay
+  std::string message;   ///< replay, attempts
+  bool restart = false;  ///< replay: start over instead of resuming
+  int limit = 50;        ///< attempts
   /// update: which of the fields above were given.
   bool set_destination = false, set_url = false, set_description = false, set_metadata = false,
        set_event_types = false, set_headers = false, set_max_in_flight = false,

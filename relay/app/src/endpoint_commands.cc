@@ -246,7 +246,7 @@ int RunEndpointsRotateSecret(const EndpointArgs& a) {
 
 int RunEndpointsReplay(const EndpointArgs& a) {
   return WithStore(a.database_url, [&](Store& store) {
-    const auto replay = ReplayToEndpoint(store, a.id, a.since, a.message);
+    const auto replay = ReplayToEndpoint(store, a.id, a.since, a.message, a.restart);
     const auto n = replay.queued;
     if (replay.resumed) {
       std::cout << "resumed the replay to " << a.id << " begun at " << replay.began

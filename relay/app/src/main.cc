@@ -229,6 +229,9 @@ int main(int argc, char** argv) {
   ep_replay->add_option("--since", ep.since, "Everything delivered since this time");
   ep_replay->add_option("--message", ep.message,
                         "Only this message (its idempotency key or delivery id)");
+  ep_replay->add_flag("--restart", ep.restart,
+                      "Start over, even where the same replay stopped part-way less than a day "
+                      "ago (which is otherwise resumed)");
 
   auto* attempts = app.add_subcommand(
       "attempts", "The webhook service's delivery log: every attempt, newest first");

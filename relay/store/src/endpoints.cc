@@ -601,7 +601,8 @@ std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoin
 }
 
 ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
-                               const std::string& since, const std::string& message) {
+                               const std::string& since, const std::string& message,
+                               bool restart) {
   CheckUuid(message, "--message");
   if (since.empty() == message.empty()) {
     throw InvalidField(
@@ -636,25 +637,24 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
         }
       }
       // The same replay stopped part-way less than a day ago is resumed; one that stopped
-      // longer ago starts over, with the archive as it is now.
+      // longer ago, or asked to restart, starts over, with the archive as it is now.
       const auto row = tx.exec_params1(
           "INSERT INTO outbox.endpoint_replays AS r (endpoint_id, since, message, upto,"
           "  done_through) "
           "SELECT $1, $2::timestamptz, coalesce(nullif($3, '')::uuid::text, ''),"
           "  coalesce(max(id), 0), -9223372036854775808 FROM outbox.delivered_archive "
           "ON CONFLICT (endpoint_id, since, message) DO UPDATE SET"
-          "  upto = CASE WHEN r.updated_at > clock_timestamp() - interval '1 day'"
-          "              THEN r.upto ELSE excluded.upto END,"
-          "  done_through = CASE WHEN r.updated_at > clock_timestamp() - interval '1 day'"
-          "                      THEN r.done_through ELSE excluded.done_through END,"
-          "  queued = CASE WHEN r.updated_at > clock_timestamp() - interval '1 day'"
-          "                THEN r.queued ELSE 0 END,"
-          "  started_at = CASE WHEN r.updated_at > clock_timestamp() - interval '1 day'"
-          "                    THEN r.started_at ELSE clock_timestamp() END,"
+          "  (upto, done_through, queued, started_at) = ("
+          "    SELECT CASE WHEN g.go_on THEN r.upto ELSE excluded.upto END,"
+          "           CASE WHEN g.go_on THEN r.done_through ELSE excluded.done_through END,"
+          "           CASE WHEN g.go_on THEN r.queued ELSE 0 END,"
+          "           CASE WHEN g.go_on THEN r.started_at ELSE clock_timestamp() END"
+          "    FROM (SELECT NOT $4::boolean"
+          "            AND r.updated_at > clock_timestamp() - interval '1 day' AS go_on) g),"
           "  updated_at = clock_timestamp() "
           "RETURNING r.id, r.queued, r.started_at < statement_timestamp() AS resumed,"
           "  to_char(r.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS began",
-          endpoint_id, since_at, message);
+          endpoint_id, since_at, message, restart);
       replay_id = row["id"].as<std::int64_t>();
       out.resumed = row["resumed"].as<bool>();
       out.queued_earlier = out.resumed ? row["queued"].as<std::int64_t>() : 0;

@@ -168,9 +168,11 @@ struct ReplayOutcome {
 /// reads as timestamptz, e.g. "2026-11-22 10:00Z"), or the one message `message` (its
 /// idempotency key or delivery id). Same delivery ids as the first time; what the endpoint
 /// still has queued is skipped. A replay that failed part-way is resumed by the next call with
-/// the same endpoint, time or message within a day: it queues only the rest (later, it starts
-/// over). Throws std::invalid_argument for an unknown endpoint or bad input.
+/// the same endpoint, time or message within a day: it queues only the rest (later, or with
+/// `restart`, it starts over). Throws std::invalid_argument for an unknown endpoint or bad
+/// input.
 ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
-                               const std::string& since, const std::string& message);
+                               const std::string& since, const std::string& message,
+                               bool restart = false);
 
 }  // namespace outbox::relay
