@@ -281,7 +281,7 @@ void Validate(const OutboxMessage& m) {
     throw InvalidMessage("outbox: " + std::to_string(m.headers.size()) + " headers, the limit is " +
                          std::to_string(kMaxHeaders) + "; put bulk data in the payload");
   }
-  if (m.deliver_after && *m.deliver_after > Clock::now() + kSchedulingHorizon) {
+  if (m.deliver_after && *m.deliver_after > SchedulingHorizonEnd(Clock::now())) {
     throw InvalidMessage(
         "outbox: deliver time is more than 1 year ahead (the scheduling horizon); keep later "
         "work in your own table and publish it nearer the time");
@@ -352,6 +352,16 @@ std::string ToJsonText(const OutboxMessage& m) {
 }
 
 }  // namespace
+
+Clock::time_point SchedulingHorizonEnd(Clock::time_point now) {
+  using namespace std::chrono;
+  const auto day = floor<days>(now);
+  auto date = year_month_day(day) + years(1);
+  // PostgreSQL clamps a day past the month's end to its last day: 29 February + 1 year is
+  // 28 February.
+  if (!date.ok()) date = date.year() / date.month() / last;
+  return sys_days(date) + (now - day);
+}
 
 MessageBuilder::MessageBuilder(std::string destination) {
   msg_.destination = std::move(destination);

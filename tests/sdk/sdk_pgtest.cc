@@ -354,6 +354,29 @@ static_assert(!std::is_invocable_v<decltype(&outbox::PublishMany), pqxx::nontran
 
 // The payload reaches the database as written: it was parsed into doubles and written again,
 // so a 23-digit integer became 1.2345678901234568e+22 and long decimals were rounded.
+// The SDK's scheduling horizon is the SQL function's, `clock_timestamp() + interval '1 year'`: a
+// calendar year, 366 days when it spans a 29 February. The SDK used 365 days, so from March
+// 2027 to February 2028 it refused deliver times the database accepts (found in review).
+TEST_F(SdkTest, TheSchedulingHorizonIsTheDatabasesCalendarYear) {
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction tx(c);
+  tx.exec("SET TIME ZONE 'UTC'");
+  for (const std::string at :
+       {"2026-11-26 10:00:00Z", "2027-02-28 23:30:00.25Z", "2027-03-01 00:00:00Z",
+        "2028-02-28 12:00:00Z", "2028-02-29 12:00:00.123456Z", "2028-03-01 00:00:01Z",
+        "2028-12-31 23:59:59.999999Z", "1999-06-15 08:00:00Z"}) {
+    SCOPED_TRACE(at);
+    const auto row = tx.exec_params1(
+        "SELECT (extract(epoch FROM $1::timestamptz) * 1000000)::bigint, "
+        "(extract(epoch FROM $1::timestamptz + interval '1 year') * 1000000)::bigint",
+        at);
+    const outbox::Clock::time_point now{std::chrono::microseconds(row[0].as<std::int64_t>())};
+    const auto end = outbox::SchedulingHorizonEnd(now);
+    EXPECT_EQ(std::chrono::duration_cast<std::chrono::microseconds>(end.time_since_epoch()).count(),
+              row[1].as<std::int64_t>());
+  }
+}
+
 TEST_F(SdkTest, JsonPayloadNumbersArriveExactlyAsWritten) {
   const std::string payload =
       R"({"big": 12345678901234567890123, "amount": 1234567890123.456789, "p": 0.1000000000000000000001})";

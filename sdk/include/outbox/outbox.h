@@ -45,8 +45,10 @@ inline constexpr std::size_t kMaxHeaders = 64;
 inline constexpr std::size_t kMaxHeaderNameBytes = 255;
 inline constexpr std::size_t kMaxHeaderValueBytes = 4096;
 inline constexpr std::size_t kMaxTracestateBytes = 512;
-/// How far ahead a message may be scheduled (deliver time).
-inline constexpr auto kSchedulingHorizon = std::chrono::hours(24 * 365);
+/// How far ahead a message may be scheduled (deliver time): until one calendar year after
+/// `now`, as the SQL functions' `clock_timestamp() + interval '1 year'` reads it in UTC (366
+/// days when the year spans a 29 February; from a 29 February, the next 28 February).
+Clock::time_point SchedulingHorizonEnd(Clock::time_point now);
 
 /// A validated, immutable outbox message. Build one with Message::To(...)...Build().
 struct OutboxMessage {
