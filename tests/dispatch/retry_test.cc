@@ -65,6 +65,14 @@ TEST(Decide, MapsOutcomesToSettlements) {
 
   s = Decide(id, 4, Out(OutcomeKind::kRetry, "shutdown"), p, "tok", 0.5, true);
   EXPECT_EQ(s.kind, Settlement::Kind::kRelease) << "shutting down hands back without counting";
+  EXPECT_EQ(s.delay, 0ms) << "due at once, for another relay";
+  // ... but not sooner than the target asked: a 429 with Retry-After during a rolling restart
+  // was handed back due at once, and another relay sent it straight back to the endpoint.
+  Outcome throttled = Out(OutcomeKind::kRetry, "http 429");
+  throttled.retry_after = 5s;
+  s = Decide(id, 1, throttled, p, "tok", 0.5, true);
+  EXPECT_EQ(s.kind, Settlement::Kind::kRelease);
+  EXPECT_EQ(s.delay, 5s) << "as a retry's, capped by max_backoff";
 
   // A retry that may have reached the target (a Kafka transaction whose end is unknown) counts
   // even at shutdown: the counted attempt makes the next delivery check the topic first.

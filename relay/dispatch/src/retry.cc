@@ -107,6 +107,8 @@ Settlement Decide(MessageId id, int attempts, const Outcome& outcome, const Retr
   s.absent_as_of = outcome.absent_as_of;
   if (shutting_down && !outcome.maybe_sent) {
     s.kind = Settlement::Kind::kRelease;
+    // Handed back for another relay, which does not know this target asked to wait.
+    if (outcome.retry_after) s.delay = std::min(*outcome.retry_after, policy.max_backoff);
     return s;
   }
   const int failures = attempts + 1;
