@@ -4,15 +4,19 @@
 #include "outbox_relay/webhook_service.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 #include "outbox_relay/endpoint_directory.h"
 #include "outbox_test/full_listener.h"
@@ -455,6 +459,49 @@ TEST_F(WebhookServiceSinkTest, ARowForAnEndpointNotLoadedYetWaitsForAFreshReadBe
       5s));
   EXPECT_NE(later.Of(2)->reason.find("no longer exists"), std::string::npos) << later.Of(2)->reason;
   sink->Shutdown(5s);
+}
+
+// An endpoint whose sink cannot be made for a while (here its ca_file is unreadable, as while a
+// certificate is swapped; also a thread limit, a TLS context) holds its messages and is tried
+// again, without waiting for the registry to change. Its rows and fan-out copies went to its
+// dead letters, and the sink was tried again only when the endpoint was next edited.
+TEST_F(WebhookServiceSinkTest, AnEndpointWhoseSinkCannotBeMadeYetHoldsItsMessagesAndIsTriedAgain) {
+  const auto ca = std::filesystem::temp_directory_path() /
+                  ("outbox-service-ca-" + std::to_string(::getpid()) + ".pem");
+  std::filesystem::remove(ca);
+  tweak_ = [&](WebhookTarget& t) { t.ca_file = ca.string(); };
+  registry_.endpoints = {Endpoint("ep", "https://127.0.0.1:1/hook", 2)};
+  auto sink = Start(2s, 500ms);
+  Outcomes done;
+  sink->Submit(Row(1, "ep"), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(1).has_value(); }, 5s));
+  EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kReturned) << done.Of(1)->reason;
+  EXPECT_NE(done.Of(1)->reason.find("cannot read ca_file"), std::string::npos)
+      << done.Of(1)->reason;
+  ASSERT_TRUE(done.Of(1)->retry_after.has_value());
+  EXPECT_GT(*done.Of(1)->retry_after, 0ms) << "held, not hammered";
+  sink->Submit(Event(2), done.For());  // fanned out to it
+  ASSERT_TRUE(WaitFor([&] { return done.Of(2).has_value(); }, 5s));
+  ASSERT_EQ(done.Of(2)->kind, OutcomeKind::kFannedOut) << done.Of(2)->reason;
+  ASSERT_EQ(done.Of(2)->owed.size(), 1u);
+  EXPECT_EQ(done.Of(2)->owed[0].kind, OutcomeKind::kReturned) << done.Of(2)->owed[0].reason;
+
+  std::ofstream(ca) << "not a certificate, but readable\n";
+  const int loads = registry_.Loads();
+  ASSERT_TRUE(WaitFor([&] { return registry_.Loads() > loads; }, 20s))
+      << "the endpoint was not tried again";
+  int next = 3;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const int id = next++;
+        sink->Submit(Row(id, "ep"), done.For());
+        return WaitFor([&] { return done.Of(id).has_value(); }, 5s) &&
+               done.Of(id)->kind != OutcomeKind::kReturned;
+      },
+      20s, 200ms))
+      << "the endpoint's sink was made once its ca_file could be read (its request then fails)";
+  sink->Shutdown(5s);
+  std::filesystem::remove(ca);
 }
 
 // Waking an enabled endpoint's rows can fail (the database blinked): the reload still

@@ -68,6 +68,9 @@ constexpr milliseconds kAgeEvery{100};
 constexpr milliseconds kMinBlockedHold{1'000};
 /// A disabled endpoint's rows wait this long between looks; `endpoints enable` wakes them.
 constexpr milliseconds kDisabledHold{3'600'000};
+/// An endpoint whose sink could not be made (its ca_file unreadable for a moment, no thread
+/// left, no TLS context) is tried again this often; its messages wait as long meanwhile.
+constexpr milliseconds kUnusableRetry{5'000};
 constexpr std::size_t kPlanBatchMax = 1000;    ///< Messages per owed-keys query.
 constexpr milliseconds kLogEvery{200};         ///< Delivery-log batches.
 constexpr std::size_t kLogQueueMax = 100'000;  ///< Beyond this (database away) rows are dropped.
@@ -464,8 +467,9 @@ class WebhookServiceSink final : public Sink {
     }
     if (!lane->sink) {
       Call(done,
-           Simple(id, OutcomeKind::kPermanent,
-                  "endpoint " + lane->spec.id + " is unusable: " + lane->error, Reason::kOther),
+           Simple(id, OutcomeKind::kReturned,
+                  "endpoint " + lane->spec.id + " is unusable: " + lane->error, Reason::kNone,
+                  kUnusableRetry),
            destination_);
       return;
     }
@@ -576,12 +580,7 @@ class WebhookServiceSink final : public Sink {
     };
     if (!lane.spec.enabled) return hold("endpoint disabled", kDisabledHold);
     if (!lane.sink) {
-      EndpointOutcome o;
-      o.endpoint_id = lane.spec.id;
-      o.kind = OutcomeKind::kPermanent;
-      o.reason = "endpoint " + lane.spec.id + " is unusable: " + lane.error;
-      o.reason_class = Reason::kOther;
-      return fan->Owed(std::move(o));
+      return hold("endpoint " + lane.spec.id + " is unusable: " + lane.error, kUnusableRetry);
     }
     if (key_owed) return hold("an earlier message of this key is still owed", milliseconds(0));
     if (lane.sink->MaxInFlight(kLaneClaim) == 0) {
@@ -811,6 +810,8 @@ class WebhookServiceSink final : public Sink {
   void RegistryLoop() {
     std::int64_t seen = -1;
     std::optional<std::chrono::system_clock::time_point> next_expiry;
+    /// When an endpoint's sink is to be made again (max: none is to be).
+    auto retry_unusable = Clock::time_point::max();
     bool failing = false;
     while (true) {
       try {
@@ -821,11 +822,12 @@ class WebhookServiceSink final : public Sink {
         }
         const auto started = Clock::now();
         const std::int64_t v = registry_dir_->Version();
-        if (v != seen || now || (next_expiry && std::chrono::system_clock::now() >= *next_expiry)) {
+        if (v != seen || now || (next_expiry && std::chrono::system_clock::now() >= *next_expiry) ||
+            started >= retry_unusable) {
           Directory d = registry_dir_->Load();
           seen = d.version;
           next_expiry = d.next_expiry;
-          Apply(d, started);
+          retry_unusable = Apply(d, started) ? Clock::time_point::max() : started + kUnusableRetry;
         }
         for (auto it = rewake_.begin(); it != rewake_.end();) {
           if (Clock::now() < it->second) {
@@ -853,8 +855,9 @@ class WebhookServiceSink final : public Sink {
   }
 
   // Swaps in the endpoints of `d`, keeping the sink of every endpoint whose sending did not
-  // change; sinks no longer used finish what they hold and stop.
-  void Apply(const Directory& d, Clock::time_point started) {
+  // change; sinks no longer used finish what they hold and stop. False when an endpoint's sink
+  // could not be made (tried again on the next call).
+  bool Apply(const Directory& d, Clock::time_point started) {
     std::shared_ptr<const Lanes> old;
     {
       std::lock_guard lock(mu_);
@@ -863,6 +866,7 @@ class WebhookServiceSink final : public Sink {
     auto next = std::make_shared<Lanes>();
     std::unordered_set<const Sink*> kept;
     std::vector<std::string> reenabled;
+    bool usable = true;
     for (const auto& spec : d.endpoints) {
       auto lane = std::make_shared<Lane>();
       lane->spec = spec;
@@ -882,10 +886,15 @@ class WebhookServiceSink final : public Sink {
                        spec.enabled ? "" : ", disabled");
         } catch (const std::exception& e) {
           lane->error = e.what();
-          spdlog::error(
-              "webhook {}: endpoint {} is unusable: {}; its messages go to its dead "
-              "letters until it is fixed (outbox-relay endpoints update)",
-              destination_, spec.id, e.what());
+          usable = false;
+          // Once per endpoint and error, not on every try.
+          if (it == old->end() || it->second->error != lane->error) {
+            spdlog::error(
+                "webhook {}: endpoint {} is unusable: {}; its messages wait, and it is tried "
+                "again every {} s (if it needs fixing: outbox-relay endpoints update, or "
+                "disable)",
+                destination_, spec.id, e.what(), kUnusableRetry.count() / 1000);
+          }
         }
       }
       if (lane->sink) kept.insert(lane->sink.get());
@@ -923,7 +932,7 @@ class WebhookServiceSink final : public Sink {
       if (!next->count(id)) spdlog::info("webhook {}: endpoint {} removed", destination_, id);
       if (lane->sink && !kept.count(lane->sink.get())) retired.push_back(lane->sink);
     }
-    if (retired.empty()) return;
+    if (retired.empty()) return usable;
     auto until = Clock::now() + defaults_.timeout;
     std::vector<std::future<void>> finished;  // destroyed after the lock is released
     std::lock_guard lock(mu_);
@@ -956,6 +965,7 @@ class WebhookServiceSink final : public Sink {
       // future happens to be destroyed.
       retired.clear();
     }));
+    return usable;
   }
 
   // Stops sinks side by side (SideBySideStops), each by `until`.
