@@ -1212,6 +1212,14 @@ TEST(InvalidValues, Webhook) {
        "url: has an invalid port"},
       {WithDestination("hooks", "    webhook:\n      url: \"https://h/a b\"\n" + s),
        "url: contains whitespace"},
+      // What the sink's URL parser refuses is refused here, naming the key (these passed, and
+      // check-config then named only the destination).
+      {WithDestination("hooks", "    webhook:\n      url: http://hooks.internal:/in\n" + s),
+       "destinations.hooks.webhook.url: has an empty port"},
+      {WithDestination("hooks", "    webhook:\n      url: http://fe80::1/x\n" + s),
+       "destinations.hooks.webhook.url: has a bad port"},
+      {WithDestination("hooks", "    webhook:\n      url: https://user:pw@h/x\n" + s),
+       "destinations.hooks.webhook.url: must not contain credentials (use headers)"},
       {WithWebhook(""),
        "destinations.hooks.webhook: missing secret; set exactly one of `secret`, `secret_env`"},
       {WithWebhook(s + "      secret_env: S\n"),

@@ -7,10 +7,12 @@
 #include <array>
 #include <cctype>
 #include <memory>
+#include <stdexcept>
 #include <string_view>
 
 #include "cloudevents_config.h"
 #include "outbox_relay/config_fields.h"
+#include "outbox_relay/webhook_url.h"
 #include "outbox_relay/config_sources.h"
 #include "outbox_relay/webhook_target.h"
 #include "webhook_secret.h"
@@ -98,6 +100,15 @@ void ValidateUrl(const Field& field, const std::string& url) {
     if (!number || port[0] == '+' || port[0] == '-' || *number < 1 || *number > 65535) {
       Fail(field, "has an invalid port (it must be a number from 1 to 65535)" + fix);
     }
+  }
+  // Whatever else the sink's parser refuses (an empty port, an IPv6 address without brackets,
+  // credentials), refused here by key rather than later by destination.
+  try {
+    ParseWebhookUrl(url);
+  } catch (const std::invalid_argument& e) {
+    std::string why = e.what();
+    if (why.starts_with("webhook url ")) why.erase(0, std::string("webhook url ").size());
+    Fail(field, why + fix);
   }
 }
 
