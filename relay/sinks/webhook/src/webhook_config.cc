@@ -12,9 +12,9 @@
 
 #include "cloudevents_config.h"
 #include "outbox_relay/config_fields.h"
-#include "outbox_relay/webhook_url.h"
 #include "outbox_relay/config_sources.h"
 #include "outbox_relay/webhook_target.h"
+#include "outbox_relay/webhook_url.h"
 #include "webhook_secret.h"
 
 namespace outbox::relay {
