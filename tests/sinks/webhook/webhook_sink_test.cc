@@ -427,8 +427,10 @@ struct RefusingPort {
 /// (over TLS when `tls` is given), then closes. For answers no HTTP server would send.
 class RawAnswerer {
  public:
-  explicit RawAnswerer(std::string answer, const outbox::testing::TlsFiles* tls = nullptr)
-      : answer_(std::move(answer)) {
+  /// `pace`: the answer goes a byte at a time, this long apart (0: as fast as it can).
+  explicit RawAnswerer(std::string answer, const outbox::testing::TlsFiles* tls = nullptr,
+                       std::chrono::milliseconds pace = 0ms)
+      : answer_(std::move(answer)), pace_(pace) {
     if (tls != nullptr) {
       ctx_ = SSL_CTX_new(TLS_server_method());
       if (ctx_ == nullptr ||
@@ -478,8 +480,10 @@ class RawAnswerer {
         if (n <= 0) break;
         head.append(buf, static_cast<std::size_t>(n));
       }
-      for (std::size_t at = 0; at < answer_.size();) {  // until the client stops reading
-        const std::size_t chunk = std::min<std::size_t>(65536, answer_.size() - at);
+      for (std::size_t at = 0; at < answer_.size() && !stop_;) {  // until the client stops
+        const std::size_t chunk =
+            pace_.count() > 0 ? 1 : std::min<std::size_t>(65536, answer_.size() - at);
+        if (pace_.count() > 0) std::this_thread::sleep_for(pace_);
         const long n = ssl != nullptr ? SSL_write(ssl, answer_.data() + at, static_cast<int>(chunk))
                                       : ::send(c, answer_.data() + at, chunk, MSG_NOSIGNAL);
         if (n <= 0) break;
@@ -491,6 +495,7 @@ class RawAnswerer {
   }
 
   std::string answer_;
+  std::chrono::milliseconds pace_;
   SSL_CTX* ctx_ = nullptr;
   RefusingPort socket_;  // bound to a free loopback port; listening from the constructor on
   std::atomic<bool> stop_{false};
@@ -532,6 +537,28 @@ TEST(WebhookSink, EndlessResponseHeadersAreABadResponse) {
   EXPECT_EQ(head.kind, OutcomeKind::kRetry);
   EXPECT_EQ(head.reason,
             "bad response: the response's headers are longer than 262144 bytes; not read further");
+}
+
+// A response head that trickles in, a byte every 100 ms, each read well inside the timeout:
+// cpp-httplib's read timeout bounds each read, not the answer, so a receiver could hold a
+// worker (and its message, its lease renewed) for as long as it kept dribbling. The whole
+// response, head included, now has to arrive within `timeout_ms` (give or take one read).
+TEST(WebhookSink, AResponseHeadThatTricklesInTimesOut) {
+  const auto pki = outbox::testing::MakeTestPki();
+  for (const bool tls : {false, true}) {
+    SCOPED_TRACE(tls ? "https" : "http");
+    RawAnswerer endpoint("HTTP/1.1 200 OK\r\nX-Slow: " + std::string(100, 's') + "\r\n\r\n",
+                         tls ? &pki.server : nullptr, 100ms);  // 12.6 s in all
+    WebhookTarget target = Target(endpoint.Url());
+    if (tls) target.ca_file = pki.ca_cert_path;
+    target.timeout = 1000ms;
+    const auto start = std::chrono::steady_clock::now();
+    const Outcome o = DeliverOne(target);
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(o.kind, OutcomeKind::kRetry) << o.reason;
+    EXPECT_EQ(o.reason_class, "timeout") << o.reason;
+    EXPECT_LT(took, 5s) << "the answer was read to its end";
+  }
 }
 
 TEST(WebhookSink, ConnectionRefusedIsRetried) {

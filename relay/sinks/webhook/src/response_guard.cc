@@ -24,7 +24,10 @@ Fn Next(const char* name) {
 
 }  // namespace
 
-ResponseHeadGuard::ResponseHeadGuard() : outer_(t_guard) { t_guard = this; }
+ResponseHeadGuard::ResponseHeadGuard(Clock::time_point deadline)
+    : deadline_(deadline), outer_(t_guard) {
+  t_guard = this;
+}
 ResponseHeadGuard::~ResponseHeadGuard() { t_guard = outer_; }
 
 bool ResponseHeadGuard::Feed(const char* data, std::size_t n) {
@@ -80,6 +83,10 @@ extern "C" ssize_t recv(int fd, void* buf, size_t len, int flags) {
     errno = EMSGSIZE;
     return -1;
   }
+  if (guard->Late()) {
+    errno = ETIMEDOUT;
+    return -1;
+  }
   const ssize_t n = next(fd, buf, len, flags);
   if (n > 0 && !guard->Feed(static_cast<const char*>(buf), static_cast<std::size_t>(n))) {
     errno = EMSGSIZE;
@@ -93,7 +100,7 @@ extern "C" int SSL_read(SSL* ssl, void* buf, int num) {
   static const Fn next = outbox::relay::webhook_detail::Next<Fn>("SSL_read");
   auto* guard = t_guard;
   if (guard == nullptr) return next(ssl, buf, num);
-  if (!guard->Refused().empty()) return -1;
+  if (!guard->Refused().empty() || guard->Late()) return -1;
   const int n = next(ssl, buf, num);
   if (n > 0 && !guard->Feed(static_cast<const char*>(buf), static_cast<std::size_t>(n))) return -1;
   return n;

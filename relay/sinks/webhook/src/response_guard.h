@@ -14,6 +14,7 @@
 // librdkafka, the test receivers) pass straight through: one thread_local test per call.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -27,9 +28,13 @@ inline constexpr std::size_t kMaxHeaderLine = 65536;
 inline constexpr std::size_t kMaxResponseHead = 256 * 1024;
 
 /// Armed for the scope's life on the calling thread (one request: cpp-httplib's send()).
+/// Past `deadline`, every read fails (ETIMEDOUT) without reading: cpp-httplib's read timeout
+/// bounds each read, not the answer, so an answer that trickles in, a byte at a time inside
+/// the timeout, held the request for as long as the receiver liked.
 class ResponseHeadGuard {
  public:
-  ResponseHeadGuard();
+  using Clock = std::chrono::steady_clock;
+  explicit ResponseHeadGuard(Clock::time_point deadline = Clock::time_point::max());
   ~ResponseHeadGuard();
   ResponseHeadGuard(const ResponseHeadGuard&) = delete;
   ResponseHeadGuard& operator=(const ResponseHeadGuard&) = delete;
@@ -39,6 +44,8 @@ class ResponseHeadGuard {
   bool Feed(const char* data, std::size_t n);
   /// Why the response was refused; empty while it was not.
   const std::string& Refused() const { return refused_; }
+  /// The deadline has passed.
+  bool Late() const { return Clock::now() >= deadline_; }
 
  private:
   bool in_head_ = true;
@@ -48,6 +55,7 @@ class ResponseHeadGuard {
   std::size_t line_ = 0;  ///< Bytes since the last '\n'.
   std::size_t head_ = 0;
   std::string refused_;
+  Clock::time_point deadline_;
   ResponseHeadGuard* outer_;
 };
 

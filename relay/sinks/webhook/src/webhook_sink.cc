@@ -762,7 +762,8 @@ class WebhookSink final : public Sink {
 
     httplib::Response res;
     httplib::Error error = httplib::Error::Success;
-    webhook_detail::ResponseHeadGuard head_guard;  // what cpp-httplib reads of the answer
+    // What cpp-httplib reads of the answer, and until when.
+    webhook_detail::ResponseHeadGuard head_guard(deadline);
     const bool sent = client.send(req, res, error);
     const auto elapsed =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
