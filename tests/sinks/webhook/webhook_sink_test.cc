@@ -448,6 +448,8 @@ class RawAnswerer {
     thread_.join();
     if (ctx_ != nullptr) SSL_CTX_free(ctx_);
   }
+  /// Requests whose head it has read.
+  int Requests() const { return requests_.load(); }
   std::string Url() const {
     return std::string(ctx_ != nullptr ? "https" : "http") +
            "://127.0.0.1:" + std::to_string(socket_.port) + "/hook";
@@ -480,6 +482,7 @@ class RawAnswerer {
         if (n <= 0) break;
         head.append(buf, static_cast<std::size_t>(n));
       }
+      ++requests_;
       for (std::size_t at = 0; at < answer_.size() && !stop_;) {  // until the client stops
         const std::size_t chunk =
             pace_.count() > 0 ? 1 : std::min<std::size_t>(65536, answer_.size() - at);
@@ -499,6 +502,7 @@ class RawAnswerer {
   SSL_CTX* ctx_ = nullptr;
   RefusingPort socket_;  // bound to a free loopback port; listening from the constructor on
   std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
   std::thread thread_;
 };
 
@@ -559,6 +563,25 @@ TEST(WebhookSink, AResponseHeadThatTricklesInTimesOut) {
     EXPECT_EQ(o.reason_class, "timeout") << o.reason;
     EXPECT_LT(took, 5s) << "the answer was read to its end";
   }
+}
+
+// A request that fails for real while the sink waits for its running requests to finish (the
+// relay stops, or the webhook service replaced the endpoint's sink) is an attempt like any
+// other: it has a verdict and its exchange (the webhook service writes its delivery-log row
+// from it). Only a request the shutdown itself aborts at its deadline is none. The sink took
+// every failure after the shutdown began for an abort, so such attempts left no log row.
+TEST(WebhookSink, ARequestThatFailsWhileTheSinkStopsIsStillAnAttempt) {
+  RawAnswerer endpoint("not an HTTP answer", nullptr, 50ms);  // after ~1 s, then a close
+  auto sink = MakeWebhookSink("hooks", Target(endpoint.Url()));
+  Completions done;
+  sink->Submit(MakeMessage(1), done.Callback());
+  ASSERT_TRUE(WaitFor([&] { return endpoint.Requests() == 1; }, 10s));
+  sink->Shutdown(10s);
+  ASSERT_TRUE(done.WaitForSize(1));
+  const Outcome o = done.Of(1);
+  EXPECT_EQ(o.kind, OutcomeKind::kRetry) << o.reason;
+  EXPECT_NE(o.reason_class, "shutdown") << o.reason;
+  EXPECT_TRUE(o.exchange.has_value()) << "no exchange: " << o.reason;
 }
 
 TEST(WebhookSink, ConnectionRefusedIsRetried) {

@@ -286,7 +286,6 @@ class WebhookSink final : public Sink {
     if (joined_) return;
 
     std::deque<Job> queued;
-    stopping_now_ = true;
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
@@ -308,6 +307,9 @@ class WebhookSink final : public Sink {
     {
       std::unique_lock lock(mu_);
       while (running_ != 0 && Clock::now() < stop_by_) idle_cv_.wait_until(lock, stop_by_);
+      // From here on a request that fails was aborted by this shutdown: no verdict. Those
+      // that ended while it waited were attempts like any other.
+      stopping_now_ = true;
       for (auto& worker : workers_) {
         if (worker->active) {
           abandoned.emplace_back(worker->active_id, std::move(*worker->active));
