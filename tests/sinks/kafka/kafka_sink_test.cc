@@ -196,11 +196,16 @@ TEST_F(KafkaSinkTest, CloudEventsBinaryModeAndARecordKeyFromAHeader) {
   untyped.headers = {{"ce_type", "spoofed"}, {"content-type", "text/plain"}};
   Message bytes = MakeMessage(3, std::nullopt, std::string("\x01\x02", 2));
   bytes.payload_is_json = false;
-  for (Message* m : {&typed, &untyped, &bytes}) {
+  // Header names are case-insensitive to CloudEvents' Kafka binding (its SDKs lowercase them,
+  // the last one winning): "CE_type" and "Content-Type" overrode the relay's. An empty tenant
+  // is no tenant, as in topic routing: the key was "", every such message in one partition.
+  Message cased = MakeMessage(4, "order-4");
+  cased.headers = {{"tenant", ""}, {"CE_type", "spoofed"}, {"Content-Type", "text/plain"}};
+  for (Message* m : {&typed, &untyped, &bytes, &cased}) {
     EXPECT_EQ(SubmitAndWait(*sink, *m).kind, OutcomeKind::kDelivered);
   }
-  const auto records = cluster_->ConsumeAll(topic, 3, kWait);
-  ASSERT_EQ(records.size(), 3u);
+  const auto records = cluster_->ConsumeAll(topic, 4, kWait);
+  ASSERT_EQ(records.size(), 4u);
   std::map<std::string, const ConsumedRecord*> by_id;
   for (const auto& r : records) by_id[r.headers.at("outbox-id")] = &r;
 
@@ -228,6 +233,13 @@ TEST_F(KafkaSinkTest, CloudEventsBinaryModeAndARecordKeyFromAHeader) {
   EXPECT_FALSE(c.key.has_value());
   EXPECT_FALSE(c.headers.count("ce_subject")) << "no ordering key, no subject";
   EXPECT_EQ(c.headers.at("content-type"), "application/octet-stream");
+
+  const ConsumedRecord& d = *by_id.at("4");
+  ASSERT_TRUE(d.key.has_value());
+  EXPECT_EQ(*d.key, "order-4") << "an empty tenant header: the ordering key";
+  EXPECT_FALSE(d.headers.count("CE_type"));
+  EXPECT_FALSE(d.headers.count("Content-Type"));
+  EXPECT_EQ(d.headers.at("ce_type"), "order.created");
   EXPECT_EQ(c.value, std::string("\x01\x02", 2));
 }
 

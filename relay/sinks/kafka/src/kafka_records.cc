@@ -38,17 +38,28 @@ const std::vector<std::pair<std::string, std::string>>& Defaults() {
   throw std::invalid_argument("kafka destination \"" + destination + "\": " + what);
 }
 
+/// `name` in any case is `lower`.
+bool EqualsIgnoringCase(std::string_view name, std::string_view lower) {
+  return std::equal(name.begin(), name.end(), lower.begin(), lower.end(), [](char a, char b) {
+    return std::tolower(static_cast<unsigned char>(a)) == b;
+  });
+}
+
 /// A header the relay sets on every record: a message's own of that name (in any case) is
 /// left out. Consumers dedupe on idempotency-key; verify and the exactly-once recovery read
 /// outbox-id and idempotency-key, and with two of a name the last (the message's) won.
 bool IsRelayHeader(const std::string& name) {
   static constexpr std::string_view kOwn[] = {"idempotency-key", "outbox-id", "event-type",
                                               "created-at"};
-  return std::any_of(std::begin(kOwn), std::end(kOwn), [&](std::string_view own) {
-    return std::equal(name.begin(), name.end(), own.begin(), own.end(), [](char a, char b) {
-      return std::tolower(static_cast<unsigned char>(a)) == b;
-    });
-  });
+  return std::any_of(std::begin(kOwn), std::end(kOwn),
+                     [&](std::string_view own) { return EqualsIgnoringCase(name, own); });
+}
+
+/// In CloudEvents mode, the ce_ attributes and the content type are the relay's, in any case:
+/// the binding's SDKs read header names lowercased, and the last of a name wins.
+bool IsCloudEventsHeader(const std::string& name) {
+  return (name.size() >= 3 && EqualsIgnoringCase(std::string_view(name).substr(0, 3), "ce_")) ||
+         EqualsIgnoringCase(name, "content-type");
 }
 
 void AddHeader(rd_kafka_headers_t* headers, const std::string& name, const std::string& value) {
@@ -135,8 +146,7 @@ rd_kafka_headers_t* BuildHeaders(const Message& msg, const KafkaTarget& target) 
               msg.payload_is_json ? "application/json" : "application/octet-stream");
   }
   for (const auto& [name, value] : msg.headers) {
-    // In CloudEvents mode the ce_ attributes and the content type are the relay's.
-    if (target.cloudevents && (name.starts_with("ce_") || name == "content-type")) continue;
+    if (target.cloudevents && IsCloudEventsHeader(name)) continue;
     if (IsRelayHeader(name)) {
       spdlog::debug("kafka: message {}: header {} left out: the relay sets it", Raw(msg.id), name);
       continue;
@@ -149,7 +159,8 @@ rd_kafka_headers_t* BuildHeaders(const Message& msg, const KafkaTarget& target) 
 const std::string* RecordKey(const Message& msg, const KafkaTarget& target) {
   if (!target.key_header.empty()) {
     for (const auto& [name, value] : msg.headers) {
-      if (name == target.key_header) return &value;
+      // An empty value is no value, as in topic routing (topic_route.cc).
+      if (name == target.key_header && !value.empty()) return &value;
     }
   }
   return msg.ordering_key ? &*msg.ordering_key : nullptr;
