@@ -545,6 +545,41 @@ TEST_F(TransactionalSinkTest, AStopWhileACommitWaitsForTheBrokersKeepsTheDeadlin
   EXPECT_TRUE(out.maybe_sent) << out.reason;
 }
 
+// An explicit message.timeout.ms (or delivery.timeout.ms) longer than the relay's attempt
+// timeout, which the config has already fitted inside the lease: librdkafka wants it within
+// transaction.timeout.ms, which the relay set to the attempt timeout, so every such config was
+// refused with "`message.timeout.ms` must be set <= `transaction.timeout.ms`", a property the
+// config does not let one set (found in review). The transaction timeout now covers it.
+TEST_F(TransactionalSinkTest, AnExplicitMessageTimeoutLongerThanTheAttemptTimeoutIsUsable) {
+  for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
+    SCOPED_TRACE(key);
+    KafkaTarget t = Target();
+    t.attempt_timeout = 23'333ms;  // lease 35 s
+    t.producer[key] = "25000";
+    EXPECT_NO_THROW(ValidateKafkaTarget("orders", t));
+    auto sink = MakeKafkaSink("orders", t);
+    Recorder rec;
+    sink->Submit(MakeMessage(1, 0), rec.Callback());
+    ASSERT_TRUE(rec.WaitCount(1));
+    EXPECT_EQ(rec.outcomes().at(1).at(0).kind, OutcomeKind::kDelivered)
+        << rec.outcomes().at(1).at(0).reason;
+    sink->Shutdown(5s);
+  }
+  // socket.timeout.ms is bounded by the transaction timeout too (librdkafka lowers it when it
+  // is not set): set above it, the error named transaction.timeout.ms, not the key to change.
+  KafkaTarget t = Target();
+  t.producer["socket.timeout.ms"] = "60000";
+  try {
+    ValidateKafkaTarget("orders", t);
+    FAIL() << "socket.timeout.ms 60000 accepted with a 10 s transaction timeout";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("\"socket.timeout.ms\" is 60000; with `delivery: "
+                                         "exactly_once` it must be at most 10100"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(TransactionalSinkTest, TransactionPropertiesAreTheRelays) {
   KafkaTarget t = Target();
   t.producer["transaction.timeout.ms"] = "5000";

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "cloudevents_config.h"
+#include "kafka_records.h"
 #include "outbox_relay/config_fields.h"
 #include "outbox_relay/config_sources.h"
 #include "outbox_relay/kafka_target.h"
@@ -117,17 +118,6 @@ void ValidateTopic(const Field& field, const std::string& topic) {
   if (!problem.empty()) Fail(field, problem);
 }
 
-// An integer property as librdkafka reads it: strtol in base 0 of its leading number ("00" is
-// 0, "0x10" 16, "010" 8, "5abc" 5). Nullopt where it reads no number (librdkafka refuses it).
-std::optional<long long> LibrdkafkaInteger(const std::string& value) {
-  const char* begin = value.c_str();
-  char* end = nullptr;
-  errno = 0;
-  const long n = std::strtol(begin, &end, 0);
-  if (end == begin || errno != 0) return std::nullopt;
-  return static_cast<int>(n);  // as librdkafka does: "-4294967296" is 0 to it
-}
-
 std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLookup& env) {
   std::map<std::string, std::string> properties;
   std::map<std::string, std::string> written_as;  // property -> key that set it
@@ -184,7 +174,7 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
       }
     }
     if ((property == "message.timeout.ms" || property == "delivery.timeout.ms") &&
-        LibrdkafkaInteger(value) == 0) {
+        kafka_detail::LibrdkafkaInteger(value) == 0) {
       Fail(value_field,
            "`" + property +
                "` = 0 means \"no limit\" to librdkafka: a delivery attempt would never end, and "
@@ -257,7 +247,7 @@ std::optional<AttemptBound> KafkaAttemptBound(const Destination& d) {
   const auto& producer = d.target.Get<KafkaTarget>().producer;
   for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
     if (auto it = producer.find(key); it != producer.end()) {
-      const auto ms = LibrdkafkaInteger(it->second);
+      const auto ms = kafka_detail::LibrdkafkaInteger(it->second);
       if (!ms) return std::nullopt;  // librdkafka's own check names it (check-config, run)
       return AttemptBound{Millis{*ms}, "destinations." + d.name + ".kafka.producer." + key};
     }

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <iterator>
 #include <map>
 #include <stdexcept>
@@ -97,8 +99,27 @@ ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
     props["transactional.id"] = *transactional_id;
     // A transaction the relay does not end (it died) is aborted by the coordinator before the
     // messages' leases run out: the attempt timeout is 2/3 of the lease at most.
-    props["transaction.timeout.ms"] =
-        std::to_string(std::max<long long>(1000, target.attempt_timeout.count()));
+    long long timeout = std::max<long long>(1000, target.attempt_timeout.count());
+    // librdkafka refuses a message timeout past the transaction's; an explicit one already
+    // fits the lease (config), so the transaction still ends before its messages' leases.
+    for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
+      if (auto it = props.find(key); it != props.end()) {
+        timeout = std::max(timeout, LibrdkafkaInteger(it->second).value_or(0));
+      }
+    }
+    props["transaction.timeout.ms"] = std::to_string(timeout);
+    // librdkafka lowers socket.timeout.ms to fit when it is not set, and refuses it set past
+    // the transaction timeout naming transaction.timeout.ms, which is not one's to set.
+    if (auto it = props.find("socket.timeout.ms"); it != props.end()) {
+      if (const auto ms = LibrdkafkaInteger(it->second); ms && *ms > timeout + 100) {
+        Invalid(destination, "producer property \"socket.timeout.ms\" is " + std::to_string(*ms) +
+                                 "; with `delivery: exactly_once` it must " + "be at most " +
+                                 std::to_string(timeout + 100) + " (the transaction timeout, " +
+                                 std::to_string(timeout) +
+                                 " ms: 2/3 of lease_ms, at most 30 s, or an explicit "
+                                 "message.timeout.ms): lower it, or leave it unset");
+      }
+    }
   }
 
   ConfPtr conf(rd_kafka_conf_new());
@@ -110,6 +131,15 @@ ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
     }
   }
   return conf;
+}
+
+std::optional<long long> LibrdkafkaInteger(const std::string& value) {
+  const char* begin = value.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(begin, &end, 0);
+  if (end == begin || errno != 0) return std::nullopt;
+  return static_cast<int>(n);  // as librdkafka does: "-4294967296" is 0 to it
 }
 
 Outcome ShutdownOutcome(MessageId id) {

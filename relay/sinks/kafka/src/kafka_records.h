@@ -23,10 +23,17 @@ struct ConfDeleter {
 };
 using ConfPtr = std::unique_ptr<rd_kafka_conf_t, ConfDeleter>;
 
+/// An integer property as librdkafka reads it: strtol in base 0 of its leading number ("00" is
+/// 0, "0x10" 16, "010" 8, "5abc" 5), cut to an int. Nullopt where it reads no number
+/// (librdkafka refuses it).
+std::optional<long long> LibrdkafkaInteger(const std::string& value);
+
 /// The producer's configuration: the relay's defaults, the target's brokers and properties,
 /// the settings the relay relies on (idempotence, acks=all), each property through
 /// librdkafka's own parser. With `transactional_id`, a transactional producer whose
-/// transactions must end within the target's attempt timeout. The one check of a Kafka
+/// transactions must end within the target's attempt timeout, or its explicit
+/// message.timeout.ms (delivery.timeout.ms) where that is longer (the config fits either
+/// inside the lease). The one check of a Kafka
 /// target: both sinks and check-config come here. Throws std::invalid_argument naming the
 /// destination and the property.
 ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
