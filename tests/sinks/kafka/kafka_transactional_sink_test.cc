@@ -580,6 +580,27 @@ TEST_F(TransactionalSinkTest, AnExplicitMessageTimeoutLongerThanTheAttemptTimeou
   }
 }
 
+// The consumers of the exactly-once recovery and of `verify` reach the brokers as the producer
+// does. "enable.ssl.certificate.verification: false" (a self-signed broker) and
+// "enable.sasl.oauthbearer.unsecure.jwt" stayed with the producer: the producer connected, the
+// recovery's consumer could not, and every message claimed again failed its check until it was
+// dead-lettered (found in review).
+TEST(ReadBackConsumer, TakesEveryPropertyAboutReachingTheBrokers) {
+  for (const char* name :
+       {"security.protocol", "ssl.ca.location", "sasl.mechanisms", "sasl.username",
+        "enable.ssl.certificate.verification", "enable.sasl.oauthbearer.unsecure.jwt",
+        "socket.timeout.ms", "broker.address.family", "client.dns.lookup",
+        "api.version.request", "reconnect.backoff.ms", "ssl_engine_callback_data",
+        "connections.max.idle.ms", "metadata.max.age.ms", "topic.metadata.refresh.interval.ms",
+        "resolve.canonical.bootstrap.servers.only"}) {
+    EXPECT_TRUE(kafka_detail::IsConnectionProperty(name)) << name;
+  }
+  for (const char* name : {"linger.ms", "acks", "enable.idempotence", "message.timeout.ms",
+                           "compression.type", "batch.num.messages"}) {
+    EXPECT_FALSE(kafka_detail::IsConnectionProperty(name)) << name;
+  }
+}
+
 TEST_F(TransactionalSinkTest, TransactionPropertiesAreTheRelays) {
   KafkaTarget t = Target();
   t.producer["transaction.timeout.ms"] = "5000";

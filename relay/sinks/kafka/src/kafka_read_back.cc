@@ -20,6 +20,17 @@
 #include "outbox_relay/thread_name.h"
 
 namespace outbox::relay {
+
+bool kafka_detail::IsConnectionProperty(const std::string& name) {
+  for (const char* prefix :
+       {"security.", "sasl.", "ssl.", "ssl_", "enable.ssl.", "enable.sasl.", "socket.",
+        "broker.", "client.dns", "api.version", "reconnect.", "connections.max.idle",
+        "metadata.", "topic.metadata.", "resolve.canonical"}) {
+    if (name.starts_with(prefix)) return true;
+  }
+  return false;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -49,15 +60,6 @@ struct Consumer {
   }
 };
 
-// What the producer's config says about reaching the brokers applies to reading too.
-bool IsConnectionProperty(const std::string& name) {
-  for (const char* prefix : {"security.", "sasl.", "ssl.", "socket.", "broker.", "client.dns",
-                             "api.version", "reconnect."}) {
-    if (name.starts_with(prefix)) return true;
-  }
-  return false;
-}
-
 std::unique_ptr<Consumer> MakeConsumer(const KafkaTarget& target, const char* isolation,
                                        const char* client_id) {
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
@@ -70,7 +72,7 @@ std::unique_ptr<Consumer> MakeConsumer(const KafkaTarget& target, const char* is
   };
   set("bootstrap.servers", target.brokers);
   for (const auto& [name, value] : target.producer) {
-    if (IsConnectionProperty(name)) set(name, value);
+    if (kafka_detail::IsConnectionProperty(name)) set(name, value);
   }
   set("group.id", client_id);  // assign() only: nothing is joined or committed
   set("enable.auto.commit", "false");

@@ -39,6 +39,10 @@ std::optional<long long> LibrdkafkaInteger(const std::string& value);
 ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
                      const std::string* transactional_id);
 
+/// A producer property about reaching the brokers (security, TLS, SASL, sockets, metadata):
+/// the consumers that read back what was sent (exactly-once recovery, `verify`) take it too.
+bool IsConnectionProperty(const std::string& name);
+
 /// kRetry "shutdown": a message the sink gave back unsent when it stopped (not counted).
 Outcome ShutdownOutcome(MessageId id);
 
