@@ -23,9 +23,9 @@ namespace outbox::relay {
 
 bool kafka_detail::IsConnectionProperty(const std::string& name) {
   for (const char* prefix :
-       {"security.", "sasl.", "ssl.", "ssl_", "enable.ssl.", "enable.sasl.", "socket.",
-        "broker.", "client.dns", "api.version", "reconnect.", "connections.max.idle",
-        "metadata.", "topic.metadata.", "resolve.canonical"}) {
+       {"security.", "sasl.", "ssl.", "ssl_", "enable.ssl.", "enable.sasl.", "socket.", "broker.",
+        "client.dns", "api.version", "reconnect.", "connections.max.idle", "metadata.",
+        "topic.metadata.", "resolve.canonical"}) {
     if (name.starts_with(prefix)) return true;
   }
   return false;
