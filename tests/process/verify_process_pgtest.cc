@@ -3,6 +3,8 @@
 // found, named in the JSON report, and turn the exit code to 1. Also `outbox-relay
 // destinations`, whose list a starting relay fills (the write-time guard's, migration 0010).
 #include <gtest/gtest.h>
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
 
 #include <fstream>
 #include <future>
@@ -150,6 +152,30 @@ TEST_F(VerifyTest, RefusesWhatItCannotVerifyNamingTheFix) {
   EXPECT_NE(last_stderr_.find("no destination nope"), std::string::npos) << last_stderr_;
   EXPECT_EQ(Verify(config, {"--since", "yesterday"}), 2);
   EXPECT_NE(last_stderr_.find("is neither a UTC time"), std::string::npos) << last_stderr_;
+}
+
+// A destination that routes by a template reads every topic of its allow-list, and one that
+// does not exist (yet: nothing was routed there, and the broker does not auto-create) holds no
+// record. verify gave up on it after 2 s with exit 2, so it could not run at all until every
+// allowed topic had a message (found in review).
+TEST_F(VerifyTest, AnAllowedTopicThatDoesNotExistHoldsNothing) {
+  std::string yaml = Yaml(db_url_, {}, "retention:\n  archive_delivered: true\n");
+  const std::string fixed = "      topic: " + std::string(kTopic) + "\n";
+  ASSERT_NE(yaml.find(fixed), std::string::npos);
+  yaml.replace(yaml.find(fixed), fixed.size(),
+               "      topic: \"" + std::string(kTopic) + ".{event_type}\"\n" +
+                   "      allowed_topics: [\"" + kTopic + ".created\", \"" + kTopic +
+                   ".never\"]\n");
+  kafka_->CreateTopic(std::string(kTopic) + ".created");
+  // The mock broker creates any topic asked about; a real one with auto-creation off answers
+  // that it does not know it.
+  rd_kafka_mock_topic_set_error(kafka_->raw(), "orders.never",
+                                RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART);
+  const std::string config = WriteConfig("routed.yaml", yaml);
+  EXPECT_EQ(Verify(config), 0) << last_stderr_;
+  EXPECT_NE((last_stdout_ + last_stderr_).find("orders.never"), std::string::npos)
+      << "says which topic it found missing\n"
+      << last_stdout_ << last_stderr_;
 }
 
 // A --since that names no real time, or one the clock cannot hold, would compare a window

@@ -129,6 +129,7 @@ nlohmann::json ToJson(const VerifyReport& r, const std::string& destination,
                                {"later_id", i.later_id},
                                {"later_position", i.later_position}});
   }
+  j["missing"] = r.missing;
   j["streams"] = nlohmann::json::object();
   for (const auto& [stream, s] : r.streams) {
     j["streams"][stream] = {
@@ -147,6 +148,9 @@ void PrintSummary(std::ostream& out, const VerifyReport& r, const std::string& d
       << ")\n"
       << "  gaps " << r.gaps.size() << ", duplicates " << r.duplicates.size()
       << ", order inversions " << r.inversions.size() << "\n";
+  for (const auto& m : r.missing) {
+    out << "  " << m << " does not exist in the target: nothing was delivered there\n";
+  }
   constexpr std::size_t kShown = 20;
   for (std::size_t i = 0; i < r.gaps.size() && i < kShown; ++i) {
     out << "  gap: message " << r.gaps[i].id << " (" << r.gaps[i].idempotency_key

@@ -11,6 +11,7 @@ VerifyReport Reconcile(const std::vector<ArchivedMessage>& archived, const ReadB
   report.archived = static_cast<std::int64_t>(archived.size());
   report.records = static_cast<std::int64_t>(read.records.size());
   for (const auto& stream : read.streams_read) report.streams[stream];
+  report.missing = read.missing;
 
   std::unordered_map<std::int64_t, const ArchivedMessage*> by_id;
   by_id.reserve(archived.size());

@@ -31,6 +31,10 @@ struct ReadBackOptions {
 struct ReadBackResult {
   std::vector<ReadBackRecord> records;
   std::vector<std::string> streams_read;  ///< Every stream read, even when empty.
+  /// What the destination may send to but the target does not have (a topic template's
+  /// allowed topic nothing was routed to, on a broker that does not create topics): nothing
+  /// was delivered there, nothing was read.
+  std::vector<std::string> missing;
 };
 
 }  // namespace outbox::relay

@@ -90,12 +90,18 @@ std::unique_ptr<Consumer> MakeConsumer(const KafkaTarget& target, const char* is
   return consumer;
 }
 
+/// The broker does not know the topic (and did not come to know it for a while).
+struct UnknownTopic : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 int PartitionCount(rd_kafka_t* rk, const std::string& topic, Clock::time_point deadline) {
   rd_kafka_topic_t* t = rd_kafka_topic_new(rk, topic.c_str(), nullptr);
   std::string last_error = "timed out";
   // A topic the broker does not know may be a moment from existing (just created): asked
   // again for a while. One the relay may not read, or an invalid name, fails at once.
   const auto unknown_until = std::min(deadline, Clock::now() + std::chrono::seconds(2));
+  bool unknown_at_end = false;
   while (Clock::now() < deadline) {
     const rd_kafka_metadata_t* md = nullptr;
     const rd_kafka_resp_err_t e =
@@ -120,13 +126,16 @@ int PartitionCount(rd_kafka_t* rk, const std::string& topic, Clock::time_point d
     const bool final = (topic_error != RD_KAFKA_RESP_ERR_NO_ERROR && !unknown &&
                         topic_error != RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE) ||
                        (unknown && Clock::now() >= unknown_until);
+    unknown_at_end = unknown;
     if (final) break;
     std::this_thread::sleep_for(
         std::min(std::chrono::milliseconds(100), std::chrono::milliseconds(RemainingMs(deadline))));
   }
   rd_kafka_topic_destroy(t);
-  throw std::runtime_error("topic " + topic + ": no partitions found (" + last_error +
-                           "); check the brokers, the topic name and the relay's permissions");
+  const std::string what = "topic " + topic + ": no partitions found (" + last_error +
+                           "); check the brokers, the topic name and the relay's permissions";
+  if (unknown_at_end) throw UnknownTopic(what);
+  throw std::runtime_error(what);
 }
 
 std::vector<std::string> TopicsOf(const Destination& d, const KafkaTarget& target,
@@ -171,11 +180,15 @@ std::int64_t LastRecordTimestamp(rd_kafka_t* rk, const std::string& topic, int p
 // `wanted`, when given, picks the partitions of a topic to read (topic, partition, count).
 using PartitionFilter = std::function<bool(const std::string&, int, int)>;
 
+// `may_be_missing`: topics the broker need not know (the allowed topics of a template); one it
+// does not is added to `missing` and read as empty.
 void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topics,
                 std::chrono::system_clock::time_point since, std::chrono::milliseconds timeout,
                 bool to_high_watermark, const char* client_id,
                 const std::function<void(ReadBackRecord)>& on_record,
-                std::vector<std::string>* streams_read, const PartitionFilter& wanted = {}) {
+                std::vector<std::string>* streams_read, const PartitionFilter& wanted = {},
+                const std::set<std::string>& may_be_missing = {},
+                std::vector<std::string>* missing = nullptr) {
   const auto deadline = Clock::now() + timeout;
   const auto consumer = MakeConsumer(target, "read_committed", client_id);
   rd_kafka_t* rk = consumer->rk;
@@ -190,7 +203,14 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
     std::unique_ptr<Consumer> uncommitted;
     if (to_high_watermark) uncommitted = MakeConsumer(target, "read_uncommitted", client_id);
     for (const auto& topic : topics) {
-      const int partitions = PartitionCount(rk, topic, deadline);
+      int partitions = 0;
+      try {
+        partitions = PartitionCount(rk, topic, deadline);
+      } catch (const UnknownTopic&) {
+        if (!may_be_missing.count(topic) || missing == nullptr) throw;
+        missing->push_back(topic);
+        continue;
+      }
       for (int p = 0; p < partitions; ++p) {
         if (wanted && !wanted(topic, p, partitions)) continue;
         // offsets_for_times takes the timestamp in the offset field.
@@ -311,10 +331,17 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
 ReadBackResult ReadBackKafka(const Destination& d, const ReadBackOptions& options) {
   const KafkaTarget& target = d.target.Get<KafkaTarget>();
   ReadBackResult result;
+  const auto topics = TopicsOf(d, target, options);
+  // A template's allowed topics exist once something was routed there (or an operator made
+  // them); a topic named with --topic, or the destination's one topic, has to exist.
+  std::set<std::string> may_be_missing;
+  if (options.streams.empty() && target.topic.find('{') != std::string::npos) {
+    may_be_missing.insert(topics.begin(), topics.end());
+  }
   ReadTopics(
-      target, TopicsOf(d, target, options), options.since, options.timeout,
-      /*to_high_watermark=*/false, "outbox-relay-verify",
-      [&](ReadBackRecord r) { result.records.push_back(std::move(r)); }, &result.streams_read);
+      target, topics, options.since, options.timeout, /*to_high_watermark=*/false,
+      "outbox-relay-verify", [&](ReadBackRecord r) { result.records.push_back(std::move(r)); },
+      &result.streams_read, {}, may_be_missing, &result.missing);
   return result;
 }
 

@@ -50,6 +50,7 @@ struct VerifyReport {
   std::vector<Duplicate> duplicates;
   std::vector<Inversion> inversions;
   std::map<std::string, StreamSummary> streams;
+  std::vector<std::string> missing;  ///< ReadBackResult::missing: not in the target at all.
 
   bool clean() const { return gaps.empty() && duplicates.empty() && inversions.empty(); }
 };
