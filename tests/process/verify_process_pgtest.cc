@@ -152,6 +152,13 @@ TEST_F(VerifyTest, RefusesWhatItCannotVerifyNamingTheFix) {
   EXPECT_NE(last_stderr_.find("no destination nope"), std::string::npos) << last_stderr_;
   EXPECT_EQ(Verify(config, {"--since", "yesterday"}), 2);
   EXPECT_NE(last_stderr_.find("is neither a UTC time"), std::string::npos) << last_stderr_;
+  // A command line it cannot take is "could not verify" too: CLI11's own codes (105, 106, ...)
+  // fell outside the documented 0 / 1 / 2, and a script reading 1 as findings misread them.
+  EXPECT_EQ(Verify(config, {"--timeout-ms", "0"}), 2);
+  EXPECT_NE(last_stderr_.find("--timeout-ms: Value 0 not in range 1 to 86400000"),
+            std::string::npos)
+      << last_stderr_;
+  EXPECT_EQ(Verify(config, {"--no-such-flag"}), 2);
 }
 
 // A destination that routes by a template reads every topic of its allow-list, and one that

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   };
   auto* dlq_list = dlq_cmd->add_subcommand("list", "List dead letters, newest first");
   add_dlq_common(dlq_list);
-  dlq_list->add_option("--limit,-n", dlq.limit, "At most this many")->check(CLI::PositiveNumber);
+  dlq_list->add_option("--limit,-n", dlq.limit, "At most this many")->check(CLI::Range(1, 1000000));
   dlq_list->add_flag("--json", dlq.json, "JSON lines instead of a table");
   auto* dlq_show = dlq_cmd->add_subcommand("show", "Show one dead letter with its payload");
   add_dlq_common(dlq_show);
@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
   attempts->add_option("--endpoint", ep.id, "Only this endpoint");
   attempts->add_option("--message", ep.message,
                        "Only this message (its idempotency key or a delivery id)");
-  attempts->add_option("--limit,-n", ep.limit, "At most this many")->check(CLI::PositiveNumber);
+  attempts->add_option("--limit,-n", ep.limit, "At most this many")->check(CLI::Range(1, 1000000));
   attempts->add_flag("--json", ep.json, "JSON lines");
 
   std::vector<std::string> register_names;
@@ -274,12 +274,14 @@ int main(int argc, char** argv) {
                      "allowed_topics)");
   verify->add_option("--json", verify_args.json_path, "Write the JSON report here (- for stdout)");
   verify->add_option("--timeout-ms", verify_args.timeout_ms, "Give up reading after this long")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 86400000));
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // Help and version are 0; a command line that cannot be taken is 2 (usage), whatever
+    // CLI11's own code for it: verify documents 0 / 1 / 2, and 1 means findings there.
+    return app.exit(e) == 0 ? 0 : 2;
   }
 
   SetupLogging(EnvOr("OUTBOX_LOG_LEVEL", "info"), EnvOr("OUTBOX_LOG_FORMAT") == "json");
