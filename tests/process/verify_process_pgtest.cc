@@ -185,6 +185,35 @@ TEST_F(VerifyTest, AnAllowedTopicThatDoesNotExistHoldsNothing) {
       << last_stdout_ << last_stderr_;
 }
 
+// The archive's window is the database's clock (created_at), a record's timestamp the clock of
+// the relay that produced it. With the relay's clock behind the database's, a message written
+// just after --since was produced "before" it: verify started reading after that record and
+// reported a gap. It now reads from 5 minutes before --since, as the exactly-once recovery
+// does; a record of a message outside the window counts as such. Here the database's clock is
+// ahead: the message was written 2 s from now, and produced now.
+TEST_F(VerifyTest, ARecordStampedBeforeTheWindowByASlowClockIsNoGap) {
+  const std::string config =
+      WriteConfig("relay.yaml", Yaml(db_url_, {}, "retention:\n  archive_delivered: true\n"));
+  Message m;
+  m.id = MessageId{700001};
+  m.destination = kTopic;
+  m.idempotency_key = "00000000-0000-4000-8000-000000700001";
+  m.payload = "{}";
+  Produce(m);
+  Exec(
+      "INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key, "
+      "event_type, headers, attempts, created_at) VALUES (700001, 'orders', NULL, "
+      "'00000000-0000-4000-8000-000000700001', '', '{}', 1, now() + interval '2 seconds')");
+  pqxx::connection c(db_url_);
+  const std::string since = pqxx::nontransaction(c)
+                                .exec1("SELECT to_char((now() + interval '1 second') AT TIME ZONE "
+                                       "'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")[0]
+                                .as<std::string>();
+  ASSERT_EQ(Verify(config, {"--since", since}), 0) << last_stdout_ << last_stderr_;
+  EXPECT_EQ(report_["archived"], 1);
+  EXPECT_EQ(report_["records"], 1);
+}
+
 // A --since that names no real time, or one the clock cannot hold, would compare a window
 // other than the one asked for (999999999d wrapped around and checked nothing, yet said
 // CLEAN; February 31st became March 3rd): refused, naming --since and the forms it takes.
