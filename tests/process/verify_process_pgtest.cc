@@ -206,8 +206,9 @@ TEST_F(VerifyTest, ARecordStampedBeforeTheWindowByASlowClockIsNoGap) {
       "'00000000-0000-4000-8000-000000700001', '', '{}', 1, now() + interval '2 seconds')");
   pqxx::connection c(db_url_);
   const std::string since = pqxx::nontransaction(c)
-                                .exec1("SELECT to_char((now() + interval '1 second') AT TIME ZONE "
-                                       "'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")[0]
+                                .exec1(
+                                    "SELECT to_char((now() + interval '1 second') AT TIME ZONE "
+                                    "'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")[0]
                                 .as<std::string>();
   ASSERT_EQ(Verify(config, {"--since", since}), 0) << last_stdout_ << last_stderr_;
   EXPECT_EQ(report_["archived"], 1);
