@@ -82,9 +82,19 @@ function jsonTextProblem(text) {
 function payloadText(value, where) {
   let text;
   try {
-    text = JSON.stringify(value, (k, v) => {
+    text = JSON.stringify(value, function replacer(k, v) {
       if (typeof v === 'number' && !Number.isFinite(v)) {
         throw new InvalidMessage(`${where}payload holds ${v}, which JSON cannot carry (it would be written as null)`);
+      }
+      // What JSON.stringify would turn into another value (this[k] is the value before its
+      // toJSON): bytes into {"type":"Buffer",...} or {"0":...}, a Map or a Set into {}.
+      const original = this[k];
+      if (original instanceof ArrayBuffer || ArrayBuffer.isView(original)) {
+        throw new InvalidMessage(`${where}payload holds binary data (${original.constructor.name}), which JSON would write as an object of numbers; send bytes as \`data\`, or decode them into a value first`);
+      }
+      if (original instanceof Map || original instanceof Set) {
+        const name = original instanceof Map ? 'Map' : 'Set';
+        throw new InvalidMessage(`${where}payload holds a ${name}, which JSON would write as {}; convert it first (${name === 'Map' ? 'Object.fromEntries(map)' : 'Array.from(set)'})`);
       }
       return v;
     });

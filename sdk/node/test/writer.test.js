@@ -267,6 +267,13 @@ test('text PostgreSQL cannot hold is refused naming the field, before the databa
     [{ destination: 'orders', json: [Infinity] }, 'payload'],
     [{ destination: 'orders', json: { n: 10n } }, 'payload'],
     [{ destination: 'orders', json: () => 1 }, 'payload'],
+    // toJSON and plain objects' rules turned these into other values, written without a word:
+    // a Buffer into {"type":"Buffer","data":[...]}, a typed array into {"0":...}, a Map or a
+    // Set into {} (found in review).
+    [{ destination: 'orders', json: Buffer.from('{}') }, 'payload holds binary data'],
+    [{ destination: 'orders', json: { raw: new Uint8Array([1, 2]) } }, 'payload holds binary data'],
+    [{ destination: 'orders', json: new Map([['a', 1]]) }, 'payload holds a Map'],
+    [{ destination: 'orders', json: { tags: new Set(['x']) } }, 'payload holds a Set'],
   ];
   for (const [message, field] of cases) {
     for (const many of [false, true]) {
