@@ -40,8 +40,9 @@ import (
 type Message struct {
 	// Destination, as named in the relay's config (required).
 	Destination string
-	// Exactly one payload: JSON (any value encoding/json accepts; json.RawMessage is sent as
-	// it is) or Data (bytes, delivered as application/octet-stream to webhooks).
+	// Exactly one payload: JSON (any value encoding/json accepts; json.RawMessage and []byte
+	// are JSON text, sent as they are) or Data (bytes, delivered as application/octet-stream
+	// to webhooks).
 	JSON any
 	Data []byte
 	// Key is the ordering key: messages of one destination with the same key are delivered
@@ -267,9 +268,13 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 			e.PayloadBase64 = &b
 		} else {
 			raw, ok := m.JSON.(json.RawMessage)
+			if b, isBytes := m.JSON.([]byte); isBytes {
+				// What json.Marshal returns is JSON text, not bytes to write as a base64 string.
+				raw, ok = json.RawMessage(b), true
+			}
 			if ok {
 				if !json.Valid(raw) {
-					return nil, invalid("payload is not valid JSON; pass JSON text as json.RawMessage, or a Go value")
+					return nil, invalid("payload is not valid JSON; pass JSON text as json.RawMessage or []byte, a Go value, or bytes that are not JSON as Data")
 				}
 				if !utf8.Valid(raw) {
 					return nil, invalid("payload is not valid UTF-8; convert it (from Latin-1, say) before publishing, or send bytes as Data")

@@ -160,6 +160,30 @@ func TestEveryArgumentIsStored(t *testing.T) {
 	}
 }
 
+// JSON given as []byte (what json.Marshal returns) is JSON text, as json.RawMessage is:
+// encoding/json wrote it as a base64 string, so the payload became "eyJhIjoxfQ==" (found in
+// review). Bytes that are not JSON are refused naming the payload and Data.
+func TestJSONGivenAsBytesIsJSONText(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	tx, _ := c.Begin(ctx)
+	if _, err := Publish(ctx, tx, Message{Destination: "orders", JSON: []byte(`{"a":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Publish(ctx, tx, Message{Destination: "orders", JSON: []byte("\x01\x02")})
+	var bad *InvalidMessageError
+	if !errors.As(err, &bad) || !strings.Contains(err.Error(), "payload") ||
+		!strings.Contains(err.Error(), "Data") {
+		t.Errorf("bytes that are not JSON: %v", err)
+	}
+	tx.Commit(ctx)
+	got := rows(t, c)
+	if len(got) != 1 || got[0].payload == nil || *got[0].payload != `{"a": 1}` {
+		t.Fatalf("stored %+v", got)
+	}
+}
+
 func TestABatchIsWrittenInOrderInOneStatement(t *testing.T) {
 	ctx := context.Background()
 	c := connect(t)
