@@ -223,16 +223,26 @@ function elementText([e, payload]) {
 
 /**
  * Outside a transaction block each statement commits on its own: the message would commit
- * without the business write. node-postgres >= 8.14 tells the protocol's transaction status;
- * a query still queued (a BEGIN not yet answered) runs before ours, so then we cannot tell.
+ * without the business write. node-postgres >= 8.21 tells the protocol's transaction status;
+ * a query still queued (a BEGIN not yet answered) runs before ours, so then we cannot tell
+ * and ask the server, as with an older node-postgres: a savepoint exists only inside a
+ * transaction block (SQLSTATE 25P01 outside). Released at once, before anything is written,
+ * it takes no subtransaction id.
  */
-function requireTransaction(client) {
+async function requireTransaction(client) {
   let outside = false;
-  if (client && typeof client.getTransactionStatus === 'function') {
-    const queued = client._activeQuery || (client._queryQueue && client._queryQueue.length > 0);
-    outside = client.getTransactionStatus() === 'I' && !queued;
+  const queued = client && (client._activeQuery || (client._queryQueue && client._queryQueue.length > 0));
+  if (client && typeof client.getTransactionStatus === 'function' && !queued) {
+    outside = client.getTransactionStatus() === 'I';
   } else if (client && typeof client.totalCount === 'number' && typeof client.connect === 'function') {
     outside = true; // a pg.Pool: each query on a client of its own, in autocommit
+  } else if (client && typeof client.query === 'function') {
+    try {
+      await client.query('SAVEPOINT outbox_check; RELEASE SAVEPOINT outbox_check');
+    } catch (err) {
+      if (err && err.code === '25P01') outside = true;
+      else throw err;
+    }
   }
   if (outside) {
     const err = new Error('outbox: not inside a transaction, so the message would commit on its own, '
@@ -254,7 +264,7 @@ function refused(err) {
 async function publishMany(client, messages) {
   const batch = Array.from(messages, element);
   if (batch.length === 0) return [];
-  requireTransaction(client);
+  await requireTransaction(client);
   let result;
   try {
     result = await client.query('SELECT outbox.enqueue_many($1::jsonb) AS id',

@@ -246,6 +246,20 @@ test('outside a transaction nothing is written', { skip }, async () => {
     await c.query('COMMIT');
   });
   assert.deepEqual((await rows()).map((r) => r.payload), [4]);
+  // node-postgres before 8.21 has no getTransactionStatus: the writer did not check at all, and
+  // outside BEGIN the message committed on its own (found in review). It asks the server.
+  await reset();
+  await connected(async (c) => {
+    c.getTransactionStatus = undefined;
+    await assert.rejects(publish(c, { destination: 'orders', json: 5 }), noTransaction);
+    await c.query('BEGIN');
+    await publish(c, { destination: 'orders', json: 6 });
+    await c.query('ROLLBACK');
+    await c.query('BEGIN');
+    await publish(c, { destination: 'orders', json: 7 });
+    await c.query('COMMIT');
+  });
+  assert.deepEqual((await rows()).map((r) => r.payload), [7]);
 });
 
 test('text PostgreSQL cannot hold is refused naming the field, before the database is asked', { skip }, async () => {
