@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "outbox_relay/clock.h"
@@ -80,6 +81,15 @@ class FakeDatabase {
     }
     Notify();
     return id;
+  }
+
+  /// outbox.set_bucket_count's (or a leaving relay's) NOTIFY 'rebalance'.
+  void NotifyRebalance() {
+    {
+      std::lock_guard lk(notify_mu_);
+      rebalance_ = true;
+    }
+    Notify();
   }
 
   /// A settle that committed after a claim's snapshot (the race wake_keys.sql heals): the row
@@ -268,6 +278,7 @@ class FakeDatabase {
   std::mutex notify_mu_;
   std::condition_variable notify_cv_;
   std::uint64_t notifications_ = 0;
+  bool rebalance_ = false;  // guarded by notify_mu_
   std::chrono::microseconds cleanup_per_row_{0};  // guarded by mu_
 };
 
@@ -542,7 +553,10 @@ class FakeStore final : public QueueStore {
     seen_ = db_.notifications_;
     return got;
   }
-  bool TakeRebalance() override { return false; }
+  bool TakeRebalance() override {
+    std::lock_guard lk(db_.notify_mu_);
+    return std::exchange(db_.rebalance_, false);
+  }
 
   StatusSnapshot ReadStatus(const StatusOptions&) override { return {}; }
   // With a backlog set, every call deletes all it may, taking per_row each.

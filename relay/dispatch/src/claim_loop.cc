@@ -77,10 +77,25 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
       return false;
     }
   };
+  std::uint64_t seen_rebalance = 0;
+  {
+    std::lock_guard lk(mu);
+    seen_rebalance = rebalance_gen;
+  }
   while (!stopping) {
     if (Now() - last_sweep >= config.full_sweep_interval) {
       cursor.StartSweep();
       last_sweep = Now();
+    }
+    {
+      // outbox.set_bucket_count rewrote every row in one transaction: the claims meanwhile
+      // skipped them all (SKIP LOCKED), and the cursor went past them. It notifies once it has
+      // committed; the lane starts over then (not a sweep: what it finds was not missed).
+      std::lock_guard lk(mu);
+      if (rebalance_gen != seen_rebalance) {
+        seen_rebalance = rebalance_gen;
+        cursor.Reset();
+      }
     }
     if (IsPaused(dest.name)) {  // an operator paused it: claim nothing, spend no attempt
       // A lost claim's rows go back now, not after the resume (they held their keys until the

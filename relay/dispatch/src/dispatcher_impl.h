@@ -80,6 +80,8 @@ struct Dispatcher::Impl {
   std::condition_variable wake_cv;   // new messages, room in flight, stop
   std::uint64_t wake_gen = 0;        // guarded by mu
   bool rebalance_requested = false;  // guarded by mu
+  /// NOTIFY 'rebalance's heard (outbox.set_bucket_count, a relay leaving); guarded by mu.
+  std::uint64_t rebalance_gen = 0;
 
   void Wake();
   // Waits up to `d` or until stopping; returns early when `pred` holds (checked under mu).

@@ -22,6 +22,7 @@ void Dispatcher::Impl::ListenLoop() {
         if (store.TakeRebalance()) {
           std::lock_guard lk(mu);
           rebalance_requested = true;
+          ++rebalance_gen;
         }
         Wake();
       }
