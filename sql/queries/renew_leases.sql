@@ -6,8 +6,8 @@
 -- messages, so the reaper does not look at them before then.
 -- A row another transaction has locked is passed over, not waited for: that is a settle in
 -- flight writing it (or the reaper taking it back), and a renewal that waited deadlocked with
--- the settle, which locks its rows in its own order. The next renewal (lease_ms / 3 later)
--- takes it if it is still leased.
+-- the settle, which locks its rows in its own order. The next renewal (a second later when
+-- this one passed any over) takes it if it is still leased.
 --   $1 jsonb array of {"id", "token"}   $2 lease duration in milliseconds
 WITH mine AS (
   SELECT m.id, l.token

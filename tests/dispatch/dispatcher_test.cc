@@ -530,6 +530,28 @@ TEST_F(DispatcherTest, AFailedLeaseRenewalIsTriedAgainSoon) {
   sink_->Release();
 }
 
+// A renewal passes over rows another transaction holds (renew_leases.sql: SKIP LOCKED), a
+// settle in flight as a rule, but also outbox.set_bucket_count rewriting the whole queue. What
+// it passed over is tried again a second later, not lease / 3 later: once such a rewrite
+// commits, the leases it held up are renewed before the reaper, every reap_interval_ms, finds
+// them run out (found in review).
+TEST_F(DispatcherTest, LeasesARenewalPassedOverAreTriedAgainSoon) {
+  db_.Enqueue("orders", "a");
+  Start(Config(), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
+  db_.LockRowsForRenewals(true);
+  const auto renews = db_.Calls("renew");
+  clock_.Advance(10s + 1ms);  // lease / 3: a renewal is due, and passes the row over
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("renew") > renews; }));
+  db_.LockRowsForRenewals(false);
+  const auto renewed = db_.RenewedLeases();
+  clock_.Advance(1s + 1ms);
+  EXPECT_TRUE(WaitFor([&] { return db_.RenewedLeases() > renewed; }, 5s))
+      << "not tried again until the clock moved another lease / 3";
+  sink_->Release();
+}
+
 // A stopping relay's sinks finish what they hold for up to shutdown_timeout_ms, and the settles
 // may wait for the database after that: the leases of what they hold are renewed until then
 // (review). The maintenance thread stopped at once, so a stop longer than the rest of a lease

@@ -92,6 +92,13 @@ class FakeDatabase {
     Notify();
   }
 
+  /// Another transaction holds every row (outbox.set_bucket_count rewriting the queue): a
+  /// renewal passes over them (renew_leases.sql takes them FOR UPDATE SKIP LOCKED).
+  void LockRowsForRenewals(bool locked) {
+    std::lock_guard lk(mu_);
+    rows_locked_ = locked;
+  }
+
   /// A settle that committed after a claim's snapshot (the race wake_keys.sql heals): the row
   /// leaves the queue, and the next row of its key, which that claim parked, is not woken.
   void RemoveWithoutWaking(std::int64_t id) {
@@ -279,6 +286,7 @@ class FakeDatabase {
   std::condition_variable notify_cv_;
   std::uint64_t notifications_ = 0;
   bool rebalance_ = false;  // guarded by notify_mu_
+  bool rows_locked_ = false;  // guarded by mu_
   std::chrono::microseconds cleanup_per_row_{0};  // guarded by mu_
 };
 
@@ -475,6 +483,7 @@ class FakeStore final : public QueueStore {
     std::lock_guard lk(db_.mu_);
     db_.Enter("renew");
     std::int64_t n = 0;
+    if (db_.rows_locked_) return 0;
     for (const auto& [id, token] : held) {
       const auto it = db_.rows_.find(Raw(id));
       if (it == db_.rows_.end() || it->second.lease_owner != token) continue;

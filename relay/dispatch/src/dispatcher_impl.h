@@ -185,11 +185,12 @@ struct Dispatcher::Impl {
                         const ClaimFacts& facts);
   void SettleLoop();  // settler.cc
   void RecordSettled(const std::vector<Settlement>& batch, const SettleCounts& c);
-  void ListenLoop();                                          // listener.cc
-  void MaintenanceLoop();                                     // maintenance.cc
-  void RenewHeldLeases(QueueStore& store);                    // maintenance.cc
-  void PauseAfterFailure(Millis pause);                       // maintenance.cc
-  std::map<std::string, TargetHealth> TargetHealths() const;  // of the sinks that keep one
+  void ListenLoop();                                               // listener.cc
+  void MaintenanceLoop();                                          // maintenance.cc
+  bool RenewHeldLeases(QueueStore& store);                         // maintenance.cc
+  SteadyTime NextRenewal(SteadyTime now, bool all_renewed) const;  // maintenance.cc
+  void PauseAfterFailure(Millis pause);                            // maintenance.cc
+  std::map<std::string, TargetHealth> TargetHealths() const;       // of the sinks that keep one
   void WarnAboutUnservedDestinations(QueueStore& store);
   std::set<std::string> warned_unserved;  // maintenance thread only
   void CoordinatorLoop();                 // coordinator.cc

@@ -48,10 +48,7 @@ void Dispatcher::Impl::MaintenanceLoop() {
       // another relay's reaper took them back and sent them again while they were delivered.
       winding_down = true;
       try {
-        if (now >= next_renewal) {
-          RenewHeldLeases(store);
-          next_renewal = now + config.lease / 3;
-        }
+        if (now >= next_renewal) next_renewal = NextRenewal(now, RenewHeldLeases(store));
         db.Succeeded();
       } catch (const std::exception& e) {
         PauseAfterFailure(db.Failed(store, e));
@@ -78,8 +75,8 @@ void Dispatcher::Impl::MaintenanceLoop() {
         if (woken > 0) Wake();
       }
       if (now >= next_renewal) {
-        RenewHeldLeases(store);  // failed: tried again after the reconnect pause, not lease / 3
-        next_renewal = now + config.lease / 3;
+        // Failed: tried again after the reconnect pause, not lease / 3.
+        next_renewal = NextRenewal(now, RenewHeldLeases(store));
       }
       if (now >= next_heartbeat) {
         next_heartbeat = now + tuning::kRelayHeartbeat;
@@ -141,14 +138,23 @@ void Dispatcher::Impl::PauseAfterFailure(Millis pause) {
   wake_cv.wait_for(lk, pause, [&] { return maintenance_stopping.load(); });
 }
 
-void Dispatcher::Impl::RenewHeldLeases(QueueStore& store) {
+// False when it passed over some (rows another transaction held: a settle writing them, or
+// outbox.set_bucket_count rewriting the queue).
+bool Dispatcher::Impl::RenewHeldLeases(QueueStore& store) {
   std::vector<std::pair<MessageId, std::string>> held;
   {
     std::lock_guard lk(settle_mu);
     held.reserve(held_leases.size());
     for (const auto& [id, h] : held_leases) held.emplace_back(MessageId{id}, h.token);
   }
-  if (!held.empty()) store.RenewLeases(held, config.lease);
+  if (held.empty()) return true;
+  return store.RenewLeases(held, config.lease) >= static_cast<std::int64_t>(held.size());
+}
+
+// When the renewal after one at `now` is due.
+SteadyTime Dispatcher::Impl::NextRenewal(SteadyTime now, bool all_renewed) const {
+  return now + (all_renewed ? config.lease / 3
+                            : std::min<Millis>(config.lease / 3, tuning::kRenewPassedOverRetry));
 }
 
 // Messages of destinations this relay does not serve belong to other relays (a rolling

@@ -16,6 +16,9 @@ inline constexpr Millis kRoomPoll{50};
 /// this long, in case the earlier message's settle committed while the claim ran.
 inline constexpr Millis kBlockedKeyRecheckEvery{50};
 inline constexpr Millis kBlockedKeyRecheckFor{1'000};
+/// Leases a renewal passed over (rows another transaction held) are tried again this soon,
+/// not lease / 3 later.
+inline constexpr Millis kRenewPassedOverRetry{1'000};
 /// Settler: outcomes written per statement, at most.
 inline constexpr std::size_t kSettleBatchMax = 2'000;
 // Group settling: with fewer outcomes than kSettleBatchTarget queued, the settler waits up to
