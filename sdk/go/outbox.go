@@ -74,7 +74,13 @@ type InvalidMessageError struct {
 	Message  string
 	Hint     string
 	SQLState string
+	// Err is the driver's error (a *pgconn.PgError, a *pq.Error), nil for a refusal made before
+	// the database was asked: errors.As reaches it, with its Detail and the rest.
+	Err error
 }
+
+// Unwrap gives errors.As and errors.Is the driver's error.
+func (e *InvalidMessageError) Unwrap() error { return e.Err }
 
 func (e *InvalidMessageError) Error() string {
 	if e.Hint != "" {
@@ -405,12 +411,12 @@ var refusals = map[string]bool{"22023": true, "54000": true, "23505": true, "22P
 func refused(err error) error {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && refusals[pg.Code] {
-		return &InvalidMessageError{Message: pg.Message, Hint: pg.Hint, SQLState: pg.Code}
+		return &InvalidMessageError{Message: pg.Message, Hint: pg.Hint, SQLState: pg.Code, Err: err}
 	}
 	// Another database/sql driver (lib/pq's *pq.Error has SQLState()).
 	var coded interface{ SQLState() string }
 	if errors.As(err, &coded) && refusals[coded.SQLState()] {
-		return &InvalidMessageError{Message: err.Error(), SQLState: coded.SQLState()}
+		return &InvalidMessageError{Message: err.Error(), SQLState: coded.SQLState(), Err: err}
 	}
 	return err
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgconn"
 	"github.com/jackc/pgx/v4"
 	_ "github.com/jackc/pgx/v4/stdlib" // database/sql driver "pgx"
 )
@@ -410,6 +411,19 @@ func TestBadInputIsRefusedNamingTheArgument(t *testing.T) {
 		}
 	}
 	refused(Message{Destination: "", JSON: 1}, "destination must not be empty", false)
+	// The driver's error stays reachable under the InvalidMessageError (errors.As), with what
+	// it carries beyond message and hint (Detail, Where, ...): it was replaced (found in review).
+	{
+		tx, _ := c.Begin(ctx)
+		_, err := Publish(ctx, tx, Message{Destination: "orders", JSON: 1,
+			Key: strings.Repeat("k", 1025)})
+		tx.Rollback(ctx)
+		var pgErr *pgconn.PgError
+		var invalid *InvalidMessageError
+		if !errors.As(err, &invalid) || !errors.As(err, &pgErr) || pgErr.Code != invalid.SQLState {
+			t.Errorf("want an InvalidMessageError wrapping the *pgconn.PgError, got %#v", err)
+		}
+	}
 	refused(Message{Destination: "orders", JSON: 1, Key: strings.Repeat("k", 1025)},
 		"ordering_key is 1025 bytes long, the limit is 1024", false)
 	refused(Message{Destination: "orders", JSON: 1, DeliverAfter: 400 * 24 * time.Hour},
