@@ -127,6 +127,20 @@ class WriterTest(unittest.TestCase):
         finally:
             conn.close()
 
+    def test_no_event_type_reads_the_same_in_both_calls(self):
+        # event_type=None: publish was refused by the database ("event_type must not be NULL",
+        # the transaction aborted) while publish_many stored '' (found in review). Both store
+        # no event type; what is not a str is refused naming the field, before the database.
+        with psycopg.connect(URL) as conn:
+            publish(conn, Message("orders", json={}, event_type=None))
+            publish_many(conn, [Message("orders", json={}, event_type=None)])
+        self.assertEqual([r[4] for r in self.rows()], ["", ""])
+        self.setUp()
+        for many in (False, True):
+            with self.subTest(many=many):
+                self.assertRefused(Message("orders", json={}, event_type=7),
+                                   "event type must be a str", many=many)
+
     def test_a_trace_context_given_twice_is_refused(self):
         # traceparent=/tracestate= are the headers "traceparent"/"tracestate" (C++:
         # TraceContext is two Header calls): given in headers= as well, the explicit one

@@ -59,7 +59,8 @@ class Message:
     key: Optional[str] = None
     """Ordering key: messages of one destination with the same key are delivered in order."""
     headers: Mapping[str, str] = field(default_factory=dict)
-    event_type: str = ""
+    event_type: Optional[str] = ""
+    """The event type; "" or None: none."""
     deliver_after: Union[None, _dt.datetime, _dt.timedelta] = None
     """Do not deliver before this time (aware datetime) or this long after now."""
     idempotency_key: Union[None, str, _uuid.UUID] = None
@@ -205,6 +206,9 @@ def _validate(m: Message, where: str):
                 raise InvalidMessage(f"outbox: {where}{what} {problem}")
     check(m.destination, "destination")
     check(m.key, "ordering key")
+    if m.event_type is not None and not isinstance(m.event_type, str):
+        raise InvalidMessage(f"outbox: {where}event type must be a str (or None for none), "
+                             f"not {type(m.event_type).__name__}")
     check(m.event_type, "event type")
     headers = _headers_of(m, where)
     for name, value in headers.items():
@@ -277,7 +281,8 @@ def publish(conn_or_cursor, message: Message) -> int:
     else:
         sql, payload = _ENQUEUE_JSON, json_text
     rows = _execute(conn_or_cursor, sql, (m.destination, payload, m.key, _json.dumps(headers),
-                                          m.event_type, _deliver_after(m), _key_text(m.idempotency_key)))
+                                          m.event_type or "", _deliver_after(m),
+                                          _key_text(m.idempotency_key)))
     return rows[0][0]
 
 
@@ -287,7 +292,8 @@ def publish_many(conn_or_cursor, messages: Iterable[Message]) -> list:
     batch = []
     for i, m in enumerate(messages):
         headers, json_text = _validate(m, f"message {i}: ")
-        e: dict = {"destination": m.destination, "headers": headers, "event_type": m.event_type}
+        e: dict = {"destination": m.destination, "headers": headers,
+                   "event_type": m.event_type or ""}
         if m.data is not None:
             e["payload_base64"] = base64.b64encode(bytes(m.data)).decode("ascii")
         if m.key is not None:
