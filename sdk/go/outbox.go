@@ -321,7 +321,9 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 		}
 		traceparent, tracestate := m.TraceParent, m.TraceState
 		if traceparent == "" && TraceContextFrom != nil {
-			if _, given := m.Headers["traceparent"]; !given {
+			_, parent := m.Headers["traceparent"]
+			_, state := m.Headers["tracestate"]
+			if !parent && !state {
 				traceparent, tracestate = TraceContextFrom(ctx)
 			}
 		}

@@ -369,6 +369,8 @@ func TestATraceContextGivenTwiceIsRefused(t *testing.T) {
 		{Destination: "orders", JSON: 1, Headers: map[string]string{"traceparent": traceparent}},
 		{Destination: "orders", JSON: 2, TraceParent: traceparent},
 		{Destination: "orders", JSON: 3},
+		// A tracestate header of its own: the span's did not replace it (found in review).
+		{Destination: "orders", JSON: 4, Headers: map[string]string{"tracestate": "mine=1"}},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -376,6 +378,9 @@ func TestATraceContextGivenTwiceIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := rows(t, c)
+	if len(got) != 4 || len(got[3].headers) != 1 || got[3].headers["tracestate"] != "mine=1" {
+		t.Errorf("a tracestate header of its own: %v", got[len(got)-1].headers)
+	}
 	if len(got[0].headers) != 1 || got[0].headers["traceparent"] != traceparent ||
 		len(got[1].headers) != 1 || got[1].headers["traceparent"] != traceparent ||
 		got[2].headers["traceparent"] != other || got[2].headers["tracestate"] != "otel=1" {

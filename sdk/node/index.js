@@ -189,7 +189,7 @@ function element(m, i) {
     }
     headers.traceparent = m.traceparent;
     if (m.tracestate) headers.tracestate = m.tracestate;
-  } else if (!('traceparent' in headers)) {
+  } else if (!('traceparent' in headers) && !('tracestate' in headers)) {
     Object.assign(headers, currentTraceContext());
   }
   for (const [name, value] of Object.entries(headers)) {

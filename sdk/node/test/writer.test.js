@@ -170,6 +170,8 @@ test('a trace context given twice is refused before the database is asked', { sk
         { destination: 'orders', json: 1, headers: { traceparent: TRACEPARENT } },
         { destination: 'orders', json: 2, traceparent: TRACEPARENT },
         { destination: 'orders', json: 3 },
+        // A tracestate header of its own: the provider's did not replace it (found in review).
+        { destination: 'orders', json: 4, headers: { tracestate: 'mine=1' } },
       ]);
       await c.query('COMMIT');
     });
@@ -177,7 +179,8 @@ test('a trace context given twice is refused before the database is asked', { sk
     setTraceContextProvider(null);
   }
   assert.deepEqual((await rows()).map((r) => r.headers), [
-    { traceparent: TRACEPARENT }, { traceparent: TRACEPARENT }, { traceparent: other, tracestate: 'otel=1' }]);
+    { traceparent: TRACEPARENT }, { traceparent: TRACEPARENT }, { traceparent: other, tracestate: 'otel=1' },
+    { tracestate: 'mine=1' }]);
 });
 
 test('bad input is refused naming the argument, nothing half-written', { skip }, async () => {

@@ -177,8 +177,11 @@ class WriterTest(unittest.TestCase):
             publish(conn, Message("orders", json={}, headers={"traceparent": TRACEPARENT}))
             publish(conn, Message("orders", json={}, traceparent=TRACEPARENT))
             publish(conn, Message("orders", json={}))
+            # A tracestate header of its own: the span's did not replace it (found in review).
+            publish(conn, Message("orders", json={}, headers={"tracestate": "mine=1"}))
         self.assertEqual([r[5] for r in self.rows()],
-                         [{"traceparent": TRACEPARENT}, {"traceparent": TRACEPARENT}, otel])
+                         [{"traceparent": TRACEPARENT}, {"traceparent": TRACEPARENT}, otel,
+                          {"tracestate": "mine=1"}])
 
     def test_a_message_needs_exactly_one_payload(self):
         with self.assertRaises(InvalidMessage):

@@ -107,7 +107,7 @@ def _headers_of(m: Message, where: str = "") -> dict:
     """The message's headers with its trace context. traceparent=/tracestate= are the headers
     "traceparent"/"tracestate", so giving one in headers= as well is a header set twice
     (refused, as by the C++ SDK). OpenTelemetry's context is used only when the message has
-    neither a traceparent header nor traceparent=."""
+    no traceparent=, nor a traceparent or tracestate header."""
     headers = dict(m.headers)
     trace = {}
     if m.traceparent is not None:
@@ -119,7 +119,7 @@ def _headers_of(m: Message, where: str = "") -> dict:
                 raise InvalidMessage(
                     f'outbox: {where}header "{name}" is set twice (in headers= and as {name}=); '
                     "set each header once")
-    elif "traceparent" not in headers:
+    elif "traceparent" not in headers and "tracestate" not in headers:
         trace = current_trace_context()
     headers.update(trace)
     return headers

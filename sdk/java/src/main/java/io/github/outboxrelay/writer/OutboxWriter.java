@@ -114,7 +114,7 @@ public final class OutboxWriter {
     if (m.traceparent != null && !m.traceparent.isEmpty()) {
       headers.put("traceparent", m.traceparent);
       if (m.tracestate != null && !m.tracestate.isEmpty()) headers.put("tracestate", m.tracestate);
-    } else if (!headers.containsKey("traceparent")) {
+    } else if (!headers.containsKey("traceparent") && !headers.containsKey("tracestate")) {
       Map<String, String> trace = traceContextProvider.get();
       if (trace != null) headers.putAll(trace);
     }

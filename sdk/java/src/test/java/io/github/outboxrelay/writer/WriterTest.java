@@ -223,7 +223,9 @@ public final class WriterTest {
       OutboxWriter.publishMany(c, List.of(
           OutboxMessage.to("orders").json("1").header("traceparent", TRACEPARENT).build(),
           OutboxMessage.to("orders").json("2").traceContext(TRACEPARENT, null).build(),
-          OutboxMessage.to("orders").json("3").build()));
+          OutboxMessage.to("orders").json("3").build(),
+          // A tracestate header of its own: the provider's did not replace it (review).
+          OutboxMessage.to("orders").json("4").header("tracestate", "mine=1").build()));
       c.commit();
     } finally {
       OutboxWriter.setTraceContextProvider(null);
@@ -234,6 +236,8 @@ public final class WriterTest {
     check(mine.equals(got.get(1).get("headers")), "traceContext: " + got.get(1).get("headers"));
     check(("{\"tracestate\": \"otel=1\", \"traceparent\": \"" + other + "\"}").equals(got.get(2).get("headers")),
         "provided: " + got.get(2).get("headers"));
+    check("{\"tracestate\": \"mine=1\"}".equals(got.get(3).get("headers")),
+        "a tracestate header of its own: " + got.get(3).get("headers"));
   }
 
   static void refused(OutboxMessage m, String text, boolean many) throws Exception {
