@@ -239,6 +239,21 @@ class DispatcherTest : public ::testing::Test {
     if (dispatcher_) dispatcher_->Stop();
   }
 
+  // Ten messages delivered; a few idle polls later the cursor stands past id 10 (it moves a
+  // claim behind what the claims saw); then a row with id 3 appears (its id was taken long
+  // before it committed), below the fresh lane's cursor, and the lane passes it by.
+  void LeaveARowBelowTheCursor() {
+    for (int i = 0; i < 10; ++i) db_.Enqueue("orders", std::nullopt);
+    Start(Config(), DeliverAll);
+    ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == 10u; }));
+    auto claims = db_.Calls("claim");
+    ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 3; }));
+    db_.EnqueueLate("orders", 3);
+    claims = db_.Calls("claim");
+    ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 5; }));
+    ASSERT_EQ(db_.Queued(), 1u) << "below the cursor";
+  }
+
   // Ten messages of one key, leased by a claim whose reply was lost; handing them back fails
   // until db_.Heal("release_lost_claims").
   void StartWithALostClaimNotHandedBackYet() {
@@ -725,18 +740,8 @@ TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackWhenTheRelayStops) {
 }
 
 TEST_F(DispatcherTest, TheFullSweepFindsARowTheLaneHadPassedAndCountsIt) {
-  for (int i = 0; i < 10; ++i) db_.Enqueue("orders", std::nullopt);
-  Start(Config(), DeliverAll);
-  ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == 10u; }));
-  // A few idle polls later the cursor stands past id 10 (it moves a claim behind what the
-  // claims saw); a row with id 3 appears (its id was taken long before it committed). The
-  // lane never looks below its cursor again ...
-  auto claims = db_.Calls("claim");
-  ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 3; }));
-  db_.EnqueueLate("orders", 3);
-  claims = db_.Calls("claim");
-  ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 5; }));
-  EXPECT_EQ(db_.Queued(), 1u);
+  // The lane never looks below its cursor again ...
+  ASSERT_NO_FATAL_FAILURE(LeaveARowBelowTheCursor());
   EXPECT_EQ(dispatcher_->stats().sweep_found, 0);
   // ... until the full sweep interval has passed on the clock.
   clock_.Advance(30s);
@@ -751,15 +756,7 @@ TEST_F(DispatcherTest, TheFullSweepFindsARowTheLaneHadPassedAndCountsIt) {
 // loop starts its lane over then, in either claim mode. Here the row below the cursor stands
 // for that backlog.
 TEST_F(DispatcherTest, ARebalanceStartsTheFreshLaneOver) {
-  for (int i = 0; i < 10; ++i) db_.Enqueue("orders", std::nullopt);
-  Start(Config(), DeliverAll);
-  ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == 10u; }));
-  auto claims = db_.Calls("claim");
-  ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 3; }));
-  db_.EnqueueLate("orders", 3);
-  claims = db_.Calls("claim");
-  ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim") > claims + 3; }));
-  ASSERT_EQ(db_.Queued(), 1u) << "below the cursor";
+  ASSERT_NO_FATAL_FAILURE(LeaveARowBelowTheCursor());
   db_.NotifyRebalance();
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }, 5s)) << "left for the full sweep";
   EXPECT_EQ(dispatcher_->stats().sweep_found, 0) << "not a miss of the lane";
