@@ -258,6 +258,19 @@ TEST_F(ManagementApiTest, BadInputIsA4xxNamingTheFieldAndWritesNothing) {
     SCOPED_TRACE(c.body);
     ExpectError(Post("/v1/endpoints", c.body), c.status, c.code, c.field);
   }
+  // A secret or a header name of 200 KB: std::regex matched them recursing once per character
+  // and overflowed the thread's stack, which killed the relay (found in review).
+  const std::string big(200'000, 'A');
+  ExpectError(Post("/v1/endpoints",
+                   R"({"destination": "d", "url": "https://x", "secret": "whsec_)" + big + R"("})"),
+              400, "invalid_field", "secret");
+  ExpectError(Post("/v1/endpoints/one/rotate-secret", R"({"secret": "whsec_)" + big + R"("})"), 400,
+              "invalid_field", "secret");
+  ExpectError(Post("/v1/endpoints", R"({"destination": "d", "url": "https://x", "headers": {")" +
+                                        big + R"(": "v"}})"),
+              400, "invalid_field", "headers");
+  ExpectError(Patch("/v1/endpoints/one", R"({"headers": {")" + big + R"(": "v"}})"), 400,
+              "invalid_field", "headers");
   ExpectError(Patch("/v1/endpoints/one", R"({"url": "nope"})"), 400, "invalid_field", "url");
   ExpectError(Patch("/v1/endpoints/one", R"({"secret": "whsec_AAAA"})"), 400, "invalid_field",
               "secret");

@@ -2,12 +2,15 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
+#include <cctype>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <regex>
 #include <stdexcept>
+#include <string_view>
 
 #include "outbox_relay/config.h"
 #include "outbox_relay/webhook_url.h"
@@ -101,14 +104,29 @@ namespace {
 // What the webhook sink decodes (webhook_detail::DecodeBase64): padding only to a whole
 // group, and no group of one character, which cannot make a byte. A secret the sink cannot
 // decode made the endpoint unusable and dead-lettered its messages (review).
+// Matched by hand, not with std::regex: libstdc++'s matcher recurses once per character, and a
+// 200 KB secret sent to the management API overflowed the thread's stack and killed the relay
+// (review). A real secret is a few dozen characters.
+constexpr std::size_t kMaxSecretChars = 1024;
+constexpr std::size_t kMaxHeaderNameChars = 255;  // as the SDKs' and the config's
+
 bool ValidSecret(const std::string& s) {
-  static const std::regex re("^(whsec|whsk)_[A-Za-z0-9+/]+={0,2}$");
-  if (!std::regex_match(s, re)) return false;
-  const std::string encoded = s.substr(s.find('_') + 1);
-  const std::size_t data =
-      encoded.find('=') == std::string::npos ? encoded.size() : encoded.find('=');
-  if (data < encoded.size() && encoded.size() % 4 != 0) return false;
-  return data % 4 != 1;
+  if (s.size() > kMaxSecretChars) return false;
+  const std::size_t underscore = s.find('_');
+  if (underscore == std::string::npos) return false;
+  const std::string_view prefix(s.data(), underscore);
+  if (prefix != "whsec" && prefix != "whsk") return false;
+  const std::string encoded = s.substr(underscore + 1);
+  const std::size_t padding_at = encoded.find('=');
+  const std::size_t body = padding_at == std::string::npos ? encoded.size() : padding_at;
+  if (body == 0 || encoded.size() - body > 2) return false;
+  for (std::size_t i = 0; i < encoded.size(); ++i) {
+    const auto c = static_cast<unsigned char>(encoded[i]);
+    const bool base64 = std::isalnum(c) != 0 || c == '+' || c == '/';
+    if (i < body ? !base64 : c != '=') return false;
+  }
+  if (body < encoded.size() && encoded.size() % 4 != 0) return false;
+  return body % 4 != 1;
 }
 
 void CheckId(const std::string& id) {
@@ -171,8 +189,17 @@ json Changes(const EndpointFields& f) {
   }
   if (f.headers) {
     for (const auto& [k, v] : *f.headers) {
-      static const std::regex token("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$");
-      if (!std::regex_match(k, token)) {
+      const bool token = !k.empty() && std::all_of(k.begin(), k.end(), [](char ch) {
+        const auto u = static_cast<unsigned char>(ch);
+        return std::isalnum(u) != 0 ||
+               std::string_view("!#$%&'*+.^_`|~-").find(ch) != std::string_view::npos;
+      });
+      if (k.size() > kMaxHeaderNameChars) {
+        throw InvalidField("headers", "a header name is " + std::to_string(k.size()) +
+                                          " characters long, the limit is " +
+                                          std::to_string(kMaxHeaderNameChars));
+      }
+      if (!token) {
         throw InvalidField("headers", "header name \"" + k + "\" is not a valid HTTP field name");
       }
       for (const char ch : v) {
@@ -274,6 +301,12 @@ std::string PublicKeyOf(EVP_PKEY* key) {
 RotatedKey KeyToStore(const std::optional<std::string>& given, const std::string& kind) {
   RotatedKey k;
   if (given) {
+    if (given->size() > kMaxSecretChars) {
+      throw InvalidField("secret", "secret is " + std::to_string(given->size()) +
+                                       " characters long, the limit is " +
+                                       std::to_string(kMaxSecretChars) +
+                                       "; a Standard Webhooks key is a few dozen");
+    }
     if (!ValidSecret(*given)) {
       throw InvalidField("secret",
                          "secret must be a Standard Webhooks key: \"whsec_\" + base64 (HMAC) or "
