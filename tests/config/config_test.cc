@@ -1388,6 +1388,25 @@ TEST(WebhookSecrets, NoErrorEverEchoesSecretMaterial) {
     EXPECT_TRUE(Lacks(message, secret_body)) << yaml;
     EXPECT_TRUE(Lacks(message, password)) << yaml;
   }
+  // A secret pasted into a *_env key that happens to be a valid variable name (letters, digits,
+  // _): "environment variable Xk9mP2qR7vL4 is not set" printed it twice (found in review).
+  for (const std::string& pasted :
+       {std::string("Xk9mP2qR7vL4"), std::string("e3b0c44298fc1c149afbf4c8996fb92427ae41e4")}) {
+    for (const std::string& yaml :
+         {WithWebhook("      secret_env: " + pasted + "\n"),
+          WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n"
+                    "        sasl.password_env: " +
+                    pasted + "\n")}) {
+      const std::string message = ErrorOf(yaml, MapEnv({}));
+      EXPECT_FALSE(message.empty()) << yaml;
+      EXPECT_TRUE(Lacks(message, pasted)) << message;
+      EXPECT_NE(message.find("is not set"), std::string::npos) << message;
+    }
+  }
+  // A conventional name is still named.
+  EXPECT_NE(ErrorOf(WithWebhook("      secret_env: HOOK_SECRET\n"), MapEnv({}))
+                .find("environment variable HOOK_SECRET is not set"),
+            std::string::npos);
 }
 
 TEST(WebhookSecretKey, DecodesTheBase64AfterThePrefix) {

@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -75,14 +77,25 @@ std::string ReadEnvReference(const Field& field, const EnvLookup& env) {
          "value given is not one; put the variable's name here, or the value itself under the key "
          "without the `_env` suffix");
   }
+  // Still, a secret made of letters, digits and _ passes that check (a hex token, say): the
+  // name is repeated only when it is written as variable names are, in capitals.
+  const bool conventional = std::none_of(name.begin(), name.end(), [](char c) {
+    return std::islower(static_cast<unsigned char>(c)) != 0;
+  });
+  const std::string named = conventional ? name : "the variable named here";
   auto value = Lookup(env, name);
   if (!value) {
-    Fail(field,
-         "environment variable " + name + " is not set; export " + name +
-             " in the relay's environment, or change the key to name a variable that is set");
+    Fail(field, "environment variable " + (conventional ? name : "named here") +
+                    " is not set; export " + named +
+                    " in the relay's environment, or change the key to name a variable that is "
+                    "set" +
+                    (conventional ? std::string()
+                                  : " (the name has lowercase letters, so it is not repeated: "
+                                    "it may be a secret put in the `_env` key by mistake)"));
   }
   if (value->empty()) {
-    Fail(field, "environment variable " + name + " is set but empty; give " + name + " a value");
+    Fail(field, "environment variable " + (conventional ? name : "named here") +
+                    " is set but empty; give " + named + " a value");
   }
   return *value;
 }
