@@ -1,6 +1,7 @@
 // Reads a destination's `kafka:` section (docs/configuration.md, "Kafka").
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <optional>
@@ -118,6 +119,24 @@ void ValidateTopic(const Field& field, const std::string& topic) {
   if (!problem.empty()) Fail(field, problem);
 }
 
+// Digits, with a sign and a decimal fraction at most (linger.ms takes one), and no leading
+// zero (which librdkafka reads as octal).
+bool PlainNumber(const std::string& text) {
+  const std::size_t start = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  const std::string_view number = std::string_view(text).substr(start);
+  const std::size_t point = number.find('.');
+  const std::string_view whole = number.substr(0, point);
+  const std::string_view fraction =
+      point == std::string_view::npos ? std::string_view() : number.substr(point + 1);
+  const auto digits = [](std::string_view d) {
+    return !d.empty() && std::all_of(d.begin(), d.end(), [](char c) {
+      return std::isdigit(static_cast<unsigned char>(c)) != 0;
+    });
+  };
+  if (!digits(whole) || (whole.size() > 1 && whole[0] == '0')) return false;
+  return point == std::string_view::npos || digits(fraction);
+}
+
 std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLookup& env) {
   std::map<std::string, std::string> properties;
   std::map<std::string, std::string> written_as;  // property -> key that set it
@@ -183,6 +202,16 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
                "under lease_ms, e.g. `" +
                property +
                ": 20000`, or remove the key (an attempt then gets 2/3 of lease_ms, at most 30000)");
+    }
+    // librdkafka reads an integer's leading digits in base 0 and drops the rest: "30s" is 30,
+    // "010" 8, "1e3" 1, all taken without a word. A duration is written in plain digits.
+    if (property.ends_with(".ms") && !PlainNumber(value)) {
+      const auto read = kafka_detail::LibrdkafkaInteger(value);
+      Fail(value_field, (from == From::kValue ? "\"" + value + "\"" : std::string("its value")) +
+                            " is not a whole number of milliseconds" +
+                            (read ? " (librdkafka would read it as " + std::to_string(*read) + ")"
+                                  : std::string()) +
+                            "; write the milliseconds in digits, e.g. `" + property + ": 30000`");
     }
     properties.emplace(property, std::move(value));
   }
