@@ -773,6 +773,22 @@ TEST(EnvOverrides, DatabaseUrlFromEnvAloneIsEnough) {
   EXPECT_EQ(config.database_url, "postgresql://relay:pw@db/app");
 }
 
+// A value from the environment keeps no trailing newline, as one read from a file does not:
+// a Kubernetes Secret made with `echo url | base64` ends in one, and libpq took the database
+// "app\n", which does not exist, while check-config said ok (found in review).
+TEST(EnvOverrides, ATrailingNewlineIsNotPartOfTheValue) {
+  const std::string yaml =
+      "destinations: {orders: {kafka: {brokers: k:9092, topic: o, producer: "
+      "{sasl.password_env: KAFKA_PASSWORD}}}}\n";
+  const RelayConfig config =
+      ParseConfig(yaml, "cfg.yaml",
+                  MapEnv({{"OUTBOX_DATABASE_URL", "postgresql://relay:pw@db/app\n"},
+                          {"KAFKA_PASSWORD", "s3cret\r\n"}}));
+  EXPECT_EQ(config.database_url, "postgresql://relay:pw@db/app");
+  EXPECT_EQ(config.destinations.at("orders").target.Get<KafkaTarget>().producer.at("sasl.password"),
+            "s3cret");
+}
+
 TEST(EnvOverrides, BadOverrideNamesTheVariableAndTheKey) {
   const std::string message = ErrorOf(Minimal(), MapEnv({{"OUTBOX_BATCH_SIZE", "lots"}}));
   EXPECT_TRUE(Contains(message, "environment variable OUTBOX_BATCH_SIZE"));

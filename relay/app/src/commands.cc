@@ -14,6 +14,7 @@
 #include "build_info.h"
 #include "outbox_relay/admin_server.h"
 #include "outbox_relay/config.h"
+#include "outbox_relay/config_sources.h"
 #include "outbox_relay/dead_letters.h"
 #include "outbox_relay/dispatcher.h"
 #include "outbox_relay/kafka_sink.h"
@@ -293,7 +294,10 @@ std::string DatabaseUrlFor(const std::string& flag, const std::string& config_pa
       return "";
     }
   }
-  if (auto url = ProcessEnv()("OUTBOX_DATABASE_URL"); url && !url->empty()) return *url;
+  if (auto url = ProcessEnv()("OUTBOX_DATABASE_URL")) {
+    // As the config reads it: no trailing newline (a Secret made with `echo ... | base64`).
+    if (std::string trimmed = cfg::TrimTrailingNewlines(*url); !trimmed.empty()) return trimmed;
+  }
   Fail("no database: pass --config relay.yaml or --database-url, or set OUTBOX_DATABASE_URL");
   return "";
 }

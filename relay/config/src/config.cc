@@ -70,9 +70,11 @@ void CheckIntRange(const IntSetting& s) {
 
 std::string EnvOrigin(const char* name) { return std::string("environment variable ") + name; }
 
-// An OUTBOX_* override; an empty variable counts as unset.
+// An OUTBOX_* override; an empty variable counts as unset. Trailing newlines are no part of
+// it, as of a value read from a file (a Secret made with `echo ... | base64` ends in one).
 std::optional<std::string> Override(const EnvLookup& env, const char* name) {
   auto value = cfg::Lookup(env, name);
+  if (value) value = cfg::TrimTrailingNewlines(std::move(*value));
   if (!value || value->empty()) return std::nullopt;
   return value;
 }

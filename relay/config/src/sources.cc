@@ -84,6 +84,7 @@ std::string ReadEnvReference(const Field& field, const EnvLookup& env) {
   });
   const std::string named = conventional ? name : "the variable named here";
   auto value = Lookup(env, name);
+  if (value) value = TrimTrailingNewlines(std::move(*value));  // as a file's value
   if (!value) {
     Fail(field, "environment variable " + (conventional ? name : "named here") +
                     " is not set; export " + named +
