@@ -89,4 +89,35 @@ WebhookUrl ParseWebhookUrl(const std::string& url) {
   return out;
 }
 
+std::string OwnedWebhookHeader(const std::string& name) {
+  struct Owned {
+    std::string_view name;  // lowercase
+    std::string_view why;
+  };
+  static constexpr Owned kOwned[] = {
+      {"idempotency-key", "the relay sets it to the message's idempotency key"},
+      {"content-type",
+       "the relay sets it from the message (application/json or application/octet-stream)"},
+      {"content-length", "the HTTP client sets it from the body"},
+      {"host", "the HTTP client sets it from `url`"},
+      {"connection", "the HTTP client manages connections"},
+      {"keep-alive", "the HTTP client manages connections"},
+      {"proxy-connection", "the HTTP client manages connections"},
+      {"transfer-encoding", "the HTTP client sets it"},
+      {"te", "the HTTP client sets it"},
+      {"trailer", "the HTTP client sets it"},
+      {"upgrade", "the HTTP client sets it"},
+      {"expect", "the HTTP client sets it"},
+  };
+  const std::string lower = Lower(name);
+  if (lower.starts_with("webhook-")) {
+    return "the relay signs every delivery with the Standard Webhooks headers (webhook-id, "
+           "webhook-timestamp, webhook-signature) and reserves the `webhook-` prefix";
+  }
+  for (const auto& owned : kOwned) {
+    if (lower == owned.name) return std::string(owned.why);
+  }
+  return "";
+}
+
 }  // namespace outbox::relay

@@ -202,6 +202,10 @@ json Changes(const EndpointFields& f) {
       if (!token) {
         throw InvalidField("headers", "header name \"" + k + "\" is not a valid HTTP field name");
       }
+      // The webhook sink would skip it at every delivery: refused, as the config refuses it.
+      if (const std::string why = OwnedWebhookHeader(k); !why.empty()) {
+        throw InvalidField("headers", "header " + k + " cannot be set: " + why + "; remove it");
+      }
       for (const char ch : v) {
         const auto u = static_cast<unsigned char>(ch);
         if ((u < 0x20 && u != '\t') || u == 0x7F) {

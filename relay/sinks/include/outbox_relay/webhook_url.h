@@ -18,4 +18,10 @@ struct WebhookUrl {
 /// credentials, no spaces or control characters.
 WebhookUrl ParseWebhookUrl(const std::string& url);
 
+/// Why a webhook's own header `name` (any case) cannot be set, or "" when it can: the relay
+/// signs with the Standard Webhooks headers (the `webhook-` prefix is reserved) and sets the
+/// idempotency key and content type, the HTTP client the framing headers. The sink skips such
+/// headers; the config and the endpoint registry refuse them with this reason.
+std::string OwnedWebhookHeader(const std::string& name);
+
 }  // namespace outbox::relay

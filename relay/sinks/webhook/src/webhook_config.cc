@@ -117,28 +117,6 @@ bool IsHeaderNameChar(char c) {
   return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
 }
 
-struct OwnedHeader {
-  std::string_view name;  // lowercase
-  std::string_view why;
-};
-
-// The webhook sink sets these itself (and skips configured ones), so refuse them up front.
-constexpr std::array<OwnedHeader, 12> kOwnedHeaders = {{
-    {"idempotency-key", "the relay sets it to the message's idempotency key"},
-    {"content-type",
-     "the relay sets it from the message (application/json or application/octet-stream)"},
-    {"content-length", "the HTTP client sets it from the body"},
-    {"host", "the HTTP client sets it from `url`"},
-    {"connection", "the HTTP client manages connections"},
-    {"keep-alive", "the HTTP client manages connections"},
-    {"proxy-connection", "the HTTP client manages connections"},
-    {"transfer-encoding", "the HTTP client sets it"},
-    {"te", "the HTTP client sets it"},
-    {"trailer", "the HTTP client sets it"},
-    {"upgrade", "the HTTP client sets it"},
-    {"expect", "the HTTP client sets it"},
-}};
-
 std::map<std::string, std::string> ReadHeaders(const Field& field) {
   std::map<std::string, std::string> headers;
   std::map<std::string, std::string> by_lowercase;
@@ -148,15 +126,9 @@ std::map<std::string, std::string> ReadHeaders(const Field& field) {
            "is not a valid HTTP header name; use letters, digits and `-`, e.g. `X-Team: billing`");
     }
     const std::string lower = Lowercase(name);
-    if (lower.starts_with("webhook-")) {
-      Fail(value_field,
-           "cannot be set here: the relay signs every delivery with the Standard Webhooks headers "
-           "(webhook-id, webhook-timestamp, webhook-signature) and reserves the `webhook-` prefix; "
-           "remove it or choose another name");
-    }
-    for (const auto& owned : kOwnedHeaders) {
-      if (lower == owned.name)
-        Fail(value_field, "cannot be set here: " + std::string(owned.why) + "; remove it");
+    if (const std::string why = OwnedWebhookHeader(name); !why.empty()) {
+      Fail(value_field, "cannot be set here: " + why + "; remove it" +
+                            (lower.starts_with("webhook-") ? " or choose another name" : ""));
     }
     if (auto it = by_lowercase.find(lower); it != by_lowercase.end()) {
       Fail(value_field,
