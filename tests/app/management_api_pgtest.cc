@@ -271,6 +271,11 @@ TEST_F(ManagementApiTest, BadInputIsA4xxNamingTheFieldAndWritesNothing) {
               400, "invalid_field", "headers");
   ExpectError(Patch("/v1/endpoints/one", R"({"headers": {")" + big + R"(": "v"}})"), 400,
               "invalid_field", "headers");
+  // A key of the other kind: the HMAC endpoint silently became an ed25519 one, and once the
+  // overlap ended its receivers' HMAC checks failed (found in review).
+  ExpectError(Post("/v1/endpoints/one/rotate-secret",
+                   R"({"secret": "whsk_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="})"),
+              400, "invalid_field", "secret");
   // Headers the relay or the HTTP client sets: accepted and stored, then skipped by the sink at
   // every delivery, so the caller was told it worked (found in review). The config refused them.
   for (const char* owned : {"Host", "webhook-signature", "Content-Length", "idempotency-key"}) {

@@ -570,6 +570,14 @@ RotatedKey RotateEndpointSecret(Store& store, const std::string& id, std::chrono
         "ORDER BY created_at DESC LIMIT 1",
         id);
     const bool ed25519 = !newest.empty() && newest[0][0].as<bool>();
+    if (secret && secret->starts_with("whsk_") != ed25519) {
+      throw InvalidField("secret", std::string("the endpoint signs with ") +
+                                       (ed25519 ? "ed25519 (whsk_ keys)" : "HMAC (whsec_ keys)") +
+                                       ", and a rotated secret must be of its kind, or its "
+                                       "receivers' checks fail once the overlap ends; give a " +
+                                       (ed25519 ? "whsk_" : "whsec_") +
+                                       " key, or add a new endpoint to change the kind");
+    }
     const RotatedKey key = KeyToStore(secret, ed25519 ? "ed25519" : "hmac");
     // Secrets that sign now stop after the overlap; those already expired are dropped.
     tx.exec_params(
