@@ -474,8 +474,10 @@ TEST_F(RelayProcessTest, CheckConfigRefusesExactlyWhatRunRefuses) {
     std::string name, yaml, message;
   };
   const std::vector<Case> cases = {
-      {"bad-kafka-property", Yaml(db_url_, {{"linger.ms", "not-a-number"}}),
-       "invalid producer property \"linger.ms\""},
+      {"bad-kafka-property", Yaml(db_url_, {{"compression.type", "not-a-codec"}}),
+       "invalid producer property \"compression.type\""},
+      {"kafka-duration-with-a-unit", Yaml(db_url_, {{"linger.ms", "5s"}}),
+       "linger.ms: \"5s\" is not a whole number of milliseconds"},
       {"webhook-credentials",
        "database_url: \"" + db_url_ +
            "\"\n"

@@ -113,7 +113,7 @@ ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
     if (auto it = props.find("socket.timeout.ms"); it != props.end()) {
       if (const auto ms = LibrdkafkaInteger(it->second); ms && *ms > timeout + 100) {
         Invalid(destination, "producer property \"socket.timeout.ms\" is " + std::to_string(*ms) +
-                                 "; with `delivery: exactly_once` it must " + "be at most " +
+                                 "; with `delivery: exactly_once` it must be at most " +
                                  std::to_string(timeout + 100) + " (the transaction timeout, " +
                                  std::to_string(timeout) +
                                  " ms: 2/3 of lease_ms, at most 30 s, or an explicit "

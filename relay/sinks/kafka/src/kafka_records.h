@@ -33,9 +33,8 @@ std::optional<long long> LibrdkafkaInteger(const std::string& value);
 /// librdkafka's own parser. With `transactional_id`, a transactional producer whose
 /// transactions must end within the target's attempt timeout, or its explicit
 /// message.timeout.ms (delivery.timeout.ms) where that is longer (the config fits either
-/// inside the lease). The one check of a Kafka
-/// target: both sinks and check-config come here. Throws std::invalid_argument naming the
-/// destination and the property.
+/// inside the lease). The one check of a Kafka target: both sinks and check-config come
+/// here. Throws std::invalid_argument naming the destination and the property.
 ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
                      const std::string* transactional_id);
 
