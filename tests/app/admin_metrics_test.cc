@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -495,6 +496,36 @@ TEST(RelayMetrics, UpdateFromStatusSetsAndDropsSeries) {
   EXPECT_EQ(text.find("destination=\"a\""), std::string::npos) << "a left the snapshot";
   EXPECT_TRUE(Has(text, "outbox_queue_depth{destination=\"b\"} 0"));
   EXPECT_TRUE(Has(text, "outbox_oldest_transaction_age_seconds 0"));
+}
+
+// Past 1,000 destinations the queue gauges share one `_overflow` series, summed (ages: the
+// oldest). It was removed again at the end of every update, as a label set no destination has,
+// so those destinations exported nothing and their alerts could not fire (found in review).
+TEST(RelayMetrics, DestinationsPastTheSeriesLimitShareTheOverflowSeries) {
+  RelayMetrics m("dev");
+  StatusSnapshot s;
+  for (int i = 0; i < 1002; ++i) {
+    DestinationStatus d;
+    char name[16];
+    std::snprintf(name, sizeof name, "d%04d", i);
+    d.destination = name;
+    d.depth = 1;
+    d.oldest_pending_age_seconds = i;
+    s.destinations.push_back(d);
+  }
+  for (int round = 0; round < 2; ++round) {
+    m.UpdateFromStatus(s);
+    const auto text = m.Render();
+    EXPECT_TRUE(Has(text, "outbox_queue_depth{destination=\"d0000\"} 1")) << round;
+    EXPECT_TRUE(Has(text, "outbox_queue_depth{destination=\"d0999\"} 1")) << round;
+    EXPECT_EQ(text.find("destination=\"d1000\""), std::string::npos) << round;
+    EXPECT_TRUE(Has(text, "outbox_queue_depth{destination=\"_overflow\"} 2")) << round;
+    EXPECT_TRUE(Has(text, "outbox_oldest_pending_age_seconds{destination=\"_overflow\"} 1001"))
+        << round;
+  }
+  s.destinations.resize(3);
+  m.UpdateFromStatus(s);
+  EXPECT_EQ(m.Render().find("_overflow"), std::string::npos) << "none past the limit any more";
 }
 
 TEST(RelayMetrics, EveryNameFollowsConventions) {

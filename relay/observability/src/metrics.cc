@@ -383,10 +383,24 @@ void RelayMetrics::SetReadyCallback(std::function<bool()> fn) {
 void RelayMetrics::ClearReadyCallback() { relay_ready.Remove({}); }
 
 void RelayMetrics::UpdateFromStatus(const StatusSnapshot& s) {
+  // The first kDefaultMaxSeries destinations by name have series of their own; the rest share
+  // the overflow series, summed (ages: the oldest). Series of destinations gone, or past the
+  // limit, are dropped first, so each family then holds exactly the destinations kept and the
+  // overflow label set reaches the overflow series. (Dropped after setting, the overflow
+  // series went too: no destination has its label set.)
+  std::vector<const DestinationStatus*> by_name;
+  for (const auto& d : s.destinations) by_name.push_back(&d);
+  std::sort(by_name.begin(), by_name.end(),
+            [](const auto* a, const auto* b) { return a->destination < b->destination; });
+  const std::size_t kept = std::min(by_name.size(), metrics::kDefaultMaxSeries);
   std::set<LabelValues> present;
-  for (const auto& d : s.destinations) {
-    const auto l = L(d.destination);
-    present.insert(l);
+  for (std::size_t i = 0; i < kept; ++i) present.insert(L(by_name[i]->destination));
+  const auto gone = [&](const LabelValues& l) { return present.count(l) == 0; };
+  for (auto* f : {&queue_depth, &oldest_pending_age_seconds, &in_flight, &retrying, &blocked,
+                  &dead_letters, &destination_relays, &destination_paused, &unserved_oldest_age}) {
+    f->RemoveIf(gone);
+  }
+  const auto set = [&](const LabelValues& l, const DestinationStatus& d) {
     queue_depth.Labels(l).Set(static_cast<double>(d.depth));
     oldest_pending_age_seconds.Labels(l).Set(d.oldest_pending_age_seconds);
     in_flight.Labels(l).Set(static_cast<double>(d.in_flight));
@@ -396,11 +410,26 @@ void RelayMetrics::UpdateFromStatus(const StatusSnapshot& s) {
     destination_relays.Labels(l).Set(static_cast<double>(d.relays));
     destination_paused.Labels(l).Set(d.paused ? 1.0 : 0.0);
     unserved_oldest_age.Labels(l).Set(d.Unserved() ? d.oldest_pending_age_seconds : 0.0);
-  }
-  const auto gone = [&](const LabelValues& l) { return present.count(l) == 0; };
-  for (auto* f : {&queue_depth, &oldest_pending_age_seconds, &in_flight, &retrying, &blocked,
-                  &dead_letters, &destination_relays, &destination_paused, &unserved_oldest_age}) {
-    f->RemoveIf(gone);
+  };
+  for (std::size_t i = 0; i < kept; ++i) set(L(by_name[i]->destination), *by_name[i]);
+  if (by_name.size() > kept) {
+    DestinationStatus rest;
+    double unserved_age = 0;
+    for (std::size_t i = kept; i < by_name.size(); ++i) {
+      const auto& d = *by_name[i];
+      rest.depth += d.depth;
+      rest.in_flight += d.in_flight;
+      rest.retrying += d.retrying;
+      rest.blocked += d.blocked;
+      rest.dead_letters += d.dead_letters;
+      rest.relays = std::max(rest.relays, d.relays);
+      rest.paused = rest.paused || d.paused;
+      rest.oldest_pending_age_seconds =
+          std::max(rest.oldest_pending_age_seconds, d.oldest_pending_age_seconds);
+      if (d.Unserved()) unserved_age = std::max(unserved_age, d.oldest_pending_age_seconds);
+    }
+    set(L(metrics::kOverflowLabel), rest);
+    unserved_oldest_age.Labels(L(metrics::kOverflowLabel)).Set(unserved_age);
   }
   queue_lock_waiters.Labels({}).Set(static_cast<double>(s.lock_waiters));
   queue_table_live_tuples.Labels({}).Set(static_cast<double>(s.table.live_tuples));
