@@ -89,6 +89,16 @@ WebhookUrl ParseWebhookUrl(const std::string& url) {
   return out;
 }
 
+bool IsHttpToken(std::string_view name) {
+  if (name.empty()) return false;
+  for (char c : name) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) continue;
+    if (std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos) continue;
+    return false;
+  }
+  return true;
+}
+
 std::string OwnedWebhookHeader(const std::string& name) {
   struct Owned {
     std::string_view name;  // lowercase

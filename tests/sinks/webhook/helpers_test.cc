@@ -78,12 +78,12 @@ TEST(ReasonSnippet, OneLineValidUtf8WithinTheLimit) {
 }
 
 TEST(HeaderNames, Tokens) {
-  EXPECT_TRUE(IsToken("X-Trace-Id"));
-  EXPECT_TRUE(IsToken("a!#$%&'*+-.^_`|~9"));
-  EXPECT_FALSE(IsToken(""));
-  EXPECT_FALSE(IsToken("Bad Name"));
-  EXPECT_FALSE(IsToken("X:Y"));
-  EXPECT_FALSE(IsToken("X\r\nY"));
+  EXPECT_TRUE(IsHttpToken("X-Trace-Id"));
+  EXPECT_TRUE(IsHttpToken("a!#$%&'*+-.^_`|~9"));
+  EXPECT_FALSE(IsHttpToken(""));
+  EXPECT_FALSE(IsHttpToken("Bad Name"));
+  EXPECT_FALSE(IsHttpToken("X:Y"));
+  EXPECT_FALSE(IsHttpToken("X\r\nY"));
 }
 
 }  // namespace

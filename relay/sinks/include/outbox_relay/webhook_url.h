@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace outbox::relay {
 
@@ -17,6 +18,9 @@ struct WebhookUrl {
 /// credentials or tokens): http:// or https:// only, a host, a port 1-65535 if any, no
 /// credentials, no spaces or control characters.
 WebhookUrl ParseWebhookUrl(const std::string& url);
+
+/// True for an RFC 9110 token: what a header field name must be.
+bool IsHttpToken(std::string_view name);
 
 /// Why a webhook's own header `name` (any case) cannot be set, or "" when it can: the relay
 /// signs with the Standard Webhooks headers (the `webhook-` prefix is reserved) and sets the

@@ -162,14 +162,4 @@ std::string Snippet(std::string_view text, std::size_t max_bytes) {
   return out.substr(first, last - first + 1);
 }
 
-bool IsToken(std::string_view name) {
-  if (name.empty()) return false;
-  for (char c : name) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) continue;
-    if (std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos) continue;
-    return false;
-  }
-  return true;
-}
-
 }  // namespace outbox::relay::webhook_detail

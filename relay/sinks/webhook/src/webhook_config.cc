@@ -112,16 +112,11 @@ void ValidateUrl(const Field& field, const std::string& url) {
   }
 }
 
-bool IsHeaderNameChar(char c) {
-  if (std::isalnum(static_cast<unsigned char>(c))) return true;
-  return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-}
-
 std::map<std::string, std::string> ReadHeaders(const Field& field) {
   std::map<std::string, std::string> headers;
   std::map<std::string, std::string> by_lowercase;
   for (const auto& [name, value_field] : cfg::Entries(field)) {
-    if (name.empty() || !std::all_of(name.begin(), name.end(), IsHeaderNameChar)) {
+    if (!IsHttpToken(name)) {
       Fail(value_field,
            "is not a valid HTTP header name; use letters, digits and `-`, e.g. `X-Team: billing`");
     }

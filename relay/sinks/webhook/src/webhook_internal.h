@@ -35,9 +35,6 @@ std::optional<std::chrono::milliseconds> ParseRetryAfter(std::string_view value,
 /// become spaces, invalid bytes '?', a cut never splits a character), trimmed.
 std::string Snippet(std::string_view text, std::size_t max_bytes);
 
-/// True for an RFC 9110 token (header field name).
-bool IsToken(std::string_view name);
-
 /// A key that signs deliveries: an HMAC-SHA256 key ("whsec_", "v1," signatures) or an ed25519
 /// private key ("whsk_", "v1a," signatures, Standard Webhooks' asymmetric scheme).
 struct SigningKey {

@@ -15,7 +15,6 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -49,15 +48,9 @@ std::string Lower(std::string_view s) {
   return out;
 }
 
-/// Headers the sink owns: a message or target header of this name is skipped.
-bool IsReservedHeader(const std::string& name) {
-  static const std::set<std::string> kReserved = {
-      "idempotency-key", "content-type",      "content-length", "host",
-      "connection",      "transfer-encoding", "keep-alive",     "te",
-      "trailer",         "upgrade",           "expect",         "proxy-connection"};
-  const std::string lower = Lower(name);
-  return lower.rfind("webhook-", 0) == 0 || kReserved.count(lower) > 0;
-}
+/// Headers the sink owns (OwnedWebhookHeader): a message or target header of this name is
+/// skipped.
+bool IsReservedHeader(const std::string& name) { return !OwnedWebhookHeader(name).empty(); }
 
 /// A field value httplib can write as is: no CR, LF, NUL or other controls except HTAB.
 bool IsValidHeaderValue(std::string_view value) {
@@ -202,7 +195,7 @@ class WebhookSink final : public Sink {
     for (const auto& secret : target_.secrets)
       keys_.push_back(webhook_detail::DecodeSigningKey(secret));
     for (const auto& [name, value] : target_.headers) {
-      if (!webhook_detail::IsToken(name) || !IsValidHeaderValue(value)) {
+      if (!IsHttpToken(name) || !IsValidHeaderValue(value)) {
         spdlog::warn("webhook {}: ignoring configured header '{}': invalid name or value",
                      destination_, name);
       } else if (IsReservedHeader(name)) {
@@ -709,7 +702,7 @@ class WebhookSink final : public Sink {
       if (IsReservedHeader(name) || (target_.cloudevents && Lower(name).starts_with("ce-"))) {
         spdlog::debug("webhook {}: message {}: skipping header {}: set by the relay", destination_,
                       Raw(msg.id), name);
-      } else if (!webhook_detail::IsToken(name) || !IsValidHeaderValue(value)) {
+      } else if (!IsHttpToken(name) || !IsValidHeaderValue(value)) {
         spdlog::debug("webhook {}: message {}: skipping header '{}': invalid name or value",
                       destination_, Raw(msg.id), name);
       } else if (ContainsHeader(static_headers_, name)) {
