@@ -20,6 +20,19 @@ constexpr std::uint64_t kDroppedBodyFactor = 64;
 
 using Clock = std::chrono::steady_clock;
 
+/// Set by the pre-routing handler for the request its thread is serving, read by
+/// GuardedServer's loop once the request is answered: a body cpp-httplib left unread (it reads
+/// none for GET, HEAD, OPTIONS...), to be read and dropped before the next request; or a
+/// refusal that leaves a body unread, after which the connection closes.
+thread_local std::uint64_t t_unread_body = 0;
+thread_local bool t_close_after = false;
+
+/// The methods whose body cpp-httplib 0.11 reads before routing (detail::expect_content).
+bool LibraryReadsBody(const std::string& method) {
+  return method == "POST" || method == "PUT" || method == "PATCH" || method == "DELETE" ||
+         method == "PRI";
+}
+
 /// Rounded up, so that a wait of this long reaches `t`.
 int MillisUntil(Clock::time_point t) {
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(t - Clock::now());
@@ -213,10 +226,23 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
     if (!arrived || svr_sock_ == INVALID_SOCKET) break;
     bool connection_closed = false;
     strm.BeginRequest();
+    t_unread_body = 0;
+    t_close_after = false;
     // Every read of a request (its head, then its body) comes before its handler runs, so
-    // the deadline never cuts a handler short.
+    // the deadline never cuts a handler short (a body cpp-httplib leaves unread is read after
+    // the answer, under the same deadline).
     ok = process_request(strm, count == 1, connection_closed, nullptr);
-    if (!ok || connection_closed || strm.refused()) break;
+    if (!ok || connection_closed || strm.refused() || t_close_after) break;
+    // A GET's or HEAD's body (the pre-routing handler allowed it up to the body limit): read
+    // as the next request, its bytes were answered 400, and a pipelined request after it got
+    // that 400.
+    char dropped[4096];
+    while (t_unread_body > 0) {
+      const ssize_t n = strm.read(dropped, std::min<std::uint64_t>(sizeof dropped, t_unread_body));
+      if (n <= 0) break;
+      t_unread_body -= static_cast<std::uint64_t>(n);
+    }
+    if (t_unread_body > 0) break;
   }
   if (strm.refused() || Poll(sock, POLLIN, 0)) {
     // Answered while the client may still be sending (a refusal here, or cpp-httplib's own
@@ -244,6 +270,10 @@ void LimitRequestBodies(GuardedServer& server, std::size_t max_body_bytes, Refus
   server.set_pre_routing_handler([max_body_bytes, write = std::move(write)](
                                      const httplib::Request& req, httplib::Response& res) {
     const auto refuse = [&](int status, const char* code, const std::string& message) {
+      // The body stays unread: the answer says the connection closes, and it does (its
+      // bytes were read as the next request, which cpp-httplib answered 400).
+      t_close_after = true;
+      const_cast<httplib::Request&>(req).set_header("Connection", "close");
       write(res, status, code, message);
       return httplib::Server::HandlerResponse::Handled;
     };
@@ -264,15 +294,19 @@ void LimitRequestBodies(GuardedServer& server, std::size_t max_body_bytes, Refus
       // A body somewhat over the limit is read and dropped by cpp-httplib, which then answers
       // 413 (through the server's error handler): a client still writing it gets the answer
       // instead of a failed write. One far over it is not waited for.
-      if (length / kDroppedBodyFactor > max_body_bytes) {
+      const bool read_by_library = LibraryReadsBody(req.method);
+      if (length / kDroppedBodyFactor > max_body_bytes ||
+          (!read_by_library && length > max_body_bytes)) {
         return refuse(413, "payload_too_large",
                       "the request body is " + text + " bytes, over the limit of " +
                           std::to_string(max_body_bytes) + "; send less");
       }
+      // cpp-httplib reads no body for this method: GuardedServer reads and drops it after the
+      // answer (RFC 9112 frames it by Content-Length whatever the method).
+      if (!read_by_library) t_unread_body = length;
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
-        req.method == "DELETE" || req.method == "PRI") {
+    if (LibraryReadsBody(req.method)) {
       // No length and no transfer coding: the request has no body. cpp-httplib would read one
       // until the client closes. The Request is the library's own non-const object, handed to
       // this handler by const reference.

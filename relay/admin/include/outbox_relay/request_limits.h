@@ -12,8 +12,11 @@
 //   dropped first, so that a client still writing it gets the answer; a larger one is not);
 // - a method that may carry a body, with no Content-Length: no body (RFC 9112 section 6.3),
 //   as if it said Content-Length: 0.
-// A refused request's connection is not read further for it; what the client still sends is
-// read as the next request and answered 400.
+// - a GET, HEAD or other method cpp-httplib reads no body for, with a Content-Length: its
+//   body is read and dropped after the answer (up to max_body_bytes; over it, 413), so that
+//   it is not read as the next request.
+// A refused request's body is not read: the answer says `Connection: close` and the
+// connection closes (its bytes used to be read as the next request, and answered 400).
 //
 // And what it reads of a request head: a request line or header line is read whole, whatever
 // its length, before any check (memory grows as long as the client sends bytes without a line
