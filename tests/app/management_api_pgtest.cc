@@ -6,9 +6,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <future>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <string>
+#include <vector>
 
 #include "outbox_relay/management_api.h"
 #include "outbox_test/pg.h"
@@ -566,9 +568,23 @@ TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {
                      [std::to_string(r->status)])
           << method << " " << route << " answered " << r->status
           << ", which the document does not list";
+      const auto responses = doc["paths"][path.first.as<std::string>()][method]["responses"];
+      if (method == "post" || method == "patch") {
+        // A body that is not JSON, and one over 1 MiB: whatever the route answers is listed
+        // (the enable and disable routes read an optional body, and answered 400 and 413 that
+        // the document did not list).
+        for (const std::string& body : {std::string("{not json"), std::string(2 << 20, ' ')}) {
+          httplib::Result bad = method == "post"
+                                    ? client_->Post(route.c_str(), body, "application/json")
+                                    : client_->Patch(route.c_str(), body, "application/json");
+          ASSERT_TRUE(bad) << method << " " << route;
+          EXPECT_TRUE(responses[std::to_string(bad->status)])
+              << method << " " << route << " answered " << bad->status << " to a body of "
+              << body.size() << " bytes, which the document does not list";
+        }
+      }
       // What any route may answer: the database is away (503), a bug (500), and for a body
       // over 1 MiB, 413.
-      const auto responses = doc["paths"][path.first.as<std::string>()][method]["responses"];
       EXPECT_TRUE(responses["503"] && responses["500"]) << method << " " << route;
       EXPECT_EQ(
           static_cast<bool>(responses["413"]),
@@ -579,6 +595,48 @@ TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {
   EXPECT_EQ(operations, 10);
   EXPECT_NE(Get("/v1/endpoints/doc/undocumented").body.dump().find("no such route"),
             std::string::npos);
+
+  // The answers any request may get before it reaches a route are JSON errors too, with a
+  // code the document's enum lists: a malformed request line and a URI over 8 KiB got an
+  // empty body; request_head_too_large was missing from the enum.
+  std::set<std::string> codes;
+  for (const auto& code : doc["components"]["schemas"]["Error"]["properties"]["error"]
+                             ["properties"]["code"]["enum"]) {
+    codes.insert(code.as<std::string>());
+  }
+  const std::string auth = "Authorization: Bearer " + kToken + "\r\n";
+  for (const auto& [request, status] : std::vector<std::pair<std::string, int>>{
+           {"NOT-HTTP\r\n\r\n", 400},
+           {"GET /v1/endpoints/" + std::string(9000, 'a') + " HTTP/1.1\r\nHost: x\r\n" + auth +
+                "\r\n",
+            414},
+           {"GET /v1/endpoints HTTP/1.1\r\nHost: x\r\n" + auth +
+                "X-Long: " + std::string(40 * 1024, 'a') + "\r\n\r\n",
+            431},
+           {"POST /v1/endpoints HTTP/1.1\r\nHost: x\r\n" + auth +
+                "Transfer-Encoding: chunked\r\n\r\n",
+            411},
+           {"POST /v1/endpoints HTTP/1.1\r\nHost: x\r\n" + auth +
+                "Content-Length: 12x\r\n\r\n",
+            400}}) {
+    SCOPED_TRACE(request.substr(0, 40));
+    const std::string answer =
+        RawHttpExchange(api_->port(), request, std::chrono::seconds(5), [](const std::string& got) {
+          const auto head_end = got.find("\r\n\r\n");
+          return head_end != std::string::npos && got.find('}', head_end) != std::string::npos;
+        });
+    ASSERT_EQ(answer.rfind("HTTP/1.1 " + std::to_string(status), 0), 0u) << answer;
+    const auto head_end = answer.find("\r\n\r\n");
+    ASSERT_NE(head_end, std::string::npos) << answer;
+    const auto body = nlohmann::json::parse(answer.substr(head_end + 4), nullptr, false);
+    ASSERT_TRUE(body.is_object()) << answer;
+    const std::string code = body["error"]["code"].get<std::string>();
+    EXPECT_TRUE(codes.count(code)) << code << " is not in the document's enum";
+    EXPECT_FALSE(body["error"]["message"].get<std::string>().empty()) << answer;
+  }
+  for (const char* code : {"request_timeout", "request_head_too_large"}) {
+    EXPECT_TRUE(codes.count(code)) << code << " is not in the document's enum";
+  }
 }
 
 }  // namespace

@@ -26,6 +26,9 @@ using Clock = std::chrono::steady_clock;
 /// refusal that leaves a body unread, after which the connection closes.
 thread_local std::uint64_t t_unread_body = 0;
 thread_local bool t_close_after = false;
+/// Whether the request reached routing (the pre-routing handler): not when cpp-httplib could
+/// not parse its request line or headers, or its URI was too long.
+thread_local bool t_routed = false;
 
 /// The methods whose body cpp-httplib 0.11 reads before routing (detail::expect_content).
 bool LibraryReadsBody(const std::string& method) {
@@ -228,11 +231,16 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
     strm.BeginRequest();
     t_unread_body = 0;
     t_close_after = false;
+    t_routed = false;
     // Every read of a request (its head, then its body) comes before its handler runs, so
     // the deadline never cuts a handler short (a body cpp-httplib leaves unread is read after
     // the answer, under the same deadline).
     ok = process_request(strm, count == 1, connection_closed, nullptr);
     if (!ok || connection_closed || strm.refused() || t_close_after) break;
+    // A request line or headers cpp-httplib could not parse (400, 414): where that request
+    // ended is unknown, so what follows is not read as requests (a line of garbage got a 400
+    // for each of its lines).
+    if (refusal_ && !t_routed) break;
     // A GET's or HEAD's body (the pre-routing handler allowed it up to the body limit): read
     // as the next request, its bytes were answered 400, and a pipelined request after it got
     // that 400.
@@ -269,6 +277,7 @@ void LimitRequestBodies(GuardedServer& server, std::size_t max_body_bytes, Refus
   server.set_payload_max_length(max_body_bytes);
   server.set_pre_routing_handler([max_body_bytes, write = std::move(write)](
                                      const httplib::Request& req, httplib::Response& res) {
+    t_routed = true;
     const auto refuse = [&](int status, const char* code, const std::string& message) {
       // The body stays unread: the answer says the connection closes, and it does (its
       // bytes were read as the next request, which cpp-httplib answered 400).

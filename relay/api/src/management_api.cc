@@ -413,6 +413,17 @@ struct ManagementApi::Impl {
                          "the request body is over 1 MiB, the limit; send less (a description "
                          "or metadata of that size belongs in your own store)",
                          ""});
+      } else if (res.status == 414 && res.body.empty()) {
+        ReplyError(res, {414, "uri_too_long",
+                         "the request line's path and query are over 8 KiB; send a shorter one",
+                         ""});
+      } else if (res.status >= 400 && res.body.empty()) {
+        // cpp-httplib's own answers before any route: a request line or header it cannot
+        // parse (400), and whatever else it refuses, were empty bodies.
+        ReplyError(res, {res.status, "bad_request",
+                         "the request is not well-formed HTTP/1.1 (request line or headers); "
+                         "send METHOD /path HTTP/1.1 and valid header lines",
+                         ""});
       }
     });
   }
