@@ -806,5 +806,52 @@ TEST_F(RelayProcessTest, ReadyzOfARunningRelaySaysOnceWhyItIsNotReady) {
   StopGracefully(relay);
 }
 
+// docs/roles.md: a relay's login needs only the outbox_relay role. `run` first reads the
+// schema version from outbox.schema_migrations, on which no migration granted anything, so a
+// relay with exactly that role stopped at startup ("permission denied", reported as a database
+// it could not reach) (review). Run and the operator commands, as a login that has only
+// outbox_relay.
+TEST_F(RelayProcessTest, ARelayWhoseLoginHasOnlyTheRelayRoleRunsAndServesTheCommands) {
+  {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    tx.exec(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'least_relay_login') "
+        "THEN CREATE ROLE least_relay_login LOGIN; END IF; END $$");
+    tx.exec("GRANT outbox_relay TO least_relay_login");
+  }
+  std::string url = db_url_;
+  ASSERT_NE(url.find("postgres@"), std::string::npos) << url;
+  url.replace(url.find("postgres@"), 9, "least_relay_login@");
+  const ExpectedMap expected = Enqueue(100, 5, 4);
+  const std::string config = WriteConfig("relay.yaml", Yaml(url));
+
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"status", "--config", config},
+           {"pause", kTopic, "--config", config},
+           {"resume", kTopic, "--config", config},
+           {"dlq", "list", "--config", config}}) {
+    ChildProcess& cmd = Spawn(args[0], args);
+    ASSERT_TRUE(cmd.WaitExit(30s)) << cmd.Describe();
+    EXPECT_FALSE(cmd.ExitedNonZero()) << args[0] << ": " << cmd.Stderr();
+  }
+  ChildProcess& relay = StartRelay(config);
+  ASSERT_TRUE(DrainedBy({&relay}, 60s)) << relay.Stderr();
+  ExpectAllDeliveredInKeyOrder(ConsumeAtLeast(expected.size()), expected);
+  StopGracefully(relay);
+
+  // A login without the role is told what to grant, not that the database is unreachable.
+  {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction(c).exec("REVOKE outbox_relay FROM least_relay_login");
+  }
+  ChildProcess& refused = StartRelay(config);
+  ASSERT_TRUE(refused.WaitExit(30s)) << refused.Describe();
+  EXPECT_TRUE(refused.ExitedNonZero()) << refused.Describe();
+  EXPECT_NE(refused.Stderr().find("GRANT outbox_relay TO"), std::string::npos)
+      << refused.Stderr();
+  EXPECT_EQ(refused.Stderr().find("cannot reach"), std::string::npos) << refused.Stderr();
+}
+
 }  // namespace
 }  // namespace outbox::testing

@@ -1,11 +1,15 @@
 #include <gtest/gtest.h>
 
 #include <pqxx/pqxx>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "outbox_relay/migrate.h"
 #include "outbox_relay/queue_store.h"
 #include "outbox_test/pg.h"
+#include "store_access.h"  // this module's own test: the translation of libpqxx's errors
 
 namespace outbox::relay {
 namespace {
@@ -94,6 +98,38 @@ TEST(Migrate, AFailedMigrationLeavesNoTrace) {
   pqxx::connection c(url);
   pqxx::nontransaction tx(c);
   EXPECT_FALSE(tx.exec1("SELECT to_regclass('outbox.dead_letters') IS NOT NULL")[0].as<bool>());
+}
+
+// libpqxx 6.4 throws some SQL errors as their own classes without the SQLSTATE
+// (deadlock_detected, serialization_failure, transaction_rollback,
+// statement_completion_unknown, insufficient_privilege): sqlstate() is empty. A deadlock
+// then read as a permanent error (the claim loop logged "this does not pass by waiting", the
+// management API answered 500), and a login without the relay's role as a database the relay
+// could not reach. Every StoreError carries the state the server sent.
+TEST(StoreErrors, CarryTheServersSqlStateAndWhetherWaitingHelps) {
+  const std::string url = PgCluster::Instance().CreateMigratedDatabase();
+  Store store(url);
+  for (const auto& [state, transient] : std::vector<std::pair<std::string, bool>>{
+           {"40P01", true},
+           {"40001", true},
+           {"40000", true},
+           {"40003", true},
+           {"42501", false},
+           {"42601", false},
+           {"55P03", true},
+           {"22023", false}}) {
+    SCOPED_TRACE(state);
+    try {
+      Translated([&] {
+        pqxx::nontransaction tx(StoreAccess::Connection(store));
+        tx.exec("DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '" + state + "'; END $$");
+      });
+      ADD_FAILURE() << "nothing thrown";
+    } catch (const StoreError& e) {
+      EXPECT_EQ(e.sqlstate(), state) << e.what();
+      EXPECT_EQ(e.transient(), transient) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -152,6 +152,13 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   try {
     if (!CheckSchema(cfg.database_url)) return 1;
   } catch (const std::exception& e) {
+    if (const auto* refused = dynamic_cast<const StoreError*>(&e);
+        refused != nullptr && refused->sqlstate() == "42501") {
+      // Reached, and refused: not a connection problem.
+      return Fail(std::string("the database refused the relay's login: ") + e.what() +
+                  " (grant it the outbox_relay role: GRANT outbox_relay TO <login>; "
+                  "docs/roles.md; and run `outbox-relay migrate` as the schema owner)");
+    }
     return Fail(std::string("cannot reach the database: ") + e.what() +
                 " (check database_url / OUTBOX_DATABASE_URL)");
   }

@@ -174,8 +174,18 @@ void ThrowStoreError() {
   } catch (const pqxx::in_doubt_error& e) {
     throw StoreError(K::kTransient, "", e.what());
   } catch (const pqxx::sql_error& e) {
-    const std::string state = e.sqlstate();
+    // libpqxx 6.4 throws insufficient_privilege without the SQLSTATE (its constructor is not
+    // given it): the class is all that is left of it.
+    std::string state = e.sqlstate();
+    if (state.empty() && dynamic_cast<const pqxx::insufficient_privilege*>(&e)) state = "42501";
     throw StoreError(IsTransientSqlState(state) ? K::kTransient : K::kPermanent, state, e.what());
+  } catch (const pqxx::transaction_rollback& e) {
+    // Class 40, which libpqxx 6.4 throws as failures (not sql_error) without the SQLSTATE.
+    const char* state = dynamic_cast<const pqxx::deadlock_detected*>(&e)              ? "40P01"
+                        : dynamic_cast<const pqxx::serialization_failure*>(&e)        ? "40001"
+                        : dynamic_cast<const pqxx::statement_completion_unknown*>(&e) ? "40003"
+                                                                                      : "40000";
+    throw StoreError(K::kTransient, state, e.what());
   } catch (const pqxx::failure& e) {
     // libpq lost the server without a SQLSTATE ("server closed the connection").
     throw StoreError(K::kTransient, "", e.what());
