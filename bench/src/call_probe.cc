@@ -159,13 +159,15 @@ class TimedStore final : public relay::QueueStore {
   relay::StatusSnapshot ReadStatus(const relay::StatusOptions& options) override {
     return inner_->ReadStatus(options);
   }
-  std::int64_t CleanupArchive(std::chrono::seconds retention, int batch,
+  std::int64_t CleanupArchive(const std::vector<std::string>& destinations,
+                              std::chrono::seconds retention, int batch,
                               std::int64_t max_rows) override {
-    return inner_->CleanupArchive(retention, batch, max_rows);
+    return inner_->CleanupArchive(destinations, retention, batch, max_rows);
   }
-  std::int64_t CleanupDeadLetters(std::chrono::seconds max_age, int batch,
+  std::int64_t CleanupDeadLetters(const std::vector<std::string>& destinations,
+                                  std::chrono::seconds max_age, int batch,
                                   std::int64_t max_rows) override {
-    return inner_->CleanupDeadLetters(max_age, batch, max_rows);
+    return inner_->CleanupDeadLetters(destinations, max_age, batch, max_rows);
   }
   void Reset() override { inner_->Reset(); }
   bool Connected() const override { return inner_->Connected(); }

@@ -1,9 +1,11 @@
--- retention_archive: delete one batch of archived deliveries older than the cutoff, oldest
--- first. No FOR UPDATE: row locks would need the UPDATE privilege, which the relay role does
--- not have on the archive. Two cleaners racing for the same rows just find them gone.
---   $1 cutoff (timestamptz text, from retention_cutoff.sql)   $2 batch size
+-- retention_archive: delete one batch of one destination's archived deliveries older than the
+-- cutoff, oldest first (delivered_archive_destination_idx). A relay cleans its own
+-- destinations: others in the database keep their own relays' retention. No FOR UPDATE: row
+-- locks would need the UPDATE privilege, which the relay role does not have on the archive.
+-- Two cleaners racing for the same rows just find them gone.
+--   $1 cutoff (timestamptz text, from retention_cutoff.sql)   $2 batch size   $3 destination
 DELETE FROM outbox.delivered_archive a
 WHERE a.id IN (SELECT o.id FROM outbox.delivered_archive o
-               WHERE o.delivered_at < $1::timestamptz
+               WHERE o.destination = $3 AND o.delivered_at < $1::timestamptz
                ORDER BY o.delivered_at
                LIMIT $2)

@@ -1,10 +1,11 @@
--- retention_dead_letters: delete one batch of dead letters that died before the cutoff,
--- oldest first (dead_letters_dead_at_idx). No FOR UPDATE: row locks would need the UPDATE
--- privilege, which the relay role does not have on the dead letters. A dead letter replayed
--- or purged meanwhile is simply gone.
---   $1 cutoff (timestamptz text, from retention_cutoff.sql)   $2 batch size
+-- retention_dead_letters: delete one batch of one destination's dead letters that died
+-- before the cutoff, oldest first (dead_letters_destination_dead_at_idx). A relay cleans its
+-- own destinations: others in the database keep their own relays' retention. No FOR UPDATE:
+-- row locks would need the UPDATE privilege, which the relay role does not have on the dead
+-- letters. A dead letter replayed or purged meanwhile is simply gone.
+--   $1 cutoff (timestamptz text, from retention_cutoff.sql)   $2 batch size   $3 destination
 DELETE FROM outbox.dead_letters d
 WHERE d.id IN (SELECT o.id FROM outbox.dead_letters o
-               WHERE o.dead_at < $1::timestamptz
+               WHERE o.destination = $3 AND o.dead_at < $1::timestamptz
                ORDER BY o.dead_at
                LIMIT $2)

@@ -569,7 +569,8 @@ class FakeStore final : public QueueStore {
 
   StatusSnapshot ReadStatus(const StatusOptions&) override { return {}; }
   // With a backlog set, every call deletes all it may, taking per_row each.
-  std::int64_t CleanupArchive(std::chrono::seconds, int, std::int64_t max_rows) override {
+  std::int64_t CleanupArchive(const std::vector<std::string>&, std::chrono::seconds, int,
+                              std::int64_t max_rows) override {
     std::chrono::microseconds per_row{0};
     {
       std::lock_guard lk(db_.mu_);
@@ -580,7 +581,10 @@ class FakeStore final : public QueueStore {
     std::this_thread::sleep_for(per_row * max_rows);
     return max_rows;
   }
-  std::int64_t CleanupDeadLetters(std::chrono::seconds, int, std::int64_t) override { return 0; }
+  std::int64_t CleanupDeadLetters(const std::vector<std::string>&, std::chrono::seconds, int,
+                                  std::int64_t) override {
+    return 0;
+  }
 
   void Reset() override {}
   bool Connected() const override { return true; }

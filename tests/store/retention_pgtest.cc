@@ -43,13 +43,13 @@ class RetentionTest : public testing::PgTest {
         age + "')");
   }
   /// A dead letter with dead_at = now() - `age`.
-  void Dead(std::int64_t id, const std::string& age) {
+  void Dead(std::int64_t id, const std::string& age, const std::string& destination = "orders") {
     Exec(
         "INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
         "payload, "
         "attempts, reason, created_at, dead_at) VALUES (" +
-        std::to_string(id) +
-        ", 'orders', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now() - interval '30 days', "
+        std::to_string(id) + ", '" + destination +
+        "', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now() - interval '30 days', "
         "now() - "
         "interval '" +
         age + "')");
@@ -74,7 +74,7 @@ TEST_F(RetentionTest, ArchiveTableHasTheDocumentedShape) {
                                       "attempts", "created_at", "delivered_at", "endpoint_id"}));
   EXPECT_EQ(Ids("SELECT count(*) FROM pg_indexes WHERE schemaname = 'outbox' AND tablename = "
                 "'delivered_archive' "
-                "AND indexdef LIKE '%(delivered_at)%'"),
+                "AND indexdef LIKE '%(destination, delivered_at)%'"),
             (std::vector<std::int64_t>{1}));
 }
 
@@ -91,13 +91,13 @@ TEST_F(RetentionTest, CleanupArchiveDeletesExactlyWhatIsOlderThanTheRetention) {
   Dead(100, "10 days");
 
   Store c(db_url_);
-  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), /*batch=*/2), 4);  // 1..4 in three batches
+  EXPECT_EQ(CleanupArchive(c, {"orders", "o"}, std::chrono::hours(24), /*batch=*/2), 4);  // 1..4 in three batches
   EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive ORDER BY id"),
             (std::vector<std::int64_t>{5, 6, 7}));
   EXPECT_EQ(Ids("SELECT count(*) FROM outbox.messages"), (std::vector<std::int64_t>{1}));
   EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters"), (std::vector<std::int64_t>{100}));
-  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), 2), 0) << "idempotent";
-  EXPECT_EQ(CleanupArchive(c, std::chrono::minutes(30), 100), 2);  // 5 and 6
+  EXPECT_EQ(CleanupArchive(c, {"orders", "o"}, std::chrono::hours(24), 2), 0) << "idempotent";
+  EXPECT_EQ(CleanupArchive(c, {"orders", "o"}, std::chrono::minutes(30), 100), 2);  // 5 and 6
   EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{7}));
 }
 
@@ -105,11 +105,11 @@ TEST_F(RetentionTest, CleanupStopsAtTheRowCapOldestFirst) {
   for (int i = 1; i <= 7; ++i) Archive(i, std::to_string(100 - i) + " days");  // id 1 is the oldest
   Archive(8, "1 hour");
   Store c(db_url_);
-  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), /*batch=*/2, /*max_rows=*/3), 3);
+  EXPECT_EQ(CleanupArchive(c, {"orders", "o"}, std::chrono::hours(24), /*batch=*/2, /*max_rows=*/3), 3);
   EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive ORDER BY id"),
             (std::vector<std::int64_t>{4, 5, 6, 7, 8}));
-  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), 2, 3), 3);
-  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(24), 2, 3), 1);
+  EXPECT_EQ(CleanupArchive(c, {"orders", "o"}, std::chrono::hours(24), 2, 3), 3);
+  EXPECT_EQ(CleanupArchive(c, {"orders", "o"}, std::chrono::hours(24), 2, 3), 1);
   EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{8}));
 }
 
@@ -123,13 +123,32 @@ TEST_F(RetentionTest, CleanupDeadLettersDeletesExactlyTheOldOnes) {
   Exec("SELECT outbox.enqueue('orders', '1'::jsonb)");
 
   Store c(db_url_);
-  EXPECT_EQ(CleanupDeadLetters(c, std::chrono::hours(24 * 7), /*batch=*/1), 3);
+  EXPECT_EQ(CleanupDeadLetters(c, {"orders", "o"}, std::chrono::hours(24 * 7), /*batch=*/1), 3);
   EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters ORDER BY id"),
             (std::vector<std::int64_t>{4, 5}));
   EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{50}));
   EXPECT_EQ(Ids("SELECT count(*) FROM outbox.messages"), (std::vector<std::int64_t>{1}));
-  EXPECT_EQ(CleanupDeadLetters(c, 0s, 10), 2) << "zero age: every dead letter";
+  EXPECT_EQ(CleanupDeadLetters(c, {"orders", "o"}, 0s, 10), 2) << "zero age: every dead letter";
   EXPECT_TRUE(Ids("SELECT id FROM outbox.dead_letters").empty());
+}
+
+// Several relays may share a database, each with its own destinations and retention
+// (docs/scaling.md: another team's relay). Cleanup deleted every destination's dead letters
+// and archive by the cleaning relay's ages: a relay keeping dead letters a day removed another
+// team's, the only copy of messages it had not delivered (review). A relay cleans its own.
+TEST_F(RetentionTest, ARelayCleansOnlyItsOwnDestinations) {
+  Dead(1, "3 days", "orders");
+  Dead(2, "3 days", "payments");
+  Dead(3, "3 days", "audit");
+  Archive(11, "3 days", "orders");
+  Archive(12, "3 days", "payments");
+  Archive(13, "3 days", "audit");
+  Store c(db_url_);
+  EXPECT_EQ(CleanupDeadLetters(c, {"orders", "audit"}, std::chrono::hours(24), 1), 2);
+  EXPECT_EQ(CleanupArchive(c, {"orders", "audit"}, std::chrono::hours(24), 1), 2);
+  EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters"), (std::vector<std::int64_t>{2}));
+  EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{12}));
+  EXPECT_EQ(CleanupDeadLetters(c, {}, 0s, 10), 0) << "no destinations: nothing to clean";
 }
 
 // The cutoff went to the client as text in the session's DateStyle and back: with
@@ -145,19 +164,19 @@ TEST_F(RetentionTest, TheCutoffDoesNotDependOnTheSessionsDateStyleOrTimeZone) {
   Archive(10, "5 minutes");
   Archive(11, "2 hours");
   Store c(db_url_);  // a new connection: the database's settings apply
-  EXPECT_EQ(CleanupDeadLetters(c, std::chrono::hours(1), 10), 1);
+  EXPECT_EQ(CleanupDeadLetters(c, {"orders", "o"}, std::chrono::hours(1), 10), 1);
   EXPECT_EQ(Ids("SELECT id FROM outbox.dead_letters"), (std::vector<std::int64_t>{1}));
-  EXPECT_EQ(CleanupArchive(c, std::chrono::hours(1), 10), 1);
+  EXPECT_EQ(CleanupArchive(c, {"orders", "o"}, std::chrono::hours(1), 10), 1);
   EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{10}));
 }
 
 TEST_F(RetentionTest, RejectsInvalidArguments) {
   Store c(db_url_);
-  EXPECT_THROW(CleanupArchive(c, -1s, 10), std::invalid_argument);
-  EXPECT_THROW(CleanupArchive(c, 10s, 0), std::invalid_argument);
-  EXPECT_THROW(CleanupArchive(c, 10s, 10, 0), std::invalid_argument);
-  EXPECT_THROW(CleanupDeadLetters(c, -1s, 10), std::invalid_argument);
-  EXPECT_THROW(CleanupDeadLetters(c, 10s, -5), std::invalid_argument);
+  EXPECT_THROW(CleanupArchive(c, {"orders", "o"}, -1s, 10), std::invalid_argument);
+  EXPECT_THROW(CleanupArchive(c, {"orders", "o"}, 10s, 0), std::invalid_argument);
+  EXPECT_THROW(CleanupArchive(c, {"orders", "o"}, 10s, 10, 0), std::invalid_argument);
+  EXPECT_THROW(CleanupDeadLetters(c, {"orders", "o"}, -1s, 10), std::invalid_argument);
+  EXPECT_THROW(CleanupDeadLetters(c, {"orders", "o"}, 10s, -5), std::invalid_argument);
 }
 
 TEST_F(RetentionTest, TheRelayRoleMayArchiveAndClean) {
@@ -180,8 +199,8 @@ TEST_F(RetentionTest, TheRelayRoleMayArchiveAndClean) {
   }
   Dead(2, "2 days");
   Store relay_store(url);
-  EXPECT_EQ(CleanupArchive(relay_store, std::chrono::hours(24), 10), 1);
-  EXPECT_EQ(CleanupDeadLetters(relay_store, std::chrono::hours(24), 10), 1);
+  EXPECT_EQ(CleanupArchive(relay_store, {"orders", "o"}, std::chrono::hours(24), 10), 1);
+  EXPECT_EQ(CleanupDeadLetters(relay_store, {"orders", "o"}, std::chrono::hours(24), 10), 1);
   // The writer role cannot read the archive.
   Exec(
       "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'retention_writer_login') "

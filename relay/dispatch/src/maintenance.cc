@@ -91,7 +91,8 @@ void Dispatcher::Impl::MaintenanceLoop() {
         const auto& r = config.retention;
         bool more = false;  // a table had more to delete than one turn's share
         if (r.archive_delivered || r.archive_retention_set) {
-          const auto n = store.CleanupArchive(r.archive_retention, tuning::kCleanupBatch,
+          const auto n = store.CleanupArchive(destination_names, r.archive_retention,
+                                              tuning::kCleanupBatch,
                                               tuning::kCleanupRowsPerTurn);
           more = more || n >= tuning::kCleanupRowsPerTurn;
           if (n > 0)
@@ -99,7 +100,8 @@ void Dispatcher::Impl::MaintenanceLoop() {
                          r.archive_retention.count());
         }
         if (r.dead_letter_retention.count() > 0) {
-          const auto n = store.CleanupDeadLetters(r.dead_letter_retention, tuning::kCleanupBatch,
+          const auto n = store.CleanupDeadLetters(destination_names, r.dead_letter_retention,
+                                                  tuning::kCleanupBatch,
                                                   tuning::kCleanupRowsPerTurn);
           more = more || n >= tuning::kCleanupRowsPerTurn;
           if (n > 0)

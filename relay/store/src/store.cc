@@ -220,14 +220,16 @@ StatusSnapshot Store::ReadStatus(const StatusOptions& options) {
   return outbox::relay::ReadStatus(*this, options);
 }
 
-std::int64_t Store::CleanupArchive(std::chrono::seconds retention, int batch,
+std::int64_t Store::CleanupArchive(const std::vector<std::string>& destinations,
+                                   std::chrono::seconds retention, int batch,
                                    std::int64_t max_rows) {
-  return outbox::relay::CleanupArchive(*this, retention, batch, max_rows);
+  return outbox::relay::CleanupArchive(*this, destinations, retention, batch, max_rows);
 }
 
-std::int64_t Store::CleanupDeadLetters(std::chrono::seconds max_age, int batch,
+std::int64_t Store::CleanupDeadLetters(const std::vector<std::string>& destinations,
+                                       std::chrono::seconds max_age, int batch,
                                        std::int64_t max_rows) {
-  return outbox::relay::CleanupDeadLetters(*this, max_age, batch, max_rows);
+  return outbox::relay::CleanupDeadLetters(*this, destinations, max_age, batch, max_rows);
 }
 
 void Store::Reset() {

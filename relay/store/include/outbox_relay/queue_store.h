@@ -188,11 +188,14 @@ class QueueStore {
 
   /// The queue status the metrics collector publishes.
   virtual StatusSnapshot ReadStatus(const StatusOptions& options) = 0;
-  /// Retention: deletes archived deliveries / dead letters older than the age, `batch` rows
-  /// per statement and at most `max_rows`; returns how many (see retention.h).
-  virtual std::int64_t CleanupArchive(std::chrono::seconds retention, int batch,
+  /// Retention: deletes the archived deliveries / dead letters of `destinations` older than
+  /// the age, `batch` rows per statement and at most `max_rows`; returns how many (see
+  /// retention.h).
+  virtual std::int64_t CleanupArchive(const std::vector<std::string>& destinations,
+                                      std::chrono::seconds retention, int batch,
                                       std::int64_t max_rows) = 0;
-  virtual std::int64_t CleanupDeadLetters(std::chrono::seconds max_age, int batch,
+  virtual std::int64_t CleanupDeadLetters(const std::vector<std::string>& destinations,
+                                          std::chrono::seconds max_age, int batch,
                                           std::int64_t max_rows) = 0;
 
   /// Drops the connection; the next call reconnects.

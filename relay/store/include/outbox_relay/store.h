@@ -74,9 +74,11 @@ class Store final : public QueueStore {
   bool TakeRebalance() override;
 
   StatusSnapshot ReadStatus(const StatusOptions& options) override;
-  std::int64_t CleanupArchive(std::chrono::seconds retention, int batch,
+  std::int64_t CleanupArchive(const std::vector<std::string>& destinations,
+                              std::chrono::seconds retention, int batch,
                               std::int64_t max_rows) override;
-  std::int64_t CleanupDeadLetters(std::chrono::seconds max_age, int batch,
+  std::int64_t CleanupDeadLetters(const std::vector<std::string>& destinations,
+                                  std::chrono::seconds max_age, int batch,
                                   std::int64_t max_rows) override;
 
   void Reset() override;
