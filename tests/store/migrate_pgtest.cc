@@ -100,6 +100,36 @@ TEST(Migrate, AFailedMigrationLeavesNoTrace) {
   EXPECT_FALSE(tx.exec1("SELECT to_regclass('outbox.dead_letters') IS NOT NULL")[0].as<bool>());
 }
 
+// Each migration commits on its own: one that fails leaves those before it applied. The
+// error said only the database's message (and the command "nothing of it was applied"); it
+// names the migration that failed, the version the schema is now at and what was applied.
+TEST(Migrate, AFailureNamesTheMigrationAndTheVersionTheSchemaIsAt) {
+  const std::string url = PgCluster::Instance().CreateMigratedDatabase();
+  {
+    // Back to version 22, with something in the way of 0024 (its DROP INDEX meets a table).
+    pqxx::connection c(url);
+    pqxx::nontransaction tx(c);
+    tx.exec("DELETE FROM outbox.schema_migrations WHERE version >= 23");
+    tx.exec("CREATE TABLE outbox.delivered_archive_delivered_at_idx (x int)");
+  }
+  try {
+    Migrate(url);
+    ADD_FAILURE() << "0024 dropped a table as an index";
+  } catch (const StoreError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("migration 0024_retention_cleans_a_relays_own_destinations failed"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("the schema is now at version 23"), std::string::npos) << what;
+    EXPECT_NE(what.find("applied: 0023_the_relay_role_reads_the_schema_version"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("is not an index"), std::string::npos) << "the database's reason: " << what;
+    EXPECT_FALSE(e.transient());
+  }
+  EXPECT_EQ(CurrentSchemaVersion(url), 23);
+}
+
 // libpqxx 6.4 throws some SQL errors as their own classes without the SQLSTATE
 // (deadlock_detected, serialization_failure, transaction_rollback,
 // statement_completion_unknown, insufficient_privilege): sqlstate() is empty. A deadlock

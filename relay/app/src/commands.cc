@@ -323,7 +323,8 @@ int RunMigrate(const std::string& database_url) {
   } catch (const MigrationError& e) {
     return Fail(e.what());
   } catch (const std::exception& e) {
-    return Fail(std::string("migration failed, nothing of it was applied: ") + e.what());
+    // Migrate names the migration that failed and the version the schema is at.
+    return Fail(std::string("migrate: ") + e.what());
   }
 }
 

@@ -3,6 +3,8 @@
 #include <charconv>
 #include <pqxx/pqxx>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "migrations.h"
 #include "outbox_relay/conninfo.h"
@@ -30,6 +32,34 @@ int ReadVersion(pqxx::connection& conn) {
   if (!exists) return 0;
   auto r = tx.exec1("SELECT coalesce(max(version), 0) FROM outbox.schema_migrations");
   return r[0].as<int>();
+}
+
+// A migration failed (and rolled back); those before it committed. Rethrows the failure as a
+// StoreError whose message names the migration, the version the schema is now at, what this
+// run applied, and for the usual causes what to do.
+[[noreturn]] void FailedStep(std::string_view name, int version,
+                             const std::vector<std::string>& applied) {
+  try {
+    ThrowStoreError();
+  } catch (const StoreError& e) {
+    std::string what = "migration " + std::string(name) +
+                       " failed and was rolled back; the schema is now at version " +
+                       std::to_string(version);
+    if (!applied.empty()) {
+      what += " (applied: ";
+      for (std::size_t i = 0; i < applied.size(); ++i) what += (i ? ", " : "") + applied[i];
+      what += ")";
+    }
+    what += ": " + std::string(e.what());
+    if (e.sqlstate() == "55P03") {
+      what += " (a lock it needs was held for over 30 s, by a long transaction on the outbox "
+              "tables: run migrate again once it has ended)";
+    } else if (e.sqlstate() == "42501") {
+      what += " (run migrate as the schema's owner: docs/roles.md)";
+    }
+    throw StoreError(e.transient() ? StoreError::Kind::kTransient : StoreError::Kind::kPermanent,
+                     e.sqlstate(), what);
+  }
 }
 
 }  // namespace
@@ -68,17 +98,21 @@ MigrationResult Migrate(const std::string& database_url) {
       for (const auto& [name, text] : sql::migrations::kAll) {
         const int v = VersionOf(name);
         if (v <= version) continue;
-        pqxx::work tx(conn);
-        tx.exec("SET LOCAL lock_timeout = '30s'");
-        tx.exec(
-            "CREATE SCHEMA IF NOT EXISTS outbox;"
-            "CREATE TABLE IF NOT EXISTS outbox.schema_migrations ("
-            "  version integer PRIMARY KEY, name text NOT NULL,"
-            "  applied_at timestamptz NOT NULL DEFAULT now())");
-        tx.exec(std::string(text));
-        tx.exec_params("INSERT INTO outbox.schema_migrations (version, name) VALUES ($1, $2)", v,
-                       std::string(name));
-        tx.commit();
+        try {
+          pqxx::work tx(conn);
+          tx.exec("SET LOCAL lock_timeout = '30s'");
+          tx.exec(
+              "CREATE SCHEMA IF NOT EXISTS outbox;"
+              "CREATE TABLE IF NOT EXISTS outbox.schema_migrations ("
+              "  version integer PRIMARY KEY, name text NOT NULL,"
+              "  applied_at timestamptz NOT NULL DEFAULT now())");
+          tx.exec(std::string(text));
+          tx.exec_params("INSERT INTO outbox.schema_migrations (version, name) VALUES ($1, $2)",
+                         v, std::string(name));
+          tx.commit();
+        } catch (...) {
+          FailedStep(name, version, result.applied);
+        }
         result.applied.emplace_back(name);
         version = v;
       }
