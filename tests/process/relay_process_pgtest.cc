@@ -580,6 +580,39 @@ TEST_F(RelayProcessTest, DlqReplayOfAnIdGivenTwiceReplaysItOnceAndSucceeds) {
   EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.dead_letters")[0].as<int>(), 0);
 }
 
+// `dlq purge 999` (no such dead letter) printed "purged 0" and exited 0, where replay exits 1
+// naming what it did not find; and `dlq list` printed its page size ("50 dead letter(s)") as
+// if it were the total (review).
+TEST_F(RelayProcessTest, DlqPurgeOfIdsThatAreNotDeadLettersFailsAndListSaysHowManyThereAre) {
+  {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    tx.exec(
+        "INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
+        "payload, attempts, reason, created_at) SELECT g, 'orders', gen_random_uuid(), '', "
+        "'{}', '1', 3, 'http 500', now() FROM generate_series(1, 5) g");
+    tx.commit();
+  }
+  const std::string config = WriteConfig("relay.yaml", Yaml(db_url_));
+  ChildProcess& list = Spawn("dlq-list", {"dlq", "list", "--limit", "2", "--config", config});
+  ASSERT_TRUE(list.WaitExit(30s)) << list.Describe();
+  EXPECT_FALSE(list.ExitedNonZero()) << list.Stderr();
+  EXPECT_NE(list.Stdout().find("2 of 5 dead letter(s)"), std::string::npos) << list.Stdout();
+
+  ChildProcess& purge =
+      Spawn("dlq-purge", {"dlq", "purge", "1", "999", "998", "--config", config});
+  ASSERT_TRUE(purge.WaitExit(30s)) << purge.Describe();
+  EXPECT_TRUE(purge.ExitedNonZero()) << purge.Stdout();
+  EXPECT_NE(purge.Stdout().find("purged 1 dead letter(s)"), std::string::npos) << purge.Stdout();
+  EXPECT_NE(purge.Stderr().find("2 of the given ids are not dead letters"), std::string::npos)
+      << purge.Stderr();
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 4);
+
+  ChildProcess& exact = Spawn("dlq-purge-ok", {"dlq", "purge", "2", "2", "--config", config});
+  ASSERT_TRUE(exact.WaitExit(30s)) << exact.Describe();
+  EXPECT_FALSE(exact.ExitedNonZero()) << exact.Stderr();
+}
+
 // `destinations add` counts a name's characters, as outbox.destinations does: a non-ASCII
 // name of 255 characters (510 bytes) was refused though the database takes it.
 TEST_F(RelayProcessTest, DestinationsAddCountsCharactersNotBytes) {

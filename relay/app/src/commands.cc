@@ -375,7 +375,16 @@ int RunDlqList(const DlqArgs& a) {
       std::cout << std::left << std::setw(10) << d.id << std::setw(20) << d.destination
                 << std::setw(9) << d.attempts << std::setw(26) << d.dead_at << reason << "\n";
     }
-    std::cout << rows.size() << " dead letter(s)\n";
+    // The page is the newest --limit; say how many there are in all.
+    const auto total = rows.size() < static_cast<std::size_t>(a.limit)
+                           ? static_cast<std::int64_t>(rows.size())
+                           : CountDeadLetters(c, a.destination);
+    if (total > static_cast<std::int64_t>(rows.size())) {
+      std::cout << rows.size() << " of " << total
+                << " dead letter(s), newest first (--limit shows more)\n";
+    } else {
+      std::cout << rows.size() << " dead letter(s)\n";
+    }
     return 0;
   });
 }
@@ -425,6 +434,16 @@ int RunDlqPurge(const DlqArgs& a) {
   return WithStore(a.database_url, [&](Store& c) {
     const auto n = PurgeDeadLetters(c, a.ids, a.older_than, a.destination);
     std::cout << "purged " << n << " dead letter(s)\n";
+    // As replay: ids that matched nothing (no such dead letter, or excluded by --destination
+    // or --older-than) are an error, not "purged 0". An id given twice is one dead letter.
+    const auto given = static_cast<std::int64_t>(
+        std::set<std::int64_t>(a.ids.begin(), a.ids.end()).size());
+    if (!a.ids.empty() && n != given) {
+      std::cerr << "error: " << given - n
+                << " of the given ids are not dead letters (or not of the --destination / "
+                   "--older-than given; see `outbox-relay dlq list`)\n";
+      return 1;
+    }
     return 0;
   });
 }

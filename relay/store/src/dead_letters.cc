@@ -78,6 +78,17 @@ std::vector<DeadLetter> ListDeadLetters(Store& store, const std::string& destina
   });
 }
 
+std::int64_t CountDeadLetters(Store& store, const std::string& destination) {
+  return Translated([&]() -> std::int64_t {
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    return tx
+        .exec_params1("SELECT count(*) FROM outbox.dead_letters "
+                      "WHERE NULLIF($1, '') IS NULL OR destination = $1",
+                      destination)[0]
+        .as<std::int64_t>();
+  });
+}
+
 std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id) {
   if (id <= 0) return std::nullopt;  // ids start at 1; 0 means "any" to dlq_list.sql
   return Translated([&]() -> std::optional<DeadLetter> {

@@ -30,6 +30,8 @@ struct DeadLetter {
 
 /// Newest first. `destination` empty: all.
 std::vector<DeadLetter> ListDeadLetters(Store& store, const std::string& destination, int limit);
+/// How many dead letters there are (of `destination`; '' for all).
+std::int64_t CountDeadLetters(Store& store, const std::string& destination);
 std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id);
 struct Replayed {
   std::vector<std::int64_t> ids;        ///< The new messages' ids.
