@@ -886,5 +886,22 @@ TEST_F(RelayProcessTest, ARelayWhoseLoginHasOnlyTheRelayRoleRunsAndServesTheComm
   EXPECT_EQ(refused.Stderr().find("cannot reach"), std::string::npos) << refused.Stderr();
 }
 
+// outbox-sample-receiver decoded its --secret only when a request came: a malformed one
+// (a password, a signing key whsk_...) threw inside the handler, every delivery got a 500,
+// the receiver printed nothing, and the relay retried and dead-lettered (review). Refused at
+// start, naming the option.
+TEST_F(RelayProcessTest, TheSampleReceiverRefusesAMalformedSecretAtStart) {
+  for (const std::string secret : {"hunter2", "whsec_not-base64!"}) {
+    SCOPED_TRACE(secret);
+    ChildProcess receiver("receiver-" + std::to_string(secret.size()),
+                          {OUTBOX_SAMPLE_RECEIVER_BIN, "--port", "0", "--secret", secret}, dir_);
+    ASSERT_TRUE(receiver.WaitExit(10s)) << "it listened with a secret it cannot verify with";
+    EXPECT_TRUE(receiver.ExitedNonZero());
+    EXPECT_NE(receiver.Stderr().find("--secret"), std::string::npos) << receiver.Stderr();
+    EXPECT_EQ(receiver.Stderr().find(secret), std::string::npos)
+        << "the secret is not echoed: " << receiver.Stderr();
+  }
+}
+
 }  // namespace
 }  // namespace outbox::testing

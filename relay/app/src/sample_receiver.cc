@@ -27,6 +27,14 @@ int main(int argc, char** argv) {
   app.add_option("--tolerance", tolerance,
                  "Reject timestamps older or newer than this many seconds");
   CLI11_PARSE(app, argc, argv);
+  // Decoded now: a secret that does not decode failed every request (500) without a word.
+  try {
+    outbox::relay::SignStandardWebhook(secret, "check", 0, "");
+  } catch (const std::exception&) {
+    std::cerr << "error: --secret is not a Standard Webhooks secret: pass the destination's "
+                 "whsec_<base64> secret (the one the relay signs with)\n";
+    return 2;
+  }
 
   httplib::Server server;
   std::mutex mu;
