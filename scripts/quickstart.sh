@@ -31,7 +31,17 @@ cleanup() {
   rm -rf "$WORK"
   echo "== stopped, throwaway data removed"
 }
-trap cleanup INT TERM EXIT
+# Stopped by a signal, it stops everything and exits as the signal says (130, 143); bash runs
+# these only once a foreground command ends, so what waits below waits in the background.
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+# A process it started that is gone: its log says why (printed before cleanup removes it).
+died() {
+  echo "error: $1 exited; its log ($2):"
+  cat "$2" 2>/dev/null || true
+  exit 1
+}
 
 echo "== starting a throwaway PostgreSQL"
 pg_throwaway_start "$WORK/pg"
@@ -39,8 +49,14 @@ echo "   $PG_URL"
 
 echo "== starting a local Kafka-protocol broker (librdkafka mock cluster)"
 "$BIN/relay/app/outbox-dev-broker" --topic orders --bootstrap-file "$WORK/bootstrap" >"$WORK/broker.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 1 100); do [ -s "$WORK/bootstrap" ] && break; sleep 0.1; done
+BROKER_PID=$!
+PIDS+=("$BROKER_PID")
+for _ in $(seq 1 100); do
+  [ -s "$WORK/bootstrap" ] && break
+  kill -0 "$BROKER_PID" 2>/dev/null || died "the broker" "$WORK/broker.log"
+  sleep 0.1
+done
+[ -s "$WORK/bootstrap" ] || died "the broker did not start in 10 s and" "$WORK/broker.log"
 BOOTSTRAP=$(cat "$WORK/bootstrap")
 echo "   $BOOTSTRAP"
 
@@ -48,7 +64,13 @@ SECRET="whsec_$(head -c 24 /dev/urandom | base64)"
 HOOK_PORT=$(free_port)
 echo "== starting the sample webhook receiver on 127.0.0.1:$HOOK_PORT"
 "$BIN/relay/app/outbox-sample-receiver" --port "$HOOK_PORT" --secret "$SECRET" >"$WORK/receiver.log" 2>&1 &
-PIDS+=($!)
+RECEIVER_PID=$!
+PIDS+=("$RECEIVER_PID")
+for _ in $(seq 1 100); do
+  grep -q "listening on" "$WORK/receiver.log" && break
+  kill -0 "$RECEIVER_PID" 2>/dev/null || died "the webhook receiver" "$WORK/receiver.log"
+  sleep 0.1
+done
 
 cat >"$WORK/relay.yaml" <<YAML
 database_url: $PG_URL
@@ -79,7 +101,8 @@ echo "== publishing sample events through the SDK"
 "$BIN/sdk/outbox-example-publish" --database-url "$PG_URL" --orders 10 --invoices 5
 
 echo "== consuming topic 'orders' with kcat (an independent Kafka client)"
-timeout 30 kcat -C -b "$BOOTSTRAP" -t orders -o beginning -c 10 -q \
+# --foreground: Ctrl-C reaches kcat (timeout otherwise runs it in a process group of its own).
+timeout --foreground 30 kcat -C -b "$BOOTSTRAP" -t orders -o beginning -c 10 -q \
   -f 'partition=%p offset=%o key=%k headers=%h\n    value=%s\n' || {
   echo "kcat did not read 10 messages in 30 s; relay log:"; cat "$WORK/relay.log"; exit 1; }
 
@@ -97,4 +120,8 @@ echo "== all running. Publish more with:"
 echo "   $BIN/sdk/outbox-example-publish --database-url $PG_URL --orders 4 --invoices 2"
 echo "   or: psql '$PG_URL' -c \"SELECT outbox.enqueue('orders', '{\\\"hello\\\": 1}'::jsonb)\""
 echo "   Ctrl-C stops everything. Relay log follows:"
-tail -n +1 -f "$WORK/relay.log" "$WORK/receiver.log"
+tail -n +1 -f "$WORK/relay.log" "$WORK/receiver.log" &
+PIDS+=($!)
+wait "$RELAY_PID" || true  # a signal ends this wait and runs the trap
+echo "error: the relay exited; its log is above"
+exit 1

@@ -13,4 +13,6 @@ ctest --preset "$PRESET"
 # The README's first command, end to end, so it can never silently break (issue 15).
 if [ "$PRESET" = default ]; then
   scripts/quickstart.sh --once
+  # And stopped with SIGTERM while it runs: everything it started stops, its data goes.
+  tests/scripts/quickstart_stop_test.sh
 fi
