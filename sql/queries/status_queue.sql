@@ -7,13 +7,18 @@
 --   blocked    not leased, due, but waiting behind an earlier message of its key
 --   expired_leases  leased, lease already expired (the reaper will return them)
 --   oldest_pending_age_seconds  longest wait among unleased messages that are due or blocked
---     or retrying: counted from when a never-tried message became due (deliver_after), and
---     from enqueue (created_at) once it was tried or blocked. Scheduled messages that are
---     not due yet do not count. 0 when nothing waits.
+--     or retrying: counted from when the message first became due (due_at, written by the
+--     insert and never moved: a hand-back or a key's wake-up does not reset it, migration
+--     0025). A row without it (written before 0025, or by the relay itself: a fan-out's
+--     endpoint rows, replays) counts from its deliver_after, or enqueue if later, while never
+--     tried, and from enqueue once tried or blocked. Scheduled messages that are not due yet
+--     do not count. 0 when nothing waits.
 WITH q AS (
   SELECT m.destination, m.lease_owner, m.lease_until, m.attempts, m.parked, m.deliver_after,
-         CASE WHEN m.attempts = 0 AND m.deliver_after <> 'infinity'::timestamptz
-              THEN m.deliver_after ELSE m.created_at END AS pending_since
+         coalesce(m.due_at,
+                  CASE WHEN m.attempts = 0 AND m.deliver_after <> 'infinity'::timestamptz
+                       THEN greatest(m.deliver_after, m.created_at) ELSE m.created_at END)
+           AS pending_since
   FROM outbox.messages m
 )
 SELECT destination,

@@ -250,17 +250,17 @@ TEST_F(StatusTest, ReportsExactCountsPerDestination) {
   Exec(
       "UPDATE outbox.messages SET attempts = 2, parked = true, deliver_after = now() + interval '1 "
       "min', "
-      "created_at = now() - interval '300 s' WHERE id = " +
+      "created_at = now() - interval '300 s', due_at = now() - interval '300 s' WHERE id = " +
       std::to_string(retrying));
   Exec(
       "UPDATE outbox.messages SET parked = true, deliver_after = 'infinity', "
-      "created_at = now() - interval '120 s' WHERE id = " +
+      "created_at = now() - interval '120 s', due_at = now() - interval '120 s' WHERE id = " +
       std::to_string(blocked));
   Exec("UPDATE outbox.messages SET created_at = now() - interval '1000 s' WHERE id = " +
        std::to_string(scheduled));
   Exec(
       "UPDATE outbox.messages SET created_at = now() - interval '100 s', deliver_after = now() - "
-      "interval '100 s' "
+      "interval '100 s', due_at = now() - interval '100 s' "
       "WHERE id = " +
       std::to_string(fresh1));
   (void)fresh2;
@@ -269,14 +269,14 @@ TEST_F(StatusTest, ReportsExactCountsPerDestination) {
   Enqueue("billing");
   Exec(
       "UPDATE outbox.messages SET created_at = now() - interval '50 s', deliver_after = now() - "
-      "interval '50 s' "
+      "interval '50 s', due_at = now() - interval '50 s' "
       "WHERE id = " +
       std::to_string(b1));
   // sched: enqueued long ago for a time that came 10 s ago: it waits since it became due.
   const auto s1 = Enqueue("sched");
   Exec(
       "UPDATE outbox.messages SET parked = true, created_at = now() - interval '5000 s', "
-      "deliver_after = now() - interval '10 s' WHERE id = " +
+      "deliver_after = now() - interval '10 s', due_at = now() - interval '10 s' WHERE id = " +
       std::to_string(s1));
   // Dead letters: 3 of orders, 1 of a destination with nothing queued.
   DeadLetter(1001, "orders");
@@ -387,6 +387,51 @@ TEST_F(StatusTest, ReportsExactCountsPerDestination) {
   EXPECT_NE(all.find("orders: 1 lease(s) expired"), std::string::npos) << all;
   EXPECT_NE(all.find("sched: 1 message(s) that no running relay serves"), std::string::npos) << all;
   EXPECT_NE(all.find("outbox-relay dlq bury --destination sched"), std::string::npos) << all;
+}
+
+// The oldest pending age counted a never-tried message from its deliver_after, which a
+// hand-back (an endpoint held, a relay stopping, a lost claim) and a key's wake-up rewrite:
+// an endpoint whose messages were claimed and handed back every few seconds never looked
+// older than that, and OutboxOldestPendingOverSLA could not fire. And a deliver_after in the
+// past (a writer's clock, a backfill) made a new message look days old (review). Counted now
+// from when the message first became due.
+TEST_F(StatusTest, TheOldestPendingAgeSurvivesHandBacksAndIgnoresAPastDeliverAfter) {
+  Enqueue("past", ", deliver_after => now() - interval '1 day'");
+  const auto held = Enqueue("held");
+  Store store(db_url_);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const auto* d = Read().Find("held");
+        return d != nullptr && d->oldest_pending_age_seconds >= 1.5;
+      },
+      30s));
+  for (int round = 0; round < 2; ++round) {
+    const auto claim = store.Claim("held", round == 0 ? 0 : held, 10, 10, 30s);
+    ASSERT_EQ(claim.messages.size(), 1u) << round;
+    Settlement release;
+    release.id = claim.messages[0].id;
+    release.lease_token = claim.lease_token;
+    release.kind = Settlement::Kind::kRelease;
+    release.delay = round == 0 ? 0ms : 10min;  // handed back due now, then held for a while
+    ASSERT_EQ(store.Settle({release}).released, 1) << round;
+    const auto s = Read();
+    ASSERT_NE(s.Find("held"), nullptr);
+    EXPECT_GE(s.Find("held")->oldest_pending_age_seconds, 1.5)
+        << "round " << round << ": the hand-back reset the age";
+  }
+  // A row without due_at (written before migration 0025, or by the relay: a fan-out's
+  // endpoint rows): from its deliver_after, or its enqueue if later.
+  Enqueue("legacy");
+  Exec(
+      "UPDATE outbox.messages SET due_at = NULL, created_at = now() - interval '40 s', "
+      "deliver_after = now() - interval '1 day' WHERE destination = 'legacy'");
+  const auto s = Read();
+  ASSERT_NE(s.Find("past"), nullptr);
+  EXPECT_LT(s.Find("past")->oldest_pending_age_seconds, 600)
+      << "a deliver_after in the past is not a wait";
+  ASSERT_NE(s.Find("legacy"), nullptr);
+  EXPECT_GE(s.Find("legacy")->oldest_pending_age_seconds, 40);
+  EXPECT_LT(s.Find("legacy")->oldest_pending_age_seconds, 600);
 }
 
 TEST_F(StatusTest, QueueAndDeadLettersAreReadFromOneSnapshot) {
