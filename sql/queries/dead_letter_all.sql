@@ -1,11 +1,12 @@
 -- dead_letter_all: move up to 5000 unleased messages of a destination to the dead letters;
--- `outbox-relay dlq bury` repeats it until none is left (an operator's decision for a
--- destination no relay will serve; a relay never does this on its own).
---   $1 destination   $2 reason
+-- `outbox-relay dlq bury` repeats it until none is left up to the id it started at, so that
+-- writers still writing to the destination cannot keep it going forever (an operator's
+-- decision for a destination no relay will serve; a relay never does this on its own).
+--   $1 destination   $2 reason   $3 the highest id to move
 WITH moved AS (
   DELETE FROM outbox.messages m
   WHERE m.id IN (SELECT id FROM outbox.messages
-                 WHERE destination = $1 AND lease_owner IS NULL
+                 WHERE destination = $1 AND lease_owner IS NULL AND id <= $3::bigint
                  ORDER BY id LIMIT 5000 FOR UPDATE SKIP LOCKED)
   RETURNING m.*
 )

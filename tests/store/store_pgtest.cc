@@ -914,6 +914,27 @@ TEST_F(StoreTest, RelaysSayWhatTheyServeAndUnservedMessagesAreBuriedOnlyOnReques
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'known'"), 1);
 }
 
+// `dlq bury` repeated its move until one moved nothing: writers still writing to the
+// destination (a removed destination whose producers were not switched off yet) kept it
+// going for as long as they wrote (review). It moves what was queued when it began. The
+// writer here is a trigger that enqueues one more message each time bury moves some.
+TEST_F(StoreTest, BuryEndsWhileWritersKeepWriting) {
+  Enqueue({outbox::Message::To("gone").Json("1").Build(),
+           outbox::Message::To("gone").Json("2").Build()});
+  Scalar(
+      "CREATE FUNCTION public.bury_test_writer() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+      "IF (SELECT count(*) FROM outbox.dead_letters) < 100 THEN "
+      "PERFORM outbox.enqueue('gone', '3'::jsonb); END IF; RETURN NULL; END $$; "
+      "CREATE TRIGGER bury_test_writer AFTER INSERT ON outbox.dead_letters "
+      "FOR EACH STATEMENT EXECUTE FUNCTION public.bury_test_writer(); SELECT 1");
+  Store c(db_url_);
+  EXPECT_EQ(BuryDestination(c, "gone", "no relay"), 2)
+      << "it moved what was written while it ran";
+  // (A statement trigger fires for the last, empty move too: two were written.)
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'gone'"), 2)
+      << "the messages written while it ran stay queued";
+}
+
 TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
   Enqueue({outbox::Message::To("d")
                .Json("1")

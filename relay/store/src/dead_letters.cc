@@ -145,11 +145,18 @@ std::int64_t BuryDestination(Store& store, const std::string& destination,
                              const std::string& reason) {
   return Translated([&]() -> std::int64_t {
     pqxx::connection& c = StoreAccess::Connection(store);
+    // What is queued when it starts: writers still writing to the destination kept it
+    // moving their new rows for as long as they wrote (review).
+    const auto upto = pqxx::nontransaction(c)
+                          .exec1("SELECT coalesce(pg_sequence_last_value("
+                                        "'outbox.messages_id_seq'), 0)")[0]
+                          .as<std::int64_t>();
     std::int64_t total = 0;
     while (true) {
       pqxx::nontransaction tx(c);
       const auto moved = static_cast<std::int64_t>(
-          tx.exec_params(std::string(sql::queries::kdead_letter_all), destination, reason).size());
+          tx.exec_params(std::string(sql::queries::kdead_letter_all), destination, reason, upto)
+              .size());
       if (moved == 0) return total;
       total += moved;
     }
