@@ -147,6 +147,18 @@ TEST(DeployKubernetes, ManifestsKeepTheirPromises) {
   ExpectHardenedPod(job["spec"]["template"]["spec"], "Job");
   EXPECT_EQ(job["spec"]["template"]["spec"]["containers"][0]["args"][0].as<std::string>(),
             "migrate");
+  // migrate needs the schema's owner (docs/roles.md), the relay only the outbox_relay role:
+  // the Job read the relay's URL, so it failed to create what the next migration creates,
+  // or the relay ran as the owner (review).
+  const auto url_key = [](const YAML::Node& container) {
+    for (const auto& e : container["env"]) {
+      if (e["name"].as<std::string>() == "OUTBOX_DATABASE_URL")
+        return e["valueFrom"]["secretKeyRef"]["key"].as<std::string>();
+    }
+    return std::string();
+  };
+  EXPECT_EQ(url_key(job["spec"]["template"]["spec"]["containers"][0]), "migrate-database-url");
+  EXPECT_EQ(url_key(relay), "database-url");
 
   // Selectors meet: the PDB and the Service pick the Deployment's pods, the ServiceMonitor
   // picks the Service and scrapes its admin port.
