@@ -432,6 +432,16 @@ OutboxMessage MessageBuilder::Build() const {
   if (jitter_.count() < 0) throw InvalidMessage("outbox: jitter must not be negative");
   if (delay_ && delay_->count() < 0)
     throw InvalidMessage("outbox: DeliverAfter delay must not be negative");
+  // Past the horizon whatever the clock says; refused before the addition, which a delay of
+  // centuries overflows (into a time in the past, delivered at once).
+  constexpr std::chrono::milliseconds kPastAnyHorizon = std::chrono::days(367);
+  if ((delay_ && *delay_ >= kPastAnyHorizon) || jitter_ >= kPastAnyHorizon ||
+      (delay_ && *delay_ + jitter_ >= kPastAnyHorizon)) {
+    throw InvalidMessage("outbox: message to \"" + msg_.destination +
+                         "\": DeliverAfter/Jitter puts it more than 1 year ahead (the scheduling "
+                         "horizon); keep later work in your own table and enqueue it nearer the "
+                         "time");
+  }
   OutboxMessage m = msg_;
   if (delay_) m.deliver_after = Clock::now() + *delay_;
   if (jitter_.count() > 0) {

@@ -305,6 +305,18 @@ TEST(SdkValidation, BuilderRejectsBadInputWithClearMessages) {
   ExpectInvalid(
       [] { return Message::To("d").Json("{}").DeliverAfter(std::chrono::hours(24 * 367)).Build(); },
       "more than 1 year ahead");
+  // Added to the clock's nanoseconds, a delay of centuries overflowed into a time in the past,
+  // which passed the horizon check and was delivered at once (review).
+  ExpectInvalid(
+      [] { return Message::To("d").Json("{}").DeliverAfter(std::chrono::years(300)).Build(); },
+      "more than 1 year ahead");
+  ExpectInvalid(
+      [] {
+        return Message::To("d").Json("{}").DeliverAfter(std::chrono::milliseconds::max()).Build();
+      },
+      "more than 1 year ahead");
+  ExpectInvalid([] { return Message::To("d").Json("{}").Jitter(std::chrono::years(300)).Build(); },
+                "more than 1 year ahead");
   // W3C trace context, checked as the SQL function checks it.
   for (const std::string bad : {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", "nope",
                                 "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
