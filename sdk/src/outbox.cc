@@ -1,6 +1,7 @@
 #include "outbox/outbox.h"
 
 #include <algorithm>
+#include <optional>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -132,12 +133,18 @@ class PayloadCheck : public nlohmann::json_sax<nlohmann::json> {
   /// The text stopped being read at a number beyond a double's range (1e400), which is JSON
   /// all the same.
   bool overflow = false;
+  /// A number with an exponent or very many digits: PostgreSQL's numeric may not hold it.
+  bool wide_number = false;
 
   bool null() override { return true; }
   bool boolean(bool) override { return true; }
   bool number_integer(number_integer_t) override { return true; }
   bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool number_float(number_float_t, const string_t& text) override {
+    wide_number = wide_number || text.size() > 1000 ||
+                  text.find_first_of("eE") != string_t::npos;
+    return true;
+  }
   bool string(string_t& v) override { return Text(v); }
   bool binary(binary_t&) override { return true; }
   bool start_object(std::size_t) override { return true; }
@@ -182,18 +189,49 @@ bool IsJsonNumber(std::string_view t) {
   return k == t.size();
 }
 
-/// `json` with every number outside its strings written as 0: the same JSON, or not JSON, as
-/// before, whatever the numbers were. Runs of number characters that are not a JSON number
-/// (`01`, `1e5e5`) stay as they are, for the parser to refuse.
-std::string NumbersAsZero(std::string_view json) {
-  std::string out;
-  out.reserve(json.size());
+/// Why PostgreSQL's numeric, which jsonb stores numbers in, cannot hold the JSON number `t`
+/// ("value overflows numeric format"), or nothing: at most 131,072 digits before the decimal
+/// point, and at most 16,383 after it counting the digits as written (1.5e-16383 is refused,
+/// 0.1e-16382 taken). Measured against PostgreSQL 15.
+std::optional<std::string> NumericRefuses(std::string_view t) {
+  std::size_t k = t.starts_with('-') ? 1 : 0;
+  const std::size_t int_from = k;
+  while (k < t.size() && IsDigit(t[k])) ++k;
+  const std::string_view int_part = t.substr(int_from, k - int_from);
+  std::string_view frac_part;
+  if (k < t.size() && t[k] == '.') {
+    const std::size_t from = ++k;
+    while (k < t.size() && IsDigit(t[k])) ++k;
+    frac_part = t.substr(from, k - from);
+  }
+  long long exponent = 0;
+  if (k < t.size() && (t[k] == 'e' || t[k] == 'E')) {
+    ++k;
+    const bool negative = k < t.size() && t[k] == '-';
+    if (k < t.size() && (t[k] == '-' || t[k] == '+')) ++k;
+    for (; k < t.size(); ++k) exponent = std::min(exponent * 10 + (t[k] - '0'), 1'000'000'000LL);
+    if (negative) exponent = -exponent;
+  }
+  const long long after_point = static_cast<long long>(frac_part.size()) - exponent;
+  if (after_point > 16383) return "more than 16,383 digits after the decimal point";
+  const std::string digits = std::string(int_part) + std::string(frac_part);
+  const std::size_t first = digits.find_first_not_of('0');
+  if (first == std::string::npos) return std::nullopt;  // zero
+  const long long top_power = static_cast<long long>(int_part.size()) - 1 -
+                              static_cast<long long>(first) + exponent;
+  if (top_power > 131071) return "more than 131,072 digits before the decimal point";
+  return std::nullopt;
+}
+
+/// Calls `each(at, length)` with every number token outside the strings of `json` (runs of
+/// number characters, whether or not they are JSON numbers).
+template <class F>
+void ForEachNumber(std::string_view json, F&& each) {
   bool in_string = false;
   for (std::size_t i = 0; i < json.size();) {
     const char c = json[i];
     if (in_string) {
       if (c == '\\' && i + 1 < json.size()) {
-        out.append(json.substr(i, 2));
         i += 2;
         continue;
       }
@@ -206,14 +244,28 @@ std::string NumbersAsZero(std::string_view json) {
                                    json[end] == '.' || json[end] == 'e' || json[end] == 'E')) {
         ++end;
       }
-      const std::string_view run = json.substr(i, end - i);
-      out.append(IsJsonNumber(run) ? std::string_view("0") : run);
+      each(i, end - i);
       i = end;
       continue;
     }
-    out.push_back(c);
     ++i;
   }
+}
+
+/// `json` with every number outside its strings written as 0: the same JSON, or not JSON, as
+/// before, whatever the numbers were. Runs of number characters that are not a JSON number
+/// (`01`, `1e5e5`) stay as they are, for the parser to refuse.
+std::string NumbersAsZero(std::string_view json) {
+  std::string out;
+  out.reserve(json.size());
+  std::size_t copied = 0;
+  ForEachNumber(json, [&](std::size_t at, std::size_t length) {
+    const std::string_view run = json.substr(at, length);
+    out.append(json.substr(copied, at - copied));
+    out.append(IsJsonNumber(run) ? std::string_view("0") : run);
+    copied = at + length;
+  });
+  out.append(json.substr(copied));
   return out;
 }
 
@@ -232,12 +284,32 @@ void CheckJsonPayload(const std::string& payload) {
         "outbox: payload starts with a UTF-8 byte order mark, which is not JSON; strip the "
         "first 3 bytes (EF BB BF) before Json()");
   }
+  // JSON, but with a number jsonb cannot store: refused here, naming it, rather than by the
+  // database as "value overflows numeric format" naming nothing.
+  const auto check_numbers = [&] {
+    ForEachNumber(payload, [&](std::size_t at, std::size_t length) {
+      const std::string_view number = std::string_view(payload).substr(at, length);
+      if (!IsJsonNumber(number)) return;
+      if (const auto why = NumericRefuses(number)) {
+        throw InvalidMessage("outbox: payload has a number PostgreSQL's jsonb cannot store (" +
+                             std::string(number.substr(0, 40)) +
+                             (number.size() > 40 ? "..." : "") + ": " + *why +
+                             "); send it as a JSON string");
+      }
+    });
+  };
   PayloadCheck check;
-  if (nlohmann::json::sax_parse(payload, &check)) return;
+  if (nlohmann::json::sax_parse(payload, &check)) {
+    if (check.wide_number) check_numbers();
+    return;
+  }
   bool nul = check.has_nul;
   if (!nul && check.overflow) {
     PayloadCheck again;
-    if (nlohmann::json::sax_parse(NumbersAsZero(payload), &again)) return;
+    if (nlohmann::json::sax_parse(NumbersAsZero(payload), &again)) {
+      check_numbers();
+      return;
+    }
     nul = again.has_nul;
   }
   if (nul) throw InvalidMessage(std::string("outbox: payload") + kNulFix);
