@@ -307,6 +307,11 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 		// TraceParent/TraceState are the headers "traceparent"/"tracestate": one given in
 		// Headers as well is a header set twice (refused, as by the C++ SDK). The context's
 		// trace context fills in only a message with neither.
+		if m.TraceState != "" && m.TraceParent == "" {
+			// It was dropped without a word (and the context's trace context sent instead).
+			return nil, invalid("TraceState without TraceParent: a W3C tracestate belongs to a " +
+				"traceparent; set both, or neither")
+		}
 		if m.TraceParent != "" {
 			explicit := [][2]string{{"traceparent", "TraceParent"}}
 			if m.TraceState != "" {

@@ -437,6 +437,9 @@ func TestBadInputIsRefusedNamingTheArgument(t *testing.T) {
 		"payload is 1048577 bytes, the limit is 1048576", false)
 	refused(Message{Destination: "orders", JSON: 1, TraceParent: "00-abc"},
 		`header "traceparent" is not a W3C traceparent`, false)
+	// Dropped without a word before (and the context's trace context sent instead).
+	refused(Message{Destination: "orders", JSON: 1, TraceState: "congo=t61rcWkgMzE"},
+		"TraceState without TraceParent", true)
 	refused(Message{Destination: "orders", JSON: 1, EventType: strings.Repeat("t", 256)},
 		"event_type is 256 bytes long, the limit is 255", true)
 	refused(Message{Destination: "orders", JSON: 1, IdempotencyKey: "not-a-uuid"},

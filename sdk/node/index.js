@@ -180,6 +180,11 @@ function element(m, i) {
   // traceparent/tracestate are the headers "traceparent"/"tracestate": one given in headers as
   // well is a header set twice (refused, as by the C++ SDK). The provider fills in only a
   // message with neither.
+  if (m.tracestate && !m.traceparent) {
+    // It was dropped without a word (and the provider's trace context sent instead).
+    throw new InvalidMessage(`${where}tracestate without traceparent: a W3C tracestate belongs `
+      + 'to a traceparent; pass both, or neither');
+  }
   if (m.traceparent) {
     for (const name of m.tracestate ? ['traceparent', 'tracestate'] : ['traceparent']) {
       if (Object.prototype.hasOwnProperty.call(headers, name)) {

@@ -208,6 +208,9 @@ test('bad input is refused naming the argument, nothing half-written', { skip },
   await refused({ destination: 'orders', data: Buffer.alloc(1024 * 1024 + 1) },
     'payload is 1048577 bytes, the limit is 1048576');
   await refused({ destination: 'orders', json: {}, traceparent: '00-abc' }, 'header "traceparent" is not a W3C traceparent');
+  // Dropped without a word before (and the provider's trace context sent instead).
+  await refused({ destination: 'orders', json: {}, tracestate: 'congo=t61rcWkgMzE' },
+    'tracestate without traceparent', true);
   await refused({ destination: 'orders', json: {}, eventType: 't'.repeat(256) },
     'event_type is 256 bytes long, the limit is 255', true);
   // Refused before the database is asked.

@@ -141,6 +141,13 @@ class WriterTest(unittest.TestCase):
                 self.assertRefused(Message("orders", json={}, event_type=7),
                                    "event type must be a str", many=many)
 
+    def test_a_tracestate_without_a_traceparent_is_refused(self):
+        # It was dropped without a word, and OpenTelemetry's context sent in its place.
+        for many in (False, True):
+            with self.subTest(many=many):
+                self.assertRefused(Message("orders", json={}, tracestate="congo=t61rcWkgMzE"),
+                                   "tracestate= without traceparent=", many=many)
+
     def test_a_trace_context_given_twice_is_refused(self):
         # traceparent=/tracestate= are the headers "traceparent"/"tracestate" (C++:
         # TraceContext is two Header calls): given in headers= as well, the explicit one

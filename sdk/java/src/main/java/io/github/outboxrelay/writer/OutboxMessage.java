@@ -167,6 +167,11 @@ public final class OutboxMessage {
         throw new IllegalArgumentException(
             where + "header \"" + setTwice.iterator().next() + "\" is set twice; set each header once");
       }
+      if (isSet(tracestate) && !isSet(traceparent)) {
+        // It was dropped without a word (and the provider's trace context sent instead).
+        throw new IllegalArgumentException(where + "traceContext(null, tracestate): a W3C tracestate "
+            + "belongs to a traceparent; pass both, or neither");
+      }
       if (isSet(traceparent)) {
         for (String name : isSet(tracestate) ? List.of("traceparent", "tracestate") : List.of("traceparent")) {
           if (headers.containsKey(name)) {

@@ -288,7 +288,9 @@ public final class WriterTest {
     for (Runnable bad : List.<Runnable>of(
         () -> OutboxMessage.to("orders").build(),
         () -> OutboxMessage.to("orders").json("1").bytes(new byte[1]).build(),
-        () -> OutboxMessage.to("orders").json("1").deliverAt(Instant.now()).deliverAfter(Duration.ZERO).build())) {
+        () -> OutboxMessage.to("orders").json("1").deliverAt(Instant.now()).deliverAfter(Duration.ZERO).build(),
+        // A tracestate without its traceparent was dropped without a word.
+        () -> OutboxMessage.to("orders").json("1").traceContext(null, "congo=t61rcWkgMzE").build())) {
       try {
         bad.run();
         throw new AssertionError("built");
