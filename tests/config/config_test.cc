@@ -1679,6 +1679,13 @@ TEST(ParseConfig, ClaimModeAndPartitionTimings) {
       ErrorOf(Minimal("partition_heartbeat_ms: 1000\npartition_lease_ms: 2000\n"));
   EXPECT_TRUE(Contains(short_lease, "partition_lease_ms"));
   EXPECT_TRUE(Contains(short_lease, "at least 3 x partition_heartbeat_ms (3000)"));
+  // Only the heartbeat written: the error is about it, where it was written (it named
+  // partition_lease_ms, which the file does not have).
+  const auto slow_heartbeat = ErrorOf(Minimal("partition_heartbeat_ms: 2000\n"));
+  EXPECT_TRUE(Contains(slow_heartbeat, "partition_heartbeat_ms: must be at most")) << slow_heartbeat;
+  EXPECT_TRUE(Contains(slow_heartbeat, "partition_lease_ms, 5000 by default"))
+      << slow_heartbeat;
+  EXPECT_FALSE(Contains(slow_heartbeat, "partition_lease_ms: must")) << slow_heartbeat;
 }
 
 }  // namespace

@@ -639,6 +639,15 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   config.partition_heartbeat = Millis{ints[6].value};
   config.partition_lease = Millis{ints[7].value};
   if (config.partition_lease < 3 * config.partition_heartbeat) {
+    if (ints[7].origin.empty() && !ints[6].origin.empty()) {
+      // Only the heartbeat was written: the error is about it, where it was written.
+      Fail(ints[6].origin, "partition_heartbeat_ms",
+           "must be at most a third of partition_lease_ms, " +
+               std::to_string(config.partition_lease.count()) +
+               " by default, so one late heartbeat does not move a live relay's buckets; lower "
+               "it, or raise partition_lease_ms to at least " +
+               std::to_string(3 * config.partition_heartbeat.count()));
+    }
     Fail(ints[7].origin.empty() ? source : ints[7].origin, "partition_lease_ms",
          "must be at least 3 x partition_heartbeat_ms (" +
              std::to_string(3 * config.partition_heartbeat.count()) +
