@@ -12,6 +12,19 @@ WITH owned AS (
   JOIN unnest($8::integer[], $9::bigint[]) AS mine(bucket, epoch)
     ON o.bucket = mine.bucket AND o.epoch = mine.epoch
   WHERE o.owner = $7::uuid
+  UNION ALL
+  -- Buckets are owned across destinations: a bucket whose owner does not serve this
+  -- destination (its heartbeat lists others) is claimed by every relay that does, as
+  -- skip_locked would; its messages of this destination were claimed by nobody otherwise
+  -- (tests/store/coordinate_pgtest.cc). Not by an exactly-once relay, whose producers are
+  -- per owned bucket: there every relay must serve the same destinations (docs/scaling.md).
+  SELECT o.bucket
+  FROM outbox.bucket_owners o
+  WHERE o.owner <> $7::uuid
+    AND EXISTS (SELECT 1 FROM outbox.relay_heartbeats h
+                WHERE h.instance_id = o.owner AND NOT ($1 = ANY (h.destinations)))
+    AND NOT coalesce((SELECT r.exactly_once FROM outbox.relay_instances r
+                      WHERE r.instance_id = $7::uuid), false)
 ), fresh AS (
   SELECT f.id, f.destination, f.ordering_key, f.endpoint_id, f.deliver_after, f.bucket
   FROM owned CROSS JOIN LATERAL (

@@ -249,6 +249,50 @@ TEST_F(CoordinateTest, AClaimWithStaleEpochsTakesNothingFromBucketsThatMoved) {
   EXPECT_EQ(r.messages.size() + ra.messages.size() + rb.messages.size(), 400u);
 }
 
+// Buckets are owned across destinations. Relay a serves only "orders", relay b "orders" and
+// "hooks": the "hooks" messages in a's buckets were claimed by nobody, for good, and status
+// counted "hooks" as served (review). A relay now also claims its destination's messages in
+// the buckets of relays that do not serve it (as skip_locked would), unless it delivers
+// exactly once (its producers are per owned bucket).
+TEST_F(CoordinateTest, MessagesInBucketsOfARelayThatDoesNotServeTheirDestinationAreClaimed) {
+  std::vector<outbox::OutboxMessage> batch;
+  for (int i = 0; i < 200; ++i) batch.push_back(outbox::Message::To("hooks").Json("1").Build());
+  Enqueue(batch);
+  Store store(db_url_);
+  const std::string a = NewUuid(), b = NewUuid();
+  store.Heartbeat(a, {"orders"}, "relay a", {});
+  store.Heartbeat(b, {"orders", "hooks"}, "relay b", {});
+  store.Coordinate(a, 10s, false, "");
+  const auto b_owns = store.Coordinate(b, 10s, false, "");
+  ASSERT_EQ(store.Coordinate(a, 10s, false, "").size(), 32u);
+  ASSERT_EQ(b_owns.size(), 32u);
+  std::size_t claimed = 0;
+  std::int64_t cursor = 0;
+  for (int round = 0; round < 20 && claimed < 200; ++round) {
+    const auto r = store.ClaimPartitioned("hooks", cursor, 50, 50, 30s, b, b_owns);
+    claimed += r.messages.size();
+    for (const auto& m : r.messages) cursor = std::max(cursor, Raw(m.id));
+  }
+  EXPECT_EQ(claimed, 200u) << "the hooks messages in a's buckets were left";
+
+  // An exactly-once relay keeps to its own buckets.
+  std::vector<outbox::OutboxMessage> more;
+  for (int i = 0; i < 200; ++i) more.push_back(outbox::Message::To("hooks").Json("1").Build());
+  Enqueue(more);
+  const auto b_exactly_once = store.Coordinate(b, 10s, false, "", true);
+  std::set<int> mine;
+  for (const auto& bl : b_exactly_once) mine.insert(bl.bucket);
+  const auto r = store.ClaimPartitioned("hooks", cursor, 500, 500, 30s, b, b_exactly_once);
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction tx(c);
+  for (const auto& m : r.messages) {
+    const int bucket =
+        tx.exec_params1("SELECT bucket FROM outbox.messages WHERE id = $1", Raw(m.id))[0].as<int>();
+    EXPECT_EQ(mine.count(bucket), 1u) << "an exactly-once relay claimed from bucket " << bucket;
+  }
+  EXPECT_GT(r.messages.size(), 0u);
+}
+
 TEST_F(CoordinateTest, BucketsFollowTheOrderingKeyAndTheCountCanChange) {
   pqxx::connection c(db_url_);
   {
