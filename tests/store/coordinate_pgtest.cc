@@ -117,6 +117,19 @@ TEST_F(CoordinateTest, AJoiningOrLeavingRelayMovesOnlyItsShareOfBuckets) {
   EXPECT_EQ(OwnerCounts().count("none"), 0u);
 }
 
+// The last relay leaving divided the bucket count by the relays left, none: with PL/pgSQL's
+// first (custom) plans of a session, planning folded bc / 0 and the hand-back failed with
+// "division by zero", leaving the relay registered with its buckets until its lease ran out
+// (review). A fresh Store: a session's first calls.
+TEST_F(CoordinateTest, TheLastRelayToLeaveHandsItsBucketsBack) {
+  Store store(db_url_);
+  const std::string a = NewUuid();
+  ASSERT_EQ(store.Coordinate(a, 10s, false, "").size(), 64u);
+  EXPECT_NO_THROW(store.Coordinate(a, 10s, true, ""));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.relay_instances"), 0);
+  EXPECT_EQ(OwnerCounts(), (std::map<std::string, int>{{"none", 64}}));
+}
+
 TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBound) {
   Store store(db_url_);
   const std::string live = NewUuid(), dead = NewUuid();
