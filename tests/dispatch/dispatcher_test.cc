@@ -901,6 +901,25 @@ TEST_F(DispatcherTest, ABucketGainedWhileAClaimIsPreparedIsClaimedWithoutWaiting
   EXPECT_EQ(db_.Calls("release_lost_claims"), 1);
 }
 
+// Notifications sent while the LISTEN connection is down are lost, and the listener, back,
+// woke nobody: a message written meanwhile waited for poll_interval (review). The listener
+// now wakes the claim loops, and starts their lanes over (a 'rebalance' may be among what it
+// missed), once it listens again after a failure.
+TEST_F(DispatcherTest, AMessageWrittenWhileTheListenConnectionWasDownIsClaimedOnceItIsBack) {
+  auto cfg = Config();
+  cfg.poll_interval = 1h;  // a wake-up that is lost is never made up for here
+  Start(cfg, DeliverAll);
+  db_.Enqueue("orders", std::nullopt);
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << "the listener works at all";
+  db_.FailNext("listen", 1000);
+  const auto failed = db_.Calls("listen");
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("listen") > failed + 1; })) << "the listener is down";
+  db_.Enqueue("orders", std::nullopt);  // its notification is lost
+  db_.Heal("listen");
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }))
+      << "the message written while the listener was down waits for poll_interval";
+}
+
 TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
   db_.Pause("orders", "endpoint maintenance");
   for (int i = 0; i < 20; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 3));

@@ -554,7 +554,18 @@ class FakeStore final : public QueueStore {
     return db_.paused_;
   }
 
-  void Listen() override {}
+  // As PostgreSQL: a connection hears the notifications sent after its LISTEN, none before
+  // (those sent while it was down are lost). Fails like any call ("listen").
+  void Listen() override {
+    {
+      std::lock_guard lk(db_.mu_);
+      db_.Enter("listen");
+    }
+    if (listening_) return;
+    std::lock_guard lk(db_.notify_mu_);
+    seen_ = db_.notifications_;
+    listening_ = true;
+  }
   bool WaitForNotification(Millis timeout) override {
     std::unique_lock lk(db_.notify_mu_);
     const bool got =
@@ -586,7 +597,7 @@ class FakeStore final : public QueueStore {
     return 0;
   }
 
-  void Reset() override {}
+  void Reset() override { listening_ = false; }
   bool Connected() const override { return true; }
 
  private:
@@ -600,6 +611,7 @@ class FakeStore final : public QueueStore {
   FakeDatabase& db_;
   std::string last_token_;
   std::uint64_t seen_ = 0;
+  bool listening_ = false;
 };
 
 inline StoreFactory FakeDatabase::Stores() {
