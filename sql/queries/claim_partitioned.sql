@@ -18,13 +18,16 @@ WITH owned AS (
   -- skip_locked would; its messages of this destination were claimed by nobody otherwise
   -- (tests/store/coordinate_pgtest.cc). Not by an exactly-once relay, whose producers are
   -- per owned bucket: there every relay must serve the same destinations (docs/scaling.md).
-  SELECT o.bucket
-  FROM outbox.bucket_owners o
-  WHERE o.owner <> $7::uuid
-    AND EXISTS (SELECT 1 FROM outbox.relay_heartbeats h
-                WHERE h.instance_id = o.owner AND NOT ($1 = ANY (h.destinations)))
-    AND NOT coalesce((SELECT r.exactly_once FROM outbox.relay_instances r
-                      WHERE r.instance_id = $7::uuid), false)
+  -- (As an array unnested: a subquery's estimate here grew the claim's, and the lease UPDATE
+  -- then hashed the whole queue to join its batch, tests/store/claim_plan_pgtest.cc.)
+  SELECT unnest(ARRAY(
+    SELECT o.bucket
+    FROM outbox.bucket_owners o
+    WHERE o.owner <> $7::uuid
+      AND EXISTS (SELECT 1 FROM outbox.relay_heartbeats h
+                  WHERE h.instance_id = o.owner AND NOT ($1 = ANY (h.destinations)))
+      AND NOT coalesce((SELECT r.exactly_once FROM outbox.relay_instances r
+                        WHERE r.instance_id = $7::uuid), false)))
 ), fresh AS (
   SELECT f.id, f.destination, f.ordering_key, f.endpoint_id, f.deliver_after, f.bucket
   FROM owned CROSS JOIN LATERAL (

@@ -12,12 +12,6 @@
 SET enable_bitmapscan = off;
 SET enable_seqscan = off;
 SET enable_sort = off;
--- Nor hash or merge joins: each reads one side whole. With a larger estimate of the buckets
--- a partitioned claim scans, the lease UPDATE hashed the whole queue (by its primary key) to
--- join the batch to it: 100,000 rows for a claim of 175 (tests/store/claim_plan_pgtest.cc).
--- A nested loop probes by primary key, whatever the estimates.
-SET enable_hashjoin = off;
-SET enable_mergejoin = off;
 -- Each disabled node adds 1e10 to a plan's cost estimate, far above jit_above_cost: left on,
 -- JIT would compile every claim (measured: ~540 ms of a 600 ms claim of one row).
 SET jit = off;

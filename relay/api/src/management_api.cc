@@ -417,12 +417,16 @@ struct ManagementApi::Impl {
         ReplyError(res, {414, "uri_too_long",
                          "the request line's path and query are over 8 KiB; send a shorter one",
                          ""});
-      } else if (res.status >= 400 && res.body.empty()) {
-        // cpp-httplib's own answers before any route: a request line or header it cannot
-        // parse (400), and whatever else it refuses, were empty bodies.
-        ReplyError(res, {res.status, "bad_request",
+      } else if (res.status == 400 && res.body.empty()) {
+        // cpp-httplib's own answer to a request line or header it cannot parse: an empty body.
+        ReplyError(res, {400, "bad_request",
                          "the request is not well-formed HTTP/1.1 (request line or headers); "
                          "send METHOD /path HTTP/1.1 and valid header lines",
+                         ""});
+      } else if (res.status >= 400 && res.body.empty()) {
+        ReplyError(res, {res.status, "bad_request",
+                         "the request was refused (HTTP " + std::to_string(res.status) +
+                             ") before it reached a route",
                          ""});
       }
     });
