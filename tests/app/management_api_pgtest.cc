@@ -444,6 +444,39 @@ TEST_F(ManagementApiTest, AnEndpointDeletedBeforeItsUpdateIsReadBackIsA404) {
   }
 }
 
+// Stop waited for every request running, and a request can wait on a lock for as long as it
+// is held (an endpoint's, a table's): the relay's shutdown, which stopped the API first,
+// hung until SIGKILL with its claims still running (review). Stop now cuts a request still
+// running a second after the server stopped (it is answered 503).
+TEST_F(ManagementApiTest, StopEndsARequestWaitingOnALock) {
+  ASSERT_EQ(
+      Post("/v1/endpoints", R"({"id": "one", "destination": "d", "url": "https://x"})").status,
+      201);
+  pqxx::connection x(db_url_);
+  pqxx::work hold(x);
+  hold.exec("LOCK TABLE outbox.dead_letters IN ACCESS EXCLUSIVE MODE");
+  auto answer = std::async(std::launch::async, [&] {
+    httplib::Client c("127.0.0.1", api_->port());
+    c.set_default_headers({{"Authorization", "Bearer " + kToken}});
+    return c.Patch("/v1/endpoints/one", R"({"description": "x"})", "application/json");
+  });
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                      "AND query LIKE '%endpoint_secrets%'") > 0;
+      },
+      10s));
+  auto stopped = std::async(std::launch::async, [&] { api_->Stop(); });
+  const bool in_time = stopped.wait_for(10s) == std::future_status::ready;
+  hold.abort();  // lets a Stop that waited finish
+  stopped.get();
+  EXPECT_TRUE(in_time) << "Stop waited for the lock";
+  const auto r = answer.get();
+  if (r) {
+    EXPECT_EQ(r->status, 503) << r->body;
+  }
+}
+
 // A body over the 1 MiB limit is a JSON error like every other refusal (cpp-httplib answered
 // an empty 413 that clients could not parse).
 TEST_F(ManagementApiTest, ABodyOverTheLimitIsA413NamingTheLimit) {

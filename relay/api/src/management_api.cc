@@ -181,6 +181,9 @@ struct ManagementApi::Impl {
 
   std::mutex store_mu;
   std::unique_ptr<Store> store;  ///< Guarded by store_mu; one connection, made on first use.
+  /// The store a request is using right now, for Stop to cut its statement short.
+  std::mutex busy_mu;
+  Store* busy = nullptr;  ///< Guarded by busy_mu.
 
   ManagementApi::UrlCheck url_check;                  ///< Set before Start; read-only after.
   ManagementApi::DestinationCheck destination_check;  ///< Set before Start; read-only after.
@@ -217,7 +220,19 @@ struct ManagementApi::Impl {
       }
       std::lock_guard lock(store_mu);
       if (!store) store = std::make_unique<Store>(database_url);
+      struct Busy {
+        Impl& d;
+        Busy(Impl& impl, Store* s) : d(impl) {
+          std::lock_guard lk(d.busy_mu);
+          d.busy = s;
+        }
+        ~Busy() {
+          std::lock_guard lk(d.busy_mu);
+          d.busy = nullptr;
+        }
+      };
       try {
+        const Busy busy_now(*this, store.get());
         f(*store, res);
       } catch (const StoreError& e) {
         store.reset();  // reconnect on the next request
@@ -496,6 +511,17 @@ void ManagementApi::Stop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (!d.thread_done) d.server.stop();
+  // The server waits for the requests running: one waiting on a lock (an endpoint's, a
+  // table's) would hold the relay's shutdown for as long as the lock is held. A second, then
+  // its statement is cut (the request is answered 503).
+  const auto cut_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (!d.thread_done && std::chrono::steady_clock::now() < cut_at) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!d.thread_done) {
+    std::lock_guard lk(d.busy_mu);
+    if (d.busy != nullptr) d.busy->Interrupt();
+  }
   d.thread.join();
 }
 

@@ -280,8 +280,10 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   sigwait(&set, &sig);
   spdlog::info("received {}, shutting down (up to {} ms)", sig == SIGINT ? "SIGINT" : "SIGTERM",
                cfg.shutdown_timeout.count());
-  if (api) api->Stop();
+  // The dispatcher first: its leases are what a late stop costs (they expire and the reaper
+  // counts an attempt). The API's requests are cut a second after it stops.
   const bool clean = dispatcher.Stop();
+  if (api) api->Stop();
   if (admin) admin->Stop();
   const DispatcherStats s = dispatcher.stats();
   spdlog::info(
