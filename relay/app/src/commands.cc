@@ -140,6 +140,16 @@ EnvLookup ProcessEnvWithDatabaseUrl(const std::string& database_url_flag) {
 }
 
 int RunRelay(const std::string& config_path, const std::string& database_url_override) {
+  // Signals are taken synchronously by this thread, blocked from the start: one that comes
+  // during start-up (a slow database connect) waits for sigwait below instead of taking its
+  // default action, which as PID 1 of a container is to be dropped (the relay then ran until
+  // SIGKILL). Every thread started below (the sinks' first) inherits the blocked mask.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
   RelayConfig cfg;
   try {
     cfg = LoadConfigFile(config_path, ProcessEnvWithDatabaseUrl(database_url_override));
@@ -162,15 +172,6 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
     return Fail(std::string("cannot reach the database: ") + e.what() +
                 " (check database_url / OUTBOX_DATABASE_URL)");
   }
-
-  // Signals are taken synchronously by this thread; every thread started below (the
-  // sinks' first) inherits the blocked mask, so SIGINT/SIGTERM reach only sigwait: a signal
-  // during start-up waits for it instead of killing the process through a sink's thread.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   std::map<std::string, SinkPtr> sinks;
   try {
@@ -272,6 +273,16 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
     }
     spdlog::info("management API on port {} ({}; /v1/endpoints, /v1/attempts)", api->port(),
                  cfg.management_api.listen);
+  }
+  // Asked to stop during start-up: nothing claimed yet, nothing to hand back.
+  sigset_t pending;
+  sigpending(&pending);
+  if (sigismember(&pending, SIGTERM) || sigismember(&pending, SIGINT)) {
+    spdlog::info("received {} during start-up; stopping without starting",
+                 sigismember(&pending, SIGINT) ? "SIGINT" : "SIGTERM");
+    if (api) api->Stop();
+    if (admin) admin->Stop();
+    return 0;
   }
   dispatcher.Start();
   spdlog::info("outbox-relay {} running: {} destination(s), batch {}, lease {} ms",
