@@ -44,6 +44,16 @@ const std::map<std::string, std::string> kSecrets = {
     {"OUTBOX_DATABASE_URL", "postgresql://app:app@db:5432/app"},
     {"HOOKS_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}};
 
+// How long a relay may take to stop after SIGTERM, at most: shutdown_timeout_ms for the
+// sinks, then the settler's last writes (at least 2 s), a second for each of three threads
+// stuck in a statement (the coordinator's, the settler's, maintenance's), and a connect that
+// was under way (connect_timeout, 10 s). docs/configuration.md gives the same sum. A stop
+// timeout below it SIGKILLs a relay still handing back its leases (review: the manifests
+// hard-coded 30 s whatever the config said).
+std::chrono::milliseconds LongestStop(const RelayConfig& cfg) {
+  return cfg.shutdown_timeout + std::chrono::seconds(2 + 3 * 1 + 10);
+}
+
 // ---- docker-compose ----
 
 TEST(DeployCompose, ServicesFilesAndOrder) {
@@ -90,6 +100,11 @@ TEST(DeployCompose, ServicesFilesAndOrder) {
   EXPECT_EQ(cfg.destinations.size(), 2u);
   const auto& hooks = cfg.destinations.at("hooks").target.Get<WebhookTarget>();
   EXPECT_TRUE(hooks.allow_private_networks) << "the receiver is on the compose network";
+  const std::string grace = services["relay"]["stop_grace_period"].as<std::string>();
+  ASSERT_TRUE(grace.ends_with("s")) << grace;
+  EXPECT_GE(std::chrono::seconds(std::stoi(grace)), LongestStop(cfg))
+      << "stop_grace_period " << grace << " for shutdown_timeout_ms "
+      << cfg.shutdown_timeout.count();
 }
 
 // ---- Kubernetes ----
@@ -189,6 +204,23 @@ TEST(DeployKubernetes, ManifestsKeepTheirPromises) {
   EXPECT_EQ(cfg.database_url, kSecrets.at("OUTBOX_DATABASE_URL"));
   EXPECT_EQ(k.at("ConfigMap")["metadata"]["name"].as<std::string>(),
             pod["volumes"][0]["configMap"]["name"].as<std::string>());
+  EXPECT_GE(std::chrono::seconds(pod["terminationGracePeriodSeconds"].as<int>()), LongestStop(cfg))
+      << "terminationGracePeriodSeconds for shutdown_timeout_ms " << cfg.shutdown_timeout.count();
+}
+
+// The systemd unit's TimeoutStopSec against the example config it points at.
+TEST(DeploySystemd, TheStopTimeoutLeavesRoomForTheShutdown) {
+  const std::string unit = Read(kRoot / "deploy/systemd/outbox-relay.service");
+  const auto at = unit.find("TimeoutStopSec=");
+  ASSERT_NE(at, std::string::npos);
+  const int seconds = std::stoi(unit.substr(at + 15));
+  // (Read off the YAML: the whole example needs its producers' secrets in the environment.)
+  RelayConfig cfg;
+  const YAML::Node example = YAML::LoadFile((kRoot / "deploy/config/relay.example.yaml").string());
+  ASSERT_TRUE(example["shutdown_timeout_ms"]);
+  cfg.shutdown_timeout = std::chrono::milliseconds(example["shutdown_timeout_ms"].as<int>());
+  EXPECT_GE(std::chrono::seconds(seconds), LongestStop(cfg))
+      << "TimeoutStopSec=" << seconds << " for shutdown_timeout_ms " << cfg.shutdown_timeout.count();
 }
 
 // ---- Dockerfile ----
