@@ -28,7 +28,7 @@ WITH owned AS (
                   WHERE h.instance_id = o.owner AND NOT ($1 = ANY (h.destinations)))
       AND NOT coalesce((SELECT r.exactly_once FROM outbox.relay_instances r
                         WHERE r.instance_id = $7::uuid), false)))
-), fresh AS (
+), fresh_scanned AS (
   SELECT f.id, f.destination, f.ordering_key, f.endpoint_id, f.deliver_after, f.bucket
   FROM owned CROSS JOIN LATERAL (
     SELECT m.id, m.destination, m.ordering_key, m.endpoint_id, m.deliver_after, m.bucket
@@ -44,6 +44,14 @@ WITH owned AS (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
   ) f
+), fresh AS (
+  -- At most the batch the relay asked for ($3 a bucket of its own), however many buckets it
+  -- shares: the shared ones took $3 each too, and a claim leased many times the sink's room
+  -- (review). The lowest ids are kept; the rest, locked only until this statement commits,
+  -- are scanned again by the next claim (`bound`).
+  SELECT * FROM fresh_scanned
+  ORDER BY id
+  LIMIT $3 * greatest(cardinality($8::integer[]), 1)
 ), slow AS (
   SELECT m.id, m.destination, m.ordering_key, m.endpoint_id, m.deliver_after, m.bucket
   FROM outbox.messages m
@@ -56,8 +64,11 @@ WITH owned AS (
   SELECT id, destination, ordering_key, endpoint_id, deliver_after FROM fresh
   UNION ALL SELECT id, destination, ordering_key, endpoint_id, deliver_after FROM slow
 ), bound AS (
-  -- The cursor may pass no bucket whose scan stopped at its limit.
-  SELECT (SELECT min(top) FROM (SELECT max(id) AS top FROM fresh GROUP BY bucket
-                                HAVING count(*) >= $3) full_buckets) AS fresh_full_bound
+  -- The cursor may pass no bucket whose scan stopped at its limit, nor a row the cap above
+  -- left out (all above the highest id it kept).
+  SELECT least((SELECT min(top) FROM (SELECT max(id) AS top FROM fresh_scanned GROUP BY bucket
+                                      HAVING count(*) >= $3) full_buckets),
+               CASE WHEN (SELECT count(*) FROM fresh_scanned) > (SELECT count(*) FROM fresh)
+                    THEN (SELECT max(id) FROM fresh) END) AS fresh_full_bound
 ),
 -- @include claim_settle_scan.sql
