@@ -412,6 +412,51 @@ TEST_F(GuardedServerTest, PipelinedRequestsAreAnsweredAtOnce) {
   EXPECT_LT(after, std::chrono::seconds(2)) << "the second waited for the keep-alive timeout";
 }
 
+// The body of a GET is dropped after the answer; it was read under the request's deadline,
+// which a slow handler had used up: a 408 followed the 200 on the connection, and a client
+// keeping it read that 408 as the answer to its next request (review).
+TEST(GuardedServerBodies, AGetBodyDroppedAfterASlowAnswerGetsNoSecondAnswer) {
+  GuardedServer server{RequestReadLimits{1024, std::chrono::milliseconds(500)}};
+  LimitRequestBodies(server, 4096,
+                     [](httplib::Response& res, int status, const std::string&,
+                        const std::string& message) {
+                       res.status = status;
+                       res.set_content(message, "text/plain");
+                     });
+  std::atomic<bool> release{false};
+  server.Get("/slow", [&](const httplib::Request&, httplib::Response& res) {
+    // Longer than the request's deadline: until the test has seen the deadline pass.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!release && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    res.set_content("slow", "text/plain");
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread t([&] { server.listen_after_bind(); });
+  while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int fd = testing::RawConnect(port);
+  ASSERT_GE(fd, 0);
+  // The head is read at once; the body comes after the deadline has passed.
+  const std::string head = "GET /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n";
+  ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+  const auto sent = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - sent < std::chrono::milliseconds(700)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // past the 500 ms deadline
+  }
+  ::send(fd, "hello", 5, MSG_NOSIGNAL);
+  release = true;
+  const std::string answers = testing::RawRead(fd, std::chrono::seconds(3), [](const std::string&) {
+    return false;  // all that comes until the server closes or 3 s pass
+  });
+  ::close(fd);
+  server.stop();
+  t.join();
+  EXPECT_EQ(answers.rfind("HTTP/1.1 200", 0), 0u) << answers;
+  EXPECT_EQ(answers.find("HTTP/1.1 408"), std::string::npos) << answers;
+}
+
 TEST_F(AdminServerTest, StopClosesThePortAndIsIdempotent) {
   const int port = server_.port();
   server_.Stop();

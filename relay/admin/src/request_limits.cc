@@ -84,6 +84,13 @@ class GuardedStream final : public httplib::Stream {
     deadline_ = Clock::now() + std::min<std::chrono::milliseconds>(limits_.request_timeout,
                                                                    std::chrono::hours(24));
   }
+  /// The rest of an answered request (a body cpp-httplib left unread) gets a deadline of its
+  /// own: the one of the request may have passed while the handler ran, and a read past it
+  /// answers 408, after the request's own answer.
+  void RestartDeadline() {
+    deadline_ = Clock::now() + std::min<std::chrono::milliseconds>(limits_.request_timeout,
+                                                                   std::chrono::hours(24));
+  }
   bool refused() const { return refused_; }
   /// Bytes read from the socket and not handed out yet: the start of a pipelined request.
   bool buffered() const { return pos_ < len_; }
@@ -245,6 +252,7 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
     // as the next request, its bytes were answered 400, and a pipelined request after it got
     // that 400.
     char dropped[4096];
+    if (t_unread_body > 0) strm.RestartDeadline();
     while (t_unread_body > 0) {
       const ssize_t n = strm.read(dropped, std::min<std::uint64_t>(sizeof dropped, t_unread_body));
       if (n <= 0) break;

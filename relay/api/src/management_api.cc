@@ -184,6 +184,7 @@ struct ManagementApi::Impl {
   /// The store a request is using right now, for Stop to cut its statement short.
   std::mutex busy_mu;
   Store* busy = nullptr;  ///< Guarded by busy_mu.
+  bool stopping = false;  ///< Guarded by busy_mu: requests not yet running are answered 503.
 
   ManagementApi::UrlCheck url_check;                  ///< Set before Start; read-only after.
   ManagementApi::DestinationCheck destination_check;  ///< Set before Start; read-only after.
@@ -224,6 +225,12 @@ struct ManagementApi::Impl {
         Impl& d;
         Busy(Impl& impl, Store* s) : d(impl) {
           std::lock_guard lk(d.busy_mu);
+          if (d.stopping) {
+            throw ApiError{503, "database_unavailable",
+                           "the relay is shutting down; send the request again to another "
+                           "relay, or once it is back",
+                           ""};
+          }
           d.busy = s;
         }
         ~Busy() {
@@ -513,14 +520,16 @@ void ManagementApi::Stop() {
   if (!d.thread_done) d.server.stop();
   // The server waits for the requests running: one waiting on a lock (an endpoint's, a
   // table's) would hold the relay's shutdown for as long as the lock is held. A second, then
-  // its statement is cut (the request is answered 503).
-  const auto cut_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (!d.thread_done && std::chrono::steady_clock::now() < cut_at) {
+  // the statement running is cut (the request is answered 503), and so is any later one until
+  // the server is done; requests that had not started by then are answered 503 at once.
+  const auto cut_from = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (!d.thread_done) {
+    if (std::chrono::steady_clock::now() >= cut_from) {
+      std::lock_guard lk(d.busy_mu);
+      d.stopping = true;
+      if (d.busy != nullptr) d.busy->Interrupt();
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (!d.thread_done) {
-    std::lock_guard lk(d.busy_mu);
-    if (d.busy != nullptr) d.busy->Interrupt();
   }
   d.thread.join();
 }
