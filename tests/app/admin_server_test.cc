@@ -205,7 +205,8 @@ TEST_F(AdminServerTest, AGetWithABodyIsAnsweredAndTheBodyIsNotReadAsTheNextReque
 
   const std::string refused = testing::RawHttpExchange(
       server_.port(),
-      "GET /healthz HTTP/1.1\r\nHost: relay\r\nContent-Length: 100000\r\n\r\n" +
+      "GET /healthz HTTP/1.1\r\nHost: relay\r\nConnection: keep-alive\r\n"
+      "Content-Length: 100000\r\n\r\n" +
           std::string(1000, 'x'),
       3s);
   EXPECT_EQ(refused.rfind("HTTP/1.1 413", 0), 0u) << refused;

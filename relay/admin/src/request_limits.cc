@@ -290,7 +290,10 @@ void LimitRequestBodies(GuardedServer& server, std::size_t max_body_bytes, Refus
       // The body stays unread: the answer says the connection closes, and it does (its
       // bytes were read as the next request, which cpp-httplib answered 400).
       t_close_after = true;
-      const_cast<httplib::Request&>(req).set_header("Connection", "close");
+      // (Headers is a multimap read by its first value: the client's own goes first.)
+      auto& mutable_req = const_cast<httplib::Request&>(req);
+      mutable_req.headers.erase("Connection");
+      mutable_req.set_header("Connection", "close");
       write(res, status, code, message);
       return httplib::Server::HandlerResponse::Handled;
     };

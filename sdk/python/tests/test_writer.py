@@ -144,9 +144,12 @@ class WriterTest(unittest.TestCase):
     def test_a_tracestate_without_a_traceparent_is_refused(self):
         # It was dropped without a word, and OpenTelemetry's context sent in its place.
         for many in (False, True):
-            with self.subTest(many=many):
-                self.assertRefused(Message("orders", json={}, tracestate="congo=t61rcWkgMzE"),
-                                   "tracestate= without traceparent=", many=many)
+            for parent in (None, ""):
+                with self.subTest(many=many, parent=parent):
+                    self.assertRefused(
+                        Message("orders", json={}, traceparent=parent,
+                                tracestate="congo=t61rcWkgMzE"),
+                        "tracestate= without traceparent=", many=many)
 
     def test_a_trace_context_given_twice_is_refused(self):
         # traceparent=/tracestate= are the headers "traceparent"/"tracestate" (C++:

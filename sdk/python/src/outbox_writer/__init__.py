@@ -110,7 +110,7 @@ def _headers_of(m: Message, where: str = "") -> dict:
     no traceparent=, nor a traceparent or tracestate header."""
     headers = dict(m.headers)
     trace = {}
-    if m.tracestate and m.traceparent is None:
+    if m.tracestate and not m.traceparent:
         # It was dropped without a word (and the current span's context sent instead).
         raise InvalidMessage(
             f"outbox: {where}tracestate= without traceparent=: a W3C tracestate belongs to a "
