@@ -21,10 +21,20 @@ WITH mine AS (
   FROM mine
   WHERE m.id = mine.id
   RETURNING m.id, mine.token
+), records AS (
+  -- The claims' records, locked in token order: a settle on another connection of this relay
+  -- writes the records of the same claims, in that order too (settle.sql). Taken in whatever
+  -- order the plan gave, a renewal holding one record and waiting for another deadlocked with
+  -- a settle holding that one and waiting for the first.
+  SELECT r.token FROM outbox.leases r
+  WHERE r.token IN (SELECT token FROM renewed)
+  ORDER BY r.token
+  FOR UPDATE
 ), extended AS (
   UPDATE outbox.leases r
   SET lease_until = greatest(r.lease_until,
                              clock_timestamp() + make_interval(secs => $2::bigint / 1000.0))
-  WHERE r.token IN (SELECT DISTINCT token FROM renewed)
+  FROM records
+  WHERE r.token = records.token
 )
 SELECT id FROM renewed

@@ -187,16 +187,24 @@ WITH input AS (
   FROM (SELECT token FROM delivered UNION ALL SELECT token FROM dead
         UNION ALL SELECT token FROM retried UNION ALL SELECT token FROM released) t
   GROUP BY t.token
+), claim_records AS (
+  -- The claims' lease records (migration 0011), locked in token order, as renew_leases.sql
+  -- locks them: the relay renews the same claims on another connection, and two writers
+  -- taking records in the orders their plans gave deadlocked.
+  SELECT l.token, l.remaining, c.n
+  FROM outbox.leases l JOIN settled_claims c ON c.token = l.token
+  ORDER BY l.token
+  FOR UPDATE OF l
 ), claims_done AS (
-  -- The claim's lease record (migration 0011) goes with its last lease, so the reaper only
-  -- ever reads claims that a relay abandoned or stalled on ...
-  DELETE FROM outbox.leases l USING settled_claims c
-  WHERE l.token = c.token AND l.remaining <= c.n
+  -- The claim's record goes with its last lease, so the reaper only ever reads claims that a
+  -- relay abandoned or stalled on ...
+  DELETE FROM outbox.leases l USING claim_records c
+  WHERE l.token = c.token AND c.remaining <= c.n
 ), claims_left AS (
   -- ... and otherwise counts what is left (one of the two, never both, for a record).
   UPDATE outbox.leases l SET remaining = l.remaining - c.n
-  FROM settled_claims c
-  WHERE l.token = c.token AND l.remaining > c.n
+  FROM claim_records c
+  WHERE l.token = c.token AND c.remaining > c.n
 ), matched AS (
   -- Every input matched its row (the usual case): `gone` and `written` need no second look.
   SELECT (SELECT count(*) FROM input) = (SELECT count(*) FROM delivered) +

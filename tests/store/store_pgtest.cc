@@ -701,6 +701,90 @@ TEST_F(StoreTest, RenewingLeasesWaitsForNoRowAnotherTransactionHolds) {
   EXPECT_EQ(store.RenewLeases(held, 120s), 2) << "the next round renews it";
 }
 
+// Renewals and settles take the claims' lease records they write in token order. They run on
+// two connections of one relay, each after locking its messages, and both write the records
+// of every claim in flight: a renewal that wrote a record the settle wanted next while the
+// settle held one the renewal wanted was a deadlock (a second's stall, then one of them
+// retried). Here the fifth of eight records is held: the writer stops there having written
+// exactly the four below it.
+class LeaseRecordOrderTest : public StoreTest {
+ protected:
+  struct Claims {
+    std::vector<Message> first, second;  // one message of each claim, and the other
+    std::vector<std::string> of;         // each claim's token
+    std::vector<std::string> tokens;     // the same, ascending
+  };
+  Claims ClaimEight(Store& store) {
+    std::vector<outbox::OutboxMessage> msgs;
+    for (int i = 0; i < 16; ++i) msgs.push_back(outbox::Message::To("d").Json("1").Build());
+    Enqueue(msgs);
+    Claims out;
+    for (int i = 0; i < 8; ++i) {
+      auto r = store.Claim("d", 0, 2, 2, 120s);
+      EXPECT_EQ(r.messages.size(), 2u);
+      if (r.messages.size() != 2u) return out;
+      out.first.push_back(r.messages[0]);
+      out.second.push_back(r.messages[1]);
+      out.of.push_back(r.lease_token);
+    }
+    out.tokens = out.of;
+    std::sort(out.tokens.begin(), out.tokens.end());
+    return out;
+  }
+  // Runs `write` on another thread while another transaction holds the record of tokens[4],
+  // and returns the tokens of the records that neither holds once it waits.
+  template <class Write>
+  std::vector<std::string> RecordsLeftFreeWhileWaiting(const Claims& claims, Write write) {
+    pqxx::connection x(db_url_);
+    pqxx::work hold(x);
+    hold.exec("SELECT 1 FROM outbox.leases WHERE token = " + hold.quote(claims.tokens[4]) +
+              " FOR UPDATE");
+    auto done = std::async(std::launch::async, write);
+    const bool waits = testing::WaitFor(
+        [&] {
+          return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") >
+                 0;
+        },
+        10s);
+    std::vector<std::string> free;
+    {
+      pqxx::connection p(db_url_);
+      pqxx::work probe(p);
+      for (const auto& row :
+           probe.exec("SELECT token::text FROM outbox.leases ORDER BY token FOR UPDATE SKIP LOCKED"))
+        free.push_back(row[0].as<std::string>());
+    }
+    hold.abort();
+    done.get();
+    EXPECT_TRUE(waits) << "the write did not wait for the held record";
+    return free;
+  }
+};
+
+TEST_F(LeaseRecordOrderTest, ARenewalWritesTheRecordsInTokenOrder) {
+  Store store(db_url_);
+  const auto claims = ClaimEight(store);
+  ASSERT_EQ(claims.tokens.size(), 8u);
+  std::vector<std::pair<MessageId, std::string>> held;
+  for (std::size_t i = 0; i < 8; ++i) held.emplace_back(claims.first[i].id, claims.of[i]);
+  Store renewer(db_url_);
+  const auto free =
+      RecordsLeftFreeWhileWaiting(claims, [&] { return renewer.RenewLeases(held, 120s); });
+  EXPECT_EQ(free, (std::vector<std::string>(claims.tokens.begin() + 5, claims.tokens.end())));
+}
+
+TEST_F(LeaseRecordOrderTest, ASettleWritesTheRecordsInTokenOrder) {
+  Store store(db_url_);
+  const auto claims = ClaimEight(store);
+  ASSERT_EQ(claims.tokens.size(), 8u);
+  std::vector<Settlement> batch;
+  for (std::size_t i = 0; i < 8; ++i)
+    batch.push_back(Settle(claims.second[i], claims.of[i], Settlement::Kind::kDelivered));
+  Store settler(db_url_);
+  const auto free = RecordsLeftFreeWhileWaiting(claims, [&] { return settler.Settle(batch); });
+  EXPECT_EQ(free, (std::vector<std::string>(claims.tokens.begin() + 5, claims.tokens.end())));
+}
+
 TEST_F(StoreTest, TheReaperWaitsForNoRowAnotherTransactionHolds) {
   auto ids = Enqueue(
       {outbox::Message::To("d").Json("1").Build(), outbox::Message::To("d").Json("2").Build()});
