@@ -41,12 +41,13 @@ WITH candidates AS (
 ), replayed AS (
   INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type, headers,
                                payload, payload_bytes, deliver_after, parked, created_at,
-                               last_error, bucket, endpoint_id)
+                               last_error, bucket, endpoint_id, due_at)
   SELECT destination, ordering_key, idempotency_key, event_type, headers, payload,
          payload_bytes, clock_timestamp(), true, created_at, 'replayed from dead letter ' || id,
          CASE WHEN ordering_key IS NULL THEN floor(random() * p.bucket_count)
               ELSE (hashtextextended(destination || chr(31) || ordering_key, 0) & 32767) % p.bucket_count END,
-         endpoint_id
+         endpoint_id,
+         clock_timestamp()  -- pending since the replay (migration 0025), whatever hands it back
   FROM picked, outbox.partitioning p
   WHERE (SELECT n FROM key_locks) >= 0  -- every key locked before the first id is taken
   ORDER BY id

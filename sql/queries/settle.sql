@@ -73,7 +73,7 @@ WITH input AS (
     AND NOT EXISTS (SELECT 1 FROM deferred f WHERE f.id = i.id)
   RETURNING m.id, m.destination, m.ordering_key, m.idempotency_key, m.event_type, m.headers,
             m.payload, m.payload_bytes, m.attempts, m.created_at, m.endpoint_id, m.bucket,
-            i.children, i.token
+            m.due_at, i.children, i.token
 ), archived AS (
   INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key,
                                         event_type, headers, payload, payload_bytes,
@@ -90,7 +90,7 @@ WITH input AS (
   -- in now.
   SELECT coalesce(e.destination, d.destination) AS destination, d.ordering_key,
          d.idempotency_key, d.event_type, d.headers, d.payload, d.payload_bytes, d.created_at,
-         c.endpoint, c.outcome, c.delay_ms, c.error, c.attempts
+         d.due_at, c.endpoint, c.outcome, c.delay_ms, c.error, c.attempts
   FROM delivered d
   CROSS JOIN LATERAL jsonb_to_recordset(d.children)
          AS c(endpoint text, outcome text, delay_ms bigint, error text, attempts integer)
@@ -99,9 +99,11 @@ WITH input AS (
 ), spawned AS (
   -- Parked: they enter through the slow lane when due, behind their endpoint's earlier rows of
   -- the same key. ON CONFLICT: the endpoint already holds this message (written again).
+  -- Pending since their message was (due_at, migration 0025), however often they are handed
+  -- back.
   INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type, headers,
                                payload, payload_bytes, deliver_after, attempts, parked,
-                               last_error, created_at, bucket, endpoint_id)
+                               last_error, created_at, bucket, endpoint_id, due_at)
   SELECT o.destination, o.endpoint || ':' || o.ordering_key,
          outbox.endpoint_delivery_id(o.idempotency_key, o.endpoint), o.event_type, o.headers,
          o.payload, o.payload_bytes,
@@ -110,7 +112,7 @@ WITH input AS (
          CASE WHEN o.ordering_key IS NULL THEN floor(random() * p.bucket_count)
               ELSE (hashtextextended(o.destination || chr(31) || o.endpoint || ':' ||
                                      o.ordering_key, 0) & 32767) % p.bucket_count END,
-         o.endpoint
+         o.endpoint, o.due_at
   -- Their keys' locks were taken (key_locks) before any of these rows takes its id: `owed`
   -- comes from `delivered`, which reads `deferred`.
   FROM owed o, outbox.partitioning p

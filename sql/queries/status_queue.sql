@@ -9,9 +9,10 @@
 --   oldest_pending_age_seconds  longest wait among unleased messages that are due or blocked
 --     or retrying: counted from when the message first became due (due_at, written by the
 --     insert and never moved: a hand-back or a key's wake-up does not reset it, migration
---     0025). A row without it (written before 0025, or by the relay itself: a fan-out's
---     endpoint rows, replays) counts from its deliver_after, or enqueue if later, while never
---     tried, and from enqueue once tried or blocked. Scheduled messages that are not due yet
+--     0025; a fan-out's endpoint row takes its message's, a replayed row the replay's time).
+--     A row without it (written before 0025, or an endpoint row of such a message) counts
+--     from its deliver_after, or enqueue if later, while never tried, and from enqueue once
+--     tried or blocked. Scheduled messages that are not due yet
 --     do not count. 0 when nothing waits.
 WITH q AS (
   SELECT m.destination, m.lease_owner, m.lease_until, m.attempts, m.parked, m.deliver_after,

@@ -434,6 +434,56 @@ TEST_F(StatusTest, TheOldestPendingAgeSurvivesHandBacksAndIgnoresAPastDeliverAft
   EXPECT_LT(s.Find("legacy")->oldest_pending_age_seconds, 600);
 }
 
+// A fan-out's endpoint rows and replayed rows had no due_at (migration 0025 wrote it in the
+// insert function only): never tried, they were counted from their deliver_after, which
+// every hand-back rewrites, so an endpoint held for an hour never looked older than its last
+// hand-back. An endpoint row is pending since its message was; a replayed row since the
+// replay.
+TEST_F(StatusTest, EndpointRowsAndReplayedRowsKeepTheirAgeThroughHandBacks) {
+  Store store(db_url_);
+  const auto hand_back = [&](const std::string& destination) {
+    const auto claim = store.Claim(destination, 0, 10, 10, 30s);
+    EXPECT_EQ(claim.messages.size(), 1u) << destination;
+    if (claim.messages.empty()) return;
+    Settlement release;
+    release.id = claim.messages[0].id;
+    release.lease_token = claim.lease_token;
+    release.kind = Settlement::Kind::kRelease;
+    EXPECT_EQ(store.Settle({release}).released, 1) << destination;
+  };
+  const auto age = [&](const std::string& destination) {
+    const auto s = Read();
+    const auto* d = s.Find(destination);
+    return d == nullptr ? -1.0 : d->oldest_pending_age_seconds;
+  };
+
+  // A message due 100 s ago, fanned out now: its endpoint is held (the row is handed back).
+  const auto parent = Enqueue("hooks");
+  Exec("UPDATE outbox.messages SET due_at = now() - interval '100 s' WHERE id = " +
+       std::to_string(parent));
+  const auto claim = store.Claim("hooks", 0, 10, 10, 30s);
+  ASSERT_EQ(claim.messages.size(), 1u);
+  Settlement fan;
+  fan.id = claim.messages[0].id;
+  fan.lease_token = claim.lease_token;
+  fan.kind = Settlement::Kind::kFanOut;
+  fan.children = {{"ep_a", Settlement::Kind::kRelease, 0ms, "endpoint held", 0, {}}};
+  ASSERT_EQ(store.Settle({fan}).spawned, 1);
+  hand_back("hooks");
+  EXPECT_GE(age("hooks"), 100) << "the endpoint's row counts from when its message was due";
+  EXPECT_LT(age("hooks"), 600);
+
+  // A dead letter of an hour ago, replayed: pending from the replay, not from its enqueue nor
+  // from its last hand-back.
+  DeadLetter(Enqueue("replayed"), "replayed");
+  Exec("DELETE FROM outbox.messages WHERE destination = 'replayed'");
+  ASSERT_EQ(ReplayDeadLetters(store, {}, "replayed").ids.size(), 1u);
+  ASSERT_TRUE(WaitFor([&] { return age("replayed") >= 1.5; }, 30s));
+  hand_back("replayed");
+  EXPECT_GE(age("replayed"), 1.5) << "the hand-back reset the replayed row's age";
+  EXPECT_LT(age("replayed"), 600) << "counted from the dead letter's enqueue";
+}
+
 TEST_F(StatusTest, QueueAndDeadLettersAreReadFromOneSnapshot) {
   // A message moved to the dead letters between the two counts would be counted twice or
   // not at all under READ COMMITTED; the snapshot read counts it exactly once.

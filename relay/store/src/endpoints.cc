@@ -750,7 +750,7 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           "), inserted AS ("
           "  INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
           "    headers, payload, payload_bytes, deliver_after, parked, created_at, last_error,"
-          "    bucket, endpoint_id) "
+          "    bucket, endpoint_id, due_at) "
           "  SELECT p.destination, p.key,"
           "    CASE WHEN p.endpoint_id IS NOT NULL THEN p.idempotency_key"
           "         ELSE outbox.endpoint_delivery_id(p.idempotency_key, e.id) END,"
@@ -759,7 +759,8 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           "    CASE WHEN p.key IS NULL THEN floor(random() * pp.bucket_count)"
           "         ELSE (hashtextextended(p.destination || chr(31) || p.key, 0) & 32767)"
           "              % pp.bucket_count END,"
-          "    e.id "
+          // pending since the replay (migration 0025), whatever hands it back
+          "    e.id, clock_timestamp() "
           "  FROM keyed p, e, outbox.partitioning pp "
           "  WHERE (SELECT n FROM key_locks) >= 0 "  // every key locked before the first id
           "  ORDER BY p.id "
