@@ -14,7 +14,10 @@
 -- lock, and a whole queue of dead letters in one statement filled PostgreSQL's lock table
 -- ("out of shared memory").
 -- Returns (id, held_back, last): the new message ids, and the ids of the dead letters held
--- back; `last` is the highest dead-letter id this part looked at (no rows: none was left).
+-- back; `last` is the highest dead-letter id this part looked at, NULL when none was left.
+-- One more row, with no id, carries `last` alone: a part whose dead letters were all purged
+-- meanwhile (`dlq purge` committing while this waited for their rows) returns nothing else,
+-- and the replay took that for the end and left every later dead letter (review).
 WITH candidates AS (
   SELECT d.id, d.idempotency_key
   FROM outbox.dead_letters d
@@ -57,3 +60,5 @@ SELECT id, false AS held_back, (SELECT max(id) FROM candidates) AS last FROM rep
 UNION ALL
 SELECT c.id, true, (SELECT max(id) FROM candidates) FROM candidates c
 WHERE c.id <> ALL ((SELECT coalesce(array_agg(id), '{}') FROM chosen)::bigint[])
+UNION ALL
+SELECT NULL, NULL, (SELECT max(id) FROM candidates)

@@ -1058,6 +1058,66 @@ TEST_F(StoreTest, DeadLettersReplayWithTheirIdempotencyKeysAndPurge) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
 }
 
+// A writer that queues a dead letter's idempotency key while the replay waits for it (the
+// key's index entry is uncommitted) commits it first: the replay's insert failed on the
+// unique index, and `dlq replay` ended with PostgreSQL's bare duplicate-key error. The part
+// is run again, and the dead letter held back as any whose key is queued.
+TEST_F(StoreTest, AReplayMeetingAWriterOfTheSameIdempotencyKeyHoldsTheDeadLetterBack) {
+  const std::string key = "123e4567-e89b-12d3-a456-426614174001";
+  const auto dead = Scalar(
+      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type,"
+      "  headers, payload, attempts, reason, created_at)"
+      "  VALUES (nextval('outbox.messages_id_seq'), 'd', '" +
+      key + "', '', '{}', '1', 3, 'http 500', now()) RETURNING id) SELECT id FROM d");
+  pqxx::connection w(db_url_);
+  pqxx::work writer(w);
+  outbox::Publish(writer, outbox::Message::To("d").Json("2").IdempotencyKey(key).Build());
+  Store c(db_url_);
+  auto replay = std::async(std::launch::async, [&] { return ReplayDeadLetters(c, {}, ""); });
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
+      },
+      10s))
+      << "the replay did not wait for the writer's key";
+  writer.commit();
+  Replayed r;
+  ASSERT_NO_THROW(r = replay.get());
+  EXPECT_TRUE(r.ids.empty());
+  EXPECT_EQ(r.held_back, (std::vector<std::int64_t>{dead}));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 1) << "the dead letter stays";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 1) << "the writer's message";
+}
+
+// A part of the replay whose dead letters were all purged meanwhile (`dlq purge` committing
+// while the replay waited for their rows) returned no row, and the replay took that for the
+// end: the dead letters after that part stayed dead letters, and it reported success.
+TEST_F(StoreTest, AReplayWhosePartWasPurgedMeanwhileGoesOnToTheRest) {
+  Scalar(
+      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type,"
+      "  headers, payload, attempts, reason, created_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'd', gen_random_uuid(), '', '{}', '1', 3,"
+      "    'http 500', now() FROM generate_series(1, 600) RETURNING 1) SELECT count(*) FROM d");
+  pqxx::connection p(db_url_);
+  pqxx::work purge(p);
+  purge.exec(
+      "DELETE FROM outbox.dead_letters WHERE id IN "
+      "(SELECT id FROM outbox.dead_letters ORDER BY id LIMIT 500)");
+  Store c(db_url_);
+  auto replay = std::async(std::launch::async, [&] { return ReplayDeadLetters(c, {}, ""); });
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
+      },
+      10s))
+      << "the replay did not wait for the purge";
+  purge.commit();
+  const auto r = replay.get();
+  EXPECT_EQ(r.ids.size(), 100u) << "the dead letters after the purged part were left";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 100);
+}
+
 // A webhook service's endpoint row (endpoint_id set, its key prefixed with the endpoint) keeps
 // its endpoint through `dlq bury` and `dlq replay`. Buried without it, the replayed row was a
 // new message to the service, fanned out to every endpoint under new webhook-ids.

@@ -108,17 +108,36 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
     // In parts, oldest first, each its own transaction (dlq_replay.sql says why). What a
     // failed run replayed stays replayed; run again, it replays the rest.
     constexpr long long kReplayChunk = 500;
+    // A writer that queues a dead letter's idempotency key while its part is replayed commits
+    // the key first: the part fails on the unique index and is run again, and the dead letter
+    // is then held back as any whose key is queued. A few times at most.
+    constexpr int kKeyConflictTries = 3;
+    int conflicts = 0;
     long long after = std::numeric_limits<long long>::min();
     while (true) {
-      pqxx::work tx(c);
-      // The writers' lock (migration 0014): no bucket count change between here and commit,
-      // so the replay's snapshot has the count its rows are bucketed by.
-      tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
-      const auto rows = tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids),
-                                       destination, after, kReplayChunk);
-      tx.commit();
-      if (rows.empty()) break;
+      pqxx::result rows;
+      try {
+        pqxx::work tx(c);
+        // The writers' lock (migration 0014): no bucket count change between here and commit,
+        // so the replay's snapshot has the count its rows are bucketed by.
+        tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
+        rows = tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids),
+                              destination, after, kReplayChunk);
+        tx.commit();
+      } catch (const pqxx::unique_violation& e) {
+        if (++conflicts < kKeyConflictTries) continue;
+        throw std::runtime_error(
+            std::string("dlq replay: other writers kept queueing the idempotency keys of the dead "
+                        "letters being replayed (") +
+            e.what() +
+            "); what was replayed before stays replayed: run the replay again to hold those "
+            "dead letters back, or replay them once their keys' messages are delivered");
+      }
+      // Every row carries the part's highest dead-letter id (one row carries only that):
+      // NULL, none was left.
+      if (rows.empty() || rows[0][2].is_null()) break;
       for (const auto& r : rows) {
+        if (r[0].is_null()) continue;
         (r[1].as<bool>() ? out.held_back : out.ids).push_back(r[0].as<std::int64_t>());
       }
       after = rows[0][2].as<long long>();
