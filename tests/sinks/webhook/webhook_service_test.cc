@@ -315,6 +315,34 @@ TEST_F(WebhookServiceSinkTest, ASlowEndpointsOwnRowsDoNotHoldTheDestinationsClai
   sink->Shutdown(5s);
 }
 
+// Fan-out copies go to an endpoint's sink up to two per request it allows, so every one of its
+// connections is busy. The sink's MaxInFlight, which the room was taken from, is capped by the
+// claim's batch (128 for the lanes' 64): an endpoint allowed 32 requests got 16 copies at a
+// time, half its connections idle, and the rest aged out of the backlog into rows of its own
+// (review).
+TEST_F(WebhookServiceSinkTest, FanOutCopiesKeepEveryConnectionAnEndpointAllowsBusy) {
+  Gate gate;
+  HttpReceiver receiver;
+  OpenOnExit release{gate};
+  receiver.SetResponder([&](const outbox::testing::ReceivedRequest&) {
+    gate.Wait();
+    return Reply{};
+  });
+  registry_.endpoints = {Endpoint("wide", receiver.Url("/hook"), 32)};
+  auto sink = Start();
+  Outcomes done;
+  for (int n = 1; n <= 64; ++n) sink->Submit(Event(n), done.For());
+  EXPECT_TRUE(receiver.WaitForCount(32, 10s)) << "requests open at once: " << receiver.Count();
+  gate.Open();
+  EXPECT_TRUE(WaitFor([&] { return done.Of(64).has_value(); }, 20s));
+  for (int n = 1; n <= 64; ++n) {
+    const auto o = done.Of(n);
+    ASSERT_TRUE(o.has_value()) << n;
+    EXPECT_EQ(o->kind, OutcomeKind::kDelivered) << n << ": " << o->reason;
+  }
+  sink->Shutdown(5s);
+}
+
 // An endpoint that keeps going, slowly, frees a place in its sink with every request: it is
 // still busy, and what it hands back waits longer the longer that lasts. (Reset each time a row
 // got in, the hold stayed at a second, and a large backlog of its own went round the claim

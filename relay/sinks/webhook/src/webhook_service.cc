@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -647,8 +648,11 @@ class WebhookServiceSink final : public Sink {
   // own: so a slow endpoint never holds back the claim, and so the others.
   // Two per request the endpoint allows (its MaxInFlight counts 16): enough to keep its
   // connections busy, little enough that a slow endpoint's work waits here, where it can age.
+  // Asked for as if for an unbounded claim: a webhook sink caps what it asks for at twice the
+  // claim's batch, and with the lanes' 64 that held an endpoint allowed 32 requests to 16
+  // copies at a time (its rate limit still caps it, at 2 s of its pace).
   static std::size_t LaneRoom(const Sink& sink) {
-    return std::max<std::size_t>(2, sink.MaxInFlight(kLaneClaim) / 8);
+    return std::max<std::size_t>(2, sink.MaxInFlight(kUnboundedClaim) / 8);
   }
 
   // Sends what waits in `endpoint`'s backlog while its sink has room. Called when one of the
@@ -996,6 +1000,7 @@ class WebhookServiceSink final : public Sink {
 
   /// The claim size MaxInFlight of an endpoint's sink is asked with.
   static constexpr int kLaneClaim = 64;
+  static constexpr int kUnboundedClaim = std::numeric_limits<int>::max() / 2;
 
   const std::string destination_;
   const WebhookTarget defaults_;
