@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -18,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "address_policy.h"
 #include "outbox_relay/endpoint_directory.h"
 #include "outbox_test/full_listener.h"
 #include "outbox_test/gate.h"
@@ -340,6 +342,39 @@ TEST_F(WebhookServiceSinkTest, FanOutCopiesKeepEveryConnectionAnEndpointAllowsBu
     ASSERT_TRUE(o.has_value()) << n;
     EXPECT_EQ(o->kind, OutcomeKind::kDelivered) << n << ": " << o->reason;
   }
+  sink->Shutdown(5s);
+}
+
+// An endpoint whose name stopped resolving (a lapsed domain) fails every attempt without a
+// request: those attempts are in its delivery log and its health like refused connections, so
+// auto_disable_after disables it. Not logged, it was never disabled, and each message spent
+// its attempts and was dead-lettered (review).
+TEST_F(WebhookServiceSinkTest, AnAttemptToAnEndpointWhoseNameDoesNotResolveIsLogged) {
+  webhook_detail::SetResolverForTesting(
+      [](const std::string&, std::string* error) -> std::vector<webhook_detail::IpAddress> {
+        *error = "Name or service not known";
+        return {};
+      });
+  struct Restore {
+    ~Restore() { webhook_detail::SetResolverForTesting(nullptr); }
+  } restore;
+  registry_.endpoints = {Endpoint("gone", "http://gone.test:9/hook", 1)};
+  auto sink = Start();
+  Outcomes done;
+  sink->Submit(Row(1, "gone"), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(1).has_value(); }, 10s));
+  EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kRetry);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard lock(registry_.mu);
+        return std::any_of(registry_.recorded.begin(), registry_.recorded.end(),
+                           [](const AttemptRow& r) {
+                             return r.endpoint_id == "gone" && r.status == 0 &&
+                                    r.error.find("cannot resolve") != std::string::npos;
+                           });
+      },
+      10s))
+      << "the failed attempt is not in the endpoint's delivery log";
   sink->Shutdown(5s);
 }
 

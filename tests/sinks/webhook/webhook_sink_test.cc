@@ -1225,6 +1225,44 @@ TEST(WebhookSinkSsrf, ANameThatDoesNotResolveAgainKeepsTheAddressesCheckedBefore
   sink->Shutdown(5s);
 }
 
+// A lookup that fails after a while (a resolver that stops answering) keeps the addresses
+// checked before for kResolveRetry counted from its answer. Counted from the question, the
+// retry was due before the lookup returned: every request waited out a lookup of its own.
+TEST(WebhookSinkSsrf, ASlowFailingLookupIsNotRepeatedForEveryRequest) {
+  HttpReceiver receiver;
+  std::atomic<int> lookups{0};
+  webhook_detail::SetResolverForTesting(
+      [&](const std::string&, std::string* error) -> std::vector<webhook_detail::IpAddress> {
+        if (lookups++ == 0) return {*webhook_detail::ParseIpLiteral("127.0.0.1")};
+        std::this_thread::sleep_for(300ms);  // then no answer, after a while
+        *error = "Temporary failure in name resolution";
+        return {};
+      });
+  webhook_detail::SetResolveEveryForTesting(100ms);
+  struct Restore {
+    ~Restore() {
+      webhook_detail::SetResolverForTesting(nullptr);
+      webhook_detail::SetResolveEveryForTesting(0ms);
+    }
+  } restore;
+  WebhookTarget t = Target("http://hooks.test:" + std::to_string(receiver.port()) + "/hook");
+  t.allow_private_networks = false;
+  t.allowed_networks = {"127.0.0.0/8"};
+  t.max_in_flight = 1;
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", t);
+  sink->Submit(MakeMessage(1), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(1));
+  std::this_thread::sleep_for(150ms);  // past the 100 ms the addresses are used unasked
+  for (int n = 2; n <= 6; ++n) {
+    sink->Submit(MakeMessage(n), done.Callback());
+    ASSERT_TRUE(done.WaitForSize(static_cast<std::size_t>(n)));
+    EXPECT_EQ(done.Of(n).kind, OutcomeKind::kDelivered) << n << ": " << done.Of(n).reason;
+  }
+  EXPECT_LE(lookups.load(), 3) << "looked up again for every request";
+  sink->Shutdown(5s);
+}
+
 // A name with several allowed addresses, one of which takes no connections: the next attempt
 // goes to the next address. (cpp-httplib tried each address in turn; with the SSRF guard's own
 // resolution, the first one was used until the next resolution 30 s later, so one dead

@@ -66,7 +66,8 @@ struct Outcome {
   std::vector<EndpointOutcome> owed;
   /// kFannedOut: how many endpoints took it.
   int delivered_to = 0;
-  /// The request this attempt made, when the sink speaks HTTP and a request was made.
+  /// The request this attempt made, when the sink speaks HTTP and tried one (status 0: no
+  /// answer, also when the host's name did not resolve or resolved only to refused addresses).
   std::optional<HttpExchange> exchange;
   /// kRetry of a message that may have reached the target although the attempt failed (a
   /// Kafka transaction whose end is unknown): the attempt counts even at shutdown, when a

@@ -714,7 +714,7 @@ class WebhookServiceSink final : public Sink {
 
   // The delivery log: what each request to an endpoint exchanged, and the endpoint's health.
   void Log(const std::string& endpoint, const std::string& delivery, const Outcome& o) {
-    if (!o.exchange) return;  // not sent (returned, refused by the SSRF guard before sending)
+    if (!o.exchange) return;  // not tried (returned, held)
     AttemptRow row;
     row.endpoint_id = endpoint;
     row.delivery_id = delivery;

@@ -547,9 +547,14 @@ class WebhookSink final : public Sink {
   // checked (the host name stays in Host and SNI). An attempt that failed when the endpoint
   // has no acceptable address; nullopt when the request may go.
   std::optional<Attempt> CheckAddress(Worker& worker, MessageId id) {
-    const auto now = Clock::now();
-    if (!worker.connect_ip.empty() && now < worker.resolved_until) return std::nullopt;
+    const auto asked = Clock::now();
+    if (!worker.connect_ip.empty() && asked < worker.resolved_until) return std::nullopt;
+    const auto asked_at = std::chrono::system_clock::now();
     const auto r = webhook_detail::ResolveChecked(url_.host, policy_);
+    // Times count from the answer: a lookup that timed out took seconds (a resolver that stops
+    // answering), and counted from the question, the next retry was already due when it
+    // returned, so every request waited out a lookup of its own (review).
+    const auto now = Clock::now();
     if (!r.address && !r.refused && !worker.connect_ip.empty() &&
         now - worker.resolved_at < 10 * webhook_detail::ResolveEvery()) {
       // The name did not resolve this time (a DNS restart, a timeout): the addresses checked
@@ -571,6 +576,11 @@ class WebhookSink final : public Sink {
                                     Reason::kBlockedAddress)
                             : Retry(id, "connection error: " + r.error, Reason::kConnection);
       a.verdict = Verdict{false, true, false, std::nullopt};
+      // An attempt with no answer, as a refused connection is: the delivery log and the
+      // endpoint's health count it (a webhook service disables an endpoint whose name stopped
+      // resolving once it has failed for auto_disable_after; without this, never).
+      a.outcome.exchange = HttpExchange{
+          asked_at, 0, std::chrono::duration_cast<std::chrono::milliseconds>(now - asked), ""};
       {
         std::lock_guard lock(last_failure_mu_);
         last_failure_ = a.outcome.reason;
