@@ -235,6 +235,9 @@ TEST_F(ManagementApiTest, BadInputIsA4xxNamingTheFieldAndWritesNothing) {
        "headers"},
       {R"({"destination": "d", "url": "https://x", "headers": {"Bad Name": "v"}})", 400,
        "invalid_field", "headers"},
+      // One header twice (names are case-insensitive): both were sent.
+      {R"({"destination": "d", "url": "https://x", "headers": {"X-A": "1", "x-a": "2"}})", 400,
+       "invalid_field", "headers"},
       {R"({"destination": "d", "url": "https://x", "metadata": [1]})", 400, "invalid_field",
        "metadata"},
       {R"({"destination": "d", "url": "https://x", "max_in_flight": 5000})", 400, "invalid_field",

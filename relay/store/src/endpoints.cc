@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -188,7 +189,15 @@ json Changes(const EndpointFields& f) {
     c["event_types"] = *f.event_types;
   }
   if (f.headers) {
+    std::map<std::string, std::string> seen;  // lower-case name -> as written
     for (const auto& [k, v] : *f.headers) {
+      std::string lower = k;
+      for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      if (const auto [it, fresh] = seen.emplace(lower, k); !fresh) {
+        throw InvalidField("headers", "headers " + it->second + " and " + k +
+                                          " are one header (names are case-insensitive); "
+                                          "keep one");
+      }
       if (k.size() > kMaxHeaderNameChars) {
         throw InvalidField("headers", "a header name is " + std::to_string(k.size()) +
                                           " characters long, the limit is " +

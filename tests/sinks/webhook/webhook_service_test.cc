@@ -378,6 +378,32 @@ TEST_F(WebhookServiceSinkTest, AnAttemptToAnEndpointWhoseNameDoesNotResolveIsLog
   sink->Shutdown(5s);
 }
 
+// An endpoint's header goes out over the destination's of the same name, whatever the case of
+// either: merged as different names, both were sent, the destination's first, and receivers
+// that read the first (Node, Go, Python) saw the destination's (review).
+TEST_F(WebhookServiceSinkTest, AnEndpointsHeaderReplacesTheDestinationsWhateverTheCase) {
+  HttpReceiver receiver;
+  tweak_ = [](WebhookTarget& t) { t.headers = {{"X-Tenant", "destination"}}; };
+  auto ep = Endpoint("ep", receiver.Url("/hook"), 1);
+  ep.headers = {{"x-tenant", "endpoint"}};
+  registry_.endpoints = {ep};
+  auto sink = Start();
+  Outcomes done;
+  sink->Submit(Row(1, "ep"), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(1).has_value(); }, 10s));
+  EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kDelivered) << done.Of(1)->reason;
+  ASSERT_EQ(receiver.Count(), 1u);
+  std::vector<std::string> values;
+  const auto requests = receiver.Requests();
+  for (const auto& [name, value] : requests[0].headers) {
+    std::string lower = name;
+    for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (lower == "x-tenant") values.push_back(value);
+  }
+  EXPECT_EQ(values, (std::vector<std::string>{"endpoint"}));
+  sink->Shutdown(5s);
+}
+
 // An endpoint that keeps going, slowly, frees a place in its sink with every request: it is
 // still busy, and what it hands back waits longer the longer that lasts. (Reset each time a row
 // got in, the hold stayed at a second, and a large backlog of its own went round the claim

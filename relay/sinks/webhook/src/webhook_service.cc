@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -980,12 +981,24 @@ class WebhookServiceSink final : public Sink {
     });
   }
 
+  static bool SameHeaderName(const std::string& a, const std::string& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+             return std::tolower(static_cast<unsigned char>(x)) ==
+                    std::tolower(static_cast<unsigned char>(y));
+           });
+  }
+
   std::shared_ptr<Sink> MakeLaneSink(const EndpointSpec& spec) const {
     WebhookTarget t = defaults_;
     t.endpoints_from_database = false;
     t.url = spec.url;
     t.secrets = spec.secrets;
-    for (const auto& [name, value] : spec.headers) t.headers[name] = value;
+    // Over the destination's header of the same name, in whatever case either is written
+    // (HTTP names are case-insensitive: merged as two names, both went out).
+    for (const auto& [name, value] : spec.headers) {
+      std::erase_if(t.headers, [&](const auto& h) { return SameHeaderName(h.first, name); });
+      t.headers[name] = value;
+    }
     if (spec.max_in_flight) t.max_in_flight = *spec.max_in_flight;
     if (spec.rate_limit) t.rate_limit = *spec.rate_limit;
     if (spec.breaker_enabled) t.breaker.enabled = *spec.breaker_enabled;
