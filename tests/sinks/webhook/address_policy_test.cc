@@ -38,7 +38,12 @@ TEST(AddressPolicy, RefusesEveryNonPublicRangeByDefault) {
       {"::ffff:127.0.0.1", "loopback"},  // IPv4-mapped
       {"::ffff:169.254.169.254", "link-local (cloud metadata endpoints live here)"},
       {"64:ff9b::10.0.0.1", "private (RFC 1918)"},  // NAT64
-      {"64:ff9b:1::a00:1", "private (RFC 1918)"},   // local-use NAT64, 10.0.0.1
+      // Local-use NAT64: where the IPv4 address sits depends on the translator's prefix
+      // length. Read as a /96, the second was 8.8.8.8; a /48 translator sends it to 10.0.0.1.
+      {"64:ff9b:1::a00:1",
+       "local-use NAT64 (RFC 8215, the IPv4 address it carries depends on the translator)"},
+      {"64:ff9b:1:a00:0:100:808:808",
+       "local-use NAT64 (RFC 8215, the IPv4 address it carries depends on the translator)"},
       {"::127.0.0.1", "loopback"},                  // IPv4-compatible
       {"2002:a9fe:a9fe::1", "link-local (cloud metadata endpoints live here)"},  // 6to4
       // Review: the rest of ::/96 (0.0.1.2 is in 0.0.0.0/8), IPv4-translated (SIIT), and

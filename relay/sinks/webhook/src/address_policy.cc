@@ -71,6 +71,11 @@ constexpr Range kBlockedV6[] = {
     {"fec0::/10", "site-local (deprecated, still routed)"},
     {"fc00::/7", "unique-local (private)"},
     {"ff00::/8", "multicast"},
+    // Where its IPv4 address sits depends on the translator's prefix length (RFC 6052: /48,
+    // /56, /64 or /96), which the relay cannot know: read as a /96 (the last four bytes),
+    // 64:ff9b:1:a00:0:100:808:808 passed as 8.8.8.8 while a /48 translator sends it to
+    // 10.0.0.1 (review). Refused as a whole; allowed_networks can name it.
+    {"64:ff9b:1::/48", "local-use NAT64 (RFC 8215, the IPv4 address it carries depends on the translator)"},
 };
 
 // Not covered by allow_private_networks, only by an allow-list entry: the link-local ranges,
@@ -102,8 +107,8 @@ const std::vector<std::pair<Cidr, const char*>>& Blocked() {
 
 // The IPv4 address inside an IPv6 one that carries it: IPv4-mapped (::ffff:a.b.c.d),
 // IPv4-translated (::ffff:0:a.b.c.d, SIIT), IPv4-compatible (::a.b.c.d, deprecated: all of
-// ::/96 but :: and ::1), NAT64 (64:ff9b::a.b.c.d, and the local-use 64:ff9b:1::/48) and 6to4
-// (2002:AABB:CCDD::, the IPv4 address in bytes 2-5).
+// ::/96 but :: and ::1), NAT64 (64:ff9b::a.b.c.d; not the local-use 64:ff9b:1::/48, refused
+// as a range) and 6to4 (2002:AABB:CCDD::, the IPv4 address in bytes 2-5).
 std::optional<IpAddress> EmbeddedV4(const IpAddress& a) {
   if (a.v4) return std::nullopt;
   static const Cidr mapped = ParseCidr("::ffff:0:0/96");
@@ -111,13 +116,11 @@ std::optional<IpAddress> EmbeddedV4(const IpAddress& a) {
   static const Cidr compatible = ParseCidr("::/96");
   static const Cidr unspecified_or_loopback = ParseCidr("::/127");
   static const Cidr nat64 = ParseCidr("64:ff9b::/96");
-  static const Cidr nat64_local = ParseCidr("64:ff9b:1::/48");
   static const Cidr six_to_four = ParseCidr("2002::/16");
   if (six_to_four.Contains(a)) return V4(a.bytes[2], a.bytes[3], a.bytes[4], a.bytes[5]);
   // :: and ::1 are judged by the IPv6 ranges themselves.
   const bool compat = compatible.Contains(a) && !unspecified_or_loopback.Contains(a);
-  if (!mapped.Contains(a) && !translated.Contains(a) && !compat && !nat64.Contains(a) &&
-      !nat64_local.Contains(a)) {
+  if (!mapped.Contains(a) && !translated.Contains(a) && !compat && !nat64.Contains(a)) {
     return std::nullopt;
   }
   return V4(a.bytes[12], a.bytes[13], a.bytes[14], a.bytes[15]);
