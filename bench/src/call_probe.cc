@@ -102,11 +102,11 @@ class TimedStore final : public relay::QueueStore {
     return result;
   }
   ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
-                               int per_bucket_limit, int slow_limit, Millis lease,
+                               int fresh_limit, int slow_limit, Millis lease,
                                const std::string& instance_id,
                                const std::vector<BucketLease>& owned) override {
     const auto start = std::chrono::steady_clock::now();
-    ClaimResult result = inner_->ClaimPartitioned(destination, cursor, per_bucket_limit, slow_limit,
+    ClaimResult result = inner_->ClaimPartitioned(destination, cursor, fresh_limit, slow_limit,
                                                   lease, instance_id, owned);
     ClaimProbe().Record(Since(start), static_cast<std::int64_t>(result.messages.size()));
     TraceClaim(cursor, result);

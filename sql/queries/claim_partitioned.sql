@@ -3,7 +3,7 @@
 -- one bucket at a time through messages_fresh_bucket_idx, so no scan walks rows of other
 -- relays and there is nothing to skip. FOR UPDATE SKIP LOCKED stays as a guard for the
 -- moment of a handover.
---   $1 destination   $2 fresh-lane cursor (exclusive)   $3 fresh-lane limit per bucket
+--   $1 destination   $2 fresh-lane cursor (exclusive)   $3 fresh-lane limit (the whole claim's)
 --   $4 slow-lane limit   $5 lease token (uuid)   $6 lease duration in milliseconds
 --   $7 relay instance id   $8 owned buckets ('{1,5,9}')   $9 their epochs ('{3,3,4}')
 WITH owned AS (
@@ -41,17 +41,19 @@ WITH owned AS (
     WHERE m.destination = $1 AND m.bucket = owned.bucket AND (m.bucket, m.id) > (owned.bucket, $2)
       AND NOT m.parked AND m.lease_owner IS NULL
     ORDER BY m.id
-    LIMIT $3
+    -- An even share of the claim's limit, rounded up, for each bucket of its own.
+    LIMIT ($3::integer + greatest(cardinality($8::integer[]), 1) - 1) / greatest(cardinality($8::integer[]), 1)
     FOR UPDATE SKIP LOCKED
   ) f
 ), fresh AS (
-  -- At most the batch the relay asked for ($3 a bucket of its own), however many buckets it
-  -- shares: the shared ones took $3 each too, and a claim leased many times the sink's room
+  -- At most the batch the relay asked for, however many buckets it shares (they took a share
+  -- each too) and however the shares round up: the relay asked for $3 a bucket once, so a
+  -- claim for 1 over 64 buckets leased 64, and one sharing buckets many times the sink's room
   -- (review). The lowest ids are kept; the rest, locked only until this statement commits,
   -- are scanned again by the next claim (`bound`).
   SELECT * FROM fresh_scanned
   ORDER BY id
-  LIMIT $3 * greatest(cardinality($8::integer[]), 1)
+  LIMIT $3
 ), slow AS (
   SELECT m.id, m.destination, m.ordering_key, m.endpoint_id, m.deliver_after, m.bucket
   FROM outbox.messages m
@@ -67,7 +69,8 @@ WITH owned AS (
   -- The cursor may pass no bucket whose scan stopped at its limit, nor a row the cap above
   -- left out (all above the highest id it kept).
   SELECT least((SELECT min(top) FROM (SELECT max(id) AS top FROM fresh_scanned GROUP BY bucket
-                                      HAVING count(*) >= $3) full_buckets),
+                                      HAVING count(*) >= ($3::integer + greatest(cardinality($8::integer[]), 1) - 1) / greatest(cardinality($8::integer[]), 1))
+                                     full_buckets),
                CASE WHEN (SELECT count(*) FROM fresh_scanned) > (SELECT count(*) FROM fresh)
                     THEN (SELECT max(id) FROM fresh) END) AS fresh_full_bound
 ),

@@ -380,7 +380,7 @@ class FakeStore final : public QueueStore {
 
   // Rows of the buckets the relay passes (id % kBuckets), whatever Coordinate says now.
   ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
-                               int per_bucket_limit, int slow_limit, Millis lease,
+                               int fresh_limit, int slow_limit, Millis lease,
                                const std::string&, const std::vector<BucketLease>& owned) override {
     {
       std::lock_guard lk(db_.mu_);
@@ -392,8 +392,7 @@ class FakeStore final : public QueueStore {
       std::optional<std::vector<int>>& scope;
       ~Unscope() { scope.reset(); }
     } unscope{only_buckets_};
-    return Claim(destination, cursor, per_bucket_limit * static_cast<int>(owned.size()), slow_limit,
-                 lease);
+    return Claim(destination, cursor, fresh_limit, slow_limit, lease);
   }
 
   const std::string& last_claim_token() const override { return last_token_; }

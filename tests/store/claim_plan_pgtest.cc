@@ -131,13 +131,12 @@ TEST_F(ClaimPlanTest, PartitionedClaimReadsTheBatchNotTheBacklogWhenStatisticsSa
   const std::string me = NewUuid();
   const auto owned = store.Coordinate(me, 10s, false, "claim_plan_pgtest");
   ASSERT_EQ(owned.size(), 64u);
-  const int per_bucket = (kBatch + 63) / 64;
-  ASSERT_GT(store.ClaimPartitioned("d", 0, per_bucket, kBatch / 2, 30s, me, owned).messages.size(),
+  ASSERT_GT(store.ClaimPartitioned("d", 0, kBatch, kBatch / 2, 30s, me, owned).messages.size(),
             0u);
   const auto [buckets, epochs] = BucketsAndEpochs(owned);
   for (const char* mode : {"force_generic_plan", "force_custom_plan", "auto"}) {
     const auto t = Explain(store,
-                           "EXECUTE claim_partitioned('d', 0, " + std::to_string(per_bucket) +
+                           "EXECUTE claim_partitioned('d', 0, " + std::to_string(kBatch) +
                                ", " + std::to_string(kBatch / 2) + ", '" + NewUuid() +
                                "', 30000, '" + me + "', '" + buckets + "', '" + epochs + "')",
                            mode);
@@ -273,13 +272,13 @@ TEST_F(ClaimPlanTest, PartitionedClaimReadsOnlyItsBucketsRows) {
   const std::string me = NewUuid();
   const auto owned = store.Coordinate(me, 10s, false, "claim_plan_pgtest");
   ASSERT_EQ(owned.size(), 8u);
-  const int per_bucket = kBatch / 8;
-  ASSERT_EQ(store.ClaimPartitioned("d", 0, per_bucket, 0, 30s, me, owned).messages.size(),
-            std::size_t{7 * per_bucket});
+  // A share of kBatch / 8 from each bucket; bucket 7 has none.
+  ASSERT_EQ(store.ClaimPartitioned("d", 0, kBatch, 0, 30s, me, owned).messages.size(),
+            std::size_t{7 * (kBatch / 8)});
   const auto [buckets, epochs] = BucketsAndEpochs(owned);
   const auto t =
       Explain(store,
-              "EXECUTE claim_partitioned('d', 0, " + std::to_string(per_bucket) + ", 0, '" +
+              "EXECUTE claim_partitioned('d', 0, " + std::to_string(kBatch) + ", 0, '" +
                   NewUuid() + "', 30000, '" + me + "', '" + buckets + "', '" + epochs + "')",
               "auto");
   EXPECT_LE(t.max_rows_examined, 2 * kBatch) << "a bucket's scan read other buckets' rows\n"

@@ -244,7 +244,7 @@ TEST_F(CoordinateTest, AClaimWithStaleEpochsTakesNothingFromBucketsThatMoved) {
   const auto b_owns = store.Coordinate(b, 10s, false, "");
   ASSERT_EQ(b_owns.size(), 32u);
   // `a` has not heard yet and claims with its old view of 64 buckets.
-  auto r = store.ClaimPartitioned("d", 0, 100, 100, 30s, a, a_alone);
+  auto r = store.ClaimPartitioned("d", 0, 1000, 100, 30s, a, a_alone);
   std::set<int> b_buckets;
   for (const auto& bl : b_owns) b_buckets.insert(bl.bucket);
   pqxx::connection c(db_url_);
@@ -257,8 +257,8 @@ TEST_F(CoordinateTest, AClaimWithStaleEpochsTakesNothingFromBucketsThatMoved) {
   }
   EXPECT_GT(r.messages.size(), 0u) << "a still claims from the buckets it kept";
   // With the new view both claim their halves, and together everything.
-  auto ra = store.ClaimPartitioned("d", 0, 100, 100, 30s, a, store.Coordinate(a, 10s, false, ""));
-  auto rb = store.ClaimPartitioned("d", 0, 100, 100, 30s, b, b_owns);
+  auto ra = store.ClaimPartitioned("d", 0, 1000, 100, 30s, a, store.Coordinate(a, 10s, false, ""));
+  auto rb = store.ClaimPartitioned("d", 0, 1000, 100, 30s, b, b_owns);
   EXPECT_EQ(r.messages.size() + ra.messages.size() + rb.messages.size(), 400u);
 }
 
@@ -282,9 +282,9 @@ TEST_F(CoordinateTest, MessagesInBucketsOfARelayThatDoesNotServeTheirDestination
   std::size_t claimed = 0;
   std::int64_t cursor = 0;
   for (int round = 0; round < 40 && claimed < 200; ++round) {
-    // 1 a bucket of its 32: a claim of 32 at most, whatever buckets it shares (the per-bucket
-    // limit applied to the shared ones too, and a claim leased up to twice its batch: review).
-    const auto r = store.ClaimPartitioned("hooks", 0, 1, 0, 30s, b, b_owns);
+    // A claim of 32 at most, whatever buckets it shares (the per-bucket limit applied to the
+    // shared ones too, and a claim leased up to twice its batch: review).
+    const auto r = store.ClaimPartitioned("hooks", 0, 32, 0, 30s, b, b_owns);
     EXPECT_LE(r.messages.size(), 32u) << "round " << round;
     claimed += r.messages.size();
     for (const auto& m : r.messages) cursor = std::max(cursor, Raw(m.id));
@@ -307,6 +307,28 @@ TEST_F(CoordinateTest, MessagesInBucketsOfARelayThatDoesNotServeTheirDestination
     EXPECT_EQ(mine.count(bucket), 1u) << "an exactly-once relay claimed from bucket " << bucket;
   }
   EXPECT_GT(r.messages.size(), 0u);
+}
+
+// A partitioned claim leases at most the fresh rows it asks for, however many buckets it owns.
+// It asked for a number per bucket, rounded up: a claim for 1 (a webhook endpoint's breaker
+// probe, a sink with room for 2 under a rate limit) over 64 buckets leased 64, held and handed
+// back with their keys blocked meanwhile (review).
+TEST_F(CoordinateTest, APartitionedClaimLeasesNoMoreFreshRowsThanItAsksFor) {
+  std::vector<outbox::OutboxMessage> batch;
+  for (int i = 0; i < 100; ++i) batch.push_back(outbox::Message::To("d").Json("1").Build());
+  Enqueue(batch);
+  Store store(db_url_);
+  const std::string a = NewUuid();
+  const auto owned = store.Coordinate(a, 10s, false, "");
+  ASSERT_EQ(owned.size(), 64u);
+  EXPECT_EQ(store.ClaimPartitioned("d", 0, 1, 0, 30s, a, owned).messages.size(), 1u);
+  std::size_t claimed = 1;
+  for (int round = 0; round < 20 && claimed < 100; ++round) {
+    const auto r = store.ClaimPartitioned("d", 0, 10, 0, 30s, a, owned);
+    EXPECT_LE(r.messages.size(), 10u) << "round " << round;
+    claimed += r.messages.size();
+  }
+  EXPECT_EQ(claimed, 100u);
 }
 
 TEST_F(CoordinateTest, BucketsFollowTheOrderingKeyAndTheCountCanChange) {

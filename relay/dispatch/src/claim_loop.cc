@@ -154,9 +154,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
     const auto claim_expires = std::chrono::steady_clock::now() + config.lease;
     try {
       if (partitioned) {
-        const int per_bucket = std::max(1, (fresh_limit + static_cast<int>(buckets.size()) - 1) /
-                                               static_cast<int>(buckets.size()));
-        claim = store.ClaimPartitioned(dest.name, cursor.position(), per_bucket, slow_limit,
+        claim = store.ClaimPartitioned(dest.name, cursor.position(), fresh_limit, slow_limit,
                                        config.lease, instance_id, buckets);
       } else {
         claim = store.Claim(dest.name, cursor.position(), fresh_limit, slow_limit, config.lease);

@@ -353,7 +353,7 @@ ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, in
 }
 
 ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t cursor,
-                                    int per_bucket_limit, int slow_limit, Millis lease,
+                                    int fresh_limit, int slow_limit, Millis lease,
                                     const std::string& instance_id,
                                     const std::vector<BucketLease>& owned) {
   return Translated([&]() -> ClaimResult {
@@ -361,7 +361,7 @@ ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t
     std::string token = impl_->NewClaimToken();
     pqxx::nontransaction tx(c);
     const pqxx::result r =
-        tx.exec_prepared("claim_partitioned", destination, cursor, per_bucket_limit, slow_limit,
+        tx.exec_prepared("claim_partitioned", destination, cursor, fresh_limit, slow_limit,
                          token, static_cast<long long>(lease.count()), instance_id,
                          ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
                          ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }));

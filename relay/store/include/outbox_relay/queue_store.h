@@ -127,10 +127,10 @@ class QueueStore {
   virtual ClaimResult Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                             int slow_limit, Millis lease) = 0;
   /// claim_mode: partitioned. Like Claim, but only from `owned` buckets, and only those the
-  /// coordinator still assigns to `instance_id` at the given epochs; `per_bucket_limit`
-  /// fresh rows per bucket.
+  /// coordinator still assigns to `instance_id` at the given epochs; at most `fresh_limit`
+  /// fresh rows in all (an even share from each bucket, rounded up, the lowest ids kept).
   virtual ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
-                                       int per_bucket_limit, int slow_limit, Millis lease,
+                                       int fresh_limit, int slow_limit, Millis lease,
                                        const std::string& instance_id,
                                        const std::vector<BucketLease>& owned) = 0;
   /// The lease token of the last Claim or ClaimPartitioned, set just before the statement is

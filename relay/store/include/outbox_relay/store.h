@@ -33,7 +33,7 @@ class Store final : public QueueStore {
   ClaimResult Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                     int slow_limit, Millis lease) override;
   ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
-                               int per_bucket_limit, int slow_limit, Millis lease,
+                               int fresh_limit, int slow_limit, Millis lease,
                                const std::string& instance_id,
                                const std::vector<BucketLease>& owned) override;
   const std::string& last_claim_token() const override;
