@@ -162,6 +162,10 @@ TEST_F(StoreTest, OnlyTheHeadOfAKeyIsClaimedAndSettlingItWakesTheNext) {
   auto r1 = store.Claim("d", 0, 100, 100, 30s);
   EXPECT_EQ(Ids(r1), (std::vector<std::int64_t>{ids[0], ids[3], ids[4]}));
   EXPECT_EQ(r1.facts.held, 2) << "the two successors of k are parked";
+  // Not a key to check again: its head was leased by this very claim, so the head's settle
+  // comes after the claim committed and wakes the next itself. (Returned, every such key was
+  // probed 20 times in the next second, for nothing: review.)
+  EXPECT_TRUE(r1.facts.blocked_keys.empty());
   EXPECT_TRUE(store.Claim("d", 0, 100, 100, 30s).messages.empty())
       << "k is blocked while its head is leased";
 

@@ -66,10 +66,17 @@ timed AS MATERIALIZED (
          (SELECT count(*) FROM fresh) AS fresh_scanned,
          (SELECT fresh_full_bound FROM bound) AS fresh_full_bound,
          (SELECT count(*) FROM held) AS held,
-         -- [[key, endpoint or null], ...]
-         (SELECT coalesce(jsonb_agg(DISTINCT jsonb_build_array(blocked_key, endpoint_id)),
-                          '[]'::jsonb) FROM held
-           WHERE blocked_key IS NOT NULL)::text AS blocked_keys
+         -- [[key, endpoint or null], ...]: keys whose predecessor's settle may have committed
+         -- after this snapshot without seeing the rows parked here (wake_keys.sql). Not a key
+         -- whose head this claim leased: its settle comes after this commits, and wakes the
+         -- next itself.
+         (SELECT coalesce(jsonb_agg(DISTINCT jsonb_build_array(h.blocked_key, h.endpoint_id)),
+                          '[]'::jsonb) FROM held h
+           WHERE h.blocked_key IS NOT NULL
+             AND NOT EXISTS (SELECT 1 FROM leased l
+                             WHERE l.ordering_key = h.blocked_key
+                               AND l.endpoint_id IS NOT DISTINCT FROM h.endpoint_id))::text
+           AS blocked_keys
 )
 SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.held, f.blocked_keys,
        l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
