@@ -613,5 +613,42 @@ TEST_F(TransactionalSinkTest, TransactionPropertiesAreTheRelays) {
   }
 }
 
+// A read of a partition ends at the consumer's end report or at a record at or past the high
+// watermark the partition had when the read began. It ended only at the end report, which
+// librdkafka makes only when a fetch brings nothing new: on a partition that producers commit
+// to more often than fetch.wait.max.ms (500 ms) a real broker answers every fetch with new
+// records, so the exactly-once recovery after a relay crash read until its deadline and counted
+// every message it checked as a failed attempt, and `verify` on a live topic never finished
+// (review). librdkafka's mock cluster always reports the end, so the rule is tested here.
+TEST(ReadBackEnd, ABusyPartitionIsReadOnceARecordReachesTheMark) {
+  {
+    kafka_detail::PartitionEnd recovery(100, /*at_least_the_mark=*/true);
+    EXPECT_FALSE(recovery.OnRecord(50));
+    EXPECT_FALSE(recovery.OnEnd(60)) << "the end at the last stable offset, below the mark";
+    EXPECT_FALSE(recovery.OnRecord(98));
+    EXPECT_TRUE(recovery.OnRecord(99)) << "the last record below the mark";
+    EXPECT_TRUE(recovery.done());
+  }
+  {
+    // A transaction marker at 99 is never delivered: the next record ends the read.
+    kafka_detail::PartitionEnd recovery(100, true);
+    EXPECT_FALSE(recovery.OnRecord(98));
+    EXPECT_TRUE(recovery.OnRecord(103));
+  }
+  {
+    kafka_detail::PartitionEnd quiet(100, true);
+    EXPECT_TRUE(quiet.OnEnd(100)) << "a quiet partition reports its end at the mark";
+  }
+  {
+    kafka_detail::PartitionEnd verify(100, /*at_least_the_mark=*/false);
+    EXPECT_TRUE(verify.OnEnd(60)) << "verify stops at the last stable offset";
+    kafka_detail::PartitionEnd busy(100, false);
+    EXPECT_FALSE(busy.OnRecord(10));
+    EXPECT_TRUE(busy.OnRecord(100)) << "or at the mark, without an end report";
+    kafka_detail::PartitionEnd empty(0, false);
+    EXPECT_TRUE(empty.OnEnd(0));
+  }
+}
+
 }  // namespace
 }  // namespace outbox::relay

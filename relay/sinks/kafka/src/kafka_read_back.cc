@@ -197,11 +197,12 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
   const bool from_start = since.time_since_epoch().count() == 0;
   const auto since_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(since.time_since_epoch()).count();
-  std::map<std::string, bool> at_end;              // "<topic>/<partition>" -> reached the end
-  std::map<std::string, std::int64_t> high_water;  // with to_high_watermark: where the end is
+  // "<topic>/<partition>" -> whether it has been read (kafka_detail::PartitionEnd)
+  std::map<std::string, kafka_detail::PartitionEnd> ends;
   try {
-    std::unique_ptr<Consumer> uncommitted;
-    if (to_high_watermark) uncommitted = MakeConsumer(target, "read_uncommitted", client_id);
+    // The high watermarks when the read begins: a busy partition's read ends at its mark,
+    // since its end may never be reported (PartitionEnd).
+    const auto uncommitted = MakeConsumer(target, "read_uncommitted", client_id);
     for (const auto& topic : topics) {
       int partitions = 0;
       try {
@@ -218,17 +219,14 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
             from_start ? RD_KAFKA_OFFSET_BEGINNING : since_ms;
         const std::string stream = topic + "/" + std::to_string(p);
         if (streams_read != nullptr) streams_read->push_back(stream);
-        at_end[stream] = false;
-        if (to_high_watermark) {
-          std::int64_t low = 0, high = 0;
-          const rd_kafka_resp_err_t e = rd_kafka_query_watermark_offsets(
-              uncommitted->rk, topic.c_str(), p, &low, &high,
-              LookupMs(deadline, "finding the end of " + stream));
-          if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
-            throw std::runtime_error("finding the end of " + stream + ": " + rd_kafka_err2str(e));
-          }
-          high_water[stream] = high;
+        std::int64_t low = 0, high = 0;
+        const rd_kafka_resp_err_t e = rd_kafka_query_watermark_offsets(
+            uncommitted->rk, topic.c_str(), p, &low, &high,
+            LookupMs(deadline, "finding the end of " + stream));
+        if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+          throw std::runtime_error("finding the end of " + stream + ": " + rd_kafka_err2str(e));
         }
+        ends.emplace(stream, kafka_detail::PartitionEnd(high, to_high_watermark));
       }
     }
     if (!from_start) {
@@ -273,10 +271,18 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
   rd_kafka_topic_partition_list_destroy(assignment);
 
   // A partition is read once the consumer reports its end (for read_committed: the last
-  // stable offset, past which only open transactions lie) at or past the high watermark
-  // when that is the goal.
+  // stable offset, past which only open transactions lie), at or past the high watermark
+  // when that is the goal, or once a record at or past that mark arrives; it is paused then,
+  // and what it still brings is not read.
   std::size_t ended = 0;
-  while (ended < at_end.size()) {
+  const auto finished = [&](rd_kafka_message_t* m) {
+    ++ended;
+    rd_kafka_topic_partition_list_t* one = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(one, rd_kafka_topic_name(m->rkt), m->partition);
+    rd_kafka_pause_partitions(rk, one);
+    rd_kafka_topic_partition_list_destroy(one);
+  };
+  while (ended < ends.size()) {
     if (Clock::now() >= deadline) {
       throw std::runtime_error("reading the topics did not finish within " +
                                std::to_string(timeout.count()) +
@@ -286,13 +292,11 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
     if (m == nullptr) continue;
     const std::string stream =
         std::string(rd_kafka_topic_name(m->rkt)) + "/" + std::to_string(m->partition);
-    if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-      const auto hw = high_water.find(stream);
-      const bool far_enough = hw == high_water.end() || m->offset >= hw->second;
-      if (far_enough && !at_end[stream]) {
-        ++ended;
-        at_end[stream] = true;
-      }
+    const auto end = ends.find(stream);
+    if (end == ends.end() || end->second.done()) {
+      // Not asked for, or read already: what it still brought is past the read.
+    } else if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+      if (end->second.OnEnd(m->offset)) finished(m);
     } else if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
       const std::string what = rd_kafka_message_errstr(m);
       rd_kafka_message_destroy(m);
@@ -321,6 +325,7 @@ void ReadTopics(const KafkaTarget& target, const std::vector<std::string>& topic
         }
       }
       on_record(std::move(r));
+      if (end->second.OnRecord(m->offset)) finished(m);
     }
     rd_kafka_message_destroy(m);
   }

@@ -5,6 +5,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -78,5 +79,39 @@ RecordedFound FindRecorded(const KafkaTarget& target, const KeysByTopic& topics,
                            std::chrono::system_clock::time_point since,
                            const std::set<std::string>& idempotency_keys,
                            std::chrono::milliseconds timeout);
+
+/// When a read of one partition (ReadBackKafka, FindRecorded) has read what it must: the
+/// partition's end as the consumer reports it (librdkafka's PARTITION_EOF, at the last stable
+/// offset), or a record at or past the high watermark the partition had when the read began.
+/// A busy partition may never report its end: librdkafka does so only when a fetch brings
+/// nothing new, and a broker answers a fetch as soon as a new record lands, so while producers
+/// commit to it more often than fetch.wait.max.ms the end report never came and the read ran
+/// into its deadline (review). Records arrive in offset order, so one at hw - 1 or later comes
+/// after every committed record below the mark (a transaction marker at hw - 1 is never
+/// delivered: then the next record, or the end report, ends the read).
+class PartitionEnd {
+ public:
+  /// `high_watermark`: where the partition ended when the read began (-1: not known).
+  /// `at_least_the_mark`: the end report counts only at or past that mark (FindRecorded:
+  /// records committed before the read began are read even behind a transaction still open).
+  PartitionEnd(std::int64_t high_watermark, bool at_least_the_mark)
+      : mark_(high_watermark), at_least_the_mark_(at_least_the_mark) {}
+  /// The consumer reported the end at `offset`. True when the partition is now read.
+  bool OnEnd(std::int64_t offset) {
+    if (!at_least_the_mark_ || mark_ < 0 || offset >= mark_) done_ = true;
+    return done_;
+  }
+  /// A record at `offset` arrived. True when the partition is now read.
+  bool OnRecord(std::int64_t offset) {
+    if (mark_ >= 0 && offset >= mark_ - 1) done_ = true;
+    return done_;
+  }
+  bool done() const { return done_; }
+
+ private:
+  std::int64_t mark_;
+  bool at_least_the_mark_;
+  bool done_ = false;
+};
 
 }  // namespace outbox::relay::kafka_detail
