@@ -545,6 +545,34 @@ TEST_F(TransactionalSinkTest, AStopWhileACommitWaitsForTheBrokersKeepsTheDeadlin
   EXPECT_TRUE(out.maybe_sent) << out.reason;
 }
 
+// The transaction timeout follows an explicit message.timeout.ms (or delivery.timeout.ms), up
+// to 2 minutes: brokers refuse a transaction longer than their transaction.max.timeout.ms (15
+// minutes by default), which failed every init_transactions until each message was
+// dead-lettered, and a transaction left open by a relay that died has to end well inside the
+// recovery's 5 minutes of clock slack (review). Refused when the config is read, naming the key.
+TEST(TransactionalSinkConfig, ATransactionTimeoutOverTwoMinutesIsRefusedNamingTheKey) {
+  for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
+    SCOPED_TRACE(key);
+    KafkaTarget t;
+    t.brokers = "localhost:9";
+    t.topic = "orders";
+    t.exactly_once = true;
+    t.attempt_timeout = 30'000ms;
+    t.producer[key] = "1200000";
+    try {
+      ValidateKafkaTarget("orders", t);
+      FAIL() << "a 20-minute transaction timeout was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("\"") + key + "\" is 1200000"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("at most 120000"), std::string::npos) << e.what();
+    }
+    t.producer[key] = "120000";
+    EXPECT_NO_THROW(ValidateKafkaTarget("orders", t));
+  }
+}
+
 // An explicit message.timeout.ms (or delivery.timeout.ms) longer than the relay's attempt
 // timeout, which the config has already fitted inside the lease: librdkafka wants it within
 // transaction.timeout.ms, which the relay set to the attempt timeout, so every such config was

@@ -81,7 +81,8 @@ struct Outcome {
   /// of the bucket are fenced when this relay initialised its producer; one it kept from an
   /// earlier ownership of the bucket (up to a minute idle) fenced nobody, and then what
   /// covers a transaction still open elsewhere is that it ends within the transaction
-  /// timeout (30 s at most), well inside the slack (docs/adr/0002).
+  /// timeout (2 minutes at most; 30 s unless message.timeout.ms says more), well inside the
+  /// slack (docs/adr/0002).
   std::optional<std::chrono::system_clock::time_point> absent_as_of = std::nullopt;
 };
 

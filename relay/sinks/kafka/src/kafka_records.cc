@@ -20,6 +20,9 @@
 namespace outbox::relay::kafka_detail {
 namespace {
 
+// The longest transaction timeout an explicit message.timeout.ms can set (ProducerConf).
+constexpr long long kMaxTransactionTimeoutMs = 120'000;
+
 // Producer defaults; every one can be overridden through KafkaTarget::producer.
 const std::vector<std::pair<std::string, std::string>>& Defaults() {
   static const std::vector<std::pair<std::string, std::string>> defaults = {
@@ -104,7 +107,23 @@ ConfPtr ProducerConf(const std::string& destination, const KafkaTarget& target,
     // fits the lease (config), so the transaction still ends before its messages' leases.
     for (const char* key : {"message.timeout.ms", "delivery.timeout.ms"}) {
       if (auto it = props.find(key); it != props.end()) {
-        timeout = std::max(timeout, LibrdkafkaInteger(it->second).value_or(0));
+        const long long ms = LibrdkafkaInteger(it->second).value_or(0);
+        // At most 2 minutes: brokers refuse a transaction longer than their
+        // transaction.max.timeout.ms (15 minutes by default: every init_transactions failed),
+        // and one left open by a relay that died must end well inside the recovery's 5
+        // minutes of clock slack (kafka_transactional_sink.cc).
+        if (ms > kMaxTransactionTimeoutMs) {
+          Invalid(destination,
+                  "producer property \"" + std::string(key) + "\" is " + std::to_string(ms) +
+                      "; with `delivery: exactly_once` it sets the transaction timeout, which "
+                      "must be at most " +
+                      std::to_string(kMaxTransactionTimeoutMs) +
+                      " ms (a transaction left open by a relay that died has to end well inside "
+                      "the recovery's 5 minutes of clock slack; brokers refuse transactions "
+                      "over transaction.max.timeout.ms, 15 minutes by default): lower it, or "
+                      "remove it (an attempt then gets 2/3 of lease_ms, at most 30000)");
+        }
+        timeout = std::max(timeout, ms);
       }
     }
     props["transaction.timeout.ms"] = std::to_string(timeout);

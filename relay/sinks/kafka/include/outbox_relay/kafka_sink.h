@@ -15,7 +15,7 @@
 // avoids duplicates across its internal retries, so a leader change or a lost response
 // does not reorder or duplicate records.
 //
-// Delivery is bounded by message.timeout.ms (default 30 s): a message librdkafka could not
+// Delivery is bounded by message.timeout.ms (default 2/3 of lease_ms, at most 30 s): a message librdkafka could not
 // deliver in that time completes with kRetry ("Local: Message timed out").
 //
 // Threads: Submit runs on the caller's thread and never blocks long (at most a short,
@@ -69,7 +69,7 @@ Outcome ClassifyDeliveryError(MessageId id, rd_kafka_resp_err_t err, bool retria
 ///    answers again.
 ///
 /// Producer defaults, each overridable through KafkaTarget::producer: linger.ms=5,
-/// message.timeout.ms=30000, queue.buffering.max.messages=100000, partitioner=murmur2_random
+/// message.timeout.ms=2/3 of lease_ms (at most 30000), queue.buffering.max.messages=100000, partitioner=murmur2_random
 /// (the Java client's key hashing), client.id=outbox-relay, message.max.bytes=
 /// kDefaultProducerMessageMaxBytes. Always: enable.idempotence=true and acks=all (other values
 /// are rejected at start-up); transactional.id is rejected.
