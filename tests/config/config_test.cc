@@ -682,6 +682,22 @@ TEST(ParseConfig, ProducerValuesAreStringifiedAsWritten) {
   EXPECT_EQ(producer.at("sticky.partitioning.linger.ms"), "0.5");
 }
 
+// A property whose own name begins with `topic.` (topic.metadata.refresh.interval.ms and the
+// other topic.metadata.* settings) is librdkafka's global property of that name: librdkafka
+// strips the prefix only from a name it does not know. The relay stripped it always, and
+// refused the config naming a property nobody wrote (review).
+TEST(ParseConfig, AGlobalPropertyWhoseNameBeginsWithTopicKeepsItsName) {
+  const RelayConfig config = ParseConfig(
+      WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n"
+                "        topic.metadata.refresh.interval.ms: 60000\n"
+                "        topic.message.timeout.ms: 20000\n"),
+      "cfg.yaml", kNoEnv);
+  const auto& producer = config.destinations.at("orders").target.Get<KafkaTarget>().producer;
+  EXPECT_EQ(producer.count("topic.metadata.refresh.interval.ms"), 1u);
+  EXPECT_EQ(producer.count("metadata.refresh.interval.ms"), 0u);
+  EXPECT_EQ(producer.count("message.timeout.ms"), 1u) << "a topic property, without the prefix";
+}
+
 TEST(ParseConfig, ProducerFileValueKeepsInnerNewlinesAndDropsTrailingOnes) {
   TempDir dir;
   const std::string pem =

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string_view>
 
@@ -137,6 +138,14 @@ bool PlainNumber(const std::string& text) {
   return point == std::string_view::npos || digits(fraction);
 }
 
+// Whether librdkafka knows `name` as a global (not topic) property.
+bool IsGlobalProperty(const std::string& name) {
+  static const std::unique_ptr<rd_kafka_conf_t, decltype(&rd_kafka_conf_destroy)> scratch(
+      rd_kafka_conf_new(), &rd_kafka_conf_destroy);
+  std::size_t size = 0;
+  return rd_kafka_conf_get(scratch.get(), name.c_str(), nullptr, &size) == RD_KAFKA_CONF_OK;
+}
+
 std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLookup& env) {
   std::map<std::string, std::string> properties;
   std::map<std::string, std::string> written_as;  // property -> key that set it
@@ -155,9 +164,12 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
            "names no property; write `<librdkafka property>_env` or `<property>_file`, e.g. "
            "`sasl.password_env: KAFKA_PASSWORD`");
     }
-    // librdkafka sets a `topic.` property on the default topic config without the prefix:
-    // the same property, checked and stored under its own name.
-    if (property.starts_with("topic.") && property.size() > 6) property.erase(0, 6);
+    // librdkafka sets a `topic.` property it does not know by that name on the default topic
+    // config without the prefix: the same property, checked and stored under its own name. A
+    // global property whose name begins so (topic.metadata.refresh.interval.ms) keeps it.
+    if (property.starts_with("topic.") && property.size() > 6 && !IsGlobalProperty(property)) {
+      property.erase(0, 6);
+    }
     for (const auto& owned : kOwnedProducerProperties) {
       if (property == owned.name)
         Fail(value_field, "`" + property + "` cannot be set here: " + std::string(owned.why));
