@@ -1,26 +1,35 @@
 #include "outbox/outbox.h"
 
 #include <algorithm>
-#include <optional>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string_view>
 
 namespace outbox {
 namespace {
 
+// A uuid as outbox.enqueue_many takes one (migration 0015): 32 hex digits in groups of
+// 8-4-4-4-12, each hyphen optional, the whole optionally in braces.
 bool IsUuid(const std::string& s) {
-  if (s.size() != 36) return false;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (i == 8 || i == 13 || i == 18 || i == 23) {
-      if (c != '-') return false;
-    } else if (!std::isxdigit(static_cast<unsigned char>(c))) {
-      return false;
-    }
+  std::size_t i = 0, end = s.size();
+  if (end > 0 && s[0] == '{') {
+    if (s[end - 1] != '}') return false;
+    ++i;
+    --end;
   }
-  return true;
+  int digits = 0;
+  for (; i < end; ++i) {
+    const char c = s[i];
+    if (c == '-' && (digits == 8 || digits == 12 || digits == 16 || digits == 20) && i > 0 &&
+        s[i - 1] != '-') {
+      continue;
+    }
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
+    ++digits;
+  }
+  return digits == 32;
 }
 
 std::string Iso8601(Clock::time_point tp) {
@@ -141,8 +150,7 @@ class PayloadCheck : public nlohmann::json_sax<nlohmann::json> {
   bool number_integer(number_integer_t) override { return true; }
   bool number_unsigned(number_unsigned_t) override { return true; }
   bool number_float(number_float_t, const string_t& text) override {
-    wide_number = wide_number || text.size() > 1000 ||
-                  text.find_first_of("eE") != string_t::npos;
+    wide_number = wide_number || text.size() > 1000 || text.find_first_of("eE") != string_t::npos;
     return true;
   }
   bool string(string_t& v) override { return Text(v); }
@@ -217,8 +225,8 @@ std::optional<std::string> NumericRefuses(std::string_view t) {
   const std::string digits = std::string(int_part) + std::string(frac_part);
   const std::size_t first = digits.find_first_not_of('0');
   if (first == std::string::npos) return std::nullopt;  // zero
-  const long long top_power = static_cast<long long>(int_part.size()) - 1 -
-                              static_cast<long long>(first) + exponent;
+  const long long top_power =
+      static_cast<long long>(int_part.size()) - 1 - static_cast<long long>(first) + exponent;
   if (top_power > 131071) return "more than 131,072 digits before the decimal point";
   return std::nullopt;
 }
@@ -292,9 +300,8 @@ void CheckJsonPayload(const std::string& payload) {
       if (!IsJsonNumber(number)) return;
       if (const auto why = NumericRefuses(number)) {
         throw InvalidMessage("outbox: payload has a number PostgreSQL's jsonb cannot store (" +
-                             std::string(number.substr(0, 40)) +
-                             (number.size() > 40 ? "..." : "") + ": " + *why +
-                             "); send it as a JSON string");
+                             std::string(number.substr(0, 40)) + (number.size() > 40 ? "..." : "") +
+                             ": " + *why + "); send it as a JSON string");
       }
     });
   };

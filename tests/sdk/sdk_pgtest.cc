@@ -27,6 +27,36 @@ std::int64_t Count(const std::string& url, const std::string& table = "outbox.me
 
 class SdkTest : public PgTest {};
 
+void ExpectInvalid(const std::function<outbox::OutboxMessage()>& build, const std::string& needle);
+
+// An idempotency key in any form the other writers and outbox.enqueue_many take (32 hex
+// digits, hyphens optional, braces, upper case: Python's uuid.hex among them) is taken and
+// stored as the uuid it is; the C++ SDK took only the hyphenated 36 characters (review).
+TEST_F(SdkTest, AnIdempotencyKeyIsTakenInEveryFormTheDatabaseTakes) {
+  pqxx::connection c(db_url_);
+  {
+    pqxx::work tx(c);
+    for (const char* key :
+         {"123e4567e89b12d3a456426614174000", "{123E4567-E89B-12D3-A456-426614174001}",
+          "123e4567-e89b12d3-a456-426614174002"}) {
+      ASSERT_NO_THROW(
+          outbox::Publish(tx, outbox::Message::To("d").Json("{}").IdempotencyKey(key).Build()))
+          << key;
+    }
+    tx.commit();
+  }
+  pqxx::nontransaction tx(c);
+  EXPECT_EQ(tx.exec1("SELECT string_agg(idempotency_key::text, ' ' ORDER BY id) FROM "
+                     "outbox.messages")[0]
+                .as<std::string>(),
+            "123e4567-e89b-12d3-a456-426614174000 123e4567-e89b-12d3-a456-426614174001 "
+            "123e4567-e89b-12d3-a456-426614174002");
+  for (const char* bad : {"nope", "{123e4567-e89b-12d3-a456-426614174000", "123e4567-e89b-12d3"}) {
+    ExpectInvalid([&] { return outbox::Message::To("d").Json("{}").IdempotencyKey(bad).Build(); },
+                  "is not a uuid");
+  }
+}
+
 TEST_F(SdkTest, CommittedTransactionMakesExactlyItsMessagesVisibleWithEveryField) {
   pqxx::connection c(db_url_);
   const auto when = outbox::Clock::now() + 1h;
@@ -369,24 +399,37 @@ static_assert(!std::is_invocable_v<decltype(&outbox::PublishMany), pqxx::nontran
 // The SDK's scheduling horizon is the SQL function's, `clock_timestamp() + interval '1 year'`: a
 // calendar year, 366 days when it spans a 29 February. The SDK used 365 days, so from March
 // 2027 to February 2028 it refused deliver times the database accepts (found in review).
+// The database's horizon is a year of the UTC calendar in every session time zone, as the
+// C++ SDK's: it stepped the session's local calendar, so at 2024-02-28T20:00Z a session in
+// Asia/Tokyo (29 February there) refused from 2025-02-27T20:00Z what the SDK took up to
+// 2025-02-28T20:00Z, and DST moved it by an hour in America/New_York (review).
 TEST_F(SdkTest, TheSchedulingHorizonIsTheDatabasesCalendarYear) {
   pqxx::connection c(db_url_);
   pqxx::nontransaction tx(c);
-  tx.exec("SET TIME ZONE 'UTC'");
   for (const std::string at :
        {"2026-11-26 10:00:00Z", "2027-02-28 23:30:00.25Z", "2027-03-01 00:00:00Z",
         "2028-02-28 12:00:00Z", "2028-02-29 12:00:00.123456Z", "2028-03-01 00:00:01Z",
-        "2028-12-31 23:59:59.999999Z", "1999-06-15 08:00:00Z"}) {
-    SCOPED_TRACE(at);
-    const auto row = tx.exec_params1(
-        "SELECT (extract(epoch FROM $1::timestamptz) * 1000000)::bigint, "
-        "(extract(epoch FROM $1::timestamptz + interval '1 year') * 1000000)::bigint",
-        at);
-    const outbox::Clock::time_point now{std::chrono::microseconds(row[0].as<std::int64_t>())};
-    const auto end = outbox::SchedulingHorizonEnd(now);
-    EXPECT_EQ(std::chrono::duration_cast<std::chrono::microseconds>(end.time_since_epoch()).count(),
-              row[1].as<std::int64_t>());
-  }
+        "2028-12-31 23:59:59.999999Z", "1999-06-15 08:00:00Z", "2024-02-28 20:00:00Z",
+        "2024-03-09 12:00:00Z"})
+    for (const char* zone : {"UTC", "Asia/Tokyo", "America/New_York"}) {
+      SCOPED_TRACE(at + " " + zone);
+      tx.exec(std::string("SET TIME ZONE '") + zone + "'");
+      const auto row = tx.exec_params1(
+          "SELECT (extract(epoch FROM $1::timestamptz) * 1000000)::bigint, "
+          "(extract(epoch FROM outbox.scheduling_horizon($1::timestamptz)) * 1000000)::bigint",
+          at);
+      const outbox::Clock::time_point now{std::chrono::microseconds(row[0].as<std::int64_t>())};
+      const auto end = outbox::SchedulingHorizonEnd(now);
+      EXPECT_EQ(
+          std::chrono::duration_cast<std::chrono::microseconds>(end.time_since_epoch()).count(),
+          row[1].as<std::int64_t>());
+    }
+  // And what a writer in such a session is refused is what the SDK refuses.
+  tx.exec("SET TIME ZONE 'Asia/Tokyo'");
+  EXPECT_EQ(tx.exec1("SELECT outbox.scheduling_horizon('2024-02-28 20:00:00Z') = "
+                     "'2025-02-28 20:00:00Z'")[0]
+                .as<bool>(),
+            true);
 }
 
 TEST_F(SdkTest, JsonPayloadNumbersArriveExactlyAsWritten) {
@@ -420,8 +463,9 @@ TEST_F(SdkTest, JsonNumbersBeyondADoublesRangeArriveAsWritten) {
   tx.abort();
   ExpectInvalid([] { return outbox::Message::To("d").Json(R"({"a": 1e400, "b": [1, }")").Build(); },
                 "payload is not valid JSON");
-  ExpectInvalid([] { return outbox::Message::To("d").Json(R"([1e400, "\\u0000", "\u0000"])").Build(); },
-                "U+0000");
+  ExpectInvalid(
+      [] { return outbox::Message::To("d").Json(R"([1e400, "\\u0000", "\u0000"])").Build(); },
+      "U+0000");
   // Not numbers, though they start as one that overflows (review: patching the number back
   // in at the wrong place made them valid).
   ExpectInvalid([] { return outbox::Message::To("d").Json("[400e400e400]").Build(); },
