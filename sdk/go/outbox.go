@@ -23,10 +23,13 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"encoding"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -286,6 +289,11 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 					return nil, invalid("payload is not valid UTF-8; convert it (from Latin-1, say) before publishing, or send bytes as Data")
 				}
 			} else {
+				// encoding/json writes U+FFFD for invalid UTF-8 in a string or a map key: the
+				// message would be stored changed, without a word.
+				if path, bad := invalidUTF8(reflect.ValueOf(m.JSON), "", 0); bad {
+					return nil, invalid("payload %s is not valid UTF-8; convert it (from Latin-1, say) before publishing, or send bytes as Data", path)
+				}
 				var err error
 				if raw, err = json.Marshal(m.JSON); err != nil {
 					return nil, invalid("JSON payload cannot be encoded: %v", err)
@@ -302,6 +310,15 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 		}
 		e.Headers = make(map[string]string, len(m.Headers)+2)
 		for k, v := range m.Headers {
+			// The trace context headers by their lowercase names, as the database, the relay
+			// and W3C read them: Go's http.Header writes "Traceparent", which passed every
+			// check, and went out next to the context's own "traceparent" (review).
+			if lower := strings.ToLower(k); lower == "traceparent" || lower == "tracestate" {
+				if _, twice := e.Headers[lower]; twice {
+					return nil, invalid("header %q is set twice (header names are case-insensitive); set it once", lower)
+				}
+				k = lower
+			}
 			e.Headers[k] = v
 		}
 		// TraceParent/TraceState are the headers "traceparent"/"tracestate": one given in
@@ -318,7 +335,7 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 				explicit = append(explicit, [2]string{"tracestate", "TraceState"})
 			}
 			for _, h := range explicit {
-				if _, given := m.Headers[h[0]]; given {
+				if _, given := e.Headers[h[0]]; given {
 					return nil, invalid("header %q is set twice (in Headers and as %s); set each header once",
 						h[0], h[1])
 				}
@@ -326,10 +343,10 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 		}
 		traceparent, tracestate := m.TraceParent, m.TraceState
 		if traceparent == "" && TraceContextFrom != nil {
-			_, parent := m.Headers["traceparent"]
-			_, state := m.Headers["tracestate"]
+			_, parent := e.Headers["traceparent"]
+			_, state := e.Headers["tracestate"]
 			if !parent && !state {
-				traceparent, tracestate = TraceContextFrom(ctx)
+				traceparent, tracestate = ambientTraceContext(TraceContextFrom(ctx))
 			}
 		}
 		if traceparent != "" {
@@ -426,4 +443,82 @@ func refused(err error) error {
 		return &InvalidMessageError{Message: err.Error(), SQLState: coded.SQLState(), Err: err}
 	}
 	return err
+}
+
+var (
+	jsonMarshalerType = reflect.TypeOf((*json.Marshaler)(nil)).Elem()
+	textMarshalerType = reflect.TypeOf((*encoding.TextMarshaler)(nil)).Elem()
+)
+
+// invalidUTF8 finds a string or map key in v, as json.Marshal would write it, that is not
+// valid UTF-8, and says where ("at .Names[1]"). Values that marshal themselves are theirs.
+func invalidUTF8(v reflect.Value, path string, depth int) (string, bool) {
+	if !v.IsValid() || depth > 1000 {
+		return "", false
+	}
+	if v.Type().Implements(jsonMarshalerType) || v.Type().Implements(textMarshalerType) {
+		return "", false
+	}
+	where := func(p string) string {
+		if p == "" {
+			return "(a string of it)"
+		}
+		return "at " + p
+	}
+	switch v.Kind() {
+	case reflect.String:
+		if !utf8.ValidString(v.String()) {
+			return where(path), true
+		}
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			return invalidUTF8(v.Elem(), path, depth+1)
+		}
+	case reflect.Struct:
+		for i := 0; i < v.NumField(); i++ {
+			if f := v.Type().Field(i); f.IsExported() && f.Tag.Get("json") != "-" {
+				if p, bad := invalidUTF8(v.Field(i), path+"."+f.Name, depth+1); bad {
+					return p, true
+				}
+			}
+		}
+	case reflect.Map:
+		it := v.MapRange()
+		for it.Next() {
+			k := it.Key()
+			if k.Kind() == reflect.String && !utf8.ValidString(k.String()) {
+				return where(path) + " (a key)", true
+			}
+			if p, bad := invalidUTF8(it.Value(), fmt.Sprintf("%s[%v]", path, k), depth+1); bad {
+				return p, true
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			return "", false // bytes: written as base64
+		}
+		for i := 0; i < v.Len(); i++ {
+			if p, bad := invalidUTF8(v.Index(i), fmt.Sprintf("%s[%d]", path, i), depth+1); bad {
+				return p, true
+			}
+		}
+	}
+	return "", false
+}
+
+var w3cTraceparent = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+
+// ambientTraceContext is the context's trace context as the database takes it, never a
+// refusal: telemetry the caller did not pass must not abort its transaction. A traceparent
+// that is no W3C one drops both; a tracestate over 512 bytes (legal: W3C asks to propagate at
+// least 512) is dropped.
+func ambientTraceContext(parent, state string) (string, string) {
+	if !w3cTraceparent.MatchString(parent) || strings.HasPrefix(parent, "ff") ||
+		parent[3:35] == strings.Repeat("0", 32) || parent[36:52] == strings.Repeat("0", 16) {
+		return "", ""
+	}
+	if len(state) > 512 || !utf8.ValidString(state) || strings.ContainsRune(state, 0) {
+		state = ""
+	}
+	return parent, state
 }

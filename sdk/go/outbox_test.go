@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -264,6 +265,89 @@ func TestDatabaseSQLWritesInTheCallersTransaction(t *testing.T) {
 	var invalid *InvalidMessageError
 	if !errors.As(err, &invalid) || !strings.Contains(invalid.Error(), "destination must not be empty") {
 		t.Fatalf("want an InvalidMessageError, got %v", err)
+	}
+}
+
+// The context's trace context never refuses a message: a legal tracestate over the database's
+// 512 bytes, or a malformed traceparent from a custom propagator, aborted the caller's
+// transaction over telemetry it never passed (review). Such a tracestate is dropped, and both
+// when the traceparent is malformed.
+func TestTheContextsTraceContextNeverRefusesTheMessage(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t)
+	longState := strings.TrimSuffix(strings.Repeat("v="+strings.Repeat("x", 40)+",", 14), ",")
+	cases := []struct {
+		parent, state string
+		want          map[string]string
+	}{
+		{traceparent, longState, map[string]string{"traceparent": traceparent}},
+		{"00-abc", "k=v", map[string]string{}},
+		{traceparent, "k=v", map[string]string{"traceparent": traceparent, "tracestate": "k=v"}},
+	}
+	defer func() { TraceContextFrom = nil }()
+	for _, tc := range cases {
+		for _, many := range []bool{false, true} {
+			reset(t, c)
+			TraceContextFrom = func(context.Context) (string, string) { return tc.parent, tc.state }
+			tx, err := c.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if many {
+				_, err = PublishMany(ctx, tx, []Message{{Destination: "orders", JSON: 1}})
+			} else {
+				_, err = Publish(ctx, tx, Message{Destination: "orders", JSON: 1})
+			}
+			if err != nil {
+				tx.Rollback(ctx)
+				t.Fatalf("%q (many %v): %v", tc.parent, many, err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var headers map[string]string
+			if err := c.QueryRow(ctx, "SELECT headers FROM outbox.messages").Scan(&headers); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(headers, tc.want) {
+				t.Errorf("%q (many %v): stored %v, want %v", tc.parent, many, headers, tc.want)
+			}
+		}
+	}
+}
+
+// Go's http.Header spells the name "Traceparent": written so, it passed every check of the
+// trace context, and went out next to the context's own "traceparent" (review). The trace
+// context headers are stored by their lowercase names; both spellings at once are refused.
+func TestTraceContextHeadersAreReadWhateverTheirCase(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	TraceContextFrom = func(context.Context) (string, string) {
+		return "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "otel=1"
+	}
+	defer func() { TraceContextFrom = nil }()
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := Publish(ctx, tx, Message{Destination: "orders", JSON: 1,
+		Headers: map[string]string{"Traceparent": traceparent}}); err != nil {
+		t.Fatal(err)
+	}
+	var headers map[string]string
+	if err := tx.QueryRow(ctx, "SELECT headers FROM outbox.messages").Scan(&headers); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{"traceparent": traceparent}; !reflect.DeepEqual(headers, want) {
+		t.Errorf("stored %v, want %v", headers, want)
+	}
+	_, err = Publish(ctx, tx, Message{Destination: "orders", JSON: 1,
+		Headers: map[string]string{"Traceparent": traceparent, "traceparent": traceparent}})
+	var invalid *InvalidMessageError
+	if !errors.As(err, &invalid) || !strings.Contains(invalid.Error(), "set twice") {
+		t.Errorf("both spellings: want an InvalidMessageError saying set twice, got %v", err)
 	}
 }
 
@@ -533,6 +617,11 @@ func TestTextPostgreSQLCannotHoldIsRefusedNamingTheField(t *testing.T) {
 		{Message{Destination: "orders", JSON: 1, Headers: map[string]string{"ten\xe9ant": "acme"}}, "header name"},
 		{Message{Destination: "orders", JSON: 1, Headers: map[string]string{"tenant": "ac\x00me"}}, `header "tenant"`},
 		{Message{Destination: "orders", JSON: map[string]string{"a": "x\x00y"}}, "payload"},
+		// A Go value's invalid UTF-8 (a string read as Latin-1): json.Marshal wrote U+FFFD in
+		// its place and the message was stored changed (review).
+		{Message{Destination: "orders", JSON: map[string]string{"name": "caf\xe9"}}, "payload"},
+		{Message{Destination: "orders", JSON: map[string]int{"k\xff": 1}}, "payload"},
+		{Message{Destination: "orders", JSON: struct{ Names []any }{[]any{"ok", "caf\xe9"}}}, "payload"},
 		{Message{Destination: "orders", JSON: json.RawMessage(`{"a": "\u0000"}`)}, "payload"},
 		{Message{Destination: "orders", JSON: json.RawMessage(`["\ud800"]`)}, "payload"},
 		{Message{Destination: "orders", JSON: json.RawMessage("\"caf\xe9\"")}, "payload"},

@@ -28,6 +28,28 @@ let traceContextProvider = null;
  * Takes { traceparent, tracestate } from OpenTelemetry's active context when
  * @opentelemetry/api is installed; returns {} otherwise.
  */
+const W3C_TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
+
+/**
+ * The provider's trace context as the database takes it, never a refusal: telemetry the
+ * caller did not pass must not abort its transaction. A traceparent that is no W3C one drops
+ * both; a tracestate over 512 bytes (legal: W3C asks to propagate at least 512) is dropped.
+ */
+function ambientTraceContext(trace) {
+  const parent = trace && trace.traceparent;
+  const state = trace && trace.tracestate;
+  if (typeof parent !== 'string' || !W3C_TRACEPARENT.test(parent) || parent.startsWith('ff')
+      || parent.slice(3, 35) === '0'.repeat(32) || parent.slice(36, 52) === '0'.repeat(16)) {
+    return {};
+  }
+  const out = { traceparent: parent };
+  if (typeof state === 'string' && state !== '' && Buffer.byteLength(state, 'utf8') <= 512
+      && !state.includes('\u0000') && state.isWellFormed?.() !== false) {
+    out.tracestate = state;
+  }
+  return out;
+}
+
 function currentTraceContext() {
   if (traceContextProvider) return traceContextProvider() || {};
   let api;
@@ -176,6 +198,13 @@ function element(m, i) {
     e.payload_base64 = Buffer.from(m.data).toString('base64');
   }
   if (m.key !== undefined && m.key !== null) e.ordering_key = m.key;
+  if (m.headers !== undefined && m.headers !== null && (typeof m.headers !== 'object'
+      || Array.isArray(m.headers) || Object.getPrototypeOf(m.headers) !== Object.prototype
+      && Object.getPrototypeOf(m.headers) !== null)) {
+    // A Map or a fetch Headers copies as {}: the message would go without its headers.
+    throw new InvalidMessage(`${where}headers must be a plain object of header names to `
+      + 'string values; convert a Map with Object.fromEntries(map)');
+  }
   const headers = Object.assign({}, m.headers || {});
   // traceparent/tracestate are the headers "traceparent"/"tracestate": one given in headers as
   // well is a header set twice (refused, as by the C++ SDK). The provider fills in only a
@@ -195,7 +224,7 @@ function element(m, i) {
     headers.traceparent = m.traceparent;
     if (m.tracestate) headers.tracestate = m.tracestate;
   } else if (!('traceparent' in headers) && !('tracestate' in headers)) {
-    Object.assign(headers, currentTraceContext());
+    Object.assign(headers, ambientTraceContext(currentTraceContext()));
   }
   for (const [name, value] of Object.entries(headers)) {
     checkText(name, 'header name', where, false);
@@ -211,6 +240,11 @@ function element(m, i) {
     }
     e.deliver_after = m.deliverAt.toISOString();
   } else if (m.deliverAfterMs !== undefined) {
+    if (typeof m.deliverAfterMs !== 'number' || !Number.isFinite(m.deliverAfterMs)
+        || Math.abs(m.deliverAfterMs) > 8.64e15 - Date.now()) {
+      throw new InvalidMessage(`${where}deliverAfterMs must be a finite number of milliseconds, `
+        + `got ${typeof m.deliverAfterMs === 'number' ? m.deliverAfterMs : typeof m.deliverAfterMs}`);
+    }
     e.deliver_after = new Date(Date.now() + m.deliverAfterMs).toISOString();
   }
   if (m.idempotencyKey !== undefined && m.idempotencyKey !== null) {

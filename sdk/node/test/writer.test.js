@@ -105,6 +105,36 @@ test('a batch is written in order in one statement', { skip }, async () => {
   assert.deepEqual(await connected((c) => publishMany(c, [])), [], 'an empty batch writes nothing');
 });
 
+// The provider's trace context never refuses a message: a legal tracestate over the database's
+// 512 bytes, or a malformed traceparent from a custom propagator, aborted the caller's
+// transaction over telemetry it never passed (review). Such a tracestate is dropped, and both
+// when the traceparent is malformed.
+test('the provider\'s trace context never refuses the message', { skip }, async () => {
+  const longState = Array.from({ length: 14 }, (_, i) => `v${i}=${'x'.repeat(40)}`).join(',');
+  const cases = [
+    [{ traceparent: TRACEPARENT, tracestate: longState }, { traceparent: TRACEPARENT }],
+    [{ traceparent: '00-abc', tracestate: 'k=v' }, {}],
+    [{ traceparent: TRACEPARENT, tracestate: 'k=v' }, { traceparent: TRACEPARENT, tracestate: 'k=v' }],
+  ];
+  try {
+    for (const [context, stored] of cases) {
+      for (const many of [false, true]) {
+        await reset();
+        setTraceContextProvider(() => context);
+        await connected(async (c) => {
+          await c.query('BEGIN');
+          if (many) await publishMany(c, [{ destination: 'orders', json: 1 }]);
+          else await publish(c, { destination: 'orders', json: 1 });
+          await c.query('COMMIT');
+        });
+        assert.deepEqual((await rows())[0].headers, stored, `${context.traceparent} many ${many}`);
+      }
+    }
+  } finally {
+    setTraceContextProvider(null);
+  }
+});
+
 test('trace context comes from the provider unless the message has its own', { skip }, async () => {
   await reset();
   setTraceContextProvider(() => ({ traceparent: TRACEPARENT, tracestate: 'k=v' }));
@@ -218,6 +248,17 @@ test('bad input is refused naming the argument, nothing half-written', { skip },
   await refused({ destination: 'orders', json: 1, data: Buffer.from('x') }, 'needs exactly one payload');
   await refused({ destination: 'orders', data: 'text' }, 'data must be a Buffer');
   await refused({ destination: 'orders', json: 1, deliverAt: new Date('nope') }, 'deliverAt must be a valid Date');
+  // A Map (or a fetch Headers) was copied as {}: the message went without its headers, with
+  // the provider's trace context in their place. A deliverAfterMs that is no finite number
+  // threw a bare RangeError, or (a string) was concatenated onto the clock (review).
+  for (const many of [false, true]) {
+    await refused({ destination: 'orders', json: 1, headers: new Map([['tenant', 'acme']]) },
+      'headers must be a plain object', many);
+    for (const after of [NaN, Infinity, '60000', null]) {
+      await refused({ destination: 'orders', json: 1, deliverAfterMs: after },
+        'deliverAfterMs must be a finite number', many);
+    }
+  }
 
   const key = '0b2d6a52-3c1f-4a8e-9d3e-2f6f1c0e5a77';
   await connected(async (c) => {

@@ -141,6 +141,18 @@ class WriterTest(unittest.TestCase):
                 self.assertRefused(Message("orders", json={}, event_type=7),
                                    "event type must be a str", many=many)
 
+    def test_publish_and_publish_many_refuse_the_same_input_alike(self):
+        # publish bound typed parameters to outbox.enqueue(...): an int key (an entity id) was
+        # sent as smallint and PostgreSQL answered "function outbox.enqueue(...) does not
+        # exist" (UndefinedFunction, not InvalidMessage), and an idempotency key that is no
+        # UUID drew "invalid input syntax for type uuid" naming no field (review).
+        for many in (False, True):
+            with self.subTest(many=many):
+                self.assertRefused(Message("orders", json={}, key=42), "ordering_key", many=many)
+                self.assertRefused(Message(7, json={}), "destination", many=many)
+                self.assertRefused(Message("orders", json={}, idempotency_key="order-42"),
+                                   "idempotency_key", many=many)
+
     def test_a_tracestate_without_a_traceparent_is_refused(self):
         # It was dropped without a word, and OpenTelemetry's context sent in its place.
         for many in (False, True):
@@ -192,6 +204,29 @@ class WriterTest(unittest.TestCase):
         self.assertEqual([r[5] for r in self.rows()],
                          [{"traceparent": TRACEPARENT}, {"traceparent": TRACEPARENT}, otel,
                           {"tracestate": "mine=1"}])
+
+    def test_the_ambient_trace_context_never_refuses_the_message(self):
+        # OpenTelemetry's context was written as it came: a legal tracestate over the
+        # database's 512 bytes, or a malformed traceparent from a custom propagator, aborted
+        # the caller's transaction over telemetry it never passed (review). The context's
+        # tracestate over 512 bytes is dropped, and both when its traceparent is malformed.
+        long_state = ",".join(f"v{i}=" + "x" * 40 for i in range(14))  # 600 bytes
+        cases = [({"traceparent": TRACEPARENT, "tracestate": long_state},
+                  {"traceparent": TRACEPARENT}),
+                 ({"traceparent": "00-abc", "tracestate": "k=v"}, {}),
+                 ({"traceparent": TRACEPARENT, "tracestate": "k=v"},
+                  {"traceparent": TRACEPARENT, "tracestate": "k=v"})]
+        for many in (False, True):
+            for otel, stored in cases:
+                with self.subTest(many=many, otel=otel["traceparent"]):
+                    self.setUp()
+                    with mock.patch.object(outbox_writer, "current_trace_context",
+                                           return_value=otel), psycopg.connect(URL) as conn:
+                        if many:
+                            publish_many(conn, [Message("orders", json={})])
+                        else:
+                            publish(conn, Message("orders", json={}))
+                    self.assertEqual([r[5] for r in self.rows()], [stored])
 
     def test_a_message_needs_exactly_one_payload(self):
         with self.assertRaises(InvalidMessage):

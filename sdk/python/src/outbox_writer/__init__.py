@@ -92,6 +92,26 @@ class Message:
             raise InvalidMessage("headers must be a mapping of header name to string value")
 
 
+_TRACEPARENT = _re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def _ambient(trace: dict) -> dict:
+    """The ambient trace context as the database takes it, never a refusal: telemetry the
+    caller did not pass must not abort its transaction. A traceparent that is no W3C one drops
+    both headers; a tracestate over 512 bytes (legal: W3C asks to propagate at least 512) is
+    dropped."""
+    parent, state = trace.get("traceparent"), trace.get("tracestate")
+    if not (isinstance(parent, str) and _TRACEPARENT.fullmatch(parent)
+            and not parent.startswith("ff") and parent[3:35] != "0" * 32
+            and parent[36:52] != "0" * 16):
+        return {}
+    out = {"traceparent": parent}
+    if isinstance(state, str) and state and len(state.encode("utf-8", "surrogatepass")) <= 512 \
+            and "\x00" not in state:
+        out["tracestate"] = state
+    return out
+
+
 def current_trace_context() -> dict:
     """traceparent/tracestate of OpenTelemetry's current span, or {} without OpenTelemetry."""
     try:
@@ -125,7 +145,7 @@ def _headers_of(m: Message, where: str = "") -> dict:
                     f'outbox: {where}header "{name}" is set twice (in headers= and as {name}=); '
                     "set each header once")
     elif "traceparent" not in headers and "tracestate" not in headers:
-        trace = current_trace_context()
+        trace = _ambient(current_trace_context())
     headers.update(trace)
     return headers
 
@@ -262,10 +282,6 @@ def _refused(e: psycopg.Error) -> InvalidMessage:
 _REFUSALS = (_errors.InvalidParameterValue, _errors.ProgramLimitExceeded, _errors.UniqueViolation,
              _errors.InvalidTextRepresentation)
 
-_ENQUEUE_JSON = ("SELECT outbox.enqueue(%s, %s::jsonb, ordering_key => %s, headers => %s::jsonb, "
-                 "event_type => %s, deliver_after => %s::timestamptz, idempotency_key => %s::uuid)")
-_ENQUEUE_BYTES = _ENQUEUE_JSON.replace("%s::jsonb, ordering_key", "%s::bytea, ordering_key")
-
 
 def _execute(conn_or_cursor, sql: str, params: Sequence[Any]):
     cur = conn_or_cursor.cursor() if isinstance(conn_or_cursor, psycopg.Connection) else conn_or_cursor
@@ -277,26 +293,23 @@ def _execute(conn_or_cursor, sql: str, params: Sequence[Any]):
 
 
 def publish(conn_or_cursor, message: Message) -> int:
-    """Writes `message` in the connection's (or cursor's) current transaction; returns its id."""
-    m = message
-    headers, json_text = _validate(m, "")
-    _require_transaction(conn_or_cursor)
-    if m.data is not None:
-        sql, payload = _ENQUEUE_BYTES, bytes(m.data)
-    else:
-        sql, payload = _ENQUEUE_JSON, json_text
-    rows = _execute(conn_or_cursor, sql, (m.destination, payload, m.key, _json.dumps(headers),
-                                          m.event_type or "", _deliver_after(m),
-                                          _key_text(m.idempotency_key)))
-    return rows[0][0]
+    """Writes `message` in the connection's (or cursor's) current transaction; returns its id.
+    The same statement as publish_many (outbox.enqueue_many), as the other languages' writers:
+    through typed parameters of outbox.enqueue, an int key was sent as smallint and refused as
+    "function ... does not exist", and a key that is no UUID named no field."""
+    return _publish(conn_or_cursor, [message], single=True)[0]
 
 
 def publish_many(conn_or_cursor, messages: Iterable[Message]) -> list:
     """Writes every message in one statement (outbox.enqueue_many); returns the ids in order.
     Takes the per-key locks of the whole batch in one global order."""
+    return _publish(conn_or_cursor, messages, single=False)
+
+
+def _publish(conn_or_cursor, messages: Iterable[Message], single: bool) -> list:
     batch = []
     for i, m in enumerate(messages):
-        headers, json_text = _validate(m, f"message {i}: ")
+        headers, json_text = _validate(m, "" if single else f"message {i}: ")
         e: dict = {"destination": m.destination, "headers": headers,
                    "event_type": m.event_type or ""}
         if m.data is not None:

@@ -115,8 +115,7 @@ public final class OutboxWriter {
       headers.put("traceparent", m.traceparent);
       if (m.tracestate != null && !m.tracestate.isEmpty()) headers.put("tracestate", m.tracestate);
     } else if (!headers.containsKey("traceparent") && !headers.containsKey("tracestate")) {
-      Map<String, String> trace = traceContextProvider.get();
-      if (trace != null) headers.putAll(trace);
+      headers.putAll(ambientTraceContext(traceContextProvider.get()));
     }
     out.append(",\"headers\":{");
     boolean first = true;
@@ -161,6 +160,32 @@ public final class OutboxWriter {
       }
     }
     out.append('"');
+  }
+
+  private static final java.util.regex.Pattern W3C_TRACEPARENT =
+      java.util.regex.Pattern.compile("[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}");
+
+  /**
+   * The provider's trace context as the database takes it, never a refusal: telemetry the
+   * caller did not pass must not abort its transaction. A traceparent that is no W3C one drops
+   * both; a tracestate over 512 bytes (legal: W3C asks to propagate at least 512) is dropped.
+   */
+  static Map<String, String> ambientTraceContext(Map<String, String> trace) {
+    Map<String, String> out = new LinkedHashMap<>();
+    if (trace == null) return out;
+    String parent = trace.get("traceparent");
+    String state = trace.get("tracestate");
+    if (parent == null || !W3C_TRACEPARENT.matcher(parent).matches() || parent.startsWith("ff")
+        || parent.substring(3, 35).equals("0".repeat(32))
+        || parent.substring(36, 52).equals("0".repeat(16))) {
+      return out;
+    }
+    out.put("traceparent", parent);
+    if (state != null && !state.isEmpty() && state.indexOf('\0') < 0
+        && state.getBytes(java.nio.charset.StandardCharsets.UTF_8).length <= 512) {
+      out.put("tracestate", state);
+    }
+    return out;
   }
 
   /** traceparent/tracestate of OpenTelemetry's current span, or {} without OpenTelemetry. */

@@ -168,6 +168,44 @@ public final class WriterTest {
     }
   }
 
+  /**
+   * The provider's trace context never refuses a message: a legal tracestate over the
+   * database's 512 bytes, or a malformed traceparent from a custom propagator, aborted the
+   * caller's transaction over telemetry it never passed (review). Such a tracestate is
+   * dropped, and both when the traceparent is malformed.
+   */
+  public static void testTheProvidersTraceContextNeverRefusesTheMessage() throws Exception {
+    String longState = String.join(",", java.util.Collections.nCopies(14, "v=" + "x".repeat(40)));
+    List<Map<String, String>> contexts = List.of(
+        Map.of("traceparent", TRACEPARENT, "tracestate", longState),
+        Map.of("traceparent", "00-abc", "tracestate", "k=v"),
+        Map.of("traceparent", TRACEPARENT, "tracestate", "k=v"));
+    List<String> stored = List.of("{\"traceparent\": \"" + TRACEPARENT + "\"}", "{}",
+        "{\"tracestate\": \"k=v\", \"traceparent\": \"" + TRACEPARENT + "\"}");
+    try {
+      for (int i = 0; i < contexts.size(); i++) {
+        for (boolean many : new boolean[] {false, true}) {
+          reset();
+          Map<String, String> context = contexts.get(i);
+          OutboxWriter.setTraceContextProvider(() -> context);
+          try (Connection c = connect()) {
+            c.setAutoCommit(false);
+            if (many) {
+              OutboxWriter.publishMany(c, List.of(OutboxMessage.to("orders").json("1").build()));
+            } else {
+              OutboxWriter.publish(c, OutboxMessage.to("orders").json("1").build());
+            }
+            c.commit();
+          }
+          Object got = rows().get(0).get("headers");
+          check(stored.get(i).equals(got), i + " many " + many + ": stored " + got);
+        }
+      }
+    } finally {
+      OutboxWriter.setTraceContextProvider(null);
+    }
+  }
+
   public static void testTraceContextFromTheProvider() throws Exception {
     OutboxWriter.setTraceContextProvider(() -> Map.of("traceparent", TRACEPARENT));
     try (Connection c = connect()) {
