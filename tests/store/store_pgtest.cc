@@ -47,6 +47,14 @@ class StoreTest : public testing::PgTest {
         },
         std::chrono::seconds(10));
   }
+  // Whether a session waits on a lock (a row, a transaction, an index entry) within 10 s.
+  bool SomeoneWaitsOnALock() {
+    return testing::WaitFor(
+        [&] {
+          return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
+        },
+        std::chrono::seconds(10));
+  }
   // A webhook service's endpoint "ep_a" of destination "hooks".
   // 1,200 archived messages for ep_a; a replay of them all that fails in its second part (a
   // trigger), and the first part's 500 copies then delivered and archived as the endpoint's.
@@ -303,10 +311,11 @@ TEST_F(StoreTest, AnApplicationKeyThatReadsLikeAnEndpointKeyIsAKeyOfItsOwn) {
 
   // The sweep tells them apart too: a row of ep_a behind its own earlier row, at 'infinity'
   // with its predecessor gone, is woken although the application's "ep_a:k" is in flight.
-  Scalar("WITH u AS (INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, "
-         "payload, parked, deliver_after, created_at, endpoint_id) VALUES ('d', 'ep_a:k', "
-         "gen_random_uuid(), '4', true, 'infinity', now(), 'ep_a') RETURNING 1) "
-         "SELECT count(*) FROM u");
+  Scalar(
+      "WITH u AS (INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, "
+      "payload, parked, deliver_after, created_at, endpoint_id) VALUES ('d', 'ep_a:k', "
+      "gen_random_uuid(), '4', true, 'infinity', now(), 'ep_a') RETURNING 1) "
+      "SELECT count(*) FROM u");
   Scalar("WITH d AS (DELETE FROM outbox.messages WHERE id = " + std::to_string(endpoint_row) +
          " RETURNING 1) SELECT count(*) FROM d");
   EXPECT_EQ(store.WakeOrphans("d"), 1);
@@ -316,9 +325,9 @@ TEST_F(StoreTest, AnApplicationKeyThatReadsLikeAnEndpointKeyIsAKeyOfItsOwn) {
   auto r4 = store.Claim("d", 0, 100, 100, 30s);
   ASSERT_EQ(r4.messages.size(), 1u) << "ep_a's woken row";
   EXPECT_EQ(r4.facts.blocked_keys, (std::vector<BlockedKey>{{"ep_a:k", std::nullopt}}));
-  EXPECT_EQ(store.Settle({Settle(r3.messages[0], r3.lease_token, Settlement::Kind::kDelivered)})
-                .woken,
-            1);
+  EXPECT_EQ(
+      store.Settle({Settle(r3.messages[0], r3.lease_token, Settlement::Kind::kDelivered)}).woken,
+      1);
   EXPECT_EQ(Ids(store.Claim("d", 0, 100, 100, 30s)), (std::vector<std::int64_t>{last}));
 }
 
@@ -744,18 +753,13 @@ class LeaseRecordOrderTest : public StoreTest {
     hold.exec("SELECT 1 FROM outbox.leases WHERE token = " + hold.quote(claims.tokens[4]) +
               " FOR UPDATE");
     auto done = std::async(std::launch::async, write);
-    const bool waits = testing::WaitFor(
-        [&] {
-          return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") >
-                 0;
-        },
-        10s);
+    const bool waits = SomeoneWaitsOnALock();
     std::vector<std::string> free;
     {
       pqxx::connection p(db_url_);
       pqxx::work probe(p);
-      for (const auto& row :
-           probe.exec("SELECT token::text FROM outbox.leases ORDER BY token FOR UPDATE SKIP LOCKED"))
+      for (const auto& row : probe.exec(
+               "SELECT token::text FROM outbox.leases ORDER BY token FOR UPDATE SKIP LOCKED"))
         free.push_back(row[0].as<std::string>());
     }
     hold.abort();
@@ -1016,8 +1020,7 @@ TEST_F(StoreTest, BuryEndsWhileWritersKeepWriting) {
       "CREATE TRIGGER bury_test_writer AFTER INSERT ON outbox.dead_letters "
       "FOR EACH STATEMENT EXECUTE FUNCTION public.bury_test_writer(); SELECT 1");
   Store c(db_url_);
-  EXPECT_EQ(BuryDestination(c, "gone", "no relay"), 2)
-      << "it moved what was written while it ran";
+  EXPECT_EQ(BuryDestination(c, "gone", "no relay"), 2) << "it moved what was written while it ran";
   // (A statement trigger fires for the last, empty move too: two were written.)
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'gone'"), 2)
       << "the messages written while it ran stay queued";
@@ -1078,12 +1081,7 @@ TEST_F(StoreTest, AReplayMeetingAWriterOfTheSameIdempotencyKeyHoldsTheDeadLetter
   outbox::Publish(writer, outbox::Message::To("d").Json("2").IdempotencyKey(key).Build());
   Store c(db_url_);
   auto replay = std::async(std::launch::async, [&] { return ReplayDeadLetters(c, {}, ""); });
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
-      },
-      10s))
-      << "the replay did not wait for the writer's key";
+  ASSERT_TRUE(SomeoneWaitsOnALock()) << "the replay did not wait for the writer's key";
   writer.commit();
   Replayed r;
   ASSERT_NO_THROW(r = replay.get());
@@ -1109,12 +1107,7 @@ TEST_F(StoreTest, AReplayWhosePartWasPurgedMeanwhileGoesOnToTheRest) {
       "(SELECT id FROM outbox.dead_letters ORDER BY id LIMIT 500)");
   Store c(db_url_);
   auto replay = std::async(std::launch::async, [&] { return ReplayDeadLetters(c, {}, ""); });
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
-      },
-      10s))
-      << "the replay did not wait for the purge";
+  ASSERT_TRUE(SomeoneWaitsOnALock()) << "the replay did not wait for the purge";
   purge.commit();
   const auto r = replay.get();
   EXPECT_EQ(r.ids.size(), 100u) << "the dead letters after the purged part were left";

@@ -1126,6 +1126,15 @@ class FakeDns {
   std::map<std::string, std::vector<std::string>> names_;
 };
 
+// Puts the system's resolver and the 30 s re-resolution back when a test that replaced them
+// ends.
+struct ResolverRestored {
+  ~ResolverRestored() {
+    webhook_detail::SetResolverForTesting(nullptr);
+    webhook_detail::SetResolveEveryForTesting(0ms);
+  }
+};
+
 TEST(WebhookSinkSsrf, ANameThatResolvesToABlockedAddressFailsTheDeliveryWithAClearReason) {
   HttpReceiver receiver;
   FakeDns dns(std::map<std::string, std::string>{{"hooks.test", "127.0.0.1"}});
@@ -1185,12 +1194,7 @@ TEST(WebhookSinkSsrf, ANameThatDoesNotResolveAgainKeepsTheAddressesCheckedBefore
         return {*webhook_detail::ParseIpLiteral(answer == 0 ? "127.0.0.1" : "10.1.2.3")};
       });
   webhook_detail::SetResolveEveryForTesting(50ms);  // kept 500 ms without an answer
-  struct Restore {
-    ~Restore() {
-      webhook_detail::SetResolverForTesting(nullptr);
-      webhook_detail::SetResolveEveryForTesting(0ms);
-    }
-  } restore;
+  const ResolverRestored restore;
   WebhookTarget t = Target("http://hooks.test:" + std::to_string(receiver.port()) + "/hook");
   t.allow_private_networks = false;
   t.allowed_networks = {"127.0.0.0/8"};
@@ -1239,12 +1243,7 @@ TEST(WebhookSinkSsrf, ASlowFailingLookupIsNotRepeatedForEveryRequest) {
         return {};
       });
   webhook_detail::SetResolveEveryForTesting(100ms);
-  struct Restore {
-    ~Restore() {
-      webhook_detail::SetResolverForTesting(nullptr);
-      webhook_detail::SetResolveEveryForTesting(0ms);
-    }
-  } restore;
+  const ResolverRestored restore;
   WebhookTarget t = Target("http://hooks.test:" + std::to_string(receiver.port()) + "/hook");
   t.allow_private_networks = false;
   t.allowed_networks = {"127.0.0.0/8"};
