@@ -239,6 +239,19 @@ class DispatcherTest : public ::testing::Test {
     if (dispatcher_) dispatcher_->Stop();
   }
 
+  // Message 1's lease, `first`, runs out while this relay's renewals fail, another relay's
+  // reaper takes it back, and this relay's claim loop claims the message again.
+  void TakeTheLeaseBack(const std::optional<std::string>& first) {
+    db_.FailNext("renew", 1'000'000);
+    clock_.Advance(31s);  // past the whole lease
+    ASSERT_EQ(testing::FakeStore(db_).Reap().size(), 1u);
+    ASSERT_TRUE(WaitFor([&] {
+      const auto row = db_.Find(1);
+      return row && row->lease_owner && row->lease_owner != first && row->attempts == 1;
+    })) << "the claim loop did not take the message again";
+    db_.Heal("renew");
+  }
+
   // Ten messages delivered; a few idle polls later the cursor stands past id 10 (it moves a
   // claim behind what the claims saw); then a row with id 3 appears (its id was taken long
   // before it committed), below the fresh lane's cursor, and the lane passes it by.
@@ -498,6 +511,30 @@ TEST_F(DispatcherTest, LeasesOfMessagesStillInTheSinkAreRenewedNotReaped) {
   EXPECT_EQ(dispatcher_->stats().fenced, 0);
 }
 
+// A maintenance turn that finds both the renewal and the reap due (its thread stalled longer
+// than a lease: a slow status read, a database that stopped answering for a while) renews
+// first. Reaping first, it took back the leases of this relay's own messages still in its sink
+// as expired, and they were claimed and sent again: a duplicate and an attempt counted for
+// nothing (review).
+TEST_F(DispatcherTest, AStalledMaintenanceTurnRenewsBeforeItReaps) {
+  db_.Enqueue("orders", "a");
+  Start(Config(), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  const auto token = db_.Find(1)->lease_owner;
+  ASSERT_TRUE(token);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
+  const auto renewals = db_.Calls("renew");
+  clock_.Advance(30s + 1ms);  // a whole lease in one step: both are due in the next turn
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("renew") > renewals; }));
+  const auto row = db_.Find(1);
+  ASSERT_TRUE(row);
+  EXPECT_EQ(row->lease_owner, token) << "reaped before it was renewed";
+  EXPECT_EQ(row->attempts, 0);
+  EXPECT_EQ(dispatcher_->stats().reaped, 0);
+  sink_->Release();
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
+}
+
 // A key a claim blocked whose head settled after the claim's snapshot is rechecked for a second
 // (wake_keys.sql); a claim loop waiting for room in its sink longer than that dropped the key
 // unchecked, and the next message waited for the orphan sweep (reap_interval_ms; here never)
@@ -681,11 +718,7 @@ TEST_F(DispatcherTest, AMessageClaimedAgainWhileItsCopyIsInTheSinkIsNotSentTwice
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
   const auto first = db_.Find(1)->lease_owner;
   ASSERT_TRUE(first);
-  clock_.Advance(31s);  // past the whole lease at once: the reaper runs before any renewal
-  ASSERT_TRUE(WaitFor([&] {
-    const auto row = db_.Find(1);
-    return row && row->lease_owner && row->lease_owner != first && row->attempts == 1;
-  })) << "the reaper and the claim loop did not take the message again";
+  TakeTheLeaseBack(first);
   sink_->Release();
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }))
       << "the claim taken again was never settled";
@@ -704,11 +737,7 @@ TEST_F(DispatcherTest, AMessageClaimedAgainWhileItsDeliveryIsUnsettledIsNotSentT
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("settle") >= 1; }));
   const auto first = db_.Find(1)->lease_owner;
   ASSERT_TRUE(first);
-  clock_.Advance(31s);
-  ASSERT_TRUE(WaitFor([&] {
-    const auto row = db_.Find(1);
-    return row && row->lease_owner && row->lease_owner != first && row->attempts == 1;
-  })) << "the reaper and the claim loop did not take the message again";
+  TakeTheLeaseBack(first);
   const auto calls = db_.Calls("settle");
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("settle") > calls; }));  // a try after the claim
   db_.Heal("settle");

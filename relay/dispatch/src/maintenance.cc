@@ -56,6 +56,13 @@ void Dispatcher::Impl::MaintenanceLoop() {
       continue;
     }
     try {
+      // First in the turn: a turn that finds it due with the reap (the thread stalled longer
+      // than a lease: a slow status read, a database that stopped answering) reaped first, and
+      // took back this relay's own messages still in its sinks as expired, to be sent again.
+      if (now >= next_renewal) {
+        // Failed: tried again after the reconnect pause, not lease / 3.
+        next_renewal = NextRenewal(now, RenewHeldLeases(store));
+      }
       if (now >= next_paused) {
         next_paused = now + tuning::kPauseRefresh;
         UpdatePaused(store.PausedDestinations());
@@ -73,10 +80,6 @@ void Dispatcher::Impl::MaintenanceLoop() {
         std::int64_t woken = 0;
         for (const auto& [name, dest] : config.destinations) woken += store.WakeOrphans(name);
         if (woken > 0) Wake();
-      }
-      if (now >= next_renewal) {
-        // Failed: tried again after the reconnect pause, not lease / 3.
-        next_renewal = NextRenewal(now, RenewHeldLeases(store));
       }
       if (now >= next_heartbeat) {
         next_heartbeat = now + tuning::kRelayHeartbeat;
