@@ -124,6 +124,14 @@ TEST(AddressPolicy, AnAllowListOrAllowPrivateNetworksLetsPrivateAddressesThrough
   EXPECT_TRUE(open.Refuses(Ip("::ffff:100.100.100.200")));
   EXPECT_FALSE(open.Refuses(Ip("fd20:ce::253")));
   EXPECT_FALSE(open.Refuses(Ip("100.100.100.201")));
+  // The local-use NAT64 range, which can carry 169.254.169.254 wherever its translator puts
+  // it (64:ff9b:1::a9fe:a9fe, 64:ff9b:1:a9fe:a9:fe00::): refused as a range, it is not one the
+  // flag opens (review of the change that refused it).
+  EXPECT_TRUE(open.Refuses(Ip("64:ff9b:1::a9fe:a9fe")));
+  EXPECT_TRUE(open.Refuses(Ip("64:ff9b:1:a9fe:a9:fe00::")));
+  EXPECT_FALSE(AddressPolicy(true, {ParseCidr("64:ff9b:1::/48")})
+                   .Refuses(Ip("64:ff9b:1::a9fe:a9fe")))
+      << "allowed_networks names it";
   const AddressPolicy open_listed(true, {ParseCidr("169.254.0.0/16")});
   EXPECT_FALSE(open_listed.Refuses(Ip("169.254.169.254")));
 }

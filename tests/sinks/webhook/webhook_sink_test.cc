@@ -1238,11 +1238,13 @@ TEST(WebhookSinkSsrf, ASlowFailingLookupIsNotRepeatedForEveryRequest) {
   webhook_detail::SetResolverForTesting(
       [&](const std::string&, std::string* error) -> std::vector<webhook_detail::IpAddress> {
         if (lookups++ == 0) return {*webhook_detail::ParseIpLiteral("127.0.0.1")};
-        std::this_thread::sleep_for(300ms);  // then no answer, after a while
+        std::this_thread::sleep_for(1s);  // then no answer, after a while
         *error = "Temporary failure in name resolution";
         return {};
       });
-  webhook_detail::SetResolveEveryForTesting(100ms);
+  // Asked again 500 ms after an answer (kept up to 5 s without a good one): wide margins for a
+  // slow machine, whose requests here take milliseconds.
+  webhook_detail::SetResolveEveryForTesting(500ms);
   const ResolverRestored restore;
   WebhookTarget t = Target("http://hooks.test:" + std::to_string(receiver.port()) + "/hook");
   t.allow_private_networks = false;
@@ -1252,7 +1254,7 @@ TEST(WebhookSinkSsrf, ASlowFailingLookupIsNotRepeatedForEveryRequest) {
   auto sink = MakeWebhookSink("hooks", t);
   sink->Submit(MakeMessage(1), done.Callback());
   ASSERT_TRUE(done.WaitForSize(1));
-  std::this_thread::sleep_for(150ms);  // past the 100 ms the addresses are used unasked
+  std::this_thread::sleep_for(600ms);  // past the 500 ms the addresses are used unasked
   for (int n = 2; n <= 6; ++n) {
     sink->Submit(MakeMessage(n), done.Callback());
     ASSERT_TRUE(done.WaitForSize(static_cast<std::size_t>(n)));

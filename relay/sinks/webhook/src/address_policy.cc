@@ -75,7 +75,8 @@ constexpr Range kBlockedV6[] = {
     // /56, /64 or /96), which the relay cannot know: read as a /96 (the last four bytes),
     // 64:ff9b:1:a00:0:100:808:808 passed as 8.8.8.8 while a /48 translator sends it to
     // 10.0.0.1 (review). Refused as a whole; allowed_networks can name it.
-    {"64:ff9b:1::/48", "local-use NAT64 (RFC 8215, the IPv4 address it carries depends on the translator)"},
+    {"64:ff9b:1::/48",
+     "local-use NAT64 (RFC 8215, the IPv4 address it carries depends on the translator)"},
 };
 
 // Not covered by allow_private_networks, only by an allow-list entry: the link-local ranges,
@@ -83,8 +84,11 @@ constexpr Range kBlockedV6[] = {
 // sit in ranges the flag opens: AWS's IPv6 one fd00:ec2::254 and Google Cloud's fd20:ce::254
 // (unique-local), Alibaba Cloud's 100.100.100.200 (CGNAT). With endpoints in Postgres, the
 // flag covers every endpoint the management API adds.
-constexpr const char* kMetadataRanges[] = {"169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128",
-                                           "fd20:ce::254/128", "100.100.100.200/32"};
+// And the local-use NAT64 range, which can carry 169.254.169.254 wherever its translator
+// puts it (kBlockedV6).
+constexpr const char* kMetadataRanges[] = {"169.254.0.0/16",     "fe80::/10",
+                                           "fd00:ec2::254/128",  "fd20:ce::254/128",
+                                           "100.100.100.200/32", "64:ff9b:1::/48"};
 
 const std::vector<Cidr>& MetadataRanges() {
   static const auto ranges = [] {
