@@ -291,7 +291,7 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 			} else {
 				// encoding/json writes U+FFFD for invalid UTF-8 in a string or a map key: the
 				// message would be stored changed, without a word.
-				if path, bad := invalidUTF8(reflect.ValueOf(m.JSON), "", 0); bad {
+				if path, bad := invalidUTF8(reflect.ValueOf(m.JSON), 0); bad {
 					return nil, invalid("payload %s is not valid UTF-8; convert it (from Latin-1, say) before publishing, or send bytes as Data", path)
 				}
 				var err error
@@ -309,17 +309,17 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 			e.OrderingKey = &k
 		}
 		e.Headers = make(map[string]string, len(m.Headers)+2)
+		// The trace context headers the message has, in any case: Go's http.Header writes
+		// "Traceparent", and the context's own "traceparent" went out next to it (review).
+		own := map[string]bool{}
 		for k, v := range m.Headers {
-			// The trace context headers by their lowercase names, as the database, the relay
-			// and W3C read them: Go's http.Header writes "Traceparent", which passed every
-			// check, and went out next to the context's own "traceparent" (review).
+			e.Headers[k] = v
 			if lower := strings.ToLower(k); lower == "traceparent" || lower == "tracestate" {
-				if _, twice := e.Headers[lower]; twice {
+				if own[lower] {
 					return nil, invalid("header %q is set twice (header names are case-insensitive); set it once", lower)
 				}
-				k = lower
+				own[lower] = true
 			}
-			e.Headers[k] = v
 		}
 		// TraceParent/TraceState are the headers "traceparent"/"tracestate": one given in
 		// Headers as well is a header set twice (refused, as by the C++ SDK). The context's
@@ -335,7 +335,7 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 				explicit = append(explicit, [2]string{"tracestate", "TraceState"})
 			}
 			for _, h := range explicit {
-				if _, given := e.Headers[h[0]]; given {
+				if own[h[0]] {
 					return nil, invalid("header %q is set twice (in Headers and as %s); set each header once",
 						h[0], h[1])
 				}
@@ -343,10 +343,11 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 		}
 		traceparent, tracestate := m.TraceParent, m.TraceState
 		if traceparent == "" && TraceContextFrom != nil {
-			_, parent := e.Headers["traceparent"]
-			_, state := e.Headers["tracestate"]
-			if !parent && !state {
+			if !own["traceparent"] && !own["tracestate"] {
 				traceparent, tracestate = ambientTraceContext(TraceContextFrom(ctx))
+				if len(e.Headers)+2 > maxHeaders {
+					traceparent, tracestate = "", "" // the database takes 64 headers
+				}
 			}
 		}
 		if traceparent != "" {
@@ -451,34 +452,42 @@ var (
 )
 
 // invalidUTF8 finds a string or map key in v, as json.Marshal would write it, that is not
-// valid UTF-8, and says where ("at .Names[1]"). Values that marshal themselves are theirs.
-func invalidUTF8(v reflect.Value, path string, depth int) (string, bool) {
+// valid UTF-8, and says where ("at .Names[1]"). Values that marshal themselves (by value, or
+// through a pointer where json.Marshal would take their address) are theirs.
+func invalidUTF8(v reflect.Value, depth int) (string, bool) {
+	p, bad := badUTF8(v, depth)
+	if !bad {
+		return "", false
+	}
+	if p == "" {
+		return "(a string of it)", true
+	}
+	return "at " + p, true
+}
+
+// badUTF8 is invalidUTF8's walk; the path is built only for the string it finds.
+func badUTF8(v reflect.Value, depth int) (string, bool) {
 	if !v.IsValid() || depth > 1000 {
 		return "", false
 	}
-	if v.Type().Implements(jsonMarshalerType) || v.Type().Implements(textMarshalerType) {
+	t := v.Type()
+	if t.Implements(jsonMarshalerType) || t.Implements(textMarshalerType) ||
+		(v.CanAddr() && (reflect.PtrTo(t).Implements(jsonMarshalerType) ||
+			reflect.PtrTo(t).Implements(textMarshalerType))) {
 		return "", false
-	}
-	where := func(p string) string {
-		if p == "" {
-			return "(a string of it)"
-		}
-		return "at " + p
 	}
 	switch v.Kind() {
 	case reflect.String:
-		if !utf8.ValidString(v.String()) {
-			return where(path), true
-		}
+		return "", !utf8.ValidString(v.String())
 	case reflect.Pointer, reflect.Interface:
 		if !v.IsNil() {
-			return invalidUTF8(v.Elem(), path, depth+1)
+			return badUTF8(v.Elem(), depth+1)
 		}
 	case reflect.Struct:
 		for i := 0; i < v.NumField(); i++ {
-			if f := v.Type().Field(i); f.IsExported() && f.Tag.Get("json") != "-" {
-				if p, bad := invalidUTF8(v.Field(i), path+"."+f.Name, depth+1); bad {
-					return p, true
+			if f := t.Field(i); f.IsExported() && f.Tag.Get("json") != "-" {
+				if p, bad := badUTF8(v.Field(i), depth+1); bad {
+					return "." + f.Name + p, true
 				}
 			}
 		}
@@ -487,24 +496,27 @@ func invalidUTF8(v reflect.Value, path string, depth int) (string, bool) {
 		for it.Next() {
 			k := it.Key()
 			if k.Kind() == reflect.String && !utf8.ValidString(k.String()) {
-				return where(path) + " (a key)", true
+				return fmt.Sprintf("[%q] (the key)", k.String()), true
 			}
-			if p, bad := invalidUTF8(it.Value(), fmt.Sprintf("%s[%v]", path, k), depth+1); bad {
-				return p, true
+			if p, bad := badUTF8(it.Value(), depth+1); bad {
+				return fmt.Sprintf("[%v]", k) + p, true
 			}
 		}
 	case reflect.Slice, reflect.Array:
-		if v.Type().Elem().Kind() == reflect.Uint8 {
+		if t.Elem().Kind() == reflect.Uint8 {
 			return "", false // bytes: written as base64
 		}
 		for i := 0; i < v.Len(); i++ {
-			if p, bad := invalidUTF8(v.Index(i), fmt.Sprintf("%s[%d]", path, i), depth+1); bad {
-				return p, true
+			if p, bad := badUTF8(v.Index(i), depth+1); bad {
+				return fmt.Sprintf("[%d]", i) + p, true
 			}
 		}
 	}
 	return "", false
 }
+
+// The most headers a message may have (outbox.validate_message).
+const maxHeaders = 64
 
 var w3cTraceparent = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
 

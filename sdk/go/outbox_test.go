@@ -7,6 +7,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
@@ -316,10 +317,10 @@ func TestTheContextsTraceContextNeverRefusesTheMessage(t *testing.T) {
 	}
 }
 
-// Go's http.Header spells the name "Traceparent": written so, it passed every check of the
-// trace context, and went out next to the context's own "traceparent" (review). The trace
-// context headers are stored by their lowercase names; both spellings at once are refused.
-func TestTraceContextHeadersAreReadWhateverTheirCase(t *testing.T) {
+// Go's http.Header spells the name "Traceparent": the context's own "traceparent" went out
+// next to it (review). A trace context header in any case is the message's own; both
+// spellings at once are refused before the database is asked.
+func TestTraceContextHeadersAreTheMessagesOwnWhateverTheirCase(t *testing.T) {
 	ctx := context.Background()
 	c := connect(t)
 	reset(t, c)
@@ -340,7 +341,7 @@ func TestTraceContextHeadersAreReadWhateverTheirCase(t *testing.T) {
 	if err := tx.QueryRow(ctx, "SELECT headers FROM outbox.messages").Scan(&headers); err != nil {
 		t.Fatal(err)
 	}
-	if want := map[string]string{"traceparent": traceparent}; !reflect.DeepEqual(headers, want) {
+	if want := map[string]string{"Traceparent": traceparent}; !reflect.DeepEqual(headers, want) {
 		t.Errorf("stored %v, want %v", headers, want)
 	}
 	_, err = Publish(ctx, tx, Message{Destination: "orders", JSON: 1,
@@ -348,6 +349,9 @@ func TestTraceContextHeadersAreReadWhateverTheirCase(t *testing.T) {
 	var invalid *InvalidMessageError
 	if !errors.As(err, &invalid) || !strings.Contains(invalid.Error(), "set twice") {
 		t.Errorf("both spellings: want an InvalidMessageError saying set twice, got %v", err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Errorf("the refusal aborted the transaction: %v", err)
 	}
 }
 
@@ -597,6 +601,35 @@ func TestOutsideATransactionNothingIsWritten(t *testing.T) {
 	}
 	if got := rows(t, c); len(got) != 0 {
 		t.Fatalf("rolled back, yet %d rows", len(got))
+	}
+}
+
+// binaryID writes itself as hex through a pointer receiver, which encoding/json uses for an
+// addressable value (a slice element, a field behind a pointer).
+type binaryID string
+
+func (b *binaryID) MarshalText() ([]byte, error) { return []byte(hex.EncodeToString([]byte(*b))), nil }
+
+// A value that marshals itself is written as it says, whatever bytes it holds: the UTF-8 check
+// of Go values refused one reached through a pointer receiver (review).
+func TestAValueThatMarshalsItselfIsNotCheckedForUTF8(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t)
+	reset(t, c)
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := Publish(ctx, tx, Message{Destination: "orders", JSON: []binaryID{"\xff\x01"}}); err != nil {
+		t.Fatal(err)
+	}
+	var payload string
+	if err := tx.QueryRow(ctx, "SELECT payload::text FROM outbox.messages").Scan(&payload); err != nil {
+		t.Fatal(err)
+	}
+	if payload != `["ff01"]` {
+		t.Errorf("stored %s", payload)
 	}
 }
 

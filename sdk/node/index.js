@@ -28,6 +28,7 @@ let traceContextProvider = null;
  * Takes { traceparent, tracestate } from OpenTelemetry's active context when
  * @opentelemetry/api is installed; returns {} otherwise.
  */
+const MAX_HEADERS = 64; // outbox.validate_message
 const W3C_TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
 
 /**
@@ -214,17 +215,25 @@ function element(m, i) {
     throw new InvalidMessage(`${where}tracestate without traceparent: a W3C tracestate belongs `
       + 'to a traceparent; pass both, or neither');
   }
+  // The trace context headers it has, in any case (a framework's "Traceparent"): the
+  // provider's own went out next to them (review).
+  const own = new Set(Object.keys(headers).map((name) => name.toLowerCase())
+    .filter((name) => name === 'traceparent' || name === 'tracestate'));
   if (m.traceparent) {
     for (const name of m.tracestate ? ['traceparent', 'tracestate'] : ['traceparent']) {
-      if (Object.prototype.hasOwnProperty.call(headers, name)) {
+      if (own.has(name)) {
         throw new InvalidMessage(
           `${where}header "${name}" is set twice (in headers and as ${name}); set each header once`);
       }
     }
     headers.traceparent = m.traceparent;
     if (m.tracestate) headers.tracestate = m.tracestate;
-  } else if (!('traceparent' in headers) && !('tracestate' in headers)) {
-    Object.assign(headers, ambientTraceContext(currentTraceContext()));
+  } else if (own.size === 0) {
+    const trace = ambientTraceContext(currentTraceContext());
+    // The database takes 64 headers: none of the provider's past that.
+    if (Object.keys(headers).length + Object.keys(trace).length <= MAX_HEADERS) {
+      Object.assign(headers, trace);
+    }
   }
   for (const [name, value] of Object.entries(headers)) {
     checkText(name, 'header name', where, false);

@@ -130,6 +130,26 @@ test('the provider\'s trace context never refuses the message', { skip }, async 
         assert.deepEqual((await rows())[0].headers, stored, `${context.traceparent} many ${many}`);
       }
     }
+    // A trace context header of its own in any case (a framework's "Traceparent"): the
+    // provider's was added next to it (review). And none past the database's 64 headers.
+    setTraceContextProvider(() => ({ traceparent: TRACEPARENT, tracestate: 'k=v' }));
+    const manyHeaders = Object.fromEntries(Array.from({ length: 63 }, (_, i) => [`h${i}`, 'v']));
+    for (const many of [false, true]) {
+      await reset();
+      const messages = [
+        { destination: 'orders', json: 1, headers: { Traceparent: TRACEPARENT } },
+        { destination: 'orders', json: 2, headers: manyHeaders },
+      ];
+      await connected(async (c) => {
+        await c.query('BEGIN');
+        if (many) await publishMany(c, messages);
+        else for (const m of messages) await publish(c, m);
+        await c.query('COMMIT');
+      });
+      const got = await rows();
+      assert.deepEqual(got[0].headers, { Traceparent: TRACEPARENT }, `many ${many}`);
+      assert.deepEqual(got[1].headers, manyHeaders, `many ${many}`);
+    }
   } finally {
     setTraceContextProvider(null);
   }

@@ -214,6 +214,8 @@ class WriterTest(unittest.TestCase):
         cases = [({"traceparent": TRACEPARENT, "tracestate": long_state},
                   {"traceparent": TRACEPARENT}),
                  ({"traceparent": "00-abc", "tracestate": "k=v"}, {}),
+                 ({"traceparent": TRACEPARENT, "tracestate": "k=\ud800"},
+                  {"traceparent": TRACEPARENT}),
                  ({"traceparent": TRACEPARENT, "tracestate": "k=v"},
                   {"traceparent": TRACEPARENT, "tracestate": "k=v"})]
         for many in (False, True):
@@ -227,6 +229,24 @@ class WriterTest(unittest.TestCase):
                         else:
                             publish(conn, Message("orders", json={}))
                     self.assertEqual([r[5] for r in self.rows()], [stored])
+        # A trace context header of its own in any case (a framework's "Traceparent"): the
+        # span's was added next to it (review). And none past the database's 64 headers.
+        otel = {"traceparent": TRACEPARENT, "tracestate": "k=v"}
+        many_headers = {f"h{i}": "v" for i in range(63)}
+        for many in (False, True):
+            with self.subTest(many=many, own="Traceparent"):
+                self.setUp()
+                with mock.patch.object(outbox_writer, "current_trace_context",
+                                       return_value=otel), psycopg.connect(URL) as conn:
+                    messages = [Message("orders", json={}, headers={"Traceparent": TRACEPARENT}),
+                                Message("orders", json={}, headers=many_headers)]
+                    if many:
+                        publish_many(conn, messages)
+                    else:
+                        for m in messages:
+                            publish(conn, m)
+                self.assertEqual([r[5] for r in self.rows()],
+                                 [{"Traceparent": TRACEPARENT}, many_headers])
 
     def test_a_message_needs_exactly_one_payload(self):
         with self.assertRaises(InvalidMessage):

@@ -92,6 +92,7 @@ class Message:
             raise InvalidMessage("headers must be a mapping of header name to string value")
 
 
+_MAX_HEADERS = 64  # outbox.validate_message
 _TRACEPARENT = _re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
@@ -106,8 +107,8 @@ def _ambient(trace: dict) -> dict:
             and parent[36:52] != "0" * 16):
         return {}
     out = {"traceparent": parent}
-    if isinstance(state, str) and state and len(state.encode("utf-8", "surrogatepass")) <= 512 \
-            and "\x00" not in state:
+    if isinstance(state, str) and state and not _text_problem(state) \
+            and len(state.encode("utf-8")) <= 512:
         out["tracestate"] = state
     return out
 
@@ -129,6 +130,9 @@ def _headers_of(m: Message, where: str = "") -> dict:
     (refused, as by the C++ SDK). OpenTelemetry's context is used only when the message has
     no traceparent=, nor a traceparent or tracestate header."""
     headers = dict(m.headers)
+    # The trace context headers it has, in any case (a framework's "Traceparent"): the
+    # current span's own went out next to them (review).
+    own = {str(name).lower() for name in headers} & {"traceparent", "tracestate"}
     trace = {}
     if m.tracestate and not m.traceparent:
         # It was dropped without a word (and the current span's context sent instead).
@@ -140,12 +144,14 @@ def _headers_of(m: Message, where: str = "") -> dict:
         if m.tracestate:
             trace["tracestate"] = m.tracestate
         for name in trace:
-            if name in headers:
+            if name in own:
                 raise InvalidMessage(
                     f'outbox: {where}header "{name}" is set twice (in headers= and as {name}=); '
                     "set each header once")
-    elif "traceparent" not in headers and "tracestate" not in headers:
+    elif not own:
         trace = _ambient(current_trace_context())
+        if len(headers) + len(trace) > _MAX_HEADERS:
+            trace = {}  # the database takes 64 headers
     headers.update(trace)
     return headers
 

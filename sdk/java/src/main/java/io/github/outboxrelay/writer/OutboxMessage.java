@@ -174,7 +174,7 @@ public final class OutboxMessage {
       }
       if (isSet(traceparent)) {
         for (String name : isSet(tracestate) ? List.of("traceparent", "tracestate") : List.of("traceparent")) {
-          if (headers.containsKey(name)) {
+          if (OutboxWriter.hasHeader(headers, name)) {
             throw new IllegalArgumentException(where + "header \"" + name
                 + "\" is set twice (by header(...) and traceContext(...)); set each header once");
           }

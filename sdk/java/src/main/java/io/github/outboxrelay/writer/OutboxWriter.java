@@ -114,8 +114,11 @@ public final class OutboxWriter {
     if (m.traceparent != null && !m.traceparent.isEmpty()) {
       headers.put("traceparent", m.traceparent);
       if (m.tracestate != null && !m.tracestate.isEmpty()) headers.put("tracestate", m.tracestate);
-    } else if (!headers.containsKey("traceparent") && !headers.containsKey("tracestate")) {
-      headers.putAll(ambientTraceContext(traceContextProvider.get()));
+    } else if (!hasHeader(headers, "traceparent") && !hasHeader(headers, "tracestate")) {
+      // Its own trace context header in any case (a framework's "Traceparent") is its own:
+      // the provider's went out next to it (review). None past the database's 64 headers.
+      Map<String, String> trace = ambientTraceContext(traceContextProvider.get());
+      if (headers.size() + trace.size() <= MAX_HEADERS) headers.putAll(trace);
     }
     out.append(",\"headers\":{");
     boolean first = true;
@@ -160,6 +163,16 @@ public final class OutboxWriter {
       }
     }
     out.append('"');
+  }
+
+  private static final int MAX_HEADERS = 64; // outbox.validate_message
+
+  /** Whether `headers` has `name`, in any case (HTTP header names are case-insensitive). */
+  static boolean hasHeader(Map<String, String> headers, String name) {
+    for (String key : headers.keySet()) {
+      if (key.equalsIgnoreCase(name)) return true;
+    }
+    return false;
   }
 
   private static final java.util.regex.Pattern W3C_TRACEPARENT =

@@ -201,6 +201,24 @@ public final class WriterTest {
           check(stored.get(i).equals(got), i + " many " + many + ": stored " + got);
         }
       }
+      // A trace context header of its own in any case (a framework's "Traceparent"): the
+      // provider's was added next to it (review). And none past the database's 64 headers.
+      OutboxWriter.setTraceContextProvider(() -> Map.of("traceparent", TRACEPARENT, "tracestate", "k=v"));
+      reset();
+      OutboxMessage.Builder crowded = OutboxMessage.to("orders").json("2");
+      for (int h = 0; h < 63; h++) crowded.header("h" + h, "v");
+      try (Connection c = connect()) {
+        c.setAutoCommit(false);
+        OutboxWriter.publishMany(c, List.of(
+            OutboxMessage.to("orders").json("1").header("Traceparent", TRACEPARENT).build(),
+            crowded.build()));
+        c.commit();
+      }
+      List<Map<String, Object>> got = rows();
+      check(("{\"Traceparent\": \"" + TRACEPARENT + "\"}").equals(got.get(0).get("headers")),
+          "its own Traceparent: stored " + got.get(0).get("headers"));
+      check(!String.valueOf(got.get(1).get("headers")).contains("traceparent"),
+          "past 64 headers: stored " + got.get(1).get("headers"));
     } finally {
       OutboxWriter.setTraceContextProvider(null);
     }
