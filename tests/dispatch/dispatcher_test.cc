@@ -239,6 +239,19 @@ class DispatcherTest : public ::testing::Test {
     if (dispatcher_) dispatcher_->Stop();
   }
 
+  // Message 1, claimed and held by the sink (which never answers); `token` is its lease.
+  // Returns once the maintenance loop has run (its first turn reaps), so it counts its
+  // renewals from before the clock moves: on a loaded machine its thread may start after the
+  // claim loop's.
+  void HoldOneMessage(std::optional<std::string>* token) {
+    db_.Enqueue("orders", "a");
+    Start(Config(), [](const Message&) { return std::optional<Outcome>(); });
+    ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+    *token = db_.Find(1)->lease_owner;
+    ASSERT_TRUE(*token);
+    ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
+  }
+
   // Message 1's lease, `first`, runs out while this relay's renewals fail, another relay's
   // reaper takes it back, and this relay's claim loop claims the message again.
   void TakeTheLeaseBack(const std::optional<std::string>& first) {
@@ -424,8 +437,9 @@ TEST_F(DispatcherTest, ADeferredFanOutIsWrittenLaterAndHoldsBackNothingElse) {
   ASSERT_TRUE(WaitFor([&] { return db_.Delivered() == std::vector<std::int64_t>{plain}; }))
       << "the rest of the batch is written";
   const auto next = db_.Enqueue("orders", std::nullopt);
-  ASSERT_TRUE(WaitFor([&] { return db_.Delivered() == std::vector<std::int64_t>{plain, next}; }))
-      << "the settler goes on writing what comes after";
+  ASSERT_TRUE(WaitFor([&] {
+    return db_.Delivered() == std::vector<std::int64_t>{plain, next};
+  })) << "the settler goes on writing what comes after";
   const auto row = db_.Find(fanned);
   ASSERT_TRUE(row);
   EXPECT_TRUE(row->lease_owner) << "the deferred fan-out keeps its lease";
@@ -487,14 +501,8 @@ TEST_F(DispatcherTest, TheLastAllowedAttemptDeadLetters) {
 }
 
 TEST_F(DispatcherTest, LeasesOfMessagesStillInTheSinkAreRenewedNotReaped) {
-  db_.Enqueue("orders", "a");
-  Start(Config(), [](const Message&) { return std::optional<Outcome>(); });
-  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
-  const auto token = db_.Find(1)->lease_owner;
-  ASSERT_TRUE(token);
-  // The maintenance loop runs (its first turn reaps) and so counts its renewals from before the
-  // clock moves: on a loaded machine its thread may start after the claim loop's.
-  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
+  std::optional<std::string> token;
+  ASSERT_NO_FATAL_FAILURE(HoldOneMessage(&token));
   // More than a whole lease (4 x lease/3) passes on the clock while the sink holds the message.
   for (int step = 0; step < 4; ++step) {
     const auto renewed = db_.RenewedLeases();
@@ -517,12 +525,8 @@ TEST_F(DispatcherTest, LeasesOfMessagesStillInTheSinkAreRenewedNotReaped) {
 // as expired, and they were claimed and sent again: a duplicate and an attempt counted for
 // nothing (review).
 TEST_F(DispatcherTest, AStalledMaintenanceTurnRenewsBeforeItReaps) {
-  db_.Enqueue("orders", "a");
-  Start(Config(), [](const Message&) { return std::optional<Outcome>(); });
-  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
-  const auto token = db_.Find(1)->lease_owner;
-  ASSERT_TRUE(token);
-  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
+  std::optional<std::string> token;
+  ASSERT_NO_FATAL_FAILURE(HoldOneMessage(&token));
   const auto renewals = db_.Calls("renew");
   clock_.Advance(30s + 1ms);  // a whole lease in one step: both are due in the next turn
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("renew") > renewals; }));
@@ -781,7 +785,8 @@ TEST_F(DispatcherTest, AClaimWhoseReplyWasLostIsHandedBackWhileTheDestinationIsP
   for (int i = 0; i < 2; ++i) {
     const auto reads = db_.Calls("paused");
     clock_.Advance(600ms);
-    ASSERT_TRUE(WaitFor([&] { return db_.Calls("paused") > reads; })) << "the relay reads the pause";
+    ASSERT_TRUE(WaitFor([&] { return db_.Calls("paused") > reads; }))
+        << "the relay reads the pause";
   }
   db_.Heal("release_lost_claims");
   EXPECT_TRUE(WaitFor([&] { return db_.Leased() == 0; }, 15s))
