@@ -106,6 +106,11 @@ int main(int argc, char** argv) {
                  "max_in_flight of each webhook_drain_mif<N> drain (half the webhook messages)")
       ->delimiter(',')
       ->capture_default_str();
+  app.add_option("--claim-connections-sweep", opt.claim_connections_sweep,
+                 "claim_connections of each kafka_drain_cc<N> and webhook_drain_cc<N> drain (one "
+                 "relay; the Kafka and webhook backlogs)")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--kafka-brokers", opt.kafka_brokers, "Mock cluster brokers")
       ->capture_default_str();
   app.add_option("--kafka-partitions", opt.kafka_partitions, "Partitions per topic")

@@ -101,11 +101,12 @@ relay::Destination WebhookDestination(int port, int connections) {
 class Relay {
  public:
   Relay(const std::string& db_url, const relay::Destination& dest, int instances = 1,
-        relay::ClaimMode mode = relay::ClaimMode::kSkipLocked) {
+        relay::ClaimMode mode = relay::ClaimMode::kSkipLocked, int claim_connections = 1) {
     for (int i = 0; i < instances; ++i) {
       relay::RelayConfig cfg;
       cfg.database_url = db_url;
       cfg.claim_mode = mode;
+      cfg.claim_connections = claim_connections;
       relay::SinkPtr sink = relay::MakeSink(dest);
       // The clock starts at the first claim, not while the producer finds its brokers.
       if (!WaitUntil([&] { return sink->Ready(); }, 30)) {
@@ -479,9 +480,11 @@ void Bench::FillCommon(ScenarioResult& r, const Observation& obs, std::int64_t d
 
 void Bench::RatioToSqlCeiling(ScenarioResult& r) {
   if (sql_ceiling_ && *sql_ceiling_ > 0) r.x_sql_ceiling = r.events_per_s / *sql_ceiling_;
-  // N relays against what N connections of raw statements reach (sql_ceiling_x<N>).
-  if (r.relays > 1) {
-    if (auto it = sql_ceiling_by_connections_.find(r.relays);
+  // N relays (or claim connections) against what N connections of raw statements reach
+  // (sql_ceiling_x<N>).
+  const int connections = r.relays * r.details.value("claim_connections", 1);
+  if (connections > 1) {
+    if (auto it = sql_ceiling_by_connections_.find(connections);
         it != sql_ceiling_by_connections_.end() && it->second > 0) {
       r.details["x_sql_ceiling_same_connections"] = r.events_per_s / it->second;
     }
@@ -646,6 +649,10 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
            std::to_string(opt_.kafka_brokers) + " brokers, " +
            std::to_string(opt_.kafka_partitions) + " partitions)" +
            (v.keys > 0 ? ", " + std::to_string(v.keys) + " ordering keys" : ", no ordering keys");
+  if (v.claim_connections > 1) {
+    r.what += "; claim_connections " + std::to_string(v.claim_connections);
+    r.details["claim_connections"] = v.claim_connections;
+  }
   const std::string url = pg_.FreshDatabase(v.name);
   if (v.buckets > 0) {
     r.what += "; " + std::to_string(v.buckets) + " buckets";
@@ -674,7 +681,8 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   const std::string topic = NewTopic(v.name);
 
   const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
-  Relay relay(url, KafkaDestination(bootstraps_, topic, v.exactly_once), v.relays, Mode(v));
+  Relay relay(url, KafkaDestination(bootstraps_, topic, v.exactly_once), v.relays, Mode(v),
+              v.claim_connections);
   Observation obs;
   Say(v.name + ": relay draining");
   obs.Begin(postmaster_pid_, {Kafka().pid()});
@@ -739,7 +747,7 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
 }
 
 ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
-                                   std::int64_t messages) {
+                                   std::int64_t messages, int claim_connections) {
   ScenarioResult r;
   r.name = name;
   r.sink = "webhook";
@@ -747,7 +755,10 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
   r.what = "relay drains a preloaded backlog to the loopback webhook receiver, max_in_flight " +
            std::to_string(max_in_flight) +
            (max_in_flight == opt_.webhook_connections ? " (= HTTP-ceiling connections)"
-                                                      : " (the max_in_flight sweep)");
+                                                      : " (the max_in_flight sweep)") +
+           (claim_connections > 1 ? ", claim_connections " + std::to_string(claim_connections)
+                                  : std::string());
+  if (claim_connections > 1) r.details["claim_connections"] = claim_connections;
   const std::string url = pg_.FreshDatabase(r.name);
   Say(r.name + ": preloading " + std::to_string(r.messages) + " messages");
   Preload(url, r.messages, {}, 2);
@@ -755,7 +766,8 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
   PrepareTable(url);
   Http().Call("RECORD");
 
-  Relay relay(url, WebhookDestination(http_port_, max_in_flight));
+  Relay relay(url, WebhookDestination(http_port_, max_in_flight), 1, relay::ClaimMode::kSkipLocked,
+              claim_connections);
   Observation obs;
   Say(r.name + ": relay draining");
   obs.Begin(postmaster_pid_, {Http().pid()});
@@ -1245,6 +1257,17 @@ std::vector<ScenarioResult> Bench::Run(
     const std::string name = "webhook_drain_mif" + std::to_string(mif);
     scenarios.emplace_back(
         name, [this, name, mif] { return WebhookDrain(name, mif, opt_.webhook_messages / 2); });
+  }
+  // One relay with several claim loops per destination (claim_connections): the drains above
+  // again, against what as many connections of raw statements reach (sql_ceiling_x<N>).
+  for (const int cc : opt_.claim_connections_sweep) {
+    Variant v{"kafka_drain_cc" + std::to_string(cc)};
+    v.claim_connections = cc;
+    scenarios.emplace_back(v.name, [this, v] { return KafkaDrain(v, opt_.kafka_messages, false); });
+    const std::string name = "webhook_drain_cc" + std::to_string(cc);
+    scenarios.emplace_back(name, [this, name, cc] {
+      return WebhookDrain(name, opt_.webhook_connections, opt_.webhook_messages, cc);
+    });
   }
   scenarios.emplace_back("sql_ceiling_end", [&] { return SqlCeiling("sql_ceiling_end", 1); });
   std::vector<ScenarioResult> results;

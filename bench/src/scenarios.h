@@ -46,6 +46,8 @@ struct Options {
   int webhook_connections = 32;  ///< Relay max_in_flight = HTTP-ceiling client threads.
   std::vector<int> webhook_sweep = {8, 32,
                                     128};  ///< max_in_flight of the webhook_drain_mif* drains.
+  /// claim_connections of each kafka_drain_cc<N> and webhook_drain_cc<N> drain (one relay).
+  std::vector<int> claim_connections_sweep = {2, 4};
   int kafka_brokers = 3;
   int kafka_partitions = 6;
   double timeout_s = 900;  ///< Per scenario; a scenario that times out reports what it did.
@@ -126,13 +128,16 @@ class Bench {
     int buckets = 0;
     /// `delivery: exactly_once` (Kafka transactions, one producer per bucket).
     bool exactly_once = false;
+    /// claim_connections of each relay.
+    int claim_connections = 1;
   };
   static relay::ClaimMode Mode(const Variant& v);
 
   ScenarioResult SqlCeiling(const std::string& name, int connections);
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
   ScenarioResult HttpCeiling();
-  ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages);
+  ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages,
+                              int claim_connections = 1);
   ScenarioResult WebhookFanout(const std::string& name, int endpoints, bool delivery_log,
                                std::int64_t messages);
   ScenarioResult KafkaPathLatency();

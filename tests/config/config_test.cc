@@ -687,11 +687,11 @@ TEST(ParseConfig, ProducerValuesAreStringifiedAsWritten) {
 // strips the prefix only from a name it does not know. The relay stripped it always, and
 // refused the config naming a property nobody wrote (review).
 TEST(ParseConfig, AGlobalPropertyWhoseNameBeginsWithTopicKeepsItsName) {
-  const RelayConfig config = ParseConfig(
-      WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n"
-                "        topic.metadata.refresh.interval.ms: 60000\n"
-                "        topic.message.timeout.ms: 20000\n"),
-      "cfg.yaml", kNoEnv);
+  const RelayConfig config =
+      ParseConfig(WithKafka("      brokers: k:9092\n      topic: o\n      producer:\n"
+                            "        topic.metadata.refresh.interval.ms: 60000\n"
+                            "        topic.message.timeout.ms: 20000\n"),
+                  "cfg.yaml", kNoEnv);
   const auto& producer = config.destinations.at("orders").target.Get<KafkaTarget>().producer;
   EXPECT_EQ(producer.count("topic.metadata.refresh.interval.ms"), 1u);
   EXPECT_EQ(producer.count("metadata.refresh.interval.ms"), 0u);
@@ -1624,6 +1624,7 @@ TEST(ExampleConfig, DocumentsEveryKey) {
                           "database_url_env:",
                           "database_url_file:",
                           "batch_size:",
+                          "claim_connections:",
                           "lease_ms:",
                           "poll_interval_ms:",
                           "reap_interval_ms:",
@@ -1657,6 +1658,7 @@ TEST(ExampleConfig, DocumentsEveryKey) {
                           "headers:",
                           "OUTBOX_DATABASE_URL",
                           "OUTBOX_BATCH_SIZE",
+                          "OUTBOX_CLAIM_CONNECTIONS",
                           "OUTBOX_LEASE_MS",
                           "OUTBOX_POLL_INTERVAL_MS",
                           "OUTBOX_ADMIN_LISTEN",
@@ -1676,6 +1678,31 @@ TEST(LogFormatToString, Names) {
 
 namespace outbox::relay {
 namespace {
+
+TEST(ParseConfig, ClaimConnections) {
+  EXPECT_EQ(ParseConfig(Minimal(), "cfg.yaml", kNoEnv).claim_connections, 1) << "one by default";
+  EXPECT_EQ(ParseConfig(Minimal("claim_connections: 4\n"), "cfg.yaml", kNoEnv).claim_connections,
+            4);
+  EXPECT_EQ(ParseConfig(Minimal("claim_connections: 4\n"), "cfg.yaml",
+                        MapEnv({{"OUTBOX_CLAIM_CONNECTIONS", "2"}}))
+                .claim_connections,
+            2)
+      << "the environment overrides the file";
+  for (const char* bad : {"0", "17", "-1"}) {
+    const auto message = ErrorOf(Minimal(std::string("claim_connections: ") + bad + "\n"));
+    EXPECT_TRUE(Contains(message, "claim_connections")) << message;
+    EXPECT_TRUE(Contains(message, "between 1 and 16")) << message;
+  }
+  // Exactly once: a bucket's rows go through one transactional producer, one transaction at a
+  // time; claims side by side would interleave their batches in it.
+  const std::string exactly_once = ErrorOf(
+      "claim_mode: partitioned\nclaim_connections: 2\n" +
+      WithKafka("      brokers: k:9092\n      topic: orders\n      delivery: exactly_once\n"));
+  EXPECT_TRUE(Contains(exactly_once,
+                       "destinations.orders.kafka.delivery: exactly_once needs "
+                       "`claim_connections: 1`"))
+      << exactly_once;
+}
 
 TEST(ParseConfig, ClaimModeAndPartitionTimings) {
   EXPECT_EQ(ParseConfig(Minimal(), "cfg.yaml", kNoEnv).claim_mode, ClaimMode::kSkipLocked);
@@ -1698,9 +1725,9 @@ TEST(ParseConfig, ClaimModeAndPartitionTimings) {
   // Only the heartbeat written: the error is about it, where it was written (it named
   // partition_lease_ms, which the file does not have).
   const auto slow_heartbeat = ErrorOf(Minimal("partition_heartbeat_ms: 2000\n"));
-  EXPECT_TRUE(Contains(slow_heartbeat, "partition_heartbeat_ms: must be at most")) << slow_heartbeat;
-  EXPECT_TRUE(Contains(slow_heartbeat, "partition_lease_ms, 5000 by default"))
+  EXPECT_TRUE(Contains(slow_heartbeat, "partition_heartbeat_ms: must be at most"))
       << slow_heartbeat;
+  EXPECT_TRUE(Contains(slow_heartbeat, "partition_lease_ms, 5000 by default")) << slow_heartbeat;
   EXPECT_FALSE(Contains(slow_heartbeat, "partition_lease_ms: must")) << slow_heartbeat;
 }
 

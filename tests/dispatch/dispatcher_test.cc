@@ -239,6 +239,8 @@ class DispatcherTest : public ::testing::Test {
     if (dispatcher_) dispatcher_->Stop();
   }
 
+  void DeliverEveryMessageOnceAndEachKeyInOrder(int claim_connections);
+
   // Message 1, claimed and held by the sink (which never answers); `token` is its lease.
   // Returns once the maintenance loop has run (its first turn reaps), so it counts its
   // renewals from before the clock moves: on a loaded machine its thread may start after the
@@ -299,6 +301,55 @@ class DispatcherTest : public ::testing::Test {
 };
 
 TEST_F(DispatcherTest, DeliversEveryMessageOnceAndEachKeyInOrder) {
+  DeliverEveryMessageOnceAndEachKeyInOrder(1);
+}
+
+// claim_connections: the destination's claim loops claim side by side, each on its own
+// connection; a key's next message is claimable only once its predecessor is settled,
+// whichever loop claimed it.
+TEST_F(DispatcherTest, ThreeClaimConnectionsDeliverEveryMessageOnceAndEachKeyInOrder) {
+  DeliverEveryMessageOnceAndEachKeyInOrder(3);
+}
+
+// A claim that takes long in the database (a slow plan, a disk) holds up only its own
+// connection: the destination's other claim loop goes on claiming the backlog.
+TEST_F(DispatcherTest, AStuckClaimHoldsUpOnlyItsOwnClaimConnection) {
+  for (int i = 0; i < 60; ++i) db_.Enqueue("orders", std::nullopt);
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool open = false;
+  db_.BeforeClaim(2, [&] {
+    std::unique_lock lk(gate_mu);
+    gate_cv.wait(lk, [&] { return open; });
+  });
+  auto config = Config(/*batch=*/10);
+  config.claim_connections = 2;
+  Start(config, DeliverAll);
+  const bool all = WaitFor([&] { return db_.Delivered().size() == 60u; });
+  {
+    std::lock_guard lk(gate_mu);
+    open = true;
+  }
+  gate_cv.notify_all();
+  EXPECT_TRUE(all) << db_.Delivered().size() << " of 60 delivered while one claim was stuck";
+}
+
+// The loops share the sink's room: side by side they claim no more than one loop would.
+TEST_F(DispatcherTest, InFlightStaysWithinTheCapWithTwoClaimConnections) {
+  for (int i = 0; i < 300; ++i) db_.Enqueue("orders", std::nullopt);
+  auto config = Config(/*batch=*/10);
+  config.claim_connections = 2;
+  Start(config, [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 40u; })) << sink_->Held() << " held";
+  while (db_.Queued() > 0) {
+    sink_->Release();
+    ASSERT_TRUE(WaitFor([&] { return sink_->Held() > 0 || db_.Queued() == 0; }));
+  }
+  EXPECT_EQ(db_.Delivered().size(), 300u);
+  EXPECT_LE(sink_->max_in_flight(), 40);
+}
+
+void DispatcherTest::DeliverEveryMessageOnceAndEachKeyInOrder(int claim_connections) {
   std::map<std::string, std::vector<std::int64_t>> by_key;
   for (int i = 0; i < 400; ++i) {
     std::optional<std::string> key;
@@ -306,7 +357,9 @@ TEST_F(DispatcherTest, DeliversEveryMessageOnceAndEachKeyInOrder) {
     const auto id = db_.Enqueue("orders", key);
     if (key) by_key[*key].push_back(id);
   }
-  Start(Config(/*batch=*/25), DeliverAll);
+  auto config = Config(/*batch=*/25);
+  config.claim_connections = claim_connections;
+  Start(config, DeliverAll);
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << db_.Queued() << " left";
 
   const auto delivered = db_.Delivered();

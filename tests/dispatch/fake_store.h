@@ -143,6 +143,14 @@ class FakeDatabase {
     before_release_lost_claims_ = std::move(hook);
   }
 
+  /// Runs once, at the start of the `nth` claim from now on (of any store), without the store's
+  /// lock: a claim that takes that long in the database.
+  void BeforeClaim(int nth, std::function<void()> hook) {
+    std::lock_guard lk(mu_);
+    claims_until_hook_ = nth;
+    before_claim_ = std::move(hook);
+  }
+
   /// While held, a settle defers each fan-out that leaves rows for endpoints (their keys' locks
   /// held by another transaction, SettleCounts::deferred) and writes the rest.
   void HoldKeyLocks(bool held) {
@@ -281,12 +289,14 @@ class FakeDatabase {
   bool key_locks_held_ = false;
   std::vector<int> owned_buckets_ = {0, 1, 2, 3};
   std::function<void()> before_release_lost_claims_;
+  int claims_until_hook_ = 0;
+  std::function<void()> before_claim_;
 
   std::mutex notify_mu_;
   std::condition_variable notify_cv_;
   std::uint64_t notifications_ = 0;
-  bool rebalance_ = false;  // guarded by notify_mu_
-  bool rows_locked_ = false;  // guarded by mu_
+  bool rebalance_ = false;                        // guarded by notify_mu_
+  bool rows_locked_ = false;                      // guarded by mu_
   std::chrono::microseconds cleanup_per_row_{0};  // guarded by mu_
 };
 
@@ -296,6 +306,12 @@ class FakeStore final : public QueueStore {
 
   ClaimResult Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                     int slow_limit, Millis lease) override {
+    std::function<void()> hook;
+    {
+      std::lock_guard lk(db_.mu_);
+      if (db_.before_claim_ && --db_.claims_until_hook_ == 0) hook.swap(db_.before_claim_);
+    }
+    if (hook) hook();
     std::lock_guard lk(db_.mu_);
     last_token_.clear();
     db_.Enter("claim");
@@ -379,9 +395,9 @@ class FakeStore final : public QueueStore {
   }
 
   // Rows of the buckets the relay passes (id % kBuckets), whatever Coordinate says now.
-  ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
-                               int fresh_limit, int slow_limit, Millis lease,
-                               const std::string&, const std::vector<BucketLease>& owned) override {
+  ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                               int slow_limit, Millis lease, const std::string&,
+                               const std::vector<BucketLease>& owned) override {
     {
       std::lock_guard lk(db_.mu_);
       ++db_.calls_["claim_partitioned"];
@@ -525,8 +541,8 @@ class FakeStore final : public QueueStore {
 
   // One relay: it owns the buckets OwnBuckets names (every one, unless a test says otherwise)
   // while it beats, none once it leaves.
-  std::vector<BucketLease> Coordinate(const std::string&, Millis, bool leaving,
-                                      const std::string&, bool = false) override {
+  std::vector<BucketLease> Coordinate(const std::string&, Millis, bool leaving, const std::string&,
+                                      bool = false) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter(leaving ? "coordinate_leave" : "coordinate");
     if (leaving) return {};

@@ -413,6 +413,7 @@ const std::vector<std::string_view> kTopLevelKeys = {"database_url",
                                                      "database_url_env",
                                                      "database_url_file",
                                                      "batch_size",
+                                                     "claim_connections",
                                                      "lease_ms",
                                                      "poll_interval_ms",
                                                      "reap_interval_ms",
@@ -519,7 +520,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   });
 
   const RelayConfig builtin;
-  std::array<IntSetting, 8> ints = {{
+  std::array<IntSetting, 9> ints = {{
       {"batch_size", "OUTBOX_BATCH_SIZE", 1, kMaxBatchSize, ", e.g. 500", "rows claimed per query",
        builtin.batch_size, ""},
       {"lease_ms", "OUTBOX_LEASE_MS", 1000, kMaxDurationMs, kMsHint,
@@ -542,6 +543,10 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
       {"partition_lease_ms", nullptr, 150, kMaxDurationMs, kMsHint,
        "milliseconds without a heartbeat after which a relay is dead and loses its buckets",
        builtin.partition_lease.count(), ""},
+      {"claim_connections", "OUTBOX_CLAIM_CONNECTIONS", 1, kMaxClaimConnections, ", e.g. 2",
+       "claim loops per destination, each on a database connection of its own; more than 1 pays "
+       "off only with a backlog bigger than one connection drains",
+       builtin.claim_connections, ""},
   }};
 
   // 1. The file.
@@ -638,6 +643,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   config.retention = retention;
   config.partition_heartbeat = Millis{ints[6].value};
   config.partition_lease = Millis{ints[7].value};
+  config.claim_connections = static_cast<int>(ints[8].value);
   if (config.partition_lease < 3 * config.partition_heartbeat) {
     if (ints[7].origin.empty() && !ints[6].origin.empty()) {
       // Only the heartbeat was written: the error is about it, where it was written.

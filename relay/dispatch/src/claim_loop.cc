@@ -12,7 +12,34 @@
 
 namespace outbox::relay {
 
-void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
+int Dispatcher::Impl::RoomShare::Take(int limit, long in_flight, int worth, int want) {
+  std::lock_guard lk(room_.mu);
+  const int room = limit - static_cast<int>(in_flight) - room_.reserved.load();
+  if (room >= worth) {
+    taken_ = std::min(want, room);
+    room_.reserved += taken_;
+  }
+  return taken_;
+}
+
+bool Dispatcher::Impl::RoomShare::Release() {
+  if (taken_ == 0) return false;
+  {
+    std::lock_guard lk(room_.mu);
+    room_.reserved -= taken_;
+  }
+  taken_ = 0;
+  for (const auto& at : room_.wake_at_or_below) {
+    if (at.load() >= 0) return true;
+  }
+  return false;
+}
+
+// One of a destination's claim loops (claim_connections of them, `index` 0 the first): each
+// claims on its own connection with a fresh-lane cursor of its own, as another relay would;
+// SKIP LOCKED keeps their claims apart, and a key's next message is claimable only once its
+// predecessor is settled, whichever loop claimed it.
+void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index) {
   const auto owned_store = stores();
   QueueStore& store = *owned_store;
   const LiveStore live(*this, Role::kClaim, store);  // let go of before the store goes
@@ -28,6 +55,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
   auto last_sweep = Now();
   // In the Impl, not on this stack: completions run on sink threads after this loop ended.
   RoomWait& room_wait = *room_waits.at(dest.name);
+  std::atomic<long>& my_room_wait = room_wait.wake_at_or_below.at(static_cast<std::size_t>(index));
   Reconnect db(dest.name + ": claim failed, reconnecting", dest.name + ": database reachable again",
                [this] { DbError(); });
   std::uint64_t seen_gen;
@@ -97,6 +125,16 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
         cursor.Reset();
       }
     }
+    if (index > 0 && !room_wait.backlog.load()) {
+      // Not the first loop: claim only while the destination has a backlog (the last claim
+      // stopped at its limit); a quiet destination's wake-ups are the first loop's.
+      release_lost_claims();
+      recheck_blocked_keys();
+      std::unique_lock lk(mu);
+      wake_cv.wait_for(lk, recheck.empty() ? config.poll_interval : tuning::kBlockedKeyRecheckEvery,
+                       [&] { return stopping.load() || room_wait.backlog.load(); });
+      continue;
+    }
     if (IsPaused(dest.name)) {  // an operator paused it: claim nothing, spend no attempt
       // A lost claim's rows go back now, not after the resume (they held their keys until the
       // lease ran out, and the reaper counted an attempt).
@@ -109,18 +147,22 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
     // still leaves it that much queued work meanwhile.
     const auto worth_a_claim = [&](int limit) { return std::max(1, std::min(batch, limit / 2)); };
     const int limit = cap();
-    const int room = limit - static_cast<int>(sink.InFlight());
-    if (room < worth_a_claim(limit)) {
+    // This loop's share of the room, held until what it claims is in the sink; the other loops
+    // of the destination see it taken.
+    RoomShare share(room_wait);
+    const int fresh_limit =
+        share.Take(limit, static_cast<long>(sink.InFlight()), worth_a_claim(limit), batch);
+    if (fresh_limit == 0) {
       recheck_blocked_keys();  // woken rows wait for room like the rest
-      room_wait.wake_at_or_below = limit - worth_a_claim(limit);
+      my_room_wait = std::max(0, limit - worth_a_claim(limit) - room_wait.reserved.load());
       WaitFor(tuning::kRoomPoll, [&] {
         const int now_cap = cap();
-        return now_cap - static_cast<int>(sink.InFlight()) >= worth_a_claim(now_cap);
+        return now_cap - static_cast<int>(sink.InFlight()) - room_wait.reserved.load() >=
+               worth_a_claim(now_cap);
       });
-      room_wait.wake_at_or_below = -1;
+      my_room_wait = -1;
       continue;
     }
-    const int fresh_limit = std::min(batch, room);
     const int slow_limit = std::max(1, fresh_limit / 2);
     // Wake-ups from here on are about rows this claim may not see (their commit came after
     // its snapshot) or buckets it does not claim from (assigned after they were read below,
@@ -189,6 +231,10 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
       msg.claim_expires = claim_expires;
       Submit(dest, sink, claim.lease_token, std::move(msg), &room_wait);
     }
+    if (share.Release()) {  // a loop of the destination waits for the room this one held
+      std::lock_guard lk(mu);
+      wake_cv.notify_all();
+    }
     for (auto& key : claim.facts.blocked_keys) recheck.emplace_back(std::move(key), Now());
     if (recheck_blocked_keys()) continue;  // claim the woken rows now
     // Claim again at once only while a lane stopped at its limit (or parked rows behind keys
@@ -199,6 +245,11 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink) {
     const auto fresh_got = claim.fresh_lane.size();
     const bool drained = !claim.facts.fresh_full_bound.has_value() &&
                          claim.messages.size() - fresh_got < static_cast<std::size_t>(slow_limit);
+    if (config.claim_connections > 1 && room_wait.backlog.exchange(!drained) == drained) {
+      // The backlog began (the other loops join in) or ended.
+      std::lock_guard lk(mu);
+      wake_cv.notify_all();
+    }
     if ((claim.messages.empty() || drained) && claim.facts.held == 0) {
       std::unique_lock lk(mu);
       wake_cv.wait_for(lk, recheck.empty() ? config.poll_interval : tuning::kBlockedKeyRecheckEvery,

@@ -167,8 +167,7 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     // still count this message; one more is close enough, the loop re-checks.)
     if (room == nullptr) {
       wake_cv.notify_all();
-    } else if (const long at = room->wake_at_or_below.load();
-               at >= 0 && static_cast<long>(sink.InFlight()) <= at + 1) {
+    } else if (room->Wants(static_cast<long>(sink.InFlight()))) {
       wake_cv.notify_all();
     }
   });
@@ -313,13 +312,16 @@ void Dispatcher::Start() {
       d.CoordinatorLoop();
     });
   }
+  const int loops_per_destination = std::clamp(d.config.claim_connections, 1, kMaxClaimConnections);
   for (const auto& [name, dest] : d.config.destinations) {
     Sink& sink = *d.sinks.at(name);
     const Destination& dst = dest;
-    d.loops.emplace_back([&d, &dst, &sink] {
-      NameThisThread("or-claim");
-      d.ClaimLoop(dst, sink);
-    });
+    for (int index = 0; index < loops_per_destination; ++index) {
+      d.loops.emplace_back([&d, &dst, &sink, index] {
+        NameThisThread("or-claim");
+        d.ClaimLoop(dst, sink, index);
+      });
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 // held; "<thread> only" members belong to one thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -35,11 +36,49 @@ using SteadyTime = Clock::Steady::time_point;
 std::string TraceIdOf(const Message& msg);
 
 struct Dispatcher::Impl {
-  // What a claim loop waiting for room in its sink waits for: wake it when the sink's
-  // in-flight count falls to this (-1: not waiting). One per claim loop, so a completion wakes
-  // the claim loop only when there is room worth a claim, not on every message.
+  // A destination's sink room, shared by its claim loops (claim_connections of them).
   struct RoomWait {
-    std::atomic<long> wake_at_or_below{-1};
+    RoomWait() {
+      for (auto& at : wake_at_or_below) at = -1;
+    }
+    // What each claim loop waiting for room waits for: wake it when the sink's in-flight count
+    // falls to this (-1: not waiting). So a completion wakes a claim loop only when there is
+    // room worth a claim, not on every message.
+    std::array<std::atomic<long>, kMaxClaimConnections> wake_at_or_below;
+    bool Wants(long in_flight) const {
+      for (const auto& at : wake_at_or_below) {
+        const long v = at.load();
+        if (v >= 0 && in_flight <= v + 1) return true;
+      }
+      return false;
+    }
+    // Rows the loops are claiming right now (asked for, not in the sink yet): a loop takes its
+    // share of the room under `mu`, so loops side by side claim no more than one loop would.
+    std::mutex mu;
+    std::atomic<int> reserved{0};
+    // The last claim of the destination stopped at its limit (a backlog): loops other than the
+    // first claim only then, so a quiet destination costs one claim per wake-up, not one per
+    // loop.
+    std::atomic<bool> backlog{false};
+  };
+  // A claim loop's share of its destination's room, from before its claim until what it
+  // claimed is in the sink (counted by InFlight): given back by Release, or when it goes out
+  // of scope (a claim that failed).
+  class RoomShare {
+   public:
+    explicit RoomShare(RoomWait& room) : room_(room) {}
+    ~RoomShare() { Release(); }
+    RoomShare(const RoomShare&) = delete;
+    RoomShare& operator=(const RoomShare&) = delete;
+    // Of the room left (`limit` less what is in flight and what the other loops are claiming),
+    // takes up to `want` when at least `worth` is left. Returns what it took (0: none).
+    int Take(int limit, long in_flight, int worth, int want);
+    // Gives the share back; true when a loop of the destination is waiting for room.
+    bool Release();
+
+   private:
+    RoomWait& room_;
+    int taken_ = 0;
   };
 
   // --- const after Start ---
@@ -55,7 +94,7 @@ struct Dispatcher::Impl {
   std::map<std::string, metrics::Histogram*> attempt_durations;
   Millis status_interval{5000};
   std::vector<std::string> destination_names;
-  std::map<std::string, std::unique_ptr<RoomWait>> room_waits;  // one per claim loop
+  std::map<std::string, std::unique_ptr<RoomWait>> room_waits;  // one per destination
   std::string instance_id = NewUuid();
   std::string description;  // host and pid, for heartbeats
 
@@ -180,7 +219,8 @@ struct Dispatcher::Impl {
   std::thread settler, listener, maintenance, coordinator;
   bool started = false, stopped = false;
 
-  void ClaimLoop(const Destination& dest, Sink& sink);  // claim_loop.cc
+  // claim_loop.cc; `index` 0 is the destination's first loop (claim_connections).
+  void ClaimLoop(const Destination& dest, Sink& sink, int index);
   void RecordSweepFinds(const Destination& dest, const std::vector<MessageId>& missed,
                         const ClaimFacts& facts);
   void SettleLoop();  // settler.cc

@@ -117,10 +117,16 @@ enum class ClaimMode {
   kPartitioned,  ///< Fixed logical buckets, each owned by one live relay (outbox.coordinate).
 };
 
+/// The most claim loops a destination may have (RelayConfig::claim_connections).
+inline constexpr int kMaxClaimConnections = 16;
+
 struct RelayConfig {
   std::string database_url;                         ///< Required (or OUTBOX_DATABASE_URL).
   std::map<std::string, Destination> destinations;  ///< At least one.
   int batch_size = 500;                             ///< Rows per claim.
+  /// Claim loops per destination, each on a database connection of its own, claiming side by
+  /// side (docs/scaling.md, "One relay, several claim connections").
+  int claim_connections = 1;
   Millis lease{30'000};         ///< How long a claim is held before the reaper may take it back.
   Millis poll_interval{1'000};  ///< Fallback poll when no notification arrives.
   Millis reap_interval{5'000};

@@ -309,6 +309,16 @@ void CompleteKafka(Destination& d, const RelayConfig& config, const std::string&
          "transactional producer fences the previous one); set `claim_mode: partitioned` or "
          "use `delivery: at_least_once`");
   }
+  if (kafka.exactly_once && config.claim_connections > 1) {
+    // A bucket's transactional producer writes one claim's batch per transaction; a second
+    // claim loop would add its rows to the transaction of the first.
+    Fail(source, "destinations." + d.name + ".kafka.delivery",
+         "exactly_once needs `claim_connections: 1` (each bucket's transactional producer takes "
+         "one claim at a time), not " +
+             std::to_string(config.claim_connections) +
+             "; set `claim_connections: 1`, add relays to scale out, or use `delivery: "
+             "at_least_once`");
+  }
 }
 
 }  // namespace
