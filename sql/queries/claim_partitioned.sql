@@ -1,8 +1,8 @@
 -- claim_partitioned: claim.sql for claim_mode: partitioned. Scans only the buckets this relay
 -- still owns at the epochs it knows (a relay whose buckets moved claims nothing from them),
 -- one bucket at a time through messages_fresh_bucket_idx, so no scan walks rows of other
--- relays and there is nothing to skip. FOR UPDATE SKIP LOCKED stays as a guard for the
--- moment of a handover.
+-- relays. FOR UPDATE SKIP LOCKED keeps apart the claim loops of one relay
+-- (claim_connections), which share its buckets, and guards the moment of a handover.
 --   $1 destination   $2 fresh-lane cursor (exclusive)   $3 fresh-lane limit (the whole claim's)
 --   $4 slow-lane limit   $5 lease token (uuid)   $6 lease duration in milliseconds
 --   $7 relay instance id   $8 owned buckets ('{1,5,9}')   $9 their epochs ('{3,3,4}')

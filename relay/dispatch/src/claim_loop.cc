@@ -1,5 +1,5 @@
-// One claim loop per destination: claim what its sink has room for, hand it over, and keep
-// the fresh-lane cursor (docs/adr/0001-claim-path.md).
+// The claim loops of a destination (claim_connections of them, one by default): claim what the
+// sink has room for, hand it over, and keep the fresh-lane cursor (docs/adr/0001-claim-path.md).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -12,9 +12,11 @@
 
 namespace outbox::relay {
 
-int Dispatcher::Impl::RoomShare::Take(int limit, long in_flight, int worth, int want) {
+int Dispatcher::Impl::RoomShare::Take(int limit, const Sink& sink, int worth, int want) {
   std::lock_guard lk(room_.mu);
-  const int room = limit - static_cast<int>(in_flight) - room_.reserved.load();
+  // In flight read under the lock: a loop that gave its share back did so after its rows went
+  // into the sink, so this sees either its share or its rows, never neither.
+  const int room = limit - static_cast<int>(sink.InFlight()) - room_.reserved.load();
   if (room >= worth) {
     taken_ = std::min(want, room);
     room_.reserved += taken_;
@@ -49,6 +51,11 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   std::deque<std::pair<BlockedKey, SteadyTime>> recheck;  // recently blocked keys
   std::vector<std::string> lost_claims;  // tokens of claims that failed: maybe committed
   auto next_recheck = Now();
+  // Not the first loop: whether it must claim again whatever the backlog says, because its
+  // cursor started over or its last claim stopped at its limit. Its claims lock rows the other
+  // loops' cursors pass (SKIP LOCKED); what it locked and did not lease only its own cursor is
+  // sure to come back for.
+  bool must_claim = false;
   const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
   // The sink's room, asked before every claim: an open circuit breaker makes it 0.
   const auto cap = [&] { return static_cast<int>(sink.MaxInFlight(batch)); };
@@ -83,6 +90,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       spdlog::warn("{}: recheck of blocked keys failed: {}", dest.name, e.what());
       store.Reset();
       cursor.Reset();
+      must_claim = true;
       return false;
     }
   };
@@ -123,13 +131,17 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       if (rebalance_gen != seen_rebalance) {
         seen_rebalance = rebalance_gen;
         cursor.Reset();
+        must_claim = true;
       }
     }
-    if (index > 0 && !room_wait.backlog.load()) {
+    if (index > 0 && !must_claim && !room_wait.backlog.load()) {
       // Not the first loop: claim only while the destination has a backlog (the last claim
-      // stopped at its limit); a quiet destination's wake-ups are the first loop's.
+      // came back full); a quiet destination's wake-ups are the first loop's.
       release_lost_claims();
-      recheck_blocked_keys();
+      if (recheck_blocked_keys()) {  // claim the woken rows now: nothing else wakes a loop
+        must_claim = true;
+        continue;
+      }
       std::unique_lock lk(mu);
       wake_cv.wait_for(lk, recheck.empty() ? config.poll_interval : tuning::kBlockedKeyRecheckEvery,
                        [&] { return stopping.load() || room_wait.backlog.load(); });
@@ -146,24 +158,21 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     // of a few rows costs the database nearly as much as a full one. Half the sink's room
     // still leaves it that much queued work meanwhile.
     const auto worth_a_claim = [&](int limit) { return std::max(1, std::min(batch, limit / 2)); };
+    // The room left: the sink's, less what the destination's other loops are claiming now.
+    const auto room_left = [&](int limit) {
+      return limit - static_cast<int>(sink.InFlight()) - room_wait.reserved.load();
+    };
     const int limit = cap();
-    // This loop's share of the room, held until what it claims is in the sink; the other loops
-    // of the destination see it taken.
-    RoomShare share(room_wait);
-    const int fresh_limit =
-        share.Take(limit, static_cast<long>(sink.InFlight()), worth_a_claim(limit), batch);
-    if (fresh_limit == 0) {
+    if (room_left(limit) < worth_a_claim(limit)) {
       recheck_blocked_keys();  // woken rows wait for room like the rest
-      my_room_wait = std::max(0, limit - worth_a_claim(limit) - room_wait.reserved.load());
+      my_room_wait = limit - worth_a_claim(limit);
       WaitFor(tuning::kRoomPoll, [&] {
         const int now_cap = cap();
-        return now_cap - static_cast<int>(sink.InFlight()) - room_wait.reserved.load() >=
-               worth_a_claim(now_cap);
+        return room_left(now_cap) >= worth_a_claim(now_cap);
       });
       my_room_wait = -1;
       continue;
     }
-    const int slow_limit = std::max(1, fresh_limit / 2);
     // Wake-ups from here on are about rows this claim may not see (their commit came after
     // its snapshot) or buckets it does not claim from (assigned after they were read below,
     // e.g. while lost claims were handed back); earlier ones it covers.
@@ -179,6 +188,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       // scanned the buckets it owned: start the lane over.
       if (buckets != last_buckets) {
         cursor.Reset();
+        must_claim = true;
         last_buckets = buckets;
       }
       if (buckets.empty()) {  // nothing assigned (yet): wait for the coordinator
@@ -191,6 +201,12 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     }
     // What lost claims leased goes back before claiming again.
     if (!release_lost_claims()) continue;
+    // This loop's share of the room, taken only now (no wait comes between it and the claim)
+    // and held until what it claims is in the sink: the other loops see it taken.
+    RoomShare share(room_wait);
+    const int fresh_limit = share.Take(cap(), sink, worth_a_claim(limit), batch);
+    if (fresh_limit == 0) continue;  // another loop took the room meanwhile
+    const int slow_limit = std::max(1, fresh_limit / 2);
     const auto claim_started = Now();
     // (The sinks' clock, not the dispatcher's: a sink compares it with its own steady time.)
     const auto claim_expires = std::chrono::steady_clock::now() + config.lease;
@@ -206,8 +222,13 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     } catch (const std::exception& e) {
       db_ok = false;
       if (!store.last_claim_token().empty()) lost_claims.push_back(store.last_claim_token());
+      if (share.Release()) {  // not held through the pause
+        std::lock_guard lk(mu);
+        wake_cv.notify_all();
+      }
       const auto pause = db.Failed(store, e);
       cursor.Reset();
+      must_claim = true;
       WaitFor(pause, [] { return false; });
       continue;
     }
@@ -245,7 +266,13 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     const auto fresh_got = claim.fresh_lane.size();
     const bool drained = !claim.facts.fresh_full_bound.has_value() &&
                          claim.messages.size() - fresh_got < static_cast<std::size_t>(slow_limit);
-    if (config.claim_connections > 1 && room_wait.backlog.exchange(!drained) == drained) {
+    must_claim = !drained;
+    // A backlog: the claim got at least half of what it asked for and its lanes stopped at
+    // their limits (a partitioned claim's lane stops at a small per-bucket share with a row or
+    // two; that is no backlog to call the other loops for).
+    const bool backlog =
+        !drained && claim.messages.size() * 2 >= static_cast<std::size_t>(fresh_limit);
+    if (config.claim_connections > 1 && room_wait.backlog.exchange(backlog) != backlog) {
       // The backlog began (the other loops join in) or ended.
       std::lock_guard lk(mu);
       wake_cv.notify_all();

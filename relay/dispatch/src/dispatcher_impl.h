@@ -72,7 +72,7 @@ struct Dispatcher::Impl {
     RoomShare& operator=(const RoomShare&) = delete;
     // Of the room left (`limit` less what is in flight and what the other loops are claiming),
     // takes up to `want` when at least `worth` is left. Returns what it took (0: none).
-    int Take(int limit, long in_flight, int worth, int want);
+    int Take(int limit, const Sink& sink, int worth, int want);
     // Gives the share back; true when a loop of the destination is waiting for room.
     bool Release();
 
