@@ -164,7 +164,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     };
     const int limit = cap();
     if (room_left(limit) < worth_a_claim(limit)) {
-      recheck_blocked_keys();  // woken rows wait for room like the rest
+      // Woken rows wait for room like the rest; then this loop claims them, even past the gate.
+      if (recheck_blocked_keys()) must_claim = true;
       my_room_wait = limit - worth_a_claim(limit);
       WaitFor(tuning::kRoomPoll, [&] {
         const int now_cap = cap();
@@ -256,26 +257,30 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       std::lock_guard lk(mu);
       wake_cv.notify_all();
     }
-    for (auto& key : claim.facts.blocked_keys) recheck.emplace_back(std::move(key), Now());
-    if (recheck_blocked_keys()) continue;  // claim the woken rows now
     // Claim again at once only while a lane stopped at its limit (or parked rows behind keys
     // may have moved): a claim that got less than it asked for saw everything committed
     // before it, and what commits later wakes this loop (its NOTIFY, a woken key, the
     // reaper). Claiming again anyway cost, under live traffic, an empty claim after almost
     // every delivered message (measured at 1k msg/s: 2,751 empty of 9,303 claims).
     const auto fresh_got = claim.fresh_lane.size();
-    const bool drained = !claim.facts.fresh_full_bound.has_value() &&
-                         claim.messages.size() - fresh_got < static_cast<std::size_t>(slow_limit);
+    const auto slow_got = claim.messages.size() - fresh_got;
+    const bool slow_full = slow_got >= static_cast<std::size_t>(slow_limit);
+    const bool drained = !claim.facts.fresh_full_bound.has_value() && !slow_full;
     must_claim = !drained;
-    // A backlog: the claim got at least half of what it asked for and its lanes stopped at
-    // their limits (a partitioned claim's lane stops at a small per-bucket share with a row or
-    // two; that is no backlog to call the other loops for).
-    const bool backlog =
-        !drained && claim.messages.size() * 2 >= static_cast<std::size_t>(fresh_limit);
+    // A backlog: the slow lane came back full, or the claim got at least half of what it asked
+    // for and its fresh lane stopped at its limit (a partitioned claim's lane stops at a small
+    // per-bucket share with a row or two; that is no backlog to call the other loops for).
+    const bool backlog = !drained && (slow_full || claim.messages.size() * 2 >=
+                                                       static_cast<std::size_t>(fresh_limit));
     if (config.claim_connections > 1 && room_wait.backlog.exchange(backlog) != backlog) {
       // The backlog began (the other loops join in) or ended.
       std::lock_guard lk(mu);
       wake_cv.notify_all();
+    }
+    for (auto& key : claim.facts.blocked_keys) recheck.emplace_back(std::move(key), Now());
+    if (recheck_blocked_keys()) {  // claim the woken rows now, even past the gate
+      must_claim = true;
+      continue;
     }
     if ((claim.messages.empty() || drained) && claim.facts.held == 0) {
       std::unique_lock lk(mu);
@@ -286,9 +291,10 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   }
   // Stopping: one more try, so a lost claim's rows do not wait for their lease.
   if (!release_lost_claims()) {
-    spdlog::warn("{}: could not hand back what a claim whose reply was lost leased; its lease "
-                 "will expire",
-                 dest.name);
+    spdlog::warn(
+        "{}: could not hand back what a claim whose reply was lost leased; its lease "
+        "will expire",
+        dest.name);
   }
 }
 
