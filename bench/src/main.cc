@@ -106,6 +106,12 @@ int main(int argc, char** argv) {
                  "max_in_flight of each webhook_drain_mif<N> drain (half the webhook messages)")
       ->delimiter(',')
       ->capture_default_str();
+  app.add_option(
+         "--claim-connections", opt.claim_connections,
+         "claim_connections of the relays of every scenario but the _cc drains (exactly-once "
+         "relays keep 1)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   app.add_option("--claim-connections-sweep", opt.claim_connections_sweep,
                  "claim_connections of each kafka_drain_cc<N> and webhook_drain_cc<N> drain (one "
                  "relay; the Kafka and webhook backlogs)")

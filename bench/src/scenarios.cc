@@ -649,9 +649,9 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
            std::to_string(opt_.kafka_brokers) + " brokers, " +
            std::to_string(opt_.kafka_partitions) + " partitions)" +
            (v.keys > 0 ? ", " + std::to_string(v.keys) + " ordering keys" : ", no ordering keys");
-  if (v.claim_connections > 1) {
-    r.what += "; claim_connections " + std::to_string(v.claim_connections);
-    r.details["claim_connections"] = v.claim_connections;
+  if (const int cc = ClaimConnections(v.claim_connections, v.exactly_once); cc > 1) {
+    r.what += "; claim_connections " + std::to_string(cc);
+    r.details["claim_connections"] = cc;
   }
   const std::string url = pg_.FreshDatabase(v.name);
   if (v.buckets > 0) {
@@ -682,7 +682,7 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
 
   const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
   Relay relay(url, KafkaDestination(bootstraps_, topic, v.exactly_once), v.relays, Mode(v),
-              v.claim_connections);
+              ClaimConnections(v.claim_connections, v.exactly_once));
   Observation obs;
   Say(v.name + ": relay draining");
   obs.Begin(postmaster_pid_, {Kafka().pid()});
@@ -746,8 +746,14 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   return r;
 }
 
+int Bench::ClaimConnections(int wanted, bool exactly_once) const {
+  if (exactly_once) return 1;
+  return wanted > 0 ? wanted : opt_.claim_connections;
+}
+
 ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
                                    std::int64_t messages, int claim_connections) {
+  claim_connections = ClaimConnections(claim_connections);
   ScenarioResult r;
   r.name = name;
   r.sink = "webhook";
@@ -854,7 +860,7 @@ ScenarioResult Bench::WebhookFanout(const std::string& name, int endpoints, bool
   w.endpoints_from_database = true;
   w.database_url = url;
   w.delivery_log = delivery_log;
-  Relay relay(url, dest);
+  Relay relay(url, dest, 1, relay::ClaimMode::kSkipLocked, ClaimConnections(0));
   Observation obs;
   Say(r.name + ": relay fanning out");
   obs.Begin(postmaster_pid_, {Http().pid()});
@@ -938,6 +944,9 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
   r.name = name;
   r.sink = sink;
   r.keys = keys;
+  if (const int cc = ClaimConnections(0, delivery == Delivery::kExactlyOnce); cc > 1) {
+    r.details["claim_connections"] = cc;
+  }
   r.what = "open loop: producers insert " + Fixed(opt_.open_loop_rate, 0) +
            " msg/s on a fixed schedule (one message per transaction) for " +
            Fixed(opt_.open_loop_seconds, 0) + " s while the relay runs" +
@@ -957,10 +966,12 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
     relay = std::make_unique<Relay>(
         url, KafkaDestination(bootstraps_, NewTopic(name), delivery == Delivery::kExactlyOnce), 1,
         delivery == Delivery::kDefault ? relay::ClaimMode::kSkipLocked
-                                       : relay::ClaimMode::kPartitioned);
+                                       : relay::ClaimMode::kPartitioned,
+        ClaimConnections(0, delivery == Delivery::kExactlyOnce));
   } else {
     Http().Call("RECORD");
-    relay = std::make_unique<Relay>(url, WebhookDestination(http_port_, opt_.webhook_connections));
+    relay = std::make_unique<Relay>(url, WebhookDestination(http_port_, opt_.webhook_connections),
+                                    1, relay::ClaimMode::kSkipLocked, ClaimConnections(0));
   }
   relay->Start();
   relay->WaitForFirstClaims();
@@ -1024,6 +1035,9 @@ ScenarioResult Bench::Burst(const Variant& v) {
   ScenarioResult r;
   r.name = v.name;
   r.sink = "kafka";
+  if (const int cc = ClaimConnections(v.claim_connections); cc > 1) {
+    r.details["claim_connections"] = cc;
+  }
   r.relays = v.relays;
   r.claim_mode = v.partitioned ? "partitioned" : "skip_locked";
   r.messages = opt_.burst_messages;
@@ -1044,7 +1058,8 @@ ScenarioResult Bench::Burst(const Variant& v) {
   Preload(url, r.messages, shape, 2);
   PrepareTable(url);
   const std::string topic = NewTopic(r.name);
-  Relay relay(url, KafkaDestination(bootstraps_, topic), v.relays, Mode(v));
+  Relay relay(url, KafkaDestination(bootstraps_, topic), v.relays, Mode(v),
+              ClaimConnections(v.claim_connections));
   relay.Start();
   relay.WarmUp(url, kWarmUpMessages);
   const double slack_s = static_cast<double>(burst_at - WallMicros()) / 1e6;
@@ -1075,13 +1090,15 @@ ScenarioResult Bench::Sustained() {
   ScenarioResult r;
   r.name = "sustained_kafka";
   r.sink = "kafka";
+  if (opt_.claim_connections > 1) r.details["claim_connections"] = opt_.claim_connections;
   r.what = std::to_string(opt_.producers) + " producer connections commit " +
            std::to_string(opt_.producer_batch) + "-message transactions as fast as Postgres " +
            "takes them (synchronous_commit off) for " + Fixed(opt_.sustained_seconds, 0) +
            " s while the relay delivers to Kafka";
   const std::string url = pg_.FreshDatabase(r.name);
   const std::string topic = NewTopic(r.name);
-  Relay relay(url, KafkaDestination(bootstraps_, topic));
+  Relay relay(url, KafkaDestination(bootstraps_, topic), 1, relay::ClaimMode::kSkipLocked,
+              ClaimConnections(0));
   relay.Start();
   relay.WaitForFirstClaims();
   relay.WarmUp(url, kWarmUpMessages);

@@ -48,6 +48,8 @@ struct Options {
                                     128};  ///< max_in_flight of the webhook_drain_mif* drains.
   /// claim_connections of each kafka_drain_cc<N> and webhook_drain_cc<N> drain (one relay).
   std::vector<int> claim_connections_sweep = {2, 4};
+  /// claim_connections of the relays of every other scenario (exactly-once ones keep 1).
+  int claim_connections = 1;
   int kafka_brokers = 3;
   int kafka_partitions = 6;
   double timeout_s = 900;  ///< Per scenario; a scenario that times out reports what it did.
@@ -128,8 +130,8 @@ class Bench {
     int buckets = 0;
     /// `delivery: exactly_once` (Kafka transactions, one producer per bucket).
     bool exactly_once = false;
-    /// claim_connections of each relay.
-    int claim_connections = 1;
+    /// claim_connections of each relay; 0: --claim-connections.
+    int claim_connections = 0;
   };
   static relay::ClaimMode Mode(const Variant& v);
 
@@ -137,7 +139,9 @@ class Bench {
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
   ScenarioResult HttpCeiling();
   ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages,
-                              int claim_connections = 1);
+                              int claim_connections = 0);
+  /// `wanted`, or --claim-connections when 0; 1 for exactly-once relays (which refuse more).
+  int ClaimConnections(int wanted, bool exactly_once = false) const;
   ScenarioResult WebhookFanout(const std::string& name, int endpoints, bool delivery_log,
                                std::int64_t messages);
   ScenarioResult KafkaPathLatency();
