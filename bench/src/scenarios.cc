@@ -837,6 +837,7 @@ ScenarioResult Bench::WebhookFanout(const std::string& name, int endpoints, bool
   Say(r.name + ": preloading " + std::to_string(messages) + " messages, " +
       std::to_string(endpoints) + " endpoints");
   Preload(url, messages, {}, 2);
+  Http();  // the receiver's port goes into the endpoints' URLs: started before they are written
   {
     pqxx::connection c(url);
     pqxx::work tx(c);
