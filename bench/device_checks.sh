@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The 16-core checks of issues 16, 17 and 18 in one device call (../shared/device/README.md):
+# each group runs outbox-bench against its own throwaway cluster, under its own time limit, and
+# what it printed comes back in $OUT (<group>.out: JSON lines and the tables; results.md: every
+# group's table). A group that runs out of time still returns the scenarios it finished.
+#
+# Here, once the build is done:
+#   echo /.devbundle/ >> .git/info/exclude
+#   ../shared/device/bundle.sh build .devbundle
+# Then the device call, from the repo root, with `.devbundle` carried and a timeout above the
+# sum of the groups' limits (540 s with the defaults below):
+#   bash bench/device_checks.sh
+# or only some groups:  bash bench/device_checks.sh sustained drains
+set -u
+B=/opt/ob/b
+OUT=${OUT:-/tmp/device-out}
+mkdir -p "$OUT"
+id postgres >/dev/null 2>&1 || useradd -r -M postgres
+[ -d $B ] || { mkdir -p /opt/ob && tar -C /opt/ob -xJf .devbundle/bundle.tar.xz; }
+export LD_LIBRARY_PATH=$B/lib PATH=$B/bin:$PATH
+echo "cores: $(nproc)"
+
+run() {  # group time-limit outbox-bench-arguments...
+  local group=$1 limit=$2
+  shift 2
+  echo "=== $group $(date +%T)"
+  (cd /tmp && timeout -k 5 "$limit" outbox-bench --pg-bin $B/usr/lib/postgresql/15/bin \
+     --pg-setting jit=off --pg-setting shared_buffers=1GB --timeout 100 "$@" --out "/tmp/$group" \
+     2>"/tmp/$group.stderr") | tee "$OUT/$group.out" | grep -v '^{'
+  echo "rc=${PIPESTATUS[0]} $(date +%T)"
+  { echo "## $group"; cat "/tmp/$group/results.md"; } >>"$OUT/results.md" 2>/dev/null
+  tail -3 "/tmp/$group.stderr"
+}
+
+groups=("$@")
+[ ${#groups[@]} -eq 0 ] && groups=(drains open_loop sustained claim_connections)
+for group in "${groups[@]}"; do
+  case $group in
+    drains)  # issues 17 and 18: ceilings, one relay, the webhook max_in_flight sweep
+      run drains 200 --only sql_ceiling,sql_ceiling_x2,sql_ceiling_x4,kafka_drain,kafka_drain_keyed,http_ceiling,webhook_drain,webhook_drain_mif8,webhook_drain_mif32,webhook_drain_mif128 \
+        --kafka-messages 200000 --webhook-messages 200000 ;;
+    open_loop)  # issue 16: no message over 1 s at 5k msg/s
+      run open_loop 100 --quick --only open_loop_kafka,open_loop_kafka_keyed,open_loop_webhook \
+        --open-loop-rate 5000 ;;
+    sustained)  # issue 16: the backlog stays bounded with 16 producers
+      run sustained 100 --quick --only sustained_kafka --producers 16 --claim-connections 4 ;;
+    claim_connections)  # issue 18: one relay with 1, 2 and 4 claim connections
+      run claim_connections 140 --only sql_ceiling,kafka_drain,kafka_drain_cc2,kafka_drain_cc4,http_ceiling,webhook_drain,webhook_drain_cc2,webhook_drain_cc4 \
+        --kafka-messages 200000 --webhook-messages 100000 --claim-connections-sweep 2,4 ;;
+    *) echo "unknown group $group (drains, open_loop, sustained, claim_connections)"; exit 2 ;;
+  esac
+done
