@@ -117,6 +117,13 @@ class RecordingSink final : public Sink {
     std::lock_guard lk(mu_);
     return static_cast<std::size_t>(in_flight_);
   }
+  /// 4 x the claim batch (Sink's default) unless SetRoom gave a fixed room, as a webhook sink
+  /// sizes its room by its connections rather than by the claim.
+  std::size_t MaxInFlight(int claim_batch) const override {
+    if (room_ >= 0) return static_cast<std::size_t>(room_);
+    return Sink::MaxInFlight(claim_batch);
+  }
+  void SetRoom(int room) { room_ = room; }
 
   /// Delivers everything held.
   void Release() {
@@ -182,6 +189,7 @@ class RecordingSink final : public Sink {
 
   Decide decide_;
   bool fences_ = false;
+  std::atomic<int> room_{-1};
   std::function<void()> on_shutdown_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -334,19 +342,42 @@ TEST_F(DispatcherTest, AStuckClaimHoldsUpOnlyItsOwnClaimConnection) {
   EXPECT_TRUE(all) << db_.Delivered().size() << " of 60 delivered while one claim was stuck";
 }
 
-// The loops share the sink's room: side by side they claim no more than one loop would.
+// A sink whose room is less than two claims (a webhook sink sizes it by its connections: 512
+// for 32, with claims of 500): the second loop still gets room for a claim of its own while
+// the first loop's claim runs. Sharing the one loop's room, it waited until that claim was in
+// the sink and delivered, so two loops claimed no faster than one.
+TEST_F(DispatcherTest, ASecondClaimConnectionClaimsWhileTheFirstClaimRunsWhenTheRoomIsUnderTwoBatches) {
+  for (int i = 0; i < 100; ++i) db_.Enqueue("orders", std::nullopt);
+  std::atomic<bool> side_by_side{false};
+  db_.BeforeClaim(2, [&] {
+    // Claim 1 leased 10 and they were delivered; this one holds its share of the room until
+    // another claim has delivered more (or 5 s pass).
+    side_by_side = WaitFor([&] { return db_.Delivered().size() > 10u; }, 5s);
+  });
+  auto config = Config(/*batch=*/10);
+  config.claim_connections = 2;
+  Start(config, DeliverAll, nullptr, [](RecordingSink& sink) { sink.SetRoom(12); });
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0 && db_.Delivered().size() == 100u; }))
+      << db_.Delivered().size() << " of 100 delivered";
+  EXPECT_TRUE(side_by_side.load())
+      << "the second claim connection waited for the first one's claim to finish";
+}
+
+// The loops share the sink's room, plus room for one claim (at most what one loop would have)
+// per loop after the first: side by side they claim no more than that.
 TEST_F(DispatcherTest, InFlightStaysWithinTheCapWithTwoClaimConnections) {
   for (int i = 0; i < 300; ++i) db_.Enqueue("orders", std::nullopt);
   auto config = Config(/*batch=*/10);
   config.claim_connections = 2;
   Start(config, [](const Message&) { return std::optional<Outcome>(); });
-  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 40u; })) << sink_->Held() << " held";
+  // 4 x 10 for the first loop, 10 for the second.
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 50u; })) << sink_->Held() << " held";
   while (db_.Queued() > 0) {
     sink_->Release();
     ASSERT_TRUE(WaitFor([&] { return sink_->Held() > 0 || db_.Queued() == 0; }));
   }
   EXPECT_EQ(db_.Delivered().size(), 300u);
-  EXPECT_LE(sink_->max_in_flight(), 40);
+  EXPECT_LE(sink_->max_in_flight(), 50);
 }
 
 void DispatcherTest::DeliverEveryMessageOnceAndEachKeyInOrder(int claim_connections) {

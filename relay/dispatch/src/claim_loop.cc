@@ -57,8 +57,17 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   // sure to come back for.
   bool must_claim = false;
   const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
-  // The sink's room, asked before every claim: an open circuit breaker makes it 0.
-  const auto cap = [&] { return static_cast<int>(sink.MaxInFlight(batch)); };
+  // The sink's room, asked before every claim: an open circuit breaker makes it 0 (and a probe
+  // 1). Each claim loop after the first adds room for a claim of its own (at most what the sink
+  // asked for), so that their claims run side by side: a webhook sink sizes its room by its
+  // connections (512 for 32), less than two claims of 500, and with only that room the second
+  // loop waited for the first one's claim to finish, so more loops claimed no faster.
+  const int loops = std::max(1, config.claim_connections);
+  const auto cap = [&] {
+    const int room = static_cast<int>(sink.MaxInFlight(batch));
+    if (room <= 1) return room;
+    return room + (loops - 1) * std::min(batch, room);
+  };
   auto last_sweep = Now();
   // In the Impl, not on this stack: completions run on sink threads after this loop ended.
   RoomWait& room_wait = *room_waits.at(dest.name);
