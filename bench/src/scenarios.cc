@@ -112,6 +112,7 @@ class Relay {
       if (!WaitUntil([&] { return sink->Ready(); }, 30)) {
         throw std::runtime_error("the sink did not become ready in 30 s");
       }
+      sinks_.push_back(sink.get());  // owned by the dispatcher below, which outlives Stop()
       std::map<std::string, relay::SinkPtr> sinks;
       sinks.emplace(dest.name, std::move(sink));
       cfg.destinations.emplace(dest.name, dest);
@@ -177,6 +178,15 @@ class Relay {
     return j;
   }
 
+  /// The sinks' own counts (Sink::EventCounts), summed over the instances.
+  std::map<std::string, std::int64_t> SinkEvents() const {
+    std::map<std::string, std::int64_t> total;
+    for (const auto* sink : sinks_) {
+      for (const auto& [event, n] : sink->EventCounts()) total[event] += n;
+    }
+    return total;
+  }
+
  private:
   template <class F>
   std::int64_t Sum(F f) const {
@@ -186,6 +196,7 @@ class Relay {
   }
 
   std::vector<std::unique_ptr<relay::Dispatcher>> dispatchers_;
+  std::vector<relay::Sink*> sinks_;
   std::int64_t warmed_ = 0;
 };
 
@@ -629,6 +640,11 @@ ScenarioResult Bench::HttpCeiling() {
   r.details["cpu_note"] = "relay CPU column = the benchmark's HTTP client threads";
   http_ceiling_ = r.events_per_s;
   http_ceiling_cpu_us_ = r.relay_cpu_us_per_msg;
+  // Each client posts back to back: its mean request is the connections over the rate.
+  if (r.events_per_s > 0) {
+    http_ceiling_mean_request_us_ = conns * 1e6 / r.events_per_s;
+    r.details["mean_request_us"] = *http_ceiling_mean_request_us_;
+  }
   r.x_http_ceiling = 1.0;
   RatioToSqlCeiling(r);
   return r;
@@ -777,13 +793,30 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
   Observation obs;
   Say(r.name + ": relay draining");
   obs.Begin(postmaster_pid_, {Http().pid()});
+  auto events0 = relay.SinkEvents();
   relay.Start();
   r.completed =
       obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
   obs.End();
+  auto events = relay.SinkEvents();
   const std::int64_t delivered = relay.delivered();
   relay.Stop();
   r.details["dispatcher"] = relay.StatsJson();
+  {
+    // Whether the workers waited for the receiver or for claims: the mean request against the
+    // ceiling client's (same receiver, same connections), and the share of the workers' time
+    // spent with nothing queued.
+    for (auto& [event, n] : events) n -= events0[event];
+    json sink = events;
+    const auto requests = events["requests"];
+    if (requests > 0) sink["mean_request_us"] = static_cast<double>(events["request_us"]) / requests;
+    if (obs.seconds > 0) {
+      sink["idle_share"] = static_cast<double>(events["idle_us"]) /
+                           (obs.seconds * 1e6 * static_cast<double>(max_in_flight));
+    }
+    if (http_ceiling_mean_request_us_) sink["ceiling_mean_request_us"] = *http_ceiling_mean_request_us_;
+    r.details["sink"] = sink;
+  }
   r.details["queue_table"] = TableStats(url);
   FillCommon(r, obs, delivered);
   FillDelivery(r, json::parse(Http().Call(

@@ -170,6 +170,7 @@ class Bench {
   std::optional<double> sql_ceiling_, http_ceiling_;
   std::optional<double> sql_ceiling_pg_cpu_us_;  ///< the baseline ceiling's Postgres CPU per row
   std::optional<double> http_ceiling_cpu_us_;
+  std::optional<double> http_ceiling_mean_request_us_;  ///< connections / rate
   /// webhook_drain's Postgres CPU per delivered request, for the fan-out scenarios' ratio.
   std::optional<double> webhook_drain_pg_cpu_us_;
   std::optional<double> fanout_nolog_pg_cpu_us_;  ///< webhook_fanout10_nolog's, for the log's cost

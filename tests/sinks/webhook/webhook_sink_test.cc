@@ -306,6 +306,38 @@ TEST(WebhookSink, ACompletionNoLongerCountsItsOwnMessageInFlight) {
   sink->Shutdown(5s);
 }
 
+// What tells, on a busy machine, whether the workers wait for the endpoint or for work (the
+// claims): requests, the time they took, and the time workers waited with nothing queued,
+// counted while they wait.
+TEST(WebhookSink, CountsRequestsTheirTimeAndTheTimeWorkersWaitForWork) {
+  Gate gate;
+  HttpReceiver receiver;
+  OpenOnExit release{gate};
+  receiver.SetResponder([&](const ReceivedRequest&) {
+    gate.Wait();
+    return Reply{};
+  });
+  WebhookTarget target = Target(receiver.Url("/hook"));
+  target.max_in_flight = 2;
+  auto sink = MakeWebhookSink("hooks", target);
+  Completions done;
+  sink->Submit(MakeMessage(1), done.Callback());
+  ASSERT_TRUE(WaitFor([&] { return receiver.Count() == 1; }, 10s));
+  const auto sent_by = std::chrono::steady_clock::now();
+  // The other worker has nothing to do while the request is held: its wait counts as it goes.
+  ASSERT_TRUE(WaitFor([&] { return sink->EventCounts()["idle_us"] >= 20'000; }, 10s))
+      << sink->EventCounts()["idle_us"] << " us idle";
+  EXPECT_EQ(sink->EventCounts()["requests"], 0) << "counted before it finished";
+  const auto held = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - sent_by);
+  gate.Open();
+  ASSERT_TRUE(done.WaitForSize(1));
+  ASSERT_TRUE(WaitFor([&] { return sink->EventCounts()["requests"] == 1; }, 10s));
+  EXPECT_GE(sink->EventCounts()["request_us"], held.count());
+  EXPECT_LT(sink->EventCounts()["request_us"], 10'000'000);
+  sink->Shutdown(5s);
+}
+
 TEST(WebhookSink, ServerErrorIsRetriedWithStatusAndBodyStart) {
   HttpReceiver receiver;
   const std::string body = "database unavailable; " + std::string(400, 'z');

@@ -391,6 +391,27 @@ class WebhookSink final : public Sink {
   }
   bool OutcomesAreResponses() const override { return true; }
 
+  // Whether the workers wait for the endpoint or for work: `requests` finished, the time they
+  // took (`request_us`, the HTTP exchange: connect, write, answer), and the time workers
+  // waited with nothing queued (`idle_us`, counted while they wait). With every worker busy
+  // and little idle time the endpoint (or the network) is the limit; with idle workers and a
+  // backlog in the database, the claims are (more claim_connections).
+  std::map<std::string, std::int64_t> EventCounts() const override {
+    const std::int64_t now = Clock::now().time_since_epoch().count();
+    std::int64_t requests = 0, request_ns = 0, idle_ns = 0;
+    for (const auto& w : workers_) {
+      requests += w->requests.load(std::memory_order_relaxed);
+      request_ns += w->request_ns.load(std::memory_order_relaxed);
+      idle_ns += w->idle_ns.load(std::memory_order_relaxed);
+      const std::int64_t since = w->idle_since_ns.load(std::memory_order_relaxed);
+      if (since != 0 && now > since) idle_ns += now - since;
+    }
+    const auto us = [](std::int64_t ns) {
+      return std::chrono::duration_cast<std::chrono::microseconds>(Clock::duration(ns)).count();
+    };
+    return {{"requests", requests}, {"request_us", us(request_ns)}, {"idle_us", us(idle_ns)}};
+  }
+
  private:
   struct Job {
     Message msg;
@@ -416,6 +437,11 @@ class WebhookSink final : public Sink {
     /// This thread's signing contexts (one per key, reused for every message).
     std::unique_ptr<webhook_detail::Signer> signer;
     std::thread thread;
+    // Written by this worker only (EventCounts reads them); steady-clock nanoseconds.
+    std::atomic<std::int64_t> requests{0};
+    std::atomic<std::int64_t> request_ns{0};
+    std::atomic<std::int64_t> idle_ns{0};        ///< Finished waits with nothing queued.
+    std::atomic<std::int64_t> idle_since_ns{0};  ///< Start of the current such wait, or 0.
   };
 
   std::unique_ptr<httplib::ClientImpl> MakeClient() const {
@@ -474,10 +500,16 @@ class WebhookSink final : public Sink {
             }
           }
           const auto next = governor_.NextTimedChange(now);
+          const bool idle = queue_.empty();  // not a wait for the governor: no work
+          if (idle) worker.idle_since_ns.store(now.time_since_epoch().count());
           if (next == Clock::time_point::max()) {
             work_cv_.wait(lock);
           } else {
             work_cv_.wait_until(lock, next);
+          }
+          if (idle) {
+            worker.idle_since_ns.store(0);
+            worker.idle_ns.fetch_add((Clock::now() - now).count(), std::memory_order_relaxed);
           }
         }
         if (returned.empty()) {
@@ -506,7 +538,10 @@ class WebhookSink final : public Sink {
         attempt.outcome =
             Retry(job.msg.id, "shutdown: not sent before the relay stopped", Reason::kShutdown);
       } else {
+        const auto started = Clock::now();
         attempt = Deliver(worker, job.msg);
+        worker.request_ns.fetch_add((Clock::now() - started).count(), std::memory_order_relaxed);
+        worker.requests.fetch_add(1, std::memory_order_relaxed);
         if (attempt.not_connected) PassOverAddress(worker);
       }
       std::optional<Completion> done;
