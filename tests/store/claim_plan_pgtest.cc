@@ -285,5 +285,86 @@ TEST_F(ClaimPlanTest, PartitionedClaimReadsOnlyItsBucketsRows) {
                                              << t.plan;
 }
 
+// Waking a key's next message (the settle of its predecessor, the claim loop's recheck of a
+// blocked key) looks up the key's first row in messages_key_order_idx. Written as min(id), the
+// planner (estimating one row per key) read every row of the key's backlog instead: a key with
+// 10k queued messages cost ~100 ms of Postgres per settle, so draining a hot key was quadratic.
+// Counted from the statistics views: rows and index entries of the queue the statement read.
+class KeyProbeTest : public ClaimPlanTest {
+ protected:
+  static constexpr int kKeyBacklog = 5'000;
+
+  // One key with a backlog behind its head, as claims leave it (the rest parked), and many keys
+  // of one message each, as most keys are (in another destination): the planner estimates a
+  // row or two per key. Then a claim leases the head.
+  ClaimResult QueueOneHotKeyAndClaimIt(Store& store) {
+    {
+      pqxx::connection c(db_url_);
+      pqxx::nontransaction tx(c);
+      tx.exec(
+          "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, payload, "
+          "deliver_after, parked, created_at) SELECT 'd', 'hot', gen_random_uuid(), "
+          "jsonb_build_object('n', g), CASE WHEN g = 1 THEN now() ELSE 'infinity' END, g > 1, "
+          "now() FROM generate_series(1, " +
+          std::to_string(kKeyBacklog) + ") g");
+      tx.exec(
+          "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, payload, "
+          "deliver_after, parked, created_at) SELECT 'o', 'k' || (g % 200), gen_random_uuid(), "
+          "jsonb_build_object('n', g), 'infinity', true, now() FROM generate_series(1, 20000) g");
+      tx.exec("ANALYZE outbox.messages");
+    }
+    auto claim = store.Claim("d", 0, 100, 50, 30s);
+    EXPECT_EQ(claim.messages.size(), 1u) << "the key's head only";
+    return claim;
+  }
+
+  // Rows and index entries of outbox.messages read so far, the Store's own included (flushed
+  // from its backend first: a backend reports its counts at most once a second otherwise).
+  std::int64_t RowsRead(Store& store) {
+    pqxx::nontransaction(StoreAccess::Connection(store)).exec("SELECT pg_stat_force_next_flush()");
+    pqxx::connection c(db_url_);
+    return pqxx::nontransaction(c)
+        .exec1(
+            "SELECT (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes "
+            "        WHERE schemaname = 'outbox' AND relname = 'messages') + "
+            "       (SELECT seq_tup_read FROM pg_stat_user_tables "
+            "        WHERE schemaname = 'outbox' AND relname = 'messages')")[0]
+        .as<std::int64_t>();
+  }
+
+  static constexpr std::int64_t kProbeBound = 100;  // a few entries per probe, not the backlog
+};
+
+TEST_F(KeyProbeTest, SettlingAKeysMessageReadsTheNextEntryNotTheKeysBacklog) {
+  Store store(db_url_);
+  const auto claim = QueueOneHotKeyAndClaimIt(store);
+  ASSERT_EQ(claim.messages.size(), 1u);
+  const auto before = RowsRead(store);
+  Settlement s;
+  s.id = claim.messages[0].id;
+  s.lease_token = claim.lease_token;
+  s.kind = Settlement::Kind::kDelivered;
+  EXPECT_EQ(store.Settle({s}).woken, 1) << "the key's next message";
+  const auto read = RowsRead(store) - before;
+  EXPECT_LE(read, kProbeBound) << "the settle read the key's backlog";
+}
+
+TEST_F(KeyProbeTest, RecheckingABlockedKeyReadsItsHeadNotTheKeysBacklog) {
+  Store store(db_url_);
+  const auto claim = QueueOneHotKeyAndClaimIt(store);
+  ASSERT_EQ(claim.messages.size(), 1u);
+  // Its predecessor's settle committed after the claim's snapshot without waking it (the race
+  // wake_keys.sql heals): here the head simply goes.
+  {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction(c).exec("DELETE FROM outbox.messages WHERE id = " +
+                                 std::to_string(Raw(claim.messages[0].id)));
+  }
+  const auto before = RowsRead(store);
+  EXPECT_EQ(store.WakeKeys("d", {{"hot", std::nullopt}}), 1);
+  const auto read = RowsRead(store) - before;
+  EXPECT_LE(read, kProbeBound) << "the recheck read the key's backlog";
+}
+
 }  // namespace
 }  // namespace outbox::relay
