@@ -128,8 +128,9 @@ class TimedStore final : public relay::QueueStore {
     return inner_->RenewLeases(held, lease);
   }
   std::vector<std::string> Reap() override { return inner_->Reap(); }
-  std::int64_t WakeOrphans(const std::string& destination) override {
-    return inner_->WakeOrphans(destination);
+  relay::OrphanPage WakeOrphans(const std::string& destination, std::int64_t after,
+                                int rows) override {
+    return inner_->WakeOrphans(destination, after, rows);
   }
   std::int64_t WakeKeys(const std::string& destination,
                         const std::vector<relay::BlockedKey>& keys) override {

@@ -348,19 +348,26 @@ TEST_F(DispatcherTest, AStuckClaimHoldsUpOnlyItsOwnClaimConnection) {
 // the sink and delivered, so two loops claimed no faster than one.
 TEST_F(DispatcherTest, ASecondClaimConnectionClaimsWhileTheFirstClaimRunsWhenTheRoomIsUnderTwoBatches) {
   for (int i = 0; i < 100; ++i) db_.Enqueue("orders", std::nullopt);
-  std::atomic<bool> side_by_side{false};
-  db_.BeforeClaim(2, [&] {
+  // Shared with the hook, which runs on a claim loop's thread: it may outlive a failed test.
+  struct Seen {
+    std::atomic<bool> done{false}, side_by_side{false};
+  };
+  auto seen = std::make_shared<Seen>();
+  FakeDatabase* db = &db_;
+  db_.BeforeClaim(2, [seen, db] {
     // Claim 1 leased 10 and they were delivered; this one holds its share of the room until
     // another claim has delivered more (or 5 s pass).
-    side_by_side = WaitFor([&] { return db_.Delivered().size() > 10u; }, 5s);
+    seen->side_by_side = WaitFor([db] { return db->Delivered().size() > 10u; }, 5s);
+    seen->done = true;
   });
   auto config = Config(/*batch=*/10);
   config.claim_connections = 2;
   Start(config, DeliverAll, nullptr, [](RecordingSink& sink) { sink.SetRoom(12); });
+  ASSERT_TRUE(WaitFor([&] { return seen->done.load(); })) << "claim 2 never ran";
+  EXPECT_TRUE(seen->side_by_side.load())
+      << "the second claim connection waited for the first one's claim to finish";
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0 && db_.Delivered().size() == 100u; }))
       << db_.Delivered().size() << " of 100 delivered";
-  EXPECT_TRUE(side_by_side.load())
-      << "the second claim connection waited for the first one's claim to finish";
 }
 
 // The loops share the sink's room, plus room for one claim (at most what one loop would have)
@@ -651,6 +658,30 @@ TEST_F(DispatcherTest, ABlockedKeyIsRecheckedWhileTheLoopWaitsForRoom) {
       },
       5s))
       << "the blocked key was dropped without a recheck";
+}
+
+// The orphan sweep reads a page of the blocked rows per reap and goes on from where the last
+// page ended: an orphan behind more blocked rows than a page is found on a later reap. (In one
+// statement the sweep read every blocked row, ~5 s for a million, on the thread that renews
+// leases.)
+TEST_F(DispatcherTest, TheOrphanSweepGoesOnFromWhereItsLastPageEnded) {
+  auto config = Config();
+  config.reap_interval = 1s;
+  db_.Enqueue("orders", "a");  // in flight for good: what is blocked behind it stays blocked
+  for (int i = 0; i < 5'000; ++i) db_.EnqueueBlocked("orders", "a");
+  const auto orphan = db_.EnqueueBlocked("orders", "z");  // nothing before it in its key
+  Start(config, [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  const auto submitted = [&] {
+    const auto sent = sink_->submitted();
+    return std::find(sent.begin(), sent.end(), orphan) != sent.end();
+  };
+  // A reap per second of the dispatcher's clock; the page of 5,000 ends before the orphan.
+  for (int reap = 1; reap <= 3 && !submitted(); ++reap) {
+    ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_orphans") >= reap; })) << "reap " << reap;
+    clock_.Advance(1s);
+  }
+  EXPECT_TRUE(WaitFor(submitted, 5s)) << "the sweep never got past its first page";
 }
 
 // A lease renewal that failed (a connection reset, a deadlock victim) is tried again after the

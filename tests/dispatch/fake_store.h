@@ -72,6 +72,15 @@ class FakeDatabase {
     Notify();
     return id;
   }
+  /// A row a claim parked behind its key (at 'infinity'), as if its predecessor were in flight.
+  std::int64_t EnqueueBlocked(const std::string& destination, const std::string& key) {
+    std::lock_guard lk(mu_);
+    const auto id = ++seq_;
+    Insert(id, destination, key, {});
+    rows_.at(id).parked = true;
+    rows_.at(id).deliver_after = kInfinity;
+    return id;
+  }
   /// A message whose id was taken long before it committed: below where the fresh lane's
   /// cursor may already be (what only the full sweep can find).
   std::int64_t EnqueueLate(const std::string& destination, std::int64_t id) {
@@ -260,6 +269,25 @@ class FakeDatabase {
       return 0;
     }
     return 0;
+  }
+
+  // One page of the orphan sweep: the first `rows` blocked rows above `after`.
+  OrphanPage WakeBlockedPage(const std::string& destination, std::int64_t after, int rows) {
+    OrphanPage page;
+    int scanned = 0;
+    std::int64_t last = 0;
+    for (auto it = rows_.upper_bound(after); it != rows_.end() && scanned < rows; ++it) {
+      auto& r = it->second;
+      if (r.destination != destination || !r.parked || r.deliver_after != kInfinity) continue;
+      ++scanned;
+      last = it->first;
+      if (!HasEarlierOfKey(r)) {
+        r.deliver_after = clock_.WallNow();
+        ++page.woken;
+      }
+    }
+    if (scanned >= rows) page.next_after = last;
+    return page;
   }
 
   std::int64_t WakeBlocked(const std::string& destination, const std::set<std::string>* keys) {
@@ -525,10 +553,10 @@ class FakeStore final : public QueueStore {
     return out;
   }
 
-  std::int64_t WakeOrphans(const std::string& destination) override {
+  OrphanPage WakeOrphans(const std::string& destination, std::int64_t after, int rows) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter("wake_orphans");
-    return db_.WakeBlocked(destination, nullptr);
+    return db_.WakeBlockedPage(destination, after, rows);
   }
   std::int64_t WakeKeys(const std::string& destination,
                         const std::vector<BlockedKey>& keys) override {

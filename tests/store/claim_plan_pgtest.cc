@@ -366,5 +366,33 @@ TEST_F(KeyProbeTest, RecheckingABlockedKeyReadsItsHeadNotTheKeysBacklog) {
   EXPECT_LE(read, kProbeBound) << "the recheck read the key's backlog";
 }
 
+// The orphan sweep (the safety net behind the rechecks) reads the blocked rows a page at a time,
+// in id order, and probes each key's head once per page. In one statement it read every
+// blocked row of the destination and, with min(), every row of each blocked key: ~5 s for a
+// million blocked rows, every reap_interval_ms, on the maintenance thread that also renews the
+// leases of messages in flight. Here 20,000 rows of 200 keys are parked at 'infinity' with no
+// message before them: each key's first row is an orphan.
+TEST_F(KeyProbeTest, TheOrphanSweepReadsAPageAtATimeNotTheBlockedBacklog) {
+  Store store(db_url_);
+  QueueOneHotKeyAndClaimIt(store);
+  constexpr int kPage = 1'000;
+  std::int64_t after = 0, woken = 0;
+  int pages = 0;
+  do {
+    const auto before = RowsRead(store);
+    const auto page = store.WakeOrphans("o", after, kPage);
+    EXPECT_LE(RowsRead(store) - before, 5 * kPage) << "page " << pages << " read past its page";
+    EXPECT_TRUE(page.next_after == 0 || page.next_after > after) << "page " << pages;
+    woken += page.woken;
+    after = page.next_after;
+    ++pages;
+  } while (after != 0 && pages < 100);
+  EXPECT_EQ(woken, 200) << "each key's first row, once";
+  EXPECT_LE(pages, 21) << "20,000 blocked rows, 1,000 a page, and the end";
+  EXPECT_EQ(Count("outbox.messages WHERE destination = 'o' AND deliver_after <> 'infinity'"), 200);
+  // A pass that reached the end starts over; nothing is left to wake.
+  EXPECT_EQ(store.WakeOrphans("o", 0, kPage).woken, 0);
+}
+
 }  // namespace
 }  // namespace outbox::relay

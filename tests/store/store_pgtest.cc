@@ -318,7 +318,7 @@ TEST_F(StoreTest, AnApplicationKeyThatReadsLikeAnEndpointKeyIsAKeyOfItsOwn) {
       "SELECT count(*) FROM u");
   Scalar("WITH d AS (DELETE FROM outbox.messages WHERE id = " + std::to_string(endpoint_row) +
          " RETURNING 1) SELECT count(*) FROM d");
-  EXPECT_EQ(store.WakeOrphans("d"), 1);
+  EXPECT_EQ(store.WakeOrphans("d", 0, 100).woken, 1);
 
   // Settling the application's row wakes the application's next of the key, not ep_a's row.
   const auto last = Enqueue({outbox::Message::To("d").Json("5").Key("ep_a:k").Build()})[0];

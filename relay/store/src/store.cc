@@ -602,11 +602,15 @@ std::vector<std::string> Store::Reap() {
   });
 }
 
-std::int64_t Store::WakeOrphans(const std::string& destination) {
-  return Translated([&]() -> std::int64_t {
+OrphanPage Store::WakeOrphans(const std::string& destination, std::int64_t after, int rows) {
+  return Translated([&]() -> OrphanPage {
     auto& c = impl_->Get();
     pqxx::nontransaction tx(c);
-    return static_cast<std::int64_t>(tx.exec_prepared("wake_orphans", destination).size());
+    const auto r = tx.exec_prepared1("wake_orphans", destination, after, rows);
+    OrphanPage page;
+    page.woken = r["woken"].as<std::int64_t>();
+    if (r["scanned"].as<std::int64_t>() >= rows) page.next_after = r["last_id"].as<std::int64_t>();
+    return page;
   });
 }
 

@@ -40,6 +40,14 @@ struct ClaimResult {
   ClaimFacts facts;
 };
 
+/// What a page of the orphan sweep (QueueStore::WakeOrphans) did.
+struct OrphanPage {
+  std::int64_t woken = 0;
+  /// Where the next page starts: the page's last id, or 0 when the page reached the end of the
+  /// blocked rows (the next page starts the sweep over).
+  std::int64_t next_after = 0;
+};
+
 struct Settlement {
   enum class Kind { kDelivered, kRetry, kDead, kRelease, kFanOut };
   /// kFanOut: what one endpoint did not take; it stays queued (or dead) for that endpoint.
@@ -151,8 +159,11 @@ class QueueStore {
 
   /// Returns expired leases to the queue; returns the destination of each returned row.
   virtual std::vector<std::string> Reap() = 0;
-  /// Wakes rows blocked behind their key whose key has no earlier message left.
-  virtual std::int64_t WakeOrphans(const std::string& destination) = 0;
+  /// One page of the orphan sweep: of `destination`'s rows blocked behind their key (parked at
+  /// 'infinity'), the first `rows` with an id above `after`; wakes those whose key has no
+  /// earlier message left. A sweep starts at 0 and goes on from each page's next_after.
+  virtual OrphanPage WakeOrphans(const std::string& destination, std::int64_t after,
+                                 int rows) = 0;
   /// WakeOrphans for just these keys of `destination`; returns how many rows were woken.
   virtual std::int64_t WakeKeys(const std::string& destination,
                                 const std::vector<BlockedKey>& keys) = 0;

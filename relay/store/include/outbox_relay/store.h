@@ -50,7 +50,7 @@ class Store final : public QueueStore {
 
   std::vector<std::string> Reap() override;
   /// Wakes rows blocked at 'infinity' whose key has no earlier message left.
-  std::int64_t WakeOrphans(const std::string& destination) override;
+  OrphanPage WakeOrphans(const std::string& destination, std::int64_t after, int rows) override;
   std::int64_t WakeKeys(const std::string& destination,
                         const std::vector<BlockedKey>& keys) override;
   void Interrupt() override;
