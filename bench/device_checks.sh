@@ -31,6 +31,9 @@ run() {  # group time-limit outbox-bench-arguments...
      2>"/tmp/$group.stderr") | tee "$OUT/$group.out" | grep -v '^{'
   echo "rc=${PIPESTATUS[0]} $(date +%T)"
   { echo "## $group"; cat "/tmp/$group/results.md"; } >>"$OUT/results.md" 2>/dev/null
+  # Each webhook drain's workers: mean request vs the ceiling client's, and their idle share
+  # (slow requests: the exchange is the limit; idle workers: the claims are).
+  grep -o '"sink":{[^}]*}\|"scenario":"webhook_drain[a-z0-9_]*"' "$OUT/$group.out" | paste - - 2>/dev/null
   tail -3 "/tmp/$group.stderr"
 }
 
