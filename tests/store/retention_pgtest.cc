@@ -10,6 +10,7 @@
 #include "outbox_relay/retention.h"
 #include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
+#include "store_access.h"  // this module's own test: the Store's connection
 
 namespace outbox::relay {
 namespace {
@@ -111,6 +112,41 @@ TEST_F(RetentionTest, CleanupStopsAtTheRowCapOldestFirst) {
   EXPECT_EQ(CleanupArchive(c, {"orders", "o"}, std::chrono::hours(24), 2, 3), 3);
   EXPECT_EQ(CleanupArchive(c, {"orders", "o"}, std::chrono::hours(24), 2, 3), 1);
   EXPECT_EQ(Ids("SELECT id FROM outbox.delivered_archive"), (std::vector<std::int64_t>{8}));
+}
+
+// A batch of cleanup reads the batch, not the table. Written as `id IN (subquery)`, the planner
+// hash-joined a scan of every dead letter (or archived delivery) to each batch of 1,000, so
+// working off a backlog of N rows read N^2 / 1,000 (review: 100,000 rows read per batch).
+// Counted from pg_stat_user_tables, not timed.
+TEST_F(RetentionTest, ABatchOfCleanupReadsTheBatchNotTheTable) {
+  constexpr int kRows = 60'000, kBatch = 1'000;
+  Exec("INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
+       "payload, attempts, reason, created_at, dead_at) SELECT g, CASE WHEN g % 2 = 0 THEN "
+       "'orders' ELSE 'audit' END, gen_random_uuid(), '', '{}', '1', 3, 'http 500', now() - "
+       "interval '30 days', now() - interval '20 days' + g * interval '1 ms' "
+       "FROM generate_series(1, " + std::to_string(kRows) + ") g");
+  Exec("INSERT INTO outbox.delivered_archive (id, destination, idempotency_key, event_type, "
+       "headers, payload, attempts, created_at, delivered_at) SELECT g, CASE WHEN g % 2 = 0 "
+       "THEN 'orders' ELSE 'audit' END, gen_random_uuid(), 'e', '{}', '1', 1, now() - interval "
+       "'30 days', now() - interval '20 days' + g * interval '1 ms' "
+       "FROM generate_series(1, " + std::to_string(kRows) + ") g");
+  Exec("ANALYZE outbox.dead_letters");
+  Exec("ANALYZE outbox.delivered_archive");
+  Store c(db_url_);
+  // Rows of `table` read so far, the Store's own included (flushed from its backend first: a
+  // backend reports its counts at most once a second otherwise).
+  const auto read = [&](const std::string& table) {
+    pqxx::nontransaction(StoreAccess::Connection(c)).exec("SELECT pg_stat_force_next_flush()");
+    return Ids("SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables "
+               "WHERE schemaname = 'outbox' AND relname = '" + table + "'")[0];
+  };
+  const auto dead_before = read("dead_letters");
+  EXPECT_EQ(CleanupDeadLetters(c, {"orders"}, std::chrono::hours(24), kBatch, kBatch), kBatch);
+  EXPECT_LE(read("dead_letters") - dead_before, 5 * kBatch) << "a batch read the dead letters";
+  const auto archive_before = read("delivered_archive");
+  EXPECT_EQ(CleanupArchive(c, {"orders"}, std::chrono::hours(24), kBatch, kBatch), kBatch);
+  EXPECT_LE(read("delivered_archive") - archive_before, 5 * kBatch)
+      << "a batch read the archive";
 }
 
 TEST_F(RetentionTest, CleanupDeadLettersDeletesExactlyTheOldOnes) {
