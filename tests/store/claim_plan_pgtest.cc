@@ -12,6 +12,7 @@
 
 #include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
+#include "queries.h"
 #include "store_access.h"  // this module's own test: the Store's connection
 
 namespace outbox::relay {
@@ -392,6 +393,32 @@ TEST_F(KeyProbeTest, TheOrphanSweepReadsAPageAtATimeNotTheBlockedBacklog) {
   EXPECT_EQ(Count("outbox.messages WHERE destination = 'o' AND deliver_after <> 'infinity'"), 200);
   // A pass that reached the end starts over; nothing is left to wake.
   EXPECT_EQ(store.WakeOrphans("o", 0, kPage).woken, 0);
+}
+
+// Whether a fan-out's keys still have endpoint rows waiting (PostgresEndpointDirectory::OwedKeys,
+// for every planned batch of keyed messages of a webhook service): one probe per key. As a
+// DISTINCT over `ordering_key = ANY(...)` it read every endpoint row of each key.
+TEST_F(KeyProbeTest, OwedKeysProbesEachKeyOnceNotItsEndpointRows) {
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction tx(c);
+  tx.exec(
+      "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, payload, "
+      "deliver_after, parked, created_at, endpoint_id) SELECT 'd', CASE WHEN g <= 5000 THEN "
+      "'hot' ELSE 'k' || g END, gen_random_uuid(), jsonb_build_object('n', g), now(), true, "
+      "now(), 'ep' || (g % 3) FROM generate_series(1, 20000) g");
+  tx.exec("ANALYZE outbox.messages");
+  tx.exec("PREPARE owed(text, text) AS " + std::string(sql::queries::kowed_keys));
+  const auto r = tx.exec1(
+      "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE owed('d', '[\"hot\", \"k6000\", "
+      "\"none\"]')");
+  Touched t;
+  Walk(json::parse(r[0].c_str())[0]["Plan"], t);
+  EXPECT_LE(t.max_rows_examined, 10) << "read a key's endpoint rows\n" << t.plan;
+  std::vector<std::string> owed;
+  for (const auto& row : tx.exec("EXECUTE owed('d', '[\"hot\", \"k6000\", \"none\"]')"))
+    owed.push_back(row[0].as<std::string>());
+  std::sort(owed.begin(), owed.end());
+  EXPECT_EQ(owed, (std::vector<std::string>{"hot", "k6000"}));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "outbox_relay/conninfo.h"
 #include "outbox_relay/postgres_endpoint_directory.h"
+#include "queries.h"
 
 namespace outbox::relay {
 namespace {
@@ -166,12 +167,9 @@ std::unordered_set<std::string> PostgresEndpointDirectory::OwedKeys(
   if (keys.empty()) return owed;
   return impl_->Run([&](pqxx::connection& c) {
     pqxx::nontransaction tx(c);
-    // = ANY(array): one probe of the partial index per key, however many endpoint rows wait.
-    const auto rows = tx.exec_params(
-        "SELECT DISTINCT ordering_key FROM outbox.messages "
-        "WHERE destination = $1 AND endpoint_id IS NOT NULL "
-        "  AND ordering_key = ANY(ARRAY(SELECT jsonb_array_elements_text($2::jsonb)))",
-        impl_->destination, nlohmann::json(keys).dump());
+    // One probe of the partial index per key, however many endpoint rows wait (owed_keys.sql).
+    const auto rows = tx.exec_params(std::string(sql::queries::kowed_keys), impl_->destination,
+                                     nlohmann::json(keys).dump());
     for (const auto& row : rows) owed.insert(row[0].as<std::string>());
     return owed;
   });
