@@ -421,5 +421,31 @@ TEST_F(KeyProbeTest, OwedKeysProbesEachKeyOnceNotItsEndpointRows) {
   EXPECT_EQ(owed, (std::vector<std::string>{"hot", "k6000"}));
 }
 
+// `dlq list` (and the management API) shows the newest dead letters first: a walk of
+// dead_letters_dead_at_idx backwards to the limit. It sorted by the formatted dead_at column
+// of its output (text), which no index gives: a sort of every dead letter for each page.
+TEST_F(ClaimPlanTest, ListingDeadLettersReadsThePageNotEveryDeadLetter) {
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction tx(c);
+  tx.exec(
+      "INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
+      "payload, attempts, reason, created_at, dead_at) SELECT g, 'd', gen_random_uuid(), '', "
+      "'{}', '1', 3, 'http 500', now() - interval '30 days', now() - interval '20 days' + g * "
+      "interval '1 s' FROM generate_series(1, 20000) g");
+  tx.exec("ANALYZE outbox.dead_letters");
+  tx.exec("PREPARE list(text, bigint, int) AS " + std::string(sql::queries::kdlq_list));
+  for (const char* destination : {"", "d"}) {
+    const auto r = tx.exec1("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE list('" +
+                            std::string(destination) + "', 0, 20)");
+    Touched t;
+    Walk(json::parse(r[0].c_str())[0]["Plan"], t);
+    EXPECT_LE(t.max_rows_examined, 200) << "destination '" << destination << "'\n" << t.plan;
+  }
+  const auto newest = tx.exec("EXECUTE list('', 0, 3)");
+  ASSERT_EQ(newest.size(), 3u);
+  EXPECT_EQ(newest[0]["id"].as<std::int64_t>(), 20000);
+  EXPECT_EQ(newest[2]["id"].as<std::int64_t>(), 19998);
+}
+
 }  // namespace
 }  // namespace outbox::relay
