@@ -684,6 +684,31 @@ TEST_F(DispatcherTest, TheOrphanSweepGoesOnFromWhereItsLastPageEnded) {
   EXPECT_TRUE(WaitFor(submitted, 5s)) << "the sweep never got past its first page";
 }
 
+// The queue status (a pass over the queue: ~1.3 s per million rows) is read on a thread and a
+// connection of its own. On the maintenance thread, a slow status read held up the lease
+// renewals of messages in flight (and the reaper, the heartbeat), so a large enough backlog let
+// leases run out and other relays send those messages again (review).
+TEST_F(DispatcherTest, ASlowStatusReadDoesNotHoldUpLeaseRenewals) {
+  struct Hold {
+    std::atomic<bool> entered{false}, released{false};
+  };
+  auto hold = std::make_shared<Hold>();
+  db_.BeforeReadStatus([hold] {
+    hold->entered = true;
+    WaitFor([hold] { return hold->released.load(); }, 20s);
+  });
+  db_.Enqueue("orders", "a");
+  Start(Config(), [](const Message&) { return std::optional<Outcome>(); }, &metrics_);
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  ASSERT_TRUE(WaitFor([&] { return hold->entered.load(); })) << "no status read";
+  const auto renewed = db_.RenewedLeases();
+  clock_.Advance(10s + 1ms);  // lease / 3: a renewal is due
+  EXPECT_TRUE(WaitFor([&] { return db_.RenewedLeases() > renewed; }, 5s))
+      << "the renewal waited for the status read";
+  hold->released = true;
+  sink_->Release();
+}
+
 // A lease renewal that failed (a connection reset, a deadlock victim) is tried again after the
 // reconnect pause (100 ms, doubling), not lease / 3 later (review): two failures in a row let
 // the lease of a message still in the sink run out at the third.

@@ -152,6 +152,13 @@ class FakeDatabase {
     before_release_lost_claims_ = std::move(hook);
   }
 
+  /// Runs once, at the start of the next ReadStatus, without the store's lock: a status read
+  /// of a large queue.
+  void BeforeReadStatus(std::function<void()> hook) {
+    std::lock_guard lk(mu_);
+    before_read_status_ = std::move(hook);
+  }
+
   /// Runs once, at the start of the `nth` claim from now on (of any store), without the store's
   /// lock: a claim that takes that long in the database.
   void BeforeClaim(int nth, std::function<void()> hook) {
@@ -319,6 +326,7 @@ class FakeDatabase {
   std::function<void()> before_release_lost_claims_;
   int claims_until_hook_ = 0;
   std::function<void()> before_claim_;
+  std::function<void()> before_read_status_;
 
   std::mutex notify_mu_;
   std::condition_variable notify_cv_;
@@ -621,7 +629,16 @@ class FakeStore final : public QueueStore {
     return std::exchange(db_.rebalance_, false);
   }
 
-  StatusSnapshot ReadStatus(const StatusOptions&) override { return {}; }
+  StatusSnapshot ReadStatus(const StatusOptions&) override {
+    std::function<void()> hook;
+    {
+      std::lock_guard lk(db_.mu_);
+      db_.Enter("status");
+      hook.swap(db_.before_read_status_);
+    }
+    if (hook) hook();
+    return {};
+  }
   // With a backlog set, every call deletes all it may, taking per_row each.
   std::int64_t CleanupArchive(const std::vector<std::string>&, std::chrono::seconds, int,
                               std::int64_t max_rows) override {

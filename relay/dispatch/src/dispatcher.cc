@@ -306,6 +306,12 @@ void Dispatcher::Start() {
     NameThisThread("or-maint");
     d.MaintenanceLoop();
   });
+  if (d.publish_status) {
+    d.status_reader = std::thread([&d] {
+      NameThisThread("or-status");
+      d.StatusLoop();
+    });
+  }
   if (d.config.claim_mode == ClaimMode::kPartitioned) {
     d.coordinator = std::thread([&d] {
       NameThisThread("or-coord");
@@ -394,6 +400,10 @@ bool Dispatcher::Stop() {
   if (d.maintenance.joinable()) {
     d.InterruptAfter(Impl::Role::kMaintenance, tuning::kStuckStatementGrace);
     d.maintenance.join();
+  }
+  if (d.status_reader.joinable()) {  // stopped reading when `stopping` was set
+    d.InterruptAfter(Impl::Role::kStatus, tuning::kStuckStatementGrace);
+    d.status_reader.join();
   }
   return all;
 }

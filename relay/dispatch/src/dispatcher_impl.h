@@ -194,7 +194,7 @@ struct Dispatcher::Impl {
   // --- the stores of the threads that talk to the database, for Stop ---
   // A statement can hang (a lock held elsewhere, a database that stopped answering): Stop
   // waits for such a thread only so long, then cuts the statement it is stuck in.
-  enum class Role { kClaim, kCoordinator, kSettler, kMaintenance };
+  enum class Role { kClaim, kCoordinator, kSettler, kMaintenance, kStatus };
   std::mutex live_mu;
   std::condition_variable live_cv;               // a thread let go of its store
   std::multimap<Role, QueueStore*> live_stores;  // guarded by live_mu
@@ -216,7 +216,7 @@ struct Dispatcher::Impl {
 
   // --- the threads (Start/Stop only) ---
   std::vector<std::thread> loops;
-  std::thread settler, listener, maintenance, coordinator;
+  std::thread settler, listener, maintenance, coordinator, status_reader;
   bool started = false, stopped = false;
 
   // claim_loop.cc; `index` 0 is the destination's first loop (claim_connections).
@@ -227,6 +227,7 @@ struct Dispatcher::Impl {
   void RecordSettled(const std::vector<Settlement>& batch, const SettleCounts& c);
   void ListenLoop();                                               // listener.cc
   void MaintenanceLoop();                                          // maintenance.cc
+  void StatusLoop();                                               // maintenance.cc
   bool RenewHeldLeases(QueueStore& store);                         // maintenance.cc
   SteadyTime NextRenewal(SteadyTime now, bool all_renewed) const;  // maintenance.cc
   void PauseAfterFailure(Millis pause);                            // maintenance.cc

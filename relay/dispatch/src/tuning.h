@@ -36,6 +36,9 @@ inline constexpr Millis kListenWait{200};
 /// one backend every reap_interval_ms, and a pass over a million blocked rows ~17 minutes
 /// (behind the claim loops' own rechecks, which wake nearly every such row within a second).
 inline constexpr int kOrphanSweepPage = 5'000;
+/// Status gauges: the next read of the queue's status comes at least this many times what the
+/// last one took after it (a pass over the queue: a tenth of one backend at most).
+inline constexpr int kStatusCostFactor = 10;
 /// Maintenance: how often it looks at its schedule.
 inline constexpr Millis kMaintenanceTick{100};
 /// Maintenance: how often it reads which destinations operators paused (a pause or resume
