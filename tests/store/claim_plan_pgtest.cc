@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
+#include "outbox_relay/dead_letters.h"
 #include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
 #include "queries.h"
@@ -445,6 +446,32 @@ TEST_F(ClaimPlanTest, ListingDeadLettersReadsThePageNotEveryDeadLetter) {
   ASSERT_EQ(newest.size(), 3u);
   EXPECT_EQ(newest[0]["id"].as<std::int64_t>(), 20000);
   EXPECT_EQ(newest[2]["id"].as<std::int64_t>(), 19998);
+}
+
+// `outbox-relay dlq bury` reads each row once: every batch of 5,000 starts after the last id the
+// previous batch moved. Each batch used to start over from the lowest id, so the rows it passed
+// over (other destinations', leased ones) were read again by every batch: quadratic in the
+// destination's backlog (review).
+TEST_F(KeyProbeTest, BuryingADestinationReadsEachRowOnce) {
+  {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    for (const auto& [destination, rows] : {std::pair{"other", 50'000}, {"gone", 20'000}}) {
+      tx.exec(
+          "INSERT INTO outbox.messages (destination, idempotency_key, payload, deliver_after, "
+          "created_at) SELECT '" + std::string(destination) + "', gen_random_uuid(), "
+          "jsonb_build_object('n', g), now(), now() FROM generate_series(1, " +
+          std::to_string(rows) + ") g");
+    }
+    tx.exec("ANALYZE outbox.messages");
+  }
+  Store store(db_url_);
+  const auto before = RowsRead(store);
+  EXPECT_EQ(BuryDestination(store, "gone", "no relay serves it"), 20'000);
+  // One pass, and one more from the start for rows held by another transaction when passed.
+  EXPECT_LE(RowsRead(store) - before, 200'000) << "batches read the same rows again";
+  EXPECT_EQ(Count("outbox.dead_letters"), 20'000);
+  EXPECT_EQ(Count("outbox.messages WHERE destination = 'other'"), 50'000);
 }
 
 }  // namespace

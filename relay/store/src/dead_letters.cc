@@ -170,14 +170,23 @@ std::int64_t BuryDestination(Store& store, const std::string& destination,
                           .exec1("SELECT coalesce(pg_sequence_last_value("
                                         "'outbox.messages_id_seq'), 0)")[0]
                           .as<std::int64_t>();
-    std::int64_t total = 0;
+    // Batches go on from the last id moved; once the end is reached, one more pass from the
+    // start takes what a batch skipped because another transaction held it then.
+    std::int64_t total = 0, after = 0;
+    bool again = false;
     while (true) {
       pqxx::nontransaction tx(c);
-      const auto moved = static_cast<std::int64_t>(
-          tx.exec_params(std::string(sql::queries::kdead_letter_all), destination, reason, upto)
-              .size());
-      if (moved == 0) return total;
-      total += moved;
+      const auto rows =
+          tx.exec_params(std::string(sql::queries::kdead_letter_all), destination, reason, upto,
+                         after);
+      if (rows.empty()) {
+        if (after == 0 || again) return total;
+        again = true;
+        after = 0;
+        continue;
+      }
+      total += static_cast<std::int64_t>(rows.size());
+      for (const auto& row : rows) after = std::max(after, row[0].as<std::int64_t>());
     }
   });
 }
