@@ -3,7 +3,8 @@
 -- predecessor settled between a claim's snapshot and its park, and the recheck did not run: the
 -- relay stopped) is woken. A key is the ordering key within its endpoint (claim_settle_scan.sql).
 --   $1 destination   $2 the page starts after this id   $3 blocked rows in the page
--- Returns woken, scanned (the page's rows: fewer than $3 at the end of the sweep) and last_id.
+-- Returns woken, scanned (the page's rows: fewer than $3 at the end of the sweep), last_id and
+-- top, the highest id in the queue now: a pass ends there (see maintenance.cc).
 --
 -- A page, not the destination's whole blocked backlog: in one statement this read every
 -- blocked row and, through min(), every row of each blocked key (~5 s for a million blocked
@@ -39,4 +40,5 @@ WITH page AS MATERIALIZED (
   RETURNING m.id
 )
 SELECT (SELECT count(*) FROM woken) AS woken, (SELECT count(*) FROM page) AS scanned,
-       coalesce((SELECT max(id) FROM page), 0) AS last_id
+       coalesce((SELECT max(id) FROM page), 0) AS last_id,
+       coalesce((SELECT max(id) FROM outbox.messages), 0) AS top

@@ -370,6 +370,24 @@ TEST_F(DispatcherTest, ASecondClaimConnectionClaimsWhileTheFirstClaimRunsWhenThe
       << db_.Delivered().size() << " of 100 delivered";
 }
 
+// A sink whose room is under a claim (a rate-limited webhook endpoint keeps two seconds of its
+// pace, at least 8; one whose concurrency was lowered, 16 a request) throttles on purpose: more
+// claim connections add no room to it (review: rate_limit 1 and 16 connections held 128).
+TEST_F(DispatcherTest, MoreClaimConnectionsAddNoRoomToASinkWhoseRoomIsUnderAClaim) {
+  for (int i = 0; i < 100; ++i) db_.Enqueue("orders", std::nullopt);
+  auto config = Config(/*batch=*/10);
+  config.claim_connections = 4;
+  Start(config, [](const Message&) { return std::optional<Outcome>(); }, nullptr,
+        [](RecordingSink& sink) { sink.SetRoom(8); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() >= 8u; })) << sink_->Held() << " held";
+  while (db_.Queued() > 0) {
+    sink_->Release();
+    ASSERT_TRUE(WaitFor([&] { return sink_->Held() > 0 || db_.Queued() == 0; }));
+  }
+  EXPECT_EQ(db_.Delivered().size(), 100u);
+  EXPECT_LE(sink_->max_in_flight(), 8);
+}
+
 // The loops share the sink's room, plus room for one claim (at most what one loop would have)
 // per loop after the first: side by side they claim no more than that.
 TEST_F(DispatcherTest, InFlightStaysWithinTheCapWithTwoClaimConnections) {
@@ -684,6 +702,33 @@ TEST_F(DispatcherTest, TheOrphanSweepGoesOnFromWhereItsLastPageEnded) {
   EXPECT_TRUE(WaitFor(submitted, 5s)) << "the sweep never got past its first page";
 }
 
+// A pass of the orphan sweep ends at the highest blocked row there was when it began, then the
+// next starts over: with claims parking rows faster than a page a reap (a keyed drain), no
+// page came back short, the cursor never went back, and an orphan below it waited for good
+// (review). Here 5,000 rows more are blocked before every reap.
+TEST_F(DispatcherTest, AnOrphanBelowTheSweepsCursorIsFoundWhileRowsKeepBeingBlocked) {
+  auto config = Config();
+  config.reap_interval = 1s;
+  db_.Enqueue("orders", "a");  // both heads held in the sink: what is behind them is blocked
+  const auto b_head = db_.Enqueue("orders", "b");
+  const auto orphan = db_.EnqueueBlocked("orders", "b");
+  for (int i = 0; i < 5'000; ++i) db_.EnqueueBlocked("orders", "a");
+  Start(config, [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 2u; }));
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_orphans") >= 1; }));  // passed `orphan`
+  db_.RemoveWithoutWaking(b_head);  // its settle committed without waking `orphan`
+  const auto submitted = [&] {
+    const auto sent = sink_->submitted();
+    return std::find(sent.begin(), sent.end(), orphan) != sent.end();
+  };
+  for (int reap = 2; reap <= 6 && !submitted(); ++reap) {
+    for (int i = 0; i < 5'000; ++i) db_.EnqueueBlocked("orders", "a");
+    clock_.Advance(1s);
+    ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_orphans") >= reap; })) << "reap " << reap;
+  }
+  EXPECT_TRUE(WaitFor(submitted, 5s)) << "the sweep never came back to the orphan";
+}
+
 // The queue status (a pass over the queue: ~1.3 s per million rows) is read on a thread and a
 // connection of its own. On the maintenance thread, a slow status read held up the lease
 // renewals of messages in flight (and the reaper, the heartbeat), so a large enough backlog let
@@ -701,6 +746,8 @@ TEST_F(DispatcherTest, ASlowStatusReadDoesNotHoldUpLeaseRenewals) {
   Start(Config(), [](const Message&) { return std::optional<Outcome>(); }, &metrics_);
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
   ASSERT_TRUE(WaitFor([&] { return hold->entered.load(); })) << "no status read";
+  // The maintenance loop runs (it set its first renewal lease / 3 after its start).
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
   const auto renewed = db_.RenewedLeases();
   clock_.Advance(10s + 1ms);  // lease / 3: a renewal is due
   EXPECT_TRUE(WaitFor([&] { return db_.RenewedLeases() > renewed; }, 5s))

@@ -294,6 +294,7 @@ class FakeDatabase {
       }
     }
     if (scanned >= rows) page.next_after = last;
+    page.top = rows_.empty() ? 0 : rows_.rbegin()->first;
     return page;
   }
 

@@ -58,15 +58,17 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   bool must_claim = false;
   const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
   // The sink's room, asked before every claim: an open circuit breaker makes it 0 (and a probe
-  // 1). Each claim loop after the first adds room for a claim of its own (at most what the sink
-  // asked for), so that their claims run side by side: a webhook sink sizes its room by its
-  // connections (512 for 32), less than two claims of 500, and with only that room the second
-  // loop waited for the first one's claim to finish, so more loops claimed no faster.
-  const int loops = std::max(1, config.claim_connections);
+  // 1). Where it holds at least a whole claim, each claim loop after the first adds room for a
+  // claim of its own, so that their claims run side by side: a webhook sink sizes its room by
+  // its connections (512 for 32), less than two claims of 500, and with only that room the
+  // second loop waited for the first one's claim to finish, so more loops claimed no faster. A
+  // room under a claim is a sink throttling on purpose (a rate limit: two seconds of its pace;
+  // a lowered concurrency): it stays as it is (review).
+  const int loops = std::clamp(config.claim_connections, 1, kMaxClaimConnections);
   const auto cap = [&] {
     const int room = static_cast<int>(sink.MaxInFlight(batch));
-    if (room <= 1) return room;
-    return room + (loops - 1) * std::min(batch, room);
+    if (room <= 1 || room < batch) return room;
+    return room + (loops - 1) * batch;
   };
   auto last_sweep = Now();
   // In the Impl, not on this stack: completions run on sink threads after this loop ended.

@@ -27,7 +27,11 @@ void Dispatcher::Impl::MaintenanceLoop() {
   Reconnect db("maintenance failed, will retry", "maintenance: database reachable again",
                [this] { DbError(); });
   auto next_reap = Now();
-  std::map<std::string, std::int64_t> orphan_sweep_after;  // per destination: where it goes on
+  struct OrphanSweep {
+    std::int64_t after = 0;  // where the next page starts
+    std::int64_t until = 0;  // where this pass ends: the queue's top when it began
+  };
+  std::map<std::string, OrphanSweep> orphan_sweeps;  // per destination
   auto next_heartbeat = Now();
   auto next_paused = Now();
   auto next_renewal = Now() + config.lease / 3;
@@ -58,7 +62,7 @@ void Dispatcher::Impl::MaintenanceLoop() {
     }
     try {
       // First in the turn: a turn that finds it due with the reap (the thread stalled longer
-      // than a lease: a slow status read, a database that stopped answering) reaped first, and
+      // than a lease: a slow statement, a database that stopped answering) reaped first, and
       // took back this relay's own messages still in its sinks as expired, to be sent again.
       if (now >= next_renewal) {
         // Failed: tried again after the reconnect pause, not lease / 3.
@@ -80,13 +84,16 @@ void Dispatcher::Impl::MaintenanceLoop() {
         // Safety net behind the claim loops' recheck of blocked keys: a page of each
         // destination's blocked rows per reap, the sweep going on from where the last page
         // ended (a million blocked rows took ~5 s in one statement, and this thread renews the
-        // leases of what is in flight).
+        // leases of what is in flight). A pass ends at the queue's top when it began: claims
+        // parking rows faster than a page a reap kept every page full, and an orphan below the
+        // cursor then waited for good (review).
         std::int64_t woken = 0;
         for (const auto& [name, dest] : config.destinations) {
-          auto& after = orphan_sweep_after[name];
-          const auto page = store.WakeOrphans(name, after, tuning::kOrphanSweepPage);
+          auto& sweep = orphan_sweeps[name];
+          const auto page = store.WakeOrphans(name, sweep.after, tuning::kOrphanSweepPage);
           woken += page.woken;
-          after = page.next_after;
+          if (sweep.after == 0) sweep.until = page.top;
+          sweep.after = page.next_after >= sweep.until ? 0 : page.next_after;
         }
         if (woken > 0) Wake();
       }

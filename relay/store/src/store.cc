@@ -610,6 +610,7 @@ OrphanPage Store::WakeOrphans(const std::string& destination, std::int64_t after
     OrphanPage page;
     page.woken = r["woken"].as<std::int64_t>();
     if (r["scanned"].as<std::int64_t>() >= rows) page.next_after = r["last_id"].as<std::int64_t>();
+    page.top = r["top"].as<std::int64_t>();
     return page;
   });
 }

@@ -397,14 +397,21 @@ class WebhookSink final : public Sink {
   // and little idle time the endpoint (or the network) is the limit; with idle workers and a
   // backlog in the database, the claims are (more claim_connections).
   std::map<std::string, std::int64_t> EventCounts() const override {
-    const std::int64_t now = Clock::now().time_since_epoch().count();
     std::int64_t requests = 0, request_ns = 0, idle_ns = 0;
     for (const auto& w : workers_) {
       requests += w->requests.load(std::memory_order_relaxed);
       request_ns += w->request_ns.load(std::memory_order_relaxed);
-      idle_ns += w->idle_ns.load(std::memory_order_relaxed);
-      const std::int64_t since = w->idle_since_ns.load(std::memory_order_relaxed);
-      if (since != 0 && now > since) idle_ns += now - since;
+    }
+    {
+      // Under mu_, which a worker holds when it ends a wait: a wait is counted either as it
+      // goes or as finished, never neither, so the count never steps back.
+      std::lock_guard lock(mu_);
+      const std::int64_t now = Clock::now().time_since_epoch().count();
+      for (const auto& w : workers_) {
+        idle_ns += w->idle_ns.load(std::memory_order_relaxed);
+        const std::int64_t since = w->idle_since_ns.load(std::memory_order_relaxed);
+        if (since != 0 && now > since) idle_ns += now - since;
+      }
     }
     const auto us = [](std::int64_t ns) {
       return std::chrono::duration_cast<std::chrono::microseconds>(Clock::duration(ns)).count();

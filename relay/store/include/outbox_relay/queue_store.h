@@ -46,6 +46,9 @@ struct OrphanPage {
   /// Where the next page starts: the page's last id, or 0 when the page reached the end of the
   /// blocked rows (the next page starts the sweep over).
   std::int64_t next_after = 0;
+  /// The highest id in the queue when the page ran: a pass that began with this page ends
+  /// there, even while claims keep parking rows above it.
+  std::int64_t top = 0;
 };
 
 struct Settlement {
