@@ -323,22 +323,27 @@ TEST_F(DispatcherTest, ThreeClaimConnectionsDeliverEveryMessageOnceAndEachKeyInO
 // connection: the destination's other claim loop goes on claiming the backlog.
 TEST_F(DispatcherTest, AStuckClaimHoldsUpOnlyItsOwnClaimConnection) {
   for (int i = 0; i < 60; ++i) db_.Enqueue("orders", std::nullopt);
-  std::mutex gate_mu;
-  std::condition_variable gate_cv;
-  bool open = false;
-  db_.BeforeClaim(2, [&] {
-    std::unique_lock lk(gate_mu);
-    gate_cv.wait(lk, [&] { return open; });
+  // Shared with the hook, which runs on a claim loop's thread and may still be waking up when
+  // the test body ends (on the test's stack, its mutex was gone by then: a crash).
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+  };
+  auto gate = std::make_shared<Gate>();
+  db_.BeforeClaim(2, [gate] {
+    std::unique_lock lk(gate->mu);
+    gate->cv.wait(lk, [&] { return gate->open; });
   });
   auto config = Config(/*batch=*/10);
   config.claim_connections = 2;
   Start(config, DeliverAll);
   const bool all = WaitFor([&] { return db_.Delivered().size() == 60u; });
   {
-    std::lock_guard lk(gate_mu);
-    open = true;
+    std::lock_guard lk(gate->mu);
+    gate->open = true;
   }
-  gate_cv.notify_all();
+  gate->cv.notify_all();
   EXPECT_TRUE(all) << db_.Delivered().size() << " of 60 delivered while one claim was stuck";
 }
 
