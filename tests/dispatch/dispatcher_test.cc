@@ -249,6 +249,14 @@ class DispatcherTest : public ::testing::Test {
 
   void DeliverEveryMessageOnceAndEachKeyInOrder(int claim_connections);
 
+  // Delivers what the sink holds, again and again, until the queue is empty.
+  void ReleaseUntilDrained() {
+    while (db_.Queued() > 0) {
+      sink_->Release();
+      ASSERT_TRUE(WaitFor([&] { return sink_->Held() > 0 || db_.Queued() == 0; }));
+    }
+  }
+
   // Message 1, claimed and held by the sink (which never answers); `token` is its lease.
   // Returns once the maintenance loop has run (its first turn reaps), so it counts its
   // renewals from before the clock moves: on a loaded machine its thread may start after the
@@ -385,16 +393,13 @@ TEST_F(DispatcherTest, MoreClaimConnectionsAddNoRoomToASinkWhoseRoomIsUnderAClai
   Start(config, [](const Message&) { return std::optional<Outcome>(); }, nullptr,
         [](RecordingSink& sink) { sink.SetRoom(8); });
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() >= 8u; })) << sink_->Held() << " held";
-  while (db_.Queued() > 0) {
-    sink_->Release();
-    ASSERT_TRUE(WaitFor([&] { return sink_->Held() > 0 || db_.Queued() == 0; }));
-  }
+  ReleaseUntilDrained();
   EXPECT_EQ(db_.Delivered().size(), 100u);
   EXPECT_LE(sink_->max_in_flight(), 8);
 }
 
-// The loops share the sink's room, plus room for one claim (at most what one loop would have)
-// per loop after the first: side by side they claim no more than that.
+// The loops share the sink's room, plus room for one claim per loop after the first (where the
+// room holds a whole claim): side by side they claim no more than that.
 TEST_F(DispatcherTest, InFlightStaysWithinTheCapWithTwoClaimConnections) {
   for (int i = 0; i < 300; ++i) db_.Enqueue("orders", std::nullopt);
   auto config = Config(/*batch=*/10);
@@ -402,10 +407,7 @@ TEST_F(DispatcherTest, InFlightStaysWithinTheCapWithTwoClaimConnections) {
   Start(config, [](const Message&) { return std::optional<Outcome>(); });
   // 4 x 10 for the first loop, 10 for the second.
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 50u; })) << sink_->Held() << " held";
-  while (db_.Queued() > 0) {
-    sink_->Release();
-    ASSERT_TRUE(WaitFor([&] { return sink_->Held() > 0 || db_.Queued() == 0; }));
-  }
+  ReleaseUntilDrained();
   EXPECT_EQ(db_.Delivered().size(), 300u);
   EXPECT_LE(sink_->max_in_flight(), 50);
 }
@@ -487,10 +489,7 @@ TEST_F(DispatcherTest, InFlightStaysWithinTheCapUntilTheSinkCompletes) {
   // What it then claims it holds again, 40 at a time.
   ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() >= 40u && sink_->Held() == 40u; }));
   EXPECT_EQ(sink_->max_in_flight(), 40);
-  while (db_.Queued() > 0) {
-    sink_->Release();
-    ASSERT_TRUE(WaitFor([&] { return sink_->Held() > 0 || db_.Queued() == 0; }));
-  }
+  ReleaseUntilDrained();
   EXPECT_EQ(db_.Delivered().size(), 300u);
   EXPECT_LE(sink_->max_in_flight(), 40);
 }

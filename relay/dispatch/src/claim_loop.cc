@@ -31,10 +31,7 @@ bool Dispatcher::Impl::RoomShare::Release() {
     room_.reserved -= taken_;
   }
   taken_ = 0;
-  for (const auto& at : room_.wake_at_or_below) {
-    if (at.load() >= 0) return true;
-  }
-  return false;
+  return room_.AnyWaiting();
 }
 
 // One of a destination's claim loops (claim_connections of them, `index` 0 the first): each
@@ -122,6 +119,13 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     } catch (const std::exception& e) {
       if (!stopping) WaitFor(db.Failed(store, e), [] { return false; });
       return false;
+    }
+  };
+  // Gives a share of the room back, waking the destination's loops that wait for room.
+  const auto release_share = [this](RoomShare& share) {
+    if (share.Release()) {
+      std::lock_guard lk(mu);
+      wake_cv.notify_all();
     }
   };
   std::uint64_t seen_rebalance = 0;
@@ -234,10 +238,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     } catch (const std::exception& e) {
       db_ok = false;
       if (!store.last_claim_token().empty()) lost_claims.push_back(store.last_claim_token());
-      if (share.Release()) {  // not held through the pause
-        std::lock_guard lk(mu);
-        wake_cv.notify_all();
-      }
+      release_share(share);  // not held through the pause
       const auto pause = db.Failed(store, e);
       cursor.Reset();
       must_claim = true;
@@ -264,10 +265,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       msg.claim_expires = claim_expires;
       Submit(dest, sink, claim.lease_token, std::move(msg), &room_wait);
     }
-    if (share.Release()) {  // a loop of the destination waits for the room this one held
-      std::lock_guard lk(mu);
-      wake_cv.notify_all();
-    }
+    release_share(share);
     // Claim again at once only while a lane stopped at its limit (or parked rows behind keys
     // may have moved): a claim that got less than it asked for saw everything committed
     // before it, and what commits later wakes this loop (its NOTIFY, a woken key, the

@@ -52,8 +52,15 @@ struct Dispatcher::Impl {
       }
       return false;
     }
+    bool AnyWaiting() const {
+      for (const auto& at : wake_at_or_below) {
+        if (at.load() >= 0) return true;
+      }
+      return false;
+    }
     // Rows the loops are claiming right now (asked for, not in the sink yet): a loop takes its
-    // share of the room under `mu`, so loops side by side claim no more than one loop would.
+    // share of the room under `mu`, so loops side by side claim no more than the room (the
+    // sink's, plus a claim's worth per loop after the first: claim_loop.cc).
     std::mutex mu;
     std::atomic<int> reserved{0};
     // The last claim of the destination stopped at its limit (a backlog): loops other than the
