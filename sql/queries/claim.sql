@@ -29,6 +29,8 @@ WITH fresh AS (
 ), bound AS (
   -- The cursor may not pass what a scan that stopped at its limit did not reach.
   SELECT CASE WHEN (SELECT count(*) FROM fresh) >= $3 THEN (SELECT max(id) FROM fresh) END
-           AS fresh_full_bound
+           AS fresh_full_bound,
+         -- More may be due: the slow scan stopped at its limit.
+         $4 > 0 AND (SELECT count(*) FROM slow) >= $4 AS slow_full
 ),
 -- @include claim_settle_scan.sql

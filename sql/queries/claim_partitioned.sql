@@ -54,14 +54,27 @@ WITH owned AS (
   SELECT * FROM fresh_scanned
   ORDER BY id
   LIMIT $3
+), slow_scanned AS (
+  -- The slow lane (rows parked for a retry or a later time, now due) the same way, each owned
+  -- bucket through messages_parked_bucket_idx (migration 0028): through messages_parked_idx
+  -- and a filter on the bucket, a claim read every due row of other relays' buckets that fell
+  -- due before its own (tests/store/claim_plan_pgtest.cc).
+  SELECT s.id, s.destination, s.ordering_key, s.endpoint_id, s.deliver_after, s.bucket
+  FROM owned CROSS JOIN LATERAL (
+    SELECT m.id, m.destination, m.ordering_key, m.endpoint_id, m.deliver_after, m.bucket
+    FROM outbox.messages m
+    WHERE m.destination = $1 AND m.bucket = owned.bucket AND m.parked
+      AND m.deliver_after <= now() AND m.lease_owner IS NULL
+    ORDER BY m.deliver_after, m.id
+    -- An even share of the slow lane's limit, rounded up, as for the fresh lane.
+    LIMIT ($4::integer + greatest(cardinality($8::integer[]), 1) - 1) / greatest(cardinality($8::integer[]), 1)
+    FOR UPDATE SKIP LOCKED
+  ) s
 ), slow AS (
-  SELECT m.id, m.destination, m.ordering_key, m.endpoint_id, m.deliver_after, m.bucket
-  FROM outbox.messages m
-  WHERE m.destination = $1 AND m.parked AND m.deliver_after <= now() AND m.lease_owner IS NULL
-    AND m.bucket IN (SELECT bucket FROM owned)
-  ORDER BY m.deliver_after, m.id
+  -- At most $4, the earliest due kept; the rest are claimed next time.
+  SELECT * FROM slow_scanned
+  ORDER BY deliver_after, id
   LIMIT $4
-  FOR UPDATE SKIP LOCKED
 ), scan AS (
   SELECT id, destination, ordering_key, endpoint_id, deliver_after FROM fresh
   UNION ALL SELECT id, destination, ordering_key, endpoint_id, deliver_after FROM slow
@@ -72,6 +85,13 @@ WITH owned AS (
                                       HAVING count(*) >= ($3::integer + greatest(cardinality($8::integer[]), 1) - 1) / greatest(cardinality($8::integer[]), 1))
                                      full_buckets),
                CASE WHEN (SELECT count(*) FROM fresh_scanned) > (SELECT count(*) FROM fresh)
-                    THEN (SELECT max(id) FROM fresh) END) AS fresh_full_bound
+                    THEN (SELECT max(id) FROM fresh) END) AS fresh_full_bound,
+         -- More may be due: a bucket's slow scan stopped at its share, or the cap left rows
+         -- out. A claim can stop at one bucket's share with far fewer rows than $4 (all the
+         -- due rows in one bucket), so the relay cannot tell this from the count it got.
+         (SELECT count(*) FROM slow_scanned) > (SELECT count(*) FROM slow)
+           OR EXISTS (SELECT 1 FROM slow_scanned GROUP BY bucket
+                      HAVING count(*) >= ($4::integer + greatest(cardinality($8::integer[]), 1) - 1) / greatest(cardinality($8::integer[]), 1))
+           AS slow_full
 ),
 -- @include claim_settle_scan.sql

@@ -423,6 +423,7 @@ class FakeStore final : public QueueStore {
     out.facts.fresh_scanned = static_cast<std::int64_t>(fresh.size());
     if (static_cast<int>(fresh.size()) >= fresh_limit && !fresh.empty())
       out.facts.fresh_full_bound = fresh.back();
+    out.facts.slow_full = slow_limit > 0 && static_cast<int>(slow.size()) >= slow_limit;
     out.facts.blocked_keys.assign(blocked.begin(), blocked.end());
     if (db_.lose_claim_reply_) {
       db_.lose_claim_reply_ = false;

@@ -155,5 +155,24 @@ TEST_F(PartitionedTest, ABurstWithOneDeliverTimeDrainsInBothModes) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 0);
 }
 
+// The slow lane takes a share of its limit from each bucket, so with every due retry in one
+// bucket a claim gets a share of a few rows: the claim says more is due and the relay claims
+// again at once. Judged by the count it got (fewer than it asked for: "drained"), it waited for
+// the next poll (a minute here) after each share.
+TEST_F(PartitionedTest, RetriesDueInOneBucketDrainWithoutWaitingForThePoll) {
+  Scalar("SELECT count(*) FROM outbox.set_bucket_count(8)");
+  Scalar(
+      "WITH i AS (INSERT INTO outbox.messages (destination, idempotency_key, payload, "
+      "deliver_after, created_at, parked, attempts, bucket) SELECT 'orders', gen_random_uuid(), "
+      "jsonb_build_object('i', g), now() - interval '1 minute', now(), true, 1, 5 "
+      "FROM generate_series(1, 1000) g RETURNING 1) SELECT count(*) FROM i");
+  auto cfg = Config(ClaimMode::kPartitioned);
+  cfg.poll_interval = 60s;
+  auto relay = StartRelay(cfg);
+  EXPECT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s))
+      << Scalar("SELECT count(*) FROM outbox.messages") << " of 1000 left";
+  relay->Stop();
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -7,6 +7,9 @@
 // EXPLAIN (ANALYZE, BUFFERS): rows examined and buffers, never wall time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <tuple>
+
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
@@ -285,6 +288,55 @@ TEST_F(ClaimPlanTest, PartitionedClaimReadsOnlyItsBucketsRows) {
               "auto");
   EXPECT_LE(t.max_rows_examined, 2 * kBatch) << "a bucket's scan read other buckets' rows\n"
                                              << t.plan;
+}
+
+// The partitioned claim's slow lane (rows parked for a retry and now due) read
+// messages_parked_idx (destination, deliver_after, id) and filtered on the owned buckets: a
+// relay read every due retry of the other relays' buckets older than its own, in every claim
+// (while another relay's endpoint was down, tens of thousands of rows a claim).
+TEST_F(ClaimPlanTest, PartitionedSlowLaneReadsOnlyItsBucketsDueRows) {
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction(c).exec("SELECT outbox.set_bucket_count(8)");
+  Store store(db_url_);
+  const std::string me = NewUuid(), other = NewUuid();
+  store.Coordinate(me, 10s, false, "claim_plan_pgtest");
+  store.Coordinate(other, 10s, false, "claim_plan_pgtest");
+  const auto owned = store.Coordinate(me, 10s, false, "claim_plan_pgtest");
+  ASSERT_EQ(owned.size(), 4u) << "two relays split the eight buckets";
+  std::string mine = "{", theirs = "{";
+  for (int b = 0; b < 8; ++b) {
+    const bool own = std::any_of(owned.begin(), owned.end(),
+                                 [b](const BucketLease& l) { return l.bucket == b; });
+    std::string& list = own ? mine : theirs;
+    list += (list.size() > 1 ? "," : "") + std::to_string(b);
+  }
+  {
+    pqxx::nontransaction tx(c);
+    // The other relay's retries fell due an hour ago; this relay's a minute ago.
+    for (const auto& [buckets, rows, age] :
+         {std::tuple{theirs + "}", 30000, "1 hour"}, std::tuple{mine + "}", 2000, "1 minute"}}) {
+      tx.exec(
+          "INSERT INTO outbox.messages (destination, idempotency_key, payload, deliver_after, "
+          "created_at, parked, attempts, bucket) SELECT 'd', gen_random_uuid(), "
+          "jsonb_build_object('n', g), now() - interval '" +
+          std::string(age) + "', now(), true, 1, ('" + buckets + "'::int[])[1 + g % 4] " +
+          "FROM generate_series(1, " + std::to_string(rows) + ") g");
+    }
+    tx.exec("ANALYZE outbox.messages");
+  }
+  ASSERT_EQ(store.ClaimPartitioned("d", 0, kBatch, kBatch / 2, 30s, me, owned).messages.size(),
+            std::size_t{kBatch / 2});
+  const auto [buckets, epochs] = BucketsAndEpochs(owned);
+  for (const auto* mode : {"force_custom_plan", "force_generic_plan"}) {
+    const auto t = Explain(store,
+                           "EXECUTE claim_partitioned('d', 0, " + std::to_string(kBatch) + ", " +
+                               std::to_string(kBatch / 2) + ", '" + NewUuid() + "', 30000, '" +
+                               me + "', '" + buckets + "', '" + epochs + "')",
+                           mode);
+    EXPECT_LE(t.max_rows_examined, 2 * kBatch)
+        << mode << ": the slow lane read other buckets' due rows\n"
+        << t.plan;
+  }
 }
 
 // Waking a key's next message (the settle of its predecessor, the claim loop's recheck of a

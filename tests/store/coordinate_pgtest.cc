@@ -331,6 +331,45 @@ TEST_F(CoordinateTest, APartitionedClaimLeasesNoMoreFreshRowsThanItAsksFor) {
   EXPECT_EQ(claimed, 100u);
 }
 
+// The slow lane (parked rows now due) takes a share of its limit from each owned bucket, as the
+// fresh lane does. Its claim can stop at one bucket's share with far fewer rows than it asked
+// for, so the claim says whether more may be due: the relay claims again at once only then.
+TEST_F(CoordinateTest, APartitionedClaimLeasesNoMoreSlowRowsThanItAsksForAndSaysWhenMoreAreDue) {
+  // 30 retries due in bucket 5 alone; 128 spread over every bucket.
+  Scalar(
+      "WITH i AS (INSERT INTO outbox.messages (destination, idempotency_key, payload, "
+      "deliver_after, created_at, parked, attempts, bucket) SELECT 'one', gen_random_uuid(), "
+      "'1'::jsonb, now() - interval '1 minute', now(), true, 1, 5 FROM generate_series(1, 30) "
+      "UNION ALL SELECT 'all', gen_random_uuid(), '1'::jsonb, now() - interval '1 minute', now(), true, "
+      "1, g % 64 FROM generate_series(1, 128) g RETURNING 1) SELECT count(*) FROM i");
+  Store store(db_url_);
+  const std::string a = NewUuid();
+  const auto owned = store.Coordinate(a, 10s, false, "");
+  ASSERT_EQ(owned.size(), 64u);
+
+  auto r = store.ClaimPartitioned("all", 0, 0, 10, 30s, a, owned);
+  EXPECT_EQ(r.messages.size(), 10u) << "a share of 1 from each bucket, capped at the limit";
+  EXPECT_TRUE(r.facts.slow_full);
+
+  std::size_t claimed = 0;
+  int claims = 0;
+  for (bool more = true; more && claims < 100; ++claims) {
+    r = store.ClaimPartitioned("one", 0, 0, 64, 30s, a, owned);
+    EXPECT_LE(r.messages.size(), 1u) << "bucket 5's share of 64 over 64 buckets";
+    claimed += r.messages.size();
+    more = r.facts.slow_full;
+    // Full while the bucket's share came back whole; the claim that finds it empty says so.
+    EXPECT_EQ(more, r.messages.size() == 1u) << "after " << claimed << " of 30";
+  }
+  EXPECT_EQ(claimed, 30u);
+  EXPECT_EQ(claims, 31) << "one claim per row, then one that found nothing more";
+
+  // The skip_locked claim says so too.
+  r = store.Claim("all", 0, 0, 200, 30s);
+  EXPECT_EQ(r.messages.size(), 118u);
+  EXPECT_FALSE(r.facts.slow_full);
+}
+
 TEST_F(CoordinateTest, BucketsFollowTheOrderingKeyAndTheCountCanChange) {
   pqxx::connection c(db_url_);
   {

@@ -269,6 +269,7 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
   if (!first["fresh_full_bound"].is_null()) {
     out.facts.fresh_full_bound = first["fresh_full_bound"].as<std::int64_t>();
   }
+  out.facts.slow_full = first["slow_full"].as<bool>(false);
   out.facts.held = first["held"].as<std::int64_t>(0);
   for (const auto& pair : nlohmann::json::parse(first["blocked_keys"].c_str())) {
     BlockedKey key{pair.at(0).get<std::string>(), std::nullopt};

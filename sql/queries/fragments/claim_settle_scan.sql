@@ -1,8 +1,8 @@
 -- Fragment of claim.sql and claim_partitioned.sql, spliced in where they say
 -- `-- @include claim_settle_scan.sql`: given `fresh` and `scan` (the candidate rows, locked)
--- and `bound` (how far the fresh scan looked), lease the ready rows, park the rest, and
--- return the facts the fresh-lane cursor needs with every leased row. Not a statement on
--- its own; it ends the statement. `scan` has id, destination, ordering_key, endpoint_id and
+-- and `bound` (how far the fresh scan looked; whether the slow scan stopped at its limit),
+-- lease the ready rows, park the rest, and return the facts the fresh-lane cursor and the
+-- claim loop need with every leased row. Not a statement on its own; it ends the statement. `scan` has id, destination, ordering_key, endpoint_id and
 -- deliver_after.
 timed AS MATERIALIZED (
   -- Whether each row is due, read off the clock once: clock_timestamp(), not now(), since a
@@ -65,6 +65,7 @@ timed AS MATERIALIZED (
          pg_current_xact_id()::text AS own_xid,
          (SELECT count(*) FROM fresh) AS fresh_scanned,
          (SELECT fresh_full_bound FROM bound) AS fresh_full_bound,
+         (SELECT slow_full FROM bound) AS slow_full,
          (SELECT count(*) FROM held) AS held,
          -- [[key, endpoint or null], ...]: keys whose predecessor's settle may have committed
          -- after this snapshot without seeing the rows parked here (wake_keys.sql). Not a key
@@ -78,7 +79,8 @@ timed AS MATERIALIZED (
                                AND l.endpoint_id IS NOT DISTINCT FROM h.endpoint_id))::text
            AS blocked_keys
 )
-SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.held, f.blocked_keys,
+SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.slow_full,
+       f.held, f.blocked_keys,
        l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
        l.payload_bytes, l.attempts, l.parked, l.endpoint_id, l.bucket, l.created_us,
        l.absent_as_of_us

@@ -35,6 +35,10 @@ struct ClaimFacts {
   /// Set when the fresh scan stopped at its limit (in any bucket): the cursor may not pass
   /// this id, since rows above it were not looked at.
   std::optional<std::int64_t> fresh_full_bound;
+  /// The slow scan stopped at its limit (a partitioned claim's: in any bucket), so more
+  /// parked rows may be due. Not told by the count leased: a partitioned claim stops at one
+  /// bucket's share with fewer rows than it asked for.
+  bool slow_full = false;
   std::int64_t held = 0;  ///< Rows parked by the statement.
   /// Keys of the rows it parked behind an earlier message (at 'infinity').
   std::vector<BlockedKey> blocked_keys;
