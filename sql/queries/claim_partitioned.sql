@@ -28,6 +28,12 @@ WITH owned AS (
                   WHERE h.instance_id = o.owner AND NOT ($1 = ANY (h.destinations)))
       AND NOT coalesce((SELECT r.exactly_once FROM outbox.relay_instances r
                         WHERE r.instance_id = $7::uuid), false)))
+), shares AS MATERIALIZED (
+  -- Each lane's limit split evenly over the buckets scanned, rounded up: those of others
+  -- above count too, or a relay owning 4 buckets beside 48 such locked and read 52 shares of
+  -- a quarter of its limit each (review).
+  SELECT ($3::integer + n - 1) / n AS fresh, ($4::integer + n - 1) / n AS slow
+  FROM (SELECT greatest(count(*), 1)::integer AS n FROM owned) buckets
 ), fresh_scanned AS (
   SELECT f.id, f.destination, f.ordering_key, f.endpoint_id, f.deliver_after, f.bucket
   FROM owned CROSS JOIN LATERAL (
@@ -41,8 +47,7 @@ WITH owned AS (
     WHERE m.destination = $1 AND m.bucket = owned.bucket AND (m.bucket, m.id) > (owned.bucket, $2)
       AND NOT m.parked AND m.lease_owner IS NULL
     ORDER BY m.id
-    -- An even share of the claim's limit, rounded up, for each bucket of its own.
-    LIMIT ($3::integer + greatest(cardinality($8::integer[]), 1) - 1) / greatest(cardinality($8::integer[]), 1)
+    LIMIT (SELECT fresh FROM shares)
     FOR UPDATE SKIP LOCKED
   ) f
 ), fresh AS (
@@ -66,8 +71,7 @@ WITH owned AS (
     WHERE m.destination = $1 AND m.bucket = owned.bucket AND m.parked
       AND m.deliver_after <= now() AND m.lease_owner IS NULL
     ORDER BY m.deliver_after, m.id
-    -- An even share of the slow lane's limit, rounded up, as for the fresh lane.
-    LIMIT ($4::integer + greatest(cardinality($8::integer[]), 1) - 1) / greatest(cardinality($8::integer[]), 1)
+    LIMIT (SELECT slow FROM shares)
     FOR UPDATE SKIP LOCKED
   ) s
 ), slow AS (
@@ -82,7 +86,7 @@ WITH owned AS (
   -- The cursor may pass no bucket whose scan stopped at its limit, nor a row the cap above
   -- left out (all above the highest id it kept).
   SELECT least((SELECT min(top) FROM (SELECT max(id) AS top FROM fresh_scanned GROUP BY bucket
-                                      HAVING count(*) >= ($3::integer + greatest(cardinality($8::integer[]), 1) - 1) / greatest(cardinality($8::integer[]), 1))
+                                      HAVING count(*) >= (SELECT fresh FROM shares))
                                      full_buckets),
                CASE WHEN (SELECT count(*) FROM fresh_scanned) > (SELECT count(*) FROM fresh)
                     THEN (SELECT max(id) FROM fresh) END) AS fresh_full_bound,
@@ -91,7 +95,7 @@ WITH owned AS (
          -- due rows in one bucket), so the relay cannot tell this from the count it got.
          (SELECT count(*) FROM slow_scanned) > (SELECT count(*) FROM slow)
            OR EXISTS (SELECT 1 FROM slow_scanned GROUP BY bucket
-                      HAVING count(*) >= ($4::integer + greatest(cardinality($8::integer[]), 1) - 1) / greatest(cardinality($8::integer[]), 1))
+                      HAVING count(*) >= (SELECT slow FROM shares))
            AS slow_full
 ),
 -- @include claim_settle_scan.sql

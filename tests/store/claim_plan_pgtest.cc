@@ -328,6 +328,11 @@ TEST_F(ClaimPlanTest, PartitionedSlowLaneReadsOnlyItsBucketsDueRows) {
             std::size_t{kBatch / 2});
   const auto [buckets, epochs] = BucketsAndEpochs(owned);
   for (const auto* mode : {"force_custom_plan", "force_generic_plan"}) {
+    // Each run from the same start: the claims before it leased rows at the front of the due
+    // range, which a scan passes over (the slow lane's open item in ADR 0001).
+    pqxx::nontransaction(c).exec(
+        "UPDATE outbox.messages SET lease_owner = NULL, lease_until = NULL "
+        "WHERE lease_owner IS NOT NULL");
     const auto t = Explain(store,
                            "EXECUTE claim_partitioned('d', 0, " + std::to_string(kBatch) + ", " +
                                std::to_string(kBatch / 2) + ", '" + NewUuid() + "', 30000, '" +
@@ -477,6 +482,39 @@ TEST_F(KeyProbeTest, OwedKeysProbesEachKeyOnceNotItsEndpointRows) {
 // `dlq list` (and the management API) shows the newest dead letters first: a walk of
 // dead_letters_dead_at_idx backwards to the limit. It sorted by the formatted dead_at column
 // of its output (text), which no index gives: a sort of every dead letter for each page.
+// A partitioned claim also scans the buckets of owners that do not serve its destination, and
+// splits each lane's limit over every bucket it scans: over only its own, a relay owning 32
+// buckets beside 32 such read and locked twice the rows it could lease (review).
+TEST_F(KeyProbeTest, APartitionedClaimSplitsItsLimitOverEveryBucketItScans) {
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction(c).exec(
+      "INSERT INTO outbox.messages (destination, idempotency_key, payload, deliver_after, "
+      "created_at, parked, attempts, bucket) SELECT 'hooks', gen_random_uuid(), "
+      "jsonb_build_object('n', g), now() - interval '1 minute', now(), true, 1, g % 64 "
+      "FROM generate_series(1, 640) g");
+  Store store(db_url_);
+  const std::string a = NewUuid(), b = NewUuid();
+  store.Heartbeat(a, {"orders"}, "relay a", {});
+  store.Heartbeat(b, {"orders", "hooks"}, "relay b", {});
+  store.Coordinate(a, 10s, false, "");
+  const auto b_owns = store.Coordinate(b, 10s, false, "");
+  ASSERT_EQ(store.Coordinate(a, 10s, false, "").size(), 32u);
+  ASSERT_EQ(b_owns.size(), 32u);
+  const auto entries_read = [&] {
+    pqxx::nontransaction(StoreAccess::Connection(store)).exec("SELECT pg_stat_force_next_flush()");
+    return pqxx::nontransaction(c)
+        .exec1(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes "
+            "WHERE schemaname = 'outbox' AND indexrelname = 'messages_parked_bucket_idx'")[0]
+        .as<std::int64_t>();
+  };
+  const auto before = entries_read();
+  const auto r = store.ClaimPartitioned("hooks", 0, 0, 64, 30s, b, b_owns);
+  EXPECT_EQ(r.messages.size(), 64u) << "a row from each of the 64 buckets";
+  EXPECT_TRUE(r.facts.slow_full);
+  EXPECT_LE(entries_read() - before, 64) << "more than a share of 1 from each of the 64 buckets scanned";
+}
+
 TEST_F(ClaimPlanTest, ListingDeadLettersReadsThePageNotEveryDeadLetter) {
   pqxx::connection c(db_url_);
   pqxx::nontransaction tx(c);
