@@ -13,3 +13,18 @@
 --     ON outbox.messages (destination, bucket, deliver_after, id) WHERE parked;
 CREATE INDEX IF NOT EXISTS messages_parked_bucket_idx
   ON outbox.messages (destination, bucket, deliver_after, id) WHERE parked;
+-- A CREATE INDEX CONCURRENTLY that failed or was cancelled leaves the index invalid, and
+-- IF NOT EXISTS would take it as it is: the planner never uses an invalid index, and each
+-- bucket's slow scan would read the destination's whole due range.
+DO $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_index i
+             WHERE i.indexrelid = 'outbox.messages_parked_bucket_idx'::regclass
+               AND NOT i.indisvalid) THEN
+    RAISE EXCEPTION 'outbox.messages_parked_bucket_idx is invalid (a CREATE INDEX CONCURRENTLY '
+                    'that failed or was cancelled)'
+      USING HINT = 'DROP INDEX CONCURRENTLY outbox.messages_parked_bucket_idx; then build it '
+                   'again as the comment of migration 0028 shows, or let this migration build it';
+  END IF;
+END
+$$;

@@ -130,6 +130,33 @@ TEST(Migrate, AFailureNamesTheMigrationAndTheVersionTheSchemaIsAt) {
   EXPECT_EQ(CurrentSchemaVersion(url), 23);
 }
 
+// Migration 0028's index may be built beforehand with CREATE INDEX CONCURRENTLY; one that
+// failed or was cancelled leaves an invalid index of that name, which IF NOT EXISTS took as
+// built and the planner never uses. The migration refuses it and says how to rebuild it.
+TEST(Migrate, AnInvalidPrebuiltParkedBucketIndexIsRefusedWithTheFix) {
+  const std::string url = PgCluster::Instance().CreateMigratedDatabase();
+  {
+    pqxx::connection c(url);
+    pqxx::nontransaction tx(c);
+    tx.exec("DELETE FROM outbox.schema_migrations WHERE version >= 28");
+    // As a cancelled CREATE INDEX CONCURRENTLY leaves it.
+    tx.exec(
+        "UPDATE pg_index SET indisvalid = false "
+        "WHERE indexrelid = 'outbox.messages_parked_bucket_idx'::regclass");
+  }
+  try {
+    Migrate(url);
+    ADD_FAILURE() << "0028 took an invalid index as built";
+  } catch (const StoreError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("messages_parked_bucket_idx is invalid"), std::string::npos) << what;
+    EXPECT_NE(what.find("DROP INDEX CONCURRENTLY outbox.messages_parked_bucket_idx"),
+              std::string::npos)
+        << "the fix: " << what;
+  }
+  EXPECT_EQ(CurrentSchemaVersion(url), 27);
+}
+
 // libpqxx 6.4 throws some SQL errors as their own classes without the SQLSTATE
 // (deadlock_detected, serialization_failure, transaction_rollback,
 // statement_completion_unknown, insufficient_privilege): sqlstate() is empty. A deadlock
