@@ -112,9 +112,10 @@ class TimedStore final : public relay::QueueStore {
     TraceClaim(cursor, result);
     return result;
   }
-  SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive) override {
+  SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive,
+                      const std::string& instance_id) override {
     const auto start = std::chrono::steady_clock::now();
-    SettleCounts counts = inner_->Settle(settlements, archive);
+    SettleCounts counts = inner_->Settle(settlements, archive, instance_id);
     SettleProbe().Record(Since(start), static_cast<std::int64_t>(settlements.size()));
     return counts;
   }

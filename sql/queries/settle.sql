@@ -15,13 +15,15 @@
 --   $3 ids and $4 lease tokens (parallel arrays) of plain deliveries: outcome `delivered`
 --       without anything else to say, the bulk of every settle, passed as arrays because
 --       unpacking them costs a fraction of unpacking as many JSON objects
+--   $5 text: the settling relay's instance id in partitioned mode, else '' (woke_elsewhere)
 -- What a fan-out leaves an endpoint is written into the destination the endpoint is in now;
 -- the relay runs this after trying the endpoints' move locks (Store::SettleStatement), and
 -- leaves out the fan-outs whose lock was held. A fan-out that needs a key lock another
 -- transaction holds is not written at all (its row stays, leased); its id is returned in
 -- `deferred`, for the relay to write again later.
 -- Returns counts of delivered, dead, retried, released and woken rows, whether it woke the
--- other relays (woke_others: rows handed back due now), and of `gone`: inputs
+-- other relays (woke_others: rows handed back due now, or woken in another relay's bucket),
+-- and of `gone`: inputs
 -- whose row no longer exists (settled by an earlier run of this same write whose reply was
 -- lost, e.g. in a database restart, or delivered by another relay after the lease expired).
 -- The rest were fenced: the row is there, leased by someone else or returned to the queue.
@@ -189,7 +191,16 @@ WITH input AS (
               AND n.endpoint_id IS NOT DISTINCT FROM f.endpoint_id AND n.id > f.id
             ORDER BY n.id LIMIT 1) nx))
     AND m.parked AND m.deliver_after = 'infinity'
-  RETURNING m.id
+  RETURNING m.id, m.bucket
+), woke_elsewhere AS (
+  -- Partitioned ($5, the settling relay's id): a woken row in a bucket another relay owns now
+  -- (it moved while the key's head was in flight) is that relay's to claim: wake the relays,
+  -- as a new message does; it waited for their poll_interval_ms. In the settling relay's own
+  -- buckets its claim loop is woken in the process (the `woken` count), and nobody else's.
+  SELECT pg_notify('outbox_messages', '')
+  FROM (SELECT 1 FROM woken w JOIN outbox.bucket_owners o ON o.bucket = w.bucket
+        WHERE $5::text <> '' AND o.owner IS DISTINCT FROM nullif($5::text, '')::uuid
+        LIMIT 1) r
 ), settled_claims AS (
   -- How many leases of each claim this write ended (a fenced outcome ends none).
   SELECT t.token, count(*) AS n
@@ -226,7 +237,7 @@ SELECT (SELECT count(*) FROM delivered) AS delivered, (SELECT count(*) FROM dead
        (SELECT count(*) FROM retried) AS retried, (SELECT count(*) FROM released) AS released,
        (SELECT count(*) FROM woken) AS woken, (SELECT count(*) FROM archived) AS archived,
        (SELECT count(*) FROM spawned) AS spawned,
-       (SELECT count(*) FROM handed_back) AS woke_others,
+       (SELECT count(*) FROM handed_back) + (SELECT count(*) FROM woke_elsewhere) AS woke_others,
        -- The statement's snapshot still holds the rows it deletes itself. (A subquery in a
        -- CASE branch not taken is not run.)
        CASE WHEN (SELECT all_inputs FROM matched) THEN 0

@@ -475,7 +475,8 @@ class FakeStore final : public QueueStore {
     return n;
   }
 
-  SettleCounts Settle(const std::vector<Settlement>& settlements, bool) override {
+  SettleCounts Settle(const std::vector<Settlement>& settlements, bool,
+                      const std::string&) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter("settle");
     SettleCounts c;

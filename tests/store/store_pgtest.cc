@@ -575,6 +575,40 @@ TEST_F(StoreTest, RowsThatBecomeClaimableWakeTheRelaysAndNothingElseDoes) {
             1)
       << "the reaper returned a message";
   EXPECT_EQ(reaped, (std::vector<std::string>{"d"}));
+
+  // Partitioned: a settle that wakes a key's next message in a bucket another relay owns now
+  // (it moved while the key's head was in flight) wakes the relays, since that one claims it;
+  // it waited for its poll_interval_ms. In the settling relay's own bucket its claim loop is
+  // woken in the process, and no other relay needs to be.
+  const std::string me = NewUuid(), other = NewUuid();
+  store.Coordinate(me, 10s, false, "");
+  store.Coordinate(other, 10s, false, "");
+  const auto mine = store.Coordinate(me, 10s, false, "");
+  ASSERT_EQ(mine.size(), 32u);
+  int my_bucket = mine.front().bucket, their_bucket = 0;
+  while (std::any_of(mine.begin(), mine.end(),
+                     [&](const BucketLease& b) { return b.bucket == their_bucket; }))
+    ++their_bucket;
+  EXPECT_EQ(wakes_from([&] {
+              pqxx::nontransaction(writer).exec0(
+                  "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, "
+                  "payload, deliver_after, created_at, bucket) SELECT 'k', k, "
+                  "gen_random_uuid(), '1', now(), now(), b FROM (VALUES ('mine', " +
+                  std::to_string(my_bucket) + "), ('theirs', " + std::to_string(their_bucket) +
+                  ")) AS keys(k, b), generate_series(1, 2)");
+            }),
+            1);
+  const auto heads = store.Claim("k", 0, 10, 10, 30s);
+  ASSERT_EQ(heads.messages.size(), 2u) << "each key's head; the next ones parked behind them";
+  for (const auto& head : heads.messages) {
+    const int woke = wakes_from([&] {
+      EXPECT_EQ(store.Settle({Settle(head, heads.lease_token, Settlement::Kind::kDelivered)}, false,
+                             me)
+                    .woken,
+                1);
+    });
+    EXPECT_EQ(woke, *head.ordering_key == "theirs" ? 1 : 0) << "key " << *head.ordering_key;
+  }
 }
 
 // Exactly once's "known absent from Kafka as of" (migration 0012): written by a retry or a

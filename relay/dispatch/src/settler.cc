@@ -129,7 +129,8 @@ void Dispatcher::Impl::SettleLoop() {
     SettleCounts c;
     while (true) {
       try {
-        c = store.Settle(batch, config.retention.archive_delivered);
+        c = store.Settle(batch, config.retention.archive_delivered,
+                         config.claim_mode == ClaimMode::kPartitioned ? instance_id : "");
         if (!c.deferred.empty()) {
           std::unordered_set<std::int64_t> later;
           for (const auto id : c.deferred) later.insert(Raw(id));

@@ -389,7 +389,8 @@ std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Milli
   });
 }
 
-SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool archive) {
+SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool archive,
+                          const std::string& instance_id) {
   // A fan-out's settle takes outbox.insert_message's lock of each endpoint key it writes a row
   // for (settle.sql): thousands in one statement (a batch of keyed messages while several
   // endpoints fail) filled PostgreSQL's lock table ("out of shared memory": about
@@ -399,7 +400,8 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
   std::size_t begin = 0, children = 0;
   const auto flush = [&](std::size_t end) {
     if (end == begin) return;
-    SettleCounts c = SettleStatement(std::span(settlements).subspan(begin, end - begin), archive);
+    SettleCounts c =
+        SettleStatement(std::span(settlements).subspan(begin, end - begin), archive, instance_id);
     total.delivered += c.delivered;
     total.dead += c.dead;
     total.retried += c.retried;
@@ -439,11 +441,12 @@ bool LeavesEndpointsSomething(const Settlement& s) {
 }
 }  // namespace
 
-SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, bool archive) {
+SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, bool archive,
+                                    const std::string& instance_id) {
   if (std::none_of(settlements.begin(), settlements.end(), LeavesEndpointsSomething)) {
     return Translated([&]() -> SettleCounts {
       pqxx::nontransaction tx(impl_->Get());
-      return SettleIn(tx, settlements, archive);
+      return SettleIn(tx, settlements, archive, instance_id);
     });
   }
   // What a fan-out leaves its endpoints goes where each endpoint is now, so not while one moves
@@ -489,7 +492,7 @@ SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, boo
         rest.push_back(s);
       }
     }
-    auto counts = SettleIn(tx, rest, archive);
+    auto counts = SettleIn(tx, rest, archive, instance_id);
     tx.commit();
     counts.deferred.insert(counts.deferred.end(), deferred.begin(), deferred.end());
     return counts;
@@ -497,7 +500,7 @@ SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, boo
 }
 
 SettleCounts Store::SettleIn(pqxx::transaction_base& tx, std::span<const Settlement> settlements,
-                             bool archive) {
+                             bool archive, const std::string& instance_id) {
   return Translated([&]() -> SettleCounts {
     SettleCounts counts;
     if (settlements.empty()) return counts;
@@ -536,7 +539,7 @@ SettleCounts Store::SettleIn(pqxx::transaction_base& tx, std::span<const Settlem
     const auto row = tx.exec_prepared1(
         "settle", arr.dump(), archive,
         ArrayLiteral(delivered, [](const Settlement* d) { return Raw(d->id); }),
-        ArrayLiteral(delivered, [](const Settlement* d) { return d->lease_token; }));
+        ArrayLiteral(delivered, [](const Settlement* d) { return d->lease_token; }), instance_id);
     counts.delivered = row["delivered"].as<std::int64_t>();
     counts.dead = row["dead"].as<std::int64_t>();
     counts.retried = row["retried"].as<std::int64_t>();

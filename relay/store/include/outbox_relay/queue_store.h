@@ -153,8 +153,10 @@ class QueueStore {
   virtual std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) = 0;
 
   /// Applies outcomes in one write, fenced by lease token. `archive`: also copy delivered
-  /// messages to the archive.
-  virtual SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive) = 0;
+  /// messages to the archive. `instance_id`: a partitioned relay's own id; a key's next message
+  /// woken in a bucket another relay owns then wakes the relays (empty: no buckets).
+  virtual SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive,
+                              const std::string& instance_id) = 0;
   /// Extends to now + `lease` the leases of these (id, lease token) pairs that are still held
   /// with that token; returns how many.
   virtual std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,

@@ -41,7 +41,8 @@ class Store final : public QueueStore {
 
   /// One statement (sql/queries/settle.sql). `archive`: also copy delivered messages to
   /// outbox.delivered_archive.
-  SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive = false) override;
+  SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive = false,
+                      const std::string& instance_id = "") override;
   /// Endpoint rows a fan-out's settle writes in one statement at most (each takes a lock);
   /// Settle splits a batch with more into several statements.
   static constexpr std::size_t kMaxChildrenPerSettle = 256;
@@ -85,9 +86,10 @@ class Store final : public QueueStore {
   bool Connected() const override;
 
  private:
-  SettleCounts SettleStatement(std::span<const Settlement> settlements, bool archive);
+  SettleCounts SettleStatement(std::span<const Settlement> settlements, bool archive,
+                               const std::string& instance_id);
   SettleCounts SettleIn(pqxx::transaction_base& tx, std::span<const Settlement> settlements,
-                        bool archive);
+                        bool archive, const std::string& instance_id);
   friend struct StoreAccess;  // the store module's own functions (src/store_access.h)
   struct Impl;
   std::unique_ptr<Impl> impl_;
