@@ -159,6 +159,19 @@ TEST_F(VerifyTest, RefusesWhatItCannotVerifyNamingTheFix) {
             std::string::npos)
       << last_stderr_;
   EXPECT_EQ(Verify(config, {"--no-such-flag"}), 2);
+
+  // A template under a prefix routes to topics nobody listed, allowed_topics or not: verify
+  // read only the allow-list and called what went to the others gaps (review).
+  std::string yaml = Yaml(db_url_, {}, "retention:\n  archive_delivered: true\n");
+  const std::string fixed = "      topic: " + std::string(kTopic) + "\n";
+  ASSERT_NE(yaml.find(fixed), std::string::npos);
+  yaml.replace(yaml.find(fixed), fixed.size(),
+               "      topic: \"" + std::string(kTopic) + ".{event_type}\"\n" +
+                   "      allowed_topics: [\"" + kTopic + ".created\"]\n" +
+                   "      topic_prefix: \"" + kTopic + ".\"\n");
+  EXPECT_EQ(Verify(WriteConfig("prefixed.yaml", yaml)), 2);
+  EXPECT_NE(last_stderr_.find("name the topics to read with --topic"), std::string::npos)
+      << last_stderr_;
 }
 
 // A destination that routes by a template reads every topic of its allow-list, and one that

@@ -142,7 +142,9 @@ std::vector<std::string> TopicsOf(const Destination& d, const KafkaTarget& targe
                                   const ReadBackOptions& options) {
   if (!options.streams.empty()) return options.streams;
   if (target.topic.find('{') == std::string::npos) return {target.topic};
-  if (!target.allowed_topics.empty()) return target.allowed_topics;
+  // Under a prefix the template reaches topics the allow-list does not name (the router takes
+  // either), so the list is not all of them.
+  if (!target.allowed_topics.empty() && target.topic_prefix.empty()) return target.allowed_topics;
   throw std::invalid_argument("destination " + d.name + " routes to topics by the template \"" +
                               target.topic +
                               "\" under a prefix, which cannot be listed; name the topics to "
