@@ -81,8 +81,12 @@ RecordedFound FindRecorded(const KafkaTarget& target, const KeysByTopic& topics,
                            std::chrono::milliseconds timeout);
 
 /// When a read of one partition (ReadBackKafka, FindRecorded) has read what it must: the
-/// partition's end as the consumer reports it (librdkafka's PARTITION_EOF, at the last stable
-/// offset), or a record at or past the high watermark the partition had when the read began.
+/// partition's end as the consumer reports it (librdkafka's PARTITION_EOF) at or past the high
+/// watermark the partition had when the read began, or a record at or past that mark. Not an
+/// end report below the mark: a read_committed consumer reports its end at the last stable
+/// offset, which a transaction left open (a relay killed mid-transaction, until the broker
+/// aborts it) holds below records committed after it began; verify stopped there and called
+/// those records gaps, or missed their duplicates (review).
 /// A busy partition may never report its end: librdkafka does so only when a fetch brings
 /// nothing new, and a broker answers a fetch as soon as a new record lands, so while producers
 /// commit to it more often than fetch.wait.max.ms the end report never came and the read ran
@@ -92,13 +96,10 @@ RecordedFound FindRecorded(const KafkaTarget& target, const KeysByTopic& topics,
 class PartitionEnd {
  public:
   /// `high_watermark`: where the partition ended when the read began (-1: not known).
-  /// `at_least_the_mark`: the end report counts only at or past that mark (FindRecorded:
-  /// records committed before the read began are read even behind a transaction still open).
-  PartitionEnd(std::int64_t high_watermark, bool at_least_the_mark)
-      : mark_(high_watermark), at_least_the_mark_(at_least_the_mark) {}
+  explicit PartitionEnd(std::int64_t high_watermark) : mark_(high_watermark) {}
   /// The consumer reported the end at `offset`. True when the partition is now read.
   bool OnEnd(std::int64_t offset) {
-    if (!at_least_the_mark_ || mark_ < 0 || offset >= mark_) done_ = true;
+    if (mark_ < 0 || offset >= mark_) done_ = true;
     return done_;
   }
   /// A record at `offset` arrived. True when the partition is now read.
@@ -110,7 +111,6 @@ class PartitionEnd {
 
  private:
   std::int64_t mark_;
-  bool at_least_the_mark_;
   bool done_ = false;
 };
 
