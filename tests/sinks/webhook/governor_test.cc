@@ -151,6 +151,22 @@ TEST(EndpointGovernor, OverloadHalvesConcurrencyOncePerRoundSuccessesAddOnePerRo
   EXPECT_FALSE(g.TryStart(kT0)) << "the lowered limit holds";
 }
 
+// Successes of requests sent before a decrease say nothing about the lowered limit: 32 in
+// flight, one 503 halves it to 16, and 16 of the other 31 answering 2xx raised it to 17 before
+// a single request had gone at 16 (review). Only what started after the decrease counts.
+TEST(EndpointGovernor, SuccessesOfRequestsSentBeforeADecreaseDoNotRaiseTheLimit) {
+  EndpointGovernor g(Breaker(100), true, 32);
+  std::vector<EndpointGovernor::Ticket> round;
+  for (int i = 0; i < 32; ++i) round.push_back(*g.TryStart(kT0));
+  EXPECT_TRUE(g.Finish(kT0, round[0], TooMany()).lowered);
+  EXPECT_EQ(g.Snapshot(kT0).concurrency_limit, 16);
+  for (int i = 1; i < 32; ++i) EXPECT_FALSE(g.Finish(kT0, round[i], Ok()).raised) << i;
+  EXPECT_EQ(g.Snapshot(kT0).concurrency_limit, 16);
+  for (int i = 0; i < 15; ++i) Once(g, kT0, Ok());
+  EXPECT_TRUE(Once(g, kT0, Ok()).raised) << "a round of 16 sent at the lowered limit";
+  EXPECT_EQ(g.Snapshot(kT0).concurrency_limit, 17);
+}
+
 TEST(EndpointGovernor, SuccessesRaiseTheLimitBackToMaxInFlight) {
   EndpointGovernor g(Breaker(100), true, 4);
   Once(g, kT0, TooMany());

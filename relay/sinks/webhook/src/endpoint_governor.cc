@@ -76,7 +76,8 @@ Transition EndpointGovernor::Finish(Time now, const Ticket& ticket,
   }
 
   // Concurrency: halve once per round (requests started after the last decrease), add one
-  // per round of successes.
+  // per round of successes of requests started after it too (those sent before say nothing
+  // of the lowered limit: review).
   if (adaptive_) {
     if (v.overload && ticket.seq >= no_decrease_before_) {
       const int lowered = std::max(1, limit_ / 2);
@@ -84,7 +85,8 @@ Transition EndpointGovernor::Finish(Time now, const Ticket& ticket,
       limit_ = lowered;
       no_decrease_before_ = next_seq_;
       successes_ = 0;
-    } else if (v.success && limit_ < max_ && ++successes_ >= limit_) {
+    } else if (v.success && ticket.seq >= no_decrease_before_ && limit_ < max_ &&
+               ++successes_ >= limit_) {
       ++limit_;
       successes_ = 0;
       t.raised = true;
