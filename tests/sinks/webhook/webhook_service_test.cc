@@ -87,6 +87,7 @@ struct FakeRegistry {
   int disable_failures = 0;  ///< DisableFailing throws this many times.
   int disable_calls = 0;
   std::int64_t expired_attempts = 0;  ///< Delivery-log rows past the retention.
+  bool load_fails = false;            ///< Load() throws (grants missing, say).
   bool hang_version = false;  ///< Version() blocks (up to 20 s) until a directory is interrupted.
   bool hanging = false;       ///< A Version() call is blocked now.
   bool interrupted = false;   ///< Interrupt() was called on a directory.
@@ -120,6 +121,7 @@ class FakeDirectory final : public EndpointDirectory {
   }
   Directory Load() override {
     std::lock_guard lock(r_.mu);
+    if (r_.load_fails) throw std::runtime_error("injected: permission denied for outbox.endpoints");
     ++r_.loads;
     return Directory{r_.version, r_.endpoints, std::nullopt};
   }
@@ -703,6 +705,33 @@ TEST_F(WebhookServiceSinkTest, AReloadThatReplacedAHangingEndpointDoesNotHoldThe
 // here the registry read (a lock held on outbox.endpoint_registry, or a database that stopped
 // answering: up to tcp_user_timeout, 30 s). The dispatcher's threads were interrupted at the
 // deadline; these were joined however long their call took (review).
+// Until the endpoint registry is read, every message would go back unsent ("not loaded yet",
+// due again in a second): the service asks for nothing then. It asked for two claims' worth,
+// so while the registry could not be read (its grants missing, say) the relay claimed and
+// handed back the whole queue every second (review).
+TEST_F(WebhookServiceSinkTest, NothingIsClaimedUntilTheRegistryIsRead) {
+  HttpReceiver receiver;
+  registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 4)};
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.load_fails = true;
+  }
+  WebhookTarget t;
+  t.database_url = "postgresql://fake.invalid/none";
+  t.endpoints_from_database = true;
+  t.allow_private_networks = true;
+  auto sink = MakeWebhookServiceSink("hooks", t);
+  EXPECT_FALSE(sink->Ready());
+  EXPECT_EQ(sink->MaxInFlight(100), 0u) << "nothing it could send";
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.load_fails = false;
+  }
+  EXPECT_TRUE(WaitFor([&] { return sink->Ready(); }, 10s)) << sink->WhyNotReady();
+  EXPECT_GT(sink->MaxInFlight(100), 0u);
+  sink->Shutdown(2000ms);
+}
+
 TEST_F(WebhookServiceSinkTest, StoppingWhileTheRegistryReadHangsKeepsTheDeadline) {
   HttpReceiver receiver;
   registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};

@@ -372,6 +372,10 @@ class WebhookServiceSink final : public Sink {
     std::shared_ptr<const Lanes> lanes;
     {
       std::lock_guard lock(mu_);
+      // Until the registry is read every message would go back unsent (Submit): claim none.
+      // With two claims' worth, a registry that could not be read (grants missing) had the
+      // relay claim and hand back the whole queue every second (review).
+      if (!loaded_) return 0;
       lanes = lanes_;
     }
     std::size_t most = 0;
