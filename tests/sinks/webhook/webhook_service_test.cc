@@ -732,6 +732,40 @@ TEST_F(WebhookServiceSinkTest, NothingIsClaimedUntilTheRegistryIsRead) {
   sink->Shutdown(2000ms);
 }
 
+// `endpoints disable` stops sending to the endpoint: what waited in its backlog here when the
+// relay saw the change goes back, held as a disabled endpoint's messages are. The backlog kept
+// feeding the endpoint's sink as its requests finished, for up to kBacklogWait (review).
+TEST_F(WebhookServiceSinkTest, ADisabledEndpointIsSentNothingMoreFromItsBacklog) {
+  Gate gate;
+  HttpReceiver receiver;
+  receiver.SetResponder([&gate](const outbox::testing::ReceivedRequest&) {
+    gate.Wait(60s);
+    return Reply{};
+  });
+  registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};
+  auto sink = Start();
+  Outcomes done;
+  constexpr int kEvents = 8;
+  for (int n = 1; n <= kEvents; ++n) sink->Submit(Event(n), done.For());
+  ASSERT_TRUE(receiver.WaitForCount(1, 10s));
+  // Disabled; then the version moves again, so a second read, which begins after the first
+  // one ended, says the relay has taken the first in.
+  for (const bool enabled : {false, false}) {
+    const int loads = registry_.Loads();
+    {
+      std::lock_guard lock(registry_.mu);
+      registry_.endpoints[0].enabled = enabled;
+      ++registry_.version;
+    }
+    ASSERT_TRUE(WaitFor([&] { return registry_.Loads() > loads; }, 5s));
+  }
+  gate.Open();
+  ASSERT_TRUE(WaitFor([&] { return done.Count() == kEvents; }, 10s)) << done.Count();
+  // The request out when it was disabled, and the one its sink already held (two a request).
+  EXPECT_LE(receiver.Count(), 2u) << "sent from the backlog after the endpoint was disabled";
+  sink->Shutdown(5s);
+}
+
 TEST_F(WebhookServiceSinkTest, StoppingWhileTheRegistryReadHangsKeepsTheDeadline) {
   HttpReceiver receiver;
   registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};

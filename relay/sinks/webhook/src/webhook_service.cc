@@ -683,8 +683,26 @@ class WebhookServiceSink final : public Sink {
         next = std::move(it->second.front());
         it->second.pop_front();
       }
+      if (Disabled(endpoint)) {
+        // Disabled since it was queued: nothing more goes to it (it kept feeding the sink as
+        // requests finished, up to kBacklogWait: review). Held as a disabled endpoint's are.
+        Outcome o;
+        o.id = next.msg.id;
+        o.kind = OutcomeKind::kReturned;
+        o.reason = "endpoint disabled";
+        o.retry_after = kDisabledHold;
+        next.done(std::move(o));
+        continue;
+      }
       next.sink->Submit(std::move(next.msg), std::move(next.done));
     }
+  }
+
+  // Whether the registry this relay read last has `endpoint` disabled.
+  bool Disabled(const std::string& endpoint) const {
+    std::lock_guard lock(mu_);
+    const auto it = lanes_->find(endpoint);
+    return it != lanes_->end() && !it->second->spec.enabled;
   }
 
   // Hands back what waited too long in an endpoint's backlog (a row of its own follows).
