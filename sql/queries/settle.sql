@@ -191,15 +191,20 @@ WITH input AS (
               AND n.endpoint_id IS NOT DISTINCT FROM f.endpoint_id AND n.id > f.id
             ORDER BY n.id LIMIT 1) nx))
     AND m.parked AND m.deliver_after = 'infinity'
-  RETURNING m.id, m.bucket
+  RETURNING m.id, m.bucket, m.destination
 ), woke_elsewhere AS (
   -- Partitioned ($5, the settling relay's id): a woken row in a bucket another relay owns now
   -- (it moved while the key's head was in flight) is that relay's to claim: wake the relays,
   -- as a new message does; it waited for their poll_interval_ms. In the settling relay's own
-  -- buckets its claim loop is woken in the process (the `woken` count), and nobody else's.
+  -- buckets its claim loop is woken in the process (the `woken` count), and nobody else's;
+  -- nor in a bucket whose owner does not serve the row's destination, whose rows the relays
+  -- that do claim as their own (claim_partitioned.sql): there every keyed settle woke every
+  -- relay, as before migration 0013 (review). A bucket without an owner has no claimer.
   SELECT pg_notify('outbox_messages', '')
   FROM (SELECT 1 FROM woken w JOIN outbox.bucket_owners o ON o.bucket = w.bucket
-        WHERE $5::text <> '' AND o.owner IS DISTINCT FROM nullif($5::text, '')::uuid
+        WHERE $5::text <> '' AND o.owner <> nullif($5::text, '')::uuid
+          AND NOT EXISTS (SELECT 1 FROM outbox.relay_heartbeats h
+                          WHERE h.instance_id = o.owner AND NOT (w.destination = ANY (h.destinations)))
         LIMIT 1) r
 ), settled_claims AS (
   -- How many leases of each claim this write ended (a fenced outcome ends none).

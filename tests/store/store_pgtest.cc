@@ -609,6 +609,31 @@ TEST_F(StoreTest, RowsThatBecomeClaimableWakeTheRelaysAndNothingElseDoes) {
     });
     EXPECT_EQ(woke, *head.ordering_key == "theirs" ? 1 : 0) << "key " << *head.ordering_key;
   }
+  // Nor when the other relay does not serve the destination: the settling relay claims that
+  // bucket's rows of it itself (its claim loop is woken in the process), and a wake-up of
+  // every relay on each such settle was the storm migration 0013 removed (review).
+  store.Heartbeat(other, {"orders"}, "other", {});
+  EXPECT_EQ(wakes_from([&] {
+              pqxx::nontransaction(writer).exec0(
+                  "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, "
+                  "payload, deliver_after, created_at, bucket) SELECT 'k', 'theirs2', "
+                  "gen_random_uuid(), '1', now(), now(), " +
+                  std::to_string(their_bucket) + " FROM generate_series(1, 2)");
+            }),
+            1);
+  const auto shared = store.Claim("k", 0, 10, 10, 30s);  // with the two woken above
+  const auto head = std::find_if(shared.messages.begin(), shared.messages.end(),
+                                 [](const Message& m) { return m.ordering_key == "theirs2"; });
+  ASSERT_NE(head, shared.messages.end());
+  EXPECT_EQ(wakes_from([&] {
+              EXPECT_EQ(store.Settle({Settle(*head, shared.lease_token,
+                                             Settlement::Kind::kDelivered)},
+                                     false, me)
+                            .woken,
+                        1);
+            }),
+            0)
+      << "a bucket of a relay that does not serve the destination";
 }
 
 // Exactly once's "known absent from Kafka as of" (migration 0012): written by a retry or a

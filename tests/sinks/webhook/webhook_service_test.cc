@@ -701,10 +701,6 @@ TEST_F(WebhookServiceSinkTest, AReloadThatReplacedAHangingEndpointDoesNotHoldThe
   gate.Open();
 }
 
-// The service's own threads keep to the stop's deadline while one is stuck in a database call,
-// here the registry read (a lock held on outbox.endpoint_registry, or a database that stopped
-// answering: up to tcp_user_timeout, 30 s). The dispatcher's threads were interrupted at the
-// deadline; these were joined however long their call took (review).
 // Until the endpoint registry is read, every message would go back unsent ("not loaded yet",
 // due again in a second): the service asks for nothing then. It asked for two claims' worth,
 // so while the registry could not be read (its grants missing, say) the relay claimed and
@@ -743,7 +739,7 @@ TEST_F(WebhookServiceSinkTest, ADisabledEndpointIsSentNothingMoreFromItsBacklog)
     return Reply{};
   });
   registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};
-  auto sink = Start();
+  auto sink = Start(60s);  // the held request does not time out meanwhile, however slow
   Outcomes done;
   constexpr int kEvents = 8;
   for (int n = 1; n <= kEvents; ++n) sink->Submit(Event(n), done.For());
@@ -766,6 +762,10 @@ TEST_F(WebhookServiceSinkTest, ADisabledEndpointIsSentNothingMoreFromItsBacklog)
   sink->Shutdown(5s);
 }
 
+// The service's own threads keep to the stop's deadline while one is stuck in a database call,
+// here the registry read (a lock held on outbox.endpoint_registry, or a database that stopped
+// answering: up to tcp_user_timeout, 30 s). The dispatcher's threads were interrupted at the
+// deadline; these were joined however long their call took (review).
 TEST_F(WebhookServiceSinkTest, StoppingWhileTheRegistryReadHangsKeepsTheDeadline) {
   HttpReceiver receiver;
   registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};

@@ -948,9 +948,15 @@ class WebhookServiceSink final : public Sink {
     // it notices; the last one to notice wins).
     // (Through rewake_, which the registry loop works off and keeps what failed for its next
     // turn: a wake that throws here would leave the replaced sinks below running.)
+    // And once more after the fan-outs in flight when it was enabled have surely settled: a
+    // copy handed back as disabled is written only when its message's slowest endpoint is done
+    // (a request timeout, then up to kBacklogWait in a backlog), and would otherwise wait out
+    // kDisabledHold (review).
     for (const auto& id : reenabled) {
-      rewake_.emplace_back(id, Clock::now());
-      rewake_.emplace_back(id, Clock::now() + kRewakeAfter);
+      const auto now = Clock::now();
+      rewake_.emplace_back(id, now);
+      rewake_.emplace_back(id, now + kRewakeAfter);
+      rewake_.emplace_back(id, now + defaults_.timeout + kBacklogWait + kRewakeAfter);
     }
     // Requests already sent to replaced sinks finish (up to one request timeout for all of
     // them, or the service's stop deadline when it is stopping); new ones use the new sinks.
