@@ -1063,6 +1063,34 @@ TEST_F(DispatcherTest, PartitionedModeClaimsWhatTheCoordinatorAssignsAndHandsItB
   EXPECT_EQ(db_.Calls("coordinate_leave"), 1) << "buckets are handed back at stop";
 }
 
+// A partitioned relay's settles name it, so that a key's next message released in a bucket
+// another relay owns now wakes that relay (settle.sql, woke_elsewhere; StoreTest covers the
+// statement); a skip_locked relay's name none, every relay claiming every bucket.
+TEST_F(DispatcherTest, APartitionedRelaysSettlesNameItAndOthersNone) {
+  std::string me;  // the partitioned relay's id
+  for (const auto mode : {ClaimMode::kPartitioned, ClaimMode::kSkipLocked}) {
+    const bool partitioned = mode == ClaimMode::kPartitioned;
+    SCOPED_TRACE(partitioned ? "partitioned" : "skip_locked");
+    if (dispatcher_) dispatcher_->Stop();
+    dispatcher_.reset();
+    const auto delivered = db_.Delivered().size();
+    for (int i = 0; i < 20; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 3));
+    auto cfg = Config(/*batch=*/5);
+    cfg.claim_mode = mode;
+    cfg.partition_heartbeat = 20ms;
+    Start(cfg, DeliverAll);
+    ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == delivered + 20; }));
+    if (partitioned) {
+      me = db_.CoordinatedAs();
+      ASSERT_FALSE(me.empty());
+      EXPECT_EQ(db_.SettledAs(), std::set<std::string>{me});
+    } else {
+      EXPECT_EQ(db_.SettledAs(), (std::set<std::string>{me, ""}));
+    }
+    EXPECT_TRUE(dispatcher_->Stop());
+  }
+}
+
 // Exactly-once: the next owner of a bucket fences this relay's producer when it starts, which
 // aborts a transaction still open. A stopping relay whose sink fences keeps its buckets until
 // the sink finished what it holds (and the settles are written); others hand them back first,

@@ -206,6 +206,17 @@ class FakeDatabase {
     std::lock_guard lk(mu_);
     return dead_;
   }
+  /// The relay ids settles named (QueueStore::Settle's instance_id), and the one the
+  /// coordinator last beat as.
+  std::set<std::string> SettledAs() const {
+    std::lock_guard lk(mu_);
+    return settled_as_;
+  }
+  std::string CoordinatedAs() const {
+    std::lock_guard lk(mu_);
+    return coordinated_as_;
+  }
+
   std::int64_t Calls(const std::string& op) const {
     std::lock_guard lk(mu_);
     const auto it = calls_.find(op);
@@ -324,6 +335,8 @@ class FakeDatabase {
   bool lose_claim_reply_ = false;
   bool key_locks_held_ = false;
   std::vector<int> owned_buckets_ = {0, 1, 2, 3};
+  std::set<std::string> settled_as_;
+  std::string coordinated_as_;
   std::function<void()> before_release_lost_claims_;
   int claims_until_hook_ = 0;
   std::function<void()> before_claim_;
@@ -476,9 +489,10 @@ class FakeStore final : public QueueStore {
   }
 
   SettleCounts Settle(const std::vector<Settlement>& settlements, bool,
-                      const std::string&) override {
+                      const std::string& instance_id) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter("settle");
+    db_.settled_as_.insert(instance_id);
     SettleCounts c;
     bool wake_all = false;
     for (const auto& s : settlements) {
@@ -580,10 +594,11 @@ class FakeStore final : public QueueStore {
 
   // One relay: it owns the buckets OwnBuckets names (every one, unless a test says otherwise)
   // while it beats, none once it leaves.
-  std::vector<BucketLease> Coordinate(const std::string&, Millis, bool leaving, const std::string&,
-                                      bool = false) override {
+  std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis, bool leaving,
+                                      const std::string&, bool = false) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter(leaving ? "coordinate_leave" : "coordinate");
+    db_.coordinated_as_ = instance_id;
     if (leaving) return {};
     std::vector<BucketLease> out;
     for (const int b : db_.owned_buckets_) out.push_back({b, 1});
