@@ -138,12 +138,23 @@ bool PlainNumber(const std::string& text) {
   return point == std::string_view::npos || digits(fraction);
 }
 
-// Whether librdkafka knows `name` as a global (not topic) property.
-bool IsGlobalProperty(const std::string& name) {
+// Whether librdkafka knows `name` as a global (not topic) property. conf_get answers for one
+// with a default; one without (topic.blacklist) it knows only once set, so it is set to
+// `value` on a scratch configuration of its own: a global property then reads back, while a
+// `topic.` name librdkafka took as a topic property's does not (review).
+bool IsGlobalProperty(const std::string& name, const std::string& value) {
   static const std::unique_ptr<rd_kafka_conf_t, decltype(&rd_kafka_conf_destroy)> scratch(
       rd_kafka_conf_new(), &rd_kafka_conf_destroy);
   std::size_t size = 0;
-  return rd_kafka_conf_get(scratch.get(), name.c_str(), nullptr, &size) == RD_KAFKA_CONF_OK;
+  if (rd_kafka_conf_get(scratch.get(), name.c_str(), nullptr, &size) == RD_KAFKA_CONF_OK) {
+    return true;
+  }
+  const std::unique_ptr<rd_kafka_conf_t, decltype(&rd_kafka_conf_destroy)> set(
+      rd_kafka_conf_new(), &rd_kafka_conf_destroy);
+  char error[256];
+  return rd_kafka_conf_set(set.get(), name.c_str(), value.c_str(), error, sizeof error) ==
+             RD_KAFKA_CONF_OK &&
+         rd_kafka_conf_get(set.get(), name.c_str(), nullptr, &size) == RD_KAFKA_CONF_OK;
 }
 
 std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLookup& env) {
@@ -164,10 +175,44 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
            "names no property; write `<librdkafka property>_env` or `<property>_file`, e.g. "
            "`sasl.password_env: KAFKA_PASSWORD`");
     }
+    // Read when first needed: a refusal of the key itself (an owned property, one set twice)
+    // comes before anything about its value or the variable or file it names.
+    std::optional<std::string> read;
+    const auto value_of = [&]() -> const std::string& {
+      if (read) return *read;
+      std::string value;
+      switch (from) {
+        case From::kEnv:
+          value = cfg::ReadEnvReference(value_field, env);
+          break;
+        case From::kFile:
+          value = cfg::ReadFileReference(value_field);
+          break;
+        case From::kValue: {
+          const YAML::Node& node = value_field.node;
+          if (node.IsNull() || !node.IsDefined()) {
+            Fail(value_field,
+                 "has no value; give the librdkafka property a value or remove the key");
+          }
+          if (!node.IsScalar()) {
+            Fail(value_field,
+                 "expected a string, number or boolean, got " + cfg::DescribeKind(node) +
+                     "; librdkafka properties take one value (join lists with commas)");
+          }
+          value = node.Scalar();
+          if (node.Tag() == "?" && (value == "True" || value == "TRUE")) value = "true";
+          if (node.Tag() == "?" && (value == "False" || value == "FALSE")) value = "false";
+          break;
+        }
+      }
+      read = std::move(value);
+      return *read;
+    };
     // librdkafka sets a `topic.` property it does not know by that name on the default topic
     // config without the prefix: the same property, checked and stored under its own name. A
     // global property whose name begins so (topic.metadata.refresh.interval.ms) keeps it.
-    if (property.starts_with("topic.") && property.size() > 6 && !IsGlobalProperty(property)) {
+    if (property.starts_with("topic.") && property.size() > 6 &&
+        !IsGlobalProperty(property, value_of())) {
       property.erase(0, 6);
     }
     for (const auto& owned : kOwnedProducerProperties) {
@@ -180,30 +225,8 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
                             "_env` and `" + property + "_file`");
     }
     written_as.emplace(property, key);
+    std::string value = value_of();
 
-    std::string value;
-    switch (from) {
-      case From::kEnv:
-        value = cfg::ReadEnvReference(value_field, env);
-        break;
-      case From::kFile:
-        value = cfg::ReadFileReference(value_field);
-        break;
-      case From::kValue: {
-        const YAML::Node& node = value_field.node;
-        if (node.IsNull() || !node.IsDefined()) {
-          Fail(value_field, "has no value; give the librdkafka property a value or remove the key");
-        }
-        if (!node.IsScalar()) {
-          Fail(value_field, "expected a string, number or boolean, got " + cfg::DescribeKind(node) +
-                                "; librdkafka properties take one value (join lists with commas)");
-        }
-        value = node.Scalar();
-        if (node.Tag() == "?" && (value == "True" || value == "TRUE")) value = "true";
-        if (node.Tag() == "?" && (value == "False" || value == "FALSE")) value = "false";
-        break;
-      }
-    }
     if ((property == "message.timeout.ms" || property == "delivery.timeout.ms") &&
         kafka_detail::LibrdkafkaInteger(value) == 0) {
       Fail(value_field,
