@@ -250,6 +250,30 @@ TEST(WebhookSink, DeliversEveryMessageOnceWithStandardHeaders) {
   sink->Shutdown(5s);
 }
 
+// A message's header names that differ only in case name one header (HTTP compares names
+// without case, and a receiver reads two such fields as one list "a, b"): the first is sent,
+// the others are skipped like any other header the relay cannot send.
+TEST(WebhookSink, MessageHeadersThatDifferOnlyInCaseAreSentOnce) {
+  HttpReceiver receiver;
+  Message m = MakeMessage(1);
+  m.headers = {{"X-Trace", "first"},    {"x-trace", "second"},   {"X-TRACE", "third"},
+               {"user-agent", "ua-one"}, {"User-Agent", "ua-two"}, {"X-Other", "kept"}};
+  const Outcome o = DeliverOne(Target(receiver.Url("/h")), m);
+  ASSERT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;
+  const auto requests = receiver.Requests();
+  ASSERT_EQ(requests.size(), 1u);
+  const auto count = [&](const char* name) {
+    std::size_t n = 0;
+    for (const auto& [k, v] : requests[0].headers) n += strcasecmp(k.c_str(), name) == 0 ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(count("X-Trace"), 1u);
+  EXPECT_EQ(requests[0].Header("X-Trace"), "first");
+  EXPECT_EQ(count("User-Agent"), 1u);
+  EXPECT_EQ(requests[0].Header("User-Agent"), "ua-one");
+  EXPECT_EQ(requests[0].Header("X-Other"), "kept");
+}
+
 // format: cloudevents adds the CloudEvents binary-mode attributes as ce-* headers (HTTP
 // protocol binding), beside the Standard Webhooks headers; a message cannot set its own.
 TEST(WebhookSink, CloudEventsBinaryModeHeaders) {

@@ -760,6 +760,12 @@ class WebhookSink final : public Sink {
       } else if (ContainsHeader(static_headers_, name)) {
         spdlog::debug("webhook {}: message {}: skipping header {}: configured for the target",
                       destination_, Raw(msg.id), name);
+      } else if (ContainsHeader(headers, name)) {
+        // Names compare without case: a second X-Trace would reach the receiver as one
+        // combined field. The message's first one is sent.
+        spdlog::debug("webhook {}: message {}: skipping header {}: the message names it twice "
+                      "(header names ignore case)",
+                      destination_, Raw(msg.id), name);
       } else {
         headers.emplace(name, value);
       }
