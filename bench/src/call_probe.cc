@@ -124,8 +124,8 @@ class TimedStore final : public relay::QueueStore {
   std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) override {
     return inner_->ReleaseLostClaims(tokens);
   }
-  std::int64_t RenewLeases(const std::vector<std::pair<relay::MessageId, std::string>>& held,
-                           Millis lease) override {
+  std::vector<relay::MessageId> RenewLeases(
+      const std::vector<std::pair<relay::MessageId, std::string>>& held, Millis lease) override {
     return inner_->RenewLeases(held, lease);
   }
   std::vector<std::string> Reap() override { return inner_->Reap(); }

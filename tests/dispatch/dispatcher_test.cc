@@ -141,6 +141,13 @@ class RecordingSink final : public Sink {
     std::lock_guard lk(mu_);
     return held_.size();
   }
+  /// Copies of the messages held.
+  std::vector<Message> HeldMessages() const {
+    std::lock_guard lk(mu_);
+    std::vector<Message> out;
+    for (const auto& p : held_) out.push_back(p.msg);
+    return out;
+  }
   int max_in_flight() const {
     std::lock_guard lk(mu_);
     return max_in_flight_;
@@ -630,6 +637,54 @@ TEST_F(DispatcherTest, LeasesOfMessagesStillInTheSinkAreRenewedNotReaped) {
   sink_->Release();
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
   EXPECT_EQ(dispatcher_->stats().fenced, 0);
+}
+
+// A message in a sink knows until when its claim holds (ClaimRunsOut, which the webhook and
+// exactly-once Kafka sinks check before they send): its claim's start plus the lease, moved on
+// by each renewal that renewed every lease in the sinks, and by no renewal that failed or
+// passed one over. Without it, a relay whose renewals failed for a whole lease (its database
+// away) sent what was queued in its sinks although another relay may have taken it over.
+TEST_F(DispatcherTest, AMessageInTheSinkKnowsUntilWhenItsClaimHolds) {
+  std::optional<std::string> token;
+  ASSERT_NO_FATAL_FAILURE(HoldOneMessage(&token));
+  const auto runs_out = [&] {
+    const auto held = sink_->HeldMessages();
+    EXPECT_EQ(held.size(), 1u);
+    return held.empty() ? std::nullopt : ClaimRunsOut(held.front());
+  };
+  const auto claimed = runs_out();
+  ASSERT_TRUE(claimed) << "the claim's end is not known to the sink";
+  const auto now = std::chrono::steady_clock::now();
+  EXPECT_GT(*claimed, now + 25s) << "about the claim's start plus the 30 s lease";
+  EXPECT_LE(*claimed, now + 30s);
+
+  // Renewals that fail move nothing (failed, one is tried again soon: two are seen).
+  db_.FailNext("renew", 1'000'000);
+  auto renews = db_.Calls("renew");
+  clock_.Advance(10s + 1ms);  // lease / 3
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("renew") > renews + 1; }));
+  EXPECT_EQ(runs_out(), claimed);
+  // Nor one that passed the row over (another transaction held it).
+  db_.LockRowsForRenewals(true);
+  db_.Heal("renew");
+  renews = db_.Calls("renew");
+  clock_.Advance(10s + 1ms);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("renew") > renews; }));
+  EXPECT_EQ(runs_out(), claimed);
+  db_.LockRowsForRenewals(false);
+
+  // One that renewed it moves it to the renewal's start plus the lease.
+  const auto before = std::chrono::steady_clock::now();
+  const auto renewed = db_.RenewedLeases();
+  clock_.Advance(10s + 1ms);
+  ASSERT_TRUE(WaitFor([&] { return db_.RenewedLeases() > renewed; }));
+  const auto moved = runs_out();
+  ASSERT_TRUE(moved);
+  EXPECT_GT(*moved, *claimed);
+  EXPECT_GE(*moved, before + 30s);
+  EXPECT_LE(*moved, std::chrono::steady_clock::now() + 30s);
+  sink_->Release();
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
 }
 
 // A maintenance turn that finds both the renewal and the reap due (its thread stalled longer

@@ -546,20 +546,20 @@ class FakeStore final : public QueueStore {
     return c;
   }
 
-  std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
-                           Millis lease) override {
+  std::vector<MessageId> RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
+                                     Millis lease) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter("renew");
-    std::int64_t n = 0;
-    if (db_.rows_locked_) return 0;
+    std::vector<MessageId> renewed;
+    if (db_.rows_locked_) return renewed;
     for (const auto& [id, token] : held) {
       const auto it = db_.rows_.find(Raw(id));
       if (it == db_.rows_.end() || it->second.lease_owner != token) continue;
       it->second.lease_until = db_.clock_.WallNow() + lease;
-      ++n;
+      renewed.push_back(id);
     }
-    db_.renewed_ += n;
-    return n;
+    db_.renewed_ += static_cast<std::int64_t>(renewed.size());
+    return renewed;
   }
 
   std::vector<std::string> Reap() override {

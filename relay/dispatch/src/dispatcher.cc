@@ -140,6 +140,10 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     ++unsettled;
     held.in_sink = !dead;
     held.removes = dead.has_value();
+    // Under settle_mu, as the renewals take their lists: one published as of a later time
+    // renewed this message's lease.
+    msg.held_since = std::chrono::steady_clock::now();
+    msg.renewals = renewals;
   }
   if (dead) {
     dead->destination = dest.name;
@@ -224,6 +228,7 @@ Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
 Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks, DispatcherEnv env)
     : impl_(std::make_unique<Impl>()) {
   impl_->config = std::move(config);
+  impl_->renewals = std::make_shared<LeaseRenewals>(impl_->config.lease);
   impl_->sinks = std::move(sinks);
   impl_->stores = env.stores ? std::move(env.stores) : PostgresStores(impl_->config.database_url);
   if (env.clock) impl_->clock = env.clock;

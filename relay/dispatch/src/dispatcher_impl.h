@@ -158,6 +158,9 @@ struct Dispatcher::Impl {
     bool removes = false;
   };
   std::unordered_map<std::int64_t, Held> held_leases;  // guarded by settle_mu
+  // What the sinks know of the renewals (const after construction; it has its own atomics):
+  // each message carries it, and a sink sends nothing whose claim ran out (ClaimRunsOut).
+  std::shared_ptr<LeaseRenewals> renewals;
   bool settler_stop = false;                           // guarded by settle_mu
   bool settler_give_up = false;                        // guarded by settle_mu
 

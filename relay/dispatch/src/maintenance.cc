@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <unordered_set>
 
 #include "dispatcher_impl.h"
 #include "reconnect.h"
@@ -191,22 +192,34 @@ void Dispatcher::Impl::PauseAfterFailure(Millis pause) {
 // held: outbox.set_bucket_count rewriting the queue). Those whose outcome waits for its settle
 // are renewed too but do not count: a settle holds its rows while it writes them, so under
 // steady traffic nearly every renewal passed some over, and came back every second instead of
-// every lease / 3, rewriting every in-flight row each time. (A count, not ids: renewed rows of
-// settling messages can make up for a row in a sink passed over; it is then renewed lease / 3
-// later, as before the quick retry.)
+// every lease / 3, rewriting every in-flight row each time.
+//
+// When it renewed every message then in a sink, the sinks learn that their claims hold until
+// the list's time plus the lease (LeaseRenewals): a sink sends nothing whose claim ran out,
+// so a relay whose renewals failed for a lease (a database away, a stall) does not send what
+// another relay may have taken back meanwhile.
 bool Dispatcher::Impl::RenewHeldLeases(QueueStore& store) {
   std::vector<std::pair<MessageId, std::string>> held;
-  std::int64_t in_sinks = 0;
+  std::vector<std::int64_t> in_sinks;
+  std::chrono::steady_clock::time_point as_of;
   {
     std::lock_guard lk(settle_mu);
+    as_of = std::chrono::steady_clock::now();  // Submit stamps held_since under settle_mu too
     held.reserve(held_leases.size());
     for (const auto& [id, h] : held_leases) {
       held.emplace_back(MessageId{id}, h.token);
-      if (h.in_sink) ++in_sinks;
+      if (h.in_sink) in_sinks.push_back(id);
     }
   }
   if (held.empty()) return true;
-  return store.RenewLeases(held, config.lease) >= in_sinks;
+  const auto renewed = store.RenewLeases(held, config.lease);
+  std::unordered_set<std::int64_t> got;
+  got.reserve(renewed.size());
+  for (const MessageId id : renewed) got.insert(Raw(id));
+  const bool all_in_sinks = std::all_of(in_sinks.begin(), in_sinks.end(),
+                                        [&](std::int64_t id) { return got.count(id) > 0; });
+  if (all_in_sinks) renewals->Renewed(as_of);
+  return all_in_sinks;
 }
 
 // When the renewal after one at `now` is due.

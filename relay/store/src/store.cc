@@ -567,16 +567,20 @@ SettleCounts Store::SettleIn(pqxx::transaction_base& tx, std::span<const Settlem
   });
 }
 
-std::int64_t Store::RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
-                                Millis lease) {
-  return Translated([&]() -> std::int64_t {
-    if (held.empty()) return 0;
+std::vector<MessageId> Store::RenewLeases(
+    const std::vector<std::pair<MessageId, std::string>>& held, Millis lease) {
+  return Translated([&]() -> std::vector<MessageId> {
+    std::vector<MessageId> renewed;
+    if (held.empty()) return renewed;
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& [id, token] : held) arr.push_back({{"id", Raw(id)}, {"token", token}});
     auto& c = impl_->Get();
     pqxx::nontransaction tx(c);
-    return static_cast<std::int64_t>(
-        tx.exec_prepared("renew_leases", arr.dump(), static_cast<long long>(lease.count())).size());
+    const auto rows =
+        tx.exec_prepared("renew_leases", arr.dump(), static_cast<long long>(lease.count()));
+    renewed.reserve(rows.size());
+    for (const auto& row : rows) renewed.push_back(MessageId{row[0].as<std::int64_t>()});
+    return renewed;
   });
 }
 

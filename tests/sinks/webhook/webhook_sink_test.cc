@@ -274,6 +274,49 @@ TEST(WebhookSink, MessageHeadersThatDifferOnlyInCaseAreSentOnce) {
   EXPECT_EQ(requests[0].Header("X-Other"), "kept");
 }
 
+// A message whose claim ran out while it waited in the sink (its relay could not renew the
+// lease: the database away for longer than lease_ms) is handed back unsent, no attempt
+// counted: another relay's reaper may have taken it back and sent it. A renewal of every lease
+// after the message came keeps it (ClaimRunsOut); one from before it came does not.
+TEST(WebhookSink, AMessageWhoseClaimRanOutIsHandedBackUnsent) {
+  HttpReceiver receiver;
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", Target(receiver.Url("/h")));
+  const auto now = std::chrono::steady_clock::now();
+  auto never_renewed = std::make_shared<LeaseRenewals>(30s);
+  auto renewed_since = std::make_shared<LeaseRenewals>(30s);
+  renewed_since->Renewed(now - 1s);
+  const auto claimed = [&](int n, std::chrono::steady_clock::time_point expires,
+                           std::shared_ptr<LeaseRenewals> renewals,
+                           std::chrono::steady_clock::duration held_for) {
+    Message m = MakeMessage(n);
+    m.claim_expires = expires;
+    m.held_since = now - held_for;
+    m.renewals = std::move(renewals);
+    return m;
+  };
+  sink->Submit(claimed(1, now - 1ms, never_renewed, 31s), done.Callback());  // ran out
+  sink->Submit(claimed(2, now - 1ms, renewed_since, 31s), done.Callback());  // renewed since
+  sink->Submit(claimed(3, now + 30s, never_renewed, 0s), done.Callback());   // claim holds
+  sink->Submit(claimed(4, now - 1ms, renewed_since, 500ms), done.Callback());  // came later
+  sink->Submit(MakeMessage(5), done.Callback());  // no claim known (no dispatcher)
+  ASSERT_TRUE(done.WaitForSize(5));
+  for (const int n : {1, 4}) {
+    const Outcome o = done.Of(n);
+    EXPECT_EQ(o.kind, OutcomeKind::kReturned) << n << ": " << o.reason;
+    EXPECT_NE(o.reason.find("claim ran out"), std::string::npos) << o.reason;
+    EXPECT_FALSE(o.exchange) << "no request was made";
+  }
+  for (const int n : {2, 3, 5}) {
+    EXPECT_EQ(done.Of(n).kind, OutcomeKind::kDelivered) << n;
+  }
+  std::set<std::string> received;
+  for (const auto& r : receiver.Requests()) received.insert(r.Header("webhook-id"));
+  EXPECT_EQ(received, (std::set<std::string>{KeyOf(2), KeyOf(3), KeyOf(5)}));
+  EXPECT_EQ(sink->EventCounts().at("claim_ran_out"), 2);
+  sink->Shutdown(5s);
+}
+
 // format: cloudevents adds the CloudEvents binary-mode attributes as ce-* headers (HTTP
 // protocol binding), beside the Standard Webhooks headers; a message cannot set its own.
 TEST(WebhookSink, CloudEventsBinaryModeHeaders) {

@@ -521,7 +521,7 @@ class TransactionalKafkaSink final : public Sink {
     for (auto& [bucket, items] : by_bucket) {
       std::vector<Item*> keep;
       for (Item* item : items) {
-        if (item->msg.claim_expires && *item->msg.claim_expires <= now) {
+        if (const auto runs_out = ClaimRunsOut(item->msg); runs_out && *runs_out <= now) {
           ++dropped;
           Finish(item->done,
                  Make(item->msg.id, OutcomeKind::kReturned,

@@ -416,7 +416,10 @@ class WebhookSink final : public Sink {
     const auto us = [](std::int64_t ns) {
       return std::chrono::duration_cast<std::chrono::microseconds>(Clock::duration(ns)).count();
     };
-    return {{"requests", requests}, {"request_us", us(request_ns)}, {"idle_us", us(idle_ns)}};
+    return {{"requests", requests},
+            {"request_us", us(request_ns)},
+            {"idle_us", us(idle_ns)},
+            {"claim_ran_out", claims_ran_out_.load()}};
   }
 
  private:
@@ -536,8 +539,12 @@ class WebhookSink final : public Sink {
                      destination_, Raw(job.msg.id));
       }
       Attempt attempt;
-      if (auto refused = CheckAddress(worker, job.msg.id)) {
+      if (auto ran_out = ClaimRanOut(job.msg)) {
+        attempt = std::move(*ran_out);
+      } else if (auto refused = CheckAddress(worker, job.msg.id)) {
         attempt = std::move(*refused);
+      } else if (auto late = ClaimRanOut(job.msg)) {  // while the host's name was looked up
+        attempt = std::move(*late);
       } else if (Abandoned(worker)) {
         // Shutdown took this message back while the address was resolved: sending it now
         // would deliver a message the dispatcher already released. (Checked again right
@@ -582,6 +589,27 @@ class WebhookSink final : public Sink {
                       destination_, Raw(job.msg.id), ToString(attempt.outcome.kind));
       }
     }
+  }
+
+  // A message whose claim ran out (the dispatcher could not renew its lease for a whole lease:
+  // the database away, a stall) is not sent: another relay's reaper may have taken it back and
+  // sent it. Handed back, no attempt counted; nullopt while the claim holds.
+  std::optional<Attempt> ClaimRanOut(const Message& msg) {
+    const auto runs_out = ClaimRunsOut(msg);
+    if (!runs_out || std::chrono::steady_clock::now() < *runs_out) return std::nullopt;
+    const std::string why =
+        "the claim ran out (lease_ms) while the message waited in the sink: not sent, another "
+        "relay may have taken it over";
+    if (claims_ran_out_.fetch_add(1) == 0) {
+      spdlog::warn("webhook {}: message {} not sent: {} (the relay could not renew its leases; "
+                   "outbox_sink_events_total{{event=\"claim_ran_out\"}} counts the others)",
+                   destination_, Raw(msg.id), why);
+    } else {
+      spdlog::debug("webhook {}: message {} not sent: {}", destination_, Raw(msg.id), why);
+    }
+    Attempt a;
+    a.outcome = Returned(msg.id, why, std::chrono::milliseconds(0));
+    return a;  // no verdict: the endpoint was not asked
   }
 
   // The SSRF guard: resolves the host (again every ResolveEvery()), checks the addresses and
@@ -974,6 +1002,7 @@ class WebhookSink final : public Sink {
   // Written by Deliver (const: it changes no configuration, only this record of the endpoint).
   mutable std::atomic<int> unreachable_in_a_row_{0};  ///< Attempts without any HTTP answer.
   std::atomic<bool> stopping_now_{false};  ///< Shutdown's aborted requests are no verdict.
+  std::atomic<std::int64_t> claims_ran_out_{0};  ///< Messages not sent: their claim ran out.
   mutable std::mutex last_failure_mu_;
   mutable std::string last_failure_;  ///< Guarded by last_failure_mu_.
   std::vector<std::unique_ptr<Worker>> workers_;

@@ -158,8 +158,8 @@ class QueueStore {
   virtual SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive,
                               const std::string& instance_id) = 0;
   /// Extends to now + `lease` the leases of these (id, lease token) pairs that are still held
-  /// with that token; returns how many.
-  virtual std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
+  /// with that token; returns their ids (a row another transaction holds is passed over).
+  virtual std::vector<MessageId> RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
                                    Millis lease) = 0;
 
   /// Returns expired leases to the queue; returns the destination of each returned row.

@@ -46,7 +46,7 @@ class Store final : public QueueStore {
   /// Endpoint rows a fan-out's settle writes in one statement at most (each takes a lock);
   /// Settle splits a batch with more into several statements.
   static constexpr std::size_t kMaxChildrenPerSettle = 256;
-  std::int64_t RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
+  std::vector<MessageId> RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
                            Millis lease) override;
 
   std::vector<std::string> Reap() override;
