@@ -59,9 +59,9 @@ int main(int argc, char** argv) {
   app.add_option("--pg-bin", opt.pg_bin, "PostgreSQL 15 binaries for the throwaway cluster")
       ->capture_default_str();
   app.add_flag("--statement-stats", opt.statement_stats,
-               "Load pg_stat_statements in the throwaway cluster and report, per Kafka drain, "
-               "open loop and sustained scenario, each statement's execution and planning time "
-               "per delivered message (details.statements)");
+               "Load pg_stat_statements in the throwaway cluster and report, per Kafka or webhook "
+               "drain, open loop and sustained scenario, each statement's execution and planning "
+               "time per delivered message (details.statements)");
   app.add_option("--pg-setting", opt.pg_settings,
                  "Extra server setting name=value for the throwaway cluster (repeatable)");
   std::string trace_claims;

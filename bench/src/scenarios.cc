@@ -788,6 +788,7 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
   PrepareTable(url);
   Http().Call("RECORD");
 
+  const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
   Relay relay(url, WebhookDestination(http_port_, max_in_flight), 1, relay::ClaimMode::kSkipLocked,
               claim_connections);
   Observation obs;
@@ -818,6 +819,7 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
     r.details["sink"] = sink;
   }
   r.details["queue_table"] = TableStats(url);
+  if (statement_stats) r.details["statements"] = StatementStats(url, delivered);
   FillCommon(r, obs, delivered);
   FillDelivery(r, json::parse(Http().Call(
                       "FINISH " + std::to_string(delivered) + " 60 " + url + " 0", 120)));
