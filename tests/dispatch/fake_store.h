@@ -107,6 +107,20 @@ class FakeDatabase {
     std::lock_guard lk(mu_);
     rows_locked_ = locked;
   }
+  /// The same for one row.
+  void LockRowForRenewals(std::int64_t id, bool locked) {
+    std::lock_guard lk(mu_);
+    if (locked) {
+      locked_for_renewals_.insert(id);
+    } else {
+      locked_for_renewals_.erase(id);
+    }
+  }
+  /// Runs `hook` once, at the start of the next lease renewal (before it reads the rows).
+  void BeforeRenew(std::function<void()> hook) {
+    std::lock_guard lk(mu_);
+    before_renew_ = std::move(hook);
+  }
 
   /// A settle that committed after a claim's snapshot (the race wake_keys.sql heals): the row
   /// leaves the queue, and the next row of its key, which that claim parked, is not woken.
@@ -340,6 +354,8 @@ class FakeDatabase {
   std::function<void()> before_release_lost_claims_;
   int claims_until_hook_ = 0;
   std::function<void()> before_claim_;
+  std::function<void()> before_renew_;
+  std::set<std::int64_t> locked_for_renewals_;
   std::function<void()> before_read_status_;
 
   std::mutex notify_mu_;
@@ -548,11 +564,18 @@ class FakeStore final : public QueueStore {
 
   std::vector<MessageId> RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
                                      Millis lease) override {
+    std::function<void()> hook;
+    {
+      std::lock_guard lk(db_.mu_);
+      hook.swap(db_.before_renew_);
+    }
+    if (hook) hook();
     std::lock_guard lk(db_.mu_);
     db_.Enter("renew");
     std::vector<MessageId> renewed;
     if (db_.rows_locked_) return renewed;
     for (const auto& [id, token] : held) {
+      if (db_.locked_for_renewals_.count(Raw(id)) > 0) continue;
       const auto it = db_.rows_.find(Raw(id));
       if (it == db_.rows_.end() || it->second.lease_owner != token) continue;
       it->second.lease_until = db_.clock_.WallNow() + lease;

@@ -125,7 +125,9 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     if (!fresh && (held.in_sink || held.removes)) {
       // Its earlier copy is still in the sink, or delivered and not settled yet: that
       // outcome settles this claim. (A queued outcome takes the token here; one the settler
-      // has taken takes it before its next try, SettleLoop.)
+      // has taken takes it before its next try, SettleLoop.) The copy in the sink is covered
+      // by this claim now.
+      if (held.cover && msg.claim_expires) held.cover->ExtendTo(*msg.claim_expires);
       if (!held.in_sink) {
         for (auto& queued : settle_queue) {
           if (queued.id == msg.id && Removes(queued)) queued.lease_token = token;
@@ -140,10 +142,8 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     ++unsettled;
     held.in_sink = !dead;
     held.removes = dead.has_value();
-    // Under settle_mu, as the renewals take their lists: one published as of a later time
-    // renewed this message's lease.
-    msg.held_since = std::chrono::steady_clock::now();
-    msg.renewals = renewals;
+    held.cover = msg.claim_expires ? std::make_shared<ClaimCover>(*msg.claim_expires) : nullptr;
+    msg.claim_cover = held.cover;
   }
   if (dead) {
     dead->destination = dest.name;
@@ -228,7 +228,6 @@ Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
 Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks, DispatcherEnv env)
     : impl_(std::make_unique<Impl>()) {
   impl_->config = std::move(config);
-  impl_->renewals = std::make_shared<LeaseRenewals>(impl_->config.lease);
   impl_->sinks = std::move(sinks);
   impl_->stores = env.stores ? std::move(env.stores) : PostgresStores(impl_->config.database_url);
   if (env.clock) impl_->clock = env.clock;

@@ -156,11 +156,12 @@ struct Dispatcher::Impl {
     std::string token;
     bool in_sink = false;
     bool removes = false;
+    // Until when the claim holds (the message in the sink shares it: a sink sends nothing
+    // whose claim ran out, ClaimRunsOut): moved on by each renewal of its lease, and by a
+    // claim of it again while its copy is still in the sink.
+    std::shared_ptr<ClaimCover> cover;
   };
   std::unordered_map<std::int64_t, Held> held_leases;  // guarded by settle_mu
-  // What the sinks know of the renewals (const after construction; it has its own atomics):
-  // each message carries it, and a sink sends nothing whose claim ran out (ClaimRunsOut).
-  std::shared_ptr<LeaseRenewals> renewals;
   bool settler_stop = false;                           // guarded by settle_mu
   bool settler_give_up = false;                        // guarded by settle_mu
 

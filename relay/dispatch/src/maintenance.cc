@@ -194,32 +194,39 @@ void Dispatcher::Impl::PauseAfterFailure(Millis pause) {
 // steady traffic nearly every renewal passed some over, and came back every second instead of
 // every lease / 3, rewriting every in-flight row each time.
 //
-// When it renewed every message then in a sink, the sinks learn that their claims hold until
-// the list's time plus the lease (LeaseRenewals): a sink sends nothing whose claim ran out,
-// so a relay whose renewals failed for a lease (a database away, a stall) does not send what
-// another relay may have taken back meanwhile.
+// Passed over means still in a sink under the same claim once the renewal returned: a message
+// that left its sink meanwhile (its settle holds or deleted the row) needs no lease.
+//
+// Each renewed message's claim then holds until the renewal's start plus the lease (its
+// ClaimCover): a sink sends nothing whose claim ran out, so a relay whose renewals failed for
+// a lease (a database away, a stall) does not send what another relay may have taken back.
 bool Dispatcher::Impl::RenewHeldLeases(QueueStore& store) {
   std::vector<std::pair<MessageId, std::string>> held;
-  std::vector<std::int64_t> in_sinks;
   std::chrono::steady_clock::time_point as_of;
   {
     std::lock_guard lk(settle_mu);
-    as_of = std::chrono::steady_clock::now();  // Submit stamps held_since under settle_mu too
+    as_of = std::chrono::steady_clock::now();  // before the statement: its leases end later
     held.reserve(held_leases.size());
-    for (const auto& [id, h] : held_leases) {
-      held.emplace_back(MessageId{id}, h.token);
-      if (h.in_sink) in_sinks.push_back(id);
-    }
+    for (const auto& [id, h] : held_leases) held.emplace_back(MessageId{id}, h.token);
   }
   if (held.empty()) return true;
   const auto renewed = store.RenewLeases(held, config.lease);
   std::unordered_set<std::int64_t> got;
   got.reserve(renewed.size());
   for (const MessageId id : renewed) got.insert(Raw(id));
-  const bool all_in_sinks = std::all_of(in_sinks.begin(), in_sinks.end(),
-                                        [&](std::int64_t id) { return got.count(id) > 0; });
-  if (all_in_sinks) renewals->Renewed(as_of);
-  return all_in_sinks;
+  const auto until = as_of + config.lease;
+  bool passed_over = false;
+  std::lock_guard lk(settle_mu);
+  for (const auto& [id, token] : held) {
+    const auto it = held_leases.find(Raw(id));
+    if (it == held_leases.end() || it->second.token != token) continue;  // settled, or claimed again
+    if (got.count(Raw(id)) > 0) {
+      if (it->second.cover) it->second.cover->ExtendTo(until);
+    } else if (it->second.in_sink) {
+      passed_over = true;
+    }
+  }
+  return !passed_over;
 }
 
 // When the renewal after one at `now` is due.

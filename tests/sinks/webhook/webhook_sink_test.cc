@@ -276,29 +276,26 @@ TEST(WebhookSink, MessageHeadersThatDifferOnlyInCaseAreSentOnce) {
 
 // A message whose claim ran out while it waited in the sink (its relay could not renew the
 // lease: the database away for longer than lease_ms) is handed back unsent, no attempt
-// counted: another relay's reaper may have taken it back and sent it. A renewal of every lease
-// after the message came keeps it (ClaimRunsOut); one from before it came does not.
+// counted: another relay's reaper may have taken it back and sent it. A renewal of its lease
+// (its ClaimCover moved on) keeps it.
 TEST(WebhookSink, AMessageWhoseClaimRanOutIsHandedBackUnsent) {
   HttpReceiver receiver;
   Completions done;
   auto sink = MakeWebhookSink("hooks", Target(receiver.Url("/h")));
   const auto now = std::chrono::steady_clock::now();
-  auto never_renewed = std::make_shared<LeaseRenewals>(30s);
-  auto renewed_since = std::make_shared<LeaseRenewals>(30s);
-  renewed_since->Renewed(now - 1s);
   const auto claimed = [&](int n, std::chrono::steady_clock::time_point expires,
-                           std::shared_ptr<LeaseRenewals> renewals,
-                           std::chrono::steady_clock::duration held_for) {
+                           std::optional<std::chrono::steady_clock::time_point> renewed) {
     Message m = MakeMessage(n);
     m.claim_expires = expires;
-    m.held_since = now - held_for;
-    m.renewals = std::move(renewals);
+    auto cover = std::make_shared<ClaimCover>(expires);
+    if (renewed) cover->ExtendTo(*renewed);
+    m.claim_cover = std::move(cover);
     return m;
   };
-  sink->Submit(claimed(1, now - 1ms, never_renewed, 31s), done.Callback());  // ran out
-  sink->Submit(claimed(2, now - 1ms, renewed_since, 31s), done.Callback());  // renewed since
-  sink->Submit(claimed(3, now + 30s, never_renewed, 0s), done.Callback());   // claim holds
-  sink->Submit(claimed(4, now - 1ms, renewed_since, 500ms), done.Callback());  // came later
+  sink->Submit(claimed(1, now - 1ms, std::nullopt), done.Callback());  // ran out
+  sink->Submit(claimed(2, now - 1ms, now + 29s), done.Callback());     // renewed since
+  sink->Submit(claimed(3, now + 30s, std::nullopt), done.Callback());  // claim holds
+  sink->Submit(claimed(4, now - 1ms, now - 1ms), done.Callback());     // renewed, ran out too
   sink->Submit(MakeMessage(5), done.Callback());  // no claim known (no dispatcher)
   ASSERT_TRUE(done.WaitForSize(5));
   for (const int n : {1, 4}) {
@@ -314,6 +311,38 @@ TEST(WebhookSink, AMessageWhoseClaimRanOutIsHandedBackUnsent) {
   for (const auto& r : receiver.Requests()) received.insert(r.Header("webhook-id"));
   EXPECT_EQ(received, (std::set<std::string>{KeyOf(2), KeyOf(3), KeyOf(5)}));
   EXPECT_EQ(sink->EventCounts().at("claim_ran_out"), 2);
+  sink->Shutdown(5s);
+}
+
+// The claim can run out while the request connects (an endpoint slow to accept, a stall):
+// the body is then not written, and the message goes back as above. What reaches the
+// endpoint is a request head with no body, which it cannot act on.
+TEST(WebhookSink, AClaimThatRunsOutWhileConnectingSendsNoBody) {
+  FullListener listener;
+  ASSERT_EQ(listener.Connecting(), 0);
+  Completions done;
+  WebhookTarget target = Target("http://127.0.0.1:" + std::to_string(listener.Port()) + "/hook");
+  target.max_in_flight = 1;
+  target.connect_timeout = 20s;
+  target.timeout = 20s;
+  auto sink = MakeWebhookSink("hooks", target);
+  Message m = MakeMessage(1);
+  m.claim_expires = std::chrono::steady_clock::now() + 2s;
+  m.claim_cover = std::make_shared<ClaimCover>(*m.claim_expires);
+  const auto runs_out = *m.claim_expires;
+  sink->Submit(std::move(m), done.Callback());
+  ASSERT_TRUE(WaitFor([&] { return listener.Connecting() == 1; }, 10s))
+      << "the worker is not connecting";
+  ASSERT_TRUE(WaitFor([&] { return std::chrono::steady_clock::now() > runs_out; }, 10s));
+  EXPECT_EQ(done.Size(), 0u) << "completed before its connection opened";
+
+  listener.Drain();  // the connection opens on the SYN's next try, past the claim
+  const std::string sent = listener.AcceptAndRead(15s);
+  ASSERT_TRUE(done.WaitForSize(1));
+  EXPECT_EQ(done.Of(1).kind, OutcomeKind::kReturned) << done.Of(1).reason;
+  EXPECT_NE(done.Of(1).reason.find("claim ran out"), std::string::npos) << done.Of(1).reason;
+  EXPECT_EQ(sent.find(R"({"n":1})"), std::string::npos) << "the body was sent:\n" << sent;
+  EXPECT_EQ(sink->EventCounts().at("claim_ran_out"), 1);
   sink->Shutdown(5s);
 }
 

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,33 +13,24 @@
 
 namespace outbox::relay {
 
-/// The lease renewals of one dispatcher, as its sinks see them (shared by every message it
-/// claims). Each renewal that extended the lease of every message then in a sink publishes
-/// when it took its list (steady clock); a message handed to the sink before that moment holds
-/// its claim until then plus the lease, whatever its own claim said.
-class LeaseRenewals {
+/// Until when a relay's claim of one message holds, as its dispatcher keeps it: the claim's
+/// start plus the lease, moved on by each renewal that extended that message's lease (and by
+/// a claim of it again while this copy is still in the sink). Shared by the dispatcher and the
+/// message's copies in the sinks; only moves forward.
+class ClaimCover {
  public:
   using TimePoint = std::chrono::steady_clock::time_point;
-  explicit LeaseRenewals(std::chrono::milliseconds lease) : lease_(lease) {}
-  /// Every lease held at `as_of` was renewed (by a statement that started after it).
-  void Renewed(TimePoint as_of) {
-    const auto ns = as_of.time_since_epoch().count();
-    auto seen = as_of_ns_.load();
-    while (seen < ns && !as_of_ns_.compare_exchange_weak(seen, ns)) {
+  explicit ClaimCover(TimePoint until) : until_ns_(until.time_since_epoch().count()) {}
+  void ExtendTo(TimePoint until) {
+    const auto ns = until.time_since_epoch().count();
+    auto seen = until_ns_.load(std::memory_order_relaxed);
+    while (seen < ns && !until_ns_.compare_exchange_weak(seen, ns)) {
     }
   }
-  /// When the last such renewal took its list; nullopt before the first.
-  std::optional<TimePoint> RenewedAsOf() const {
-    const auto ns = as_of_ns_.load();
-    if (ns == kNever) return std::nullopt;
-    return TimePoint(TimePoint::duration(ns));
-  }
-  std::chrono::milliseconds lease() const { return lease_; }
+  TimePoint Until() const { return TimePoint(TimePoint::duration(until_ns_.load())); }
 
  private:
-  static constexpr TimePoint::rep kNever = std::numeric_limits<TimePoint::rep>::min();
-  const std::chrono::milliseconds lease_;
-  std::atomic<TimePoint::rep> as_of_ns_{kNever};
+  std::atomic<TimePoint::rep> until_ns_;
 };
 
 /// Row id of a message in outbox.messages (and of its dead letter).
@@ -70,30 +60,23 @@ struct Message {
   /// that endpoint only. Its ordering_key is then "<endpoint_id>:<the message's key>".
   std::optional<std::string> endpoint_id;
   /// When this relay's claim of the message runs out unless its lease is renewed (set by the
-  /// dispatcher: the claim's start plus lease_ms). A sink that fences other relays when it
-  /// starts (exactly-once Kafka) does not send a message whose claim ran out before it was
-  /// ready: another relay may have taken it over and sent it.
+  /// dispatcher: the claim's start plus lease_ms). The webhook and exactly-once Kafka sinks
+  /// send nothing whose claim ran out (ClaimRunsOut, renewals included): another relay may
+  /// have taken it over and sent it.
   std::optional<std::chrono::steady_clock::time_point> claim_expires = std::nullopt;
-  /// When the dispatcher handed the message to its sink (taken with the renewals' lists, so a
-  /// renewal published as of a later time covered it), and those renewals; unset for a
-  /// message no dispatcher claimed. Read through ClaimRunsOut.
-  std::chrono::steady_clock::time_point held_since{};
-  std::shared_ptr<const LeaseRenewals> renewals;
+  /// Until when the claim holds, renewals included (set by the dispatcher with claim_expires;
+  /// read through ClaimRunsOut).
+  std::shared_ptr<const ClaimCover> claim_cover;
 };
 
 /// When this relay's claim of `msg` runs out: its claim's expiry, or later when the dispatcher
-/// has renewed every lease in its sinks since the message was handed over. nullopt: unknown
-/// (a message no dispatcher claimed). A sink sends nothing past it: another relay's reaper may
-/// have taken the message back, and it may be on its way from there.
+/// renewed its lease since. nullopt: unknown (a message no dispatcher claimed). A sink sends
+/// nothing past it: another relay's reaper may have taken the message back, and it may be on
+/// its way from there.
 inline std::optional<std::chrono::steady_clock::time_point> ClaimRunsOut(const Message& msg) {
   if (!msg.claim_expires) return std::nullopt;
-  auto runs_out = *msg.claim_expires;
-  if (msg.renewals) {
-    if (const auto as_of = msg.renewals->RenewedAsOf(); as_of && *as_of > msg.held_since) {
-      runs_out = std::max(runs_out, *as_of + msg.renewals->lease());
-    }
-  }
-  return runs_out;
+  if (!msg.claim_cover) return msg.claim_expires;
+  return std::max(*msg.claim_expires, msg.claim_cover->Until());
 }
 
 }  // namespace outbox::relay

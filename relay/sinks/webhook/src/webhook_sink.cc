@@ -433,6 +433,7 @@ class WebhookSink final : public Sink {
     const WebhookSink* sink;
     const Worker* worker;
     const Message* msg;
+    bool* ran_out;  ///< Set when the claim ran out before the body was written.
   };
 
   struct Worker {
@@ -486,6 +487,7 @@ class WebhookSink final : public Sink {
 
     // Kept across requests: a std::deque allocates its map and a node when constructed.
     std::deque<Job> returned;
+    std::deque<Job> ran_out;  // claims that ran out while queued
     while (true) {
       Job job;
       EndpointGovernor::Ticket ticket;
@@ -503,6 +505,12 @@ class WebhookSink final : public Sink {
             hold_returned = BlockedHold(now);
             break;
           }
+          // What waited here past its claim goes back before it takes a request's place.
+          while (!queue_.empty() && RanOut(queue_.front().msg, now)) {
+            ran_out.push_back(std::move(queue_.front()));
+            queue_.pop_front();
+          }
+          if (!ran_out.empty()) break;
           if (!queue_.empty()) {
             if (auto t = governor_.TryStart(now)) {
               ticket = *t;
@@ -522,7 +530,7 @@ class WebhookSink final : public Sink {
             worker.idle_ns.fetch_add((Clock::now() - now).count(), std::memory_order_relaxed);
           }
         }
-        if (returned.empty()) {
+        if (returned.empty() && ran_out.empty()) {
           job = std::move(queue_.front());
           queue_.pop_front();
           worker.active = std::move(job.done);
@@ -534,17 +542,20 @@ class WebhookSink final : public Sink {
         ReturnAll(returned, why_returned, hold_returned);
         continue;
       }
+      if (!ran_out.empty()) {
+        for (auto& expired : ran_out) Complete(expired.done, HandBackRanOut(expired.msg).outcome);
+        ran_out.clear();
+        continue;
+      }
       if (ticket.probe) {
         spdlog::info("webhook {}: circuit breaker half-open: probing the endpoint with message {}",
                      destination_, Raw(job.msg.id));
       }
       Attempt attempt;
-      if (auto ran_out = ClaimRanOut(job.msg)) {
-        attempt = std::move(*ran_out);
-      } else if (auto refused = CheckAddress(worker, job.msg.id)) {
+      if (auto refused = CheckAddress(worker, job.msg.id)) {
         attempt = std::move(*refused);
-      } else if (auto late = ClaimRanOut(job.msg)) {  // while the host's name was looked up
-        attempt = std::move(*late);
+      } else if (RanOut(job.msg, Clock::now())) {  // while the host's name was looked up
+        attempt = HandBackRanOut(job.msg);
       } else if (Abandoned(worker)) {
         // Shutdown took this message back while the address was resolved: sending it now
         // would deliver a message the dispatcher already released. (Checked again right
@@ -591,25 +602,35 @@ class WebhookSink final : public Sink {
     }
   }
 
-  // A message whose claim ran out (the dispatcher could not renew its lease for a whole lease:
-  // the database away, a stall) is not sent: another relay's reaper may have taken it back and
-  // sent it. Handed back, no attempt counted; nullopt while the claim holds.
-  std::optional<Attempt> ClaimRanOut(const Message& msg) {
+  // A message whose claim ran out (the dispatcher could not renew its lease: the database away
+  // for a whole lease, a stall) is not sent: another relay's reaper may have taken it back and
+  // sent it. Checked when a worker takes it, after the host's name was looked up, and right
+  // before its body is written.
+  static bool RanOut(const Message& msg, Clock::time_point now) {
     const auto runs_out = ClaimRunsOut(msg);
-    if (!runs_out || std::chrono::steady_clock::now() < *runs_out) return std::nullopt;
+    return runs_out && now >= *runs_out;
+  }
+
+  // Handed back, no attempt counted and no verdict on the endpoint (it was not asked); counted,
+  // and logged at warn once a minute at most.
+  Attempt HandBackRanOut(const Message& msg) const {
     const std::string why =
-        "the claim ran out (lease_ms) while the message waited in the sink: not sent, another "
-        "relay may have taken it over";
-    if (claims_ran_out_.fetch_add(1) == 0) {
-      spdlog::warn("webhook {}: message {} not sent: {} (the relay could not renew its leases; "
-                   "outbox_sink_events_total{{event=\"claim_ran_out\"}} counts the others)",
+        "the claim ran out (lease_ms) before the request was sent: not sent, another relay may "
+        "have taken the message over";
+    claims_ran_out_.fetch_add(1);
+    const auto now = Clock::now().time_since_epoch().count();
+    auto last = last_ran_out_warning_.load();
+    const auto quiet = std::chrono::duration_cast<Clock::duration>(std::chrono::minutes(1)).count();
+    if ((last == 0 || now - last >= quiet) && last_ran_out_warning_.compare_exchange_strong(last, now)) {
+      spdlog::warn("webhook {}: message {} not sent: {}; the relay could not renew its leases "
+                   "(outbox_sink_events_total{{event=\"claim_ran_out\"}} counts such messages)",
                    destination_, Raw(msg.id), why);
     } else {
       spdlog::debug("webhook {}: message {} not sent: {}", destination_, Raw(msg.id), why);
     }
     Attempt a;
     a.outcome = Returned(msg.id, why, std::chrono::milliseconds(0));
-    return a;  // no verdict: the endpoint was not asked
+    return a;
   }
 
   // The SSRF guard: resolves the host (again every ResolveEvery()), checks the addresses and
@@ -820,10 +841,15 @@ class WebhookSink final : public Sink {
     // send guards it.
     req.content_length_ = msg.payload.size();
     // One pointer captured: std::function keeps it inline, with no allocation per request.
-    const BodySource body{this, &worker, &msg};
+    bool ran_out = false;
+    const BodySource body{this, &worker, &msg, &ran_out};
     req.content_provider_ = [&body](std::size_t offset, std::size_t length,
                                     httplib::DataSink& sink) {
       if (offset == 0 && body.sink->Abandoned(*body.worker)) return false;  // Error::Canceled
+      if (offset == 0 && RanOut(*body.msg, Clock::now())) {  // connecting took it past its claim
+        *body.ran_out = true;
+        return false;  // Error::Canceled: a request whose body never comes is not acted on
+      }
       sink.write(body.msg->payload.data() + offset, length);  // a failed write: Error::Write
       return true;
     };
@@ -849,6 +875,7 @@ class WebhookSink final : public Sink {
     const auto elapsed =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
 
+    if (ran_out) return HandBackRanOut(msg);
     Attempt attempt;
     Outcome& outcome = attempt.outcome;
     if (!sent) {
@@ -1002,7 +1029,8 @@ class WebhookSink final : public Sink {
   // Written by Deliver (const: it changes no configuration, only this record of the endpoint).
   mutable std::atomic<int> unreachable_in_a_row_{0};  ///< Attempts without any HTTP answer.
   std::atomic<bool> stopping_now_{false};  ///< Shutdown's aborted requests are no verdict.
-  std::atomic<std::int64_t> claims_ran_out_{0};  ///< Messages not sent: their claim ran out.
+  mutable std::atomic<std::int64_t> claims_ran_out_{0};  ///< Not sent: their claim ran out.
+  mutable std::atomic<Clock::rep> last_ran_out_warning_{0};
   mutable std::mutex last_failure_mu_;
   mutable std::string last_failure_;  ///< Guarded by last_failure_mu_.
   std::vector<std::unique_ptr<Worker>> workers_;
