@@ -4,8 +4,11 @@
 
 #include <httplib.h>
 #include <openssl/x509.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -209,7 +212,7 @@ class WebhookSink final : public Sink {
     workers_.reserve(static_cast<std::size_t>(target_.max_in_flight));
     for (int i = 0; i < target_.max_in_flight; ++i) {
       auto worker = std::make_unique<Worker>();
-      worker->client = MakeClient();
+      worker->client = MakeClient(*worker);
       worker->signer = std::make_unique<webhook_detail::Signer>(keys_);
       workers_.push_back(std::move(worker));
     }
@@ -320,8 +323,9 @@ class WebhookSink final : public Sink {
       Complete(done, Retry(id, "shutdown: request still running at the shutdown deadline",
                            Reason::kShutdown));
     }
-    // Abort the abandoned requests so the workers return promptly (a connect in progress
-    // still runs to its connect_timeout).
+    // Abort the abandoned requests so the workers return promptly: a connect in progress
+    // through its socket (stop() waits for the connect), the rest through stop().
+    for (Worker* worker : to_stop) AbortOpening(*worker);
     for (Worker* worker : to_stop) worker->client->stop();
     for (auto& worker : workers_) {
       if (worker->thread.joinable()) worker->thread.join();
@@ -453,9 +457,41 @@ class WebhookSink final : public Sink {
     std::atomic<std::int64_t> request_ns{0};
     std::atomic<std::int64_t> idle_ns{0};        ///< Finished waits with nothing queued.
     std::atomic<std::int64_t> idle_since_ns{0};  ///< Start of the current such wait, or 0.
+    /// A duplicate of the socket of a connection being opened (-1: none), so Shutdown can abort
+    /// a connect that hangs: cpp-httplib holds its socket lock while it connects, so stop()
+    /// waits for the connect to time out (connect_timeout_ms). A duplicate, not the number
+    /// itself: the client may close its socket and the number be reused meanwhile.
+    mutable std::mutex opening_mu;
+    mutable int opening_fd = -1;  ///< Guarded by opening_mu.
+    ~Worker() {
+      if (opening_fd >= 0) ::close(opening_fd);
+    }
   };
 
-  std::unique_ptr<httplib::ClientImpl> MakeClient() const {
+  // The socket of the connection `worker`'s client opens now (cpp-httplib's socket options
+  // hook, called before connect).
+  static void Opening(Worker& worker, int fd) {
+    const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    std::lock_guard lock(worker.opening_mu);
+    if (worker.opening_fd >= 0) ::close(worker.opening_fd);
+    worker.opening_fd = dup;  // -1 when out of descriptors: that connect cannot be aborted
+  }
+
+  // The request is over: whatever connection it opened is the client's own business again.
+  static void Opened(const Worker& worker) {
+    std::lock_guard lock(worker.opening_mu);
+    if (worker.opening_fd >= 0) ::close(worker.opening_fd);
+    worker.opening_fd = -1;
+  }
+
+  // Shutdown: a connect in progress fails at once (a connected socket's request fails too,
+  // as stop() would make it).
+  static void AbortOpening(Worker& worker) {
+    std::lock_guard lock(worker.opening_mu);
+    if (worker.opening_fd >= 0) ::shutdown(worker.opening_fd, SHUT_RDWR);
+  }
+
+  std::unique_ptr<httplib::ClientImpl> MakeClient(Worker& worker) const {
     std::unique_ptr<httplib::ClientImpl> client;
     if (url_.https) {
       auto ssl = std::make_unique<httplib::SSLClient>(url_.host, url_.port);
@@ -468,6 +504,7 @@ class WebhookSink final : public Sink {
     } else {
       client = std::make_unique<httplib::ClientImpl>(url_.host, url_.port);
     }
+    client->set_socket_options([&worker](socket_t fd) { Opening(worker, fd); });
     client->set_keep_alive(true);
     client->set_follow_location(false);
     client->set_tcp_nodelay(true);
@@ -872,6 +909,7 @@ class WebhookSink final : public Sink {
     // What cpp-httplib reads of the answer, and until when.
     webhook_detail::ResponseHeadGuard head_guard(deadline);
     const bool sent = client.send(req, res, error);
+    Opened(worker);
     const auto elapsed =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
 
