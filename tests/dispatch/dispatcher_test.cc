@@ -291,6 +291,21 @@ class DispatcherTest : public ::testing::Test {
     ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
   }
 
+  // Three whole maintenance turns after 1 s of clock each (4.8 s in all) renew nothing: each
+  // step waits for a read of the pauses (every 500 ms of clock) after the advance, and another
+  // after the next.
+  void ExpectNoRenewalForThreeSecondsOfClock() {
+    const auto before = db_.Calls("renew");
+    for (int step = 0; step < 3; ++step) {
+      for (const auto advance : {1000ms, 600ms}) {
+        clock_.Advance(advance + 1ms);
+        const auto reads = db_.Calls("paused");
+        ASSERT_TRUE(WaitFor([&] { return db_.Calls("paused") > reads; })) << step;
+      }
+    }
+    EXPECT_EQ(db_.Calls("renew"), before) << "renewed again within 4.8 s of clock";
+  }
+
   // Message 1's lease, `first`, runs out while this relay's renewals fail, another relay's
   // reaper takes it back, and this relay's claim loop claims the message again.
   void TakeTheLeaseBack(const std::optional<std::string>& first) {
@@ -728,16 +743,7 @@ TEST_F(DispatcherTest, AMessageThatLeftItsSinkDuringARenewalIsNotPassedOver) {
   ASSERT_EQ(held.size(), 1u);
   EXPECT_TRUE(WaitFor([&] { return ClaimRunsOut(sink_->HeldMessages().front()) > claimed; }))
       << "message 1's claim did not move";
-  const auto after = db_.Calls("renew");
-  for (int step = 0; step < 3; ++step) {
-    // Each step a whole maintenance turn after 1 s of clock (see the test above this one).
-    for (const auto advance : {1000ms, 600ms}) {
-      clock_.Advance(advance + 1ms);
-      const auto reads = db_.Calls("paused");
-      ASSERT_TRUE(WaitFor([&] { return db_.Calls("paused") > reads; })) << step;
-    }
-  }
-  EXPECT_EQ(db_.Calls("renew"), after) << "renewed again within 4.8 s of clock";
+  ASSERT_NO_FATAL_FAILURE(ExpectNoRenewalForThreeSecondsOfClock());
   sink_->Release();
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
 }
@@ -923,17 +929,7 @@ TEST_F(DispatcherTest, RowsASettleHoldsDoNotBringTheRenewalBackEverySecond) {
   const auto first = db_.Calls("renew");
   clock_.Advance(10s + 1ms);  // lease / 3: a renewal is due, and passes the row over
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("renew") > first; }));
-  const auto after = db_.Calls("renew");
-  for (int step = 0; step < 3; ++step) {
-    // Each step a whole maintenance turn after 1 s of clock: a read of the pauses (every
-    // 500 ms of clock) after the advance, and another after the next.
-    for (const auto advance : {1000ms, 600ms}) {
-      clock_.Advance(advance + 1ms);
-      const auto reads = db_.Calls("paused");
-      ASSERT_TRUE(WaitFor([&] { return db_.Calls("paused") > reads; })) << step;
-    }
-  }
-  EXPECT_EQ(db_.Calls("renew"), after) << "renewed again within 4.8 s of clock";
+  ASSERT_NO_FATAL_FAILURE(ExpectNoRenewalForThreeSecondsOfClock());
   db_.LockRowsForRenewals(false);
   db_.Heal("settle");
 }

@@ -135,6 +135,15 @@ Outcome DeliverOne(const WebhookTarget& target, Message msg = MakeMessage(1)) {
   return all.empty() ? Outcome{} : all.front();
 }
 
+/// One worker whose connect hangs (the endpoint drops SYNs), its timeouts 20 s.
+std::unique_ptr<Sink> SinkConnectingTo(const FullListener& listener) {
+  WebhookTarget target = Target("http://127.0.0.1:" + std::to_string(listener.Port()) + "/hook");
+  target.max_in_flight = 1;
+  target.connect_timeout = 20s;
+  target.timeout = 20s;
+  return MakeWebhookSink("hooks", target);
+}
+
 TEST(WebhookSink, RejectsUnusableConfiguration) {
   WebhookTarget good = Target("http://127.0.0.1:9/hook");
   EXPECT_NO_THROW(MakeWebhookSink("hooks", good)->Shutdown(0ms));
@@ -321,11 +330,7 @@ TEST(WebhookSink, AClaimThatRunsOutWhileConnectingSendsNoBody) {
   FullListener listener;
   ASSERT_EQ(listener.Connecting(), 0);
   Completions done;
-  WebhookTarget target = Target("http://127.0.0.1:" + std::to_string(listener.Port()) + "/hook");
-  target.max_in_flight = 1;
-  target.connect_timeout = 20s;
-  target.timeout = 20s;
-  auto sink = MakeWebhookSink("hooks", target);
+  auto sink = SinkConnectingTo(listener);
   Message m = MakeMessage(1);
   m.claim_expires = std::chrono::steady_clock::now() + 2s;
   m.claim_cover = std::make_shared<ClaimCover>(*m.claim_expires);
@@ -977,11 +982,7 @@ TEST(WebhookSink, AMessageShutdownHandedBackIsNotSentWhenItsConnectionOpensLate)
   FullListener listener;
   ASSERT_EQ(listener.Connecting(), 0);
   Completions done;
-  WebhookTarget target = Target("http://127.0.0.1:" + std::to_string(listener.Port()) + "/hook");
-  target.max_in_flight = 1;
-  target.connect_timeout = 20s;
-  target.timeout = 20s;
-  auto sink = MakeWebhookSink("hooks", target);
+  auto sink = SinkConnectingTo(listener);
   sink->Submit(MakeMessage(1), done.Callback());
   ASSERT_TRUE(WaitFor([&] { return listener.Connecting() == 1; }, 10s));
 
@@ -1004,11 +1005,7 @@ TEST(WebhookSink, ShutdownAbortsAConnectThatHangs) {
   FullListener listener;
   ASSERT_EQ(listener.Connecting(), 0);
   Completions done;
-  WebhookTarget target = Target("http://127.0.0.1:" + std::to_string(listener.Port()) + "/hook");
-  target.max_in_flight = 1;
-  target.connect_timeout = 20s;
-  target.timeout = 20s;
-  auto sink = MakeWebhookSink("hooks", target);
+  auto sink = SinkConnectingTo(listener);
   sink->Submit(MakeMessage(1), done.Callback());
   ASSERT_TRUE(WaitFor([&] { return listener.Connecting() == 1; }, 10s));
 
