@@ -183,6 +183,7 @@ struct Attempt {
   Outcome outcome;
   std::optional<Verdict> verdict;
   bool not_connected = false;  ///< No connection could be made to the address tried.
+  bool not_sent = false;       ///< Handed back before the request was made (no request).
 };
 
 class WebhookSink final : public Sink {
@@ -324,9 +325,21 @@ class WebhookSink final : public Sink {
                            Reason::kShutdown));
     }
     // Abort the abandoned requests so the workers return promptly: a connect in progress
-    // through its socket (stop() waits for the connect), the rest through stop().
+    // through its socket (stop() waits for the connect), the rest through stop(). A worker
+    // that opens its connection only now (it was about to) is aborted on the next round, until
+    // every abandoned request has ended; a request that opens no new connection has its body
+    // refused by the provider (Abandoned).
     for (Worker* worker : to_stop) AbortOpening(*worker);
     for (Worker* worker : to_stop) worker->client->stop();
+    {
+      std::unique_lock lock(mu_);
+      while (true) {
+        std::erase_if(to_stop, [](const Worker* w) { return !w->sending; });
+        if (to_stop.empty()) break;
+        idle_cv_.wait_for(lock, kAbortAgainEvery);
+        for (Worker* worker : to_stop) AbortOpening(*worker);
+      }
+    }
     for (auto& worker : workers_) {
       if (worker->thread.joinable()) worker->thread.join();
     }
@@ -449,6 +462,7 @@ class WebhookSink final : public Sink {
     Clock::time_point resolved_at{};              ///< When the host last resolved.
     std::optional<Completion> active;             ///< Guarded by mu_; set while sending.
     MessageId active_id{};                        ///< Guarded by mu_.
+    bool sending = false;  ///< Guarded by mu_: from StartSending until the request ended.
     /// This thread's signing contexts (one per key, reused for every message).
     std::unique_ptr<webhook_detail::Signer> signer;
     std::thread thread;
@@ -593,7 +607,7 @@ class WebhookSink final : public Sink {
         attempt = std::move(*refused);
       } else if (RanOut(job.msg, Clock::now())) {  // while the host's name was looked up
         attempt = HandBackRanOut(job.msg);
-      } else if (Abandoned(worker)) {
+      } else if (!StartSending(worker)) {
         // Shutdown took this message back while the address was resolved: sending it now
         // would deliver a message the dispatcher already released. (Checked again right
         // before the body is written, see Deliver.)
@@ -602,8 +616,11 @@ class WebhookSink final : public Sink {
       } else {
         const auto started = Clock::now();
         attempt = Deliver(worker, job.msg);
-        worker.request_ns.fetch_add((Clock::now() - started).count(), std::memory_order_relaxed);
-        worker.requests.fetch_add(1, std::memory_order_relaxed);
+        if (!attempt.not_sent) {
+          worker.request_ns.fetch_add((Clock::now() - started).count(),
+                                      std::memory_order_relaxed);
+          worker.requests.fetch_add(1, std::memory_order_relaxed);
+        }
         if (attempt.not_connected) PassOverAddress(worker);
       }
       std::optional<Completion> done;
@@ -617,6 +634,7 @@ class WebhookSink final : public Sink {
         if (change.Any()) after = governor_.Snapshot(now);
         done = std::move(worker.active);
         worker.active.reset();
+        worker.sending = false;
         idle = --running_ == 0;
       }
       // This worker takes the next job itself (and hands the queue back if the endpoint is
@@ -667,6 +685,7 @@ class WebhookSink final : public Sink {
     }
     Attempt a;
     a.outcome = Returned(msg.id, why, std::chrono::milliseconds(0));
+    a.not_sent = true;
     return a;
   }
 
@@ -744,6 +763,16 @@ class WebhookSink final : public Sink {
     } else {
       worker.resolved_until = {};
     }
+  }
+
+  // Whether the worker may make its request: Shutdown has not taken the message back. From
+  // here until the request ends (`sending`, under mu_) Shutdown keeps aborting what the
+  // worker connects, should it abandon the request.
+  bool StartSending(Worker& worker) {
+    std::lock_guard lock(mu_);
+    if (!worker.active.has_value()) return false;
+    worker.sending = true;
+    return true;
   }
 
   bool Abandoned(const Worker& worker) const {
@@ -861,6 +890,9 @@ class WebhookSink final : public Sink {
   }
 
   Attempt Deliver(const Worker& worker, const Message& msg) const {
+    // Right before the request (an empty body gets no later check: cpp-httplib asks no
+    // provider for it).
+    if (RanOut(msg, Clock::now())) return HandBackRanOut(msg);
     httplib::ClientImpl& client = *worker.client;
     const long long timestamp = std::chrono::duration_cast<std::chrono::seconds>(
                                     std::chrono::system_clock::now().time_since_epoch())
@@ -1060,6 +1092,8 @@ class WebhookSink final : public Sink {
   std::atomic<std::size_t> in_flight_{0};
   static constexpr int kUnreachableAfter = 3;
   static constexpr std::size_t kQueuedPerRequest = 16;  ///< Messages in the sink per request.
+  /// Shutdown aborts the connections abandoned requests open this often until they ended.
+  static constexpr std::chrono::milliseconds kAbortAgainEvery{20};
   /// A name that did not resolve while earlier addresses stand (for at most 10 x
   /// ResolveEvery(), 5 minutes, after it last did): asked again after this.
   static constexpr std::chrono::seconds kResolveRetry{5};
