@@ -1269,6 +1269,52 @@ struct ResolverRestored {
   }
 };
 
+// Shutdown does not wait for a name lookup that hangs (a resolver that stopped answering takes
+// seconds per try): the worker gives the lookup up once its message is taken back, and the
+// relay's stop no longer runs that long past shutdown_timeout_ms.
+TEST(WebhookSink, ShutdownDoesNotWaitForANameLookupThatHangs) {
+  ResolverRestored restore;
+  struct Hang {  // shared with the lookup's thread, which ends after the test
+    std::mutex mu;
+    std::condition_variable cv;
+    bool entered = false, released = false, returned = false;
+  };
+  auto hang = std::make_shared<Hang>();
+  webhook_detail::SetResolverForTesting(
+      [hang](const std::string&, std::string* error) -> std::vector<webhook_detail::IpAddress> {
+        std::unique_lock lock(hang->mu);
+        hang->entered = true;
+        hang->cv.notify_all();
+        hang->cv.wait_for(lock, 30s, [&] { return hang->released; });
+        hang->returned = true;
+        hang->cv.notify_all();
+        *error = "no answer";
+        return {};
+      });
+  Completions done;
+  WebhookTarget target = Target("http://hooks.test:9/hook");
+  target.max_in_flight = 1;
+  auto sink = MakeWebhookSink("hooks", target);
+  sink->Submit(MakeMessage(1), done.Callback());
+  {
+    std::unique_lock lock(hang->mu);
+    ASSERT_TRUE(hang->cv.wait_for(lock, 10s, [&] { return hang->entered; }));
+  }
+  auto stopped = std::async(std::launch::async, [&] { sink->Shutdown(100ms); });
+  EXPECT_EQ(stopped.wait_for(10s), std::future_status::ready)
+      << "Shutdown waited for the name lookup";
+  {
+    std::unique_lock lock(hang->mu);
+    hang->released = true;
+    hang->cv.notify_all();
+    ASSERT_TRUE(hang->cv.wait_for(lock, 10s, [&] { return hang->returned; }));
+  }
+  stopped.get();
+  ASSERT_TRUE(done.WaitForSize(1));
+  EXPECT_EQ(done.Of(1).kind, OutcomeKind::kRetry);
+  EXPECT_EQ(done.Of(1).reason_class, "shutdown");
+}
+
 TEST(WebhookSinkSsrf, ANameThatResolvesToABlockedAddressFailsTheDeliveryWithAClearReason) {
   HttpReceiver receiver;
   FakeDns dns(std::map<std::string, std::string>{{"hooks.test", "127.0.0.1"}});

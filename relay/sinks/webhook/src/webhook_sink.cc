@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -697,7 +698,14 @@ class WebhookSink final : public Sink {
     const auto asked = Clock::now();
     if (!worker.connect_ip.empty() && asked < worker.resolved_until) return std::nullopt;
     const auto asked_at = std::chrono::system_clock::now();
-    const auto r = webhook_detail::ResolveChecked(url_.host, policy_);
+    const auto looked_up = LookUp(worker);
+    if (!looked_up) {
+      Attempt a;  // Shutdown took the message back while the name was looked up
+      a.outcome = Retry(id, "shutdown: not sent before the relay stopped", Reason::kShutdown);
+      a.not_sent = true;
+      return a;
+    }
+    const auto& r = *looked_up;
     // Times count from the answer: a lookup that timed out took seconds (a resolver that stops
     // answering), and counted from the question, the next retry was already due when it
     // returned, so every request waited out a lookup of its own (review).
@@ -742,6 +750,37 @@ class WebhookSink final : public Sink {
     worker.resolved_until = now + webhook_detail::ResolveEvery();
     worker.resolved_at = now;
     return std::nullopt;
+  }
+
+  // The host's name looked up on a thread of its own, so that Shutdown need not wait for it (a
+  // resolver that stopped answering takes seconds per try, and a stopping relay waited that
+  // long past shutdown_timeout_ms); nullopt when Shutdown took the worker's message back
+  // meanwhile. The lookup then ends on its own and its answer is dropped.
+  std::optional<webhook_detail::Resolution> LookUp(const Worker& worker) const {
+    struct Lookup {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::optional<webhook_detail::Resolution> answer;
+    };
+    auto lookup = std::make_shared<Lookup>();
+    try {
+      std::thread([lookup, host = url_.host, policy = policy_] {
+        auto answer = webhook_detail::ResolveChecked(host, policy);
+        std::lock_guard lock(lookup->mu);
+        lookup->answer = std::move(answer);
+        lookup->cv.notify_all();
+      }).detach();
+    } catch (const std::system_error&) {
+      return webhook_detail::ResolveChecked(url_.host, policy_);  // no thread to spare
+    }
+    std::unique_lock lock(lookup->mu);
+    while (!lookup->cv.wait_for(lock, kLookUpCheckEvery, [&] { return lookup->answer.has_value(); })) {
+      lock.unlock();
+      const bool abandoned = Abandoned(worker);
+      lock.lock();
+      if (abandoned && !lookup->answer) return std::nullopt;
+    }
+    return std::move(lookup->answer);
   }
 
   void ConnectTo(Worker& worker, std::size_t index) {
@@ -1094,6 +1133,8 @@ class WebhookSink final : public Sink {
   static constexpr std::size_t kQueuedPerRequest = 16;  ///< Messages in the sink per request.
   /// Shutdown aborts the connections abandoned requests open this often until they ended.
   static constexpr std::chrono::milliseconds kAbortAgainEvery{20};
+  /// A worker waiting for a name lookup asks this often whether Shutdown took its message.
+  static constexpr std::chrono::milliseconds kLookUpCheckEvery{20};
   /// A name that did not resolve while earlier addresses stand (for at most 10 x
   /// ResolveEvery(), 5 minutes, after it last did): asked again after this.
   static constexpr std::chrono::seconds kResolveRetry{5};
