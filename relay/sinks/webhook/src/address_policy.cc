@@ -317,14 +317,20 @@ Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy) 
     }
     return r;
   }
-  Resolver resolver;
-  {
-    std::lock_guard lock(ResolverMu());
-    resolver = TestResolver();
-  }
   std::string error;
-  const std::vector<IpAddress> found =
-      resolver ? resolver(host, &error) : SystemResolve(host, &error);
+  const std::vector<IpAddress> found = CurrentResolver()(host, &error);
+  return CheckResolved(host, found, error, policy);
+}
+
+Resolver CurrentResolver() {
+  std::lock_guard lock(ResolverMu());
+  if (TestResolver()) return TestResolver();
+  return SystemResolve;
+}
+
+Resolution CheckResolved(const std::string& host, const std::vector<IpAddress>& found,
+                         const std::string& error, const AddressPolicy& policy) {
+  Resolution r;
   if (found.empty()) {
     r.error = "cannot resolve " + host + ": " + (error.empty() ? "no address" : error);
     return r;

@@ -80,6 +80,13 @@ Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy);
 using Resolver = std::function<std::vector<IpAddress>(const std::string& host, std::string* error)>;
 /// Replaces the resolver of every ResolveChecked until called with an empty one.
 void SetResolverForTesting(Resolver resolver);
+/// The resolver ResolveChecked uses now (a test's, or getaddrinfo), to call on another thread:
+/// it touches no state of this file.
+Resolver CurrentResolver();
+/// What ResolveChecked makes of the addresses a name (not an IP literal) resolved to: `found`,
+/// or `error` when it is empty.
+Resolution CheckResolved(const std::string& host, const std::vector<IpAddress>& found,
+                         const std::string& error, const AddressPolicy& policy);
 
 /// How long the addresses a name resolved to are used before it is resolved again: 30 s
 /// (DNS answers change), unless a test set another (0: back to 30 s).

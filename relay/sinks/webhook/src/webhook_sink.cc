@@ -326,21 +326,11 @@ class WebhookSink final : public Sink {
                            Reason::kShutdown));
     }
     // Abort the abandoned requests so the workers return promptly: a connect in progress
-    // through its socket (stop() waits for the connect), the rest through stop(). A worker
-    // that opens its connection only now (it was about to) is aborted on the next round, until
-    // every abandoned request has ended; a request that opens no new connection has its body
-    // refused by the provider (Abandoned).
+    // through its socket (stop() waits for the connect), and any connect started later fails
+    // at once (a worker about to connect, or whose idle connection stop() closes); a request
+    // on a connection already open through stop().
     for (Worker* worker : to_stop) AbortOpening(*worker);
     for (Worker* worker : to_stop) worker->client->stop();
-    {
-      std::unique_lock lock(mu_);
-      while (true) {
-        std::erase_if(to_stop, [](const Worker* w) { return !w->sending; });
-        if (to_stop.empty()) break;
-        idle_cv_.wait_for(lock, kAbortAgainEvery);
-        for (Worker* worker : to_stop) AbortOpening(*worker);
-      }
-    }
     for (auto& worker : workers_) {
       if (worker->thread.joinable()) worker->thread.join();
     }
@@ -463,7 +453,6 @@ class WebhookSink final : public Sink {
     Clock::time_point resolved_at{};              ///< When the host last resolved.
     std::optional<Completion> active;             ///< Guarded by mu_; set while sending.
     MessageId active_id{};                        ///< Guarded by mu_.
-    bool sending = false;  ///< Guarded by mu_: from StartSending until the request ended.
     /// This thread's signing contexts (one per key, reused for every message).
     std::unique_ptr<webhook_detail::Signer> signer;
     std::thread thread;
@@ -478,6 +467,7 @@ class WebhookSink final : public Sink {
     /// itself: the client may close its socket and the number be reused meanwhile.
     mutable std::mutex opening_mu;
     mutable int opening_fd = -1;  ///< Guarded by opening_mu.
+    bool aborted = false;         ///< Guarded by opening_mu: Shutdown gave up on its request.
     ~Worker() {
       if (opening_fd >= 0) ::close(opening_fd);
     }
@@ -486,8 +476,18 @@ class WebhookSink final : public Sink {
   // The socket of the connection `worker`'s client opens now (cpp-httplib's socket options
   // hook, called before connect).
   static void Opening(Worker& worker, int fd) {
-    const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
     std::lock_guard lock(worker.opening_mu);
+    if (worker.aborted) {
+      // Shutdown gave up on this worker's request before it opened its connection: the
+      // connect fails at once (ENOTSOCK), and cpp-httplib closes what it thinks its socket.
+      const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (null >= 0) {
+        ::dup2(null, fd);
+        ::close(null);
+      }
+      return;
+    }
+    const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (worker.opening_fd >= 0) ::close(worker.opening_fd);
     worker.opening_fd = dup;  // -1 when out of descriptors: that connect cannot be aborted
   }
@@ -500,9 +500,10 @@ class WebhookSink final : public Sink {
   }
 
   // Shutdown: a connect in progress fails at once (a connected socket's request fails too,
-  // as stop() would make it).
+  // as stop() would make it), and so does any this worker starts from now on.
   static void AbortOpening(Worker& worker) {
     std::lock_guard lock(worker.opening_mu);
+    worker.aborted = true;
     if (worker.opening_fd >= 0) ::shutdown(worker.opening_fd, SHUT_RDWR);
   }
 
@@ -608,7 +609,7 @@ class WebhookSink final : public Sink {
         attempt = std::move(*refused);
       } else if (RanOut(job.msg, Clock::now())) {  // while the host's name was looked up
         attempt = HandBackRanOut(job.msg);
-      } else if (!StartSending(worker)) {
+      } else if (Abandoned(worker)) {
         // Shutdown took this message back while the address was resolved: sending it now
         // would deliver a message the dispatcher already released. (Checked again right
         // before the body is written, see Deliver.)
@@ -635,7 +636,6 @@ class WebhookSink final : public Sink {
         if (change.Any()) after = governor_.Snapshot(now);
         done = std::move(worker.active);
         worker.active.reset();
-        worker.sending = false;
         idle = --running_ == 0;
       }
       // This worker takes the next job itself (and hands the queue back if the endpoint is
@@ -702,7 +702,6 @@ class WebhookSink final : public Sink {
     if (!looked_up) {
       Attempt a;  // Shutdown took the message back while the name was looked up
       a.outcome = Retry(id, "shutdown: not sent before the relay stopped", Reason::kShutdown);
-      a.not_sent = true;
       return a;
     }
     const auto& r = *looked_up;
@@ -757,30 +756,41 @@ class WebhookSink final : public Sink {
   // long past shutdown_timeout_ms); nullopt when Shutdown took the worker's message back
   // meanwhile. The lookup then ends on its own and its answer is dropped.
   std::optional<webhook_detail::Resolution> LookUp(const Worker& worker) const {
+    if (webhook_detail::ParseIpLiteral(url_.host)) {
+      return webhook_detail::ResolveChecked(url_.host, policy_);  // nothing to look up
+    }
     struct Lookup {
       std::mutex mu;
       std::condition_variable cv;
-      std::optional<webhook_detail::Resolution> answer;
+      bool answered = false;
+      std::vector<webhook_detail::IpAddress> found;
+      std::string error;
     };
     auto lookup = std::make_shared<Lookup>();
+    // Taken here: the thread, which may outlive this sink and main() too, touches nothing but
+    // what it owns (the policy is applied below, on this thread).
+    const webhook_detail::Resolver resolve = webhook_detail::CurrentResolver();
     try {
-      std::thread([lookup, host = url_.host, policy = policy_] {
-        auto answer = webhook_detail::ResolveChecked(host, policy);
+      std::thread([lookup, resolve, host = url_.host] {
+        std::string error;
+        auto found = resolve(host, &error);
         std::lock_guard lock(lookup->mu);
-        lookup->answer = std::move(answer);
+        lookup->found = std::move(found);
+        lookup->error = std::move(error);
+        lookup->answered = true;
         lookup->cv.notify_all();
       }).detach();
-    } catch (const std::system_error&) {
+    } catch (const std::exception&) {
       return webhook_detail::ResolveChecked(url_.host, policy_);  // no thread to spare
     }
     std::unique_lock lock(lookup->mu);
-    while (!lookup->cv.wait_for(lock, kLookUpCheckEvery, [&] { return lookup->answer.has_value(); })) {
+    while (!lookup->cv.wait_for(lock, kLookUpCheckEvery, [&] { return lookup->answered; })) {
       lock.unlock();
       const bool abandoned = Abandoned(worker);
       lock.lock();
-      if (abandoned && !lookup->answer) return std::nullopt;
+      if (abandoned && !lookup->answered) return std::nullopt;
     }
-    return std::move(lookup->answer);
+    return webhook_detail::CheckResolved(url_.host, lookup->found, lookup->error, policy_);
   }
 
   void ConnectTo(Worker& worker, std::size_t index) {
@@ -802,16 +812,6 @@ class WebhookSink final : public Sink {
     } else {
       worker.resolved_until = {};
     }
-  }
-
-  // Whether the worker may make its request: Shutdown has not taken the message back. From
-  // here until the request ends (`sending`, under mu_) Shutdown keeps aborting what the
-  // worker connects, should it abandon the request.
-  bool StartSending(Worker& worker) {
-    std::lock_guard lock(mu_);
-    if (!worker.active.has_value()) return false;
-    worker.sending = true;
-    return true;
   }
 
   bool Abandoned(const Worker& worker) const {
@@ -1131,8 +1131,6 @@ class WebhookSink final : public Sink {
   std::atomic<std::size_t> in_flight_{0};
   static constexpr int kUnreachableAfter = 3;
   static constexpr std::size_t kQueuedPerRequest = 16;  ///< Messages in the sink per request.
-  /// Shutdown aborts the connections abandoned requests open this often until they ended.
-  static constexpr std::chrono::milliseconds kAbortAgainEvery{20};
   /// A worker waiting for a name lookup asks this often whether Shutdown took its message.
   static constexpr std::chrono::milliseconds kLookUpCheckEvery{20};
   /// A name that did not resolve while earlier addresses stand (for at most 10 x
