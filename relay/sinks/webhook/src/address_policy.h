@@ -78,7 +78,9 @@ Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy);
 /// (getaddrinfo) unless a test replaced it: a name the system cannot resolve then proves the
 /// client connects to the checked address and asks no DNS of its own.
 using Resolver = std::function<std::vector<IpAddress>(const std::string& host, std::string* error)>;
-/// Replaces the resolver of every ResolveChecked until called with an empty one.
+/// Replaces the resolver of every ResolveChecked until called with an empty one. A webhook
+/// sink calls it on a thread of its own that Shutdown may leave behind: a test's resolver must
+/// own what it captures (a shared_ptr), not refer to the test's locals.
 void SetResolverForTesting(Resolver resolver);
 /// The resolver ResolveChecked uses now (a test's, or getaddrinfo), to call on another thread:
 /// it touches no state of this file.

@@ -5,6 +5,8 @@
 #include <httplib.h>
 #include <openssl/x509.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -13,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <deque>
 #include <fstream>
@@ -211,6 +214,7 @@ class WebhookSink final : public Sink {
       }
     }
 
+    (void)DevNull();  // opened now, while descriptors are to spare (see Opening)
     workers_.reserve(static_cast<std::size_t>(target_.max_in_flight));
     for (int i = 0; i < target_.max_in_flight; ++i) {
       auto worker = std::make_unique<Worker>();
@@ -330,7 +334,19 @@ class WebhookSink final : public Sink {
     // at once (a worker about to connect, or whose idle connection stop() closes); a request
     // on a connection already open through stop().
     for (Worker* worker : to_stop) AbortOpening(*worker);
-    for (Worker* worker : to_stop) worker->client->stop();
+    {
+      // stop() ends TLS with SSL_shutdown, whose write(2) to a socket just shut down raises
+      // SIGPIPE on this thread: blocked here, and a pending one taken, so it kills nothing.
+      sigset_t pipe, before;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      pthread_sigmask(SIG_BLOCK, &pipe, &before);
+      for (Worker* worker : to_stop) worker->client->stop();
+      const timespec now{0, 0};
+      while (sigtimedwait(&pipe, nullptr, &now) > 0) {
+      }
+      pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    }
     for (auto& worker : workers_) {
       if (worker->thread.joinable()) worker->thread.join();
     }
@@ -480,11 +496,8 @@ class WebhookSink final : public Sink {
     if (worker.aborted) {
       // Shutdown gave up on this worker's request before it opened its connection: the
       // connect fails at once (ENOTSOCK), and cpp-httplib closes what it thinks its socket.
-      const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-      if (null >= 0) {
-        ::dup2(null, fd);
-        ::close(null);
-      }
+      // (/dev/null opened once, before it is needed: no descriptor to spare then is no excuse.)
+      if (DevNull() >= 0) ::dup3(DevNull(), fd, O_CLOEXEC);
       return;
     }
     const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -501,10 +514,31 @@ class WebhookSink final : public Sink {
 
   // Shutdown: a connect in progress fails at once (a connected socket's request fails too,
   // as stop() would make it), and so does any this worker starts from now on.
+  //
+  // A socket whose connect() has not begun yet (the hook ran, connect comes next) refuses the
+  // shutdown (ENOTCONN) and then connects all the same, reporting itself connected: over TLS
+  // the handshake then spun until the SYN gave up (~2 min). Shut down again once its connect
+  // began (a connecting socket is reset), trying for a few milliseconds.
   static void AbortOpening(Worker& worker) {
     std::lock_guard lock(worker.opening_mu);
     worker.aborted = true;
-    if (worker.opening_fd >= 0) ::shutdown(worker.opening_fd, SHUT_RDWR);
+    const int fd = worker.opening_fd;
+    if (fd < 0) return;
+    for (int tries = 0; tries < kAbortTries; ++tries) {
+      if (::shutdown(fd, SHUT_RDWR) == 0 || errno != ENOTCONN) return;
+      tcp_info info{};
+      socklen_t len = sizeof info;
+      if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+          info.tcpi_state != TCP_CLOSE) {
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  static int DevNull() {
+    static const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // kept for the process
+    return fd;
   }
 
   std::unique_ptr<httplib::ClientImpl> MakeClient(Worker& worker) const {
@@ -1131,6 +1165,8 @@ class WebhookSink final : public Sink {
   std::atomic<std::size_t> in_flight_{0};
   static constexpr int kUnreachableAfter = 3;
   static constexpr std::size_t kQueuedPerRequest = 16;  ///< Messages in the sink per request.
+  /// How many milliseconds Shutdown tries to abort a connect that has not begun yet.
+  static constexpr int kAbortTries = 20;
   /// A worker waiting for a name lookup asks this often whether Shutdown took its message.
   static constexpr std::chrono::milliseconds kLookUpCheckEvery{20};
   /// A name that did not resolve while earlier addresses stand (for at most 10 x
