@@ -735,7 +735,9 @@ TEST_F(DispatcherTest, AMessageThatLeftItsSinkDuringARenewalIsNotPassedOver) {
   db_.BeforeRenew([&] {
     const auto settles = db_.Calls("settle");
     sink_->ReleaseOne(2);
-    ASSERT_TRUE(WaitFor([&] { return db_.Calls("settle") > settles && db_.Find(2) == std::nullopt; }));
+    ASSERT_TRUE(WaitFor([&] {
+      return db_.Calls("settle") > settles && db_.Find(2) == std::nullopt;
+    }));
   });
   const auto first = db_.Calls("renew");
   clock_.Advance(10s + 1ms);  // lease / 3: the renewal lists 1 and 2; 2 is settled before it runs

@@ -219,7 +219,8 @@ bool Dispatcher::Impl::RenewHeldLeases(QueueStore& store) {
   std::lock_guard lk(settle_mu);
   for (const auto& [id, token] : held) {
     const auto it = held_leases.find(Raw(id));
-    if (it == held_leases.end() || it->second.token != token) continue;  // settled, or claimed again
+    // Settled, or claimed again since the list: nothing to extend, nothing passed over.
+    if (it == held_leases.end() || it->second.token != token) continue;
     if (got.count(Raw(id)) > 0) {
       if (it->second.cover) it->second.cover->ExtendTo(until);
     } else if (it->second.in_sink) {

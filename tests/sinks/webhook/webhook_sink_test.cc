@@ -265,7 +265,7 @@ TEST(WebhookSink, DeliversEveryMessageOnceWithStandardHeaders) {
 TEST(WebhookSink, MessageHeadersThatDifferOnlyInCaseAreSentOnce) {
   HttpReceiver receiver;
   Message m = MakeMessage(1);
-  m.headers = {{"X-Trace", "first"},    {"x-trace", "second"},   {"X-TRACE", "third"},
+  m.headers = {{"X-Trace", "first"},     {"x-trace", "second"},    {"X-TRACE", "third"},
                {"user-agent", "ua-one"}, {"User-Agent", "ua-two"}, {"X-Other", "kept"}};
   const Outcome o = DeliverOne(Target(receiver.Url("/h")), m);
   ASSERT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;

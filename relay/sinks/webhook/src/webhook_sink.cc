@@ -2,16 +2,16 @@
 // cpp-httplib client, posting Standard Webhooks-signed requests.
 #include "outbox_relay/webhook_sink.h"
 
-#include <httplib.h>
-#include <openssl/x509.h>
 #include <fcntl.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/x509.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
@@ -653,8 +653,7 @@ class WebhookSink final : public Sink {
         const auto started = Clock::now();
         attempt = Deliver(worker, job.msg);
         if (!attempt.not_sent) {
-          worker.request_ns.fetch_add((Clock::now() - started).count(),
-                                      std::memory_order_relaxed);
+          worker.request_ns.fetch_add((Clock::now() - started).count(), std::memory_order_relaxed);
           worker.requests.fetch_add(1, std::memory_order_relaxed);
         }
         if (attempt.not_connected) PassOverAddress(worker);
@@ -711,10 +710,12 @@ class WebhookSink final : public Sink {
     const auto now = Clock::now().time_since_epoch().count();
     auto last = last_ran_out_warning_.load();
     const auto quiet = std::chrono::duration_cast<Clock::duration>(std::chrono::minutes(1)).count();
-    if ((last == 0 || now - last >= quiet) && last_ran_out_warning_.compare_exchange_strong(last, now)) {
-      spdlog::warn("webhook {}: message {} not sent: {}; the relay could not renew its leases "
-                   "(outbox_sink_events_total{{event=\"claim_ran_out\"}} counts such messages)",
-                   destination_, Raw(msg.id), why);
+    if ((last == 0 || now - last >= quiet) &&
+        last_ran_out_warning_.compare_exchange_strong(last, now)) {
+      spdlog::warn(
+          "webhook {}: message {} not sent: {}; the relay could not renew its leases "
+          "(outbox_sink_events_total{{event=\"claim_ran_out\"}} counts such messages)",
+          destination_, Raw(msg.id), why);
     } else {
       spdlog::debug("webhook {}: message {} not sent: {}", destination_, Raw(msg.id), why);
     }
@@ -951,9 +952,10 @@ class WebhookSink final : public Sink {
       } else if (ContainsHeader(headers, name)) {
         // Names compare without case: a second X-Trace would reach the receiver as one
         // combined field. The message's first one is sent.
-        spdlog::debug("webhook {}: message {}: skipping header {}: the message names it twice "
-                      "(header names ignore case)",
-                      destination_, Raw(msg.id), name);
+        spdlog::debug(
+            "webhook {}: message {}: skipping header {}: the message names it twice "
+            "(header names ignore case)",
+            destination_, Raw(msg.id), name);
       } else {
         headers.emplace(name, value);
       }
