@@ -1,11 +1,16 @@
 -- reap_full: reap.sql without the lease records: a sequential scan of the queue for expired
 -- leases, whatever took them. The safety net behind reap.sql (leases taken by a relay older
--- than migration 0011, still running through an upgrade); the store runs it on every 60th
--- reap. Counts as a failed attempt, like reap.sql.
+-- than migration 0011, still running through an upgrade); the store runs it on its first reap
+-- and every 60th after it. Counts as a failed attempt, like reap.sql.
 -- A row another transaction has locked is passed over (see reap.sql); a later pass takes it.
 -- Returns the destination of every row returned.
+-- A row whose claim still has a lease record is reap.sql's: it waits for the record (a renewal
+-- extended it, renewing the claim's other rows), as reap.sql has it.
 WITH taken AS (
-  SELECT id FROM outbox.messages WHERE lease_until < clock_timestamp() FOR UPDATE SKIP LOCKED
+  SELECT id FROM outbox.messages m
+  WHERE lease_until < clock_timestamp()
+    AND NOT EXISTS (SELECT 1 FROM outbox.leases l WHERE l.token = m.lease_owner)
+  FOR UPDATE OF m SKIP LOCKED
 ), returned AS (
   UPDATE outbox.messages
   SET lease_owner = NULL, lease_until = NULL, parked = true, attempts = attempts + 1,

@@ -1,5 +1,6 @@
 #include "outbox_relay/store.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -69,9 +70,9 @@ const char* KindName(Settlement::Kind k) {
 
 }  // namespace
 
-// Every kFullReapEvery-th Reap() also scans the whole queue (every 5 minutes at the default
-// reap_interval of 5 s) for leases without a lease record: leases of a relay older than
-// migration 0011, still running while an upgrade rolls out.
+// The first Reap() and every kFullReapEvery-th after it also scan the whole queue (every 5 minutes
+// at the default reap_interval of 5 s) for leases without a lease record: leases of a relay older
+// than migration 0011, still running while an upgrade rolls out.
 constexpr std::int64_t kFullReapEvery = 60;
 
 constexpr const char* kInterrupted = "interrupted: the relay is stopping";
@@ -88,7 +89,7 @@ struct Store::Impl {
   std::atomic<int> rebalances{0};
   bool listening = false;
   bool claim_session = false;  // claim_session.sql applied on this connection
-  std::int64_t reaps = 0;      // Reap() calls: every kFullReapEvery-th scans the whole queue
+  std::int64_t reaps = 0;      // Reap() calls: the first and every kFullReapEvery-th scan the queue
   std::string last_claim_token;
 
   pqxx::connection& Get() {
@@ -602,9 +603,22 @@ std::vector<std::string> Store::Reap() {
     pqxx::nontransaction tx(c);
     std::vector<std::string> out;
     for (const auto& row : tx.exec_prepared("reap")) out.push_back(row[0].as<std::string>());
-    // The safety net: a scan of the whole queue for leases without a record (reap_full.sql).
-    if (++impl_->reaps % kFullReapEvery == 0) {
-      for (const auto& row : tx.exec_prepared("reap_full")) out.push_back(row[0].as<std::string>());
+    // The safety net: a scan of the whole queue for leases without a record (reap_full.sql),
+    // on the first reap and every kFullReapEvery-th after it. A scan that fails (a
+    // statement_timeout shorter than the scan of a large queue) loses nothing of what reap.sql
+    // returned, committed above: reported as returned, and the scan waits for its next turn.
+    if (impl_->reaps++ % kFullReapEvery == 0) {
+      try {
+        for (const auto& row : tx.exec_prepared("reap_full")) {
+          out.push_back(row[0].as<std::string>());
+        }
+      } catch (const pqxx::sql_error& e) {
+        spdlog::warn(
+            "reaper: the scan of the queue for leases without a lease record failed: {}; it "
+            "runs again in {} reaps (if it timed out, give the relay's role a statement_timeout "
+            "longer than a sequential scan of outbox.messages)",
+            e.what(), kFullReapEvery);
+      }
     }
     return out;
   });
