@@ -1316,6 +1316,122 @@ TEST_F(StoreTest, EndpointJsonNestedTooDeepIsRefusedNamingTheField) {
 // An endpoint moved to another destination takes what it owes along: its queued rows (their
 // buckets computed for the new name) and its dead letters. Left behind, the old destination's
 // service, which no longer loads the endpoint, dead-lettered them all as deleted (review).
+// A row of endpoint ep_a of destination "hooks" with one attempt made, parked until `due_sql`
+// (an SQL expression); returns its id.
+std::int64_t ParkEndpointRow(const std::string& url, const std::string& key_sql,
+                             const std::string& due_sql) {
+  pqxx::connection c(url);
+  pqxx::nontransaction tx(c);
+  return tx
+      .exec1(
+          "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key,"
+          "  event_type, headers, payload, deliver_after, parked, endpoint_id, created_at, "
+          "  bucket, attempts) VALUES ('hooks', " +
+          key_sql + ", gen_random_uuid(), '', '{}', '0', " + due_sql +
+          ", true, 'ep_a', now(), 0, 1) RETURNING id")[0]
+      .as<std::int64_t>();
+}
+
+// Enabling an enabled endpoint, or disabling a disabled one, changes nothing: an automation
+// that makes sure an endpoint is enabled must not throw away its rows' retry schedule and
+// pauses (every parked row made due at once) nor its failing_since (it would never be disabled
+// automatically), and a second disable keeps the first one's reason (review).
+TEST_F(StoreTest, EnablingAnEnabledEndpointOrDisablingADisabledOneChangesNothing) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH h AS (INSERT INTO outbox.endpoint_health (endpoint_id, failing_since) VALUES "
+      "('ep_a', now() - interval '1 hour') RETURNING 1) SELECT count(*) FROM h");
+  const auto retry = ParkEndpointRow(db_url_, "NULL", "now() + interval '5 min'");
+  const auto due = [&] {
+    return Scalar("SELECT count(*) FROM outbox.messages WHERE deliver_after <= now() AND id = " +
+                  std::to_string(retry));
+  };
+  const auto failing = [&] {
+    return Scalar("SELECT count(failing_since) FROM outbox.endpoint_health");
+  };
+  EXPECT_EQ(SetEndpointEnabled(c, "ep_a", true, ""), EnableChange::kUnchanged);
+  EXPECT_EQ(due(), 0) << "a retry made due by enabling an enabled endpoint";
+  EXPECT_EQ(failing(), 1) << "failing_since forgotten by enabling an enabled endpoint";
+
+  EXPECT_EQ(SetEndpointEnabled(c, "ep_a", false, "customer asked"), EnableChange::kChanged);
+  EXPECT_EQ(SetEndpointEnabled(c, "ep_a", false, ""), EnableChange::kUnchanged);
+  EXPECT_EQ(GetEndpoint(c, "ep_a")->disabled_reason, "customer asked");
+  EXPECT_EQ(SetEndpointEnabled(c, "nobody", false, ""), EnableChange::kNoSuchEndpoint);
+
+  EXPECT_EQ(SetEndpointEnabled(c, "ep_a", true, ""), EnableChange::kChanged);
+  EXPECT_EQ(due(), 1) << "what waited for a retry goes when the endpoint is enabled again";
+  EXPECT_EQ(failing(), 0);
+}
+
+// A relay that notices an endpoint was enabled wakes again what it may have held as disabled
+// before it noticed (each such row is parked for the disabled hold, an hour): those rows only.
+// It used to wake every parked row of the endpoint, up to three times per relay within about
+// 15 s: an endpoint enabled while still failing, without a breaker, then spent an attempt of
+// every waiting row per wake, and a large backlog's wake ran into the directory's statement
+// timeout and was tried again every second, for good (review).
+TEST_F(StoreTest, ARelaysWakeOfAnEnabledEndpointTakesOnlyWhatItHeldAsDisabled) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  const auto held = ParkEndpointRow(db_url_, "NULL", "clock_timestamp() + interval '1 hour'");
+  const auto held_keyed = ParkEndpointRow(
+      db_url_, "'ep_a:k'", "clock_timestamp() + interval '1 hour' - interval '20 s'");
+  const auto soon = ParkEndpointRow(db_url_, "NULL", "now() + interval '5 min'");
+  const auto later = ParkEndpointRow(db_url_, "NULL", "now() + interval '2 hours'");
+  const auto blocked = ParkEndpointRow(db_url_, "'ep_a:k'", "'infinity'");
+  // And a backlog of 20,000 retries, which the wake does not read.
+  Scalar(
+      "WITH i AS (INSERT INTO outbox.messages (destination, idempotency_key, event_type, headers,"
+      "  payload, deliver_after, parked, endpoint_id, created_at, bucket, attempts)"
+      "  SELECT 'hooks', gen_random_uuid(), '', '{}', '0', now() + interval '10 min', true, "
+      "         'ep_a', now(), 0, 1 FROM generate_series(1, 20000) RETURNING 1) "
+      "SELECT count(*) FROM i");
+  pqxx::connection admin(db_url_);
+  pqxx::nontransaction(admin).exec("ANALYZE outbox.messages");
+  const auto read = [&] {
+    return Scalar(
+        "SELECT (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes "
+        "        WHERE schemaname = 'outbox' AND relname = 'messages') + "
+        "       (SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables "
+        "        WHERE schemaname = 'outbox' AND relname = 'messages')");
+  };
+  const auto before = read();
+  {
+    auto dir = MakePostgresEndpointDirectory(db_url_, "hooks");
+    EXPECT_EQ(dir->WakeEndpoint("ep_a", 1h, 60s), 2);
+  }  // its backend reports what it read as it exits
+  EXPECT_TRUE(testing::WaitFor([&] { return read() > before; }, 10s));
+  EXPECT_LE(read() - before, 100) << "the wake read the endpoint's backlog";
+  const auto due = [&](std::int64_t id) {
+    return Scalar("SELECT count(*) FROM outbox.messages WHERE deliver_after <= now() AND id = " +
+                  std::to_string(id));
+  };
+  EXPECT_EQ(due(held), 1);
+  EXPECT_EQ(due(held_keyed), 1);
+  EXPECT_EQ(due(soon), 0) << "a retry due in 5 minutes was woken";
+  EXPECT_EQ(due(later), 0) << "a retry due in 2 hours was woken";
+  EXPECT_EQ(due(blocked), 0);
+}
+
+// The relays' check for endpoints failing too long (every few seconds) moves the registry's
+// version only when it disables one: each move makes every relay read the registry again.
+TEST_F(StoreTest, ACheckForFailingEndpointsThatDisablesNoneLeavesTheRegistryAsItIs) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH h AS (INSERT INTO outbox.endpoint_health (endpoint_id, failing_since) VALUES "
+      "('ep_a', now() - interval '10 min') RETURNING 1) SELECT count(*) FROM h");
+  auto dir = MakePostgresEndpointDirectory(db_url_, "hooks");
+  const auto version = dir->Version();
+  EXPECT_TRUE(dir->DisableFailing(1h, "").empty());
+  EXPECT_EQ(dir->Version(), version);
+  const auto disabled = dir->DisableFailing(1min, "");
+  ASSERT_EQ(disabled.size(), 1u);
+  EXPECT_EQ(disabled[0].endpoint_id, "ep_a");
+  EXPECT_GT(dir->Version(), version);
+  EXPECT_FALSE(GetEndpoint(c, "ep_a")->enabled);
+}
+
 TEST_F(StoreTest, AnEndpointMovedToAnotherDestinationTakesItsRowsAndDeadLetters) {
   Store c(db_url_);
   AddEndpointA(c);

@@ -356,7 +356,10 @@ struct ManagementApi::Impl {
                       OnlyKeys(body, enable ? std::initializer_list<const char*>{}
                                             : std::initializer_list<const char*>{"reason"});
                       const std::string reason = String(body, "reason").value_or("");
-                      if (!SetEndpointEnabled(s, id, enable, reason)) throw NotFound(id);
+                      if (SetEndpointEnabled(s, id, enable, reason) ==
+                          EnableChange::kNoSuchEndpoint) {
+                        throw NotFound(id);
+                      }
                       Reply(r, 200, ToJson(ReadBack(s, id)));
                     });
                   });

@@ -204,7 +204,13 @@ int RunEndpointsUpdate(const EndpointArgs& a) {
 
 int RunEndpointsEnable(const EndpointArgs& a, bool enabled) {
   return WithStore(a.database_url, [&](Store& store) {
-    if (!SetEndpointEnabled(store, a.id, enabled, a.reason)) return NoSuch(a.id);
+    const auto change = SetEndpointEnabled(store, a.id, enabled, a.reason);
+    if (change == EnableChange::kNoSuchEndpoint) return NoSuch(a.id);
+    if (change == EnableChange::kUnchanged) {
+      std::cout << "endpoint " << a.id << " is already " << (enabled ? "enabled" : "disabled")
+                << ": nothing changed\n";
+      return 0;
+    }
     std::cout << (enabled ? "enabled endpoint " : "disabled endpoint ") << a.id
               << (enabled ? ": what waited for it is sent again now\n"
                           : ": its messages wait for it (nothing is sent, nothing is lost) until "

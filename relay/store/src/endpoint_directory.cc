@@ -20,7 +20,8 @@ class PostgresEndpointDirectory final : public EndpointDirectory {
   std::int64_t Version() override;
   Directory Load() override;
   std::unordered_set<std::string> OwedKeys(const std::vector<std::string>& keys) override;
-  std::int64_t WakeEndpoint(const std::string& endpoint_id) override;
+  std::int64_t WakeEndpoint(const std::string& endpoint_id, std::chrono::milliseconds hold,
+                            std::chrono::milliseconds within) override;
   void RecordAttempts(const std::vector<AttemptRow>& rows, bool log) override;
   std::vector<AutoDisabled> DisableFailing(std::chrono::milliseconds after,
                                            const std::string& events_destination) override;
@@ -175,14 +176,22 @@ std::unordered_set<std::string> PostgresEndpointDirectory::OwedKeys(
   });
 }
 
-std::int64_t PostgresEndpointDirectory::WakeEndpoint(const std::string& endpoint_id) {
+std::int64_t PostgresEndpointDirectory::WakeEndpoint(const std::string& endpoint_id,
+                                                     std::chrono::milliseconds hold,
+                                                     std::chrono::milliseconds within) {
   return impl_->Run([&](pqxx::connection& c) -> std::int64_t {
     pqxx::nontransaction tx(c);
+    // A range of messages_parked_idx: what was parked for `hold` within the last `within` (a
+    // few seconds' holds), not a read of the endpoint's whole backlog (review). now(), not
+    // clock_timestamp(): a volatile bound is not an index bound.
     const auto r = tx.exec_params(
         "UPDATE outbox.messages SET deliver_after = clock_timestamp() "
-        "WHERE endpoint_id = $1 AND parked AND lease_owner IS NULL "
-        "  AND deliver_after > clock_timestamp() AND deliver_after <> 'infinity'",
-        endpoint_id);
+        "WHERE destination = $2 AND parked "
+        "  AND deliver_after > now() + make_interval(secs => ($3::bigint - $4::bigint) / 1000.0) "
+        "  AND deliver_after <= now() + make_interval(secs => $3::bigint / 1000.0) "
+        "  AND endpoint_id = $1 AND lease_owner IS NULL",
+        endpoint_id, impl_->destination, static_cast<std::int64_t>(hold.count()),
+        static_cast<std::int64_t>(within.count()));
     return static_cast<std::int64_t>(r.affected_rows());
   });
 }
@@ -271,6 +280,16 @@ std::vector<AutoDisabled> PostgresEndpointDirectory::DisableFailing(
   return impl_->Run([&](pqxx::connection& c) {
     std::vector<AutoDisabled> out;
     pqxx::work tx(c);
+    // Nothing to disable (nearly always): no UPDATE. Even one that changes no row fires the
+    // registry's statement trigger, which took the registry's lock and moved its version, so
+    // every relay read the whole registry again after each check, every few seconds (review).
+    const auto candidates = tx.exec_params(
+        "SELECT 1 FROM outbox.endpoints e JOIN outbox.endpoint_health h ON h.endpoint_id = e.id "
+        "WHERE e.destination = $1 AND e.enabled "
+        "  AND h.failing_since < clock_timestamp() - make_interval(secs => $2::bigint / 1000.0) "
+        "LIMIT 1",
+        impl_->destination, static_cast<long long>(after.count()));
+    if (candidates.empty()) return out;
     const auto rows = tx.exec_params(
         "UPDATE outbox.endpoints e SET enabled = false, auto_disabled_at = clock_timestamp(),"
         "  updated_at = clock_timestamp(),"

@@ -518,31 +518,39 @@ bool UpdateEndpoint(Store& store, const std::string& id, const EndpointFields& f
   });
 }
 
-bool SetEndpointEnabled(Store& store, const std::string& id, bool enabled,
-                        const std::string& reason) {
-  return Translated([&]() -> bool {
+EnableChange SetEndpointEnabled(Store& store, const std::string& id, bool enabled,
+                                const std::string& reason) {
+  return Translated([&]() -> EnableChange {
     pqxx::work tx(StoreAccess::Connection(store));
-    const auto r = tx.exec_params(
-        "UPDATE outbox.endpoints SET enabled = $2, "
-        "  disabled_reason = CASE WHEN $2 THEN NULL ELSE nullif($3, '') END, "
-        "  updated_at = clock_timestamp() WHERE id = $1",
-        id, enabled, reason);
-    if (r.affected_rows() == 0) return false;
+    const auto now =
+        tx.exec_params("SELECT enabled FROM outbox.endpoints WHERE id = $1 FOR UPDATE", id);
+    if (now.empty()) return EnableChange::kNoSuchEndpoint;
+    if (now[0][0].as<bool>() == enabled) return EnableChange::kUnchanged;
     if (enabled) {
       // A fresh start: the failures before it was disabled do not count towards disabling it
       // automatically again.
       tx.exec_params(
           "UPDATE outbox.endpoint_health SET failing_since = NULL WHERE endpoint_id = $1", id);
       // What waited while it was disabled (or for a retry) goes now, in order: rows blocked
-      // behind their key ('infinity') stay so.
+      // behind their key ('infinity') stay so. Before the endpoint's own row, whose update
+      // takes the registry's lock (its version trigger): that lock, which every endpoint change
+      // and every relay's automatic disable waits for, is held from there to the commit, not
+      // through this update of the endpoint's whole backlog (review). A relay that claims a
+      // woken row before it sees the change holds it as disabled, and wakes it again when it
+      // does (PostgresEndpointDirectory::WakeEndpoint).
       tx.exec_params(
           "UPDATE outbox.messages SET deliver_after = clock_timestamp() "
           "WHERE endpoint_id = $1 AND parked AND lease_owner IS NULL "
           "  AND deliver_after > clock_timestamp() AND deliver_after <> 'infinity'",
           id);
     }
+    tx.exec_params(
+        "UPDATE outbox.endpoints SET enabled = $2, "
+        "  disabled_reason = CASE WHEN $2 THEN NULL ELSE nullif($3, '') END, "
+        "  updated_at = clock_timestamp() WHERE id = $1",
+        id, enabled, reason);
     tx.commit();
-    return true;
+    return EnableChange::kChanged;
   });
 }
 

@@ -130,7 +130,8 @@ class FakeDirectory final : public EndpointDirectory {
     ++r_.owed_calls;
     return {};
   }
-  std::int64_t WakeEndpoint(const std::string& id) override {
+  std::int64_t WakeEndpoint(const std::string& id, std::chrono::milliseconds,
+                            std::chrono::milliseconds) override {
     std::lock_guard lock(r_.mu);
     if (r_.wake_failures > 0) {
       --r_.wake_failures;
@@ -623,6 +624,31 @@ TEST_F(WebhookServiceSinkTest, AFailedWakeOfAnEnabledEndpointIsTriedAgain) {
       },
       10s))
       << "the endpoint's rows were never woken";
+  EXPECT_EQ(sink->Health()->endpoints_disabled, 0);
+  sink->Shutdown(5s);
+}
+
+// An endpoint enabled again together with a change of how it is sent to (its URL): the sink is
+// made again, and the rows the relay held as disabled before it saw the change are woken all
+// the same (they waited an hour: the wake followed only a kept sink: review).
+TEST_F(WebhookServiceSinkTest, AnEndpointEnabledWithANewUrlIsWokenToo) {
+  HttpReceiver receiver;
+  auto disabled = Endpoint("ep", receiver.Url("/old"), 2);
+  disabled.enabled = false;
+  registry_.endpoints = {disabled};
+  auto sink = Start();
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.endpoints = {Endpoint("ep", receiver.Url("/new"), 2)};
+    ++registry_.version;
+  }
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard lock(registry_.mu);
+        return !registry_.woken.empty();
+      },
+      10s))
+      << "the endpoint's held rows were never woken";
   EXPECT_EQ(sink->Health()->endpoints_disabled, 0);
   sink->Shutdown(5s);
 }

@@ -87,9 +87,12 @@ class EndpointDirectory {
   /// Those of `keys` (endpoint row ordering keys, "<endpoint id>:<key>") that still have a row
   /// in the queue: an earlier message of the key that the endpoint has not taken yet.
   virtual std::unordered_set<std::string> OwedKeys(const std::vector<std::string>& keys) = 0;
-  /// Makes the rows waiting for `endpoint_id` (held while it was disabled, or for a retry)
-  /// due now; rows blocked behind an earlier row of their key stay so. Returns how many.
-  virtual std::int64_t WakeEndpoint(const std::string& endpoint_id) = 0;
+  /// Makes due now the rows of `endpoint_id` that a relay held as disabled (parked for
+  /// `hold`) within the last `within`: those it handed back before it saw the endpoint enabled.
+  /// Rows waiting for a retry stay so (unless one falls due within `within` of `hold` from
+  /// now), and so do rows blocked behind their key. Returns how many it woke.
+  virtual std::int64_t WakeEndpoint(const std::string& endpoint_id, std::chrono::milliseconds hold,
+                                    std::chrono::milliseconds within) = 0;
   /// Writes `rows` to outbox.delivery_attempts (when `log`) and updates each endpoint's
   /// failing_since in outbox.endpoint_health.
   virtual void RecordAttempts(const std::vector<AttemptRow>& rows, bool log) = 0;

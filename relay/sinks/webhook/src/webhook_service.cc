@@ -79,6 +79,9 @@ constexpr std::size_t kLogQueueMax = 100'000;  ///< Beyond this (database away) 
 constexpr milliseconds kCleanupEvery{60'000};
 /// After an endpoint is enabled again: longer than a claim, a hand-back and its settle take.
 constexpr milliseconds kRewakeAfter{3'000};
+/// A wake after an endpoint was enabled again takes the rows held as disabled since this long
+/// before the relay noticed (the enable committed up to a registry poll and a read earlier).
+constexpr milliseconds kRewakeMargin{60'000};
 /// A row of an endpoint not in the registry this relay read waits this long for a fresh read.
 constexpr milliseconds kUnknownHold{1'000};
 /// After the stop's deadline, how long the service's threads may stay in a database call
@@ -856,14 +859,7 @@ class WebhookServiceSink final : public Sink {
           next_expiry = d.next_expiry;
           retry_unusable = Apply(d, started) ? Clock::time_point::max() : started + kUnusableRetry;
         }
-        for (auto it = rewake_.begin(); it != rewake_.end();) {
-          if (Clock::now() < it->second) {
-            ++it;
-            continue;
-          }
-          registry_dir_->WakeEndpoint(it->first);
-          it = rewake_.erase(it);
-        }
+        WakeReenabled();
         if (failing) spdlog::info("webhook {}: endpoint registry readable again", destination_);
         failing = false;
       } catch (const std::exception& e) {
@@ -878,6 +874,37 @@ class WebhookServiceSink final : public Sink {
       registry_cv_.wait_for(lock, failing ? milliseconds(1'000) : kPollEvery,
                             [this] { return stopping_ || reload_now_; });
       if (stopping_) return;
+    }
+  }
+
+  // The wakes of rewake_ that are due. One that fails stays for the next turn, until the rows
+  // it is for are due anyway (kDisabledHold after it was noticed); it covers every hold since
+  // then, however late it runs.
+  void WakeReenabled() {
+    for (auto it = rewake_.begin(); it != rewake_.end();) {
+      const auto now = Clock::now();
+      if (now < it->at) {
+        ++it;
+        continue;
+      }
+      const auto since = std::chrono::duration_cast<milliseconds>(now - it->noticed);
+      try {
+        registry_dir_->WakeEndpoint(it->id, kDisabledHold, since + kRewakeMargin);
+        it = rewake_.erase(it);
+      } catch (const std::exception& e) {
+        if (since >= kDisabledHold) {
+          it = rewake_.erase(it);
+          continue;
+        }
+        if (!it->failed) {
+          spdlog::warn(
+              "webhook {}: cannot wake what was held for endpoint {} before it was enabled: {} "
+              "(tried again each second)",
+              destination_, it->id, e.what());
+        }
+        it->failed = true;
+        ++it;
+      }
     }
   }
 
@@ -897,13 +924,12 @@ class WebhookServiceSink final : public Sink {
     for (const auto& spec : d.endpoints) {
       auto lane = std::make_shared<Lane>();
       lane->spec = spec;
-      if (auto it = old->find(spec.id);
-          it != old->end() && it->second->sink && it->second->spec.SameSink(spec)) {
+      const auto it = old->find(spec.id);
+      if (it != old->end() && it->second->sink && it->second->spec.SameSink(spec)) {
         lane->sink = it->second->sink;
         if (it->second->spec.enabled != spec.enabled) {
           spdlog::info("webhook {}: endpoint {} {}", destination_, spec.id,
                        spec.enabled ? "enabled" : "disabled: its messages wait for it");
-          if (spec.enabled) reenabled.push_back(spec.id);
         }
       } else {
         try {
@@ -923,6 +949,11 @@ class WebhookServiceSink final : public Sink {
                 destination_, spec.id, e.what(), kUnusableRetry.count() / 1000);
           }
         }
+      }
+      // Enabled again, whether its sink was kept or made again (its URL changed with it: the
+      // rows this relay held as disabled meanwhile waited kDisabledHold: review).
+      if (it != old->end() && !it->second->spec.enabled && spec.enabled) {
+        reenabled.push_back(spec.id);
       }
       if (lane->sink) kept.insert(lane->sink.get());
       (*next)[spec.id] = std::move(lane);
@@ -954,9 +985,10 @@ class WebhookServiceSink final : public Sink {
     // kDisabledHold (review).
     for (const auto& id : reenabled) {
       const auto now = Clock::now();
-      rewake_.emplace_back(id, now);
-      rewake_.emplace_back(id, now + kRewakeAfter);
-      rewake_.emplace_back(id, now + defaults_.timeout + kBacklogWait + kRewakeAfter);
+      for (const auto at :
+           {now, now + kRewakeAfter, now + defaults_.timeout + kBacklogWait + kRewakeAfter}) {
+        rewake_.push_back(Rewake{id, at, now, false});
+      }
     }
     // Requests already sent to replaced sinks finish (up to one request timeout for all of
     // them, or the service's stop deadline when it is stopping); new ones use the new sinks.
@@ -1066,8 +1098,15 @@ class WebhookServiceSink final : public Sink {
   std::atomic<std::size_t> in_flight_{0};
 
   std::unique_ptr<EndpointDirectory> registry_dir_;  ///< Used by the registry thread only.
-  /// Endpoints enabled again, to wake once more at the time given. Owned by the registry thread.
-  std::vector<std::pair<std::string, Clock::time_point>> rewake_;
+  /// An endpoint enabled again, to wake once more at `at`.
+  struct Rewake {
+    std::string id;
+    Clock::time_point at;
+    Clock::time_point noticed;  ///< When this relay saw it enabled.
+    bool failed;                ///< Tried and failed (logged once).
+  };
+  /// Owned by the registry thread.
+  std::vector<Rewake> rewake_;
   std::unique_ptr<EndpointDirectory> planner_dir_;  ///< Used by the planner thread only.
   std::unique_ptr<EndpointDirectory> log_dir_;      ///< Used by the log thread only.
   std::thread registry_thread_;

@@ -118,10 +118,13 @@ std::vector<EndpointRecord> ListEndpoints(Store& store, const std::string& desti
 std::optional<EndpointRecord> GetEndpoint(Store& store, const std::string& id);
 /// False when there is no such endpoint.
 bool UpdateEndpoint(Store& store, const std::string& id, const EndpointFields& fields);
+enum class EnableChange { kNoSuchEndpoint, kUnchanged, kChanged };
 /// Disable: the endpoint's messages wait for it (nothing is sent, nothing is lost).
-/// Enable: they go again at once. False when there is no such endpoint.
-bool SetEndpointEnabled(Store& store, const std::string& id, bool enabled,
-                        const std::string& reason);
+/// Enable: they go again at once, those waiting for a retry included. An endpoint already in
+/// the state asked for is left as it is (kUnchanged): its rows' retry schedule, its
+/// failing_since and its disabled reason stay.
+EnableChange SetEndpointEnabled(Store& store, const std::string& id, bool enabled,
+                                const std::string& reason);
 /// Deletes the endpoint and its secrets. Rows still waiting for it go to its dead letters when
 /// a relay meets them. False when there is no such endpoint.
 bool DeleteEndpoint(Store& store, const std::string& id);
