@@ -1362,20 +1362,30 @@ TEST_F(StoreTest, EnablingAnEnabledEndpointOrDisablingADisabledOneChangesNothing
   EXPECT_EQ(SetEndpointEnabled(c, "ep_a", true, ""), EnableChange::kChanged);
   EXPECT_EQ(due(), 1) << "what waited for a retry goes when the endpoint is enabled again";
   EXPECT_EQ(failing(), 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE enabled_at > now() - "
+                   "interval '1 min'"),
+            1)
+      << "when it was enabled, for the relays' wake of what they held meanwhile";
 }
 
 // A relay that notices an endpoint was enabled wakes again what it may have held as disabled
-// before it noticed (each such row is parked for the disabled hold, an hour): those rows only.
-// It used to wake every parked row of the endpoint, up to three times per relay within about
-// 15 s: an endpoint enabled while still failing, without a breaker, then spent an attempt of
-// every waiting row per wake, and a large backlog's wake ran into the directory's statement
-// timeout and was tried again every second, for good (review).
+// before it noticed (each such row is parked for the disabled hold, an hour), since the enable
+// began: those rows only. It used to wake every parked row of the endpoint, up to three times
+// per relay within about 15 s: an endpoint enabled while still failing, without a breaker,
+// then spent an attempt of every waiting row per wake, and a large backlog's wake ran into the
+// directory's statement timeout and was tried again every second, for good (review). The
+// enable here began 5 minutes ago (its own wake of a large backlog took that long, and relays
+// held rows meanwhile).
 TEST_F(StoreTest, ARelaysWakeOfAnEnabledEndpointTakesOnlyWhatItHeldAsDisabled) {
   Store c(db_url_);
   AddEndpointA(c);
+  Scalar(
+      "WITH e AS (UPDATE outbox.endpoints SET enabled_at = now() - interval '5 min' "
+      "RETURNING 1) SELECT count(*) FROM e");
   const auto held = ParkEndpointRow(db_url_, "NULL", "clock_timestamp() + interval '1 hour'");
-  const auto held_keyed = ParkEndpointRow(
-      db_url_, "'ep_a:k'", "clock_timestamp() + interval '1 hour' - interval '20 s'");
+  const auto held_keyed =
+      ParkEndpointRow(db_url_, "'ep_a:k'", "now() - interval '290 s' + interval '1 hour'");
+  const auto before = ParkEndpointRow(db_url_, "NULL", "now() + interval '30 min'");
   const auto soon = ParkEndpointRow(db_url_, "NULL", "now() + interval '5 min'");
   const auto later = ParkEndpointRow(db_url_, "NULL", "now() + interval '2 hours'");
   const auto blocked = ParkEndpointRow(db_url_, "'ep_a:k'", "'infinity'");
@@ -1395,19 +1405,20 @@ TEST_F(StoreTest, ARelaysWakeOfAnEnabledEndpointTakesOnlyWhatItHeldAsDisabled) {
         "       (SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables "
         "        WHERE schemaname = 'outbox' AND relname = 'messages')");
   };
-  const auto before = read();
+  const auto read_before = read();
   {
     auto dir = MakePostgresEndpointDirectory(db_url_, "hooks");
     EXPECT_EQ(dir->WakeEndpoint("ep_a", 1h, 60s), 2);
   }  // its backend reports what it read as it exits
-  EXPECT_TRUE(testing::WaitFor([&] { return read() > before; }, 10s));
-  EXPECT_LE(read() - before, 100) << "the wake read the endpoint's backlog";
+  EXPECT_TRUE(testing::WaitFor([&] { return read() > read_before; }, 10s));
+  EXPECT_LE(read() - read_before, 100) << "the wake read the endpoint's backlog";
   const auto due = [&](std::int64_t id) {
     return Scalar("SELECT count(*) FROM outbox.messages WHERE deliver_after <= now() AND id = " +
                   std::to_string(id));
   };
   EXPECT_EQ(due(held), 1);
-  EXPECT_EQ(due(held_keyed), 1);
+  EXPECT_EQ(due(held_keyed), 1) << "held 10 s into the enable";
+  EXPECT_EQ(due(before), 0) << "a retry scheduled before the enable was woken";
   EXPECT_EQ(due(soon), 0) << "a retry due in 5 minutes was woken";
   EXPECT_EQ(due(later), 0) << "a retry due in 2 hours was woken";
   EXPECT_EQ(due(blocked), 0);

@@ -21,7 +21,7 @@ class PostgresEndpointDirectory final : public EndpointDirectory {
   Directory Load() override;
   std::unordered_set<std::string> OwedKeys(const std::vector<std::string>& keys) override;
   std::int64_t WakeEndpoint(const std::string& endpoint_id, std::chrono::milliseconds hold,
-                            std::chrono::milliseconds within) override;
+                            std::chrono::milliseconds margin) override;
   void RecordAttempts(const std::vector<AttemptRow>& rows, bool log) override;
   std::vector<AutoDisabled> DisableFailing(std::chrono::milliseconds after,
                                            const std::string& events_destination) override;
@@ -178,20 +178,23 @@ std::unordered_set<std::string> PostgresEndpointDirectory::OwedKeys(
 
 std::int64_t PostgresEndpointDirectory::WakeEndpoint(const std::string& endpoint_id,
                                                      std::chrono::milliseconds hold,
-                                                     std::chrono::milliseconds within) {
+                                                     std::chrono::milliseconds margin) {
   return impl_->Run([&](pqxx::connection& c) -> std::int64_t {
     pqxx::nontransaction tx(c);
-    // A range of messages_parked_idx: what was parked for `hold` within the last `within` (a
-    // few seconds' holds), not a read of the endpoint's whole backlog (review). now(), not
-    // clock_timestamp(): a volatile bound is not an index bound.
+    // A range of messages_parked_idx: what was parked for `hold` since the endpoint was
+    // enabled (`margin` before, for settles that read the clock before the enable began), a
+    // few seconds' holds, not a read of the endpoint's whole backlog (review). The bounds are
+    // stable (now(), an initplan), so they bound the index scan.
     const auto r = tx.exec_params(
         "UPDATE outbox.messages SET deliver_after = clock_timestamp() "
         "WHERE destination = $2 AND parked "
-        "  AND deliver_after > now() + make_interval(secs => ($3::bigint - $4::bigint) / 1000.0) "
+        "  AND deliver_after > (SELECT coalesce(e.enabled_at, now()) FROM outbox.endpoints e "
+        "                       WHERE e.id = $1)"
+        "                      + make_interval(secs => ($3::bigint - $4::bigint) / 1000.0) "
         "  AND deliver_after <= now() + make_interval(secs => $3::bigint / 1000.0) "
         "  AND endpoint_id = $1 AND lease_owner IS NULL",
         endpoint_id, impl_->destination, static_cast<std::int64_t>(hold.count()),
-        static_cast<std::int64_t>(within.count()));
+        static_cast<std::int64_t>(margin.count()));
     return static_cast<std::int64_t>(r.affected_rows());
   });
 }

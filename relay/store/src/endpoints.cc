@@ -523,14 +523,10 @@ EnableChange SetEndpointEnabled(Store& store, const std::string& id, bool enable
   return Translated([&]() -> EnableChange {
     pqxx::work tx(StoreAccess::Connection(store));
     const auto now =
-        tx.exec_params("SELECT enabled FROM outbox.endpoints WHERE id = $1 FOR UPDATE", id);
+        tx.exec_params("SELECT enabled FROM outbox.endpoints WHERE id = $1 FOR NO KEY UPDATE", id);
     if (now.empty()) return EnableChange::kNoSuchEndpoint;
     if (now[0][0].as<bool>() == enabled) return EnableChange::kUnchanged;
     if (enabled) {
-      // A fresh start: the failures before it was disabled do not count towards disabling it
-      // automatically again.
-      tx.exec_params(
-          "UPDATE outbox.endpoint_health SET failing_since = NULL WHERE endpoint_id = $1", id);
       // What waited while it was disabled (or for a retry) goes now, in order: rows blocked
       // behind their key ('infinity') stay so. Before the endpoint's own row, whose update
       // takes the registry's lock (its version trigger): that lock, which every endpoint change
@@ -543,10 +539,17 @@ EnableChange SetEndpointEnabled(Store& store, const std::string& id, bool enable
           "WHERE endpoint_id = $1 AND parked AND lease_owner IS NULL "
           "  AND deliver_after > clock_timestamp() AND deliver_after <> 'infinity'",
           id);
+      // A fresh start: the failures before it was disabled do not count towards disabling it
+      // automatically again.
+      tx.exec_params(
+          "UPDATE outbox.endpoint_health SET failing_since = NULL WHERE endpoint_id = $1", id);
     }
+    // enabled_at: this transaction's start (now()), before the wake above read the backlog;
+    // what a relay holds as disabled from then on, it wakes again when it sees the change.
     tx.exec_params(
         "UPDATE outbox.endpoints SET enabled = $2, "
         "  disabled_reason = CASE WHEN $2 THEN NULL ELSE nullif($3, '') END, "
+        "  enabled_at = CASE WHEN $2 THEN now() ELSE enabled_at END, "
         "  updated_at = clock_timestamp() WHERE id = $1",
         id, enabled, reason);
     tx.commit();

@@ -88,11 +88,13 @@ class EndpointDirectory {
   /// in the queue: an earlier message of the key that the endpoint has not taken yet.
   virtual std::unordered_set<std::string> OwedKeys(const std::vector<std::string>& keys) = 0;
   /// Makes due now the rows of `endpoint_id` that a relay held as disabled (parked for
-  /// `hold`) within the last `within`: those it handed back before it saw the endpoint enabled.
-  /// Rows waiting for a retry stay so (unless one falls due within `within` of `hold` from
-  /// now), and so do rows blocked behind their key. Returns how many it woke.
+  /// `hold`) since the endpoint was last enabled (`margin` before it): those handed back
+  /// before the relays saw it enabled. Rows waiting for a retry stay so (unless one falls due
+  /// about `hold` after the enable), and so do rows blocked behind their key. An endpoint never
+  /// enabled again by this version (enabled_at NULL): the holds of the last `margin`. Returns
+  /// how many it woke.
   virtual std::int64_t WakeEndpoint(const std::string& endpoint_id, std::chrono::milliseconds hold,
-                                    std::chrono::milliseconds within) = 0;
+                                    std::chrono::milliseconds margin) = 0;
   /// Writes `rows` to outbox.delivery_attempts (when `log`) and updates each endpoint's
   /// failing_since in outbox.endpoint_health.
   virtual void RecordAttempts(const std::vector<AttemptRow>& rows, bool log) = 0;

@@ -80,7 +80,8 @@ constexpr milliseconds kCleanupEvery{60'000};
 /// After an endpoint is enabled again: longer than a claim, a hand-back and its settle take.
 constexpr milliseconds kRewakeAfter{3'000};
 /// A wake after an endpoint was enabled again takes the rows held as disabled since this long
-/// before the relay noticed (the enable committed up to a registry poll and a read earlier).
+/// before the enable began (a settle that read the clock before it, and committed after the
+/// enable's own wake read the backlog).
 constexpr milliseconds kRewakeMargin{60'000};
 /// A row of an endpoint not in the registry this relay read waits this long for a fresh read.
 constexpr milliseconds kUnknownHold{1'000};
@@ -877,9 +878,9 @@ class WebhookServiceSink final : public Sink {
     }
   }
 
-  // The wakes of rewake_ that are due. One that fails stays for the next turn, until the rows
-  // it is for are due anyway (kDisabledHold after it was noticed); it covers every hold since
-  // then, however late it runs.
+  // The wakes of rewake_ that are due. One that fails is tried again a second later, until the
+  // rows it is for are due anyway (kDisabledHold after this relay saw the enable); it takes
+  // every hold since the enable, however late it runs.
   void WakeReenabled() {
     for (auto it = rewake_.begin(); it != rewake_.end();) {
       const auto now = Clock::now();
@@ -887,15 +888,18 @@ class WebhookServiceSink final : public Sink {
         ++it;
         continue;
       }
-      const auto since = std::chrono::duration_cast<milliseconds>(now - it->noticed);
+      if (now - it->noticed >= kDisabledHold) {
+        if (it->failed) {
+          spdlog::warn("webhook {}: gave up waking what was held for endpoint {}: it is due now",
+                       destination_, it->id);
+        }
+        it = rewake_.erase(it);
+        continue;
+      }
       try {
-        registry_dir_->WakeEndpoint(it->id, kDisabledHold, since + kRewakeMargin);
+        registry_dir_->WakeEndpoint(it->id, kDisabledHold, kRewakeMargin);
         it = rewake_.erase(it);
       } catch (const std::exception& e) {
-        if (since >= kDisabledHold) {
-          it = rewake_.erase(it);
-          continue;
-        }
         if (!it->failed) {
           spdlog::warn(
               "webhook {}: cannot wake what was held for endpoint {} before it was enabled: {} "
@@ -903,6 +907,7 @@ class WebhookServiceSink final : public Sink {
               destination_, it->id, e.what());
         }
         it->failed = true;
+        it->at = now + milliseconds(1'000);
         ++it;
       }
     }
