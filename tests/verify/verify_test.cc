@@ -90,5 +90,33 @@ TEST(Reconcile, KeysSplitOverStreamsAreOrderedPerStreamAndAReplayCountsAsFound) 
   EXPECT_TRUE(r.clean());
 }
 
+// A record whose id is an archived message's but whose idempotency key is another's is not
+// that message: a database restored from a backup hands ids out again, and a relay of another
+// database may write the same topic. The message's gap shows, and the record does not stand in
+// for it in the order check (review: it was found by its id alone, and the run was clean).
+TEST(Reconcile, ARecordWithAnArchivedIdButAnotherKeyIsNotThatMessage) {
+  const std::vector<ArchivedMessage> archived = {Archived(5, "a"), Archived(6, "a")};
+  ReadBackResult read;
+  read.records = {Record("t/0", 0, 6), Record("t/0", 1, 5, "key-from-before-the-restore")};
+  const VerifyReport r = Reconcile(archived, read);
+  ASSERT_EQ(r.gaps.size(), 1u);
+  EXPECT_EQ(r.gaps[0].id, 5);
+  EXPECT_TRUE(r.inversions.empty()) << "the other message's record took 5's place";
+  EXPECT_EQ(r.not_archived, 1);
+  EXPECT_FALSE(r.clean());
+}
+
+// An idempotency key an application used again once its first message was gone: a record of
+// the first message does not stand for the second, whose gap shows.
+TEST(Reconcile, AKeyUsedAgainDoesNotHideTheSecondMessagesGap) {
+  auto first = Archived(10, std::nullopt), second = Archived(20, std::nullopt);
+  first.idempotency_key = second.idempotency_key = "order-42-paid";
+  ReadBackResult read;
+  read.records = {Record("t/0", 0, 10, "order-42-paid")};
+  const VerifyReport r = Reconcile({first, second}, read);
+  ASSERT_EQ(r.gaps.size(), 1u);
+  EXPECT_EQ(r.gaps[0].id, 20);
+}
+
 }  // namespace
 }  // namespace outbox::relay

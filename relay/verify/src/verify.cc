@@ -43,16 +43,31 @@ VerifyReport Reconcile(const std::vector<ArchivedMessage>& archived, const ReadB
         r->idempotency_key.empty() ? "id:" + std::to_string(*r->outbox_id) : r->idempotency_key;
     auto& seen = occurrences[dedupe_key];
     seen.push_back(r);
-    found_ids.insert(*r->outbox_id);
-    found_keys.insert(r->idempotency_key);
+    // The archived message this record is: the same id, and the same idempotency key when the
+    // record carries one. An id alone is not enough: a database restored from a backup hands
+    // ids out again, and a relay of another database may write the same topic (review: a
+    // record from before a restore stood in for a message lost after it).
     const auto archived_it = by_id.find(*r->outbox_id);
-    if (archived_it == by_id.end()) ++report.not_archived;
+    const ArchivedMessage* archived_as =
+        archived_it != by_id.end() && (r->idempotency_key.empty() ||
+                                       r->idempotency_key == archived_it->second->idempotency_key)
+            ? archived_it->second
+            : nullptr;
+    if (archived_as) {
+      found_ids.insert(*r->outbox_id);
+    } else {
+      ++report.not_archived;
+    }
+    // Found by its idempotency key alone only when its id is no archived message's (a
+    // replayed dead letter is renumbered): an application may use a key again once its first
+    // message is gone, and a record of the first must not stand for the second.
+    if (archived_it == by_id.end()) found_keys.insert(r->idempotency_key);
     if (seen.size() > 1) {
       ++summary.duplicates;
       continue;
     }
-    if (archived_it == by_id.end() || !archived_it->second->ordering_key) continue;
-    const std::string& key = *archived_it->second->ordering_key;
+    if (!archived_as || !archived_as->ordering_key) continue;
+    const std::string& key = *archived_as->ordering_key;
     auto [it, inserted] = highest.try_emplace({r->stream, key}, r);
     if (inserted) continue;
     if (*r->outbox_id < *it->second->outbox_id) {
