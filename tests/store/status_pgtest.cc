@@ -634,6 +634,51 @@ TEST_F(StatusTest, WorksWithOnlyTheRelayRole) {
   EXPECT_EQ(s.Find("r")->depth, 1);
 }
 
+// Counts that run past the statement timeout (a queue of many millions of rows; here the dead
+// letters are locked, so their pass waits past it) leave the rest of the status readable: the
+// oldest transaction, often the cause of such a backlog, included. The counts say they were
+// not read, and the metrics keep the last ones read (the status was an error and nothing else).
+TEST_F(StatusTest, CountsThatRunPastTheTimeoutLeaveTheRestReadable) {
+  Enqueue("d");
+  RelayMetrics m("test");
+  m.UpdateFromStatus(Read());
+  const auto gauges = m.Render();
+  ASSERT_NE(gauges.find("outbox_queue_depth{destination=\"d\"} 1"), std::string::npos) << gauges;
+  pqxx::connection holder(db_url_);
+  const int pid = holder.backendpid();
+  pqxx::work hold(holder);
+  hold.exec("SELECT pg_current_xact_id()");
+  hold.exec("LOCK TABLE outbox.dead_letters IN ACCESS EXCLUSIVE MODE");
+  Exec("DELETE FROM outbox.messages");
+  StatusOptions o;
+  o.statement_timeout = 300ms;
+  o.destinations = {"d"};
+  StatusSnapshot s;
+  ASSERT_NO_THROW(s = Read(o));
+  EXPECT_NE(s.counts_error.find("statement_timeout"), std::string::npos) << s.counts_error;
+  ASSERT_TRUE(s.oldest_transaction);
+  ASSERT_TRUE(s.oldest_transaction->pid);
+  EXPECT_EQ(*s.oldest_transaction->pid, pid);
+  const auto table = RenderStatusTable(s);
+  EXPECT_NE(table.find("counts by destination not read: "), std::string::npos) << table;
+  EXPECT_EQ(table.find("PENDING"), std::string::npos) << table;
+  EXPECT_NE(table.find("oldest transaction: pid " + std::to_string(pid)), std::string::npos);
+  const auto json = StatusToJson(s);
+  EXPECT_EQ(json["counts_error"], s.counts_error);
+  ASSERT_EQ(json["destinations"].size(), 1u);
+  EXPECT_TRUE(json["destinations"][0]["pending"].is_null()) << "a zero reads as nothing queued";
+  m.UpdateFromStatus(s);
+  const auto after = m.Render();
+  EXPECT_NE(after.find("outbox_queue_depth{destination=\"d\"} 1"), std::string::npos)
+      << "counts not read replaced the last ones read: " << after;
+  const auto timestamp = [](const std::string& text) {
+    const auto at = text.find("\noutbox_status_timestamp_seconds ");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at + 1) - at);
+  };
+  EXPECT_EQ(timestamp(after), timestamp(gauges)) << "the gauges went stale unseen";
+  hold.abort();
+}
+
 TEST_F(StatusTest, StatementTimeoutApplies) {
   pqxx::connection holder(db_url_);
   pqxx::work hold(holder);

@@ -383,6 +383,25 @@ void RelayMetrics::SetReadyCallback(std::function<bool()> fn) {
 void RelayMetrics::ClearReadyCallback() { relay_ready.Remove({}); }
 
 void RelayMetrics::UpdateFromStatus(const StatusSnapshot& s) {
+  // Counts not read (the pass over a huge queue ran past its timeout): the destination gauges
+  // and the status timestamp keep their last values (OutboxStatusStale fires in time); the
+  // database's health, read all the same, is set below.
+  if (s.counts_error.empty()) UpdateDestinationGauges(s);
+  queue_lock_waiters.Labels({}).Set(static_cast<double>(s.lock_waiters));
+  queue_table_live_tuples.Labels({}).Set(static_cast<double>(s.table.live_tuples));
+  queue_table_dead_tuples.Labels({}).Set(static_cast<double>(s.table.dead_tuples));
+  if (const auto v = s.table.LastAnyVacuumEpoch()) {
+    queue_table_last_vacuum.Labels({}).Set(*v);
+  } else {
+    queue_table_last_vacuum.Remove({});
+  }
+  oldest_transaction_age.Labels({}).Set(s.oldest_transaction ? s.oldest_transaction->age_seconds
+                                                             : 0.0);
+  xmin_lag.Labels({}).Set(static_cast<double>(s.xmin_lag_xids));
+  if (s.counts_error.empty()) status_timestamp.Labels({}).Set(s.taken_at_epoch);
+}
+
+void RelayMetrics::UpdateDestinationGauges(const StatusSnapshot& s) {
   // The first kDefaultMaxSeries destinations by name have series of their own; the rest share
   // the overflow series, summed (ages: the oldest). Series of destinations gone, or past the
   // limit, are dropped first, so each family then holds exactly the destinations kept and the
@@ -431,18 +450,6 @@ void RelayMetrics::UpdateFromStatus(const StatusSnapshot& s) {
     set(L(metrics::kOverflowLabel), rest);
     unserved_oldest_age.Labels(L(metrics::kOverflowLabel)).Set(unserved_age);
   }
-  queue_lock_waiters.Labels({}).Set(static_cast<double>(s.lock_waiters));
-  queue_table_live_tuples.Labels({}).Set(static_cast<double>(s.table.live_tuples));
-  queue_table_dead_tuples.Labels({}).Set(static_cast<double>(s.table.dead_tuples));
-  if (const auto v = s.table.LastAnyVacuumEpoch()) {
-    queue_table_last_vacuum.Labels({}).Set(*v);
-  } else {
-    queue_table_last_vacuum.Remove({});
-  }
-  oldest_transaction_age.Labels({}).Set(s.oldest_transaction ? s.oldest_transaction->age_seconds
-                                                             : 0.0);
-  xmin_lag.Labels({}).Set(static_cast<double>(s.xmin_lag_xids));
-  status_timestamp.Labels({}).Set(s.taken_at_epoch);
 }
 
 }  // namespace outbox::relay

@@ -193,9 +193,13 @@ std::string RenderStatusTable(const StatusSnapshot& s) {
     while (!l.empty() && l.back() == ' ') l.pop_back();
     out += l + "\n";
   };
-  line(header);
-  for (const auto& r : rows) line(r);
-  if (rows.empty()) out += "(no destinations: the queue and the dead letters are empty)\n";
+  if (!s.counts_error.empty()) {
+    out += "counts by destination not read: " + s.counts_error + "\n";
+  } else {
+    line(header);
+    for (const auto& r : rows) line(r);
+    if (rows.empty()) out += "(no destinations: the queue and the dead letters are empty)\n";
+  }
 
   out += "\nqueue table outbox.messages: " + std::to_string(s.table.live_tuples) + " live, " +
          std::to_string(s.table.dead_tuples) + " dead tuples (" +
@@ -272,17 +276,21 @@ nlohmann::json TargetsToJson(const std::vector<RelayTargetHealth>& targets) {
 }  // namespace
 
 nlohmann::json StatusToJson(const StatusSnapshot& s) {
+  // Counts not read (counts_error): null, not a zero that reads as "nothing queued".
+  const auto count = [&](auto v) {
+    return s.counts_error.empty() ? nlohmann::json(v) : nlohmann::json(nullptr);
+  };
   nlohmann::json dests = nlohmann::json::array();
   for (const auto& d : s.destinations) {
     dests.push_back(
         {{"destination", d.destination},
-         {"pending", d.depth},
-         {"in_flight", d.in_flight},
-         {"retrying", d.retrying},
-         {"blocked", d.blocked},
-         {"expired_leases", d.expired_leases},
-         {"dead_letters", d.dead_letters},
-         {"oldest_pending_age_seconds", d.oldest_pending_age_seconds},
+         {"pending", count(d.depth)},
+         {"in_flight", count(d.in_flight)},
+         {"retrying", count(d.retrying)},
+         {"blocked", count(d.blocked)},
+         {"expired_leases", count(d.expired_leases)},
+         {"dead_letters", count(d.dead_letters)},
+         {"oldest_pending_age_seconds", count(d.oldest_pending_age_seconds)},
          {"newest_dead_letter_at", OptEpoch(d.newest_dead_letter_epoch)},
          {"relays", d.relays},
          {"unserved", d.Unserved()},
@@ -304,6 +312,8 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
                t.xmin_age_xids ? nlohmann::json(*t.xmin_age_xids) : nlohmann::json(nullptr)}};
   }
   return {{"taken_at", FormatEpoch(s.taken_at_epoch)},
+          {"counts_error",
+           s.counts_error.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.counts_error)},
           {"destinations", std::move(dests)},
           {"queue_table",
            {{"live_tuples", s.table.live_tuples},

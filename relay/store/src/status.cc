@@ -57,21 +57,36 @@ StatusSnapshot ReadStatus(Store& store, const StatusOptions& options) {
     std::map<std::string, DestinationStatus> by_name;
     for (const auto& name : options.destinations) by_name[name].destination = name;
 
-    for (const auto& r : tx.exec(std::string(q::kstatus_queue))) {
-      auto& d = by_name[r["destination"].as<std::string>()];
-      d.destination = r["destination"].as<std::string>();
-      d.depth = r["depth"].as<std::int64_t>();
-      d.in_flight = r["in_flight"].as<std::int64_t>();
-      d.retrying = r["retrying"].as<std::int64_t>();
-      d.blocked = r["blocked"].as<std::int64_t>();
-      d.expired_leases = r["expired_leases"].as<std::int64_t>();
-      d.oldest_pending_age_seconds = r["oldest_pending_age_seconds"].as<double>();
-    }
-    for (const auto& r : tx.exec(std::string(q::kstatus_dead_letters))) {
-      auto& d = by_name[r["destination"].as<std::string>()];
-      d.destination = r["destination"].as<std::string>();
-      d.dead_letters = r["dead_letters"].as<std::int64_t>();
-      d.newest_dead_letter_epoch = OptDouble(r["newest_dead_at_epoch"]);
+    // The two passes over whole tables, under a savepoint: when they run past the statement
+    // timeout, the rest is still read (review: the status of a queue of ~8M rows or more was
+    // an error and nothing else, the oldest transaction included).
+    try {
+      pqxx::subtransaction counts(tx, "counts");
+      const auto queue = counts.exec(std::string(q::kstatus_queue));
+      const auto dead = counts.exec(std::string(q::kstatus_dead_letters));
+      counts.commit();
+      for (const auto& r : queue) {
+        auto& d = by_name[r["destination"].as<std::string>()];
+        d.destination = r["destination"].as<std::string>();
+        d.depth = r["depth"].as<std::int64_t>();
+        d.in_flight = r["in_flight"].as<std::int64_t>();
+        d.retrying = r["retrying"].as<std::int64_t>();
+        d.blocked = r["blocked"].as<std::int64_t>();
+        d.expired_leases = r["expired_leases"].as<std::int64_t>();
+        d.oldest_pending_age_seconds = r["oldest_pending_age_seconds"].as<double>();
+      }
+      for (const auto& r : dead) {
+        auto& d = by_name[r["destination"].as<std::string>()];
+        d.destination = r["destination"].as<std::string>();
+        d.dead_letters = r["dead_letters"].as<std::int64_t>();
+        d.newest_dead_letter_epoch = OptDouble(r["newest_dead_at_epoch"]);
+      }
+    } catch (const pqxx::sql_error& e) {
+      if (e.sqlstate() != "57014") throw;  // query_canceled: the statement timeout
+      s.counts_error = "the pass over the queue and the dead letters took longer than " +
+                       std::to_string(std::max<long long>(1, options.statement_timeout.count())) +
+                       " ms and was cancelled (statement_timeout); the queue table's live rows "
+                       "below say how large it is";
     }
     for (const auto& r :
          tx.exec_params(std::string(q::kstatus_relays),

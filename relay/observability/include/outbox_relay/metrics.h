@@ -165,13 +165,17 @@ struct RelayMetrics {
 
   /// Sets every status gauge from `s`. Per-destination series of destinations no longer in
   /// the snapshot are dropped (pass the configured ones in StatusOptions::destinations so
-  /// they stay, at 0). Call it from a periodic collector, e.g. every 15 s.
+  /// they stay, at 0). Call it from a periodic collector, e.g. every 15 s. A snapshot whose
+  /// counts were not read (counts_error) sets the database's gauges only: the destinations'
+  /// and outbox_status_timestamp_seconds keep their values.
   void UpdateFromStatus(const StatusSnapshot& s);
 
   /// The text exposition of everything (what /metrics serves).
   std::string Render() const { return registry.Render(); }
 
  private:
+  void UpdateDestinationGauges(const StatusSnapshot& s);
+
   std::mutex health_mu_;
   std::map<std::string, TargetHealth, std::less<>> health_seen_;  // guarded by health_mu_
 };

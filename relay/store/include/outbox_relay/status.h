@@ -93,6 +93,10 @@ struct StatusSnapshot {
   /// newest finished one (+1); needs no privilege. Large and growing while others commit: a
   /// long transaction holds the xmin horizon back.
   std::int64_t xmin_lag_xids = 0;
+  /// Not empty: the pass over the queue and the dead letters ran past the statement timeout
+  /// (a queue of many millions of rows) and was cancelled. The destinations' counts are then
+  /// not known (left at zero); everything else was read.
+  std::string counts_error;
 
   /// The entry for `destination`, or nullptr.
   const DestinationStatus* Find(const std::string& destination) const;
@@ -111,8 +115,9 @@ struct StatusOptions {
 
 /// Reads a snapshot in one read-only transaction. Needs only the outbox_relay role; with
 /// pg_monitor (or pg_read_all_stats) it also sees other roles' sessions for lock waits and
-/// the oldest transaction. Throws StoreError on database errors (including the
-/// statement timeout).
+/// the oldest transaction. Throws StoreError on database errors; a statement timeout of the
+/// pass over the queue and the dead letters is reported in counts_error instead, with the rest
+/// read (the oldest transaction and the lock waits matter most when the queue is that large).
 StatusSnapshot ReadStatus(Store& store, const StatusOptions& options);
 StatusSnapshot ReadStatus(Store& store);
 
