@@ -273,6 +273,46 @@ TEST_F(StoreTest, AFannedOutMessageLeavesRowsOnlyForTheEndpointsThatDidNotTakeIt
   EXPECT_EQ(third.messages[0].attempts, 2);
 }
 
+// The relay's role alone (docs/roles.md) writes what the webhook service writes: a fan-out's
+// dead endpoint copy (a dead letter with an id of its own, from the queue's sequence) and an
+// endpoint moved with its dead letters. Both failed with permission denied: the settle's whole
+// batch was lost, its messages sent to every endpoint again when their leases ran out, again
+// and again (review).
+TEST_F(StoreTest, TheRelayRoleAloneSettlesAFanOutsDeadCopyAndMovesAnEndpoint) {
+  {
+    pqxx::connection admin(db_url_);
+    pqxx::nontransaction(admin).exec(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+        "'store_relay_login') THEN CREATE ROLE store_relay_login LOGIN; END IF; END $$;"
+        "GRANT outbox_relay TO store_relay_login");
+  }
+  std::string url = db_url_;
+  url.replace(url.find("postgres@"), 9, "store_relay_login@");
+  Enqueue({outbox::Message::To("d").Json("1").Key("k").Build()});
+  Store store(url);
+  const auto r = store.Claim("d", 0, 100, 100, 30s);
+  ASSERT_EQ(r.messages.size(), 1u);
+  Settlement s = Settle(r.messages[0], r.lease_token, Settlement::Kind::kFanOut);
+  s.delivered_to = 1;
+  s.children = {{"ep_c", Settlement::Kind::kDead, 0ms, "http 410: gone", 1, {}}};
+  SettleCounts c;
+  ASSERT_NO_THROW(c = store.Settle({s}));
+  EXPECT_EQ(c.delivered, 1);
+  EXPECT_EQ(c.endpoint_dead, 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_c'"), 1);
+
+  AddEndpointA(store);
+  Scalar(
+      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
+      "  endpoint_id) VALUES (-5, 'hooks', 'ep_a:k', gen_random_uuid(), '', '{}', '0', 1,"
+      "  'http 500', now(), 'ep_a') RETURNING 1) SELECT count(*) FROM d");
+  relay::EndpointFields move;
+  move.destination = "hooks-eu";
+  ASSERT_NO_THROW(EXPECT_TRUE(relay::UpdateEndpoint(store, "ep_a", move)));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE destination = 'hooks-eu'"), 1);
+}
+
 // An application's key and an endpoint's key are apart even when they read the same: an
 // endpoint row of key k is keyed "ep_a:k", and an application may well key a message "ep_a:k"
 // too. Compared by key alone, the endpoint's row waited behind the application's earlier
