@@ -534,6 +534,22 @@ class Counted final : public pqxx::notification_receiver {
   int n = 0;
 };
 
+// A row of endpoint ep_a of destination "hooks" with one attempt made, parked until `due_sql`
+// (an SQL expression); returns its id.
+std::int64_t ParkEndpointRow(const std::string& url, const std::string& key_sql,
+                             const std::string& due_sql) {
+  pqxx::connection c(url);
+  pqxx::nontransaction tx(c);
+  return tx
+      .exec1(
+          "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key,"
+          "  event_type, headers, payload, deliver_after, parked, endpoint_id, created_at, "
+          "  bucket, attempts) VALUES ('hooks', " +
+          key_sql + ", gen_random_uuid(), '', '{}', '0', " + due_sql +
+          ", true, 'ep_a', now(), 0, 1) RETURNING id")[0]
+      .as<std::int64_t>();
+}
+
 // Relays LISTEN on outbox_messages and claim when woken. Only an INSERT that inserted rows may
 // wake them (migration 0013): the settle statement holds an INSERT (the rows a fanned-out
 // message still owes) that inserts nothing almost always, and every settle used to wake every
@@ -674,6 +690,33 @@ TEST_F(StoreTest, RowsThatBecomeClaimableWakeTheRelaysAndNothingElseDoes) {
             }),
             0)
       << "a bucket of a relay that does not serve the destination";
+
+  // An endpoint enabled again: what waited for it goes at once, not after the relays' poll
+  // (docs/webhooks.md: "sends what waited at once"); so do the rows a relay wakes again
+  // after it saw the enable. Neither wakes anyone when it woke no row.
+  AddEndpointA(store);
+  ASSERT_EQ(SetEndpointEnabled(store, "ep_a", false, ""), EnableChange::kChanged);
+  // (The insert wakes the relays as every insert does: counted apart.)
+  EXPECT_EQ(wakes_from([&] { ParkEndpointRow(db_url_, "NULL", "now() + interval '5 min'"); }), 1);
+  EXPECT_EQ(wakes_from([&] {
+              EXPECT_EQ(SetEndpointEnabled(store, "ep_a", true, ""), EnableChange::kChanged);
+            }),
+            1)
+      << "an enable that woke a row";
+  ASSERT_EQ(SetEndpointEnabled(store, "ep_a", false, ""), EnableChange::kChanged);
+  pqxx::nontransaction(writer).exec0("DELETE FROM outbox.messages WHERE endpoint_id = 'ep_a'");
+  EXPECT_EQ(wakes_from([&] {
+              EXPECT_EQ(SetEndpointEnabled(store, "ep_a", true, ""), EnableChange::kChanged);
+            }),
+            0)
+      << "an enable that woke nothing";
+  EXPECT_EQ(wakes_from(
+                [&] { ParkEndpointRow(db_url_, "NULL", "clock_timestamp() + interval '1 hour'"); }),
+            1);
+  auto dir = MakePostgresEndpointDirectory(db_url_, "hooks");
+  EXPECT_EQ(wakes_from([&] { EXPECT_EQ(dir->WakeEndpoint("ep_a", 1h, 60s), 1); }), 1)
+      << "a relay's wake of what it held as disabled";
+  EXPECT_EQ(wakes_from([&] { EXPECT_EQ(dir->WakeEndpoint("ep_a", 1h, 60s), 0); }), 0);
 }
 
 // Exactly once's "known absent from Kafka as of" (migration 0012): written by a retry or a
@@ -1356,22 +1399,6 @@ TEST_F(StoreTest, EndpointJsonNestedTooDeepIsRefusedNamingTheField) {
 // An endpoint moved to another destination takes what it owes along: its queued rows (their
 // buckets computed for the new name) and its dead letters. Left behind, the old destination's
 // service, which no longer loads the endpoint, dead-lettered them all as deleted (review).
-// A row of endpoint ep_a of destination "hooks" with one attempt made, parked until `due_sql`
-// (an SQL expression); returns its id.
-std::int64_t ParkEndpointRow(const std::string& url, const std::string& key_sql,
-                             const std::string& due_sql) {
-  pqxx::connection c(url);
-  pqxx::nontransaction tx(c);
-  return tx
-      .exec1(
-          "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key,"
-          "  event_type, headers, payload, deliver_after, parked, endpoint_id, created_at, "
-          "  bucket, attempts) VALUES ('hooks', " +
-          key_sql + ", gen_random_uuid(), '', '{}', '0', " + due_sql +
-          ", true, 'ep_a', now(), 0, 1) RETURNING id")[0]
-      .as<std::int64_t>();
-}
-
 // Enabling an enabled endpoint, or disabling a disabled one, changes nothing: an automation
 // that makes sure an endpoint is enabled must not throw away its rows' retry schedule and
 // pauses (every parked row made due at once) nor its failing_since (it would never be disabled

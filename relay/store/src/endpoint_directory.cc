@@ -195,6 +195,8 @@ std::int64_t PostgresEndpointDirectory::WakeEndpoint(const std::string& endpoint
         "  AND endpoint_id = $1 AND lease_owner IS NULL",
         endpoint_id, impl_->destination, static_cast<std::int64_t>(hold.count()),
         static_cast<std::int64_t>(margin.count()));
+    // Due at once: wakes the relays as a new message does, not their next poll.
+    if (r.affected_rows() > 0) tx.exec("SELECT pg_notify('outbox_messages', '')");
     return static_cast<std::int64_t>(r.affected_rows());
   });
 }

@@ -534,11 +534,13 @@ EnableChange SetEndpointEnabled(Store& store, const std::string& id, bool enable
       // through this update of the endpoint's whole backlog (review). A relay that claims a
       // woken row before it sees the change holds it as disabled, and wakes it again when it
       // does (PostgresEndpointDirectory::WakeEndpoint).
-      tx.exec_params(
+      const auto woken = tx.exec_params(
           "UPDATE outbox.messages SET deliver_after = clock_timestamp() "
           "WHERE endpoint_id = $1 AND parked AND lease_owner IS NULL "
           "  AND deliver_after > clock_timestamp() AND deliver_after <> 'infinity'",
           id);
+      // At once, not at the relays' next poll: wakes them as a new message does (on commit).
+      if (woken.affected_rows() > 0) tx.exec("SELECT pg_notify('outbox_messages', '')");
       // A fresh start: the failures before it was disabled do not count towards disabling it
       // automatically again.
       tx.exec_params(
