@@ -1,6 +1,7 @@
 #include "outbox/outbox.h"
 
 #include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -386,17 +387,31 @@ void Validate(const OutboxMessage& m) {
       }
     }
   }
+  // The trace context headers under any case of their names, each once (as the SQL function
+  // checks them, 0031): a webhook carries one header of a name.
+  const auto lower = [](std::string s) {
+    for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+  };
+  int traceparents = 0, tracestates = 0;
   for (const auto& [name, value] : m.headers) {
-    if (name == "traceparent" && !IsTraceparent(value)) {
-      throw InvalidMessage("outbox: header \"traceparent\" is not a W3C traceparent: \"" +
+    const std::string lowered = lower(name);
+    if (lowered == "traceparent" && !IsTraceparent(value)) {
+      throw InvalidMessage("outbox: header \"" + name + "\" is not a W3C traceparent: \"" +
                            value.substr(0, 60) +
                            "\"; write version-traceid-parentid-flags in lowercase hex, e.g. "
                            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
     }
-    if (name == "tracestate" && value.size() > kMaxTracestateBytes) {
-      throw InvalidMessage("outbox: header \"tracestate\" is " + std::to_string(value.size()) +
+    if (lowered == "tracestate" && value.size() > kMaxTracestateBytes) {
+      throw InvalidMessage("outbox: header \"" + name + "\" is " + std::to_string(value.size()) +
                            " bytes long, the limit is " + std::to_string(kMaxTracestateBytes) +
                            "; drop list members from the right");
+    }
+    if ((lowered == "traceparent" && ++traceparents > 1) ||
+        (lowered == "tracestate" && ++tracestates > 1)) {
+      throw InvalidMessage("outbox: header \"" + lowered +
+                           "\" is set twice, under names that differ only in case; set "
+                           "traceparent and tracestate once each, in lowercase");
     }
   }
   if (m.idempotency_key && !IsUuid(*m.idempotency_key)) {

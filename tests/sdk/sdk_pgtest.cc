@@ -356,6 +356,18 @@ TEST(SdkValidation, BuilderRejectsBadInputWithClearMessages) {
     ExpectInvalid([&] { return Message::To("d").Json("{}").TraceContext(bad).Build(); },
                   "header \"traceparent\" is not a W3C traceparent");
   }
+  // Under any case of the name, and once: a webhook carries one header of a name (review).
+  ExpectInvalid([] { return Message::To("d").Json("{}").Header("Traceparent", "junk").Build(); },
+                "header \"Traceparent\" is not a W3C traceparent");
+  ExpectInvalid(
+      [] {
+        return Message::To("d")
+            .Json("{}")
+            .TraceContext("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            .Header("TRACEPARENT", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b8-01")
+            .Build();
+      },
+      "set twice, under names that differ only in case");
   ExpectInvalid(
       [] {
         return Message::To("d")
@@ -657,6 +669,16 @@ TEST_F(SdkTest, SqlApiRejectsBadInputWithClearMessagesAndNoRows) {
        "'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', 'tracestate', repeat('v', "
        "513)))",
        "header \"tracestate\" is 513 bytes long, the limit is 512"},
+      // Under any case of their names (0031): a webhook carries one header of a name.
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, headers => '{\"Traceparent\": \"junk\"}')",
+       "header \"Traceparent\" is not a W3C traceparent: \"junk\""},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, headers => jsonb_build_object('TraceState', "
+       "repeat('v', 513)))",
+       "header \"TraceState\" is 513 bytes long, the limit is 512"},
+      {"SELECT outbox.enqueue('d', '{}'::jsonb, headers => jsonb_build_object('traceparent', "
+       "'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', 'TRACEPARENT', "
+       "'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b8-01'))",
+       "header \"traceparent\" is set twice, under names that differ only in case"},
   };
   pqxx::connection c(db_url_);
   for (const auto& tc : cases) {
