@@ -134,7 +134,9 @@ TEST_F(RelayWebhookTest, LeasesOfMessagesStillQueuedInTheSinkAreRenewedNotReaped
 
 // What docs/webhooks.md promises a receiver: a JSON payload arrives in jsonb's normal form
 // (keys sorted, duplicates reduced, one space after ':' and ','), a bytes payload byte for byte.
-// W3C trace context written in SQL reaches the webhook receiver unchanged (issue 14).
+// W3C trace context written in SQL reaches the webhook receiver unchanged (issue 14), and the
+// relay logs its trace id whatever the case of the header's name (an HTTP header name's case
+// means nothing; migration 0031 checks the value under any case).
 TEST_F(RelayWebhookTest, TraceContextWrittenInSqlArrivesUnchangedAsHttpHeaders) {
   HttpReceiver hook;
   const std::string traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -143,7 +145,7 @@ TEST_F(RelayWebhookTest, TraceContextWrittenInSqlArrivesUnchangedAsHttpHeaders) 
     pqxx::work tx(c);
     tx.exec_params(
         "SELECT outbox.enqueue('hooks', '{\"n\": 1}'::jsonb, headers => "
-        "jsonb_build_object('traceparent', $1::text, 'tracestate', 'congo=t61rcWkgMzE'))",
+        "jsonb_build_object('Traceparent', $1::text, 'tracestate', 'congo=t61rcWkgMzE'))",
         traceparent);
     tx.commit();
   }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <random>
 
@@ -179,8 +180,14 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
 
 std::string TraceIdOf(const Message& msg) {
   for (const auto& [name, value] : msg.headers) {
-    // version-traceid-parentid-flags; the format was checked when the message was written
-    if (name == "traceparent" && value.size() == 55) return value.substr(3, 32);
+    // version-traceid-parentid-flags; the format was checked when the message was written,
+    // under any case of the name (migration 0031), and it is set once
+    if (name.size() == 11 && value.size() == 55 &&
+        std::equal(name.begin(), name.end(), "traceparent", [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == b;
+        })) {
+      return value.substr(3, 32);
+    }
   }
   return "";
 }
