@@ -667,6 +667,7 @@ TEST_F(StatusTest, CountsThatRunPastTheTimeoutLeaveTheRestReadable) {
   EXPECT_EQ(json["counts_error"], s.counts_error);
   ASSERT_EQ(json["destinations"].size(), 1u);
   EXPECT_TRUE(json["destinations"][0]["pending"].is_null()) << "a zero reads as nothing queued";
+  EXPECT_TRUE(json["destinations"][0]["unserved"].is_null()) << "false reads as served";
   m.UpdateFromStatus(s);
   const auto after = m.Render();
   EXPECT_NE(after.find("outbox_queue_depth{destination=\"d\"} 1"), std::string::npos)

@@ -293,7 +293,7 @@ nlohmann::json StatusToJson(const StatusSnapshot& s) {
          {"oldest_pending_age_seconds", count(d.oldest_pending_age_seconds)},
          {"newest_dead_letter_at", OptEpoch(d.newest_dead_letter_epoch)},
          {"relays", d.relays},
-         {"unserved", d.Unserved()},
+         {"unserved", count(d.Unserved())},
          {"paused", d.paused},
          {"paused_reason", d.paused ? nlohmann::json(d.paused_reason) : nlohmann::json(nullptr)},
          {"targets", TargetsToJson(d.targets)}});
