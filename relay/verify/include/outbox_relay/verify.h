@@ -45,7 +45,9 @@ struct VerifyReport {
   std::int64_t archived = 0;      ///< Delivered messages in the window.
   std::int64_t records = 0;       ///< Records read from the target.
   std::int64_t foreign = 0;       ///< Records without an outbox-id header: not the relay's.
-  std::int64_t not_archived = 0;  ///< Relay records of messages outside the window.
+  /// Relay records that are no archived message: of messages outside the window, or whose id
+  /// is an archived message's but whose idempotency key is not (an id handed out again).
+  std::int64_t not_archived = 0;
   std::vector<Gap> gaps;
   std::vector<Duplicate> duplicates;
   std::vector<Inversion> inversions;
