@@ -188,6 +188,32 @@ class WebhookServiceSinkTest : public ::testing::Test {
     return e;
   }
 
+  // An endpoint disabled at start, then enabled again at `then_path` (a path of its own
+  // receiver) with `wake_failures` failed wakes first: whether the relay wakes its rows, and
+  // counts no endpoint disabled, within 10 s.
+  void ExpectWokenOnceEnabled(const std::string& then_path, int wake_failures) {
+    HttpReceiver receiver;
+    auto disabled = Endpoint("ep", receiver.Url("/hook"), 2);
+    disabled.enabled = false;
+    registry_.endpoints = {disabled};
+    auto sink = Start();
+    {
+      std::lock_guard lock(registry_.mu);
+      registry_.endpoints = {Endpoint("ep", receiver.Url(then_path), 2)};
+      registry_.wake_failures = wake_failures;
+      ++registry_.version;
+    }
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          std::lock_guard lock(registry_.mu);
+          return !registry_.woken.empty();
+        },
+        10s))
+        << "the endpoint's held rows were never woken";
+    EXPECT_EQ(sink->Health()->endpoints_disabled, 0);
+    sink->Shutdown(5s);
+  }
+
   SinkPtr Start(std::chrono::milliseconds timeout = 5000ms,
                 std::chrono::milliseconds connect_timeout = 2000ms) {
     WebhookTarget t;
@@ -606,51 +632,14 @@ TEST_F(WebhookServiceSinkTest, AnEndpointWhoseSinkCannotBeMadeYetHoldsItsMessage
 // Waking an enabled endpoint's rows can fail (the database blinked): the reload still
 // completes (replaced sinks stop), and the wake is tried again.
 TEST_F(WebhookServiceSinkTest, AFailedWakeOfAnEnabledEndpointIsTriedAgain) {
-  HttpReceiver receiver;
-  auto disabled = Endpoint("ep", receiver.Url("/hook"), 2);
-  disabled.enabled = false;
-  registry_.endpoints = {disabled};
-  auto sink = Start();
-  {
-    std::lock_guard lock(registry_.mu);
-    registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 2)};
-    registry_.wake_failures = 1;
-    ++registry_.version;
-  }
-  EXPECT_TRUE(WaitFor(
-      [&] {
-        std::lock_guard lock(registry_.mu);
-        return !registry_.woken.empty();
-      },
-      10s))
-      << "the endpoint's rows were never woken";
-  EXPECT_EQ(sink->Health()->endpoints_disabled, 0);
-  sink->Shutdown(5s);
+  ExpectWokenOnceEnabled("/hook", 1);
 }
 
 // An endpoint enabled again together with a change of how it is sent to (its URL): the sink is
 // made again, and the rows the relay held as disabled before it saw the change are woken all
 // the same (they waited an hour: the wake followed only a kept sink: review).
 TEST_F(WebhookServiceSinkTest, AnEndpointEnabledWithANewUrlIsWokenToo) {
-  HttpReceiver receiver;
-  auto disabled = Endpoint("ep", receiver.Url("/old"), 2);
-  disabled.enabled = false;
-  registry_.endpoints = {disabled};
-  auto sink = Start();
-  {
-    std::lock_guard lock(registry_.mu);
-    registry_.endpoints = {Endpoint("ep", receiver.Url("/new"), 2)};
-    ++registry_.version;
-  }
-  EXPECT_TRUE(WaitFor(
-      [&] {
-        std::lock_guard lock(registry_.mu);
-        return !registry_.woken.empty();
-      },
-      10s))
-      << "the endpoint's held rows were never woken";
-  EXPECT_EQ(sink->Health()->endpoints_disabled, 0);
-  sink->Shutdown(5s);
+  ExpectWokenOnceEnabled("/new", 0);
 }
 
 // The delivery log keeps what it could not write while the database was away, and writes it
