@@ -233,11 +233,16 @@ int RunVerify(const VerifyArgs& a) {
     return CannotVerify(std::string("reading the delivered archive: ") + e.what());
   }
   ReadBackOptions options;
-  // The window is the database's clock (created_at); a record's timestamp is the clock of the
-  // relay that produced it, which may be behind: read from a while before, as the exactly-once
-  // recovery does. Records of messages before the window count as such, never as findings.
+  // The window is by delivery (the database's clock). A message's record was produced after it
+  // was created, and maybe long before its delivery was written (a settle held up while the
+  // database was away): the read starts at the earliest creation among the window's messages,
+  // less a while, since a record's timestamp is the clock of the relay that produced it, which
+  // may be behind (as the exactly-once recovery does). Records of messages outside the window
+  // count as such, never as findings.
   constexpr auto kClockSlack = std::chrono::minutes(5);
-  if (since.time_since_epoch() > kClockSlack) options.since = since - kClockSlack;
+  SystemTime read_from = since;
+  for (const auto& m : archived) read_from = std::min(read_from, m.created_at);
+  if (read_from.time_since_epoch() > kClockSlack) options.since = read_from - kClockSlack;
   options.timeout = std::chrono::milliseconds(a.timeout_ms);
   options.streams = a.topics;
   ReadBackResult read;

@@ -18,7 +18,7 @@ struct ArchivedMessage {
   std::chrono::system_clock::time_point created_at{};
 };
 
-/// Every message of `destination` in outbox.delivered_archive written at or after `since`,
+/// Every message of `destination` in outbox.delivered_archive delivered at or after `since`,
 /// by id.
 std::vector<ArchivedMessage> ReadArchive(Store& store, const std::string& destination,
                                          std::chrono::system_clock::time_point since);
