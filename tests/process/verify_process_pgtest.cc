@@ -62,6 +62,37 @@ class VerifyTest : public RelayProcessFixture {
     sink->Shutdown(5s);
   }
 
+  // Message `id` of the topic, without a key, its idempotency key made of its id.
+  static std::string KeyOf(std::int64_t id) {
+    const std::string digits = std::to_string(id);
+    return "00000000-0000-4000-8000-" + std::string(12 - digits.size(), '0') + digits;
+  }
+  void ProduceUnkeyed(std::int64_t id) {
+    Message m;
+    m.id = MessageId{id};
+    m.destination = kTopic;
+    m.idempotency_key = KeyOf(id);
+    m.payload = "{}";
+    Produce(m);
+  }
+  // Archives message `id` as delivered, at the SQL times given.
+  void ArchiveUnkeyed(std::int64_t id, const std::string& created_at,
+                      const std::string& delivered_at) {
+    Exec(
+        "INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key, "
+        "event_type, headers, attempts, created_at, delivered_at) VALUES (" +
+        std::to_string(id) + ", 'orders', NULL, '" + KeyOf(id) + "', '', '{}', 1, " + created_at +
+        ", " + delivered_at + ")");
+  }
+  // The database's clock `interval` from now, as --since takes it.
+  std::string DatabaseTimeIn(const std::string& interval) {
+    pqxx::connection c(db_url_);
+    return pqxx::nontransaction(c)
+        .exec1("SELECT to_char((now() + interval '" + interval +
+               "') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")[0]
+        .as<std::string>();
+  }
+
   void Exec(const std::string& sql) {
     pqxx::connection c(db_url_);
     pqxx::work tx(c);
@@ -207,23 +238,9 @@ TEST_F(VerifyTest, AnAllowedTopicThatDoesNotExistHoldsNothing) {
 TEST_F(VerifyTest, ARecordStampedBeforeTheWindowByASlowClockIsNoGap) {
   const std::string config =
       WriteConfig("relay.yaml", Yaml(db_url_, {}, "retention:\n  archive_delivered: true\n"));
-  Message m;
-  m.id = MessageId{700001};
-  m.destination = kTopic;
-  m.idempotency_key = "00000000-0000-4000-8000-000000700001";
-  m.payload = "{}";
-  Produce(m);
-  Exec(
-      "INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key, "
-      "event_type, headers, attempts, created_at, delivered_at) VALUES (700001, 'orders', "
-      "NULL, '00000000-0000-4000-8000-000000700001', '', '{}', 1, now() + interval '2 seconds', "
-      "now() + interval '2 seconds')");
-  pqxx::connection c(db_url_);
-  const std::string since = pqxx::nontransaction(c)
-                                .exec1(
-                                    "SELECT to_char((now() + interval '1 second') AT TIME ZONE "
-                                    "'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")[0]
-                                .as<std::string>();
+  ProduceUnkeyed(700001);
+  ArchiveUnkeyed(700001, "now() + interval '2 seconds'", "now() + interval '2 seconds'");
+  const std::string since = DatabaseTimeIn("1 second");
   ASSERT_EQ(Verify(config, {"--since", since}), 0) << last_stdout_ << last_stderr_;
   EXPECT_EQ(report_["archived"], 1);
   EXPECT_EQ(report_["records"], 1);
@@ -236,10 +253,7 @@ TEST_F(VerifyTest, ARecordStampedBeforeTheWindowByASlowClockIsNoGap) {
 TEST_F(VerifyTest, AMessageCreatedBeforeTheWindowAndDeliveredInItIsVerified) {
   const std::string config =
       WriteConfig("relay.yaml", Yaml(db_url_, {}, "retention:\n  archive_delivered: true\n"));
-  Exec(
-      "INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key, "
-      "event_type, headers, attempts, created_at, delivered_at) VALUES (600001, 'orders', NULL, "
-      "'00000000-0000-4000-8000-000000600001', '', '{}', 1, now() - interval '3 hours', now())");
+  ArchiveUnkeyed(600001, "now() - interval '3 hours'", "now()");
   ASSERT_EQ(Verify(config, {"--since", "1h"}), 1) << last_stdout_ << last_stderr_;
   EXPECT_EQ(report_["archived"], 1);
   ASSERT_EQ(report_["gaps"].size(), 1u);
@@ -248,23 +262,9 @@ TEST_F(VerifyTest, AMessageCreatedBeforeTheWindowAndDeliveredInItIsVerified) {
   // Its record, produced now, written delivered 20 minutes from now (a settle held up): a
   // window from 10 minutes from now takes the message, and the read, from its creation on,
   // takes the record.
-  Message m;
-  m.id = MessageId{600002};
-  m.destination = kTopic;
-  m.idempotency_key = "00000000-0000-4000-8000-000000600002";
-  m.payload = "{}";
-  Produce(m);
-  Exec(
-      "INSERT INTO outbox.delivered_archive (id, destination, ordering_key, idempotency_key, "
-      "event_type, headers, attempts, created_at, delivered_at) VALUES (600002, 'orders', NULL, "
-      "'00000000-0000-4000-8000-000000600002', '', '{}', 1, now() - interval '1 hour', "
-      "now() + interval '20 minutes')");
-  pqxx::connection c(db_url_);
-  const std::string since = pqxx::nontransaction(c)
-                                .exec1(
-                                    "SELECT to_char((now() + interval '10 minutes') AT TIME "
-                                    "ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")[0]
-                                .as<std::string>();
+  ProduceUnkeyed(600002);
+  ArchiveUnkeyed(600002, "now() - interval '1 hour'", "now() + interval '20 minutes'");
+  const std::string since = DatabaseTimeIn("10 minutes");
   ASSERT_EQ(Verify(config, {"--since", since}), 0) << last_stdout_ << last_stderr_;
   EXPECT_EQ(report_["archived"], 1);
   EXPECT_EQ(report_["records"], 1);
