@@ -484,6 +484,47 @@ TEST_F(CoordinateTest, AMessageWrittenWhileTheBucketCountChangesLandsInABucketOf
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE bucket >= 4"), 0);
 }
 
+// A batch writer (outbox.enqueue_many, which every writer library calls) took its keys' locks
+// before the writers' shared lock (7079, 2), while a single enqueue takes them the other way
+// round. While set_bucket_count waited for its exclusive lock behind one writer, a batch
+// holding key K queued behind the count change, and a single enqueue of K (holding the shared
+// lock, which the count change waits for) queued behind the batch: a cycle that only the
+// deadlock detector broke, after deadlock_timeout (1 s), for every writer of the key (review).
+// Now a batch takes the shared lock first and holds no key's lock while it waits for it.
+TEST_F(CoordinateTest, ABatchWriterHoldsNoKeysLockWhileItWaitsForABucketCountChange) {
+  pqxx::connection cc(db_url_);
+  pqxx::work change(cc);
+  change.exec("SELECT pg_advisory_xact_lock(7079, 2)");  // as set_bucket_count holds it
+  auto batch = std::async(std::launch::async, [&] {
+    pqxx::connection w(db_url_);
+    pqxx::work tx(w);
+    const auto pid = tx.exec1("SELECT pg_backend_pid()")[0].as<int>();
+    outbox::PublishMany(tx, {outbox::Message::To("d").Json("1").Key("k-1").Build(),
+                             outbox::Message::To("d").Json("2").Key("k-2").Build()});
+    tx.commit();
+    return pid;
+  });
+  // The batch's session, once it waits for a lock (or done, if it did not wait at all).
+  std::int64_t waiting = 0;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        waiting = Scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE '%enqueue_many%' AND pid <> pg_backend_pid()");
+        return batch.wait_for(0s) == std::future_status::ready || waiting > 0;
+      },
+      10s));
+  EXPECT_EQ(waiting, 1) << "the batch waits for the count change";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                   "WHERE l.locktype = 'advisory' AND l.granted AND a.query LIKE '%enqueue_many%' "
+                   "AND a.pid <> pg_backend_pid()"),
+            0)
+      << "a batch waiting for the count change holds no key's lock";
+  change.commit();
+  batch.get();
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 2);
+}
+
 // A writer in REPEATABLE READ (or SERIALIZABLE) reads every statement from its transaction's
 // first snapshot: the writers' lock made it wait for no count change that had already
 // committed, and it read the count from before the change. Its message went into a bucket of
