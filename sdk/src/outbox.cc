@@ -445,6 +445,31 @@ std::string ToJsonText(const OutboxMessage& m) {
   return text;
 }
 
+/// A refusal only the database can make (its limits and guard, checked there for every
+/// writer), as InvalidMessage: "<message>. <hint>", without libpq's severity prefix and the
+/// PL/pgSQL call stack (CONTEXT). Other errors stay libpqxx's.
+[[noreturn]] void Rethrow(const pqxx::sql_error& e) {
+  const std::string state = e.sqlstate();
+  if (state != "22023" && state != "54000") throw;
+  std::string_view text = e.what();
+  std::string message, hint;
+  while (!text.empty()) {
+    const auto end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view{} : text.substr(end + 1);
+    auto field = [&](std::string_view tag, std::string& into) {
+      if (line.substr(0, tag.size()) != tag) return false;
+      into = line.substr(tag.size());
+      return true;
+    };
+    if (!field("ERROR:  ", message) && !field("HINT:  ", hint) && message.empty()) {
+      message = line;  // not libpq's layout: keep the text as it is
+    }
+  }
+  if (!hint.empty()) message += ". " + hint;
+  throw InvalidMessage(message, state);
+}
+
 }  // namespace
 
 Clock::time_point SchedulingHorizonEnd(Clock::time_point now) {
@@ -567,7 +592,12 @@ std::vector<std::int64_t> PublishMany(pqxx::dbtransaction& tx,
     batch += ToJsonText(messages[i]);
   }
   batch += ']';
-  const pqxx::result r = tx.exec_params("SELECT outbox.enqueue_many($1::jsonb)", batch);
+  pqxx::result r;
+  try {
+    r = tx.exec_params("SELECT outbox.enqueue_many($1::jsonb)", batch);
+  } catch (const pqxx::sql_error& e) {
+    Rethrow(e);
+  }
   for (const auto& row : r) ids.push_back(row[0].as<std::int64_t>());
   return ids;
 }

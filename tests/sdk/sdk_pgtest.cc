@@ -1084,8 +1084,15 @@ TEST_F(SdkTest, PayloadsOverTheDatabasesLimitAreRefusedNamingTheLimit) {
     outbox::Publish(
         tx, outbox::Message::To("d").Json("{\"s\": \"" + std::string(80, 'x') + "\"}").Build());
     ADD_FAILURE() << "the SDK wrote a payload over the limit";
-  } catch (const std::exception& e) {
+  } catch (const outbox::InvalidMessage& e) {
+    // A refusal only the database can make is the same exception as the SDK's own (as the
+    // other languages' writers raise theirs), with the database's text and SQLSTATE.
     EXPECT_NE(std::string(e.what()).find("the limit is 64"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("outbox.enqueue_many: element 0: payload is", 0), 0u)
+        << e.what();
+    EXPECT_EQ(e.sqlstate(), "54000");
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not an outbox::InvalidMessage: " << e.what();
   }
   tx.abort();
   EXPECT_EQ(Count(db_url_), 1) << "nothing half-written";
@@ -1183,6 +1190,20 @@ TEST_F(SdkTest, UnknownDestinationsAreRefusedOnceTheGuardIsOn) {
     EXPECT_EQ(e.sqlstate(), "22023");
   }
   tx.abort();
+  pqxx::work sdk(c);
+  try {
+    outbox::Publish(sdk, outbox::Message::To("ordres").Json("{}").Build());
+    ADD_FAILURE() << "accepted";
+  } catch (const outbox::InvalidMessage& e) {
+    EXPECT_NE(std::string(e.what()).find("destination \"ordres\" is unknown"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("outbox-relay destinations add NAME"), std::string::npos)
+        << "the hint, with the fix: " << e.what();
+    EXPECT_EQ(e.sqlstate(), "22023");
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not an outbox::InvalidMessage: " << e.what();
+  }
+  sdk.abort();
   exec("UPDATE outbox.settings SET refuse_unknown_destinations = false");
   EXPECT_EQ(enqueue("ordres"), "") << "off again";
 }

@@ -30,9 +30,20 @@ namespace outbox {
 
 /// Thrown by MessageBuilder::Build and by Publish for input that can never be written.
 /// what() names the field and how to fix it. Retrying the same input does not help.
+/// Publish* also throws it for a refusal only the database can make (SQLSTATE 22023
+/// invalid_parameter_value or 54000 program_limit_exceeded: an unknown destination under the
+/// registry guard, a payload over outbox.settings.max_payload_bytes), with the database's
+/// text and hint; PostgreSQL has then aborted the transaction, as after any database error.
 class InvalidMessage : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
+  InvalidMessage(const std::string& what, std::string sqlstate)
+      : std::invalid_argument(what), sqlstate_(std::move(sqlstate)) {}
+  /// The database's SQLSTATE when the database refused the message; empty when the SDK did.
+  const std::string& sqlstate() const noexcept { return sqlstate_; }
+
+ private:
+  std::string sqlstate_;
 };
 
 using Clock = std::chrono::system_clock;
