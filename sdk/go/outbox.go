@@ -360,6 +360,11 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 			return nil, &InvalidMessageError{Message: fmt.Sprintf(
 				"message %d to %q sets both DeliverAt and DeliverAfter; keep one", i, m.Destination)}
 		}
+		if m.DeliverAfter < 0 {
+			return nil, &InvalidMessageError{Message: fmt.Sprintf(
+				"message %d to %q: DeliverAfter must not be negative, got %v; "+
+					"leave it zero to deliver at once, or use DeliverAt", i, m.Destination, m.DeliverAfter)}
+		}
 		when := m.DeliverAt
 		if m.DeliverAfter != 0 {
 			when = time.Now().Add(m.DeliverAfter)

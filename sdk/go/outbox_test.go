@@ -521,6 +521,11 @@ func TestBadInputIsRefusedNamingTheArgument(t *testing.T) {
 		"ordering_key is 1025 bytes long, the limit is 1024", false)
 	refused(Message{Destination: "orders", JSON: 1, DeliverAfter: 400 * 24 * time.Hour},
 		"is more than 1 year ahead", false)
+	// A negative delay went in as a time in the past (due at once), where C++ refuses it.
+	refused(Message{Destination: "orders", JSON: 1, DeliverAfter: -time.Minute},
+		"DeliverAfter must not be negative", false)
+	refused(Message{Destination: "orders", JSON: 1, DeliverAfter: -time.Minute},
+		"DeliverAfter must not be negative", true)
 	refused(Message{Destination: "orders", Data: make([]byte, 1024*1024+1)},
 		"payload is 1048577 bytes, the limit is 1048576", false)
 	refused(Message{Destination: "orders", JSON: 1, TraceParent: "00-abc"},

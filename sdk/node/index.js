@@ -254,6 +254,10 @@ function element(m, i) {
       throw new InvalidMessage(`${where}deliverAfterMs must be a finite number of milliseconds, `
         + `got ${typeof m.deliverAfterMs === 'number' ? m.deliverAfterMs : typeof m.deliverAfterMs}`);
     }
+    if (m.deliverAfterMs < 0) {
+      throw new InvalidMessage(`${where}deliverAfterMs must not be negative, got ${m.deliverAfterMs}; `
+        + 'leave it out to deliver at once, or use deliverAt');
+    }
     e.deliver_after = new Date(Date.now() + m.deliverAfterMs).toISOString();
   }
   if (m.idempotencyKey !== undefined && m.idempotencyKey !== null) {

@@ -274,6 +274,9 @@ test('bad input is refused naming the argument, nothing half-written', { skip },
   for (const many of [false, true]) {
     await refused({ destination: 'orders', json: 1, headers: new Map([['tenant', 'acme']]) },
       'headers must be a plain object', many);
+    // A negative delay went in as a time in the past (due at once), where C++ refuses it.
+    await refused({ destination: 'orders', json: 1, deliverAfterMs: -60000 },
+      'deliverAfterMs must not be negative', many);
     for (const after of [NaN, Infinity, '60000', null]) {
       await refused({ destination: 'orders', json: 1, deliverAfterMs: after },
         'deliverAfterMs must be a finite number', many);

@@ -260,6 +260,10 @@ class WriterTest(unittest.TestCase):
         with self.assertRaises(InvalidMessage) as ctx:
             publish(None, Message("orders", json={}, deliver_after=dt.datetime(2030, 1, 1)))
         self.assertIn("timezone-aware", str(ctx.exception))
+        # A negative delay went in as a time in the past (due at once), where C++ refuses it.
+        with self.assertRaises(InvalidMessage) as ctx:
+            publish(None, Message("orders", json={}, deliver_after=dt.timedelta(minutes=-1)))
+        self.assertIn("deliver_after must not be a negative timedelta", str(ctx.exception))
 
     def test_an_autocommit_connection_is_refused(self):
         # In autocommit mode every statement commits on its own: the message would commit

@@ -161,6 +161,9 @@ def _deliver_after(m: Message) -> Optional[str]:
         return None
     when = m.deliver_after
     if isinstance(when, _dt.timedelta):
+        if when < _dt.timedelta(0):
+            raise InvalidMessage(f"deliver_after must not be a negative timedelta, got {when}; "
+                                 "pass None to deliver at once, or a datetime")
         when = _dt.datetime.now(_dt.timezone.utc) + when
     if when.utcoffset() is None:  # naive, or a tzinfo without an offset
         raise InvalidMessage("deliver_after must be timezone-aware (or a timedelta)")

@@ -198,6 +198,10 @@ public final class OutboxMessage {
         throw new IllegalArgumentException(
             "message to \"" + destination + "\" sets both deliverAt and deliverAfter; keep one");
       }
+      if (deliverAfter != null && deliverAfter.isNegative()) {
+        throw new IllegalArgumentException(where + "deliverAfter must not be negative, got "
+            + deliverAfter + "; leave it unset to deliver at once, or use deliverAt");
+      }
       return new OutboxMessage(this);
     }
   }

@@ -345,6 +345,8 @@ public final class WriterTest {
         () -> OutboxMessage.to("orders").build(),
         () -> OutboxMessage.to("orders").json("1").bytes(new byte[1]).build(),
         () -> OutboxMessage.to("orders").json("1").deliverAt(Instant.now()).deliverAfter(Duration.ZERO).build(),
+        // A negative delay went in as a time in the past (due at once), where C++ refuses it.
+        () -> OutboxMessage.to("orders").json("1").deliverAfter(Duration.ofMinutes(-1)).build(),
         // A tracestate without its traceparent was dropped without a word.
         () -> OutboxMessage.to("orders").json("1").traceContext(null, "congo=t61rcWkgMzE").build())) {
       try {
