@@ -163,6 +163,9 @@ TEST_F(ManagementApiTest, EndpointsAreCreatedReadChangedRotatedAndDeleted) {
   ASSERT_EQ(listed.status, 200);
   ASSERT_EQ(listed.body["data"].size(), 1u);
   EXPECT_FALSE(listed.body["data"][0].contains("secret")) << "secrets are shown once, at creation";
+  EXPECT_EQ(listed.body["data"][0]["backlog"], 0);
+  EXPECT_EQ(listed.body["data"][0]["backlog_capped"], false) << "a list's counts stop at a cap";
+  EXPECT_EQ(listed.body["data"][0]["dead_letters_capped"], false);
   EXPECT_EQ(Get("/v1/endpoints").body["data"].size(), 2u);
 
   auto patched = Patch("/v1/endpoints/acme", R"({"url": "https://new.acme.example/h",

@@ -319,6 +319,8 @@ TEST_F(WebhookServiceTest, EndpointsAddedDisabledAndEnabledWhileTrafficFlows) {
     if (e["id"] == "b") {
       EXPECT_FALSE(e["enabled"].get<bool>());
       EXPECT_EQ(e["disabled_reason"], "customer asked");
+      EXPECT_EQ(e["backlog"], 20) << "what it missed waits for it";
+      EXPECT_EQ(e["backlog_capped"], false) << "counted in full below the list's cap";
     }
     EXPECT_FALSE(e.contains("secret")) << "list never shows secrets";
   }

@@ -1393,6 +1393,40 @@ TEST_F(StoreTest, EndpointJsonNestedTooDeepIsRefusedNamingTheField) {
   EXPECT_TRUE(JsonNestedDeeperThan(R"({"a": [{"b": [1]}]})", 3));
 }
 
+// A list of endpoints counted every endpoint's backlog and dead letters to the last row: with
+// millions held for a disabled endpoint, `GET /v1/endpoints` took seconds on the API's one
+// connection, and as long again for each such endpoint (review). A list counts each up to
+// kListCountCap and says when there are more; one endpoint's `show` counts them all.
+TEST_F(StoreTest, AListOfEndpointsCountsEachBacklogUpToACapAndShowCountsAll) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  const auto over = std::to_string(kListCountCap + 1);
+  Scalar(
+      "WITH i AS (INSERT INTO outbox.messages (destination, idempotency_key, event_type, headers,"
+      "  payload, deliver_after, parked, endpoint_id, created_at, bucket)"
+      "  SELECT 'hooks', gen_random_uuid(), '', '{}', '0', now() + interval '1 hour', true, "
+      "         'ep_a', now(), 0 FROM generate_series(1, " +
+      over +
+      ") RETURNING 1) "
+      "SELECT count(*) FROM i");
+  Scalar(
+      "WITH i AS (INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type,"
+      "  headers, payload, attempts, reason, created_at, dead_at, endpoint_id)"
+      "  SELECT -g, 'hooks', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now(), now(), "
+      "         'ep_a' FROM generate_series(1, 3) g RETURNING 1) "
+      "SELECT count(*) FROM i");
+  const auto listed = ListEndpoints(c, "hooks");
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].backlog, kListCountCap);
+  EXPECT_TRUE(listed[0].backlog_capped) << "the list says there are more";
+  EXPECT_EQ(listed[0].dead_letters, 3);
+  EXPECT_FALSE(listed[0].dead_letters_capped);
+  const auto shown = GetEndpoint(c, "ep_a");
+  ASSERT_TRUE(shown);
+  EXPECT_EQ(shown->backlog, kListCountCap + 1) << "one endpoint is counted to the last row";
+  EXPECT_FALSE(shown->backlog_capped);
+}
+
 // An endpoint moved to another destination takes what it owes along: its queued rows (their
 // buckets computed for the new name) and its dead letters. Left behind, the old destination's
 // service, which no longer loads the endpoint, dead-lettered them all as deleted (review).

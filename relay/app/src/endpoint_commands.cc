@@ -164,10 +164,15 @@ int RunEndpointsList(const EndpointArgs& a) {
     std::cout << std::left << std::setw(36) << "ID" << std::setw(16) << "DESTINATION"
               << std::setw(9) << "ENABLED" << std::setw(9) << "BACKLOG" << std::setw(6) << "DEAD"
               << "URL\n";
+    // Counts stop at kListCountCap ("1000+"); `show` counts one endpoint's to the last row.
+    const auto count = [](std::int64_t n, bool capped) {
+      return std::to_string(n) + (capped ? "+" : "");
+    };
     for (const auto& e : all) {
       std::cout << std::left << std::setw(36) << e.id << std::setw(16) << e.destination
-                << std::setw(9) << (e.enabled ? "yes" : "no") << std::setw(9) << e.backlog
-                << std::setw(6) << e.dead_letters << e.url << "\n";
+                << std::setw(9) << (e.enabled ? "yes" : "no") << std::setw(9)
+                << count(e.backlog, e.backlog_capped) << std::setw(6)
+                << count(e.dead_letters, e.dead_letters_capped) << e.url << "\n";
     }
     return 0;
   });

@@ -22,7 +22,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kSelect =
+constexpr const char* kColumns =
     "SELECT e.id, e.destination, e.url, e.description, e.metadata::text AS metadata, "
     "       array_to_json(e.event_types)::text AS event_types, e.headers::text AS headers, "
     "       e.max_in_flight, e.rate_limit, e.enabled, e.disabled_reason, "
@@ -37,12 +37,22 @@ constexpr const char* kSelect =
     "       (SELECT coalesce(json_agg(s.public_key ORDER BY s.created_at DESC), '[]')::text "
     "          FROM outbox.endpoint_secrets s WHERE s.endpoint_id = e.id "
     "           AND s.public_key IS NOT NULL "
-    "           AND (s.expires_at IS NULL OR s.expires_at > clock_timestamp())) AS public_keys, "
-    "       (SELECT count(*) FROM outbox.messages m WHERE m.endpoint_id = e.id) AS backlog, "
-    "       (SELECT count(*) FROM outbox.dead_letters d WHERE d.endpoint_id = e.id) AS dead "
-    "FROM outbox.endpoints e ";
+    "           AND (s.expires_at IS NULL OR s.expires_at > clock_timestamp())) AS public_keys, ";
 
-EndpointRecord FromRow(const pqxx::row& r) {
+// The endpoints' columns and counts; `count_cap` > 0 counts each backlog and dead letters up
+// to one row past it (enough to say "more"), 0 counts every row.
+std::string SelectEndpoints(std::int64_t count_cap) {
+  const auto count = [&](const char* table) {
+    const std::string rows = std::string("SELECT 1 FROM outbox.") + table +
+                             " x WHERE x.endpoint_id = e.id" +
+                             (count_cap > 0 ? " LIMIT " + std::to_string(count_cap + 1) : "");
+    return "(SELECT count(*) FROM (" + rows + ") n)";
+  };
+  return std::string(kColumns) + count("messages") + " AS backlog, " + count("dead_letters") +
+         " AS dead FROM outbox.endpoints e ";
+}
+
+EndpointRecord FromRow(const pqxx::row& r, std::int64_t count_cap = 0) {
   EndpointRecord e;
   e.id = r["id"].as<std::string>();
   e.destination = r["destination"].as<std::string>();
@@ -73,6 +83,12 @@ EndpointRecord FromRow(const pqxx::row& r) {
   for (const auto& k : public_keys) e.public_keys.push_back(k.get<std::string>());
   e.backlog = r["backlog"].as<std::int64_t>();
   e.dead_letters = r["dead"].as<std::int64_t>();
+  if (count_cap > 0) {
+    e.backlog_capped = e.backlog > count_cap;
+    e.dead_letters_capped = e.dead_letters > count_cap;
+    e.backlog = std::min(e.backlog, count_cap);
+    e.dead_letters = std::min(e.dead_letters, count_cap);
+  }
   return e;
 }
 
@@ -428,7 +444,7 @@ CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
     CreatedEndpoint out;
     out.secret = stored.secret;
     out.public_key = stored.public_key;
-    out.endpoint = FromRow(tx.exec_params1(std::string(kSelect) + "WHERE e.id = $1", id));
+    out.endpoint = FromRow(tx.exec_params1(SelectEndpoints(0) + "WHERE e.id = $1", id));
     tx.commit();
     return out;
   });
@@ -439,10 +455,10 @@ std::vector<EndpointRecord> ListEndpoints(Store& store, const std::string& desti
     pqxx::nontransaction tx(StoreAccess::Connection(store));
     std::vector<EndpointRecord> out;
     for (const auto& r :
-         tx.exec_params(std::string(kSelect) + "WHERE $1 = '' OR e.destination = $1 "
-                                               "ORDER BY e.destination, e.id",
+         tx.exec_params(SelectEndpoints(kListCountCap) +
+                            "WHERE $1 = '' OR e.destination = $1 ORDER BY e.destination, e.id",
                         destination)) {
-      out.push_back(FromRow(r));
+      out.push_back(FromRow(r, kListCountCap));
     }
     return out;
   });
@@ -451,7 +467,7 @@ std::vector<EndpointRecord> ListEndpoints(Store& store, const std::string& desti
 std::optional<EndpointRecord> GetEndpoint(Store& store, const std::string& id) {
   return Translated([&]() -> std::optional<EndpointRecord> {
     pqxx::nontransaction tx(StoreAccess::Connection(store));
-    const auto r = tx.exec_params(std::string(kSelect) + "WHERE e.id = $1", id);
+    const auto r = tx.exec_params(SelectEndpoints(0) + "WHERE e.id = $1", id);
     if (r.empty()) return std::nullopt;
     return FromRow(r[0]);
   });

@@ -22,6 +22,8 @@ inline nlohmann::json ToJson(const EndpointRecord& e) {
                       {"public_keys", e.public_keys},
                       {"backlog", e.backlog},
                       {"dead_letters", e.dead_letters},
+                      {"backlog_capped", e.backlog_capped},
+                      {"dead_letters_capped", e.dead_letters_capped},
                       {"created_at", e.created_at},
                       {"updated_at", e.updated_at}};
   j["max_in_flight"] = e.max_in_flight ? nlohmann::json(*e.max_in_flight) : nlohmann::json();

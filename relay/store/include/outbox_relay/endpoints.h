@@ -73,7 +73,14 @@ struct EndpointRecord {
   std::vector<std::string> public_keys;  ///< ed25519: the whpk_ keys that verify now, newest first.
   std::int64_t backlog = 0;              ///< Rows waiting for this endpoint alone.
   std::int64_t dead_letters = 0;
+  /// In a list (ListEndpoints), each count stops at kListCountCap; true: there are more.
+  bool backlog_capped = false;
+  bool dead_letters_capped = false;
 };
+
+/// How far ListEndpoints counts each endpoint's backlog and dead letters (GetEndpoint counts
+/// all): a list of endpoints holding millions of rows each would otherwise read them all.
+inline constexpr std::int64_t kListCountCap = 1000;
 
 /// What to set; unset fields stay as they are (add: take their defaults).
 struct EndpointFields {
