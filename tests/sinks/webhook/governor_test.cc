@@ -249,5 +249,49 @@ TEST(EndpointGovernor, NoRateLimitMeansNoPacing) {
   EXPECT_EQ(g.NextTimedChange(kT0), Time::max());
 }
 
+// A sink made again for the same endpoint (a new secret) goes on from the old governor's state,
+// within its own settings (webhook_service.cc, RemakeWebhookSink).
+TEST(EndpointGovernor, ANewGovernorResumesTheOldOnesStateWithinItsSettings) {
+  EndpointGovernor old(Breaker(1), true, 8);
+  Once(old, kT0, TimedOut());  // opens (threshold 1) and halves the limit to 4
+  ASSERT_TRUE(old.Blocked(kT0));
+  const auto saved = old.Save(kT0);
+  EXPECT_EQ(saved.breaker, BreakerState::kOpen);
+  EXPECT_EQ(saved.concurrency_limit, 4);
+
+  EndpointGovernor same(Breaker(1), true, 8);
+  same.Resume(saved);
+  EXPECT_TRUE(same.Blocked(kT0 + 999ms)) << "still open until its probe";
+  EXPECT_EQ(same.Snapshot(kT0).concurrency_limit, 4);
+  EXPECT_EQ(same.Snapshot(kT0).times_opened, 1);
+  const auto probe = same.TryStart(kT0 + 1s);
+  ASSERT_TRUE(probe.has_value());
+  EXPECT_TRUE(probe->probe) << "the probe goes when the old one's would have";
+
+  EndpointGovernor smaller(Breaker(1), true, 2);
+  smaller.Resume(saved);
+  EXPECT_EQ(smaller.Snapshot(kT0).concurrency_limit, 2) << "up to the new max_in_flight";
+
+  BreakerSettings off = Breaker(1);
+  off.enabled = false;
+  EndpointGovernor unbroken(off, true, 8);
+  Once(old, kT0 + 1s, TooMany(30s));  // the probe: an answer, and a Retry-After pause
+  unbroken.Resume(old.Save(kT0 + 1s));
+  EXPECT_TRUE(unbroken.Blocked(kT0 + 2s)) << "a pause the endpoint asked for is kept";
+  EXPECT_FALSE(unbroken.Blocked(kT0 + 1s + 4s)) << "the pause is capped by max_cooldown (4 s)";
+  EXPECT_EQ(unbroken.Snapshot(kT0 + 5s).breaker, BreakerState::kClosed);
+
+  // A probe that is out when the sink is replaced: the new governor may probe at once (the
+  // old one's verdict reaches only the old one).
+  EndpointGovernor probing(Breaker(1), true, 8);
+  Once(probing, kT0, Failed());
+  ASSERT_TRUE(probing.TryStart(kT0 + 1s).has_value());
+  EndpointGovernor next(Breaker(1), true, 8);
+  next.Resume(probing.Save(kT0 + 1500ms));
+  const auto again = next.TryStart(kT0 + 1500ms);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_TRUE(again->probe);
+}
+
 }  // namespace
 }  // namespace outbox::relay::webhook_detail

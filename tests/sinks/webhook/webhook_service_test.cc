@@ -302,6 +302,8 @@ class WebhookServiceSinkTest : public ::testing::Test {
         10s, 50ms));
   }
 
+  void ExpectStillBlockedAfterANewSecret(const Reply& reply, EndpointSpec endpoint);
+
   FakeRegistry registry_;
   std::function<void(WebhookTarget&)> tweak_;  ///< Changes Start's target, when set.
 };
@@ -640,6 +642,58 @@ TEST_F(WebhookServiceSinkTest, AFailedWakeOfAnEnabledEndpointIsTriedAgain) {
 // the same (they waited an hour: the wake followed only a kept sink: review).
 TEST_F(WebhookServiceSinkTest, AnEndpointEnabledWithANewUrlIsWokenToo) {
   ExpectWokenOnceEnabled("/new", 0);
+}
+
+// An endpoint's breaker, Retry-After pause and concurrency limit live in its sink, and a new
+// secret (a rotation, or the end of its overlap, which reloads the registry by itself) made
+// a new sink: closed, unpaused, at full concurrency. An endpoint that had asked for 5 minutes
+// of quiet, or whose breaker was open, was sent to at once, an attempt counted per message
+// (review). The new sink of an endpoint whose URL did not change takes the old one's state.
+void WebhookServiceSinkTest::ExpectStillBlockedAfterANewSecret(const Reply& reply,
+                                                               EndpointSpec endpoint) {
+  HttpReceiver receiver;
+  receiver.SetResponder([&](const outbox::testing::ReceivedRequest&) { return reply; });
+  endpoint.url = receiver.Url("/hook");
+  registry_.endpoints = {endpoint};
+  auto sink = Start();
+  Outcomes done;
+  sink->Submit(Row(1, "ep"), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(1).has_value(); }, 10s));
+  ASSERT_EQ(receiver.Count(), 1u);
+  const auto blocked = [](const TargetHealth& h) {
+    return h.endpoints_open > 0 || h.times_paused > 0;
+  };
+  ASSERT_TRUE(blocked(*sink->Health()));
+  {
+    // A new secret, and a second endpoint, to see when the reload is applied.
+    std::lock_guard lock(registry_.mu);
+    endpoint.secrets = {"whsec_dGhpcyBpcyBhIG5ldyBzZWNyZXQgb2YgMzIgYnl0ZXM=", kSecret};
+    registry_.endpoints = {endpoint, Endpoint("other", receiver.Url("/other"), 1)};
+    ++registry_.version;
+  }
+  ASSERT_TRUE(WaitFor([&] { return sink->Health()->endpoints == 2; }, 10s));
+  EXPECT_TRUE(blocked(*sink->Health())) << "the new sink forgot the endpoint's state";
+  sink->Submit(Row(2, "ep"), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(2).has_value(); }, 10s));
+  EXPECT_EQ(done.Of(2)->kind, OutcomeKind::kReturned) << done.Of(2)->reason;
+  EXPECT_EQ(receiver.Count(), 1u) << "sent to an endpoint that asked for quiet";
+  sink->Shutdown(5s);
+}
+
+TEST_F(WebhookServiceSinkTest, AnEndpointsRetryAfterPauseOutlivesANewSecret) {
+  Reply quiet;
+  quiet.status = 503;
+  quiet.headers["Retry-After"] = "300";
+  ExpectStillBlockedAfterANewSecret(quiet, Endpoint("ep", "", 2));
+}
+
+TEST_F(WebhookServiceSinkTest, AnEndpointsOpenBreakerOutlivesANewSecret) {
+  Reply failing;
+  failing.status = 500;
+  auto endpoint = Endpoint("ep", "", 2);
+  endpoint.failure_threshold = 1;
+  endpoint.cooldown_ms = 300'000;
+  ExpectStillBlockedAfterANewSecret(failing, endpoint);
 }
 
 // The delivery log keeps what it could not write while the database was away, and writes it

@@ -155,6 +155,34 @@ EndpointGovernor::Time EndpointGovernor::NextTimedChange(Time now) const {
   return next;
 }
 
+GovernorState EndpointGovernor::Save(Time now) const {
+  GovernorState s;
+  s.breaker = state_ == BreakerState::kClosed ? BreakerState::kClosed : BreakerState::kOpen;
+  s.consecutive_failures = consecutive_failures_;
+  s.concurrency_limit = limit_;
+  s.cooldown = cooldown_;
+  s.probe_at = state_ == BreakerState::kHalfOpen ? now : probe_at_;
+  s.paused_until = paused_until_;
+  s.times_opened = times_opened_;
+  s.times_paused = times_paused_;
+  return s;
+}
+
+void EndpointGovernor::Resume(const GovernorState& s) {
+  paused_until_ = s.paused_until;
+  times_opened_ = s.times_opened;
+  times_paused_ = s.times_paused;
+  if (adaptive_) limit_ = std::clamp(s.concurrency_limit, 1, max_);
+  if (!breaker_.enabled) return;
+  consecutive_failures_ = s.consecutive_failures;
+  cooldown_ =
+      std::clamp(s.cooldown, breaker_.cooldown, std::max(breaker_.cooldown, breaker_.max_cooldown));
+  if (s.breaker != BreakerState::kClosed) {
+    state_ = BreakerState::kOpen;
+    probe_at_ = s.probe_at;
+  }
+}
+
 GovernorSnapshot EndpointGovernor::Snapshot(Time now) const {
   GovernorSnapshot s;
   s.breaker = ProbeDue(now) ? BreakerState::kHalfOpen : state_;

@@ -55,6 +55,20 @@ struct GovernorSnapshot {
   std::int64_t times_paused = 0;
 };
 
+/// What a governor knows of its endpoint beyond its settings, for the governor of a sink made
+/// again for the same URL (a new secret, new headers or limits): EndpointGovernor::Save and
+/// Resume.
+struct GovernorState {
+  BreakerState breaker = BreakerState::kClosed;  ///< Never kHalfOpen (see Save).
+  int consecutive_failures = 0;
+  int concurrency_limit = 0;
+  Millis cooldown{0};
+  std::chrono::steady_clock::time_point probe_at{};
+  std::chrono::steady_clock::time_point paused_until{};
+  std::int64_t times_opened = 0;
+  std::int64_t times_paused = 0;
+};
+
 class EndpointGovernor {
  public:
   using Time = std::chrono::steady_clock::time_point;
@@ -89,6 +103,15 @@ class EndpointGovernor {
   Time NextTimedChange(Time now) const;
 
   GovernorSnapshot Snapshot(Time now) const;
+
+  /// The endpoint's state as of `now`. A probe that is out is saved as open with its probe
+  /// due: its verdict reaches only this governor (whose sink is being replaced).
+  GovernorState Save(Time now) const;
+  /// Takes `state` over (a new governor, before any request), within this governor's
+  /// settings: the concurrency limit up to max_concurrency (all of it without adaptive
+  /// concurrency), the cool-down between the breaker's bounds; the breaker stays closed when
+  /// it is disabled here. A Retry-After pause is kept whatever the settings.
+  void Resume(const GovernorState& state);
 
  private:
   BreakerSettings breaker_;

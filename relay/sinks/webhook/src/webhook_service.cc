@@ -6,8 +6,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -23,6 +23,7 @@
 #include "outbox_relay/sink_stops.h"
 #include "outbox_relay/thread_name.h"
 #include "outbox_relay/webhook_sink.h"
+#include "webhook_remake.h"
 
 namespace outbox::relay {
 
@@ -938,7 +939,14 @@ class WebhookServiceSink final : public Sink {
         }
       } else {
         try {
-          lane->sink = MakeLaneSink(spec);
+          // The same URL: the same endpoint, whose breaker, pause and concurrency limit the
+          // new sink goes on from (a new secret made a fresh sink, which sent at once to an
+          // endpoint that had asked for quiet or whose breaker was open: review).
+          const Sink* previous =
+              it != old->end() && it->second->sink && it->second->spec.url == spec.url
+                  ? it->second->sink.get()
+                  : nullptr;
+          lane->sink = MakeLaneSink(spec, previous);
           spdlog::info("webhook {}: endpoint {} {} ({}, {} secret(s){})", destination_, spec.id,
                        it == old->end() ? "added" : "updated", spec.url, spec.secrets.size(),
                        spec.enabled ? "" : ", disabled");
@@ -1053,7 +1061,7 @@ class WebhookServiceSink final : public Sink {
            });
   }
 
-  std::shared_ptr<Sink> MakeLaneSink(const EndpointSpec& spec) const {
+  std::shared_ptr<Sink> MakeLaneSink(const EndpointSpec& spec, const Sink* previous) const {
     WebhookTarget t = defaults_;
     t.endpoints_from_database = false;
     t.url = spec.url;
@@ -1073,6 +1081,10 @@ class WebhookServiceSink final : public Sink {
     t.breaker.max_cooldown = std::max(t.breaker.max_cooldown, t.breaker.cooldown);
     if (spec.adaptive_concurrency) t.adaptive_concurrency = *spec.adaptive_concurrency;
     if (t.secrets.empty()) throw std::invalid_argument("it has no secret that signs now");
+    if (previous) {
+      return std::shared_ptr<Sink>(
+          webhook_detail::RemakeWebhookSink(destination_ + "/" + spec.id, t, *previous));
+    }
     return std::shared_ptr<Sink>(MakeWebhookSink(destination_ + "/" + spec.id, t));
   }
 

@@ -34,6 +34,7 @@
 #include "outbox_relay/webhook_service.h"
 #include "response_guard.h"
 #include "webhook_internal.h"
+#include "webhook_remake.h"
 
 namespace outbox::relay {
 namespace {
@@ -394,6 +395,17 @@ class WebhookSink final : public Sink {
       bound = std::min(bound, 2 * static_cast<std::size_t>(target_.rate_limit));
     }
     return std::max<std::size_t>(std::min(admit, bound), 8);
+  }
+
+  // What the service's RemakeWebhookSink carries from this sink to its replacement.
+  webhook_detail::GovernorState SaveGovernor() const {
+    std::lock_guard lock(mu_);
+    return governor_.Save(Clock::now());
+  }
+  // Before the sink's first request.
+  void ResumeGovernor(const webhook_detail::GovernorState& state) {
+    std::lock_guard lock(mu_);
+    governor_.Resume(state);
   }
 
   std::optional<TargetHealth> Health() const override {
@@ -1207,6 +1219,15 @@ static void ValidateServiceDefaults(const std::string& destination, const Webhoo
 
 SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target) {
   return std::make_unique<WebhookSink>(std::move(destination), target);
+}
+
+SinkPtr webhook_detail::RemakeWebhookSink(std::string destination, const WebhookTarget& target,
+                                          const Sink& previous) {
+  auto sink = std::make_unique<WebhookSink>(std::move(destination), target);
+  if (const auto* old = dynamic_cast<const WebhookSink*>(&previous)) {
+    sink->ResumeGovernor(old->SaveGovernor());
+  }
+  return sink;
 }
 
 const SinkFactory& WebhookSinkFactory() {
