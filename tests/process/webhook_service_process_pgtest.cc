@@ -851,5 +851,27 @@ TEST_F(WebhookServiceTest, TheManagementApiRefusesAnEndpointUrlTheSsrfGuardRefus
   StopGracefully(relay);
 }
 
+// `endpoints add|update --config` applies the destination's SSRF guard as the management API
+// does. It checked only that the URL parsed: an endpoint at the metadata address was stored,
+// and every relay found it unusable when it made its sender, claiming and handing back its
+// rows every 5 s for good, with nothing in the delivery log to disable it by (review).
+TEST_F(WebhookServiceTest, TheCliRefusesAnEndpointUrlTheSsrfGuardRefuses) {
+  config_ = WriteConfig("relay.yaml", ServiceYaml());
+  auto [code, out] = Cli({"endpoints", "add", "--id", "meta", "--destination", kDest, "--url",
+                          "http://169.254.169.254/latest/meta-data/"});
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("--url"), std::string::npos) << out;
+  EXPECT_NE(out.find("SSRF guard"), std::string::npos) << out;
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints"), 0);
+
+  ASSERT_FALSE(AddEndpoint("ok").empty());
+  std::tie(code, out) = Cli({"endpoints", "update", "ok", "--url", "http://[fe80::1]/hooks"});
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("SSRF guard"), std::string::npos) << out;
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE url LIKE '%fe80%'"), 0);
+  std::tie(code, out) = Cli({"endpoints", "update", "ok", "--url", receiver_.Url("/moved")});
+  EXPECT_EQ(code, 0) << out << " (a URL the guard allows is written)";
+}
+
 }  // namespace
 }  // namespace outbox::testing

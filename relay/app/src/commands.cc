@@ -108,6 +108,31 @@ std::optional<std::string> SinkConfigProblem(const std::string& config_path,
 
 int PrintError(const std::string& msg) { return Fail(msg); }
 
+EndpointUrlCheck EndpointUrlCheckOfFile(const std::string& config_path,
+                                        const std::string& database_url) {
+  try {
+    return EndpointUrlCheckOf(LoadConfigFile(config_path, ProcessEnvWithDatabaseUrl(database_url)));
+  } catch (const std::exception& e) {
+    std::cerr << "warning: the URL is not checked against the destination's SSRF guard: "
+              << e.what() << "\n";
+    return {};
+  }
+}
+
+EndpointUrlCheck EndpointUrlCheckOf(const RelayConfig& cfg) {
+  std::map<std::string, WebhookTarget> services;
+  for (const auto& [name, d] : cfg.destinations) {
+    if (const auto* w = d.target.As<WebhookTarget>(); w && w->endpoints_from_database) {
+      services.emplace(name, *w);
+    }
+  }
+  return [services = std::move(services)](const std::string& destination,
+                                          const std::string& url) -> std::optional<std::string> {
+    const auto it = services.find(destination);
+    return it == services.end() ? std::nullopt : EndpointUrlProblem(destination, it->second, url);
+  };
+}
+
 int RunCheckConfig(const std::string& config_path) {
   try {
     const RelayConfig cfg = LoadConfigFile(config_path, ProcessEnv());
@@ -236,17 +261,12 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
   if (!cfg.management_api.listen.empty()) {
     api = std::make_unique<ManagementApi>(cfg.management_api.listen, cfg.management_api.token,
                                           cfg.database_url);
-    // An endpoint of a webhook service this config runs meets its destination's SSRF guard
-    // when it is added; other destinations' settings are not known here.
-    std::map<std::string, WebhookTarget> services;
     // This config's destinations that are no webhook service: endpoints moved or added there
     // would be delivered as that destination's messages (a Kafka topic, a fixed URL), with
     // ordering keys and idempotency keys of their own (review).
     std::map<std::string, std::string> others;
     for (const auto& [name, d] : cfg.destinations) {
-      if (const auto* w = d.target.As<WebhookTarget>(); w && w->endpoints_from_database) {
-        services.emplace(name, *w);
-      } else {
+      if (const auto* w = d.target.As<WebhookTarget>(); !w || !w->endpoints_from_database) {
         others.emplace(name, d.target.As<WebhookTarget>() ? "a webhook destination with its URL "
                                                             "in the config"
                                                           : "a Kafka destination");
@@ -260,11 +280,9 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
                  " of this relay, not a webhook service; endpoints belong to a destination "
                  "with `webhook: {endpoints: database}`";
         });
-    api->SetUrlCheck([services = std::move(services)](const std::string& destination,
-                                                      const std::string& url) {
-      const auto it = services.find(destination);
-      return it == services.end() ? std::nullopt : EndpointUrlProblem(destination, it->second, url);
-    });
+    // An endpoint of a webhook service this config runs meets its destination's SSRF guard
+    // when it is added; other destinations' settings are not known here.
+    api->SetUrlCheck(EndpointUrlCheckOf(cfg));
     try {
       api->Start();
     } catch (const std::exception& e) {

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,8 +49,22 @@ int RunDestinationsList(const std::string& database_url);
 int RunDestinationsAdd(const std::string& database_url, const std::vector<std::string>& names);
 
 /// `outbox-relay endpoints ...` (endpoint_commands.cc): the webhook service's endpoints.
+/// Why an endpoint's URL is refused for `destination` (the SSRF guard of that webhook service
+/// of the config: a host refused without asking DNS), or nullopt: fine, or a destination the
+/// config does not run as a webhook service.
+using EndpointUrlCheck = std::function<std::optional<std::string>(const std::string& destination,
+                                                                  const std::string& url)>;
+EndpointUrlCheck EndpointUrlCheckOf(const RelayConfig& cfg);
+/// EndpointUrlCheckOf the config file at `config_path` (`endpoints add|update --config`); when
+/// the file does not load as a relay config, says so on stderr and checks nothing (the URL
+/// is then checked only when a relay makes the endpoint's sender).
+EndpointUrlCheck EndpointUrlCheckOfFile(const std::string& config_path,
+                                        const std::string& database_url);
+
 struct EndpointArgs {
   std::string database_url;
+  /// add, update: the URL check of the --config (EndpointUrlCheckOf); empty without one.
+  EndpointUrlCheck url_check;
   std::string id;
   std::string destination;
   std::string url;

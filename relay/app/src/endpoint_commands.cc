@@ -9,6 +9,7 @@
 #include "outbox_relay/endpoint_json.h"
 #include "outbox_relay/endpoints.h"
 #include "outbox_relay/store.h"
+#include "outbox_relay/webhook_url.h"
 
 namespace outbox::relay::app {
 namespace {
@@ -78,6 +79,20 @@ std::chrono::seconds ParseOverlap(const std::string& text) {
   return std::chrono::seconds(n * mult);
 }
 
+// Why the --config's SSRF guard refuses `url` for `destination`, or nullopt. A URL that does
+// not parse is left to the store, whose refusal names what is wrong with it (and does not
+// echo credentials).
+std::optional<std::string> GuardRefuses(const EndpointArgs& a, const std::string& destination,
+                                        const std::string& url) {
+  if (!a.url_check) return std::nullopt;
+  try {
+    ParseWebhookUrl(url);
+  } catch (const std::invalid_argument&) {
+    return std::nullopt;
+  }
+  return a.url_check(destination, url);
+}
+
 int NoSuch(const std::string& id) {
   return PrintError("no endpoint has id \"" + id + "\"; `outbox-relay endpoints list` shows them");
 }
@@ -120,6 +135,9 @@ void PrintOne(const EndpointRecord& e) {
 
 int RunEndpointsAdd(const EndpointArgs& a) {
   return WithStore(a.database_url, [&](Store& store) {
+    if (auto why = GuardRefuses(a, a.destination, a.url)) {
+      throw InvalidField("url", "--url: " + *why);
+    }
     const CreatedEndpoint created = AddEndpoint(store, Fields(a, true));
     if (a.json) {
       nlohmann::json j = ToJson(created.endpoint);
@@ -200,6 +218,14 @@ int RunEndpointsUpdate(const EndpointArgs& a) {
           "nothing to update: give at least one of --destination, --url, --description, "
           "--metadata, --event-type (or --all-events), --header (or --no-headers), "
           "--max-in-flight, --rate-limit, --breaker, --adaptive-concurrency");
+    }
+    if (a.url_check && (f.url || f.destination)) {
+      const auto now = GetEndpoint(store, a.id);
+      if (!now) return NoSuch(a.id);
+      if (auto why =
+              GuardRefuses(a, f.destination.value_or(now->destination), f.url.value_or(now->url))) {
+        throw InvalidField("url", "--url: " + *why);
+      }
     }
     if (!UpdateEndpoint(store, a.id, f)) return NoSuch(a.id);
     std::cout << "updated endpoint " << a.id << " (relays use the change within a second)\n";

@@ -316,6 +316,11 @@ int main(int argc, char** argv) {
   if (*endpoints) {
     ep.database_url = DatabaseUrlFor(ep.database_url, config_path);
     if (ep.database_url.empty()) return 2;
+    // The destination's SSRF guard, as the management API applies it (without a config the
+    // relay finds a refused URL when it makes the endpoint's sender: unusable, its rows wait).
+    if (!config_path.empty() && (*ep_add || *ep_update)) {
+      ep.url_check = EndpointUrlCheckOfFile(config_path, ep.database_url);
+    }
     if (*ep_add) {
       ep.set_description = add_desc->count() > 0;
       ep.set_metadata = add_meta->count() > 0;
