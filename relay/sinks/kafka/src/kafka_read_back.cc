@@ -363,11 +363,10 @@ ReadBackResult ReadBackKafka(const Destination& d, const ReadBackOptions& option
 namespace kafka_detail {
 
 RecordedFound FindRecorded(const KafkaTarget& target, const KeysByTopic& topics,
-                           std::chrono::system_clock::time_point since,
-                           const std::set<std::string>& idempotency_keys,
+                           std::chrono::system_clock::time_point since, const LookedFor& looked_for,
                            std::chrono::milliseconds timeout) {
   RecordedFound out;
-  if (idempotency_keys.empty() || topics.empty()) return out;
+  if (looked_for.empty() || topics.empty()) return out;
   // With the relay's partitioner (murmur2_random, the Java client's hashing) a keyed record is
   // in the partition its key hashes to: a topic whose records all have keys is read there only.
   const auto partitioner = target.producer.find("partitioner");
@@ -390,7 +389,8 @@ RecordedFound FindRecorded(const KafkaTarget& target, const KeysByTopic& topics,
   ReadTopics(
       target, names, since, timeout, "outbox-relay-recovery",
       [&](ReadBackRecord r) {
-        if (idempotency_keys.count(r.idempotency_key)) {
+        const auto it = looked_for.find(r.idempotency_key);
+        if (it != looked_for.end() && r.outbox_id == it->second) {
           out.found.insert(std::move(r.idempotency_key));
         }
       },

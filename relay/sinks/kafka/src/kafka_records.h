@@ -69,15 +69,19 @@ struct RecordedFound {
   std::vector<std::string> partitions_read;  ///< "<topic>/<partition>"
 };
 
-/// Which of `idempotency_keys` a read_committed consumer finds in the topics of `topics`
+/// The messages a recovery looks for: idempotency key -> outbox id. A record is the message's
+/// when both agree: the database refuses a key only while it is queued, so a later message may
+/// carry the key of one delivered earlier, whose record is not this message's.
+using LookedFor = std::map<std::string, std::int64_t>;
+
+/// Which of `looked_for` a read_committed consumer finds in the topics of `topics`
 /// (records from `since` on, each partition to the high watermark it had when the read began):
 /// the exactly-once sink's check before producing a message that may have been produced
 /// already. With the relay's partitioner (murmur2_random, unless `producer.partitioner` says
 /// otherwise) a topic whose records all have keys is read only in the partitions the keys
 /// hash to. Throws std::runtime_error naming what failed (a broker, a timeout).
 RecordedFound FindRecorded(const KafkaTarget& target, const KeysByTopic& topics,
-                           std::chrono::system_clock::time_point since,
-                           const std::set<std::string>& idempotency_keys,
+                           std::chrono::system_clock::time_point since, const LookedFor& looked_for,
                            std::chrono::milliseconds timeout);
 
 /// When a read of one partition (ReadBackKafka, FindRecorded) has read what it must: the

@@ -543,7 +543,7 @@ class TransactionalKafkaSink final : public Sink {
   }
 
   void Recover(std::map<int, std::vector<Item*>>& by_bucket) {
-    std::set<std::string> keys;
+    kafka_detail::LookedFor keys;
     kafka_detail::KeysByTopic topics;
     auto since = std::chrono::system_clock::time_point::max();
     for (auto& [bucket, items] : by_bucket) {
@@ -552,7 +552,7 @@ class TransactionalKafkaSink final : public Sink {
           item->absent = true;  // nothing of it can be in Kafka
           continue;
         }
-        keys.insert(item->msg.idempotency_key);
+        keys.emplace(item->msg.idempotency_key, Raw(item->msg.id));
         const std::string* record_key = kafka_detail::RecordKey(item->msg, target_);
         topics[item->topic].push_back(record_key ? std::optional<std::string>(*record_key)
                                                  : std::nullopt);
@@ -594,7 +594,7 @@ class TransactionalKafkaSink final : public Sink {
                  Make(item->msg.id, OutcomeKind::kRetry,
                       "cannot check whether an earlier attempt reached Kafka: " + why->second,
                       Reason::kBroker));
-        } else if (found.count(item->msg.idempotency_key)) {
+        } else if (found.count(item->msg.idempotency_key)) {  // under its own id (LookedFor)
           ++recovered;
           ++recovered_;
           Finish(item->done, Make(item->msg.id, OutcomeKind::kDelivered));
