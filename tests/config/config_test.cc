@@ -477,6 +477,14 @@ TEST(ParseConfig, ExactlyOnceKafkaNeedsPartitionedClaims) {
   EXPECT_TRUE(Contains(ErrorOf("claim_mode: partitioned\n" +
                                WithKafka(kafka + "      transactional_id_prefix: \"a b\"\n")),
                        "transactional_id_prefix: contains whitespace"));
+  // Read and ignored without `delivery: exactly_once`: a config that forgot `delivery` looked
+  // transactional (review).
+  for (const std::string delivery : {"", "      delivery: at_least_once\n"}) {
+    const std::string e = ErrorOf(WithKafka("      brokers: k:9092\n      topic: orders\n" +
+                                            delivery + "      transactional_id_prefix: billing\n"));
+    EXPECT_TRUE(Contains(e, "transactional_id_prefix: is used only with `delivery: exactly_once`"))
+        << e;
+  }
 }
 
 TEST(ParseConfig, WebhookPrivateNetworkKeys) {
@@ -1863,6 +1871,20 @@ TEST(KafkaProducer, PropertiesAreCheckedAsLibrdkafkaReadsThem) {
   }
   EXPECT_TRUE(
       Contains(error_of("linger.ms: 5\n        topic.linger.ms: 6"), "sets `linger.ms` again"));
+  // librdkafka reads an alias as the property it names: both set, the last one written won,
+  // and a check of one of them (the lease's, of message.timeout.ms) missed the other
+  // (review: delivery.timeout.ms 110000 with message.timeout.ms 20000 made a 110 s
+  // transaction timeout).
+  for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{
+           {"message.timeout.ms: 20000", "delivery.timeout.ms: 110000"},
+           {"linger.ms: 5", "queue.buffering.max.ms: 6"},
+           {"retries: 3", "message.send.max.retries: 4"},
+           {"compression.type: lz4", "compression.codec: zstd"}}) {
+    const std::string e = error_of(first + "\n        " + second);
+    const std::string named = second.substr(0, second.find(':'));
+    EXPECT_TRUE(Contains(e, "sets `" + named + "`, the same librdkafka property as `")) << e;
+    EXPECT_TRUE(Contains(e, "keep one of them")) << e;
+  }
 }
 
 TEST(LeaseBounds, AKafkaMessageTimeoutOfZeroIsRefusedNamingTheKeyAndTheFix) {

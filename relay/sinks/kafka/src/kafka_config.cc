@@ -36,6 +36,25 @@ constexpr std::array<std::string_view, 10> kKeys = {"brokers",
                                                     "delivery",
                                                     "transactional_id_prefix"};
 
+// librdkafka's aliases of producer properties (`kcat -X list`: "Alias for ..."), each with
+// the property it sets. Both names set, the last one written won.
+constexpr std::array<std::pair<std::string_view, std::string_view>, 6> kProducerAliases = {{
+    {"delivery.timeout.ms", "message.timeout.ms"},
+    {"linger.ms", "queue.buffering.max.ms"},
+    {"retries", "message.send.max.retries"},
+    {"compression.type", "compression.codec"},
+    {"max.in.flight", "max.in.flight.requests.per.connection"},
+    {"sasl.mechanism", "sasl.mechanisms"},
+}};
+
+// The property `property` sets in librdkafka: itself, or the one it is an alias for.
+std::string_view AliasedProperty(std::string_view property) {
+  for (const auto& [alias, aliased] : kProducerAliases) {
+    if (property == alias) return aliased;
+  }
+  return property;
+}
+
 struct OwnedProperty {
   std::string_view name;
   std::string_view why;
@@ -160,6 +179,8 @@ bool IsGlobalProperty(const std::string& name, const std::string& value) {
 std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLookup& env) {
   std::map<std::string, std::string> properties;
   std::map<std::string, std::string> written_as;  // property -> key that set it
+  // librdkafka's property (an alias's, AliasedProperty) -> the property name that set it.
+  std::map<std::string, std::string, std::less<>> set_through;
   for (const auto& [key, value_field] : cfg::Entries(field)) {
     enum class From { kValue, kEnv, kFile } from = From::kValue;
     std::string property = key;
@@ -225,6 +246,11 @@ std::map<std::string, std::string> ReadProducer(const Field& field, const EnvLoo
                             "_env` and `" + property + "_file`");
     }
     written_as.emplace(property, key);
+    if (const auto [it, fresh] = set_through.emplace(AliasedProperty(property), property); !fresh) {
+      Fail(value_field, "sets `" + property + "`, the same librdkafka property as `" + it->second +
+                            "` (one property under two names: the last one written would win); "
+                            "keep one of them");
+    }
     std::string value = value_of();
 
     if ((property == "message.timeout.ms" || property == "delivery.timeout.ms") &&
@@ -295,6 +321,11 @@ void ParseKafka(const Field& field, const EnvLookup& env, Destination& destinati
                         "what a read_committed consumer may see twice") == "exactly_once";
   }
   if (auto f = m.Get("transactional_id_prefix")) {
+    if (!kafka.exactly_once) {
+      Fail(*f,
+           "is used only with `delivery: exactly_once` (it names the transactional producers); "
+           "add `delivery: exactly_once`, or remove it");
+    }
     kafka.transactional_id_prefix = cfg::ReadNonEmptyString(*f);
     if (HasSpaceOrControl(kafka.transactional_id_prefix)) {
       Fail(*f,
