@@ -461,6 +461,50 @@ TEST_F(TransactionalSinkTest, ATopicThatCannotBeReadBackFailsOnlyItsOwnMessages)
   EXPECT_EQ(second->EventCounts().at("recovered"), 1);
 }
 
+// A topic the relay may describe but not write: its metadata looks fine, and the broker refuses
+// the transaction's AddPartitionsToTxn with TOPIC_AUTHORIZATION_FAILED, which librdkafka treats
+// as abortable (no record carries the error). Every transaction that held such a record
+// aborted, each of its messages counted an attempt, until the message ran out of attempts a
+// day later as "gave up", not as an authorization failure (review). Now the topics of such a
+// transaction that never committed are tried alone, one a cycle: the one that fails alone is
+// refused (dead-lettered, and its later messages at once), the others commit.
+// (The mock cluster has no ACLs: the refusal is pushed for the AddPartitionsToTxn requests of
+// the first and the third transaction.)
+TEST_F(TransactionalSinkTest, ATopicTheRelayMayNotWriteIsFoundAloneAndItsMessagesDeadLettered) {
+  const KafkaTarget target = RoutedByEventType(8s);
+  cluster_->CreateTopic("orders.denied", 3, 3);
+  auto sink = MakeKafkaSink("orders", target);
+  auto message = [](std::int64_t id, const std::string& event, int attempts) {
+    Message m = MakeMessage(id, 0, attempts);
+    m.event_type = event;
+    return m;
+  };
+  cluster_->PushRequestErrors(RD_KAFKAP_AddPartitionsToTxn,
+                              {RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED});
+  auto outcomes = Deliver(*sink, {message(1, "denied", 0), message(2, "created", 0)});
+  EXPECT_EQ(outcomes.at(1)[0].kind, OutcomeKind::kRetry) << outcomes.at(1)[0].reason;
+  EXPECT_EQ(outcomes.at(2)[0].kind, OutcomeKind::kRetry) << outcomes.at(2)[0].reason;
+
+  // Claimed again: orders.created goes alone (first by name) and commits; the other waits.
+  outcomes = Deliver(*sink, {message(1, "denied", 1), message(2, "created", 1)});
+  EXPECT_EQ(outcomes.at(2)[0].kind, OutcomeKind::kDelivered) << outcomes.at(2)[0].reason;
+  EXPECT_EQ(outcomes.at(1)[0].kind, OutcomeKind::kReturned) << outcomes.at(1)[0].reason;
+
+  // orders.denied alone, refused: an authorization failure, dead-lettered at once.
+  cluster_->PushRequestErrors(RD_KAFKAP_AddPartitionsToTxn,
+                              {RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED});
+  outcomes = Deliver(*sink, {message(1, "denied", 1)});
+  EXPECT_EQ(outcomes.at(1)[0].kind, OutcomeKind::kPermanent) << outcomes.at(1)[0].reason;
+  EXPECT_EQ(outcomes.at(1)[0].reason_class, Reason::kAuthorization) << outcomes.at(1)[0].reason;
+  EXPECT_NE(outcomes.at(1)[0].reason.find("orders.denied"), std::string::npos)
+      << outcomes.at(1)[0].reason;
+
+  // From then on its messages fail on their own, and the others of the bucket commit.
+  outcomes = Deliver(*sink, {message(3, "denied", 0), message(4, "created", 0)});
+  EXPECT_EQ(outcomes.at(3)[0].kind, OutcomeKind::kPermanent) << outcomes.at(3)[0].reason;
+  EXPECT_EQ(outcomes.at(4)[0].kind, OutcomeKind::kDelivered) << outcomes.at(4)[0].reason;
+}
+
 // A message routed to a topic the relay may not write (or that does not exist, on a broker
 // that does not create topics) fails on its own: the other messages of its bucket commit.
 TEST_F(TransactionalSinkTest, AMessageForAnUnusableTopicDoesNotFailItsBucketsTransaction) {

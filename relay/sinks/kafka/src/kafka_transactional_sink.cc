@@ -57,6 +57,9 @@ constexpr milliseconds kLingerQuiet{5};      // ... and how long nothing may arr
 constexpr milliseconds kProbeInterval{500};  // metadata probe while not Ready
 constexpr milliseconds kProbeTimeout{250};
 constexpr milliseconds kIdleClose{60'000};  // a bucket producer unused this long is closed
+// A topic whose writes the broker refused (alone in a transaction) fails its messages on their
+// own this long, then is tried alone again.
+constexpr milliseconds kWriteRefusalFor{60'000};
 // The longest a transactional call waits before the worker looks at a stop's deadline again
 // (init, commit and abort may be called again after they timed out, and resume). Not shorter:
 // librdkafka's header recommends a commit be given the whole remaining transaction time (-1)
@@ -292,6 +295,8 @@ class TransactionalKafkaSink final : public Sink {
     // 3b. A record for a topic the broker refuses (authorization, invalid name) would fail its
     //     whole bucket's transaction: such messages fail on their own, before it begins.
     DropUnusableTopics(by_bucket);
+    // 3c. A topic suspected of refusing writes goes alone in its bucket's transaction.
+    IsolateSuspects(by_bucket);
     if (HandBackOnStop(by_bucket)) return;
     // 3. Begin and produce every bucket's transaction, then 4. commit them: their records
     //    travel together, each commit waits only for its own.
@@ -515,6 +520,64 @@ class TransactionalKafkaSink final : public Sink {
     }
   }
 
+  // Messages for a topic refused alone (below) fail on their own while the refusal holds; then
+  // the topic is a suspect again, tried alone (its permission may have been granted since).
+  // In each bucket whose messages include suspects, the first suspect by name goes alone in
+  // the transaction; the bucket's other messages go back unsent (no attempt counted), claimed
+  // again for the next cycle.
+  void IsolateSuspects(std::map<int, std::vector<Item*>>& by_bucket) {
+    const auto now = Clock::now();
+    for (auto it = write_refused_.begin(); it != write_refused_.end();) {
+      if (now >= it->second) {
+        write_suspects_.insert(it->first);
+        it = write_refused_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (write_refused_.empty() && write_suspects_.empty()) return;
+    for (auto& [bucket, items] : by_bucket) {
+      std::vector<Item*> keep;
+      std::optional<std::string> alone;
+      for (Item* item : items) {
+        if (write_refused_.count(item->topic)) {
+          Finish(item->done, NotProduced(*item, WriteRefused(*item)));
+          continue;
+        }
+        if (write_suspects_.count(item->topic) && (!alone || item->topic < *alone)) {
+          alone = item->topic;
+        }
+        keep.push_back(item);
+      }
+      if (alone) {
+        std::vector<Item*> only;
+        for (Item* item : keep) {
+          if (item->topic == *alone) {
+            only.push_back(item);
+            continue;
+          }
+          Finish(item->done,
+                 NotProduced(*item, Make(item->msg.id, OutcomeKind::kReturned,
+                                         "held back: topic " + *alone +
+                                             " goes alone in this transaction (a transaction "
+                                             "with it was refused: TOPIC_AUTHORIZATION_FAILED)",
+                                         Reason::kNone)));
+        }
+        keep.swap(only);
+      }
+      items.swap(keep);
+    }
+  }
+
+  Outcome WriteRefused(const Item& item) const {
+    Outcome out =
+        ClassifyDeliveryError(item.msg.id, RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED, false);
+    out.reason = "topic " + item.topic +
+                 ": the broker refuses this relay's writes (TOPIC_AUTHORIZATION_FAILED when it "
+                 "was added to a transaction of its own); grant WRITE on it, or route elsewhere";
+    return out;
+  }
+
   void DropExpiredClaims(std::map<int, std::vector<Item*>>& by_bucket) {
     const auto now = std::chrono::steady_clock::now();
     std::size_t dropped = 0;
@@ -676,13 +739,22 @@ class TransactionalKafkaSink final : public Sink {
       BucketProducer* p;
       ~EndCycle() { p->in_cycle = false; }
     } end_cycle{p};
+    std::set<std::string> topics;
+    for (const Item* item : items) topics.insert(item->topic);
     if (error == nullptr) {
       ++committed_;
       ready_.store(true);
+      if (committed_topics_.size() > 10'000) committed_topics_.clear();  // templates: bounded
+      for (const auto& topic : topics) {
+        committed_topics_.insert(topic);
+        write_suspects_.erase(topic);
+      }
       for (Item* item : items) Finish(item->done, Make(item->msg.id, OutcomeKind::kDelivered));
       return;
     }
     ++failed_;
+    const bool write_refused =
+        rd_kafka_error_code(error) == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED;
     if (!rd_kafka_error_is_fatal(error)) ready_.store(false);  // until a broker answers again
     std::string why =
         "transaction of " + p->transactional_id + " did not commit: " + ErrorText(error);
@@ -707,8 +779,30 @@ class TransactionalKafkaSink final : public Sink {
     // abort, a producer whose records a broker refused (PRODUCER_FENCED, which librdkafka 2.0
     // treats as abortable) failed every later transaction on sequence numbers.
     p->fatal.store(true);
+    // Writes refused: a topic alone is refused (its messages dead-lettered, as an
+    // authorization failure); of several, those that never committed are suspects, each tried
+    // alone next (all of them, when each has committed before: a permission revoked since).
+    if (write_refused && aborted && topics.size() == 1) {
+      write_suspects_.erase(*topics.begin());
+      write_refused_[*topics.begin()] = Clock::now() + kWriteRefusalFor;
+      spdlog::warn(
+          "kafka destination \"{}\": the broker refuses writes to topic {} "
+          "(TOPIC_AUTHORIZATION_FAILED in a transaction of its own): its messages are "
+          "dead-lettered; asked again in {} s",
+          destination_, *topics.begin(), kWriteRefusalFor.count() / 1000);
+      for (Item* item : items) Finish(item->done, NotProduced(*item, WriteRefused(*item)));
+      return;
+    }
     spdlog::warn("kafka destination \"{}\": {}; {} message(s) retried", destination_, why,
                  items.size());
+    if (write_refused) {
+      std::size_t added = 0;
+      for (const auto& topic : topics) added += !committed_topics_.count(topic);
+      for (const auto& topic : topics) {
+        if (added == 0 || !committed_topics_.count(topic)) write_suspects_.insert(topic);
+      }
+      if (write_suspects_.size() > 10'000) write_suspects_.clear();  // templates: bounded
+    }
     // A record that never completed, or whose topic the broker did not know, may be one for a
     // topic that does not exist: asked again before the next transaction (TopicRefusal).
     for (Item* item : items) {
@@ -790,6 +884,13 @@ class TransactionalKafkaSink final : public Sink {
   std::map<std::string, TopicCheck> topic_checked_;  // worker thread only
   /// Topics with a record that did not complete in a failed transaction; worker thread only.
   std::set<std::string> stalled_topics_;
+  /// Write permission (worker thread only). A broker that refuses it refuses the whole
+  /// transaction (AddPartitionsToTxn: TOPIC_AUTHORIZATION_FAILED, no record says which topic):
+  /// the topics of such a transaction that never committed are suspects, each tried alone
+  /// (IsolateSuspects); one refused alone is refused for kWriteRefusalFor, then a suspect again.
+  std::set<std::string> committed_topics_;
+  std::set<std::string> write_suspects_;
+  std::map<std::string, Clock::time_point> write_refused_;  // topic -> until
 
   std::mutex mu_;
   std::condition_variable cv_;
