@@ -228,6 +228,45 @@ TEST_F(StatusTest, EachLiveRelaysKafkaDeliveryModeShowsAndADisagreementWarns) {
   EXPECT_TRUE(seen) << json.dump();
 }
 
+// Fencing holds only between equal transactional ids: relays of one destination with different
+// transactional_id_prefix values (a rolling change of it) fence nothing of each other, and
+// nothing said so (review). Each exactly-once relay's prefix shows, and a disagreement warns.
+TEST_F(StatusTest, ExactlyOnceRelaysWithDifferentTransactionalIdPrefixesWarn) {
+  Store store(db_url_);
+  TargetHealth billing;
+  billing.kind = "kafka";
+  billing.delivery = "exactly_once";
+  billing.transactional_id_prefix = "billing";
+  TargetHealth shop = billing;
+  shop.transactional_id_prefix = "shop";
+  store.Heartbeat("00000000-0000-4000-8000-00000000000a", {"orders", "payments"}, "host-a pid 1",
+                  {{"orders", billing}, {"payments", billing}});
+  store.Heartbeat("00000000-0000-4000-8000-00000000000b", {"orders", "payments"}, "host-b pid 2",
+                  {{"orders", shop}, {"payments", billing}});
+  const auto s = Read(StatusOptions{{"orders", "payments"}});
+  ASSERT_NE(s.Find("orders"), nullptr);
+  EXPECT_EQ(s.Find("orders")->targets[0].health.transactional_id_prefix, "billing");
+  const auto table = RenderStatusTable(s);
+  EXPECT_NE(table.find("kafka orders (relay host-a pid 1): delivery exactly_once (transactional "
+                       "ids billing.orders.<bucket>)"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("WARNING: orders: its exactly-once relays use different "
+                       "transactional_id_prefix values (billing on relay host-a pid 1, shop on "
+                       "relay host-b pid 2)"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(table.find("WARNING: payments"), std::string::npos) << "both relays agree\n" << table;
+  bool seen = false;
+  const auto json = StatusToJson(s);
+  for (const auto& d : json["destinations"]) {
+    if (d["destination"] != "orders") continue;
+    seen = true;
+    EXPECT_EQ(d["targets"][1]["transactional_id_prefix"], "shop");
+  }
+  EXPECT_TRUE(seen);
+}
+
 TEST_F(StatusTest, ReportsExactCountsPerDestination) {
   // orders: 7 rows in every state.
   const auto fresh1 = Enqueue("orders");

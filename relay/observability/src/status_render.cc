@@ -106,6 +106,29 @@ std::vector<std::string> StatusWarnings(const StatusSnapshot& s) {
                   "): exactly once holds only when every relay of the destination has "
                   "kafka.delivery: exactly_once; roll the change out to all of them");
     }
+    // Fencing holds only between equal transactional ids (relays older than this field say
+    // nothing of their prefix, and are left out).
+    std::map<std::string, std::vector<std::string>> by_prefix;
+    for (const auto& t : d.targets) {
+      if (t.health.kind == "kafka" && t.health.delivery == "exactly_once" &&
+          !t.health.transactional_id_prefix.empty()) {
+        by_prefix[t.health.transactional_id_prefix].push_back(t.relay);
+      }
+    }
+    if (by_prefix.size() > 1) {
+      std::string prefixes;
+      for (const auto& [prefix, relays] : by_prefix) {
+        for (const auto& relay : relays) {
+          prefixes += (prefixes.empty() ? "" : ", ") + prefix + " on relay " + relay;
+        }
+      }
+      w.push_back(d.destination +
+                  ": its exactly-once relays use different transactional_id_prefix values (" +
+                  prefixes +
+                  "): fencing holds only between equal transactional ids, so a stalled relay "
+                  "can commit what another already delivered; stop every relay of the "
+                  "destination and give them one prefix");
+    }
   }
   for (const auto& d : s.destinations) {
     for (const auto& t : d.targets) {
@@ -224,6 +247,10 @@ std::string RenderStatusTable(const StatusSnapshot& s) {
       const auto& h = t.health;
       if (h.kind == "kafka") {
         out += "kafka " + d.destination + " (relay " + t.relay + "): delivery " + h.delivery;
+        if (!h.transactional_id_prefix.empty()) {
+          out += " (transactional ids " + h.transactional_id_prefix + "." + d.destination +
+                 ".<bucket>)";
+        }
         if (h.delivery == "exactly_once") {
           out += ", " + std::to_string(h.transactions_committed) + " transaction(s) committed, " +
                  std::to_string(h.transactions_failed) + " failed, " + std::to_string(h.recovered) +
@@ -255,7 +282,10 @@ nlohmann::json TargetsToJson(const std::vector<RelayTargetHealth>& targets) {
                      {"delivery", h.delivery},
                      {"transactions_committed", h.transactions_committed},
                      {"transactions_failed", h.transactions_failed},
-                     {"recovered", h.recovered}});
+                     {"recovered", h.recovered},
+                     {"transactional_id_prefix", h.transactional_id_prefix.empty()
+                                                     ? nlohmann::json(nullptr)
+                                                     : nlohmann::json(h.transactional_id_prefix)}});
       continue;
     }
     out.push_back({{"instance_id", t.instance_id},

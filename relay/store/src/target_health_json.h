@@ -9,11 +9,15 @@ namespace outbox::relay {
 
 inline nlohmann::json TargetHealthToJson(const TargetHealth& h) {
   if (h.kind == "kafka") {
-    return {{"kind", h.kind},
-            {"delivery", h.delivery},
-            {"transactions_committed", h.transactions_committed},
-            {"transactions_failed", h.transactions_failed},
-            {"recovered", h.recovered}};
+    nlohmann::json j = {{"kind", h.kind},
+                        {"delivery", h.delivery},
+                        {"transactions_committed", h.transactions_committed},
+                        {"transactions_failed", h.transactions_failed},
+                        {"recovered", h.recovered}};
+    if (!h.transactional_id_prefix.empty()) {
+      j["transactional_id_prefix"] = h.transactional_id_prefix;
+    }
+    return j;
   }
   return {{"kind", h.kind},
           {"breaker", h.breaker},
@@ -40,6 +44,7 @@ inline TargetHealth TargetHealthFromJson(const nlohmann::json& j) {
   h.transactions_committed = j.value("transactions_committed", std::int64_t{0});
   h.transactions_failed = j.value("transactions_failed", std::int64_t{0});
   h.recovered = j.value("recovered", std::int64_t{0});
+  h.transactional_id_prefix = j.value("transactional_id_prefix", std::string());
   h.breaker = j.value("breaker", h.breaker);
   h.consecutive_failures = j.value("consecutive_failures", 0);
   h.concurrency_limit = j.value("concurrency_limit", 0);

@@ -198,6 +198,8 @@ TEST_F(TransactionalSinkTest, EachBucketsMessagesCommitInATransactionOfItsOwn) {
   ASSERT_TRUE(health.has_value());
   EXPECT_EQ(health->kind, "kafka");
   EXPECT_EQ(health->delivery, "exactly_once");
+  EXPECT_EQ(health->transactional_id_prefix, Target().transactional_id_prefix)
+      << "status compares the relays' prefixes";
   EXPECT_EQ(health->transactions_committed, events.at("transactions_committed"));
   EXPECT_EQ(health->transactions_failed, 0);
   const auto by_id = RecordsById(60);

@@ -21,6 +21,9 @@ struct TargetHealth {
   std::int64_t transactions_committed = 0;
   std::int64_t transactions_failed = 0;
   std::int64_t recovered = 0;
+  /// Kafka, exactly once: the relay's transactional_id_prefix. Fencing holds only between
+  /// equal transactional ids: every relay of the destination must use the same one.
+  std::string transactional_id_prefix;
   std::string breaker = "closed";  ///< "closed", "open" or "half_open" (a probe is due or out).
   int consecutive_failures = 0;
   int concurrency_limit = 0;  ///< Concurrent requests allowed now (adaptive concurrency)...

@@ -208,6 +208,7 @@ class TransactionalKafkaSink final : public Sink {
     TargetHealth h;
     h.kind = "kafka";
     h.delivery = "exactly_once";
+    h.transactional_id_prefix = target_.transactional_id_prefix;
     h.transactions_committed = committed_.load();
     h.transactions_failed = failed_.load();
     h.recovered = recovered_.load();
