@@ -296,6 +296,15 @@ TEST_F(ManagementApiTest, BadInputIsA4xxNamingTheFieldAndWritesNothing) {
         "invalid_field", "headers");
   }
   ExpectError(Patch("/v1/endpoints/one", R"({"url": "nope"})"), 400, "invalid_field", "url");
+  // null was read as "absent": a PATCH setting a field to null answered 200 and changed
+  // nothing (review). Only the fields whose null means "the destination's" take it.
+  for (const std::string field : {"url", "description", "destination"}) {
+    SCOPED_TRACE(field);
+    ExpectError(Patch("/v1/endpoints/one", "{\"" + field + "\": null}"), 400, "invalid_field",
+                field);
+  }
+  ExpectError(Post("/v1/endpoints", R"({"destination": "d", "url": "https://x", "id": null})"), 400,
+              "invalid_field", "id");
   ExpectError(Patch("/v1/endpoints/one", R"({"secret": "whsec_AAAA"})"), 400, "invalid_field",
               "secret");
   ExpectError(Patch("/v1/endpoints/one", "{}"), 400, "invalid_json");

@@ -87,9 +87,16 @@ void OnlyKeys(const json& body, std::initializer_list<const char*> allowed) {
   }
 }
 
+// A JSON string field; nullopt when absent. null is no string: read as "absent", a PATCH that
+// set a field to null answered 200 and changed nothing (review).
 std::optional<std::string> String(const json& body, const char* key) {
-  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
-  if (!body[key].is_string()) throw BadField(key, std::string(key) + " must be a string");
+  if (!body.contains(key)) return std::nullopt;
+  if (!body[key].is_string()) {
+    throw BadField(key, std::string(key) + " must be a string" +
+                            (body[key].is_null() ? " (null is no value of it: leave the key out "
+                                                   "to keep or default it)"
+                                                 : ""));
+  }
   return body[key].get<std::string>();
 }
 
