@@ -260,7 +260,7 @@ TEST(EndpointGovernor, ANewGovernorResumesTheOldOnesStateWithinItsSettings) {
   EXPECT_EQ(saved.concurrency_limit, 4);
 
   EndpointGovernor same(Breaker(1), true, 8);
-  same.Resume(saved);
+  same.Resume(saved, kT0);
   EXPECT_TRUE(same.Blocked(kT0 + 999ms)) << "still open until its probe";
   EXPECT_EQ(same.Snapshot(kT0).concurrency_limit, 4);
   EXPECT_EQ(same.Snapshot(kT0).times_opened, 1);
@@ -269,14 +269,14 @@ TEST(EndpointGovernor, ANewGovernorResumesTheOldOnesStateWithinItsSettings) {
   EXPECT_TRUE(probe->probe) << "the probe goes when the old one's would have";
 
   EndpointGovernor smaller(Breaker(1), true, 2);
-  smaller.Resume(saved);
+  smaller.Resume(saved, kT0);
   EXPECT_EQ(smaller.Snapshot(kT0).concurrency_limit, 2) << "up to the new max_in_flight";
 
   BreakerSettings off = Breaker(1);
   off.enabled = false;
   EndpointGovernor unbroken(off, true, 8);
   Once(old, kT0 + 1s, TooMany(30s));  // the probe: an answer, and a Retry-After pause
-  unbroken.Resume(old.Save(kT0 + 1s));
+  unbroken.Resume(old.Save(kT0 + 1s), kT0 + 1s);
   EXPECT_TRUE(unbroken.Blocked(kT0 + 2s)) << "a pause the endpoint asked for is kept";
   EXPECT_FALSE(unbroken.Blocked(kT0 + 1s + 4s)) << "the pause is capped by max_cooldown (4 s)";
   EXPECT_EQ(unbroken.Snapshot(kT0 + 5s).breaker, BreakerState::kClosed);
@@ -287,10 +287,31 @@ TEST(EndpointGovernor, ANewGovernorResumesTheOldOnesStateWithinItsSettings) {
   Once(probing, kT0, Failed());
   ASSERT_TRUE(probing.TryStart(kT0 + 1s).has_value());
   EndpointGovernor next(Breaker(1), true, 8);
-  next.Resume(probing.Save(kT0 + 1500ms));
+  next.Resume(probing.Save(kT0 + 1500ms), kT0 + 1500ms);
   const auto again = next.TryStart(kT0 + 1500ms);
   ASSERT_TRUE(again.has_value());
   EXPECT_TRUE(again->probe);
+
+  // A shorter cool-down in the new settings (an operator wants the endpoint probed sooner):
+  // the probe is due within it, not when the old, longer one would have let it go.
+  EndpointGovernor slow(Breaker(1), true, 8);
+  Once(slow, kT0, Failed());
+  const auto slow_probe = slow.TryStart(kT0 + 1s);
+  ASSERT_TRUE(slow_probe.has_value());
+  slow.Finish(kT0 + 1s, *slow_probe, Failed());  // the probe fails: open for 2 s more
+  ASSERT_TRUE(slow.Blocked(kT0 + 2900ms));
+  BreakerSettings quick = Breaker(1);
+  quick.cooldown = 500ms;
+  quick.max_cooldown = 500ms;
+  EndpointGovernor sooner(quick, true, 8);
+  sooner.Resume(slow.Save(kT0 + 1100ms), kT0 + 1100ms);
+  EXPECT_FALSE(sooner.Blocked(kT0 + 1600ms)) << "the probe is due within the new cool-down";
+  // And a Retry-After pause longer than the new max_cooldown is cut to it, as Finish cuts one.
+  EndpointGovernor paused(Breaker(1), true, 8);
+  Once(paused, kT0, TooMany(4s));
+  EndpointGovernor capped(quick, true, 8);
+  capped.Resume(paused.Save(kT0), kT0);
+  EXPECT_FALSE(capped.Blocked(kT0 + 600ms)) << "paused past the new max_cooldown (500 ms)";
 }
 
 }  // namespace

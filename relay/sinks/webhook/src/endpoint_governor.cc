@@ -168,8 +168,8 @@ GovernorState EndpointGovernor::Save(Time now) const {
   return s;
 }
 
-void EndpointGovernor::Resume(const GovernorState& s) {
-  paused_until_ = s.paused_until;
+void EndpointGovernor::Resume(const GovernorState& s, Time now) {
+  paused_until_ = std::min(s.paused_until, now + breaker_.max_cooldown);
   times_opened_ = s.times_opened;
   times_paused_ = s.times_paused;
   if (adaptive_) limit_ = std::clamp(s.concurrency_limit, 1, max_);
@@ -179,7 +179,7 @@ void EndpointGovernor::Resume(const GovernorState& s) {
       std::clamp(s.cooldown, breaker_.cooldown, std::max(breaker_.cooldown, breaker_.max_cooldown));
   if (s.breaker != BreakerState::kClosed) {
     state_ = BreakerState::kOpen;
-    probe_at_ = s.probe_at;
+    probe_at_ = std::min(s.probe_at, now + cooldown_);
   }
 }
 

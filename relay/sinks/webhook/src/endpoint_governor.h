@@ -107,11 +107,12 @@ class EndpointGovernor {
   /// The endpoint's state as of `now`. A probe that is out is saved as open with its probe
   /// due: its verdict reaches only this governor (whose sink is being replaced).
   GovernorState Save(Time now) const;
-  /// Takes `state` over (a new governor, before any request), within this governor's
-  /// settings: the concurrency limit up to max_concurrency (all of it without adaptive
-  /// concurrency), the cool-down between the breaker's bounds; the breaker stays closed when
-  /// it is disabled here. A Retry-After pause is kept whatever the settings.
-  void Resume(const GovernorState& state);
+  /// Takes `state` over at `now` (a new governor, before any request), within this
+  /// governor's settings: the concurrency limit up to max_concurrency (all of it without
+  /// adaptive concurrency), the cool-down between the breaker's bounds and the probe due
+  /// within it, a Retry-After pause up to max_cooldown from now (as Finish cuts one); the
+  /// breaker stays closed when it is disabled here.
+  void Resume(const GovernorState& state, Time now);
 
  private:
   BreakerSettings breaker_;

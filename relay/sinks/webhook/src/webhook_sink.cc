@@ -405,7 +405,7 @@ class WebhookSink final : public Sink {
   // Before the sink's first request.
   void ResumeGovernor(const webhook_detail::GovernorState& state) {
     std::lock_guard lock(mu_);
-    governor_.Resume(state);
+    governor_.Resume(state, Clock::now());
   }
 
   std::optional<TargetHealth> Health() const override {
