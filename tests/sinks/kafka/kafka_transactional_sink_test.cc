@@ -491,6 +491,8 @@ TEST_F(TransactionalSinkTest, ATopicTheRelayMayNotWriteIsFoundAloneAndItsMessage
   outcomes = Deliver(*sink, {message(1, "denied", 1), message(2, "created", 1)});
   EXPECT_EQ(outcomes.at(2)[0].kind, OutcomeKind::kDelivered) << outcomes.at(2)[0].reason;
   EXPECT_EQ(outcomes.at(1)[0].kind, OutcomeKind::kReturned) << outcomes.at(1)[0].reason;
+  EXPECT_TRUE(outcomes.at(1)[0].absent_as_of.has_value())
+      << "its recovery found it absent: the next one reads from here, not from its creation";
 
   // orders.denied alone, refused: an authorization failure, dead-lettered at once.
   cluster_->PushRequestErrors(RD_KAFKAP_AddPartitionsToTxn,

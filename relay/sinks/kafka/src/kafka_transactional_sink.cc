@@ -91,9 +91,9 @@ struct Item {
   bool absent = false;
 };
 
-// The retry of an item this attempt did not put in Kafka.
+// The retry (or hand-back) of an item this attempt did not put in Kafka.
 Outcome NotProduced(const Item& item, Outcome out) {
-  if (item.absent && out.kind == OutcomeKind::kRetry) {
+  if (item.absent && (out.kind == OutcomeKind::kRetry || out.kind == OutcomeKind::kReturned)) {
     out.absent_as_of = std::chrono::system_clock::now();
   }
   return out;
