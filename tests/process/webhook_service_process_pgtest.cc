@@ -856,7 +856,13 @@ TEST_F(WebhookServiceTest, TheManagementApiRefusesAnEndpointUrlTheSsrfGuardRefus
 // and every relay found it unusable when it made its sender, claiming and handing back its
 // rows every 5 s for good, with nothing in the delivery log to disable it by (review).
 TEST_F(WebhookServiceTest, TheCliRefusesAnEndpointUrlTheSsrfGuardRefuses) {
-  config_ = WriteConfig("relay.yaml", ServiceYaml());
+  // "strict": a service whose guard refuses the loopback receiver's address.
+  config_ = WriteConfig("relay.yaml", ServiceYaml("", "",
+                                                  "  strict:\n"
+                                                  "    webhook:\n"
+                                                  "      endpoints: database\n"
+                                                  "      timeout_ms: 1000\n"
+                                                  "      connect_timeout_ms: 500\n"));
   auto [code, out] = Cli({"endpoints", "add", "--id", "meta", "--destination", kDest, "--url",
                           "http://169.254.169.254/latest/meta-data/"});
   EXPECT_NE(code, 0) << out;
@@ -871,6 +877,12 @@ TEST_F(WebhookServiceTest, TheCliRefusesAnEndpointUrlTheSsrfGuardRefuses) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE url LIKE '%fe80%'"), 0);
   std::tie(code, out) = Cli({"endpoints", "update", "ok", "--url", receiver_.Url("/moved")});
   EXPECT_EQ(code, 0) << out << " (a URL the guard allows is written)";
+  // Moved to a destination whose guard refuses its URL: refused, naming what was given.
+  std::tie(code, out) = Cli({"endpoints", "update", "ok", "--destination", "strict"});
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("--destination strict"), std::string::npos) << out;
+  EXPECT_NE(out.find("SSRF guard"), std::string::npos) << out;
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE destination = 'strict'"), 0);
 }
 
 }  // namespace

@@ -1425,6 +1425,10 @@ TEST_F(StoreTest, AListOfEndpointsCountsEachBacklogUpToACapAndShowCountsAll) {
   ASSERT_TRUE(shown);
   EXPECT_EQ(shown->backlog, kListCountCap + 1) << "one endpoint is counted to the last row";
   EXPECT_FALSE(shown->backlog_capped);
+  const auto fields = GetEndpoint(c, "ep_a", EndpointCounts::kNone);
+  ASSERT_TRUE(fields);
+  EXPECT_EQ(fields->url, "https://example.com/hook");
+  EXPECT_EQ(fields->backlog, 0) << "a check of its fields reads none of its rows";
 }
 
 // An endpoint moved to another destination takes what it owes along: its queued rows (their

@@ -220,11 +220,12 @@ int RunEndpointsUpdate(const EndpointArgs& a) {
           "--max-in-flight, --rate-limit, --breaker, --adaptive-concurrency");
     }
     if (a.url_check && (f.url || f.destination)) {
-      const auto now = GetEndpoint(store, a.id);
+      const auto now = GetEndpoint(store, a.id, EndpointCounts::kNone);
       if (!now) return NoSuch(a.id);
       if (auto why =
               GuardRefuses(a, f.destination.value_or(now->destination), f.url.value_or(now->url))) {
-        throw InvalidField("url", "--url: " + *why);
+        throw InvalidField("url",
+                           (f.url ? "--url: " : "--destination " + *f.destination + ": ") + *why);
       }
     }
     if (!UpdateEndpoint(store, a.id, f)) return NoSuch(a.id);

@@ -40,9 +40,10 @@ constexpr const char* kColumns =
     "           AND (s.expires_at IS NULL OR s.expires_at > clock_timestamp())) AS public_keys, ";
 
 // The endpoints' columns and counts; `count_cap` > 0 counts each backlog and dead letters up
-// to one row past it (enough to say "more"), 0 counts every row.
+// to one row past it (enough to say "more"), 0 counts every row, < 0 none (0 rows).
 std::string SelectEndpoints(std::int64_t count_cap) {
-  const auto count = [&](const char* table) {
+  const auto count = [&](const char* table) -> std::string {
+    if (count_cap < 0) return "0::bigint";
     const std::string rows = std::string("SELECT 1 FROM outbox.") + table +
                              " x WHERE x.endpoint_id = e.id" +
                              (count_cap > 0 ? " LIMIT " + std::to_string(count_cap + 1) : "");
@@ -464,10 +465,12 @@ std::vector<EndpointRecord> ListEndpoints(Store& store, const std::string& desti
   });
 }
 
-std::optional<EndpointRecord> GetEndpoint(Store& store, const std::string& id) {
+std::optional<EndpointRecord> GetEndpoint(Store& store, const std::string& id,
+                                          EndpointCounts counts) {
   return Translated([&]() -> std::optional<EndpointRecord> {
     pqxx::nontransaction tx(StoreAccess::Connection(store));
-    const auto r = tx.exec_params(SelectEndpoints(0) + "WHERE e.id = $1", id);
+    const auto r = tx.exec_params(
+        SelectEndpoints(counts == EndpointCounts::kAll ? 0 : -1) + "WHERE e.id = $1", id);
     if (r.empty()) return std::nullopt;
     return FromRow(r[0]);
   });

@@ -122,7 +122,11 @@ struct RotatedKey {
 CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields);
 /// `destination` empty: every destination.
 std::vector<EndpointRecord> ListEndpoints(Store& store, const std::string& destination);
-std::optional<EndpointRecord> GetEndpoint(Store& store, const std::string& id);
+/// How GetEndpoint counts the endpoint's backlog and dead letters: every row (`show`), or not
+/// at all (0: a check of its other fields, which need not read millions of rows).
+enum class EndpointCounts { kAll, kNone };
+std::optional<EndpointRecord> GetEndpoint(Store& store, const std::string& id,
+                                          EndpointCounts counts = EndpointCounts::kAll);
 /// False when there is no such endpoint.
 bool UpdateEndpoint(Store& store, const std::string& id, const EndpointFields& fields);
 enum class EnableChange { kNoSuchEndpoint, kUnchanged, kChanged };
