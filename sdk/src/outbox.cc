@@ -446,24 +446,28 @@ std::string ToJsonText(const OutboxMessage& m) {
 }
 
 /// A refusal only the database can make (its limits and guard, checked there for every
-/// writer), as InvalidMessage: "<message>. <hint>", without libpq's severity prefix and the
-/// PL/pgSQL call stack (CONTEXT). Other errors stay libpqxx's.
+/// writer), as InvalidMessage: "<message>. <hint>", without libpq's severity ("ERROR:  ", in
+/// the server's lc_messages), the SQLSTATE verbose errors put before the message, and the
+/// PL/pgSQL call stack (CONTEXT) or source location that follow. Other errors stay libpqxx's.
 [[noreturn]] void Rethrow(const pqxx::sql_error& e) {
   const std::string state = e.sqlstate();
   if (state != "22023" && state != "54000") throw;
   std::string_view text = e.what();
   std::string message, hint;
+  bool first = true;
   while (!text.empty()) {
     const auto end = text.find('\n');
     std::string_view line = text.substr(0, end);
     text = end == std::string_view::npos ? std::string_view{} : text.substr(end + 1);
-    auto field = [&](std::string_view tag, std::string& into) {
-      if (line.substr(0, tag.size()) != tag) return false;
-      into = line.substr(tag.size());
-      return true;
-    };
-    if (!field("ERROR:  ", message) && !field("HINT:  ", hint) && message.empty()) {
-      message = line;  // not libpq's layout: keep the text as it is
+    if (first) {
+      first = false;
+      // libpq writes "<severity>:  <message>"; a message of ours has no double space.
+      if (const auto at = line.find(":  "); at != std::string_view::npos)
+        line.remove_prefix(at + 3);
+      if (line.substr(0, state.size() + 2) == state + ": ") line.remove_prefix(state.size() + 2);
+      message = line;
+    } else if (line.substr(0, 7) == "HINT:  ") {
+      hint = line.substr(7);
     }
   }
   if (!hint.empty()) message += ". " + hint;

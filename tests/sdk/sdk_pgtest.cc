@@ -1204,6 +1204,22 @@ TEST_F(SdkTest, UnknownDestinationsAreRefusedOnceTheGuardIsOn) {
     ADD_FAILURE() << "not an outbox::InvalidMessage: " << e.what();
   }
   sdk.abort();
+  // The same words whatever the connection's error verbosity: verbose adds the SQLSTATE and
+  // the server's source location to libpq's text (review).
+  c.set_verbosity(pqxx::connection_base::verbose);
+  pqxx::work verbose(c);
+  try {
+    outbox::Publish(verbose, outbox::Message::To("ordres").Json("{}").Build());
+    ADD_FAILURE() << "accepted";
+  } catch (const outbox::InvalidMessage& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("outbox.enqueue_many: element 0: destination", 0), 0u)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("outbox-relay destinations add NAME"), std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find("LOCATION"), std::string::npos) << e.what();
+  }
+  verbose.abort();
+  c.set_verbosity(pqxx::connection_base::normal);
   exec("UPDATE outbox.settings SET refuse_unknown_destinations = false");
   EXPECT_EQ(enqueue("ordres"), "") << "off again";
 }
