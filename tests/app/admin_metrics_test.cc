@@ -498,6 +498,38 @@ TEST(RelayMetrics, UpdateFromStatusSetsAndDropsSeries) {
   EXPECT_TRUE(Has(text, "outbox_oldest_transaction_age_seconds 0"));
 }
 
+// A status whose counts were not read (their pass over a huge queue ran past the statement
+// timeout) leaves the queue gauges and the status timestamp as they were, but what it did
+// read, each destination's live relays and its pause, is set: those gauges stayed frozen too,
+// so a pause or a relay lost during a large backlog did not show (review).
+TEST(RelayMetrics, CountsNotReadKeepTheQueueGaugesButSetRelaysAndPauses) {
+  RelayMetrics m("dev");
+  StatusSnapshot s;
+  s.taken_at_epoch = 1700000000.5;
+  DestinationStatus a;
+  a.destination = "a";
+  a.depth = 10;
+  a.relays = 2;
+  s.destinations = {a};
+  m.UpdateFromStatus(s);
+  s.taken_at_epoch = 1700000060.5;
+  s.counts_error = "the pass over the queue and the dead letters took longer than 5000 ms";
+  s.destinations[0].depth = 0;  // not read
+  s.destinations[0].relays = 0;
+  s.destinations[0].paused = true;
+  DestinationStatus fresh;  // first seen now, without counts: no series made up for it
+  fresh.destination = "fresh";
+  fresh.relays = 1;
+  s.destinations.push_back(fresh);
+  m.UpdateFromStatus(s);
+  const auto text = m.Render();
+  EXPECT_TRUE(Has(text, "outbox_queue_depth{destination=\"a\"} 10")) << "counts kept";
+  EXPECT_TRUE(Has(text, "outbox_status_timestamp_seconds 1700000000.5")) << "stale, as it is";
+  EXPECT_TRUE(Has(text, "outbox_destination_relays{destination=\"a\"} 0")) << text;
+  EXPECT_TRUE(Has(text, "outbox_destination_paused{destination=\"a\"} 1")) << text;
+  EXPECT_EQ(text.find("destination=\"fresh\""), std::string::npos) << text;
+}
+
 // Past 1,000 destinations the queue gauges share one `_overflow` series, summed (ages: the
 // oldest). It was removed again at the end of every update, as a label set no destination has,
 // so those destinations exported nothing and their alerts could not fire (found in review).

@@ -384,9 +384,20 @@ void RelayMetrics::ClearReadyCallback() { relay_ready.Remove({}); }
 
 void RelayMetrics::UpdateFromStatus(const StatusSnapshot& s) {
   // Counts not read (the pass over a huge queue ran past its timeout): the destination gauges
-  // and the status timestamp keep their last values (OutboxStatusStale fires in time); the
-  // database's health, read all the same, is set below.
-  if (s.counts_error.empty()) UpdateDestinationGauges(s);
+  // and the status timestamp keep their last values (OutboxStatusStale fires in time); what
+  // was read all the same, the destinations' relays and pauses and the database's health, is
+  // set (for destinations that have series: the list of destinations is partial without the
+  // counts, and the overflow series sums what it cannot see).
+  if (s.counts_error.empty()) {
+    UpdateDestinationGauges(s);
+  } else {
+    for (const auto& d : s.destinations) {
+      const auto l = L(d.destination);
+      if (destination_relays.Has(l))
+        destination_relays.Labels(l).Set(static_cast<double>(d.relays));
+      if (destination_paused.Has(l)) destination_paused.Labels(l).Set(d.paused ? 1.0 : 0.0);
+    }
+  }
   queue_lock_waiters.Labels({}).Set(static_cast<double>(s.lock_waiters));
   queue_table_live_tuples.Labels({}).Set(static_cast<double>(s.table.live_tuples));
   queue_table_dead_tuples.Labels({}).Set(static_cast<double>(s.table.dead_tuples));

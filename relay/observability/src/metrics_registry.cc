@@ -261,6 +261,12 @@ void Family<T>::Remove(const LabelValues& values) {
 }
 
 template <typename T>
+bool Family<T>::Has(const LabelValues& values) const {
+  std::lock_guard lk(mu_);
+  return series_.count(values) > 0;
+}
+
+template <typename T>
 void Family<T>::RemoveIf(const std::function<bool(const LabelValues&)>& drop) {
   std::lock_guard lk(mu_);
   for (auto it = series_.begin(); it != series_.end();) {

@@ -116,6 +116,8 @@ class Family : public FamilyBase {
   void Remove(const LabelValues& values);
   /// Drops every series for which `drop` returns true.
   void RemoveIf(const std::function<bool(const LabelValues&)>& drop);
+  /// Whether the family has a series of its own for `values` (the overflow series aside).
+  bool Has(const LabelValues& values) const;
   /// Number of series (the overflow series included, when it exists).
   std::size_t size() const;
 
