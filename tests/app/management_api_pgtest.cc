@@ -249,6 +249,9 @@ TEST_F(ManagementApiTest, BadInputIsA4xxNamingTheFieldAndWritesNothing) {
        "max_in_flight"},
       {R"({"destination": "d", "url": "https://x", "secret": "plain"})", 400, "invalid_field",
        "secret"},
+      // A 16-byte HMAC key: Standard Webhooks keys are 24 to 64 bytes (review).
+      {R"({"destination": "d", "url": "https://x", "secret": "whsec_c2l4dGVlbiBieXRlIGtleQ=="})",
+       400, "invalid_field", "secret"},
       {R"({"destination": "d", "url": "https://x", "colour": "red"})", 400, "invalid_field",
        "colour"},
       {R"({"destination": "d", "url": "https://x", "breaker": {"failure_threshold": 0}})", 400,

@@ -26,8 +26,10 @@ using namespace std::chrono_literals;
 
 // Valid Standard Webhooks secrets (the first is the spec's example).
 const std::string kSecretA = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-const std::string kSecretB = "whsec_c2Vjb25kLXNlY3JldC1rZXk=";  // "second-secret-key"
-const std::string kSecretC = "whsec_dGhpcmQgc2VjcmV0IGtleSEh";  // "third secret key!!"
+const std::string kSecretB =
+    "whsec_c2Vjb25kLXNlY3JldC1rZXktMjRieXRl";  // "second-secret-key-24byte"
+const std::string kSecretC =
+    "whsec_dGhpcmQgc2VjcmV0IGtleSEhIDI0Ynl0";  // "third secret key!! 24byt"
 
 EnvLookup MapEnv(std::map<std::string, std::string> vars) {
   return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
@@ -1351,6 +1353,14 @@ TEST(WebhookSecrets, InvalidSecretsAreNamedButNeverShown) {
       {"whsec_abcde", "is not valid base64"},  // 5 characters cannot be base64
       {"whsec_YWJj=", "is not valid base64"},  // bad padding
       {"whsec_=", "is not valid base64"},
+      // Standard Webhooks keys are 24 to 64 random bytes; a 16-byte (or a 1-byte) key was
+      // accepted and weakened every signature (review).
+      {"whsec_c2l4dGVlbiBieXRlIGtleQ==",
+       "is a key of 16 bytes; Standard Webhooks keys are 24 to 64 bytes"},
+      {"whsec_AA==", "is a key of 1 byte; Standard Webhooks keys are 24 to 64 bytes"},
+      {"whsec_"
+       "eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHg=",
+       "is a key of 65 bytes; Standard Webhooks keys are 24 to 64 bytes"},
   };
   for (const auto& c : cases) {
     const std::string inline_message = ErrorOf(WithWebhook("      secret: \"" + c.secret + "\"\n"));
@@ -1454,8 +1464,10 @@ TEST(WebhookSecrets, NoErrorEverEchoesSecretMaterial) {
 }
 
 TEST(WebhookSecretKey, DecodesTheBase64AfterThePrefix) {
-  EXPECT_EQ(WebhookSecretKey(kSecretB), "second-secret-key");
-  EXPECT_EQ(WebhookSecretKey(kSecretC), "third secret key!!");
+  EXPECT_EQ(WebhookSecretKey(kSecretB), "second-secret-key-24byte");
+  EXPECT_EQ(WebhookSecretKey(kSecretC), "third secret key!! 24byt");
+  // Decoding takes any length: an endpoint stored before keys had to be 24 to 64 bytes still
+  // signs (the config and the management API refuse such keys when they are given).
   EXPECT_EQ(WebhookSecretKey("whsec_eA=="), "x");
   EXPECT_EQ(WebhookSecretKey("whsec_eA"), "x") << "padding is optional";
   EXPECT_EQ(WebhookSecretKey(kSecretA).size(), 24u);

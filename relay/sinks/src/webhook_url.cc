@@ -130,4 +130,11 @@ std::string OwnedWebhookHeader(const std::string& name) {
   return "";
 }
 
+std::string HmacKeyLengthProblem(std::size_t bytes) {
+  if (bytes >= 24 && bytes <= 64) return "";
+  return "is a key of " + std::to_string(bytes) + (bytes == 1 ? " byte" : " bytes") +
+         "; Standard Webhooks keys are 24 to 64 bytes (random), e.g. generate one with "
+         "`echo \"whsec_$(openssl rand -base64 32)\"`";
+}
+
 }  // namespace outbox::relay

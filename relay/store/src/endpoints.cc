@@ -339,6 +339,15 @@ RotatedKey KeyToStore(const std::optional<std::string>& given, const std::string
                          "generated");
     }
     k.secret = *given;
+    if (given->rfind("whsec_", 0) == 0) {
+      // ValidSecret checked the base64: its length says the key's.
+      const std::string encoded = given->substr(6);
+      const std::size_t chars =
+          encoded.find('=') == std::string::npos ? encoded.size() : encoded.find('=');
+      if (const auto why = HmacKeyLengthProblem(chars * 3 / 4); !why.empty()) {
+        throw InvalidField("secret", "secret " + why);
+      }
+    }
     if (given->rfind("whsk_", 0) != 0) return k;
     std::string padded = given->substr(5);
     while (padded.size() % 4) padded += '=';

@@ -2,6 +2,7 @@
 // sink and the places that store endpoint URLs (`outbox-relay endpoints`, the management API).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -27,5 +28,10 @@ bool IsHttpToken(std::string_view name);
 /// idempotency key and content type, the HTTP client the framing headers. The sink skips such
 /// headers; the config and the endpoint registry refuse them with this reason.
 std::string OwnedWebhookHeader(const std::string& name);
+
+/// Why an HMAC key of `bytes` bytes (a "whsec_" secret, decoded) is refused, or "" when it is
+/// 24 to 64 bytes, as Standard Webhooks asks. Given keys are checked (the config, the
+/// management API, `endpoints add|rotate-secret`); stored ones still sign whatever their length.
+std::string HmacKeyLengthProblem(std::size_t bytes);
 
 }  // namespace outbox::relay

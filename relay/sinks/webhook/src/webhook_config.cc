@@ -157,7 +157,9 @@ void AddSecrets(const Field& field, const std::string& text, const std::string& 
          described + " contains no secret; provide a Standard Webhooks secret `whsec_<base64>`");
   }
   for (std::size_t i = 0; i < secrets.size(); ++i) {
-    const std::string problem = webhook_detail::CheckWebhookSecret(secrets[i], nullptr);
+    std::string key;
+    std::string problem = webhook_detail::CheckWebhookSecret(secrets[i], &key);
+    if (problem.empty()) problem = HmacKeyLengthProblem(key.size());
     if (!problem.empty()) {
       const std::string which = secrets.size() == 1 ? "the secret"
                                                     : "secret " + std::to_string(i + 1) + " of " +
