@@ -237,7 +237,13 @@ function element(m, i) {
   }
   for (const [name, value] of Object.entries(headers)) {
     checkText(name, 'header name', where, false);
-    if (typeof value === 'string') checkText(value, `header "${name}"`, where, false);
+    if (typeof value === 'string') {
+      checkText(value, `header "${name}"`, where, false);
+    } else if (value === undefined) {
+      // JSON.stringify would leave it out: the message would go without the header.
+      throw new InvalidMessage(`${where}header "${name}" is not a string (undefined); `
+        + 'leave the header out, or give its value');
+    }
   }
   e.headers = headers;
   if (m.deliverAt !== undefined && m.deliverAfterMs !== undefined) {

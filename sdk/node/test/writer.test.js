@@ -254,6 +254,12 @@ test('bad input is refused naming the argument, nothing half-written', { skip },
   await refused({ destination: 'orders', json: {}, key: 'k'.repeat(1025) },
     'ordering_key is 1025 bytes long, the limit is 1024');
   await refused({ destination: 'orders', json: {}, headers: { n: 1 } }, 'header "n" is not a string');
+  // JSON.stringify leaves an undefined value out: { tenant: process.env.TENANT } with the
+  // variable unset was queued without the header, and no error (review).
+  for (const many of [false, true]) {
+    await refused({ destination: 'orders', json: {}, headers: { tenant: undefined } },
+      'header "tenant" is not a string', many);
+  }
   await refused({ destination: 'orders', json: {}, deliverAfterMs: 400 * 86400 * 1000 }, 'is more than 1 year ahead');
   await refused({ destination: 'orders', data: Buffer.alloc(1024 * 1024 + 1) },
     'payload is 1048577 bytes, the limit is 1048576');
