@@ -31,6 +31,7 @@ WITH fresh AS (
   SELECT CASE WHEN (SELECT count(*) FROM fresh) >= $3 THEN (SELECT max(id) FROM fresh) END
            AS fresh_full_bound,
          -- More may be due: the slow scan stopped at its limit.
-         $4 > 0 AND (SELECT count(*) FROM slow) >= $4 AS slow_full
+         $4 > 0 AND (SELECT count(*) FROM slow) >= $4 AS slow_full,
+         NULL::text AS scanned_buckets  -- every bucket (claim_partitioned.sql says which)
 ),
 -- @include claim_settle_scan.sql

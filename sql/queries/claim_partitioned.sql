@@ -96,6 +96,11 @@ WITH owned AS (
          (SELECT count(*) FROM slow_scanned) > (SELECT count(*) FROM slow)
            OR EXISTS (SELECT 1 FROM slow_scanned GROUP BY bucket
                       HAVING count(*) >= (SELECT slow FROM shares))
-           AS slow_full
+           AS slow_full,
+         -- The buckets scanned: besides the relay's own, those of owners whose heartbeat says
+         -- they do not serve the destination, which come and go without the relay's own
+         -- buckets changing. The cursor passed only rows of the buckets scanned (claim_loop.cc).
+         (SELECT coalesce(string_agg(bucket::text, ',' ORDER BY bucket), '') FROM owned)
+           AS scanned_buckets
 ),
 -- @include claim_settle_scan.sql

@@ -11,6 +11,7 @@
 #include "outbox/outbox.h"
 #include "outbox_relay/dispatcher.h"
 #include "outbox_relay/kafka_sink.h"
+#include "outbox_relay/store.h"
 #include "outbox_test/kafka_mock.h"
 #include "outbox_test/pg.h"
 #include "outbox_test/wait.h"
@@ -171,6 +172,54 @@ TEST_F(PartitionedTest, RetriesDueInOneBucketDrainWithoutWaitingForThePoll) {
   auto relay = StartRelay(cfg);
   EXPECT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s))
       << Scalar("SELECT count(*) FROM outbox.messages") << " of 1000 left";
+  relay->Stop();
+}
+
+// A relay claims the buckets of an owner that does not serve its destination (the owner's
+// heartbeat says so). Such a bucket joined the scan when the owner's heartbeat appeared, which
+// the relay's own buckets did not show: its fresh-lane cursor, moved on over its own buckets'
+// rows, passed every row there, left for the full sweep (review). A change of the buckets a
+// claim scans now starts the lane over.
+TEST_F(PartitionedTest, RowsOfABucketWhoseOwnerTurnsOutNotToServeTheDestinationGoWithoutTheSweep) {
+  auto cfg = Config(ClaimMode::kPartitioned);
+  cfg.full_sweep_interval = std::chrono::minutes(10);
+  auto relay = StartRelay(cfg);
+  ASSERT_TRUE(WaitFor([&] { return Settled(1); }, 10s));
+  // Another relay, serving only "payments", joins: half the buckets are its. Its heartbeat
+  // (which says what it serves) comes later, as a starting relay's does.
+  const std::string other = "00000000-0000-4000-8000-0000000000bb";
+  std::atomic<bool> stop{false};
+  std::thread coordinator([&] {
+    Store store(db_url_);
+    while (!stop) {
+      store.Coordinate(other, 1000ms, false, "payments relay");
+      std::this_thread::sleep_for(100ms);
+    }
+    store.Coordinate(other, 1000ms, true, "payments relay");
+  });
+  struct Join {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Join() {
+      stop = true;
+      t.join();
+    }
+  } join{stop, coordinator};
+  ASSERT_TRUE(WaitFor([&] { return Settled(2); }, 10s));
+  Enqueue(400, 400);
+  const std::string in_others =
+      "SELECT count(*) FROM outbox.messages m JOIN outbox.bucket_owners o USING (bucket) "
+      "WHERE o.owner = '" +
+      other + "'";
+  const std::int64_t theirs = Scalar(in_others);
+  ASSERT_GT(theirs, 0);
+  // The relay drains its own buckets, its cursor passing the ids of the other's rows.
+  ASSERT_TRUE(
+      WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == theirs; }, 20s));
+  Store(db_url_).Heartbeat(other, {"payments"}, "payments relay", {});
+  EXPECT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 15s))
+      << Scalar("SELECT count(*) FROM outbox.messages") << " of " << theirs
+      << " left in the other relay's buckets (the full sweep is 10 minutes away)";
   relay->Stop();
 }
 

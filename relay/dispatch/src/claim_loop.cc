@@ -45,6 +45,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   FreshCursor cursor;
   const bool partitioned = config.claim_mode == ClaimMode::kPartitioned;
   std::vector<BucketLease> last_buckets;
+  std::optional<std::string> last_scanned;  // the buckets the last partitioned claim scanned
   std::deque<std::pair<BlockedKey, SteadyTime>> recheck;  // recently blocked keys
   std::vector<std::string> lost_claims;  // tokens of claims that failed: maybe committed
   auto next_recheck = Now();
@@ -251,6 +252,17 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
         RecordSweepFinds(dest, missed, claim.facts);
       }
       cursor.Observe(claim.facts);
+      // Buckets that joined the scan without this relay's own changing (an owner whose
+      // heartbeat says it does not serve the destination) hold rows below where the cursor
+      // had moved over the other buckets: start the lane over. (It was not started over, and
+      // their rows waited for the full sweep: review.)
+      if (claim.facts.scanned_buckets != last_scanned) {
+        if (last_scanned) {
+          cursor.Reset();
+          must_claim = true;
+        }
+        last_scanned = claim.facts.scanned_buckets;
+      }
       if (spdlog::should_log(spdlog::level::trace)) {
         spdlog::trace(
             "{}: claim cursor {} -> {} seq {} xmin {} xid {} fresh {} leased {} parked {}",

@@ -272,6 +272,9 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
   }
   out.facts.slow_full = first["slow_full"].as<bool>(false);
   out.facts.held = first["held"].as<std::int64_t>(0);
+  if (!first["scanned_buckets"].is_null()) {
+    out.facts.scanned_buckets = first["scanned_buckets"].as<std::string>();
+  }
   for (const auto& pair : nlohmann::json::parse(first["blocked_keys"].c_str())) {
     BlockedKey key{pair.at(0).get<std::string>(), std::nullopt};
     if (!pair.at(1).is_null()) key.endpoint = pair.at(1).get<std::string>();

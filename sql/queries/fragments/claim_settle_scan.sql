@@ -66,6 +66,7 @@ timed AS MATERIALIZED (
          (SELECT count(*) FROM fresh) AS fresh_scanned,
          (SELECT fresh_full_bound FROM bound) AS fresh_full_bound,
          (SELECT slow_full FROM bound) AS slow_full,
+         (SELECT scanned_buckets FROM bound) AS scanned_buckets,
          (SELECT count(*) FROM held) AS held,
          -- [[key, endpoint or null], ...]: keys whose predecessor's settle may have committed
          -- after this snapshot without seeing the rows parked here (wake_keys.sql). Not a key
@@ -80,7 +81,7 @@ timed AS MATERIALIZED (
            AS blocked_keys
 )
 SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.slow_full,
-       f.held, f.blocked_keys,
+       f.held, f.blocked_keys, f.scanned_buckets,
        l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
        l.payload_bytes, l.attempts, l.parked, l.endpoint_id, l.bucket, l.created_us,
        l.absent_as_of_us

@@ -42,6 +42,9 @@ struct ClaimFacts {
   std::int64_t held = 0;  ///< Rows parked by the statement.
   /// Keys of the rows it parked behind an earlier message (at 'infinity').
   std::vector<BlockedKey> blocked_keys;
+  /// A partitioned claim: the buckets it scanned ("3,7,12"), its own and those of owners that
+  /// do not serve the destination. nullopt for a skip_locked claim (every bucket).
+  std::optional<std::string> scanned_buckets;
 };
 
 /// Not thread-safe; one per destination loop.
