@@ -38,7 +38,8 @@ _UNSET = object()
 
 
 class InvalidMessage(ValueError):
-    """The database refused a message (SQLSTATE 22023 or 54000): the text names the argument,
+    """The database refused a message (SQLSTATE 22023 or 54000; 23505 for an idempotency key
+    already queued, 22P02 for a value it cannot read as its type): the text names the argument,
     the limit and the fix. The transaction is aborted; roll it back."""
 
     def __init__(self, message: str, hint: Optional[str] = None, sqlstate: Optional[str] = None):
