@@ -54,6 +54,14 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   // loops' cursors pass (SKIP LOCKED); what it locked and did not lease only its own cursor is
   // sure to come back for.
   bool must_claim = false;
+  // Back to the start of the lane, claiming at once. The next claim's buckets are then its
+  // baseline: it scans all of them from the start, so a change of them from the last claim's
+  // needs no second start (below).
+  const auto start_over = [&] {
+    cursor.Reset();
+    must_claim = true;
+    last_scanned.reset();
+  };
   const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
   // The sink's room, asked before every claim: an open circuit breaker makes it 0 (and a probe
   // 1). Where it holds at least a whole claim, each claim loop after the first adds room for a
@@ -98,8 +106,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       DbError();
       spdlog::warn("{}: recheck of blocked keys failed: {}", dest.name, e.what());
       store.Reset();
-      cursor.Reset();
-      must_claim = true;
+      start_over();
       return false;
     }
   };
@@ -146,8 +153,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       std::lock_guard lk(mu);
       if (rebalance_gen != seen_rebalance) {
         seen_rebalance = rebalance_gen;
-        cursor.Reset();
-        must_claim = true;
+        start_over();
       }
     }
     if (index > 0 && !must_claim && !room_wait.backlog.load()) {
@@ -204,8 +210,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       // Buckets this relay just gained hold rows below the cursor, which so far only
       // scanned the buckets it owned: start the lane over.
       if (buckets != last_buckets) {
-        cursor.Reset();
-        must_claim = true;
+        start_over();
         last_buckets = buckets;
       }
       if (buckets.empty()) {  // nothing assigned (yet): wait for the coordinator
@@ -241,8 +246,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       if (!store.last_claim_token().empty()) lost_claims.push_back(store.last_claim_token());
       release_share(share);  // not held through the pause
       const auto pause = db.Failed(store, e);
-      cursor.Reset();
-      must_claim = true;
+      start_over();
       WaitFor(pause, [] { return false; });
       continue;
     }
@@ -257,10 +261,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       // had moved over the other buckets: start the lane over. (It was not started over, and
       // their rows waited for the full sweep: review.)
       if (claim.facts.scanned_buckets != last_scanned) {
-        if (last_scanned) {
-          cursor.Reset();
-          must_claim = true;
-        }
+        if (last_scanned) start_over();
         last_scanned = claim.facts.scanned_buckets;
       }
       if (spdlog::should_log(spdlog::level::trace)) {
