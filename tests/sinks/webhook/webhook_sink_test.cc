@@ -806,18 +806,21 @@ TEST(WebhookSink, ConnectTimeoutIsRetried) {
 // took 200 s to send and that no other relay could take meanwhile (review).
 TEST(WebhookSink, ARateLimitCapsWhatTheSinkAsksTheClaimFor) {
   RefusingPort nobody;  // never answers: only what the sink asks for is looked at
-  const auto asks = [&](int rate_limit) {
+  const auto asks = [&](int rate_limit, WebhookRoom room = WebhookRoom::kDestination) {
     WebhookTarget t = Target(nobody.Url());
     t.max_in_flight = 32;
     t.rate_limit = rate_limit;
-    auto sink = MakeWebhookSink("hooks", t);
+    auto sink = MakeWebhookSink("hooks", t, room);
     const auto n = sink->MaxInFlight(100);
     sink->Shutdown(1s);
     return n;
   };
-  EXPECT_EQ(asks(0), 200u) << "two claims' worth";
+  EXPECT_EQ(asks(0), 300u) << "three claims' worth";
   EXPECT_EQ(asks(50), 100u);
   EXPECT_EQ(asks(1), 8u);
+  // A webhook service's lane is fed from the service's backlog: two claims' worth at most.
+  EXPECT_EQ(asks(0, WebhookRoom::kServiceLane), 200u);
+  EXPECT_EQ(asks(50, WebhookRoom::kServiceLane), 100u);
 }
 
 TEST(WebhookSink, HonoursMaxInFlight) {

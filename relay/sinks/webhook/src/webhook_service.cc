@@ -1085,7 +1085,8 @@ class WebhookServiceSink final : public Sink {
       return std::shared_ptr<Sink>(
           webhook_detail::RemakeWebhookSink(destination_ + "/" + spec.id, t, *previous));
     }
-    return std::shared_ptr<Sink>(MakeWebhookSink(destination_ + "/" + spec.id, t));
+    return std::shared_ptr<Sink>(
+        MakeWebhookSink(destination_ + "/" + spec.id, t, WebhookRoom::kServiceLane));
   }
 
   /// The claim size MaxInFlight of an endpoint's sink is asked with.

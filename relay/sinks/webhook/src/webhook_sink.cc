@@ -193,9 +193,10 @@ struct Attempt {
 
 class WebhookSink final : public Sink {
  public:
-  WebhookSink(std::string destination, const WebhookTarget& target)
+  WebhookSink(std::string destination, const WebhookTarget& target, WebhookRoom room)
       : destination_(std::move(destination)),
         target_(target),
+        room_(room),
         url_(ParseTargetUrl(destination_, target.url)),
         policy_(AddressPolicyOf(destination_, target)),
         governor_(target.breaker, target.adaptive_concurrency, target.max_in_flight,
@@ -372,22 +373,32 @@ class WebhookSink final : public Sink {
 
   std::size_t InFlight() const override { return in_flight_.load(); }
   std::string_view Kind() const override { return "webhook"; }
-  // Enough queued work that no worker waits for the next claim: 16 messages per request the
-  // governor allows now, but no more than two claims' worth (or two per request); 0 while
-  // the breaker is open or the endpoint asked for a pause (the dispatcher claims nothing), 1
-  // for the probe. Measured (docs/benchmarks.md): at 4 per request the workers idled between
-  // claims and each claim and settle carried 30-70 rows; at 16, 260 and 200, and the drain
-  // rose from 0.42 to 0.60 x the HTTP ceiling on 2 cores.
+  // Enough queued work that no worker waits while the next claim runs; 0 while the breaker is
+  // open or the endpoint asked for a pause (the dispatcher claims nothing), 1 for the probe.
+  // A destination's own sink holds up to three claims' worth (or two per request), but no more
+  // than 64 messages per request the governor allows now: the claim loop claims again once a
+  // claim's worth of room is free, with two still queued. At 16 per request, capped at two
+  // claims (512 for 32 connections with claims of 500), the claim began with 256 queued, which
+  // 32 connections sent in ~2 ms of a ~11 ms claim on the 16-core machine: the workers idled
+  // 67-80% of the drain and one relay reached 17-26k msg/s against 35-41k to Kafka
+  // (docs/benchmarks.md, session 28). A webhook service's endpoint lane is fed from the
+  // service's backlog, not by claims: it keeps 16 per request, two claims' worth at most (the
+  // service sizes its lanes and its claims from that). Measured on 2 cores (docs/benchmarks.md):
+  // at 4 per request the workers idled between claims and each claim and settle carried 30-70
+  // rows; at 16, 260 and 200, and the drain rose from 0.42 to 0.60 x the HTTP ceiling.
   std::size_t MaxInFlight(int claim_batch) const override {
+    const bool lane = room_ == WebhookRoom::kServiceLane;
+    const std::size_t per_request = lane ? 16 : 64;
+    const std::size_t claims = lane ? 2 : 3;
     std::size_t admit;
     {
       std::lock_guard lock(mu_);
-      admit = governor_.Admit(Clock::now(), kQueuedPerRequest);
+      admit = governor_.Admit(Clock::now(), per_request);
     }
     if (admit <= 1) return admit;
-    const std::size_t requests = admit / kQueuedPerRequest;
+    const std::size_t requests = admit / per_request;
     std::size_t bound =
-        std::max(2 * static_cast<std::size_t>(std::max(claim_batch, 1)), 2 * requests);
+        std::max(claims * static_cast<std::size_t>(std::max(claim_batch, 1)), 2 * requests);
     // A rate limit caps what may be held to two seconds of it: claimed at the concurrency's
     // pace, a 1 request/s endpoint held 200 leased messages for 200 s, which no other relay
     // could take meanwhile.
@@ -1162,6 +1173,7 @@ class WebhookSink final : public Sink {
 
   const std::string destination_;
   const WebhookTarget target_;
+  const WebhookRoom room_;  ///< How much it asks the claim loop to keep in it (MaxInFlight).
   const ParsedUrl url_;
   const webhook_detail::AddressPolicy policy_;    ///< The SSRF guard.
   std::vector<webhook_detail::SigningKey> keys_;  ///< One per secret (HMAC or ed25519).
@@ -1178,7 +1190,6 @@ class WebhookSink final : public Sink {
   Clock::time_point stop_by_ = Clock::time_point::max();
   std::atomic<std::size_t> in_flight_{0};
   static constexpr int kUnreachableAfter = 3;
-  static constexpr std::size_t kQueuedPerRequest = 16;  ///< Messages in the sink per request.
   /// How many milliseconds Shutdown tries to abort a connect that has not begun yet.
   static constexpr int kAbortTries = 20;
   /// A worker waiting for a name lookup asks this often whether Shutdown took its message.
@@ -1217,13 +1228,14 @@ static void ValidateServiceDefaults(const std::string& destination, const Webhoo
   AddressPolicyOf(destination, target);
 }
 
-SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target) {
-  return std::make_unique<WebhookSink>(std::move(destination), target);
+SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target, WebhookRoom room) {
+  return std::make_unique<WebhookSink>(std::move(destination), target, room);
 }
 
 SinkPtr webhook_detail::RemakeWebhookSink(std::string destination, const WebhookTarget& target,
                                           const Sink& previous) {
-  auto sink = std::make_unique<WebhookSink>(std::move(destination), target);
+  auto sink =
+      std::make_unique<WebhookSink>(std::move(destination), target, WebhookRoom::kServiceLane);
   if (const auto* old = dynamic_cast<const WebhookSink*>(&previous)) {
     sink->ResumeGovernor(old->SaveGovernor());
   }

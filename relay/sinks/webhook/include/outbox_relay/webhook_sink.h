@@ -9,6 +9,13 @@
 
 namespace outbox::relay {
 
+/// What a webhook sink's MaxInFlight asks the claim loop to keep in it. A destination's own
+/// sink: up to three claims' worth (at most 64 per request the endpoint allows now), so the
+/// next claim runs while two are still queued. A webhook service's endpoint lane, fed from the
+/// service's backlog rather than by claims: up to two claims' worth (16 per request), which
+/// the service sizes its lanes and its claims from.
+enum class WebhookRoom { kDestination, kServiceLane };
+
 /// Creates the sink of one webhook destination.
 ///
 /// Every message becomes one `POST target.url` (path and query as written in the URL) whose
@@ -52,7 +59,10 @@ namespace outbox::relay {
 ///
 /// Throws std::invalid_argument for an unusable url, secret, max_in_flight or ca_file (config
 /// validation should have caught it first).
-SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target);
+///
+/// `room` says what its MaxInFlight asks the claim loop for (WebhookRoom).
+SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target,
+                        WebhookRoom room = WebhookRoom::kDestination);
 
 /// The webhook kind of sink (serves destinations with a `webhook:` target).
 const SinkFactory& WebhookSinkFactory();
