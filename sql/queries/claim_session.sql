@@ -1,6 +1,7 @@
 -- claim_session: planner settings of a connection that runs claim.sql or
 -- claim_partitioned.sql, applied once per connection before its first claim, so every plan
--- of those statements (custom or cached generic) is made under them. They keep a claim's
+-- of those statements (custom or cached generic) is made under them. (The settler's and the
+-- maintenance loop's connections take part of them: queue_session.sql.) They keep a claim's
 -- cost O(batch) whatever the statistics say (docs/adr/0001-claim-path.md, "Plan
 -- stability"): a queue table last analyzed while empty and then given a burst gets row
 -- estimates of 1-5, and the planner then preferred a bitmap scan that fetched every row past

@@ -9,18 +9,27 @@
 -- the settle, which locks its rows in its own order. The next renewal (a second later when
 -- this one passed any over) takes it if it is still leased.
 --   $1 jsonb array of {"id", "token"}   $2 lease duration in milliseconds
-WITH mine AS (
-  SELECT m.id, l.token
+-- The queue's rows are probed by primary key from one array of ids, and each row's token is
+-- looked up in one jsonb object of the held list, whatever the statistics say: as a join with
+-- the held list, planned while the table was empty (a relay started on a quiet queue), the
+-- statement walked the whole primary key on every renewal after a burst, and as a semi-join it
+-- rescanned the held list for every row
+-- (ClaimPlanTest.MaintenanceStatementsPlannedOnAnEmptyQueueReadTheirRowsAfterABurst).
+WITH held AS (
+  SELECT l.id, l.token FROM jsonb_to_recordset($1::jsonb) AS l(id bigint, token uuid)
+), mine AS (
+  SELECT m.id
   FROM outbox.messages m
-  JOIN jsonb_to_recordset($1::jsonb) AS l(id bigint, token uuid)
-    ON m.id = l.id AND m.lease_owner = l.token
+  WHERE m.id = ANY ((SELECT array_agg(h.id) FROM held h)::bigint[])
+    AND m.lease_owner =
+        ((SELECT jsonb_object_agg(h.id, h.token) FROM held h) ->> m.id::text)::uuid
   FOR UPDATE OF m SKIP LOCKED
 ), renewed AS (
+  -- lease_owner is the held token: checked above, under the row's lock.
   UPDATE outbox.messages m
   SET lease_until = clock_timestamp() + make_interval(secs => $2::bigint / 1000.0)
-  FROM mine
-  WHERE m.id = mine.id
-  RETURNING m.id, mine.token
+  WHERE m.id = ANY ((SELECT array_agg(id) FROM mine)::bigint[])
+  RETURNING m.id, m.lease_owner AS token
 ), records AS (
   -- The claims' records, locked in token order: a settle on another connection of this relay
   -- writes the records of the same claims, in that order too (settle.sql). Taken in whatever

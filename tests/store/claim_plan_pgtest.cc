@@ -66,10 +66,18 @@ class ClaimPlanTest : public testing::PgTest {
   // The table as autoanalyze last saw it: empty. Then a burst it has not analyzed since
   // (autovacuum off on the table stands for "autoanalyze has not run yet").
   void QueueBurstAfterEmptyAnalyze() {
+    AnalyzeEmpty();
+    QueueBurst();
+  }
+  void AnalyzeEmpty() {
     pqxx::connection c(db_url_);
     pqxx::nontransaction tx(c);
     tx.exec("ALTER TABLE outbox.messages SET (autovacuum_enabled = false)");
     tx.exec("ANALYZE outbox.messages");
+  }
+  void QueueBurst() {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
     // Straight into the table (as the superuser) for speed: the claim's plan is the subject
     // here, not the enqueue path. Rows look like enqueue's: fresh, due, one bucket each.
     tx.exec(
@@ -81,12 +89,14 @@ class ClaimPlanTest : public testing::PgTest {
   }
 
   // EXPLAIN ANALYZE of the Store's own prepared claim statement on the Store's own
-  // connection, so the plan is the one the relay would use (its settings, its plan cache).
+  // connection, so the plan is the one the relay would use (its settings, its plan cache);
+  // under `plan_cache_mode`, or the connection's own when that is empty.
   Touched Explain(Store& store, const std::string& execute, const std::string& plan_cache_mode) {
     auto& c = StoreAccess::Connection(store);
     pqxx::nontransaction tx(c);
     const auto session_mode = tx.exec1("SHOW plan_cache_mode")[0].as<std::string>();
-    tx.exec("SET plan_cache_mode = " + plan_cache_mode);
+    const auto mode = plan_cache_mode.empty() ? session_mode : plan_cache_mode;
+    tx.exec("SET plan_cache_mode = " + mode);
     const auto r = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + execute);
     tx.exec("SET plan_cache_mode = " + session_mode);
     const json plan = json::parse(r[0].c_str())[0];
@@ -239,6 +249,41 @@ TEST_F(ClaimPlanTest, ReaperReadsTheExpiredLeasesNotTheBacklog) {
   EXPECT_EQ(Count("outbox.messages WHERE lease_owner IS NOT NULL"), 0)
       << "the reap returned every expired lease";
   EXPECT_EQ(Count("outbox.messages WHERE attempts = 1"), kBatch);
+}
+
+// The maintenance statements of a relay that started on a quiet queue were planned while the
+// table was empty, and a statement without parameters (reap) or planned five times alike
+// (renew_leases, wake_keys: PostgreSQL then keeps a generic plan) keeps that plan until the
+// table is analyzed again. Planned for an empty table, a scan of the table costs nothing; after
+// a burst the same plan reads the whole backlog on every reap and every lease renewal.
+TEST_F(ClaimPlanTest, MaintenanceStatementsPlannedOnAnEmptyQueueReadTheirRowsAfterABurst) {
+  AnalyzeEmpty();
+  Store store(db_url_);  // the maintenance connection of a relay started on the empty queue
+  const std::vector<std::pair<MessageId, std::string>> nobody{{MessageId{1}, NewUuid()}};
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(store.Reap().empty());
+    ASSERT_TRUE(store.RenewLeases(nobody, 30s).empty());
+    ASSERT_EQ(store.WakeKeys("d", {BlockedKey{"k", std::nullopt}}), 0);
+    ASSERT_EQ(store.WakeOrphans("d", 0, kBatch).woken, 0);
+  }
+  QueueBurst();
+  Store claimer(db_url_);
+  const auto claim = claimer.Claim("d", 0, kBatch, 0, 1ms);
+  ASSERT_EQ(claim.messages.size(), std::size_t{kBatch});
+  {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction(c).exec("SELECT pg_sleep(0.01)");  // the 1 ms leases are over
+  }
+  ExpectBatchSized(Explain(store, "EXECUTE reap", ""), "reap planned on an empty queue");
+  auto held = nlohmann::json::array();
+  for (const auto& m : claim.messages) held.push_back({{"id", Raw(m.id)}, {"token", NewUuid()}});
+  ExpectBatchSized(Explain(store, "EXECUTE renew_leases('" + held.dump() + "', 30000)", ""),
+                   "renew_leases planned on an empty queue");
+  ExpectBatchSized(Explain(store, R"(EXECUTE wake_keys('d', '[["k", null]]'))", ""),
+                   "wake_keys planned on an empty queue");
+  ExpectBatchSized(
+      Explain(store, "EXECUTE wake_orphans('d', 0, " + std::to_string(kBatch) + ")", ""),
+      "wake_orphans planned on an empty queue");
 }
 
 // Handing back a claim whose reply was lost (a database restart mid-claim) finds its rows

@@ -89,6 +89,7 @@ struct Store::Impl {
   std::atomic<int> rebalances{0};
   bool listening = false;
   bool claim_session = false;  // claim_session.sql applied on this connection
+  bool queue_session = false;  // queue_session.sql (or claim_session.sql) applied
   std::int64_t reaps = 0;      // Reap() calls: the first and every kFullReapEvery-th scan the queue
   std::string last_claim_token;
 
@@ -97,6 +98,7 @@ struct Store::Impl {
     if (!conn || !conn->is_open()) {
       receiver.reset();
       claim_session = false;
+      queue_session = false;
       auto fresh = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
       {
         std::lock_guard lk(conn_mu);
@@ -137,7 +139,23 @@ struct Store::Impl {
     auto& c = Get();
     if (!claim_session) {
       pqxx::nontransaction(c).exec(std::string(q::kclaim_session));
-      claim_session = true;
+      claim_session = queue_session = true;
+    }
+    return c;
+  }
+
+  // The connection for the other statements on the queue's rows (settle, lease renewal, reap,
+  // wakes, handing back lost claims): without sequential and bitmap scans
+  // (queue_session.sql) before its first plan. The settler's and the maintenance loop's
+  // statements were planned with the defaults: a relay started on an empty queue planned them
+  // for an empty table, a sequential scan cost nothing there, and the plan was kept, so after
+  // a burst every reap, renewal and key wake read the whole backlog until the table was
+  // analyzed again (review; ClaimPlanTest.MaintenanceStatements...).
+  pqxx::connection& ForQueue() {
+    auto& c = Get();
+    if (!queue_session) {
+      pqxx::nontransaction(c).exec(std::string(q::kqueue_session));
+      queue_session = true;
     }
     return c;
   }
@@ -240,7 +258,7 @@ void Store::Reset() {
     std::lock_guard lk(impl_->conn_mu);
     dropped = std::move(impl_->conn);
   }
-  impl_->claim_session = false;
+  impl_->claim_session = impl_->queue_session = false;
 }
 
 void Store::Interrupt() {
@@ -449,7 +467,7 @@ SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, boo
                                     const std::string& instance_id) {
   if (std::none_of(settlements.begin(), settlements.end(), LeavesEndpointsSomething)) {
     return Translated([&]() -> SettleCounts {
-      pqxx::nontransaction tx(impl_->Get());
+      pqxx::nontransaction tx(impl_->ForQueue());
       return SettleIn(tx, settlements, archive, instance_id);
     });
   }
@@ -473,7 +491,7 @@ SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, boo
         }
       }
     }
-    pqxx::work tx(impl_->Get());
+    pqxx::work tx(impl_->ForQueue());
     const auto locks = tx.exec_params1(
         "SELECT CASE WHEN $2 THEN pg_try_advisory_xact_lock_shared(7079, 2) ELSE true END, "
         "  (SELECT coalesce(jsonb_agg(e), '[]') FROM jsonb_array_elements_text($1::jsonb) e "
@@ -578,7 +596,7 @@ std::vector<MessageId> Store::RenewLeases(
     if (held.empty()) return renewed;
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& [id, token] : held) arr.push_back({{"id", Raw(id)}, {"token", token}});
-    auto& c = impl_->Get();
+    auto& c = impl_->ForQueue();
     pqxx::nontransaction tx(c);
     const auto rows =
         tx.exec_prepared("renew_leases", arr.dump(), static_cast<long long>(lease.count()));
@@ -593,7 +611,7 @@ const std::string& Store::last_claim_token() const { return impl_->last_claim_to
 std::int64_t Store::ReleaseLostClaims(const std::vector<std::string>& tokens) {
   return Translated([&]() -> std::int64_t {
     if (tokens.empty()) return 0;
-    auto& c = impl_->Get();
+    auto& c = impl_->ForQueue();
     pqxx::nontransaction tx(c);
     const auto array = ArrayLiteral(tokens, [](const std::string& t) { return t; });
     return static_cast<std::int64_t>(tx.exec_prepared("release_lost_claims", array).size());
@@ -602,7 +620,7 @@ std::int64_t Store::ReleaseLostClaims(const std::vector<std::string>& tokens) {
 
 std::vector<std::string> Store::Reap() {
   return Translated([&]() -> std::vector<std::string> {
-    auto& c = impl_->Get();
+    auto& c = impl_->ForQueue();
     pqxx::nontransaction tx(c);
     std::vector<std::string> out;
     for (const auto& row : tx.exec_prepared("reap")) out.push_back(row[0].as<std::string>());
@@ -612,10 +630,15 @@ std::vector<std::string> Store::Reap() {
     // returned, committed above: reported as returned, and the scan waits for its next turn.
     if (impl_->reaps++ % kFullReapEvery == 0) {
       try {
+        // A scan of the whole queue is what this statement is: planned (at its first run, and
+        // again after an analyze) with sequential scans allowed, not walking an index over it.
+        tx.exec("SET enable_seqscan = on");
         for (const auto& row : tx.exec_prepared("reap_full")) {
           out.push_back(row[0].as<std::string>());
         }
+        tx.exec("SET enable_seqscan = off");
       } catch (const pqxx::sql_error& e) {
+        tx.exec("SET enable_seqscan = off");  // (a broken connection throws on: made anew)
         spdlog::warn(
             "reaper: the scan of the queue for leases without a lease record failed: {}; it "
             "runs again in {} reaps (if it timed out, give the relay's role a statement_timeout "
@@ -629,7 +652,7 @@ std::vector<std::string> Store::Reap() {
 
 OrphanPage Store::WakeOrphans(const std::string& destination, std::int64_t after, int rows) {
   return Translated([&]() -> OrphanPage {
-    auto& c = impl_->Get();
+    auto& c = impl_->ForQueue();
     pqxx::nontransaction tx(c);
     const auto r = tx.exec_prepared1("wake_orphans", destination, after, rows);
     OrphanPage page;
@@ -647,7 +670,7 @@ std::int64_t Store::WakeKeys(const std::string& destination, const std::vector<B
     for (const auto& k : keys) {
       pairs.push_back({k.key, k.endpoint ? nlohmann::json(*k.endpoint) : nlohmann::json()});
     }
-    auto& c = impl_->Get();
+    auto& c = impl_->ForQueue();
     pqxx::nontransaction tx(c);
     return static_cast<std::int64_t>(
         tx.exec_prepared("wake_keys", destination, pairs.dump()).size());

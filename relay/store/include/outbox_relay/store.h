@@ -29,7 +29,10 @@ class Store final : public QueueStore {
   /// The first claim on a connection sets its planner settings (sql/queries/claim_session.sql:
   /// no bitmap or sequential scans, no sorts), so each claim reads on the order of its batch
   /// whatever the table's statistics say; they stay for every later statement on this
-  /// connection, so give claims a Store of their own (the dispatcher's claim loops do).
+  /// connection, so give claims a Store of their own (the dispatcher's claim loops do). The
+  /// other statements on the queue's rows (Settle, RenewLeases, Reap, WakeOrphans, WakeKeys,
+  /// ReleaseLostClaims) plan without sequential and bitmap scans (queue_session.sql); ReadStatus
+  /// plans its counts with PostgreSQL's defaults whatever the connection has set.
   ClaimResult Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                     int slow_limit, Millis lease) override;
   ClaimResult ClaimPartitioned(const std::string& destination, std::int64_t cursor,
