@@ -391,8 +391,8 @@ TEST_F(DispatcherTest, AStuckClaimHoldsUpOnlyItsOwnClaimConnection) {
   EXPECT_TRUE(all) << db_.Delivered().size() << " of 60 delivered while one claim was stuck";
 }
 
-// A sink whose room is less than two claims (a webhook sink sizes it by its connections: 512
-// for 32, with claims of 500): the second loop still gets room for a claim of its own while
+// A sink whose room is less than two claims (a webhook sink's once was: 512 for 32
+// connections, with claims of 500): the second loop still gets room for a claim of its own while
 // the first loop's claim runs. Sharing the one loop's room, it waited until that claim was in
 // the sink and delivered, so two loops claimed no faster than one.
 TEST_F(DispatcherTest, ASecondClaimConnectionClaimsWhileTheFirstClaimRunsWhenTheRoomIsUnderTwoBatches) {

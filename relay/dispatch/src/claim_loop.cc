@@ -65,8 +65,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   const int batch = dest.batch_size > 0 ? dest.batch_size : config.batch_size;
   // The sink's room, asked before every claim: an open circuit breaker makes it 0 (and a probe
   // 1). Where it holds at least a whole claim, each claim loop after the first adds room for a
-  // claim of its own, so that their claims run side by side: a webhook sink sizes its room by
-  // its connections (512 for 32), less than two claims of 500, and with only that room the
+  // claim of its own, so that their claims run side by side: a webhook sink once sized its
+  // room at 512 for 32 connections, less than two claims of 500, and with only that room the
   // second loop waited for the first one's claim to finish, so more loops claimed no faster. A
   // room under a claim is a sink throttling on purpose (a rate limit: two seconds of its pace;
   // a lowered concurrency): it stays as it is (review).

@@ -52,10 +52,10 @@ StatusSnapshot ReadStatus(Store& store, const StatusOptions& options) {
     pqxx::transaction<pqxx::repeatable_read, pqxx::read_only> tx(c);
     tx.exec("SET LOCAL statement_timeout = " +
             std::to_string(std::max<long long>(1, options.statement_timeout.count())));
-    // The relay's maintenance connection reads the status for its metrics, and plans its
-    // statements on the queue without sequential scans, bitmap scans and sorts
-    // (claim_session.sql): the counts below are scans of whole tables, planned as PostgreSQL
-    // would.
+    // A Store that also ran statements on the queue plans without sequential and bitmap scans
+    // (queue_session.sql, claim_session.sql); the counts below are scans of whole tables,
+    // planned as PostgreSQL would. (The relay reads its status on a Store of its own; this
+    // keeps it so on any Store.)
     tx.exec(
         "SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_bitmapscan TO DEFAULT; "
         "SET LOCAL enable_sort TO DEFAULT");

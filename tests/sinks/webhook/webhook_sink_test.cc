@@ -1167,12 +1167,16 @@ TEST(WebhookSinkOutage, ThrottlingLowersTheConcurrencyAndSuccessesRaiseItAgain) 
   }
   EXPECT_EQ(sink->Health()->concurrency_limit, 1);
   EXPECT_EQ(sink->Health()->max_concurrency, 8);
+  // While lowered the sink asks the claim loop for 16 per request it allows, under a claim
+  // (throttling: more claim connections add no room to it); at full concurrency for 64.
+  EXPECT_EQ(sink->MaxInFlight(500), 16u);
   throttling = false;
   const auto before = done.Size();
   for (int i = 0; i < 200; ++i) sink->Submit(MakeMessage(++n), done.Callback());
   ASSERT_TRUE(done.WaitForSize(before + 200, 60s));
   EXPECT_EQ(sink->Health()->concurrency_limit, 8) << "additive increase back to max_in_flight";
   EXPECT_LE(most_while_recovered, 8);
+  EXPECT_EQ(sink->MaxInFlight(500), 512u);
   sink->Shutdown(5s);
 }
 

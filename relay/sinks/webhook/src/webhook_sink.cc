@@ -376,8 +376,9 @@ class WebhookSink final : public Sink {
   // Enough queued work that no worker waits while the next claim runs; 0 while the breaker is
   // open or the endpoint asked for a pause (the dispatcher claims nothing), 1 for the probe.
   // A destination's own sink holds up to three claims' worth (or two per request), but no more
-  // than 64 messages per request the governor allows now: the claim loop claims again once a
-  // claim's worth of room is free, with two still queued. At 16 per request, capped at two
+  // than 64 messages per request (16 while the governor keeps the concurrency lowered): the
+  // claim loop claims again once a claim's worth of room is free, with two still queued.
+  // At 16 per request, capped at two
   // claims (512 for 32 connections with claims of 500), the claim began with 256 queued, which
   // 32 connections sent in ~2 ms of a ~11 ms claim on the 16-core machine: the workers idled
   // 67-80% of the drain and one relay reached 17-26k msg/s against 35-41k to Kafka
@@ -388,12 +389,19 @@ class WebhookSink final : public Sink {
   // rows; at 16, 260 and 200, and the drain rose from 0.42 to 0.60 x the HTTP ceiling.
   std::size_t MaxInFlight(int claim_batch) const override {
     const bool lane = room_ == WebhookRoom::kServiceLane;
-    const std::size_t per_request = lane ? 16 : 64;
     const std::size_t claims = lane ? 2 : 3;
+    std::size_t per_request;
     std::size_t admit;
     {
       std::lock_guard lock(mu_);
-      admit = governor_.Admit(Clock::now(), per_request);
+      const auto now = Clock::now();
+      // An endpoint whose concurrency was lowered (it answered 429, 503 or timed out) gets 16
+      // per request, as a lane does: the claim loop then sees a room under a claim, a sink
+      // throttling on purpose, and its other claim connections add none to it (review: at 64,
+      // a limit halved to 8 still asked for 512, and four claim loops leased 2,012 for it).
+      const auto s = governor_.Snapshot(now);
+      per_request = lane || s.concurrency_limit < s.max_concurrency ? 16 : 64;
+      admit = governor_.Admit(now, per_request);
     }
     if (admit <= 1) return admit;
     const std::size_t requests = admit / per_request;
