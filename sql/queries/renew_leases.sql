@@ -17,6 +17,7 @@
 -- (ClaimPlanTest.MaintenanceStatementsPlannedOnAnEmptyQueueReadTheirRowsAfterABurst).
 WITH held AS (
   SELECT l.id, l.token FROM jsonb_to_recordset($1::jsonb) AS l(id bigint, token uuid)
+  WHERE l.id IS NOT NULL  -- (jsonb_object_agg refuses a null key; such an entry names no row)
 ), mine AS (
   SELECT m.id
   FROM outbox.messages m

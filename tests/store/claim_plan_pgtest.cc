@@ -266,6 +266,13 @@ TEST_F(ClaimPlanTest, MaintenanceStatementsPlannedOnAnEmptyQueueReadTheirRowsAft
     ASSERT_EQ(store.WakeKeys("d", {BlockedKey{"k", std::nullopt}}), 0);
     ASSERT_EQ(store.WakeOrphans("d", 0, kBatch).woken, 0);
   }
+  {
+    // The first reap also ran the full scan (reap_full.sql), with sequential scans allowed
+    // for it alone.
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    EXPECT_EQ(tx.exec1("SHOW enable_seqscan")[0].as<std::string>(), "off");
+    EXPECT_EQ(tx.exec1("SHOW enable_bitmapscan")[0].as<std::string>(), "off");
+  }
   QueueBurst();
   Store claimer(db_url_);
   const auto claim = claimer.Claim("d", 0, kBatch, 0, 1ms);

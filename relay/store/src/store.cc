@@ -632,13 +632,18 @@ std::vector<std::string> Store::Reap() {
       try {
         // A scan of the whole queue is what this statement is: planned (at its first run, and
         // again after an analyze) with sequential scans allowed, not walking an index over it.
+        // Until it is off again the connection counts as without its settings: whatever
+        // fails in between, the next statement on the queue sets them again (review).
+        impl_->queue_session = false;
         tx.exec("SET enable_seqscan = on");
         for (const auto& row : tx.exec_prepared("reap_full")) {
           out.push_back(row[0].as<std::string>());
         }
         tx.exec("SET enable_seqscan = off");
+        impl_->queue_session = true;
       } catch (const pqxx::sql_error& e) {
         tx.exec("SET enable_seqscan = off");  // (a broken connection throws on: made anew)
+        impl_->queue_session = true;
         spdlog::warn(
             "reaper: the scan of the queue for leases without a lease record failed: {}; it "
             "runs again in {} reaps (if it timed out, give the relay's role a statement_timeout "
