@@ -801,6 +801,40 @@ TEST_F(DispatcherTest, ABlockedKeyIsRecheckedWhileTheLoopWaitsForRoom) {
       << "the blocked key was dropped without a recheck";
 }
 
+// A settle that ran longer than the claim loop's second of rechecks, and whose own wake of the
+// key's next message came before the claim that parked that message committed (its snapshot was
+// older): the rechecks saw the earlier message still there until they stopped, and the next one
+// waited for the orphan sweep (review: the rechecks were bounded by time, not by the
+// transactions that could have raced the claim). Now a settle that took that long wakes the
+// keys it settled once it has committed.
+TEST_F(DispatcherTest, AKeyWhoseSettleOutlastedTheClaimLoopsRechecksIsWokenAfterThatSettle) {
+  auto config = Config();
+  config.reap_interval = 1h;  // no orphan sweep: only a recheck or a wake can move `next`
+  const auto head = db_.Enqueue("orders", "k");
+  const auto next = db_.Enqueue("orders", "k");
+  Start(std::move(config), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] {
+    const auto row = db_.Find(next);
+    return row && row->parked && row->deliver_after == FakeDatabase::kInfinity;
+  }));
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_orphans") >= 1; }));  // the sweep ran once
+  // The claim loop's rechecks run out while the head is still in flight.
+  const auto checks = db_.Calls("wake_keys");
+  clock_.Advance(1100ms);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_keys") > checks; }));
+  db_.BeforeSettleMissingItsWakes([this] { clock_.Advance(1100ms); });
+  sink_->Release();  // the head is delivered; its settle takes 1.1 s and wakes nothing itself
+  ASSERT_TRUE(WaitFor([&] { return !db_.Find(head); }));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        const auto sent = sink_->submitted();
+        return std::find(sent.begin(), sent.end(), next) != sent.end();
+      },
+      5s))
+      << "the key's next message waited for the orphan sweep";
+}
+
 // The orphan sweep reads a page of the blocked rows per reap and goes on from where the last
 // page ended: an orphan behind more blocked rows than a page is found on a later reap. (In one
 // statement the sweep read every blocked row, ~5 s for a million, on the thread that renews

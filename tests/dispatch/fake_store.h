@@ -181,6 +181,14 @@ class FakeDatabase {
     before_claim_ = std::move(hook);
   }
 
+  /// Runs once, at the start of the next settle, without the store's lock (a settle that takes
+  /// that long in the database); that settle wakes no key's next message, as one whose
+  /// snapshot was taken before the claim that parked it committed.
+  void BeforeSettleMissingItsWakes(std::function<void()> hook) {
+    std::lock_guard lk(mu_);
+    before_settle_ = std::move(hook);
+  }
+
   /// While held, a settle defers each fan-out that leaves rows for endpoints (their keys' locks
   /// held by another transaction, SettleCounts::deferred) and writes the rest.
   void HoldKeyLocks(bool held) {
@@ -354,6 +362,7 @@ class FakeDatabase {
   std::function<void()> before_release_lost_claims_;
   int claims_until_hook_ = 0;
   std::function<void()> before_claim_;
+  std::function<void()> before_settle_;
   std::function<void()> before_renew_;
   std::set<std::int64_t> locked_for_renewals_;
   std::function<void()> before_read_status_;
@@ -506,6 +515,13 @@ class FakeStore final : public QueueStore {
 
   SettleCounts Settle(const std::vector<Settlement>& settlements, bool,
                       const std::string& instance_id) override {
+    std::function<void()> hook;
+    {
+      std::lock_guard lk(db_.mu_);
+      hook.swap(db_.before_settle_);
+    }
+    if (hook) hook();
+    const bool misses_its_wakes = static_cast<bool>(hook);
     std::lock_guard lk(db_.mu_);
     db_.Enter("settle");
     db_.settled_as_.insert(instance_id);
@@ -539,7 +555,7 @@ class FakeStore final : public QueueStore {
           const bool dead = s.kind == Settlement::Kind::kDead;
           (dead ? db_.dead_ : db_.delivered_).push_back(gone.id);
           ++(dead ? c.dead : c.delivered);
-          c.woken += db_.WakeSuccessor(gone);
+          if (!misses_its_wakes) c.woken += db_.WakeSuccessor(gone);
           c.written.push_back(s.id);
           break;
         }

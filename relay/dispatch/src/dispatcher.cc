@@ -145,6 +145,11 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     held.removes = dead.has_value();
     held.cover = msg.claim_expires ? std::make_shared<ClaimCover>(*msg.claim_expires) : nullptr;
     msg.claim_cover = held.cover;
+    if (msg.ordering_key) {
+      held.key = BlockedKey{*msg.ordering_key, msg.endpoint_id};
+    } else {
+      held.key.reset();
+    }
   }
   if (dead) {
     dead->destination = dest.name;

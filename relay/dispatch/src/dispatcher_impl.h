@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -160,6 +161,9 @@ struct Dispatcher::Impl {
     // whose claim ran out, ClaimRunsOut): moved on by each renewal of its lease, and by a
     // claim of it again while its copy is still in the sink.
     std::shared_ptr<ClaimCover> cover;
+    // Its key (with its endpoint): a settle slow enough to have raced a claim past the claim
+    // loop's rechecks wakes it again once committed (SettleLoop).
+    std::optional<BlockedKey> key;
   };
   std::unordered_map<std::int64_t, Held> held_leases;  // guarded by settle_mu
   bool settler_stop = false;                           // guarded by settle_mu

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <unordered_set>
 
 #include "dispatcher_impl.h"
@@ -127,10 +128,13 @@ void Dispatcher::Impl::SettleLoop() {
       settle_queue.erase(settle_queue.begin(), settle_queue.begin() + static_cast<long>(n));
     }
     SettleCounts c;
+    bool slow = false;  // the statement that wrote them ran kSlowSettle or longer
     while (true) {
       try {
+        const auto started = Now();
         c = store.Settle(batch, config.retention.archive_delivered,
                          config.claim_mode == ClaimMode::kPartitioned ? instance_id : "");
+        slow = Now() - started >= tuning::kSlowSettle;
         if (!c.deferred.empty()) {
           std::unordered_set<std::int64_t> later;
           for (const auto id : c.deferred) later.insert(Raw(id));
@@ -185,10 +189,14 @@ void Dispatcher::Impl::SettleLoop() {
       }
     }
     bool again = false;
+    std::map<std::string, std::vector<BlockedKey>> keys_to_wake;  // after a slow settle
     {
       std::lock_guard lk(settle_mu);
       for (auto& s : batch) {
         const auto it = held_leases.find(Raw(s.id));
+        if (slow && Removes(s) && it != held_leases.end() && it->second.key) {
+          keys_to_wake[s.destination].push_back(*it->second.key);
+        }
         if (it == held_leases.end()) {
           --unsettled;
         } else if (it->second.token == s.lease_token) {
@@ -209,6 +217,18 @@ void Dispatcher::Impl::SettleLoop() {
     if (again) spdlog::info("settler: writing again outcomes whose message was claimed again");
     settle_cv.notify_all();
     batch.clear();
+    // A settle this slow may have raced a claim past the claim loop's rechecks of the keys it
+    // parked (tuning::kSlowSettle): the keys' next messages are woken now, not by the orphan
+    // sweep (review; DispatcherTest.AKeyWhoseSettleOutlastedTheClaimLoopsRechecks...).
+    for (const auto& [destination, keys] : keys_to_wake) {
+      try {
+        if (store.WakeKeys(destination, keys) > 0) Wake();
+      } catch (const std::exception& e) {
+        DbError();
+        spdlog::warn("{}: waking the keys of a slow settle failed ({}); the orphan sweep will",
+                     destination, e.what());
+      }
+    }
   }
 }
 

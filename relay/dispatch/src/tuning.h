@@ -16,6 +16,11 @@ inline constexpr Millis kRoomPoll{50};
 /// this long, in case the earlier message's settle committed while the claim ran.
 inline constexpr Millis kBlockedKeyRecheckEvery{50};
 inline constexpr Millis kBlockedKeyRecheckFor{1'000};
+/// Settler: a settle statement that ran at least this long may have raced a claim past those
+/// rechecks (its own wake of a key's next message read a snapshot from before the claim that
+/// parked that message committed, and it committed after the claim's last recheck): once it
+/// has committed, the settler wakes the keys it settled (wake_keys.sql).
+inline constexpr Millis kSlowSettle{kBlockedKeyRecheckFor / 2};
 /// Leases a renewal passed over (rows another transaction held) are tried again this soon,
 /// not lease / 3 later.
 inline constexpr Millis kRenewPassedOverRetry{1'000};
