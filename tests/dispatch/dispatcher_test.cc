@@ -91,6 +91,19 @@ class RecordingSink final : public Sink {
     }
   }
 
+  void SubmitMany(std::vector<std::pair<Message, Completion>> batch) override {
+    {
+      std::lock_guard lk(mu_);
+      hand_overs_.push_back(batch.size());
+    }
+    Sink::SubmitMany(std::move(batch));
+  }
+  /// How many messages each SubmitMany call handed over, in order.
+  std::vector<std::size_t> hand_overs() const {
+    std::lock_guard lk(mu_);
+    return hand_overs_;
+  }
+
   void Shutdown(std::chrono::milliseconds) override {
     if (on_shutdown_) on_shutdown_();
     std::deque<Pending> held;
@@ -211,6 +224,7 @@ class RecordingSink final : public Sink {
   Decide decide_;
   bool fences_ = false;
   std::atomic<int> room_{-1};
+  std::vector<std::size_t> hand_overs_;
   std::function<void()> on_shutdown_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -389,6 +403,23 @@ TEST_F(DispatcherTest, AStuckClaimHoldsUpOnlyItsOwnClaimConnection) {
   }
   gate->cv.notify_all();
   EXPECT_TRUE(all) << db_.Delivered().size() << " of 60 delivered while one claim was stuck";
+}
+
+// A claim's messages reach the sink in one hand-over (Sink::SubmitMany), not one Submit each:
+// a webhook sink then takes them under one lock with one wake-up of its workers.
+TEST_F(DispatcherTest, EachClaimIsHandedToTheSinkAtOnce) {
+  for (int i = 0; i < 30; ++i) db_.Enqueue("orders", std::nullopt);
+  Start(Config(/*batch=*/10), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == 30u; }));
+  const auto hand_overs = sink_->hand_overs();
+  std::size_t total = 0;
+  for (const auto n : hand_overs) {
+    EXPECT_GE(n, 1u);
+    EXPECT_LE(n, 10u) << "more than one claim in a hand-over";
+    total += n;
+  }
+  EXPECT_EQ(total, 30u) << "every message was handed over, each in its claim's hand-over";
+  EXPECT_EQ(sink_->submitted().size(), 30u);
 }
 
 // A sink whose room is less than two claims (a webhook sink's once was: 512 for 32

@@ -274,10 +274,18 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     }
     metrics->RecordClaim(dest.name, static_cast<std::int64_t>(claim.messages.size()),
                          std::chrono::duration<double>(Now() - claim_started));
+    // Handed over at once: one wake-up of a webhook sink's workers per claim, not one per
+    // message (on the 16-core machine the claim thread spent 11 us a message handing a
+    // webhook claim over, against 5.8 to Kafka, between claims of ~10 ms).
+    std::vector<std::pair<Message, Sink::Completion>> handed;
+    handed.reserve(claim.messages.size());
     for (auto& msg : claim.messages) {
       msg.claim_expires = claim_expires;
-      Submit(dest, sink, claim.lease_token, std::move(msg), &room_wait);
+      if (auto h = Prepare(dest, sink, claim.lease_token, std::move(msg), &room_wait)) {
+        handed.push_back(std::move(*h));
+      }
     }
+    if (!handed.empty()) sink.SubmitMany(std::move(handed));
     release_share(share);
     // Claim again at once only while a lane stopped at its limit, as the statement says
     // (fresh_full_bound, slow_full; a partitioned lane stops at a bucket's share with fewer

@@ -115,8 +115,8 @@ void Dispatcher::Impl::EnqueueCompleted(Settlement s) {
   if (queued == 1 || queued == tuning::kSettleBatchTarget) settle_cv.notify_all();
 }
 
-void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::string& token,
-                              Message msg, RoomWait* room) {
+std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
+    const Destination& dest, Sink& sink, const std::string& token, Message msg, RoomWait* room) {
   auto dead = DecideBeforeAttempt(msg.id, msg.attempts, dest.retry, token);
   {
     std::lock_guard lk(settle_mu);
@@ -138,7 +138,7 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
           "{}: message {} was claimed again while its earlier claim was not settled yet "
           "(that lease ran out); not sent twice, the earlier claim's outcome settles it",
           dest.name, Raw(msg.id));
-      return;
+      return std::nullopt;
     }
     ++unsettled;
     held.in_sink = !dead;
@@ -155,7 +155,7 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     dead->destination = dest.name;
     dead->created_at = msg.created_at;
     Enqueue(std::move(*dead));
-    return;
+    return std::nullopt;
   }
   const MessageId id = msg.id;
   const int attempts = msg.attempts;
@@ -163,8 +163,8 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
   const auto submitted = Now();
   const Destination* d = &dest;
   std::string trace = TraceIdOf(msg);
-  sink.Submit(std::move(msg), [this, id, attempts, d, &sink, token, created_at, submitted, room,
-                               trace = std::move(trace)](Outcome outcome) {
+  Sink::Completion done = [this, id, attempts, d, &sink, token, created_at, submitted, room,
+                           trace = std::move(trace)](Outcome outcome) {
     Settlement s = Decide(id, attempts, outcome, d->retry, token, Uniform01(), stopping.load());
     LogOutcome(*d, id, trace, outcome, s);
     s.destination = d->name;
@@ -180,7 +180,8 @@ void Dispatcher::Impl::Submit(const Destination& dest, Sink& sink, const std::st
     } else if (room->Wants(static_cast<long>(sink.InFlight()))) {
       wake_cv.notify_all();
     }
-  });
+  };
+  return std::pair<Message, Sink::Completion>(std::move(msg), std::move(done));
 }
 
 std::string TraceIdOf(const Message& msg) {

@@ -1,11 +1,11 @@
 // The dispatcher's shared state and its threads, one file each:
-//   claim_loop.cc   one per destination: claim -> Submit to the sink (+ blocked-key rechecks,
+//   claim_loop.cc   one per destination: claim -> SubmitMany to the sink (+ blocked-key rechecks,
 //                   the sweep, handing back lost claims)
 //   settler.cc      writes outcomes in batches
 //   listener.cc     LISTEN: wakes the claim loops
 //   maintenance.cc  reaper, orphan waker, lease renewal, heartbeat, retention, status gauges
 //   coordinator.cc  claim_mode partitioned: heartbeats and bucket ownership
-//   dispatcher.cc   construction, Start/Stop, Submit (the sink's completion -> settler)
+//   dispatcher.cc   construction, Start/Stop, Prepare (the sink's completion -> settler)
 // Who owns what is written next to each member: "const after Start" members are set before
 // any thread starts and only read afterwards; "guarded by X" members are touched only with X
 // held; "<thread> only" members belong to one thread.
@@ -184,10 +184,13 @@ struct Dispatcher::Impl {
   // Enqueue for a sink's completion: the message leaves the sink, and the settlement takes the
   // lease token of the message's latest claim.
   void EnqueueCompleted(Settlement s);
-  // Hands `msg` to `sink` (or dead-letters it when its attempts are spent); its completion,
-  // on a sink thread, turns the outcome into a settlement for the settler.
-  void Submit(const Destination& dest, Sink& sink, const std::string& token, Message msg,
-              RoomWait* room = nullptr);
+  // What to hand `sink` for `msg`: the message and its completion, which (on a sink thread)
+  // turns the outcome into a settlement for the settler; or nothing, when the message was
+  // dead-lettered here (its attempts spent) or is still in the sink under an earlier claim.
+  // The claim loop hands a claim's messages over at once (Sink::SubmitMany).
+  std::optional<std::pair<Message, Sink::Completion>> Prepare(const Destination& dest, Sink& sink,
+                                                              const std::string& token, Message msg,
+                                                              RoomWait* room = nullptr);
   void RecordAttempt(const Destination& d, const Sink& sink, const Outcome& outcome,
                      SteadyTime submitted);
   void LogOutcome(const Destination& d, MessageId id, const std::string& trace,

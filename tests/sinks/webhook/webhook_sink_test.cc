@@ -823,6 +823,39 @@ TEST(WebhookSink, ARateLimitCapsWhatTheSinkAsksTheClaimFor) {
   EXPECT_EQ(asks(50, WebhookRoom::kServiceLane), 100u);
 }
 
+// A claim's messages are handed over at once (Sink::SubmitMany: one lock, one wake-up of the
+// workers): each is sent once and completed once, more of them than there are workers or
+// fewer; after shutdown each comes back at once for a retry.
+TEST(WebhookSink, TakesAClaimsMessagesAtOnce) {
+  HttpReceiver receiver;
+  WebhookTarget target = Target(receiver.Url("/hook"));
+  target.max_in_flight = 4;
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", target);
+  std::vector<std::pair<Message, Sink::Completion>> claim;
+  for (int n = 1; n <= 50; ++n) claim.emplace_back(MakeMessage(n), done.Callback());
+  sink->SubmitMany(std::move(claim));
+  std::vector<std::pair<Message, Sink::Completion>> small;
+  for (int n = 51; n <= 52; ++n) small.emplace_back(MakeMessage(n), done.Callback());
+  sink->SubmitMany(std::move(small));
+  ASSERT_TRUE(done.WaitForSize(52));
+  for (int n = 1; n <= 52; ++n) EXPECT_EQ(done.Of(n).kind, OutcomeKind::kDelivered) << n;
+  std::set<std::string> received;
+  for (const auto& r : receiver.Requests()) received.insert(r.Header("webhook-id"));
+  EXPECT_EQ(receiver.Count(), 52u);
+  EXPECT_EQ(received.size(), 52u);
+  EXPECT_EQ(sink->InFlight(), 0u);
+  sink->Shutdown(1s);
+  std::vector<std::pair<Message, Sink::Completion>> late;
+  for (int n = 53; n <= 55; ++n) late.emplace_back(MakeMessage(n), done.Callback());
+  sink->SubmitMany(std::move(late));
+  for (int n = 53; n <= 55; ++n) {
+    EXPECT_EQ(done.Of(n).kind, OutcomeKind::kRetry) << n;
+    EXPECT_EQ(done.Of(n).reason_class, Reason::kShutdown) << n;
+  }
+  EXPECT_EQ(receiver.Count(), 52u);
+}
+
 TEST(WebhookSink, HonoursMaxInFlight) {
   HttpReceiver receiver;
   constexpr auto kServiceTime = 60ms;
@@ -1077,6 +1110,15 @@ TEST(WebhookSinkOutage, TheBreakerOpensHandsBackWhatWaitsProbesAndCloses) {
   sink->Submit(MakeMessage(11), done.Callback());
   EXPECT_EQ(done.Of(11).kind, OutcomeKind::kReturned);
   EXPECT_TRUE(done.Of(11).retry_after);
+  // A claim's messages handed over at once, the same.
+  Completions raced;
+  std::vector<std::pair<Message, Sink::Completion>> claim;
+  for (int n = 101; n <= 102; ++n) claim.emplace_back(MakeMessage(n), raced.Callback());
+  sink->SubmitMany(std::move(claim));
+  for (int n = 101; n <= 102; ++n) {
+    EXPECT_EQ(raced.Of(n).kind, OutcomeKind::kReturned) << n;
+    EXPECT_TRUE(raced.Of(n).retry_after) << n;
+  }
   EXPECT_EQ(receiver.Count(), 3u);
 
   // After the cool-down one probe goes; it fails: open again.

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "outbox_relay/message.h"
@@ -101,6 +102,13 @@ class Sink {
   /// Starts delivering `msg`. Calls `done` exactly once, from any thread, possibly before
   /// Submit returns. Never throws. After Shutdown began, completes at once with kRetry.
   virtual void Submit(Message msg, Completion done) = 0;
+
+  /// What one claim brought, handed over at once: each as Submit would take it. A sink may take
+  /// them in one step (the webhook sink: one lock, one wake-up of its workers), where one
+  /// Submit each cost the claim loop a wake-up per message. By default, Submit for each.
+  virtual void SubmitMany(std::vector<std::pair<Message, Completion>> batch) {
+    for (auto& [msg, done] : batch) Submit(std::move(msg), std::move(done));
+  }
 
   /// Stops accepting work and waits up to `deadline` for in-flight deliveries; whatever is
   /// still in flight then completes with kRetry ("shutdown"). Idempotent.

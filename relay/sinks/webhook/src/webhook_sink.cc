@@ -276,6 +276,45 @@ class WebhookSink final : public Sink {
                    destination_);
   }
 
+  // A claim's messages under one lock, with one wake-up for the workers (all of them when
+  // there are at least as many messages): one notify per message, each waking a worker that
+  // then took the lock from the claim loop, cost the claim thread 11 us a message on the
+  // 16-core machine.
+  void SubmitMany(std::vector<std::pair<Message, Completion>> batch) override {
+    std::string blocked;
+    std::chrono::milliseconds hold{0};
+    bool queued = false;
+    {
+      std::lock_guard lock(mu_);
+      if (!stopping_) {
+        const auto now = Clock::now();
+        if (!governor_.Blocked(now)) {
+          in_flight_.fetch_add(batch.size());
+          for (auto& [msg, done] : batch) queue_.push_back(Job{std::move(msg), std::move(done)});
+          queued = true;
+        } else {
+          blocked = BlockedReason(now);
+          hold = BlockedHold(now);
+        }
+      }
+    }
+    if (queued) {
+      if (batch.size() >= workers_.size()) {
+        work_cv_.notify_all();
+      } else {
+        for (std::size_t i = 0; i < batch.size(); ++i) work_cv_.notify_one();
+      }
+      return;
+    }
+    for (auto& [msg, done] : batch) {
+      CallCompletion(done,
+                     blocked.empty() ? Retry(msg.id, "shutdown: the webhook sink is stopping",
+                                             Reason::kShutdown)
+                                     : Returned(msg.id, blocked, hold),
+                     destination_);
+    }
+  }
+
   // Calls may overlap: the earliest deadline wins. (The webhook service stops a replaced
   // endpoint's sink with one request timeout from its registry thread; the service's own
   // stop then brings that forward to its deadline.)
