@@ -832,6 +832,38 @@ TEST_F(DispatcherTest, ABlockedKeyIsRecheckedWhileTheLoopWaitsForRoom) {
       << "the blocked key was dropped without a recheck";
 }
 
+// The rechecks of a key end with one that succeeded: with the claim's connection failing, every
+// check in the key's second failed, the key was dropped unchecked, and its next message (whose
+// predecessor's settle committed meanwhile) waited for the orphan sweep (review).
+TEST_F(DispatcherTest, ABlockedKeyIsDroppedOnlyAfterACheckThatSucceeded) {
+  auto config = Config();
+  config.reap_interval = 1h;  // no orphan sweep: only a recheck can move `next`
+  const auto head = db_.Enqueue("orders", "k");
+  const auto next = db_.Enqueue("orders", "k");
+  Start(std::move(config), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] {
+    const auto row = db_.Find(next);
+    return row && row->parked && row->deliver_after == FakeDatabase::kInfinity;
+  }));
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_orphans") >= 1; }));  // the sweep ran once
+  db_.FailNext("wake_keys", 1'000);  // every check fails from here on
+  db_.RemoveWithoutWaking(head);     // its settle committed after the claim's snapshot
+  const auto checks = db_.Calls("wake_keys");
+  clock_.Advance(1100ms);  // past the key's second
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_keys") >= checks + 1; }));
+  clock_.Advance(60ms);  // the next check, 50 ms on: failing too
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_keys") >= checks + 2; }));
+  db_.Heal("wake_keys");
+  clock_.Advance(60ms);  // and the next, which succeeds
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        const auto sent = sink_->submitted();
+        return std::find(sent.begin(), sent.end(), next) != sent.end();
+      },
+      5s))
+      << "the key was dropped after checks that all failed";
+}
+
 // A settle that ran longer than the claim loop's second of rechecks, and whose own wake of the
 // key's next message came before the claim that parked that message committed (its snapshot was
 // older): the rechecks saw the earlier message still there until they stopped, and the next one

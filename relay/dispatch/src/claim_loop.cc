@@ -90,18 +90,23 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   // Keys a claim blocked may have lost their predecessor while it ran (its settle committed
   // after our snapshot): each is checked every 50 ms for a second, so their next messages do
   // not wait for the periodic orphan sweep; a key's last check comes before it is dropped,
-  // however long the loop was away (waiting for room). True when it woke rows.
+  // however long the loop was away (waiting for room), and only a check that succeeded counts
+  // (review: with the claim's connection broken, every check failed and the keys were dropped
+  // unchecked). True when it woke rows.
   const auto recheck_blocked_keys = [&]() -> bool {
     if (recheck.empty() || Now() < next_recheck) return false;
     next_recheck = Now() + tuning::kBlockedKeyRecheckEvery;
     std::vector<BlockedKey> keys;
     keys.reserve(recheck.size());
     for (const auto& entry : recheck) keys.push_back(entry.first);
-    while (!recheck.empty() && Now() - recheck.front().second > tuning::kBlockedKeyRecheckFor) {
-      recheck.pop_front();
-    }
+    const auto checked_at = Now();
     try {
-      return store.WakeKeys(dest.name, keys) > 0;
+      const bool woke = store.WakeKeys(dest.name, keys) > 0;
+      while (!recheck.empty() &&
+             checked_at - recheck.front().second > tuning::kBlockedKeyRecheckFor) {
+        recheck.pop_front();
+      }
+      return woke;
     } catch (const std::exception& e) {
       DbError();
       spdlog::warn("{}: recheck of blocked keys failed: {}", dest.name, e.what());

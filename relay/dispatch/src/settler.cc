@@ -128,10 +128,12 @@ void Dispatcher::Impl::SettleLoop() {
       settle_queue.erase(settle_queue.begin(), settle_queue.begin() + static_cast<long>(n));
     }
     SettleCounts c;
-    bool slow = false;  // the statement that wrote them ran kSlowSettle or longer
+    // Written kSlowSettle or longer after the first try began: a try that committed with its
+    // reply lost counts too, though the try after it was quick (review).
+    bool slow = false;
+    const auto started = Now();
     while (true) {
       try {
-        const auto started = Now();
         c = store.Settle(batch, config.retention.archive_delivered,
                          config.claim_mode == ClaimMode::kPartitioned ? instance_id : "");
         slow = Now() - started >= tuning::kSlowSettle;
@@ -227,6 +229,7 @@ void Dispatcher::Impl::SettleLoop() {
         DbError();
         spdlog::warn("{}: waking the keys of a slow settle failed ({}); the orphan sweep will",
                      destination, e.what());
+        store.Reset();  // a broken connection: the next settle connects anew at once
       }
     }
   }

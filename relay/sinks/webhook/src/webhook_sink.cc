@@ -289,8 +289,8 @@ class WebhookSink final : public Sink {
       if (!stopping_) {
         const auto now = Clock::now();
         if (!governor_.Blocked(now)) {
-          in_flight_.fetch_add(batch.size());
           for (auto& [msg, done] : batch) queue_.push_back(Job{std::move(msg), std::move(done)});
+          in_flight_.fetch_add(batch.size());
           queued = true;
         } else {
           blocked = BlockedReason(now);
