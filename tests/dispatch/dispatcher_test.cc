@@ -243,6 +243,22 @@ std::optional<Outcome> DeliverAll(const Message& m) {
 
 class DispatcherTest : public ::testing::Test {
  protected:
+  /// Until `id` is parked behind an earlier message of its key ('infinity').
+  bool WaitUntilBlocked(std::int64_t id) {
+    return WaitFor([&] {
+      const auto row = db_.Find(id);
+      return row && row->parked && row->deliver_after == FakeDatabase::kInfinity;
+    });
+  }
+  /// Until `id` has been handed to the sink.
+  bool WaitUntilSubmitted(std::int64_t id, std::chrono::milliseconds timeout) {
+    return WaitFor(
+        [&] {
+          const auto sent = sink_->submitted();
+          return std::find(sent.begin(), sent.end(), id) != sent.end();
+        },
+        timeout);
+  }
   RelayConfig Config(int batch = 50) {
     RelayConfig c;
     c.database_url = "postgresql://unused.invalid/none";  // the fake store never connects
@@ -814,22 +830,13 @@ TEST_F(DispatcherTest, ABlockedKeyIsRecheckedWhileTheLoopWaitsForRoom) {
   const auto head = db_.Enqueue("orders", "k");
   const auto next = db_.Enqueue("orders", "k");
   Start(std::move(config), [](const Message&) { return std::optional<Outcome>(); });
-  ASSERT_TRUE(WaitFor([&] {
-    const auto row = db_.Find(next);
-    return row && row->parked && row->deliver_after == FakeDatabase::kInfinity;
-  }));
+  ASSERT_TRUE(WaitUntilBlocked(next));
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 7u; }));     // room 1: the loop waits
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));  // the orphan sweep ran once
   db_.RemoveWithoutWaking(head);  // its settle committed after the claim's snapshot
   clock_.Advance(1100ms);         // past the second of rechecks
   sink_->Release();
-  EXPECT_TRUE(WaitFor(
-      [&] {
-        const auto sent = sink_->submitted();
-        return std::find(sent.begin(), sent.end(), next) != sent.end();
-      },
-      5s))
-      << "the blocked key was dropped without a recheck";
+  EXPECT_TRUE(WaitUntilSubmitted(next, 5s)) << "the blocked key was dropped without a recheck";
 }
 
 // The rechecks of a key end with one that succeeded: with the claim's connection failing, every
@@ -841,10 +848,7 @@ TEST_F(DispatcherTest, ABlockedKeyIsDroppedOnlyAfterACheckThatSucceeded) {
   const auto head = db_.Enqueue("orders", "k");
   const auto next = db_.Enqueue("orders", "k");
   Start(std::move(config), [](const Message&) { return std::optional<Outcome>(); });
-  ASSERT_TRUE(WaitFor([&] {
-    const auto row = db_.Find(next);
-    return row && row->parked && row->deliver_after == FakeDatabase::kInfinity;
-  }));
+  ASSERT_TRUE(WaitUntilBlocked(next));
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_orphans") >= 1; }));  // the sweep ran once
   db_.FailNext("wake_keys", 1'000);  // every check fails from here on
   db_.RemoveWithoutWaking(head);     // its settle committed after the claim's snapshot
@@ -855,13 +859,7 @@ TEST_F(DispatcherTest, ABlockedKeyIsDroppedOnlyAfterACheckThatSucceeded) {
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_keys") >= checks + 2; }));
   db_.Heal("wake_keys");
   clock_.Advance(60ms);  // and the next, which succeeds
-  EXPECT_TRUE(WaitFor(
-      [&] {
-        const auto sent = sink_->submitted();
-        return std::find(sent.begin(), sent.end(), next) != sent.end();
-      },
-      5s))
-      << "the key was dropped after checks that all failed";
+  EXPECT_TRUE(WaitUntilSubmitted(next, 5s)) << "the key was dropped after checks that all failed";
 }
 
 // A settle that ran longer than the claim loop's second of rechecks, and whose own wake of the
@@ -876,10 +874,7 @@ TEST_F(DispatcherTest, AKeyWhoseSettleOutlastedTheClaimLoopsRechecksIsWokenAfter
   const auto head = db_.Enqueue("orders", "k");
   const auto next = db_.Enqueue("orders", "k");
   Start(std::move(config), [](const Message&) { return std::optional<Outcome>(); });
-  ASSERT_TRUE(WaitFor([&] {
-    const auto row = db_.Find(next);
-    return row && row->parked && row->deliver_after == FakeDatabase::kInfinity;
-  }));
+  ASSERT_TRUE(WaitUntilBlocked(next));
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
   ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_orphans") >= 1; }));  // the sweep ran once
   // The claim loop's rechecks run out while the head is still in flight.
@@ -889,13 +884,7 @@ TEST_F(DispatcherTest, AKeyWhoseSettleOutlastedTheClaimLoopsRechecksIsWokenAfter
   db_.BeforeSettleMissingItsWakes([this] { clock_.Advance(1100ms); });
   sink_->Release();  // the head is delivered; its settle takes 1.1 s and wakes nothing itself
   ASSERT_TRUE(WaitFor([&] { return !db_.Find(head); }));
-  EXPECT_TRUE(WaitFor(
-      [&] {
-        const auto sent = sink_->submitted();
-        return std::find(sent.begin(), sent.end(), next) != sent.end();
-      },
-      5s))
-      << "the key's next message waited for the orphan sweep";
+  EXPECT_TRUE(WaitUntilSubmitted(next, 5s)) << "the key's next message waited for the orphan sweep";
 }
 
 // The orphan sweep reads a page of the blocked rows per reap and goes on from where the last
