@@ -887,6 +887,40 @@ TEST_F(DispatcherTest, AKeyWhoseSettleOutlastedTheClaimLoopsRechecksIsWokenAfter
   EXPECT_TRUE(WaitUntilSubmitted(next, 5s)) << "the key's next message waited for the orphan sweep";
 }
 
+// A settle quicker than tuning::kSlowSettle wakes no key itself: settle.sql wakes each removed
+// message's successor, and a statement per batch on top of it would cost every keyed drain.
+TEST_F(DispatcherTest, ASettleQuickerThanTheSlowMarkWakesNoKeys) {
+  auto config = Config();
+  config.reap_interval = 1h;                      // no orphan sweep
+  const auto keyed = db_.Enqueue("orders", "k");  // nothing behind it: no recheck either
+  Start(std::move(config), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == 1u; }));
+  // The settler writes batches one after another: once a later one is written, it is done
+  // with the first.
+  const auto later = db_.Enqueue("orders", std::nullopt);
+  ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == 2u; }));
+  ASSERT_EQ(db_.Delivered(), (std::vector<std::int64_t>{keyed, later}));
+  EXPECT_EQ(db_.Calls("wake_keys"), 0);
+}
+
+// The wake after a slow settle names an endpoint row's key with its endpoint: wake_keys.sql
+// looks a fanned-out row's successors up in its endpoint's rows (endpoint_id), and without it
+// found none.
+TEST_F(DispatcherTest, ASlowSettleWakesAnEndpointRowsKeyWithItsEndpoint) {
+  auto config = Config();
+  config.reap_interval = 1h;  // no orphan sweep
+  db_.EnqueueForEndpoint("orders", "ep_1", "k");
+  db_.BeforeSettleMissingItsWakes([this] { clock_.Advance(1100ms); });
+  Start(std::move(config), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == 1u; }));
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("wake_keys") >= 1; }))
+      << "no wake after a slow settle";
+  const auto asked = db_.KeysAskedToWake();
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].key, "ep_1:k");
+  EXPECT_EQ(asked[0].endpoint, std::optional<std::string>("ep_1"));
+}
+
 // The orphan sweep reads a page of the blocked rows per reap and goes on from where the last
 // page ended: an orphan behind more blocked rows than a page is found on a later reap. (In one
 // statement the sweep read every blocked row, ~5 s for a million, on the thread that renews

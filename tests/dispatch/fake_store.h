@@ -49,6 +49,7 @@ class FakeDatabase {
     std::int64_t id = 0;
     std::string destination;
     std::optional<std::string> key;
+    std::optional<std::string> endpoint;  ///< endpoint_id: a row a webhook service fanned out
     std::string payload;
     bool parked = false;
     Time deliver_after{};
@@ -68,6 +69,19 @@ class FakeDatabase {
       std::lock_guard lk(mu_);
       id = ++seq_;
       Insert(id, destination, std::move(key), delay);
+    }
+    Notify();
+    return id;
+  }
+  /// A row a fan-out wrote for one of its webhook service's endpoints (endpoint_id set).
+  std::int64_t EnqueueForEndpoint(const std::string& destination, const std::string& endpoint,
+                                  const std::string& key) {
+    std::int64_t id;
+    {
+      std::lock_guard lk(mu_);
+      id = ++seq_;
+      Insert(id, destination, endpoint + ":" + key, {});
+      rows_.at(id).endpoint = endpoint;
     }
     Notify();
     return id;
@@ -239,6 +253,12 @@ class FakeDatabase {
     return coordinated_as_;
   }
 
+  /// Every key QueueStore::WakeKeys was asked to wake, in order.
+  std::vector<BlockedKey> KeysAskedToWake() const {
+    std::lock_guard lk(mu_);
+    return keys_asked_to_wake_;
+  }
+
   std::int64_t Calls(const std::string& op) const {
     std::lock_guard lk(mu_);
     const auto it = calls_.find(op);
@@ -350,6 +370,7 @@ class FakeDatabase {
   std::int64_t seq_ = 0;
   std::uint64_t xid_ = 100;
   std::vector<std::int64_t> delivered_, dead_;
+  std::vector<BlockedKey> keys_asked_to_wake_;
   std::map<std::string, int> failures_;
   std::map<std::string, std::int64_t> calls_;
   std::int64_t renewed_ = 0;
@@ -449,6 +470,7 @@ class FakeStore final : public QueueStore {
       m.id = MessageId{id};
       m.destination = destination;
       m.ordering_key = r.key;
+      m.endpoint_id = r.endpoint;
       m.idempotency_key = "key-" + std::to_string(id);
       m.payload = r.payload;
       m.attempts = r.attempts;
@@ -626,7 +648,8 @@ class FakeStore final : public QueueStore {
                         const std::vector<BlockedKey>& keys) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter("wake_keys");
-    std::set<std::string> set;  // the fake has no endpoint rows
+    db_.keys_asked_to_wake_.insert(db_.keys_asked_to_wake_.end(), keys.begin(), keys.end());
+    std::set<std::string> set;  // an endpoint row's key names its endpoint already
     for (const auto& k : keys) set.insert(k.key);
     return db_.WakeBlocked(destination, &set);
   }
