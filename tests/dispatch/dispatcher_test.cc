@@ -1292,6 +1292,23 @@ TEST_F(DispatcherTest, PartitionedModeClaimsWhatTheCoordinatorAssignsAndHandsItB
   EXPECT_EQ(db_.Calls("coordinate_leave"), 1) << "buckets are handed back at stop";
 }
 
+// A partitioned relay's heartbeat (the destinations it serves) is written before it takes its
+// first bucket: the other relays claim a destination's messages in the buckets of an owner
+// that does not serve it only once its heartbeat says so (claim_partitioned.sql), and the
+// maintenance loop's first heartbeat comes after a tick and the start-up reap, which on a
+// large queue takes seconds. Until then those messages waited.
+TEST_F(DispatcherTest, APartitionedRelaysFirstHeartbeatIsWrittenBeforeItsFirstCoordinate) {
+  auto cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  Start(cfg, DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("coordinate") >= 1 && db_.Calls("heartbeat") >= 1; }));
+  const auto order = db_.CallOrder();
+  const auto first = [&](const std::string& op) {
+    return std::find(order.begin(), order.end(), op) - order.begin();
+  };
+  EXPECT_LT(first("heartbeat"), first("coordinate"));
+}
+
 // A partitioned relay's settles name it, so that a key's next message released in a bucket
 // another relay owns now wakes that relay (settle.sql, woke_elsewhere; StoreTest covers the
 // statement); a skip_locked relay's name none, every relay claiming every bucket.

@@ -259,6 +259,12 @@ class FakeDatabase {
     return keys_asked_to_wake_;
   }
 
+  /// Every store call, in the order they were made.
+  std::vector<std::string> CallOrder() const {
+    std::lock_guard lk(mu_);
+    return call_order_;
+  }
+
   std::int64_t Calls(const std::string& op) const {
     std::lock_guard lk(mu_);
     const auto it = calls_.find(op);
@@ -302,6 +308,7 @@ class FakeDatabase {
   // Called with mu_ held at the start of every operation.
   void Enter(const std::string& op) {
     ++calls_[op];
+    call_order_.push_back(op);
     if (auto it = failures_.find(op); it != failures_.end() && it->second > 0) {
       --it->second;
       throw StoreError(StoreError::Kind::kTransient, "08006", "injected: " + op + " failed");
@@ -373,6 +380,7 @@ class FakeDatabase {
   std::vector<BlockedKey> keys_asked_to_wake_;
   std::map<std::string, int> failures_;
   std::map<std::string, std::int64_t> calls_;
+  std::vector<std::string> call_order_;
   std::int64_t renewed_ = 0;
   std::map<std::string, std::string> paused_;
   bool lose_claim_reply_ = false;

@@ -27,8 +27,17 @@ void Dispatcher::Impl::CoordinatorLoop() {
   const bool exactly_once = std::any_of(sinks.begin(), sinks.end(), [](const auto& s) {
     return s.second->FencesOthersWhenItStarts();
   });
+  // Written before the first bucket is taken: the other relays share the buckets of an owner
+  // that does not serve a destination only once its heartbeat names what it serves
+  // (claim_partitioned.sql), and the maintenance loop's first heartbeat waits for a tick and
+  // the start-up reap, seconds on a large queue. Until it succeeds, no bucket is taken.
+  bool beat = false;
   while (!coordinator_stopping) {
     try {
+      if (!beat) {
+        store.Heartbeat(instance_id, destination_names, description, TargetHealths());
+        beat = true;
+      }
       auto now_owned =
           store.Coordinate(instance_id, config.partition_lease, false, description, exactly_once);
       last_ok = Now();
