@@ -918,6 +918,69 @@ TEST_F(RelayProcessTest, ARelayWhoseLoginHasOnlyTheRelayRoleRunsAndServesTheComm
   EXPECT_EQ(refused.Stderr().find("cannot reach"), std::string::npos) << refused.Stderr();
 }
 
+// docs/roles.md: outbox_reader runs the commands that only look (status, dlq list / show,
+// attempts) and nothing that changes the outbox; a command it may not run says which role it
+// needs, and changes nothing. It cannot read the signing secrets, nor an endpoint's url and
+// headers (where credentials go).
+TEST_F(RelayProcessTest, ALoginWithTheReaderRoleLooksButChangesNothing) {
+  {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    tx.exec(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'reader_login') "
+        "THEN CREATE ROLE reader_login LOGIN; END IF; END $$");
+    tx.exec("GRANT outbox_reader TO reader_login");
+    tx.exec(
+        "INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
+        "payload, attempts, reason, created_at) VALUES (7, '" +
+        std::string(kTopic) + "', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now())");
+  }
+  std::string url = db_url_;
+  ASSERT_NE(url.find("postgres@"), std::string::npos) << url;
+  url.replace(url.find("postgres@"), 9, "reader_login@");
+  Enqueue(10, 2, 4);
+  const std::string config = WriteConfig("reader.yaml", Yaml(url));
+
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"status", "--config", config},
+                                             {"status", "--json", "--config", config},
+                                             {"dlq", "list", "--config", config},
+                                             {"dlq", "show", "7", "--config", config},
+                                             {"attempts", "--config", config}}) {
+    ChildProcess& cmd = Spawn(args[0], args);
+    ASSERT_TRUE(cmd.WaitExit(30s)) << cmd.Describe();
+    EXPECT_FALSE(cmd.ExitedNonZero()) << args[0] << " " << args[1] << ": " << cmd.Stderr();
+  }
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"pause", kTopic, "--config", config},
+                                             {"dlq", "replay", "7", "--config", config},
+                                             {"dlq", "purge", "7", "--config", config}}) {
+    ChildProcess& cmd = Spawn(args[0] + "-refused", args);
+    ASSERT_TRUE(cmd.WaitExit(30s)) << cmd.Describe();
+    EXPECT_TRUE(cmd.ExitedNonZero()) << args[0] << ": " << cmd.Stdout();
+    EXPECT_NE(cmd.Stderr().find("permission denied"), std::string::npos) << cmd.Stderr();
+    EXPECT_NE(cmd.Stderr().find("GRANT outbox_relay TO"), std::string::npos)
+        << args[0] << " does not say what it needs: " << cmd.Stderr();
+  }
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.paused_destinations"), 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE id = 7"), 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 10);
+
+  pqxx::connection reader(url);
+  pqxx::nontransaction tx(reader);
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.messages")[0].as<int>(), 10);
+  for (const std::string denied :
+       {"SELECT secret FROM outbox.endpoint_secrets", "SELECT url FROM outbox.endpoints",
+        "SELECT headers FROM outbox.endpoints", "DELETE FROM outbox.messages",
+        "UPDATE outbox.dead_letters SET attempts = 0"}) {
+    try {
+      tx.exec(denied);
+      ADD_FAILURE() << "outbox_reader may: " << denied;
+    } catch (const pqxx::insufficient_privilege&) {
+    }
+  }
+}
+
 // outbox-sample-receiver decoded its --secret only when a request came: a malformed one
 // (a password, a signing key whsk_...) threw inside the handler, every delivery got a 500,
 // the receiver printed nothing, and the relay retried and dead-lettered (review). Refused at

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <pqxx/except>
 #include <set>
 
 #include "build_info.h"
@@ -378,6 +379,20 @@ nlohmann::json ToJson(const DeadLetter& d) {
 }
 
 }  // namespace
+
+std::string WithRoleHint(const std::exception& e) {
+  const auto* store_error = dynamic_cast<const StoreError*>(&e);
+  const bool refused = (store_error != nullptr && store_error->sqlstate() == "42501") ||
+                       dynamic_cast<const pqxx::insufficient_privilege*>(&e) != nullptr;
+  if (!refused) return e.what();
+  std::string what = e.what();
+  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+  return what +
+         " (the login lacks a role: GRANT outbox_reader TO <login> lets it run status, dlq list "
+         "/ show, attempts and verify; a command that changes the outbox (pause, resume, dlq "
+         "replay / purge, endpoints, destinations) needs GRANT outbox_relay TO <login>; "
+         "docs/roles.md)";
+}
 
 int RunStatus(const std::string& database_url, bool json) {
   return WithStore(database_url, [&](Store& c) {

@@ -120,13 +120,16 @@ int PrintError(const std::string& msg);
 
 /// Runs an operator command `f(Store&)` on a connection to `url`; any failure (bad input,
 /// database errors) is printed as one line and gives exit code 1.
+/// `e`'s message, and for a refused privilege (SQLSTATE 42501) which role the login needs.
+std::string WithRoleHint(const std::exception& e);
+
 template <class F>
 int WithStore(const std::string& url, F f) {
   try {
     Store store(url);
     return f(store);
   } catch (const std::exception& e) {
-    return PrintError(e.what());
+    return PrintError(WithRoleHint(e));
   }
 }
 

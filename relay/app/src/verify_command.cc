@@ -230,7 +230,7 @@ int RunVerify(const VerifyArgs& a) {
     Store store(config.database_url);
     archived = ReadArchive(store, name, since);
   } catch (const std::exception& e) {
-    return CannotVerify(std::string("reading the delivered archive: ") + e.what());
+    return CannotVerify("reading the delivered archive: " + WithRoleHint(e));
   }
   ReadBackOptions options;
   // The window is by delivery (the database's clock). A message's record was produced after it
