@@ -71,8 +71,9 @@ type Message struct {
 // "Trace context").
 var TraceContextFrom func(ctx context.Context) (traceparent, tracestate string)
 
-// InvalidMessageError is a message the database refused (SQLSTATE 22023, 54000, 23505 or
-// 22P02): Message names the argument, the limit and the fix. The transaction is aborted.
+// InvalidMessageError is a message the database refused (SQLSTATE 22023, 54000, 23505, 22P02,
+// 22007, 22008, 22003 or 54001): Message names the argument, the limit and the fix. The
+// transaction is aborted.
 type InvalidMessageError struct {
 	Message  string
 	Hint     string
@@ -434,9 +435,10 @@ func jsonTextProblem(text []byte) string {
 }
 
 // The SQLSTATEs of the SQL API's refusals: invalid argument, limit exceeded, idempotency key
-// already queued, malformed uuid or time.
+// already queued, malformed uuid or time, a JSON number jsonb cannot store (1e1000000), JSON
+// nested deeper than the server's stack allows.
 var refusals = map[string]bool{"22023": true, "54000": true, "23505": true, "22P02": true,
-	"22007": true, "22008": true}
+	"22007": true, "22008": true, "22003": true, "54001": true}
 
 func refused(err error) error {
 	var pg *pgconn.PgError

@@ -519,6 +519,12 @@ func TestBadInputIsRefusedNamingTheArgument(t *testing.T) {
 	}
 	refused(Message{Destination: "orders", JSON: 1, Key: strings.Repeat("k", 1025)},
 		"ordering_key is 1025 bytes long, the limit is 1024", false)
+	// Valid JSON with a number jsonb cannot store: the database's refusal (22003) came as the
+	// driver's error, not an InvalidMessageError.
+	for _, many := range []bool{false, true} {
+		refused(Message{Destination: "orders", JSON: json.RawMessage("[1e1000000]")},
+			"value overflows numeric format", many)
+	}
 	refused(Message{Destination: "orders", JSON: 1, DeliverAfter: 400 * 24 * time.Hour},
 		"is more than 1 year ahead", false)
 	// A negative delay went in as a time in the past (due at once), where C++ refuses it.

@@ -9,8 +9,9 @@
 // outside a transaction (or a pool), where the message would commit on its own. A payload given
 // as JSON text (jsonText) is checked the same way and stored as written (every digit kept).
 
-/** The SQLSTATEs of the SQL API's refusals. */
-const REFUSALS = new Set(['22023', '54000', '23505', '22P02', '22007', '22008']);
+/** The SQLSTATEs of the SQL API's refusals (22003: a JSON number jsonb cannot store, 54001: JSON
+ * nested deeper than the server's stack allows). */
+const REFUSALS = new Set(['22023', '54000', '23505', '22P02', '22007', '22008', '22003', '54001']);
 
 class InvalidMessage extends Error {
   constructor(message, hint, sqlstate) {

@@ -251,6 +251,11 @@ test('bad input is refused naming the argument, nothing half-written', { skip },
     assert.deepEqual(await rows(), [], 'nothing half-written');
   }
   await refused({ destination: '', json: {} }, 'destination must not be empty');
+  // Valid JSON with a number jsonb cannot store: the database's refusal (22003) came as pg's
+  // error, not an InvalidMessage.
+  for (const many of [false, true]) {
+    await refused({ destination: 'orders', jsonText: '[1e1000000]' }, 'value overflows numeric format', many);
+  }
   await refused({ destination: 'orders', json: {}, key: 'k'.repeat(1025) },
     'ordering_key is 1025 bytes long, the limit is 1024');
   await refused({ destination: 'orders', json: {}, headers: { n: 1 } }, 'header "n" is not a string');

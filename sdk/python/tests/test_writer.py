@@ -116,6 +116,11 @@ class WriterTest(unittest.TestCase):
                            'header "traceparent" is not a W3C traceparent')
         self.assertRefused(Message("orders", json={}, event_type="t" * 256),
                            "event_type is 256 bytes long, the limit is 255", many=True)
+        # Valid JSON with a number jsonb cannot store: the database's refusal (22003) came as
+        # psycopg's NumericValueOutOfRange, not an InvalidMessage.
+        for many in (False, True):
+            self.assertRefused(Message("orders", json_text="[1e1000000]"),
+                               "value overflows numeric format", many=many)
         key = uuid.uuid4()
         conn = psycopg.connect(URL)
         try:

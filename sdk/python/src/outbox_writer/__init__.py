@@ -39,7 +39,8 @@ _UNSET = object()
 
 class InvalidMessage(ValueError):
     """The database refused a message (SQLSTATE 22023 or 54000; 23505 for an idempotency key
-    already queued, 22P02 for a value it cannot read as its type): the text names the argument,
+    already queued, 22P02 for a value it cannot read as its type, 22003 for a JSON number jsonb
+    cannot store, 54001 for JSON nested too deep): the text names the argument,
     the limit and the fix. The transaction is aborted; roll it back."""
 
     def __init__(self, message: str, hint: Optional[str] = None, sqlstate: Optional[str] = None):
@@ -289,8 +290,11 @@ def _refused(e: psycopg.Error) -> InvalidMessage:
     return InvalidMessage(diag.message_primary or str(e), diag.message_hint, diag.sqlstate)
 
 
+# 22003 and 54001: a JSON number jsonb cannot store (1e1000000), JSON nested deeper than the
+# server's stack allows; the message's own, like the rest (they came as the driver's errors).
 _REFUSALS = (_errors.InvalidParameterValue, _errors.ProgramLimitExceeded, _errors.UniqueViolation,
-             _errors.InvalidTextRepresentation)
+             _errors.InvalidTextRepresentation, _errors.NumericValueOutOfRange,
+             _errors.StatementTooComplex)
 
 
 def _execute(conn_or_cursor, sql: str, params: Sequence[Any]):

@@ -33,8 +33,10 @@ import java.util.function.Supplier;
 public final class OutboxWriter {
   private OutboxWriter() {}
 
+  // 22003: a JSON number jsonb cannot store (1e1000000); 54001: JSON nested deeper than the
+  // server's stack allows.
   private static final Set<String> REFUSALS =
-      Set.of("22023", "54000", "23505", "22P02", "22007", "22008");
+      Set.of("22023", "54000", "23505", "22P02", "22007", "22008", "22003", "54001");
 
   // Each element's payload_text becomes its payload, parsed as JSON by the database.
   private static final String ENQUEUE_MANY =

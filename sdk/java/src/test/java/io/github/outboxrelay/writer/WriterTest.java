@@ -328,6 +328,11 @@ public final class WriterTest {
     refused(OutboxMessage.to("orders").json("{}").eventType("t".repeat(256)).build(),
         "event_type is 256 bytes long, the limit is 255", true);
     refused(OutboxMessage.to("orders").json("1").idempotencyKey("not-a-uuid").build(), "not-a-uuid", false);
+    // Valid JSON with a number jsonb cannot store: the database's refusal (22003) came as the
+    // driver's SQLException, not an InvalidMessageException.
+    for (boolean many : new boolean[] {false, true}) {
+      refused(OutboxMessage.to("orders").json("[1e1000000]").build(), "value overflows numeric format", many);
+    }
     UUID key = UUID.randomUUID();
     try (Connection c = connect()) {
       c.setAutoCommit(false);
