@@ -649,6 +649,41 @@ TEST(ParseConfig, DestinationBatchSizeZeroMeansGlobal) {
   EXPECT_EQ(config.destinations.at("orders").batch_size, 42);
 }
 
+// max_in_flight_bytes: the relay's (64 MiB unless set; the environment wins over the file; 0
+// for no limit), which a destination's own replaces; what no byte count can be is refused
+// naming the key and the range.
+TEST(ParseConfig, MaxInFlightBytes) {
+  const RelayConfig defaults = ParseConfig(Minimal(), "cfg.yaml", kNoEnv);
+  EXPECT_EQ(defaults.max_in_flight_bytes, 64 * 1024 * 1024);
+  EXPECT_EQ(defaults.destinations.at("orders").max_in_flight_bytes, 64 * 1024 * 1024)
+      << "absent: the relay's";
+  const std::string two =
+      "destinations:\n"
+      "  orders:\n"
+      "    kafka: {brokers: k:9092, topic: o}\n"
+      "    max_in_flight_bytes: 1048576\n"
+      "  audit:\n"
+      "    kafka: {brokers: k:9092, topic: a}\n"
+      "    max_in_flight_bytes: 0\n";
+  const RelayConfig set =
+      ParseConfig(kDb + "max_in_flight_bytes: 8388608\n" + two, "cfg.yaml", kNoEnv);
+  EXPECT_EQ(set.max_in_flight_bytes, 8388608);
+  EXPECT_EQ(set.destinations.at("orders").max_in_flight_bytes, 1048576) << "its own wins";
+  EXPECT_EQ(set.destinations.at("audit").max_in_flight_bytes, 8388608) << "0: the relay's";
+  const RelayConfig from_env = ParseConfig(kDb + "max_in_flight_bytes: 8388608\n" + two, "cfg.yaml",
+                                           MapEnv({{"OUTBOX_MAX_IN_FLIGHT_BYTES", "0"}}));
+  EXPECT_EQ(from_env.max_in_flight_bytes, 0) << "the environment overrides the file";
+  EXPECT_EQ(from_env.destinations.at("audit").max_in_flight_bytes, 0) << "no limit";
+  for (const char* bad : {"-1", "1099511627777"}) {
+    const auto message = ErrorOf(Minimal(std::string("max_in_flight_bytes: ") + bad + "\n"));
+    EXPECT_TRUE(Contains(message, "max_in_flight_bytes")) << message;
+    EXPECT_TRUE(Contains(message, "between 0 and 1099511627776")) << message;
+  }
+  const auto message = ErrorOf(WithDestination(
+      "orders", "    kafka: {brokers: k:9092, topic: o}\n    max_in_flight_bytes: lots\n"));
+  EXPECT_TRUE(Contains(message, "destinations.orders.max_in_flight_bytes")) << message;
+}
+
 TEST(ParseConfig, AdminListenAcceptsHostPortAndBracketedIpv6) {
   for (const std::string address :
        {"0.0.0.0:9090", "localhost:1", "[::1]:65535", "admin.internal:8080"}) {
@@ -1649,6 +1684,7 @@ TEST(ExampleConfig, DocumentsEveryKey) {
                           "database_url_file:",
                           "batch_size:",
                           "claim_connections:",
+                          "max_in_flight_bytes:",
                           "lease_ms:",
                           "poll_interval_ms:",
                           "reap_interval_ms:",
@@ -1683,6 +1719,7 @@ TEST(ExampleConfig, DocumentsEveryKey) {
                           "OUTBOX_DATABASE_URL",
                           "OUTBOX_BATCH_SIZE",
                           "OUTBOX_CLAIM_CONNECTIONS",
+                          "OUTBOX_MAX_IN_FLIGHT_BYTES",
                           "OUTBOX_LEASE_MS",
                           "OUTBOX_POLL_INTERVAL_MS",
                           "OUTBOX_ADMIN_LISTEN",

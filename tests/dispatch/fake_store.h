@@ -73,6 +73,18 @@ class FakeDatabase {
     Notify();
     return id;
   }
+  /// A message with this payload.
+  std::int64_t EnqueuePayload(const std::string& destination, std::string payload) {
+    std::int64_t id;
+    {
+      std::lock_guard lk(mu_);
+      id = ++seq_;
+      Insert(id, destination, std::nullopt, {});
+      rows_.at(id).payload = std::move(payload);
+    }
+    Notify();
+    return id;
+  }
   /// A row a fan-out wrote for one of its webhook service's endpoints (endpoint_id set).
   std::int64_t EnqueueForEndpoint(const std::string& destination, const std::string& endpoint,
                                   const std::string& key) {

@@ -37,6 +37,7 @@ std::size_t Utf8Length(std::string_view text) {
 namespace {
 
 constexpr std::int64_t kMaxBatchSize = 10'000;
+constexpr std::int64_t kMaxInFlightBytes = std::int64_t{1} << 40;  // 1 TiB: "no limit" is 0
 
 const char* const kExample = "see deploy/config/relay.example.yaml";
 
@@ -309,7 +310,7 @@ ParsedDestination ParseDestination(const std::string& name, const Field& field,
   };
   std::vector<std::string_view> known;
   for (const auto* kind : kinds) known.push_back(kind->key);
-  known.insert(known.end(), {"retry", "batch_size"});
+  known.insert(known.end(), {"retry", "batch_size", "max_in_flight_bytes"});
   Mapping m(field, known, hint);
   ParsedDestination parsed;
   parsed.path = field.path;
@@ -334,6 +335,12 @@ ParsedDestination ParseDestination(const std::string& name, const Field& field,
     parsed.destination.batch_size = static_cast<int>(cfg::ReadIntegerIn(
         *f, 0, kMaxBatchSize, ", e.g. 100",
         "rows claimed per query for this destination; 0 uses the global batch_size"));
+  }
+  if (auto f = m.Get("max_in_flight_bytes")) {
+    parsed.destination.max_in_flight_bytes = cfg::ReadIntegerIn(
+        *f, 0, kMaxInFlightBytes, ", e.g. 16777216 (16 MiB)",
+        "bytes of payloads this destination's sink may hold at once; 0 uses the global "
+        "max_in_flight_bytes");
   }
   return parsed;
 }
@@ -413,6 +420,7 @@ const std::vector<std::string_view> kTopLevelKeys = {"database_url",
                                                      "database_url_env",
                                                      "database_url_file",
                                                      "batch_size",
+                                                     "max_in_flight_bytes",
                                                      "claim_connections",
                                                      "lease_ms",
                                                      "poll_interval_ms",
@@ -520,7 +528,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   });
 
   const RelayConfig builtin;
-  std::array<IntSetting, 9> ints = {{
+  std::array<IntSetting, 10> ints = {{
       {"batch_size", "OUTBOX_BATCH_SIZE", 1, kMaxBatchSize, ", e.g. 500", "rows claimed per query",
        builtin.batch_size, ""},
       {"lease_ms", "OUTBOX_LEASE_MS", 1000, kMaxDurationMs, kMsHint,
@@ -547,6 +555,11 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
        "claim loops per destination, each on a database connection of its own; more than 1 pays "
        "off only with a backlog bigger than one connection drains",
        builtin.claim_connections, ""},
+      {"max_in_flight_bytes", "OUTBOX_MAX_IN_FLIGHT_BYTES", 0, kMaxInFlightBytes,
+       ", e.g. 67108864 (64 MiB)",
+       "bytes of payloads each destination's sink may hold at once, its claims stopping there; "
+       "0 for no limit",
+       builtin.max_in_flight_bytes, ""},
   }};
 
   // 1. The file.
@@ -644,6 +657,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   config.partition_heartbeat = Millis{ints[6].value};
   config.partition_lease = Millis{ints[7].value};
   config.claim_connections = static_cast<int>(ints[8].value);
+  config.max_in_flight_bytes = ints[9].value;
   if (config.partition_lease < 3 * config.partition_heartbeat) {
     if (ints[7].origin.empty() && !ints[6].origin.empty()) {
       // Only the heartbeat was written: the error is about it, where it was written.
@@ -745,6 +759,9 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     Destination& destination = parsed.destination;
     destination.retry = ResolveRetry(parsed.retry, default_retry, parsed.path, source);
     if (destination.batch_size == 0) destination.batch_size = config.batch_size;
+    if (destination.max_in_flight_bytes == 0) {
+      destination.max_in_flight_bytes = config.max_in_flight_bytes;
+    }
     const std::string name = destination.name;
     config.destinations.emplace(name, std::move(destination));
   }

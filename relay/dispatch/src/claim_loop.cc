@@ -79,6 +79,25 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   auto last_sweep = Now();
   // In the Impl, not on this stack: completions run on sink threads after this loop ended.
   RoomWait& room_wait = *room_waits.at(dest.name);
+  // max_in_flight_bytes: the payloads in the sink stay under it, whatever their size (counted
+  // in messages, the room let a backlog of 1 MiB payloads hold 1.5 GiB in a webhook sink). A
+  // claim asks for what fits the bytes left at the largest payload it expects, and once the
+  // sink holds more than half the budget the loop waits until it holds half, as it waits for
+  // half its room in messages: claims of a row or two cost the database nearly a full one's.
+  // Over the budget only by what one claim's payloads exceed the estimate (payloads that grew
+  // from one claim to the next).
+  const std::int64_t byte_budget = dest.max_in_flight_bytes;
+  const std::int64_t resume_at = byte_budget - byte_budget / 2;
+  std::int64_t payload_estimate = tuning::kFirstPayloadEstimate;
+  const auto bytes_allow_a_claim = [&] {
+    return byte_budget <= 0 || room_wait.payload_bytes.load() <= resume_at;
+  };
+  const auto rows_that_fit = [&]() -> int {
+    if (byte_budget <= 0) return batch;
+    const std::int64_t left = byte_budget - room_wait.payload_bytes.load();
+    return static_cast<int>(
+        std::clamp<std::int64_t>(left / std::max<std::int64_t>(payload_estimate, 1), 1, batch));
+  };
   std::atomic<long>& my_room_wait = room_wait.wake_at_or_below.at(static_cast<std::size_t>(index));
   Reconnect db(dest.name + ": claim failed, reconnecting", dest.name + ": database reachable again",
                [this] { DbError(); });
@@ -201,6 +220,11 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       my_room_wait = -1;
       continue;
     }
+    if (!bytes_allow_a_claim()) {
+      if (recheck_blocked_keys()) must_claim = true;
+      WaitFor(tuning::kRoomPoll, bytes_allow_a_claim);  // a completion that frees them wakes it
+      continue;
+    }
     // Wake-ups from here on are about rows this claim may not see (their commit came after
     // its snapshot) or buckets it does not claim from (assigned after they were read below,
     // e.g. while lost claims were handed back); earlier ones it covers.
@@ -231,7 +255,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     // This loop's share of the room, taken only now (no wait comes between it and the claim)
     // and held until what it claims is in the sink: the other loops see it taken.
     RoomShare share(room_wait);
-    const int fresh_limit = share.Take(cap(), sink, worth_a_claim(limit), batch);
+    const int fresh_limit =
+        share.Take(cap(), sink, worth_a_claim(limit), std::min(batch, rows_that_fit()));
     if (fresh_limit == 0) continue;  // another loop took the room meanwhile
     const int slow_limit = std::max(1, fresh_limit / 2);
     const auto claim_started = Now();
@@ -279,6 +304,13 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     }
     metrics->RecordClaim(dest.name, static_cast<std::int64_t>(claim.messages.size()),
                          std::chrono::duration<double>(Now() - claim_started));
+    if (!claim.messages.empty()) {
+      std::int64_t largest = 0;
+      for (const auto& msg : claim.messages) {
+        largest = std::max(largest, static_cast<std::int64_t>(msg.payload.size()));
+      }
+      payload_estimate = std::max(largest, payload_estimate / 2);
+    }
     // Handed over at once: one wake-up of a webhook sink's workers per claim, not one per
     // message (on the 16-core machine the claim thread spent 11 us a message handing a
     // webhook claim over, against 5.8 to Kafka, between claims of ~10 ms).

@@ -163,8 +163,19 @@ std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
   const auto submitted = Now();
   const Destination* d = &dest;
   std::string trace = TraceIdOf(msg);
-  Sink::Completion done = [this, id, attempts, d, &sink, token, created_at, submitted, room,
+  const auto bytes = static_cast<std::int64_t>(msg.payload.size());
+  if (room != nullptr) room->payload_bytes.fetch_add(bytes);
+  Sink::Completion done = [this, id, attempts, d, &sink, token, created_at, submitted, room, bytes,
                            trace = std::move(trace)](Outcome outcome) {
+    // The sink is done with the payload: its bytes no longer count against the destination's
+    // max_in_flight_bytes. A claim loop waiting for them waits for half of it to be free
+    // (claim_loop.cc), woken when this completion frees that.
+    bool bytes_freed = false;
+    if (room != nullptr) {
+      const auto before = room->payload_bytes.fetch_sub(bytes);
+      const auto resume_at = d->max_in_flight_bytes - d->max_in_flight_bytes / 2;
+      bytes_freed = d->max_in_flight_bytes > 0 && before > resume_at && before - bytes <= resume_at;
+    }
     Settlement s = Decide(id, attempts, outcome, d->retry, token, Uniform01(), stopping.load());
     LogOutcome(*d, id, trace, outcome, s);
     s.destination = d->name;
@@ -175,7 +186,7 @@ std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
     EnqueueCompleted(std::move(s));
     // Room in flight: wake the claim loop once there is enough for a claim. (The sink may
     // still count this message; one more is close enough, the loop re-checks.)
-    if (room == nullptr) {
+    if (room == nullptr || bytes_freed) {
       wake_cv.notify_all();
     } else if (room->Wants(static_cast<long>(sink.InFlight()))) {
       wake_cv.notify_all();
@@ -249,8 +260,10 @@ Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
   impl_->metrics = metrics;
   impl_->publish_status = env.metrics != nullptr;
   impl_->status_interval = env.status_interval;
-  for (const auto& [name, dest] : impl_->config.destinations) {
+  for (auto& [name, dest] : impl_->config.destinations) {
     if (!impl_->sinks.count(name)) throw std::invalid_argument("no sink for destination " + name);
+    // As the config file resolves it: a destination's own, else the relay's (0: no limit).
+    if (dest.max_in_flight_bytes == 0) dest.max_in_flight_bytes = impl_->config.max_in_flight_bytes;
   }
   for (const auto& [name, sink] : impl_->sinks) {
     metrics->InitDestination(name, sink->Kind());
@@ -258,7 +271,11 @@ Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
   }
 }
 
-Dispatcher::~Dispatcher() { Stop(); }
+Dispatcher::~Dispatcher() {
+  Stop();
+  // The gauge reads this dispatcher's counts: gone with it (the metrics may outlive it).
+  for (const auto& [name, room] : impl_->room_waits) impl_->metrics->ClearSinkPayloadBytes(name);
+}
 
 DispatcherStats Dispatcher::stats() const {
   const RelayMetrics& m = *impl_->metrics;
@@ -301,7 +318,9 @@ void Dispatcher::Start() {
   }
   for (const auto& [name, dest] : d.config.destinations) {
     d.destination_names.push_back(name);
-    d.room_waits.emplace(name, std::make_unique<Impl::RoomWait>());
+    auto& room = *d.room_waits.emplace(name, std::make_unique<Impl::RoomWait>()).first->second;
+    d.metrics->SetSinkPayloadBytes(
+        name, [&room] { return static_cast<double>(room.payload_bytes.load()); });
   }
   // A destination paused before start is not claimed even once; if this read fails, the
   // maintenance loop's next one applies the pause.

@@ -68,6 +68,9 @@ struct Dispatcher::Impl {
     // first claim only then, so a quiet destination costs one claim per wake-up, not one per
     // loop.
     std::atomic<bool> backlog{false};
+    // Bytes of the payloads handed to the sink whose completion has not come yet: the claim
+    // loops claim only while it is under the destination's max_in_flight_bytes.
+    std::atomic<std::int64_t> payload_bytes{0};
   };
   // A claim loop's share of its destination's room, from before its claim until what it
   // claimed is in the sink (counted by InFlight): given back by Release, or when it goes out

@@ -223,7 +223,12 @@ RelayMetrics::RelayMetrics(std::string version)
                                    "Always 1; the version of this relay.", {"version"})),
       relay_ready(
           registry.AddGauge("outbox_relay_ready",
-                            "1 while the relay is ready (what /readyz answers 200 for), else 0.")) {
+                            "1 while the relay is ready (what /readyz answers 200 for), else 0.")),
+      sink_payload_bytes(registry.AddGauge(
+          "outbox_sink_payload_bytes",
+          "Bytes of payloads the destination's sink holds, handed over and not finished yet "
+          "(claims stop at max_in_flight_bytes).",
+          kDest)) {
   build_info.Labels({std::move(version)}).Set(1);
   // Unlabelled counters exist from the start, at 0.
   settle_fenced_total.Labels({});
@@ -368,6 +373,14 @@ void RelayMetrics::SetKafkaProducerQueueLength(std::string_view destination,
 
 void RelayMetrics::ClearKafkaProducerQueueLength(std::string_view destination) {
   kafka_producer_queue_length.Remove(L(destination));
+}
+
+void RelayMetrics::SetSinkPayloadBytes(std::string_view destination, std::function<double()> fn) {
+  sink_payload_bytes.SetCallback(L(destination), std::move(fn));
+}
+
+void RelayMetrics::ClearSinkPayloadBytes(std::string_view destination) {
+  sink_payload_bytes.Remove(L(destination));
 }
 
 void RelayMetrics::SetReadyCallback(std::function<bool()> fn) {

@@ -4,6 +4,7 @@
 
 #include <any>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -96,6 +97,9 @@ struct Destination {
   DestinationTarget target;
   RetryPolicy retry;
   int batch_size = 0;  ///< Claim batch size; 0 means RelayConfig::batch_size.
+  /// Bytes of payloads its sink may hold at once (claims stop there); 0 means
+  /// RelayConfig::max_in_flight_bytes.
+  std::int64_t max_in_flight_bytes = 0;
 };
 
 enum class LogFormat { kText, kJson };
@@ -124,6 +128,10 @@ struct RelayConfig {
   std::string database_url;                         ///< Required (or OUTBOX_DATABASE_URL).
   std::map<std::string, Destination> destinations;  ///< At least one.
   int batch_size = 500;                             ///< Rows per claim.
+  /// Bytes of payloads each destination's sink may hold at once: its claims stop there, so a
+  /// backlog of large payloads cannot grow the relay past its memory (docs/configuration.md).
+  /// 0: no limit. A destination's own max_in_flight_bytes wins.
+  std::int64_t max_in_flight_bytes = 64 * 1024 * 1024;
   /// Claim loops per destination, each on a database connection of its own, claiming side by
   /// side (docs/scaling.md, "One relay, several claim connections").
   int claim_connections = 1;

@@ -103,6 +103,7 @@ struct RelayMetrics {
   metrics::CounterFamily& db_errors_total;        // outbox_db_errors_total
   metrics::GaugeFamily& build_info;               // outbox_relay_build_info{version}
   metrics::GaugeFamily& relay_ready;              // outbox_relay_ready (set by AdminServer)
+  metrics::GaugeFamily& sink_payload_bytes;       // outbox_sink_payload_bytes{destination}
 
   /// Creates the series of a configured destination at 0 (claims, empty polls, claimed,
   /// delivered, the histograms), so rates and alerts see them before the first message.
@@ -157,6 +158,10 @@ struct RelayMetrics {
   /// producer's rd_kafka_outq_len). Clear it before whatever fn captures is destroyed.
   void SetKafkaProducerQueueLength(std::string_view destination, std::function<double()> fn);
   void ClearKafkaProducerQueueLength(std::string_view destination);
+  /// outbox_sink_payload_bytes{destination} = fn() at each scrape: the bytes of payloads the
+  /// destination's sink holds (max_in_flight_bytes caps them; the dispatcher sets it).
+  void SetSinkPayloadBytes(std::string_view destination, std::function<double()> fn);
+  void ClearSinkPayloadBytes(std::string_view destination);
 
   /// outbox_relay_ready = 1 while fn() is true, 0 otherwise (also when it throws), evaluated
   /// at scrape time. AdminServer sets it from its ready callback while it runs.
