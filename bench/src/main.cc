@@ -22,6 +22,7 @@
 #include "pg_server.h"
 #include "report.h"
 #include "scenarios.h"
+#include "workload.h"
 
 namespace {
 
@@ -86,6 +87,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--keys", opt.keys, "Distinct ordering keys in the keyed scenarios")
       ->capture_default_str();
+  std::size_t payload_bytes = 0;
+  app.add_option("--payload-bytes", payload_bytes,
+                 "Every message's payload this many bytes (its note padded; 0: a ~200-byte event), "
+                 "e.g. --only webhook_drain --webhook-messages 3000 --payload-bytes 524288 to see "
+                 "max_in_flight_bytes bound the relay's memory (peak RSS)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20));
   auto* sustained_s =
       app.add_option("--sustained-seconds", opt.sustained_seconds, "Sustained-load duration")
           ->capture_default_str();
@@ -124,6 +131,7 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", opt.timeout_s, "Per-scenario timeout, seconds")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  outbox::bench::SetPayloadBytes(payload_bytes);
 
   if (opt.quick) {
     if (kafka_n->count() == 0) opt.kafka_messages = 100'000;

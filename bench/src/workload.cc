@@ -11,8 +11,23 @@
 
 namespace outbox::bench {
 
+namespace {
+std::atomic<std::size_t> payload_bytes{0};  // 0: the ~200-byte event
+}  // namespace
+
+void SetPayloadBytes(std::size_t bytes) { payload_bytes = bytes; }
+
 std::string Payload(std::int64_t i) {
   // Shaped like a typical domain event; the note pads the text to ~200 bytes.
+  const std::size_t want = payload_bytes.load();
+  if (want > 0) {
+    std::string out =
+        "{\"event\": \"order.updated\", \"order_id\": " + std::to_string(i) + ", \"note\": \"";
+    const std::size_t tail = 2;  // "}
+    if (out.size() + tail < want) out.append(want - out.size() - tail, 'x');
+    out += "\"}";
+    return out;
+  }
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "{\"event\": \"order.updated\", \"order_id\": %lld, \"customer_id\": \"c-%07lld\", "
@@ -59,9 +74,15 @@ double Preload(const std::string& url, std::int64_t n, const MessageShape& shape
         for (std::int64_t b = next++; b < batches; b = next++) {
           const std::int64_t first = b * kBatch;
           const int count = static_cast<int>(std::min<std::int64_t>(kBatch, n - first));
-          pqxx::work tx(c);
-          tx.exec_prepared("enqueue", EnqueueManyArgument(first, count, shape));
-          tx.commit();
+          // Large payloads (--payload-bytes): calls of ~8 MiB at most, the ids as they were.
+          const int per_call = static_cast<int>(std::clamp<std::size_t>(
+              (std::size_t{8} << 20) / std::max<std::size_t>(payload_bytes.load(), 1), 1, kBatch));
+          for (int done = 0; done < count; done += per_call) {
+            pqxx::work tx(c);
+            tx.exec_prepared("enqueue", EnqueueManyArgument(
+                                            first + done, std::min(per_call, count - done), shape));
+            tx.commit();
+          }
         }
       } catch (...) {
         std::lock_guard lk(failure_mu);

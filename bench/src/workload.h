@@ -19,8 +19,11 @@ struct MessageShape {
   std::string deliver_after;  ///< RFC 3339 instant; empty: due as soon as committed.
 };
 
-/// A JSON object of ~200 bytes (as text), distinct per `i`.
+/// A JSON object of ~200 bytes (as text), distinct per `i`; of SetPayloadBytes' size once set.
 std::string Payload(std::int64_t i);
+/// From now on every Payload is `bytes` long (its note padded), at least its ~200 bytes
+/// (--payload-bytes: large payloads, e.g. what max_in_flight_bytes bounds).
+void SetPayloadBytes(std::size_t bytes);
 /// The JSON array outbox.enqueue_many takes, for messages first .. first + count - 1.
 std::string EnqueueManyArgument(std::int64_t first, int count, const MessageShape& shape);
 
