@@ -21,8 +21,8 @@ struct MessageShape {
 
 /// A JSON object of ~200 bytes (as text), distinct per `i`; of SetPayloadBytes' size once set.
 std::string Payload(std::int64_t i);
-/// From now on every Payload is `bytes` long (its note padded), at least its ~200 bytes
-/// (--payload-bytes: large payloads, e.g. what max_in_flight_bytes bounds).
+/// From now on every Payload is `bytes` long (its note padded; under ~50 bytes, the shortest
+/// such payload) (--payload-bytes: large payloads, e.g. what max_in_flight_bytes bounds).
 void SetPayloadBytes(std::size_t bytes);
 /// The JSON array outbox.enqueue_many takes, for messages first .. first + count - 1.
 std::string EnqueueManyArgument(std::int64_t first, int count, const MessageShape& shape);

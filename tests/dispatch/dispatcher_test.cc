@@ -298,6 +298,7 @@ class DispatcherTest : public ::testing::Test {
     env.stores = db_.Stores();
     env.clock = &clock_;
     env.metrics = metrics;
+    env.max_payload_bytes = max_payload_bytes_;
     dispatcher_ = std::make_unique<Dispatcher>(std::move(config), std::move(sinks), std::move(env));
     dispatcher_->Start();
     return *dispatcher_;
@@ -388,6 +389,7 @@ class DispatcherTest : public ::testing::Test {
   RecordingSink* sink_ = nullptr;
   // Before dispatcher_: a dispatcher given these metrics is destroyed (stopped) first.
   RelayMetrics metrics_{"test"};
+  std::int64_t max_payload_bytes_ = 0;  // DispatcherEnv::max_payload_bytes of Start
   std::unique_ptr<Dispatcher> dispatcher_;
 };
 
@@ -930,6 +932,61 @@ TEST_F(DispatcherTest, APayloadLargerThanMaxInFlightBytesIsSentAlone) {
   ReleaseUntilDrained();
   EXPECT_EQ(db_.Delivered().size(), 3u);
   EXPECT_EQ(sink_->max_in_flight(), 1);
+}
+
+// Claim loops side by side (claim_connections) share the budget: each takes the bytes its claim
+// may bring under the room's lock, so they do not each claim what fits the whole of it. A
+// claim waits in the database (BeforeClaim) until another loop's claim has begun or a second
+// has passed: without the shared count, both claimed what fitted the same bytes left.
+TEST_F(DispatcherTest, ClaimLoopsSideBySideShareMaxInFlightBytes) {
+  auto config = Config(/*batch=*/50);
+  config.claim_connections = 4;
+  config.max_in_flight_bytes = 20 * 1024;
+  for (int i = 0; i < 300; ++i) db_.EnqueuePayload("orders", std::string(2 * 1024, 'x'));
+  // Every 5th claim waits for the next one to begin (at most 200 ms), many times over.
+  std::function<void()> hold;
+  hold = [this, &hold] {
+    const auto began = db_.Calls("claim");
+    WaitFor([&] { return db_.Calls("claim") > began; }, 200ms);
+    db_.BeforeClaim(5, hold);
+  };
+  db_.BeforeClaim(5, hold);
+  Start(std::move(config), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() > 0u; }));
+  ReleaseUntilDrained();
+  EXPECT_EQ(db_.Delivered().size(), 300u);
+  EXPECT_LE(sink_->max_in_flight_bytes(), 20u * 1024);
+  dispatcher_->Stop();  // no claim runs `hold` (a local) any more
+}
+
+// A claim leases up to both lanes' limits: what fits the budget is split between them, so due
+// retries (the slow lane) and fresh rows together stay under it. (With the slow lane's half on
+// top of the fresh lane's fit, the sink held 1.5 x the budget.)
+TEST_F(DispatcherTest, MaxInFlightBytesCoversBothLanesOfAClaim) {
+  auto config = Config(/*batch=*/50);
+  config.max_in_flight_bytes = 10 * 1024;
+  for (int i = 0; i < 40; ++i) db_.EnqueuePayload("orders", std::string(2 * 1024, 'x'), 2s);
+  clock_.Advance(3s);  // the parked ones are due: the slow lane's
+  for (int i = 0; i < 40; ++i) db_.EnqueuePayload("orders", std::string(2 * 1024, 'x'));
+  Start(std::move(config), [](const Message&) { return std::optional<Outcome>(); });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() > 0u; }));
+  ReleaseUntilDrained();
+  EXPECT_EQ(db_.Delivered().size(), 80u);
+  EXPECT_LE(sink_->max_in_flight_bytes(), 10u * 1024);
+}
+
+// The first claim expects each payload to be as large as writers may queue
+// (DispatcherEnv::max_payload_bytes, which the relay reads from outbox.settings): 1 MiB of
+// budget at 256 KiB fits 4 rows, 3 for the fresh lane and 1 for the slow one.
+TEST_F(DispatcherTest, TheFirstClaimExpectsTheLargestPayloadWritersMayQueue) {
+  auto config = Config(/*batch=*/50);
+  config.max_in_flight_bytes = 1024 * 1024;
+  max_payload_bytes_ = 256 * 1024;
+  for (int i = 0; i < 10; ++i) db_.EnqueuePayload("orders", std::string(100, 'x'));
+  Start(std::move(config), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Delivered().size() == 10u; }));
+  ASSERT_FALSE(sink_->hand_overs().empty());
+  EXPECT_EQ(sink_->hand_overs().front(), 3u);
 }
 
 // The first claim expects payloads of 1 MiB (tuning::kFirstPayloadEstimate), and the next

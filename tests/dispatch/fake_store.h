@@ -73,13 +73,14 @@ class FakeDatabase {
     Notify();
     return id;
   }
-  /// A message with this payload.
-  std::int64_t EnqueuePayload(const std::string& destination, std::string payload) {
+  /// A message with this payload (parked, as Enqueue, with a `delay` over a second).
+  std::int64_t EnqueuePayload(const std::string& destination, std::string payload,
+                              std::chrono::milliseconds delay = {}) {
     std::int64_t id;
     {
       std::lock_guard lk(mu_);
       id = ++seq_;
-      Insert(id, destination, std::nullopt, {});
+      Insert(id, destination, std::nullopt, delay);
       rows_.at(id).payload = std::move(payload);
     }
     Notify();

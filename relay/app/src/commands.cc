@@ -220,10 +220,12 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
     spdlog::warn("could not register the config's destinations in outbox.destinations: {}",
                  e.what());
   }
-  // What writers can queue against what each Kafka producer sends.
+  // What writers can queue against what each Kafka producer sends; and what the claim loops'
+  // first claims expect each payload to be (max_in_flight_bytes).
+  std::int64_t max_payload = 0;
   try {
     Store store(cfg.database_url);
-    const std::int64_t max_payload = MaxPayloadBytes(store);
+    max_payload = MaxPayloadBytes(store);
     for (const auto& [name, dest] : cfg.destinations) {
       if (const auto* k = dest.target.As<KafkaTarget>()) {
         if (auto problem = PayloadLimitMismatch(name, *k, max_payload)) spdlog::warn(*problem);
@@ -241,7 +243,10 @@ int RunRelay(const std::string& config_path, const std::string& database_url_ove
           name, [s] { return static_cast<double>(s->ClientQueueLength().value_or(0)); });
     }
   }
-  Dispatcher dispatcher(cfg, std::move(sinks), &metrics);
+  DispatcherEnv dispatcher_env;
+  dispatcher_env.metrics = &metrics;
+  dispatcher_env.max_payload_bytes = max_payload;
+  Dispatcher dispatcher(cfg, std::move(sinks), std::move(dispatcher_env));
   std::unique_ptr<AdminServer> admin;
   if (!cfg.admin_listen.empty()) {
     admin = std::make_unique<AdminServer>(

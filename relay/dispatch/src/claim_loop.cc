@@ -24,13 +24,27 @@ int Dispatcher::Impl::RoomShare::Take(int limit, const Sink& sink, int worth, in
   return taken_;
 }
 
+int Dispatcher::Impl::RoomShare::TakeBytes(int rows, std::int64_t budget, std::int64_t estimate) {
+  if (budget <= 0 || rows <= 0) return rows;
+  std::lock_guard lk(room_.mu);
+  const std::int64_t used = room_.payload_bytes.load() + room_.reserved_bytes.load();
+  const std::int64_t fit = (budget - used) / std::max<std::int64_t>(estimate, 1);
+  const int got = static_cast<int>(std::clamp<std::int64_t>(fit, used == 0 ? 1 : 0, rows));
+  const std::int64_t bytes = got * std::max<std::int64_t>(estimate, 1);
+  room_.reserved_bytes += bytes;
+  taken_bytes_ += bytes;
+  return got;
+}
+
 bool Dispatcher::Impl::RoomShare::Release() {
-  if (taken_ == 0) return false;
+  if (taken_ == 0 && taken_bytes_ == 0) return false;
   {
     std::lock_guard lk(room_.mu);
     room_.reserved -= taken_;
+    room_.reserved_bytes -= taken_bytes_;
   }
   taken_ = 0;
+  taken_bytes_ = 0;
   return room_.AnyWaiting();
 }
 
@@ -81,22 +95,21 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   RoomWait& room_wait = *room_waits.at(dest.name);
   // max_in_flight_bytes: the payloads in the sink stay under it, whatever their size (counted
   // in messages, the room let a backlog of 1 MiB payloads hold 1.5 GiB in a webhook sink). A
-  // claim asks for what fits the bytes left at the largest payload it expects, and once the
-  // sink holds more than half the budget the loop waits until it holds half, as it waits for
-  // half its room in messages: claims of a row or two cost the database nearly a full one's.
-  // Over the budget only by what one claim's payloads exceed the estimate (payloads that grew
-  // from one claim to the next).
+  // claim asks for what fits the bytes left at the largest payload it expects, taken under the
+  // room's lock with what the destination's other loops are claiming (RoomShare::TakeBytes),
+  // and once the sink holds more than half the budget the loop waits until it holds half, as
+  // it waits for half its room in messages: claims of a row or two cost the database nearly a
+  // full one's. The first claim expects the largest payload writers may queue
+  // (outbox.settings.max_payload_bytes); each later one the largest of the last claim, or half
+  // the estimate before. Over the budget only by what one claim's payloads exceed that (payloads
+  // that grew from one claim to the next: at worst batch_size of them, per loop).
   const std::int64_t byte_budget = dest.max_in_flight_bytes;
   const std::int64_t resume_at = byte_budget - byte_budget / 2;
-  std::int64_t payload_estimate = tuning::kFirstPayloadEstimate;
+  std::int64_t payload_estimate = first_payload_estimate;
   const auto bytes_allow_a_claim = [&] {
-    return byte_budget <= 0 || room_wait.payload_bytes.load() <= resume_at;
-  };
-  const auto rows_that_fit = [&]() -> int {
-    if (byte_budget <= 0) return batch;
-    const std::int64_t left = byte_budget - room_wait.payload_bytes.load();
-    return static_cast<int>(
-        std::clamp<std::int64_t>(left / std::max<std::int64_t>(payload_estimate, 1), 1, batch));
+    if (byte_budget <= 0) return true;
+    const std::int64_t used = room_wait.payload_bytes.load() + room_wait.reserved_bytes.load();
+    return used == 0 || (used <= resume_at && byte_budget - used >= payload_estimate);
   };
   std::atomic<long>& my_room_wait = room_wait.wake_at_or_below.at(static_cast<std::size_t>(index));
   Reconnect db(dest.name + ": claim failed, reconnecting", dest.name + ": database reachable again",
@@ -255,10 +268,18 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     // This loop's share of the room, taken only now (no wait comes between it and the claim)
     // and held until what it claims is in the sink: the other loops see it taken.
     RoomShare share(room_wait);
-    const int fresh_limit =
-        share.Take(cap(), sink, worth_a_claim(limit), std::min(batch, rows_that_fit()));
+    int fresh_limit = share.Take(cap(), sink, worth_a_claim(limit), batch);
     if (fresh_limit == 0) continue;  // another loop took the room meanwhile
-    const int slow_limit = std::max(1, fresh_limit / 2);
+    int slow_limit = std::max(1, fresh_limit / 2);
+    // The claim leases up to both lanes' limits: what fits the bytes is split between them, a
+    // third for the slow lane, which keeps at least a row so due retries never wait for a
+    // budget that only ever fits one (such a claim may then bring two).
+    if (const int fits = share.TakeBytes(fresh_limit + slow_limit, byte_budget, payload_estimate);
+        fits < fresh_limit + slow_limit) {
+      if (fits == 0) continue;  // another loop's claim took the bytes meanwhile
+      fresh_limit = std::max(1, fits - fits / 3);
+      slow_limit = std::max(1, fits / 3);
+    }
     const auto claim_started = Now();
     // (The sinks' clock, not the dispatcher's: a sink compares it with its own steady time.)
     const auto claim_expires = std::chrono::steady_clock::now() + config.lease;

@@ -260,6 +260,8 @@ Dispatcher::Dispatcher(RelayConfig config, std::map<std::string, SinkPtr> sinks,
   impl_->metrics = metrics;
   impl_->publish_status = env.metrics != nullptr;
   impl_->status_interval = env.status_interval;
+  impl_->first_payload_estimate =
+      env.max_payload_bytes > 0 ? env.max_payload_bytes : tuning::kFirstPayloadEstimate;
   for (auto& [name, dest] : impl_->config.destinations) {
     if (!impl_->sinks.count(name)) throw std::invalid_argument("no sink for destination " + name);
     // As the config file resolves it: a destination's own, else the relay's (0: no limit).
@@ -318,9 +320,9 @@ void Dispatcher::Start() {
   }
   for (const auto& [name, dest] : d.config.destinations) {
     d.destination_names.push_back(name);
-    auto& room = *d.room_waits.emplace(name, std::make_unique<Impl::RoomWait>()).first->second;
+    auto room = d.room_waits.emplace(name, std::make_shared<Impl::RoomWait>()).first->second;
     d.metrics->SetSinkPayloadBytes(
-        name, [&room] { return static_cast<double>(room.payload_bytes.load()); });
+        name, [room] { return static_cast<double>(room->payload_bytes.load()); });
   }
   // A destination paused before start is not claimed even once; if this read fails, the
   // maintenance loop's next one applies the pause.

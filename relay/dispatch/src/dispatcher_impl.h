@@ -71,6 +71,9 @@ struct Dispatcher::Impl {
     // Bytes of the payloads handed to the sink whose completion has not come yet: the claim
     // loops claim only while it is under the destination's max_in_flight_bytes.
     std::atomic<std::int64_t> payload_bytes{0};
+    // Bytes the loops' claims under way may bring (rows asked for x the payload they expect),
+    // taken under `mu` like `reserved`: loops side by side claim no more than the budget.
+    std::atomic<std::int64_t> reserved_bytes{0};
   };
   // A claim loop's share of its destination's room, from before its claim until what it
   // claimed is in the sink (counted by InFlight): given back by Release, or when it goes out
@@ -84,12 +87,18 @@ struct Dispatcher::Impl {
     // Of the room left (`limit` less what is in flight and what the other loops are claiming),
     // takes up to `want` when at least `worth` is left. Returns what it took (0: none).
     int Take(int limit, const Sink& sink, int worth, int want);
+    // max_in_flight_bytes (`budget` > 0): of the rows taken, how many fit the bytes left (the
+    // budget less what the sink holds and the other loops' claims may bring) at `estimate`
+    // bytes each, and takes their bytes. At least 1 while nothing is held or claimed, else 0
+    // when none fits. Without a budget: `rows`.
+    int TakeBytes(int rows, std::int64_t budget, std::int64_t estimate);
     // Gives the share back; true when a loop of the destination is waiting for room.
     bool Release();
 
    private:
     RoomWait& room_;
     int taken_ = 0;
+    std::int64_t taken_bytes_ = 0;
   };
 
   // --- const after Start ---
@@ -101,11 +110,15 @@ struct Dispatcher::Impl {
   RelayMetrics* metrics = nullptr;
   std::unique_ptr<RelayMetrics> owned_metrics;
   bool publish_status = false;  // the caller gave metrics: keep the queue gauges current
+  // What a claim loop's first claim expects each payload to be (DispatcherEnv::max_payload_bytes).
+  std::int64_t first_payload_estimate = 0;
   // Each destination's outbox_delivery_duration_seconds series, looked up once.
   std::map<std::string, metrics::Histogram*> attempt_durations;
   Millis status_interval{5000};
   std::vector<std::string> destination_names;
-  std::map<std::string, std::unique_ptr<RoomWait>> room_waits;  // one per destination
+  // One per destination; shared with the outbox_sink_payload_bytes gauge, which a scrape may
+  // read while the dispatcher goes.
+  std::map<std::string, std::shared_ptr<RoomWait>> room_waits;
   std::string instance_id = NewUuid();
   std::string description;  // host and pid, for heartbeats
 

@@ -24,10 +24,11 @@ inline constexpr Millis kSlowSettle{kBlockedKeyRecheckFor / 2};
 /// Leases a renewal passed over (rows another transaction held) are tried again this soon,
 /// not lease / 3 later.
 inline constexpr Millis kRenewPassedOverRetry{1'000};
-/// Claim loop, max_in_flight_bytes: the largest payload a loop expects in its first claim
-/// (outbox.settings.max_payload_bytes's default), before it has seen any. A claim asks for at
-/// most what fits the destination's bytes left at that size; after each claim the estimate is
-/// the larger of that claim's largest payload and half the last estimate.
+/// Claim loop, max_in_flight_bytes: the largest payload a loop expects in its first claim when
+/// the dispatcher was not told outbox.settings.max_payload_bytes (DispatcherEnv), that
+/// setting's default. A claim asks for at most what fits the destination's bytes left at that
+/// size; after each claim the estimate is the larger of that claim's largest payload and half
+/// the last estimate.
 inline constexpr std::int64_t kFirstPayloadEstimate = 1024 * 1024;
 /// Settler: outcomes written per statement, at most.
 inline constexpr std::size_t kSettleBatchMax = 2'000;

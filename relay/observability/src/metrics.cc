@@ -227,7 +227,7 @@ RelayMetrics::RelayMetrics(std::string version)
       sink_payload_bytes(registry.AddGauge(
           "outbox_sink_payload_bytes",
           "Bytes of payloads the destination's sink holds, handed over and not finished yet "
-          "(claims stop at max_in_flight_bytes).",
+          "(max_in_flight_bytes bounds them).",
           kDest)) {
   build_info.Labels({std::move(version)}).Set(1);
   // Unlabelled counters exist from the start, at 0.

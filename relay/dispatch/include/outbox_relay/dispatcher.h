@@ -51,6 +51,10 @@ struct DispatcherEnv {
   /// of its own and reads no queue status.
   RelayMetrics* metrics = nullptr;
   Millis status_interval{5000};
+  /// outbox.settings.max_payload_bytes, the largest payload writers may queue: what a claim
+  /// loop's first claim expects each payload to be, under max_in_flight_bytes. 0: unknown
+  /// (1 MiB, the setting's default).
+  std::int64_t max_payload_bytes = 0;
 };
 
 /// Owns one sink per destination and the threads that feed them. Start() once, Stop() once
