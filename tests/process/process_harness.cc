@@ -450,6 +450,22 @@ std::int64_t RelayProcessFixture::Scalar(const std::string& sql) const {
   return tx.exec1(sql)[0].as<std::int64_t>();
 }
 
+std::string RelayProcessFixture::UrlOfLogin(const std::string& login,
+                                            const std::string& role) const {
+  {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction tx(c);
+    tx.exec("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = " + tx.quote(login) +
+            ") THEN CREATE ROLE " + tx.quote_name(login) + " LOGIN; END IF; END $$");
+    if (!role.empty()) tx.exec("GRANT " + tx.quote_name(role) + " TO " + tx.quote_name(login));
+  }
+  std::string url = db_url_;
+  const auto at = url.find("postgres@");
+  if (at == std::string::npos)
+    throw std::runtime_error("the test database's URL names no postgres@: " + url);
+  return url.replace(at, 9, login + "@");
+}
+
 std::vector<std::int64_t> RelayProcessFixture::Ids(const std::string& sql) const {
   pqxx::connection c(db_url_);
   pqxx::nontransaction tx(c);

@@ -270,6 +270,9 @@ class RelayProcessFixture : public PgTest {
   ExpectedMap Enqueue(int n, int keys, int unkeyed_every);
 
   std::int64_t Scalar(const std::string& sql) const;
+  /// The test database's URL for `login`, a login role created if missing and granted `role`
+  /// (none when empty): what a relay or an operator with only that role connects as.
+  std::string UrlOfLogin(const std::string& login, const std::string& role) const;
   std::vector<std::int64_t> Ids(const std::string& sql) const;
   std::int64_t Queued() const { return Scalar("SELECT count(*) FROM outbox.messages"); }
   std::int64_t Leased() const {

@@ -877,17 +877,7 @@ TEST_F(RelayProcessTest, ReadyzOfARunningRelaySaysOnceWhyItIsNotReady) {
 // it could not reach) (review). Run and the operator commands, as a login that has only
 // outbox_relay.
 TEST_F(RelayProcessTest, ARelayWhoseLoginHasOnlyTheRelayRoleRunsAndServesTheCommands) {
-  {
-    pqxx::connection c(db_url_);
-    pqxx::nontransaction tx(c);
-    tx.exec(
-        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'least_relay_login') "
-        "THEN CREATE ROLE least_relay_login LOGIN; END IF; END $$");
-    tx.exec("GRANT outbox_relay TO least_relay_login");
-  }
-  std::string url = db_url_;
-  ASSERT_NE(url.find("postgres@"), std::string::npos) << url;
-  url.replace(url.find("postgres@"), 9, "least_relay_login@");
+  const std::string url = UrlOfLogin("least_relay_login", "outbox_relay");
   const ExpectedMap expected = Enqueue(100, 5, 4);
   const std::string config = WriteConfig("relay.yaml", Yaml(url));
 
@@ -923,21 +913,15 @@ TEST_F(RelayProcessTest, ARelayWhoseLoginHasOnlyTheRelayRoleRunsAndServesTheComm
 // needs, and changes nothing. It cannot read the signing secrets, nor an endpoint's url and
 // headers (where credentials go).
 TEST_F(RelayProcessTest, ALoginWithTheReaderRoleLooksButChangesNothing) {
+  const std::string url = UrlOfLogin("reader_login", "outbox_reader");
   {
     pqxx::connection c(db_url_);
     pqxx::nontransaction tx(c);
-    tx.exec(
-        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'reader_login') "
-        "THEN CREATE ROLE reader_login LOGIN; END IF; END $$");
-    tx.exec("GRANT outbox_reader TO reader_login");
     tx.exec(
         "INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
         "payload, attempts, reason, created_at) VALUES (7, '" +
         std::string(kTopic) + "', gen_random_uuid(), '', '{}', '1', 3, 'http 500', now())");
   }
-  std::string url = db_url_;
-  ASSERT_NE(url.find("postgres@"), std::string::npos) << url;
-  url.replace(url.find("postgres@"), 9, "reader_login@");
   Enqueue(10, 2, 4);
   const std::string config = WriteConfig("reader.yaml", Yaml(url));
 
