@@ -173,7 +173,7 @@ std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
     bool bytes_freed = false;
     if (room != nullptr) {
       const auto before = room->payload_bytes.fetch_sub(bytes);
-      const auto resume_at = d->max_in_flight_bytes - d->max_in_flight_bytes / 2;
+      const auto resume_at = RoomWait::BytesResumeAt(d->max_in_flight_bytes);
       bytes_freed = d->max_in_flight_bytes > 0 && before > resume_at && before - bytes <= resume_at;
     }
     Settlement s = Decide(id, attempts, outcome, d->retry, token, Uniform01(), stopping.load());

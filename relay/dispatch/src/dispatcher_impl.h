@@ -74,6 +74,9 @@ struct Dispatcher::Impl {
     // Bytes the loops' claims under way may bring (rows asked for x the payload they expect),
     // taken under `mu` like `reserved`: loops side by side claim no more than the budget.
     std::atomic<std::int64_t> reserved_bytes{0};
+    // Under max_in_flight_bytes `budget`, the loops claim again once the sink holds at most this
+    // (half of it), as they wait for half their room in messages.
+    static std::int64_t BytesResumeAt(std::int64_t budget) { return budget - budget / 2; }
   };
   // A claim loop's share of its destination's room, from before its claim until what it
   // claimed is in the sink (counted by InFlight): given back by Release, or when it goes out
