@@ -609,11 +609,25 @@ class RawAnswerer {
       }
       std::string head;
       char buf[4096];
-      while (head.find("\r\n\r\n") == std::string::npos) {
+      const auto read_more = [&] {
         const long n =
             ssl != nullptr ? SSL_read(ssl, buf, sizeof buf) : ::recv(c, buf, sizeof buf, 0);
-        if (n <= 0) break;
-        head.append(buf, static_cast<std::size_t>(n));
+        if (n > 0) head.append(buf, static_cast<std::size_t>(n));
+        return n > 0;
+      };
+      while (head.find("\r\n\r\n") == std::string::npos && read_more()) {
+      }
+      // And the body: a socket closed with unread input resets the connection, and the client
+      // then lost what it had not read yet of the answer ("connection error: Read" where the
+      // test expected its own verdict on the answer; seen in CI, on a loaded machine).
+      if (const auto end = head.find("\r\n\r\n"); end != std::string::npos) {
+        std::string lower = head.substr(0, end);
+        std::transform(lower.begin(), lower.end(), lower.begin(),
+                       [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+        const auto at = lower.find("\r\ncontent-length:");
+        const std::size_t length = at == std::string::npos ? 0 : std::stoul(lower.substr(at + 17));
+        while (head.size() < end + 4 + length && read_more()) {
+        }
       }
       ++requests_;
       for (std::size_t at = 0; at < answer_.size() && !stop_;) {  // until the client stops
