@@ -534,6 +534,40 @@ TEST_F(StoreTest, ASettleWrittenTwiceReportsItsMessagesGoneNotFenced) {
   EXPECT_EQ(again.fenced, 1) << "the retried one is back in the queue, no longer ours";
 }
 
+// Nearly every settle is a batch of plain deliveries, written by settle_delivered.sql rather
+// than settle.sql: the same counts, the lease record counted off and a write whose reply was
+// lost written again included.
+TEST_F(StoreTest, PlainDeliveriesWrittenTwiceReportTheirMessagesGoneAndAFenceAsAFence) {
+  Enqueue({outbox::Message::To("d").Json("1").Build(), outbox::Message::To("d").Json("2").Build(),
+           outbox::Message::To("d").Json("3").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 3u);
+  const std::vector<Settlement> batch = {
+      Settle(r.messages[0], r.lease_token, Settlement::Kind::kDelivered),
+      Settle(r.messages[1], r.lease_token, Settlement::Kind::kDelivered)};
+  const auto first = store.Settle(batch);
+  EXPECT_EQ(first.delivered, 2);
+  EXPECT_EQ(first.fenced, 0);
+  EXPECT_EQ(first.gone, 0);
+  EXPECT_EQ(first.written, (std::vector<MessageId>{r.messages[0].id, r.messages[1].id}));
+  EXPECT_EQ(Scalar("SELECT remaining FROM outbox.leases"), 1) << "the claim's third lease";
+
+  auto replayed = batch;
+  replayed.push_back(Settle(r.messages[2], NewUuid(), Settlement::Kind::kDelivered));
+  const auto again = store.Settle(replayed);
+  EXPECT_EQ(again.delivered, 0);
+  EXPECT_EQ(again.gone, 2) << "both left the queue with the first write";
+  EXPECT_EQ(again.fenced, 1) << "the third is leased under another token";
+  EXPECT_TRUE(again.written.empty());
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 1);
+
+  EXPECT_EQ(
+      store.Settle({Settle(r.messages[2], r.lease_token, Settlement::Kind::kDelivered)}).delivered,
+      1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.leases"), 0) << "gone with its last lease";
+}
+
 // Counts the notifications of one channel on a listening connection.
 class Counted final : public pqxx::notification_receiver {
  public:

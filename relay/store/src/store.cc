@@ -109,6 +109,7 @@ struct Store::Impl {
       conn->prepare("claim", std::string(q::kclaim));
       conn->prepare("claim_partitioned", std::string(q::kclaim_partitioned));
       conn->prepare("settle", std::string(q::ksettle));
+      conn->prepare("settle_delivered", std::string(q::ksettle_delivered));
       conn->prepare("reap", std::string(q::kreap));
       conn->prepare("reap_full", std::string(q::kreap_full));
       conn->prepare("release_lost_claims", std::string(q::krelease_lost_claims));
@@ -558,10 +559,14 @@ SettleCounts Store::SettleIn(pqxx::transaction_base& tx, std::span<const Settlem
       }
       arr.push_back(std::move(one));
     }
-    const auto row = tx.exec_prepared1(
-        "settle", arr.dump(), archive,
-        ArrayLiteral(delivered, [](const Settlement* d) { return Raw(d->id); }),
-        ArrayLiteral(delivered, [](const Settlement* d) { return d->lease_token; }), instance_id);
+    const auto ids = ArrayLiteral(delivered, [](const Settlement* d) { return Raw(d->id); });
+    const auto tokens = ArrayLiteral(delivered, [](const Settlement* d) { return d->lease_token; });
+    // Nothing but plain deliveries, unarchived (nearly every settle): settle_delivered.sql, which
+    // returns what the key wakes and the lease records need, not the whole messages.
+    const auto row =
+        arr.empty() && !archive
+            ? tx.exec_prepared1("settle_delivered", ids, tokens, instance_id)
+            : tx.exec_prepared1("settle", arr.dump(), archive, ids, tokens, instance_id);
     counts.delivered = row["delivered"].as<std::int64_t>();
     counts.dead = row["dead"].as<std::int64_t>();
     counts.retried = row["retried"].as<std::int64_t>();

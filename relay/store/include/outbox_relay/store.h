@@ -42,7 +42,8 @@ class Store final : public QueueStore {
   const std::string& last_claim_token() const override;
   std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) override;
 
-  /// One statement (sql/queries/settle.sql). `archive`: also copy delivered messages to
+  /// One statement (sql/queries/settle.sql; settle_delivered.sql for nothing but plain
+  /// deliveries without the archive). `archive`: also copy delivered messages to
   /// outbox.delivered_archive.
   SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive = false,
                       const std::string& instance_id = "") override;
