@@ -31,9 +31,12 @@ timed AS MATERIALIZED (
       lease_until = clock_timestamp() + make_interval(secs => $6::bigint / 1000.0)
   FROM classified r
   WHERE m.id = r.id AND r.ready
-  RETURNING m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,
-            m.payload_bytes, m.attempts, m.parked, m.endpoint_id, m.bucket,
-            (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us,
+  -- The columns a row's life changes, as leased (a row that another relay claimed and handed
+  -- back after this statement's snapshot is leased as it is now, with its new attempts); the
+  -- message itself is read once, by the final SELECT. Returned here, every claimed payload
+  -- was copied into this CTE's store and read back out: ~2 us of Postgres per message in
+  -- kafka_drain (docs/benchmarks.md, session 30).
+  RETURNING m.id, m.ordering_key, m.endpoint_id, m.attempts, m.parked, m.bucket,
             (extract(epoch FROM m.absent_as_of) * 1000000)::bigint AS absent_as_of_us
 ), held AS (
   -- Not ready: park it. A row that is due but blocked behind its key waits at 'infinity'
@@ -82,8 +85,10 @@ timed AS MATERIALIZED (
 )
 SELECT f.seq_value, f.snap_xmin, f.own_xid, f.fresh_scanned, f.fresh_full_bound, f.slow_full,
        f.held, f.blocked_keys, f.scanned_buckets,
-       l.id, l.ordering_key, l.idempotency_key, l.event_type, l.headers, l.payload,
-       l.payload_bytes, l.attempts, l.parked, l.endpoint_id, l.bucket, l.created_us,
-       l.absent_as_of_us
-FROM facts f LEFT JOIN leased l ON true
+       l.id, l.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,
+       m.payload_bytes, l.attempts, l.parked, l.endpoint_id, l.bucket,
+       (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us, l.absent_as_of_us
+-- What no writer changes (payload, headers, keys, created_at) from the row by primary key: this
+-- statement's snapshot sees it as before the lease, the same message.
+FROM facts f LEFT JOIN (leased l JOIN outbox.messages m ON m.id = l.id) ON true
 -- In no particular order: the store sorts the batch by id (cheaper there than here).
