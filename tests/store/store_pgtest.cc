@@ -568,6 +568,26 @@ TEST_F(StoreTest, PlainDeliveriesWrittenTwiceReportTheirMessagesGoneAndAFenceAsA
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.leases"), 0) << "gone with its last lease";
 }
 
+// A fan-out that every endpoint took (the webhook service's usual outcome) leaves nothing for
+// its endpoints: it settles with the plain deliveries, and wakes its key's next message.
+TEST_F(StoreTest, AFanOutEveryEndpointTookSettlesAsADelivery) {
+  Enqueue({outbox::Message::To("d").Key("k").Json("1").Build(),
+           outbox::Message::To("d").Key("k").Json("2").Build()});
+  Store store(db_url_);
+  auto r = store.Claim("d", 0, 10, 10, 30s);
+  ASSERT_EQ(r.messages.size(), 1u) << "the key's head";
+  Settlement taken = Settle(r.messages[0], r.lease_token, Settlement::Kind::kFanOut);
+  taken.delivered_to = 2;
+  const auto c = store.Settle({taken});
+  EXPECT_EQ(c.delivered, 1);
+  EXPECT_EQ(c.woken, 1) << "the key's next message";
+  EXPECT_EQ(c.spawned, 0);
+  EXPECT_EQ(c.fenced, 0);
+  EXPECT_EQ(c.written, (std::vector<MessageId>{r.messages[0].id}));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.leases"), 0);
+  EXPECT_EQ(Ids(store.Claim("d", 0, 10, 10, 30s)).size(), 1u);
+}
+
 // Counts the notifications of one channel on a listening connection.
 class Counted final : public pqxx::notification_receiver {
  public:

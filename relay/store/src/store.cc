@@ -531,7 +531,11 @@ SettleCounts Store::SettleIn(pqxx::transaction_base& tx, std::span<const Settlem
     // Plain deliveries go as two arrays ($3, $4), the rest as JSON objects ($1).
     std::vector<const Settlement*> delivered;
     for (const auto& s : settlements) {
-      if (s.kind == Settlement::Kind::kDelivered) {
+      // A fan-out that every endpoint took leaves nothing behind: settle.sql writes it as it
+      // writes a delivery, so it goes with the deliveries (and a batch of those alone, what the
+      // webhook service settles while its endpoints are well, through settle_delivered.sql).
+      if (s.kind == Settlement::Kind::kDelivered ||
+          (s.kind == Settlement::Kind::kFanOut && s.children.empty())) {
         delivered.push_back(&s);
         continue;
       }
