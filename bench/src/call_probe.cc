@@ -128,7 +128,9 @@ class TimedStore final : public relay::QueueStore {
       const std::vector<std::pair<relay::MessageId, std::string>>& held, Millis lease) override {
     return inner_->RenewLeases(held, lease);
   }
-  std::vector<std::string> Reap() override { return inner_->Reap(); }
+  std::vector<std::string> Reap(Millis queue_scan_every) override {
+    return inner_->Reap(queue_scan_every);
+  }
   relay::OrphanPage WakeOrphans(const std::string& destination, std::int64_t after,
                                 int rows) override {
     return inner_->WakeOrphans(destination, after, rows);

@@ -1,7 +1,8 @@
 -- reap_full: reap.sql without the lease records: a sequential scan of the queue for expired
 -- leases, whatever took them. The safety net behind reap.sql (leases taken by a relay older
--- than migration 0011, still running through an upgrade); the store runs it on its first reap
--- and every 60th after it. Counts as a failed attempt, like reap.sql.
+-- than migration 0011, still running through an upgrade); run by the relay whose reap took the
+-- relays' turn at it (queue_scan_turn.sql, migration 0034). Counts as a failed attempt, like
+-- reap.sql.
 -- A row another transaction has locked is passed over (see reap.sql); a later pass takes it.
 -- Returns the destination of every row returned.
 -- A row whose claim still has a lease record is reap.sql's: it waits for the record (a renewal

@@ -351,7 +351,7 @@ class DispatcherTest : public ::testing::Test {
   void TakeTheLeaseBack(const std::optional<std::string>& first) {
     db_.FailNext("renew", 1'000'000);
     clock_.Advance(31s);  // past the whole lease
-    ASSERT_EQ(testing::FakeStore(db_).Reap().size(), 1u);
+    ASSERT_EQ(testing::FakeStore(db_).Reap(5min).size(), 1u);
     ASSERT_TRUE(WaitFor([&] {
       const auto row = db_.Find(1);
       return row && row->lease_owner && row->lease_owner != first && row->attempts == 1;

@@ -644,7 +644,7 @@ class FakeStore final : public QueueStore {
     return renewed;
   }
 
-  std::vector<std::string> Reap() override {
+  std::vector<std::string> Reap(Millis) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter("reap");
     std::vector<std::string> out;

@@ -157,6 +157,32 @@ TEST(Migrate, AnInvalidPrebuiltParkedBucketIndexIsRefusedWithTheFix) {
   EXPECT_EQ(CurrentSchemaVersion(url), 27);
 }
 
+// Migration 0034 has the relays take the reaper's scan of the whole queue in turns. An
+// upgrade that finds a lease without a lease record (a relay older than schema version 11
+// still running) leaves the first turn due at once; without one, an interval away.
+TEST(Migrate, AnUpgradeThatFindsALeaseWithoutARecordLeavesTheQueueScanDue) {
+  const std::string url = PgCluster::Instance().CreateMigratedDatabase();
+  const auto due = [&] {
+    pqxx::connection c(url);
+    return pqxx::nontransaction(c)
+        .exec1("SELECT last_scan_at = '-infinity' FROM outbox.queue_scans")[0]
+        .as<bool>();
+  };
+  EXPECT_FALSE(due()) << "nothing was leased without a record";
+  {
+    pqxx::connection c(url);
+    pqxx::nontransaction tx(c);
+    tx.exec("DELETE FROM outbox.schema_migrations WHERE version >= 34");
+    tx.exec("DROP TABLE outbox.queue_scans");
+    tx.exec(
+        "INSERT INTO outbox.messages (destination, idempotency_key, payload, deliver_after, "
+        "created_at, bucket, lease_owner, lease_until) VALUES ('d', gen_random_uuid(), '1', "
+        "now(), now(), 0, gen_random_uuid(), now() + interval '1 hour')");
+  }
+  Migrate(url);
+  EXPECT_TRUE(due());
+}
+
 // libpqxx 6.4 throws some SQL errors as their own classes without the SQLSTATE
 // (deadlock_detected, serialization_failure, transaction_rollback,
 // statement_completion_unknown, insufficient_privilege): sqlstate() is empty. A deadlock

@@ -689,7 +689,7 @@ TEST_F(StoreTest, RowsThatBecomeClaimableWakeTheRelaysAndNothingElseDoes) {
   ASSERT_EQ(store.Claim("d", 0, 10, 10, 1ms).messages.size(), 1u);
   std::vector<std::string> reaped;
   EXPECT_EQ(wakes_from([&] {
-              for (int i = 0; i < 200 && reaped.empty(); ++i) reaped = store.Reap();
+              for (int i = 0; i < 200 && reaped.empty(); ++i) reaped = store.Reap(1h);
             }),
             1)
       << "the reaper returned a message";
@@ -819,7 +819,7 @@ TEST_F(StoreTest, ReaperReturnsExpiredLeasesAndTheOldOwnerCannotSettle) {
   auto r = store.Claim("d", 0, 100, 100, 1ms);  // a lease that expires at once
   ASSERT_EQ(r.messages.size(), 1u);
   std::vector<std::string> reaped;
-  for (int i = 0; i < 200 && reaped.empty(); ++i) reaped = store.Reap();
+  for (int i = 0; i < 200 && reaped.empty(); ++i) reaped = store.Reap(1h);
   ASSERT_EQ(reaped, (std::vector<std::string>{"d"}));
   auto again = store.Claim("d", 0, 100, 100, 30s);
   ASSERT_EQ(Ids(again), (std::vector<std::int64_t>{ids[0]}));
@@ -833,30 +833,34 @@ TEST_F(StoreTest, ReaperReturnsExpiredLeasesAndTheOldOwnerCannotSettle) {
 }
 
 // A lease without a lease record (taken by a relay older than migration 0011, still running
-// through the upgrade) is not found through the records; the reaper's scan of the whole queue,
-// on the first reap and every 60th after it, returns it.
+// through the upgrade) is not found through the records; the reaper's scan of the whole queue
+// returns it. The relays take that scan in turns (migration 0034): whichever reaps first once
+// no relay has begun one for the interval. Each relay scanned on its first reap and every 60th
+// after it, so every start, and every relay of a fleet, read the whole queue.
 TEST_F(StoreTest, ReaperScanReturnsALeaseThatHasNoRecord) {
   auto ids = Enqueue({outbox::Message::To("d").Json("1").Build()});
   LeaseWithoutARecord(ids[0]);
-  Store store(db_url_);
-  // The first reap scans (a relay restarted more often than every 60 reaps, as in a rolling
-  // upgrade, the case the scan exists for, would otherwise never scan: review).
-  EXPECT_EQ(store.Reap(), (std::vector<std::string>{"d"}));
+  Store store(db_url_), started_later(db_url_);
+  EXPECT_TRUE(store.Reap(1h).empty()) << "the migration found no such lease: not due for an hour";
+  EXPECT_EQ(store.Reap(1ms), (std::vector<std::string>{"d"})) << "due: its turn";
   auto again = store.Claim("d", 0, 100, 100, 30s);
   ASSERT_EQ(Ids(again), (std::vector<std::int64_t>{ids[0]}));
   EXPECT_EQ(again.messages[0].attempts, 1);
 
-  // And every 60th after it.
+  // A relay that starts (or reaps) within the interval of that scan does not scan again...
   Scalar("WITH d AS (DELETE FROM outbox.leases RETURNING 1) SELECT count(*) FROM d");
   LeaseWithoutARecord(ids[0]);
-  int reaps = 0;
-  std::vector<std::string> reaped;
-  while (reaped.empty() && reaps < 100) {
-    reaped = store.Reap();
-    ++reaps;
-  }
-  EXPECT_EQ(reaped, (std::vector<std::string>{"d"}));
-  EXPECT_EQ(reaps, 60) << "returned by the 61st reap, the next one that scans the queue";
+  EXPECT_TRUE(started_later.Reap(1h).empty());
+  EXPECT_TRUE(store.Reap(1h).empty());
+  // ... and the first to reap once the interval has passed does.
+  Scalar(
+      "WITH s AS (UPDATE outbox.queue_scans SET last_scan_at = now() - interval '61 min' "
+      "RETURNING 1) SELECT count(*) FROM s");
+  EXPECT_EQ(started_later.Reap(1h), (std::vector<std::string>{"d"}));
+  EXPECT_GT(Scalar("SELECT count(*) FROM outbox.queue_scans "
+                   "WHERE last_scan_at > now() - interval '1 min'"),
+            0)
+      << "the turn it took";
 }
 
 // The queue scan fails (here a trigger; in production a statement_timeout shorter than the
@@ -872,8 +876,8 @@ TEST_F(StoreTest, AFailingQueueScanKeepsWhatTheLeaseRecordsReturned) {
       "CREATE TRIGGER refuse_scan BEFORE UPDATE ON outbox.messages FOR EACH ROW "
       "WHEN (OLD.destination = 'stuck') EXECUTE FUNCTION public.refuse_scan()");
   Store store(db_url_);
-  // 61 reaps: the first and the 61st scan the queue.
-  for (int i = 0; i < 61; ++i) {
+  // Every reap's turn is due (an interval of 1 ms): each one scans, and fails.
+  for (int i = 0; i < 3; ++i) {
     Enqueue({outbox::Message::To("d").Json("1").Build()});
     const auto r = store.Claim("d", 0, 100, 100, 1ms);
     ASSERT_EQ(r.messages.size(), 1u);
@@ -881,7 +885,14 @@ TEST_F(StoreTest, AFailingQueueScanKeepsWhatTheLeaseRecordsReturned) {
         [&] { return Scalar("SELECT count(*) FROM outbox.leases WHERE lease_until < now()") > 0; },
         10s));
     std::vector<std::string> reaped;
-    ASSERT_NO_THROW(reaped = store.Reap()) << "reap " << i + 1;
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          return Scalar(
+                     "SELECT count(*) FROM outbox.queue_scans "
+                     "WHERE last_scan_at < clock_timestamp() - interval '1 ms'") > 0;
+        },
+        10s));
+    ASSERT_NO_THROW(reaped = store.Reap(1ms)) << "reap " << i + 1;
     EXPECT_EQ(reaped, (std::vector<std::string>{"d"})) << "reap " << i + 1;
     ASSERT_EQ(store.Claim("d", 0, 100, 100, 30s).messages.size(), 1u);
     pqxx::nontransaction(c).exec(
@@ -905,7 +916,11 @@ TEST_F(StoreTest, TheQueueScanLeavesARowWhoseLeaseRecordStillHolds) {
       [&] { return Scalar("SELECT count(*) FROM outbox.messages WHERE lease_until < now()") == 1; },
       10s));
   Store reaper(db_url_);
-  for (int i = 0; i < 61; ++i) EXPECT_TRUE(reaper.Reap().empty()) << "reap " << i + 1;
+  EXPECT_TRUE(reaper.Reap(1ms).empty());
+  EXPECT_GT(Scalar("SELECT count(*) FROM outbox.queue_scans "
+                   "WHERE last_scan_at > now() - interval '1 min'"),
+            0)
+      << "the reap scanned";
 }
 
 // A claim's lease record counts its leases off as settles end them (a fenced outcome ends
@@ -1066,12 +1081,12 @@ TEST_F(StoreTest, TheReaperWaitsForNoRowAnotherTransactionHolds) {
   pqxx::connection x(db_url_);
   pqxx::work hold(x);
   hold.exec("SELECT 1 FROM outbox.messages WHERE id = " + std::to_string(ids[1]) + " FOR UPDATE");
-  auto reap = std::async(std::launch::async, [&] { return store.Reap(); });
+  auto reap = std::async(std::launch::async, [&] { return store.Reap(1h); });
   const bool waited = reap.wait_for(15s) != std::future_status::ready;
   hold.abort();
   EXPECT_FALSE(waited) << "the reaper waited for the row the other transaction held";
   EXPECT_EQ(reap.get().size(), waited ? 2u : 1u) << "the locked row is passed over";
-  EXPECT_EQ(store.Reap(), (std::vector<std::string>{"d"}))
+  EXPECT_EQ(store.Reap(1h), (std::vector<std::string>{"d"}))
       << "the claim's record was kept for the row passed over";
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.leases"), 0);
   auto again = store.Claim("d", 0, 10, 10, 30s);
@@ -1101,11 +1116,11 @@ TEST_F(StoreTest, ARenewedLeaseIsNotReapedAtItsFirstEnd) {
   };
   EXPECT_EQ(records(), 1) << "the record was extended with the renewed lease";
   std::this_thread::sleep_until(renewed_at + 400ms);  // past the claim's 300 ms
-  EXPECT_TRUE(store.Reap().empty()) << "reaped before the renewed lease ended";
+  EXPECT_TRUE(store.Reap(1h).empty()) << "reaped before the renewed lease ended";
   std::vector<std::string> reaped;
   const auto deadline = std::chrono::steady_clock::now() + 20s;
   while (reaped.size() < 2 && std::chrono::steady_clock::now() < deadline) {
-    for (auto& d : store.Reap()) reaped.push_back(d);
+    for (auto& d : store.Reap(1h)) reaped.push_back(d);
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_EQ(reaped, (std::vector<std::string>{"d", "d"}));

@@ -75,7 +75,7 @@ void Dispatcher::Impl::MaintenanceLoop() {
       }
       if (now >= next_reap) {
         next_reap = now + config.reap_interval;
-        const auto reaped = store.Reap();
+        const auto reaped = store.Reap(config.reap_interval * tuning::kQueueScanEveryReaps);
         if (!reaped.empty()) {
           metrics->RecordReaperRequeued(static_cast<std::int64_t>(reaped.size()));
           for (const auto& dest : reaped) metrics->RecordRetried(dest, Reason::kLeaseExpired);

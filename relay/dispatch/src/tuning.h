@@ -47,6 +47,10 @@ inline constexpr Millis kListenWait{200};
 /// one backend every reap_interval_ms, and a pass over a million blocked rows ~17 minutes
 /// (behind the claim loops' own rechecks, which wake nearly every such row within a second).
 inline constexpr int kOrphanSweepPage = 5'000;
+/// The reaper's scan of the whole queue for leases without a lease record (reap_full.sql): by
+/// whichever relay reaps first once no relay has begun one for this many of its
+/// reap_interval_ms (5 minutes at the default 5 s; migration 0034).
+inline constexpr int kQueueScanEveryReaps = 60;
 /// Status gauges: the next read of the queue's status comes at least this many times what the
 /// last one took after it (a pass over the queue: a tenth of one backend at most).
 inline constexpr int kStatusCostFactor = 10;

@@ -70,11 +70,6 @@ const char* KindName(Settlement::Kind k) {
 
 }  // namespace
 
-// The first Reap() and every kFullReapEvery-th after it also scan the whole queue (every 5 minutes
-// at the default reap_interval of 5 s) for leases without a lease record: leases of a relay older
-// than migration 0011, still running while an upgrade rolls out.
-constexpr std::int64_t kFullReapEvery = 60;
-
 constexpr const char* kInterrupted = "interrupted: the relay is stopping";
 
 struct Store::Impl {
@@ -90,7 +85,6 @@ struct Store::Impl {
   bool listening = false;
   bool claim_session = false;  // claim_session.sql applied on this connection
   bool queue_session = false;  // queue_session.sql (or claim_session.sql) applied
-  std::int64_t reaps = 0;      // Reap() calls: the first and every kFullReapEvery-th scan the queue
   std::string last_claim_token;
 
   pqxx::connection& Get() {
@@ -112,6 +106,7 @@ struct Store::Impl {
       conn->prepare("settle_delivered", std::string(q::ksettle_delivered));
       conn->prepare("reap", std::string(q::kreap));
       conn->prepare("reap_full", std::string(q::kreap_full));
+      conn->prepare("queue_scan_turn", std::string(q::kqueue_scan_turn));
       conn->prepare("release_lost_claims", std::string(q::krelease_lost_claims));
       conn->prepare("renew_leases", std::string(q::krenew_leases));
       conn->prepare("wake_orphans", std::string(q::kwake_orphans));
@@ -627,17 +622,19 @@ std::int64_t Store::ReleaseLostClaims(const std::vector<std::string>& tokens) {
   });
 }
 
-std::vector<std::string> Store::Reap() {
+std::vector<std::string> Store::Reap(Millis queue_scan_every) {
   return Translated([&]() -> std::vector<std::string> {
     auto& c = impl_->ForQueue();
     pqxx::nontransaction tx(c);
     std::vector<std::string> out;
     for (const auto& row : tx.exec_prepared("reap")) out.push_back(row[0].as<std::string>());
     // The safety net: a scan of the whole queue for leases without a record (reap_full.sql),
-    // on the first reap and every kFullReapEvery-th after it. A scan that fails (a
-    // statement_timeout shorter than the scan of a large queue) loses nothing of what reap.sql
-    // returned, committed above: reported as returned, and the scan waits for its next turn.
-    if (impl_->reaps++ % kFullReapEvery == 0) {
+    // by whichever relay asks first once no relay has begun one for `queue_scan_every`
+    // (queue_scan_turn.sql). A scan that fails (a statement_timeout shorter than the scan of a
+    // large queue) loses nothing of what reap.sql returned, committed above: reported as
+    // returned, and the scan waits for the next turn.
+    if (!tx.exec_prepared("queue_scan_turn", static_cast<long long>(queue_scan_every.count()))
+             .empty()) {
       try {
         // A scan of the whole queue is what this statement is: planned (at its first run, and
         // again after an analyze) with sequential scans allowed, not walking an index over it.
@@ -655,9 +652,9 @@ std::vector<std::string> Store::Reap() {
         impl_->queue_session = true;
         spdlog::warn(
             "reaper: the scan of the queue for leases without a lease record failed: {}; it "
-            "runs again in {} reaps (if it timed out, give the relay's role a statement_timeout "
+            "runs again in {} ms (if it timed out, give the relay's role a statement_timeout "
             "longer than a sequential scan of outbox.messages)",
-            e.what(), kFullReapEvery);
+            e.what(), queue_scan_every.count());
       }
     }
     return out;

@@ -162,8 +162,10 @@ class QueueStore {
   virtual std::vector<MessageId> RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
                                    Millis lease) = 0;
 
-  /// Returns expired leases to the queue; returns the destination of each returned row.
-  virtual std::vector<std::string> Reap() = 0;
+  /// Returns expired leases to the queue; returns the destination of each returned row. Also
+  /// scans the whole queue for expired leases without a lease record when no relay has begun
+  /// that scan for `queue_scan_every` (this call then takes the turn).
+  virtual std::vector<std::string> Reap(Millis queue_scan_every) = 0;
   /// One page of the orphan sweep: of `destination`'s rows blocked behind their key (parked at
   /// 'infinity'), the first `rows` with an id above `after`; wakes those whose key has no
   /// earlier message left. A sweep starts at 0 and goes on from each page's next_after.

@@ -53,7 +53,7 @@ class Store final : public QueueStore {
   std::vector<MessageId> RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
                            Millis lease) override;
 
-  std::vector<std::string> Reap() override;
+  std::vector<std::string> Reap(Millis queue_scan_every) override;
   /// Wakes rows blocked at 'infinity' whose key has no earlier message left.
   OrphanPage WakeOrphans(const std::string& destination, std::int64_t after, int rows) override;
   std::int64_t WakeKeys(const std::string& destination,
