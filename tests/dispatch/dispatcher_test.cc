@@ -1425,9 +1425,19 @@ TEST_F(DispatcherTest, APartitionedRelaysFirstHeartbeatIsWrittenBeforeItsFirstCo
   EXPECT_LT(first("heartbeat"), first("coordinate"));
 }
 
+// The reaper asks for the relays' turn at the scan of the whole queue for leases without a
+// record once no relay has begun one for 60 of its reap intervals (migration 0034).
+TEST_F(DispatcherTest, TheReaperAsksForTheQueueScanAfterSixtyOfItsReapIntervals) {
+  auto config = Config();
+  config.reap_interval = 7s;
+  Start(config, DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") >= 1; }));
+  EXPECT_EQ(db_.QueueScanIntervals().front(), Millis{7'000 * 60});
+}
+
 // A partitioned relay's settles name it, so that a key's next message released in a bucket
-// another relay owns now wakes that relay (settle.sql, woke_elsewhere; StoreTest covers the
-// statement); a skip_locked relay's name none, every relay claiming every bucket.
+// another relay owns now wakes that relay (woke_elsewhere, in both settle statements;
+// StoreTest covers them); a skip_locked relay's name none, every relay claiming every bucket.
 TEST_F(DispatcherTest, APartitionedRelaysSettlesNameItAndOthersNone) {
   std::string me;  // the partitioned relay's id
   for (const auto mode : {ClaimMode::kPartitioned, ClaimMode::kSkipLocked}) {

@@ -272,6 +272,12 @@ class FakeDatabase {
     return keys_asked_to_wake_;
   }
 
+  /// The queue_scan_every of every QueueStore::Reap, in order.
+  std::vector<Millis> QueueScanIntervals() const {
+    std::lock_guard lk(mu_);
+    return queue_scan_intervals_;
+  }
+
   /// Every store call, in the order they were made.
   std::vector<std::string> CallOrder() const {
     std::lock_guard lk(mu_);
@@ -391,6 +397,7 @@ class FakeDatabase {
   std::uint64_t xid_ = 100;
   std::vector<std::int64_t> delivered_, dead_;
   std::vector<BlockedKey> keys_asked_to_wake_;
+  std::vector<Millis> queue_scan_intervals_;
   std::map<std::string, int> failures_;
   std::map<std::string, std::int64_t> calls_;
   std::vector<std::string> call_order_;
@@ -644,9 +651,10 @@ class FakeStore final : public QueueStore {
     return renewed;
   }
 
-  std::vector<std::string> Reap(Millis) override {
+  std::vector<std::string> Reap(Millis queue_scan_every) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter("reap");
+    db_.queue_scan_intervals_.push_back(queue_scan_every);
     std::vector<std::string> out;
     const auto now = db_.clock_.WallNow();
     for (auto& [id, r] : db_.rows_) {

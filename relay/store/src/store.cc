@@ -630,12 +630,12 @@ std::vector<std::string> Store::Reap(Millis queue_scan_every) {
     for (const auto& row : tx.exec_prepared("reap")) out.push_back(row[0].as<std::string>());
     // The safety net: a scan of the whole queue for leases without a record (reap_full.sql),
     // by whichever relay asks first once no relay has begun one for `queue_scan_every`
-    // (queue_scan_turn.sql). A scan that fails (a statement_timeout shorter than the scan of a
-    // large queue) loses nothing of what reap.sql returned, committed above: reported as
-    // returned, and the scan waits for the next turn.
-    if (!tx.exec_prepared("queue_scan_turn", static_cast<long long>(queue_scan_every.count()))
-             .empty()) {
-      try {
+    // (queue_scan_turn.sql). A turn or a scan that fails (a statement_timeout shorter than the
+    // scan of a large queue) loses nothing of what reap.sql returned, committed above:
+    // reported as returned, and the scan waits for the next turn.
+    try {
+      if (!tx.exec_prepared("queue_scan_turn", static_cast<long long>(queue_scan_every.count()))
+               .empty()) {
         // A scan of the whole queue is what this statement is: planned (at its first run, and
         // again after an analyze) with sequential scans allowed, not walking an index over it.
         // Until it is off again the connection counts as without its settings: whatever
@@ -647,15 +647,15 @@ std::vector<std::string> Store::Reap(Millis queue_scan_every) {
         }
         tx.exec("SET enable_seqscan = off");
         impl_->queue_session = true;
-      } catch (const pqxx::sql_error& e) {
-        tx.exec("SET enable_seqscan = off");  // (a broken connection throws on: made anew)
-        impl_->queue_session = true;
-        spdlog::warn(
-            "reaper: the scan of the queue for leases without a lease record failed: {}; it "
-            "runs again in {} ms (if it timed out, give the relay's role a statement_timeout "
-            "longer than a sequential scan of outbox.messages)",
-            e.what(), queue_scan_every.count());
       }
+    } catch (const pqxx::sql_error& e) {
+      tx.exec("SET enable_seqscan = off");  // (a broken connection throws on: made anew)
+      impl_->queue_session = true;
+      spdlog::warn(
+          "reaper: the scan of the queue for leases without a lease record failed: {}; the "
+          "relays' next turn at it comes in {} ms (if it timed out, give the relay's role a "
+          "statement_timeout longer than a sequential scan of outbox.messages)",
+          e.what(), queue_scan_every.count());
     }
     return out;
   });
