@@ -283,6 +283,9 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 				raw, ok = json.RawMessage(b), true
 			}
 			if ok {
+				if depth := jsonDepth(raw); depth > maxJSONDepth {
+					return nil, invalid("%s", tooDeep(depth))
+				}
 				if !json.Valid(raw) {
 					return nil, invalid("payload is not valid JSON; pass JSON text as json.RawMessage or []byte, a Go value, or bytes that are not JSON as Data")
 				}
@@ -298,6 +301,11 @@ func encode(ctx context.Context, ms []Message) ([]byte, error) {
 				var err error
 				if raw, err = json.Marshal(m.JSON); err != nil {
 					return nil, invalid("JSON payload cannot be encoded: %v", err)
+				}
+				// encoding/json writes a value nested deeper than it reads back: the batch's
+				// own encoding then failed with its error, not an InvalidMessageError.
+				if depth := jsonDepth(raw); depth > maxJSONDepth {
+					return nil, invalid("%s", tooDeep(depth))
 				}
 			}
 			if problem := jsonTextProblem(raw); problem != "" {
@@ -470,6 +478,43 @@ func invalidUTF8(v reflect.Value, depth int) (string, bool) {
 		return "(a string of it)", true
 	}
 	return "at " + p, true
+}
+
+// maxJSONDepth is the deepest nesting of arrays and objects encoding/json reads (and so sends
+// inside a batch); PostgreSQL's jsonb refuses a little deeper, about 13000 at the default
+// max_stack_depth (SQLSTATE 54001).
+const maxJSONDepth = 10000
+
+// jsonDepth is how deeply the JSON text nests arrays and objects.
+func jsonDepth(b []byte) int {
+	depth, most := 0, 0
+	inString, escaped := false, false
+	for _, c := range b {
+		switch {
+		case inString:
+			if escaped {
+				escaped = false
+			} else if c == '\\' {
+				escaped = true
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			depth++
+			if depth > most {
+				most = depth
+			}
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return most
+}
+
+func tooDeep(depth int) string {
+	return fmt.Sprintf("payload nests arrays and objects %d deep; at most %d can be sent (encoding/json's limit, and jsonb's is close above it): flatten it, or send its bytes as Data", depth, maxJSONDepth)
 }
 
 // badUTF8 is invalidUTF8's walk; the path is built only for the string it finds.

@@ -525,6 +525,21 @@ func TestBadInputIsRefusedNamingTheArgument(t *testing.T) {
 		refused(Message{Destination: "orders", JSON: json.RawMessage("[1e1000000]")},
 			"value overflows numeric format", many)
 	}
+	// JSON nested deeper than the server's stack allows (54001) cannot reach it from Go:
+	// encoding/json refuses nesting deeper than 10000 first, and the server's limit lies above
+	// that (about 13000 at the default max_stack_depth). A Go value nested that deep came back
+	// as encoding/json's error from the batch's encoding, not an InvalidMessageError.
+	var deep any = []any{}
+	for i := 0; i < 20000; i++ {
+		deep = []any{deep}
+	}
+	for _, many := range []bool{false, true} {
+		refused(Message{Destination: "orders", JSON: deep},
+			"payload nests arrays and objects 20001 deep; at most 10000", many)
+		refused(Message{Destination: "orders",
+			JSON: json.RawMessage(strings.Repeat("[", 20000) + strings.Repeat("]", 20000))},
+			"payload nests arrays and objects 20000 deep; at most 10000", many)
+	}
 	refused(Message{Destination: "orders", JSON: 1, DeliverAfter: 400 * 24 * time.Hour},
 		"is more than 1 year ahead", false)
 	// A negative delay went in as a time in the past (due at once), where C++ refuses it.

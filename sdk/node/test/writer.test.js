@@ -256,6 +256,12 @@ test('bad input is refused naming the argument, nothing half-written', { skip },
   for (const many of [false, true]) {
     await refused({ destination: 'orders', jsonText: '[1e1000000]' }, 'value overflows numeric format', many);
   }
+  // Valid JSON nested deeper than the server's stack allows: its refusal (54001) is the
+  // message's own too.
+  for (const many of [false, true]) {
+    await refused({ destination: 'orders', jsonText: '['.repeat(100000) + ']'.repeat(100000) },
+      'stack depth limit exceeded', many);
+  }
   await refused({ destination: 'orders', json: {}, key: 'k'.repeat(1025) },
     'ordering_key is 1025 bytes long, the limit is 1024');
   await refused({ destination: 'orders', json: {}, headers: { n: 1 } }, 'header "n" is not a string');

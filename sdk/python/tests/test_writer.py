@@ -121,6 +121,18 @@ class WriterTest(unittest.TestCase):
         for many in (False, True):
             self.assertRefused(Message("orders", json_text="[1e1000000]"),
                                "value overflows numeric format", many=many)
+        # A value nested deeper than the interpreter's recursion limit: json.dumps's
+        # RecursionError came to the caller as it was, not as an InvalidMessage. (JSON nested
+        # deeper than the server allows, 54001, cannot come from here: json_text is read with
+        # json.loads first, whose limit is the same recursion limit.)
+        deep = []
+        for _ in range(5000):
+            deep = [deep]
+        for many in (False, True):
+            self.assertRefused(Message("orders", json=deep),
+                               "payload nests deeper than Python's json module writes", many=many)
+            self.assertRefused(Message("orders", json_text="[" * 5000 + "]" * 5000),
+                               "json_text is not valid JSON", many=many)
         key = uuid.uuid4()
         conn = psycopg.connect(URL)
         try:

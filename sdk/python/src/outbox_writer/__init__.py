@@ -262,6 +262,12 @@ def _validate(m: Message, where: str):
         text = _json.dumps(m.json, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise InvalidMessage(f"outbox: {where}payload cannot be written as JSON: {e}") from e
+    except RecursionError as e:
+        # A value nested deeper than the interpreter's recursion limit (about 1000 levels):
+        # the caller got the RecursionError itself.
+        raise InvalidMessage(
+            f"outbox: {where}payload nests deeper than Python's json module writes ({e}); "
+            "flatten it, or pass its JSON text as json_text") from e
     problem = _json_text_problem(text)
     if problem:
         raise InvalidMessage(f"outbox: {where}payload {problem}")

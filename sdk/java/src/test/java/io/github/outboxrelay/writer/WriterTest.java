@@ -333,6 +333,12 @@ public final class WriterTest {
     for (boolean many : new boolean[] {false, true}) {
       refused(OutboxMessage.to("orders").json("[1e1000000]").build(), "value overflows numeric format", many);
     }
+    // Valid JSON nested deeper than the server's stack allows: its refusal (54001) is the
+    // message's own too.
+    String deep = "[".repeat(100000) + "]".repeat(100000);
+    for (boolean many : new boolean[] {false, true}) {
+      refused(OutboxMessage.to("orders").json(deep).build(), "stack depth limit exceeded", many);
+    }
     UUID key = UUID.randomUUID();
     try (Connection c = connect()) {
       c.setAutoCommit(false);
