@@ -183,8 +183,13 @@ TEST_F(CoordinateTest, RelaysWaitingForABucketCountChangeAreNotDeclaredDead) {
   Enqueue({outbox::Message::To("d").Json("1").Build()});
   Store store(db_url_);
   const std::string waiting = NewUuid(), first = NewUuid();
-  store.Coordinate(waiting, 1s, false, "");
-  store.Coordinate(first, 1s, false, "");
+  // The lease leaves room for the time before the change takes the lock and after it lets go,
+  // which counts against the relays as it would between two heartbeats: with 1 s, a slow
+  // moment of a loaded machine there (2.6 s for this test under ctest -j3, against 2.1) let
+  // `first` declare `waiting` dead, and the test failed with nothing wrong.
+  constexpr auto kLease = 3s;
+  store.Coordinate(waiting, kLease, false, "");
+  store.Coordinate(first, kLease, false, "");
   // A row lock keeps the re-bucketing (and so the coordinator's lock) going for a while.
   pqxx::connection lc(db_url_);
   pqxx::work locker(lc);
@@ -196,7 +201,7 @@ TEST_F(CoordinateTest, RelaysWaitingForABucketCountChangeAreNotDeclaredDead) {
   const bool lapsed = testing::WaitFor(
       [&] {
         return Scalar("SELECT count(*) FROM outbox.relay_instances WHERE instance_id = '" +
-                      waiting + "' AND heartbeat_at < clock_timestamp() - interval '1500 ms'") ==
+                      waiting + "' AND heartbeat_at < clock_timestamp() - interval '3500 ms'") ==
                    1 &&
                Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
       },
@@ -204,9 +209,9 @@ TEST_F(CoordinateTest, RelaysWaitingForABucketCountChangeAreNotDeclaredDead) {
   locker.commit();
   change.get();
   ASSERT_TRUE(lapsed) << "the change held the lock past the relays' lease";
-  EXPECT_EQ(store.Coordinate(first, 1s, false, "").size(), 4u)
+  EXPECT_EQ(store.Coordinate(first, kLease, false, "").size(), 4u)
       << "the relay that waited keeps its share";
-  EXPECT_EQ(store.Coordinate(waiting, 1s, false, "").size(), 4u);
+  EXPECT_EQ(store.Coordinate(waiting, kLease, false, "").size(), 4u);
 }
 
 // A relay frozen (SIGSTOP, a network cut) inside its heartbeat's transaction, after
