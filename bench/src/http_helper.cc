@@ -29,6 +29,9 @@
 #include "workload.h"
 
 namespace outbox::bench {
+// Named, so that its helpers do not meet those of the files built beside it in one unity
+// translation unit (CMakeLists.txt).
+namespace http_helper {
 namespace {
 
 struct Arrival {
@@ -124,8 +127,10 @@ class Receiver {
 };
 
 }  // namespace
+}  // namespace http_helper
 
 int RunHttpHelper() {
+  using namespace http_helper;
   std::unique_ptr<Receiver> receiver;
   const int rc = ServeCommands([&](const std::vector<std::string>& w) -> std::string {
     const std::string& cmd = w[0];

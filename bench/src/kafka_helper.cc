@@ -41,6 +41,9 @@
 #include "workload.h"
 
 namespace outbox::bench {
+// Named, so that its helpers do not meet those of the files built beside it in one unity
+// translation unit (CMakeLists.txt).
+namespace kafka_helper {
 namespace {
 
 void Set(rd_kafka_conf_t* conf, const char* name, const std::string& value) {
@@ -323,8 +326,10 @@ nlohmann::json ProduceDirect(const std::string& bootstraps, const std::string& t
 }
 
 }  // namespace
+}  // namespace kafka_helper
 
 int RunKafkaHelper() {
+  using namespace kafka_helper;
   rd_kafka_t* owner = nullptr;
   rd_kafka_mock_cluster_t* cluster = nullptr;
   std::string bootstraps;

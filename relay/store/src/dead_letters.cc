@@ -22,7 +22,7 @@ std::string ArrayLiteral(const std::vector<std::int64_t>& ids) {
   return s + "}";
 }
 
-DeadLetter FromRow(const pqxx::row& r) {
+DeadLetter DeadLetterFromRow(const pqxx::row& r) {
   DeadLetter d;
   d.id = r["id"].as<std::int64_t>();
   d.destination = r["destination"].as<std::string>();
@@ -72,7 +72,7 @@ std::vector<DeadLetter> ListDeadLetters(Store& store, const std::string& destina
     std::vector<DeadLetter> out;
     for (const auto& r :
          tx.exec_params(std::string(sql::queries::kdlq_list), destination, 0, limit)) {
-      out.push_back(FromRow(r));
+      out.push_back(DeadLetterFromRow(r));
     }
     return out;
   });
@@ -96,7 +96,7 @@ std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id) {
     pqxx::nontransaction tx(c);
     const auto r = tx.exec_params(std::string(sql::queries::kdlq_list), std::string(), id, 1);
     if (r.empty()) return std::nullopt;
-    return FromRow(r[0]);
+    return DeadLetterFromRow(r[0]);
   });
 }
 

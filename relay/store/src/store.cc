@@ -24,8 +24,13 @@
 namespace outbox::relay {
 namespace q = sql::queries;
 namespace {
-
 constexpr const char* kChannel = "outbox_messages";
+}  // namespace
+
+// Not in the anonymous namespace: Store::Impl holds one, and a class with a member of such a
+// type is warned about (-Wsubobject-linkage) wherever this file is included, as the unity
+// build includes it (CMakeLists.txt).
+namespace store_detail {
 
 class WakeReceiver final : public pqxx::notification_receiver {
  public:
@@ -40,6 +45,10 @@ class WakeReceiver final : public pqxx::notification_receiver {
   std::atomic<int>& counter_;
   std::atomic<int>& rebalances_;
 };
+
+}  // namespace store_detail
+
+namespace {
 
 std::vector<std::pair<std::string, std::string>> ParseHeaders(const pqxx::field& f) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -79,7 +88,7 @@ struct Store::Impl {
   std::mutex conn_mu;
   std::atomic<bool> interrupted{false};
   std::unique_ptr<pqxx::connection> conn;
-  std::unique_ptr<WakeReceiver> receiver;
+  std::unique_ptr<store_detail::WakeReceiver> receiver;
   std::atomic<int> notifications{0};
   std::atomic<int> rebalances{0};
   bool listening = false;
@@ -115,7 +124,8 @@ struct Store::Impl {
       conn->prepare("relay_heartbeat", std::string(q::krelay_heartbeat));
       conn->prepare("relay_leave", std::string(q::krelay_leave));
       conn->prepare("paused_destinations", std::string(q::kpaused_destinations));
-      if (listening) receiver = std::make_unique<WakeReceiver>(*conn, notifications, rebalances);
+      if (listening)
+        receiver = std::make_unique<store_detail::WakeReceiver>(*conn, notifications, rebalances);
     }
     return *conn;
   }
@@ -735,7 +745,8 @@ void Store::Listen() {
     impl_->listening = true;
     auto& c = impl_->Get();
     if (!impl_->receiver)
-      impl_->receiver = std::make_unique<WakeReceiver>(c, impl_->notifications, impl_->rebalances);
+      impl_->receiver =
+          std::make_unique<store_detail::WakeReceiver>(c, impl_->notifications, impl_->rebalances);
   });
 }
 

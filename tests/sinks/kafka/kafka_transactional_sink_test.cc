@@ -27,6 +27,9 @@
 #include "outbox_test/wait.h"
 
 namespace outbox::relay {
+// Named, so that its helpers do not meet those of the files built beside it in one unity
+// translation unit (CMakeLists.txt).
+namespace transactional_sink_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -752,4 +755,5 @@ TEST(ReadBackEnd, ABusyPartitionIsReadOnceARecordReachesTheMark) {
 }
 
 }  // namespace
+}  // namespace transactional_sink_test
 }  // namespace outbox::relay

@@ -19,6 +19,10 @@
 
 namespace outbox::relay::kafka_detail {
 
+// While a sink is not Ready: how often it asks the brokers for metadata, and how long it waits.
+constexpr std::chrono::milliseconds kProbeInterval{500};
+constexpr std::chrono::milliseconds kProbeTimeout{250};
+
 struct ConfDeleter {
   void operator()(rd_kafka_conf_t* conf) const { rd_kafka_conf_destroy(conf); }
 };

@@ -32,8 +32,6 @@ using std::chrono::milliseconds;
 constexpr milliseconds kPollTimeout{50};     // rd_kafka_poll on the poll thread
 constexpr milliseconds kQueueFullWait{200};  // Submit's bound when the local queue is full
 constexpr milliseconds kQueueFullBackoff{2};
-constexpr milliseconds kProbeInterval{500};  // metadata probe while not Ready
-constexpr milliseconds kProbeTimeout{250};
 constexpr milliseconds kRetireDrain{2'000};      // reports of a broken producer after purge
 constexpr milliseconds kRecreateBackoff{1'000};  // when creating a replacement failed
 constexpr milliseconds kShutdownReserve{250};    // part of the deadline kept for the purge
@@ -335,7 +333,7 @@ struct KafkaSink::Impl {
       }
       if (!ready.load() && Clock::now() >= next_probe) {
         Probe(p);
-        next_probe = Clock::now() + kProbeInterval;
+        next_probe = Clock::now() + kafka_detail::kProbeInterval;
       }
     }
   }
@@ -343,8 +341,8 @@ struct KafkaSink::Impl {
   // A broker answered a metadata request: the sink can deliver.
   void Probe(Producer* p) {
     const rd_kafka_metadata_t* md = nullptr;
-    const rd_kafka_resp_err_t err =
-        rd_kafka_metadata(p->rk, 0, nullptr, &md, static_cast<int>(kProbeTimeout.count()));
+    const rd_kafka_resp_err_t err = rd_kafka_metadata(
+        p->rk, 0, nullptr, &md, static_cast<int>(kafka_detail::kProbeTimeout.count()));
     if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
       if (md->broker_cnt > 0 && !p->fatal.load()) ready.store(true);
       rd_kafka_metadata_destroy(md);

@@ -54,8 +54,6 @@ using std::chrono::milliseconds;
 
 constexpr milliseconds kLinger{20};          // the longest a cycle gathers submissions
 constexpr milliseconds kLingerQuiet{5};      // ... and how long nothing may arrive meanwhile
-constexpr milliseconds kProbeInterval{500};  // metadata probe while not Ready
-constexpr milliseconds kProbeTimeout{250};
 constexpr milliseconds kIdleClose{60'000};  // a bucket producer unused this long is closed
 // A topic whose writes the broker refused (alone in a transaction) fails its messages on their
 // own this long, then is tried alone again.
@@ -241,7 +239,7 @@ class TransactionalKafkaSink final : public Sink {
       std::vector<Item> batch;
       {
         std::unique_lock lk(mu_);
-        cv_.wait_for(lk, kProbeInterval, [&] { return stop_ || !queue_.empty(); });
+        cv_.wait_for(lk, kafka_detail::kProbeInterval, [&] { return stop_ || !queue_.empty(); });
         if (stop_) return;
         if (!queue_.empty()) {
           // Take what keeps arriving together (a claim's messages, the next claim's): a
@@ -264,14 +262,15 @@ class TransactionalKafkaSink final : public Sink {
       CloseIdle();
       if (!ready_.load() && Clock::now() >= next_probe) {
         Probe();
-        next_probe = Clock::now() + kProbeInterval;
+        next_probe = Clock::now() + kafka_detail::kProbeInterval;
       }
     }
   }
 
   void Probe() {
     const rd_kafka_metadata_t* md = nullptr;
-    if (rd_kafka_metadata(probe_, 0, nullptr, &md, static_cast<int>(kProbeTimeout.count())) ==
+    if (rd_kafka_metadata(probe_, 0, nullptr, &md,
+                          static_cast<int>(kafka_detail::kProbeTimeout.count())) ==
         RD_KAFKA_RESP_ERR_NO_ERROR) {
       if (md->broker_cnt > 0) ready_.store(true);
       rd_kafka_metadata_destroy(md);
@@ -455,7 +454,7 @@ class TransactionalKafkaSink final : public Sink {
     rd_kafka_topic_t* t = rd_kafka_topic_new(probe_, topic.c_str(), nullptr);
     const rd_kafka_metadata_t* md = nullptr;
     const rd_kafka_resp_err_t e =
-        rd_kafka_metadata(probe_, 0, t, &md, static_cast<int>(kProbeTimeout.count()));
+        rd_kafka_metadata(probe_, 0, t, &md, static_cast<int>(kafka_detail::kProbeTimeout.count()));
     std::optional<rd_kafka_resp_err_t> refusal;
     bool answered = false;
     bool unknown = false;
