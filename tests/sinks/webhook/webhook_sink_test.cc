@@ -440,8 +440,9 @@ TEST(WebhookSink, CountsRequestsTheirTimeAndTheTimeWorkersWaitForWork) {
 }
 
 TEST(WebhookSink, ServerErrorIsRetriedWithStatusAndBodyStart) {
-  HttpReceiver receiver;
+  // Before the receiver, whose responder reads it: the receiver's threads stop first.
   const std::string body = "database unavailable; " + std::string(400, 'z');
+  HttpReceiver receiver;
   receiver.SetResponder([&](const ReceivedRequest&) { return Reply{500, body, {}, 0ms}; });
   const Outcome o = DeliverOne(Target(receiver.Url("/hook")));
   EXPECT_EQ(o.kind, OutcomeKind::kRetry);
@@ -1193,10 +1194,11 @@ TEST(WebhookSinkOutage, RetryAfterOn429PausesTheWholeEndpoint) {
 }
 
 TEST(WebhookSinkOutage, ThrottlingLowersTheConcurrencyAndSuccessesRaiseItAgain) {
-  HttpReceiver receiver;
+  // Before the receiver, whose responder uses them: the receiver's threads stop first.
   std::atomic<bool> throttling{true};
   std::mutex mu;
   int running = 0, most_while_recovered = 0;
+  HttpReceiver receiver;
   receiver.SetResponder([&](const ReceivedRequest&) {
     if (throttling) return Reply{503, "busy", {}, 0ms};
     {
@@ -1231,7 +1233,10 @@ TEST(WebhookSinkOutage, ThrottlingLowersTheConcurrencyAndSuccessesRaiseItAgain) 
   for (int i = 0; i < 200; ++i) sink->Submit(MakeMessage(++n), done.Callback());
   ASSERT_TRUE(done.WaitForSize(before + 200, 60s));
   EXPECT_EQ(sink->Health()->concurrency_limit, 8) << "additive increase back to max_in_flight";
-  EXPECT_LE(most_while_recovered, 8);
+  {
+    std::lock_guard lock(mu);  // written by the receiver's threads
+    EXPECT_LE(most_while_recovered, 8);
+  }
   EXPECT_EQ(sink->MaxInFlight(500), 512u);
   sink->Shutdown(5s);
 }
