@@ -440,7 +440,8 @@ TEST_F(StatusTest, TheOldestPendingAgeSurvivesHandBacksAndIgnoresAPastDeliverAft
   Store store(db_url_);
   ASSERT_TRUE(WaitFor(
       [&] {
-        const auto* d = Read().Find("held");
+        const auto s = Read();  // Find points into it (ASan: a temporary's, freed)
+        const auto* d = s.Find("held");
         return d != nullptr && d->oldest_pending_age_seconds >= 1.5;
       },
       30s));

@@ -35,7 +35,7 @@ std::optional<double> QueueTableStatus::LastAnyVacuumEpoch() const {
   return last_vacuum_epoch ? last_vacuum_epoch : last_autovacuum_epoch;
 }
 
-const DestinationStatus* StatusSnapshot::Find(const std::string& destination) const {
+const DestinationStatus* StatusSnapshot::Find(const std::string& destination) const& {
   for (const auto& d : destinations) {
     if (d.destination == destination) return &d;
   }

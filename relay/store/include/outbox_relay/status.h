@@ -98,8 +98,10 @@ struct StatusSnapshot {
   /// not known (left at zero); everything else was read.
   std::string counts_error;
 
-  /// The entry for `destination`, or nullptr.
-  const DestinationStatus* Find(const std::string& destination) const;
+  /// The entry for `destination`, or nullptr: a pointer into this snapshot, so not asked of a
+  /// temporary one (a test's `Read().Find(...)` read freed memory: ASan).
+  const DestinationStatus* Find(const std::string& destination) const&;
+  const DestinationStatus* Find(const std::string& destination) const&& = delete;
 };
 
 struct StatusOptions {
