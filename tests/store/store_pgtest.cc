@@ -64,6 +64,20 @@ class StoreTest : public testing::PgTest {
   bool QueueScannedSince(const std::string& when) {
     return Scalar("SELECT count(*) FROM outbox.queue_scans WHERE last_scan_at > " + when) > 0;
   }
+  // Every UPDATE of `table` (of its rows matching `when`, a trigger's WHEN condition) fails
+  // with `why`: a failure injected into the statement that writes them.
+  void RefuseUpdates(const std::string& table, const std::string& why,
+                     const std::string& when = "") {
+    pqxx::connection c(db_url_);
+    pqxx::nontransaction(c).exec(
+        "CREATE FUNCTION public.refuse_update() RETURNS trigger LANGUAGE plpgsql AS $$"
+        "BEGIN RAISE EXCEPTION 'injected: " +
+        why +
+        "'; END $$;"
+        "CREATE TRIGGER refuse_update BEFORE UPDATE ON " +
+        table + " FOR EACH ROW " + (when.empty() ? "" : "WHEN (" + when + ") ") +
+        "EXECUTE FUNCTION public.refuse_update()");
+  }
   // Whether `work` (on another connection) finished, or waits on an advisory lock (a key's),
   // within 10 s.
   template <class Future>
@@ -888,12 +902,8 @@ TEST_F(StoreTest, ReaperScanReturnsALeaseThatHasNoRecord) {
 TEST_F(StoreTest, AFailingQueueScanKeepsWhatTheLeaseRecordsReturned) {
   auto held = Enqueue({outbox::Message::To("stuck").Json("1").Build()});
   LeaseWithoutARecord(held[0]);
+  RefuseUpdates("outbox.messages", "the queue scan fails", "OLD.destination = 'stuck'");
   pqxx::connection c(db_url_);
-  pqxx::nontransaction(c).exec(
-      "CREATE FUNCTION public.refuse_scan() RETURNS trigger LANGUAGE plpgsql AS $$"
-      "BEGIN RAISE EXCEPTION 'injected: the queue scan fails'; END $$;"
-      "CREATE TRIGGER refuse_scan BEFORE UPDATE ON outbox.messages FOR EACH ROW "
-      "WHEN (OLD.destination = 'stuck') EXECUTE FUNCTION public.refuse_scan()");
   Store store(db_url_);
   // Every reap's turn is due: each one scans, and fails.
   for (int i = 0; i < 3; ++i) {
@@ -921,12 +931,7 @@ TEST_F(StoreTest, AFailingQueueScanKeepsWhatTheLeaseRecordsReturned) {
 // production): what the lease records returned in the same Reap() is still reported.
 TEST_F(StoreTest, AFailingQueueScanTurnKeepsWhatTheLeaseRecordsReturned) {
   SetLastQueueScan("'-infinity'");
-  pqxx::connection c(db_url_);
-  pqxx::nontransaction(c).exec(
-      "CREATE FUNCTION public.refuse_turn() RETURNS trigger LANGUAGE plpgsql AS $$"
-      "BEGIN RAISE EXCEPTION 'injected: the turn fails'; END $$;"
-      "CREATE TRIGGER refuse_turn BEFORE UPDATE ON outbox.queue_scans FOR EACH ROW "
-      "EXECUTE FUNCTION public.refuse_turn()");
+  RefuseUpdates("outbox.queue_scans", "the turn fails");
   Enqueue({outbox::Message::To("d").Json("1").Build()});
   Store store(db_url_);
   ASSERT_EQ(store.Claim("d", 0, 100, 100, 1ms).messages.size(), 1u);
