@@ -45,7 +45,7 @@ bool Dispatcher::Impl::RoomShare::Release() {
   }
   taken_ = 0;
   taken_bytes_ = 0;
-  return room_.AnyWaiting();
+  return true;
 }
 
 // One of a destination's claim loops (claim_connections of them, `index` 0 the first): each
@@ -111,7 +111,6 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     const std::int64_t used = room_wait.payload_bytes.load() + room_wait.reserved_bytes.load();
     return used == 0 || (used <= resume_at && byte_budget - used >= payload_estimate);
   };
-  std::atomic<long>& my_room_wait = room_wait.wake_at_or_below.at(static_cast<std::size_t>(index));
   Reconnect db(dest.name + ": claim failed, reconnecting", dest.name + ": database reachable again",
                [this] { DbError(); });
   std::uint64_t seen_gen;
@@ -167,11 +166,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     }
   };
   // Gives a share of the room back, waking the destination's loops that wait for room.
-  const auto release_share = [this](RoomShare& share) {
-    if (share.Release()) {
-      std::lock_guard lk(mu);
-      wake_cv.notify_all();
-    }
+  const auto release_share = [&room_wait](RoomShare& share) {
+    if (share.Release()) room_wait.WakeLoops();
   };
   std::uint64_t seen_rebalance = 0;
   {
@@ -225,17 +221,20 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     if (room_left(limit) < worth_a_claim(limit)) {
       // Woken rows wait for room like the rest; then this loop claims them, even past the gate.
       if (recheck_blocked_keys()) must_claim = true;
-      my_room_wait = limit - worth_a_claim(limit);
-      WaitFor(tuning::kRoomPoll, [&] {
+      // Armed before the room is looked at: the completion that finds the room worth a claim
+      // takes the wake-up (room_wait.h).
+      room_wait.Wait(tuning::kRoomPoll, stopping, [&] {
         const int now_cap = cap();
+        room_wait.Arm(index, now_cap - worth_a_claim(now_cap));
         return room_left(now_cap) >= worth_a_claim(now_cap);
       });
-      my_room_wait = -1;
+      room_wait.Disarm(index);
       continue;
     }
     if (!bytes_allow_a_claim()) {
       if (recheck_blocked_keys()) must_claim = true;
-      WaitFor(tuning::kRoomPoll, bytes_allow_a_claim);  // a completion that frees them wakes it
+      // A completion that frees them wakes it.
+      room_wait.Wait(tuning::kRoomPoll, stopping, bytes_allow_a_claim);
       continue;
     }
     // Wake-ups from here on are about rows this claim may not see (their commit came after

@@ -28,6 +28,7 @@
 #include "outbox_relay/dispatcher.h"
 #include "outbox_relay/metrics.h"
 #include "outbox_relay/queue_store.h"
+#include "room_wait.h"
 
 namespace outbox::relay {
 
@@ -38,46 +39,7 @@ std::string TraceIdOf(const Message& msg);
 
 struct Dispatcher::Impl {
   // A destination's sink room, shared by its claim loops (claim_connections of them).
-  struct RoomWait {
-    RoomWait() {
-      for (auto& at : wake_at_or_below) at = -1;
-    }
-    // What each claim loop waiting for room waits for: wake it when the sink's in-flight count
-    // falls to this (-1: not waiting). So a completion wakes a claim loop only when there is
-    // room worth a claim, not on every message.
-    std::array<std::atomic<long>, kMaxClaimConnections> wake_at_or_below;
-    bool Wants(long in_flight) const {
-      for (const auto& at : wake_at_or_below) {
-        const long v = at.load();
-        if (v >= 0 && in_flight <= v + 1) return true;
-      }
-      return false;
-    }
-    bool AnyWaiting() const {
-      for (const auto& at : wake_at_or_below) {
-        if (at.load() >= 0) return true;
-      }
-      return false;
-    }
-    // Rows the loops are claiming right now (asked for, not in the sink yet): a loop takes its
-    // share of the room under `mu`, so loops side by side claim no more than the room (the
-    // sink's, plus a claim's worth per loop after the first: claim_loop.cc).
-    std::mutex mu;
-    std::atomic<int> reserved{0};
-    // The last claim of the destination stopped at its limit (a backlog): loops other than the
-    // first claim only then, so a quiet destination costs one claim per wake-up, not one per
-    // loop.
-    std::atomic<bool> backlog{false};
-    // Bytes of the payloads handed to the sink whose completion has not come yet: the claim
-    // loops claim only while it is under the destination's max_in_flight_bytes.
-    std::atomic<std::int64_t> payload_bytes{0};
-    // Bytes the loops' claims under way may bring (rows asked for x the payload they expect),
-    // taken under `mu` like `reserved`: loops side by side claim no more than the budget.
-    std::atomic<std::int64_t> reserved_bytes{0};
-    // Under max_in_flight_bytes `budget`, the loops claim again once the sink holds at most this
-    // (half of it), as they wait for half their room in messages.
-    static std::int64_t BytesResumeAt(std::int64_t budget) { return budget - budget / 2; }
-  };
+  using RoomWait = relay::RoomWait;
   // A claim loop's share of its destination's room, from before its claim until what it
   // claimed is in the sink (counted by InFlight): given back by Release, or when it goes out
   // of scope (a claim that failed).
@@ -95,7 +57,8 @@ struct Dispatcher::Impl {
     // bytes each, and takes their bytes. At least 1 while nothing is held or claimed, else 0
     // when none fits. Without a budget: `rows`.
     int TakeBytes(int rows, std::int64_t budget, std::int64_t estimate);
-    // Gives the share back; true when a loop of the destination is waiting for room.
+    // Gives the share back; true when it held any (the loops waiting for room or bytes are
+    // woken then: a loop waiting for bytes arms no mark).
     bool Release();
 
    private:
@@ -143,7 +106,7 @@ struct Dispatcher::Impl {
 
   // --- wake-ups of the claim loops (and the coordinator) ---
   std::mutex mu;
-  std::condition_variable wake_cv;   // new messages, room in flight, stop
+  std::condition_variable wake_cv;   // new messages, a backlog, stop (room: RoomWait::Wait)
   std::uint64_t wake_gen = 0;        // guarded by mu
   bool rebalance_requested = false;  // guarded by mu
   /// NOTIFY 'rebalance's heard (outbox.set_bucket_count, a relay leaving); guarded by mu.
