@@ -122,10 +122,18 @@ void Dispatcher::Impl::SettleLoop() {
           return settle_queue.size() >= tuning::kSettleBatchTarget || settler_stop;
         });
       }
-      const std::size_t n = std::min(settle_queue.size(), tuning::kSettleBatchMax);
-      batch.assign(std::make_move_iterator(settle_queue.begin()),
-                   std::make_move_iterator(settle_queue.begin() + static_cast<long>(n)));
-      settle_queue.erase(settle_queue.begin(), settle_queue.begin() + static_cast<long>(n));
+      // The whole queue at once where it fits a batch (the usual case): a swap, not a copy,
+      // under the lock every completion takes; `batch` was cleared after its last settle, so
+      // the queue keeps a capacity and completions do not grow it again.
+      batch.clear();
+      if (settle_queue.size() <= tuning::kSettleBatchMax) {
+        batch.swap(settle_queue);
+      } else {
+        const auto n = static_cast<long>(tuning::kSettleBatchMax);
+        batch.assign(std::make_move_iterator(settle_queue.begin()),
+                     std::make_move_iterator(settle_queue.begin() + n));
+        settle_queue.erase(settle_queue.begin(), settle_queue.begin() + n);
+      }
     }
     SettleCounts c;
     // Written kSlowSettle or longer after the first try began: a try that committed with its
