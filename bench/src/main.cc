@@ -116,8 +116,9 @@ int main(int argc, char** argv) {
   app.add_option(
          "--claim-connections", opt.claim_connections,
          "claim_connections of the relays of every scenario but the _cc drains (exactly-once "
-         "relays keep 1)")
-      ->check(CLI::Range(1, 16))
+         "relays keep 1); 0: auto, the relay's default (a webhook sink asks for one claim loop "
+         "per 32 of its max_in_flight)")
+      ->check(CLI::Range(0, 16))
       ->capture_default_str();
   app.add_option("--claim-connections-sweep", opt.claim_connections_sweep,
                  "claim_connections of each kafka_drain_cc<N> and webhook_drain_cc<N> drain (one "

@@ -101,7 +101,7 @@ relay::Destination WebhookDestination(int port, int connections) {
 class Relay {
  public:
   Relay(const std::string& db_url, const relay::Destination& dest, int instances = 1,
-        relay::ClaimMode mode = relay::ClaimMode::kSkipLocked, int claim_connections = 1) {
+        relay::ClaimMode mode = relay::ClaimMode::kSkipLocked, int claim_connections = 0) {
     for (int i = 0; i < instances; ++i) {
       relay::RelayConfig cfg;
       cfg.database_url = db_url;
@@ -125,6 +125,11 @@ class Relay {
 
   void Start() {
     for (auto& d : dispatchers_) d->Start();
+  }
+  /// The claim loops of the first instance's destination (claim_connections, or what its sink
+  /// asked for under auto); 0 before Start.
+  int ClaimLoops(const std::string& destination) const {
+    return dispatchers_.empty() ? 0 : dispatchers_.front()->ClaimLoops(destination);
   }
   void Stop() {
     for (auto& d : dispatchers_) d->Stop();
@@ -796,6 +801,8 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
   obs.Begin(postmaster_pid_, {Http().pid()});
   auto events0 = relay.SinkEvents();
   relay.Start();
+  // Under claim_connections auto (the default) the sink chose: one loop per 32 of max_in_flight.
+  r.details["claim_loops"] = relay.ClaimLoops(kDestination);
   r.completed =
       obs.Watch(Delivered(relay), opt_.timeout_s, [&] { return relay.delivered() >= r.messages; });
   obs.End();

@@ -48,8 +48,9 @@ struct Options {
                                     128};  ///< max_in_flight of the webhook_drain_mif* drains.
   /// claim_connections of each kafka_drain_cc<N> and webhook_drain_cc<N> drain (one relay).
   std::vector<int> claim_connections_sweep = {2, 4};
-  /// claim_connections of the relays of every other scenario (exactly-once ones keep 1).
-  int claim_connections = 1;
+  /// claim_connections of the relays of every other scenario (exactly-once ones keep 1); 0:
+  /// auto, the relay's default.
+  int claim_connections = 0;
   int kafka_brokers = 3;
   int kafka_partitions = 6;
   double timeout_s = 900;  ///< Per scenario; a scenario that times out reports what it did.

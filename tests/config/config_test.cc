@@ -1741,7 +1741,24 @@ namespace outbox::relay {
 namespace {
 
 TEST(ParseConfig, ClaimConnections) {
-  EXPECT_EQ(ParseConfig(Minimal(), "cfg.yaml", kNoEnv).claim_connections, 1) << "one by default";
+  // `auto` (0), the default: each destination's sink says how many (Sink::ClaimLoops).
+  EXPECT_EQ(ParseConfig(Minimal(), "cfg.yaml", kNoEnv).claim_connections, 0) << "auto by default";
+  EXPECT_EQ(ParseConfig(Minimal("claim_connections: auto\n"), "cfg.yaml", kNoEnv).claim_connections,
+            0);
+  EXPECT_EQ(ParseConfig(Minimal("claim_connections: 3\n"), "cfg.yaml",
+                        MapEnv({{"OUTBOX_CLAIM_CONNECTIONS", "auto"}}))
+                .claim_connections,
+            0)
+      << "the environment overrides the file with the word too";
+  EXPECT_EQ(ParseConfig(Minimal("claim_connections: auto\n"), "cfg.yaml",
+                        MapEnv({{"OUTBOX_CLAIM_CONNECTIONS", "1"}}))
+                .claim_connections,
+            1);
+  for (const char* bad : {"automatic", "AUTO", "two"}) {
+    const auto message = ErrorOf(Minimal(std::string("claim_connections: ") + bad + "\n"));
+    EXPECT_TRUE(Contains(message, "claim_connections")) << message;
+    EXPECT_TRUE(Contains(message, "or `auto`")) << message;
+  }
   EXPECT_EQ(ParseConfig(Minimal("claim_connections: 4\n"), "cfg.yaml", kNoEnv).claim_connections,
             4);
   EXPECT_EQ(ParseConfig(Minimal("claim_connections: 4\n"), "cfg.yaml",

@@ -139,6 +139,9 @@ class RecordingSink final : public Sink {
     return Sink::MaxInFlight(claim_batch);
   }
   void SetRoom(int room) { room_ = room; }
+  /// What it asks for under claim_connections auto (Sink::ClaimLoops); 1 unless set.
+  void SetClaimLoops(int loops) { claim_loops_ = loops; }
+  int ClaimLoops() const override { return claim_loops_; }
 
   /// Delivers everything held.
   void Release() {
@@ -232,6 +235,7 @@ class RecordingSink final : public Sink {
   Decide decide_;
   bool fences_ = false;
   std::atomic<int> room_{-1};
+  std::atomic<int> claim_loops_{1};
   std::vector<std::size_t> hand_overs_;
   std::function<void()> on_shutdown_;
   mutable std::mutex mu_;
@@ -430,6 +434,45 @@ TEST_F(DispatcherTest, AStuckClaimHoldsUpOnlyItsOwnClaimConnection) {
   }
   gate->cv.notify_all();
   EXPECT_TRUE(all) << db_.Delivered().size() << " of 60 delivered while one claim was stuck";
+}
+
+// claim_connections auto (the default): the sink says how many claim loops feed it (a webhook
+// sink with a high max_in_flight asks for more than one), and they claim side by side: a claim
+// stuck in the database holds up only its own loop.
+TEST_F(DispatcherTest, UnderAutoTheSinkSaysHowManyClaimLoopsFeedIt) {
+  for (int i = 0; i < 60; ++i) db_.Enqueue("orders", std::nullopt);
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+  };
+  auto gate = std::make_shared<Gate>();
+  db_.BeforeClaim(2, [gate] {
+    std::unique_lock lk(gate->mu);
+    gate->cv.wait(lk, [&] { return gate->open; });
+  });
+  auto config = Config(/*batch=*/10);
+  ASSERT_EQ(config.claim_connections, 0) << "auto is the default";
+  auto& dispatcher =
+      Start(config, DeliverAll, nullptr, [](RecordingSink& sink) { sink.SetClaimLoops(2); });
+  EXPECT_EQ(dispatcher.ClaimLoops("orders"), 2);
+  const bool all = WaitFor([&] { return db_.Delivered().size() == 60u; });
+  {
+    std::lock_guard lk(gate->mu);
+    gate->open = true;
+  }
+  gate->cv.notify_all();
+  EXPECT_TRUE(all) << db_.Delivered().size() << " of 60 delivered while one claim was stuck";
+}
+
+// A number written for claim_connections wins over what the sink asks for.
+TEST_F(DispatcherTest, AClaimConnectionsNumberWinsOverWhatTheSinkAsksFor) {
+  auto config = Config();
+  config.claim_connections = 1;
+  auto& dispatcher =
+      Start(config, DeliverAll, nullptr, [](RecordingSink& sink) { sink.SetClaimLoops(4); });
+  EXPECT_EQ(dispatcher.ClaimLoops("orders"), 1);
+  EXPECT_EQ(dispatcher.ClaimLoops("elsewhere"), 0) << "a destination it does not serve";
 }
 
 // A claim's messages reach the sink in one hand-over (Sink::SubmitMany), not one Submit each:

@@ -53,6 +53,9 @@ struct IntSetting {
   const char* meaning;
   std::int64_t value;
   std::string origin;  // "" while the built-in default is in force
+  /// A word the key also takes for 0 (claim_connections: "auto"), or nullptr.
+  const char* word = nullptr;
+  bool by_word = false;  // value is the word's 0, not a number written
 };
 
 struct StringSetting {
@@ -62,6 +65,7 @@ struct StringSetting {
 };
 
 void CheckIntRange(const IntSetting& s) {
+  if (s.by_word) return;
   if (s.value < s.min || s.value > s.max) {
     Fail(s.origin, s.key,
          std::to_string(s.value) + " is out of range; set it between " + std::to_string(s.min) +
@@ -551,10 +555,13 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
       {"partition_lease_ms", nullptr, 150, kMaxDurationMs, kMsHint,
        "milliseconds without a heartbeat after which a relay is dead and loses its buckets",
        builtin.partition_lease.count(), ""},
-      {"claim_connections", "OUTBOX_CLAIM_CONNECTIONS", 1, kMaxClaimConnections, ", e.g. 2",
+      {"claim_connections", "OUTBOX_CLAIM_CONNECTIONS", 1, kMaxClaimConnections,
+       ", e.g. 2, or `auto`",
        "claim loops per destination, each on a database connection of its own; more than 1 pays "
-       "off only with a backlog bigger than one connection drains",
-       builtin.claim_connections, ""},
+       "off only with a backlog bigger than one connection drains; `auto` lets each "
+       "destination's sink choose (a webhook: one per 32 of its max_in_flight, at most 4 and one "
+       "per 4 CPUs of the relay)",
+       builtin.claim_connections, "", "auto", /*by_word=*/builtin.claim_connections == 0},
       {"max_in_flight_bytes", "OUTBOX_MAX_IN_FLIGHT_BYTES", 0, kMaxInFlightBytes,
        ", e.g. 67108864 (64 MiB)",
        "bytes of payloads each destination's sink may hold at once, its claims stopping there; "
@@ -565,7 +572,9 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   // 1. The file.
   for (auto& setting : ints) {
     if (auto f = top.Get(setting.key)) {
-      setting.value = cfg::ReadInteger(*f, setting.unit_hint);
+      setting.by_word =
+          setting.word != nullptr && f->node.IsScalar() && f->node.Scalar() == setting.word;
+      setting.value = setting.by_word ? 0 : cfg::ReadInteger(*f, setting.unit_hint);
       setting.origin = f->Origin();
     }
   }
@@ -623,6 +632,12 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
     if (setting.env == nullptr) continue;
     auto value = Override(env, setting.env);
     if (!value) continue;
+    setting.by_word = setting.word != nullptr && *value == setting.word;
+    if (setting.by_word) {
+      setting.value = 0;
+      setting.origin = EnvOrigin(setting.env);
+      continue;
+    }
     auto number = cfg::ParseInteger(*value);
     if (!number) {
       Fail(EnvOrigin(setting.env), setting.key,

@@ -1,5 +1,6 @@
-// The claim loops of a destination (claim_connections of them, one by default): claim what the
-// sink has room for, hand it over, and keep the fresh-lane cursor (docs/adr/0001-claim-path.md).
+// The claim loops of a destination (claim_connections of them; under `auto`, the default, as many
+// as its sink asks for, Sink::ClaimLoops): claim what the sink has room for, hand it over, and
+// keep the fresh-lane cursor (docs/adr/0001-claim-path.md).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -84,7 +85,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   // second loop waited for the first one's claim to finish, so more loops claimed no faster. A
   // room under a claim is a sink throttling on purpose (a rate limit: two seconds of its pace;
   // a lowered concurrency): it stays as it is (review).
-  const int loops = std::clamp(config.claim_connections, 1, kMaxClaimConnections);
+  const int loops = claim_loops.at(dest.name);
   const auto cap = [&] {
     const int room = static_cast<int>(sink.MaxInFlight(batch));
     if (room <= 1 || room < batch) return room;
@@ -356,7 +357,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     const bool backlog =
         !drained && (slow_got >= static_cast<std::size_t>(slow_limit) ||
                      claim.messages.size() * 2 >= static_cast<std::size_t>(fresh_limit));
-    if (config.claim_connections > 1 && room_wait.backlog.exchange(backlog) != backlog) {
+    if (loops > 1 && room_wait.backlog.exchange(backlog) != backlog) {
       // The backlog began (the other loops join in) or ended.
       std::lock_guard lk(mu);
       wake_cv.notify_all();

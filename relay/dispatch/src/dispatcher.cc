@@ -323,6 +323,15 @@ void Dispatcher::Start() {
     auto room = d.room_waits.emplace(name, std::make_shared<Impl::RoomWait>()).first->second;
     d.metrics->SetSinkPayloadBytes(
         name, [room] { return static_cast<double>(room->payload_bytes.load()); });
+    const bool automatic = d.config.claim_connections <= 0;
+    const int loops =
+        std::clamp(automatic ? d.sinks.at(name)->ClaimLoops() : d.config.claim_connections, 1,
+                   kMaxClaimConnections);
+    d.claim_loops[name] = loops;
+    if (loops > 1) {
+      spdlog::info("destination \"{}\": {} claim loops, each on a connection of its own{}", name,
+                   loops, automatic ? " (claim_connections auto: as its sink asks)" : "");
+    }
   }
   // A destination paused before start is not claimed even once; if this read fails, the
   // maintenance loop's next one applies the pause.
@@ -356,17 +365,22 @@ void Dispatcher::Start() {
       d.CoordinatorLoop();
     });
   }
-  const int loops_per_destination = std::clamp(d.config.claim_connections, 1, kMaxClaimConnections);
   for (const auto& [name, dest] : d.config.destinations) {
     Sink& sink = *d.sinks.at(name);
     const Destination& dst = dest;
-    for (int index = 0; index < loops_per_destination; ++index) {
+    const int loops = d.claim_loops.at(name);
+    for (int index = 0; index < loops; ++index) {
       d.loops.emplace_back([&d, &dst, &sink, index] {
         NameThisThread("or-claim");
         d.ClaimLoop(dst, sink, index);
       });
     }
   }
+}
+
+int Dispatcher::ClaimLoops(const std::string& destination) const {
+  const auto it = impl_->claim_loops.find(destination);
+  return it == impl_->claim_loops.end() ? 0 : it->second;
 }
 
 bool Dispatcher::Stop() {

@@ -85,6 +85,8 @@ struct Dispatcher::Impl {
   // One per destination; shared with the outbox_sink_payload_bytes gauge, which a scrape may
   // read while the dispatcher goes.
   std::map<std::string, std::shared_ptr<RoomWait>> room_waits;
+  // Each destination's claim loops: claim_connections, or (auto) what its sink asks for.
+  std::map<std::string, int> claim_loops;
   std::string instance_id = NewUuid();
   std::string description;  // host and pid, for heartbeats
 

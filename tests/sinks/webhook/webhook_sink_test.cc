@@ -838,6 +838,42 @@ TEST(WebhookSink, ARateLimitCapsWhatTheSinkAsksTheClaimFor) {
   EXPECT_EQ(asks(50, WebhookRoom::kServiceLane), 100u);
 }
 
+// claim_connections auto (the default): one claim connection feeds 32 workers; a destination
+// with more asks for more claim loops, up to four and one per four CPUs of the relay (on 16
+// cores one loop drained alike whatever max_in_flight was; on 2 cores four loops drained slower
+// than one, docs/benchmarks.md).
+TEST(WebhookSink, AutoClaimLoopsFollowMaxInFlightAndTheRelaysCpus) {
+  EXPECT_EQ(AutoClaimLoops(1, 16), 1);
+  EXPECT_EQ(AutoClaimLoops(32, 16), 1);
+  EXPECT_EQ(AutoClaimLoops(33, 16), 2);
+  EXPECT_EQ(AutoClaimLoops(64, 16), 2);
+  EXPECT_EQ(AutoClaimLoops(128, 16), 4);
+  EXPECT_EQ(AutoClaimLoops(500, 64), kMaxAutoClaimLoops);
+  EXPECT_EQ(AutoClaimLoops(128, 8), 2) << "one per four CPUs";
+  EXPECT_EQ(AutoClaimLoops(128, 2), 1) << "two cores: the loops would take the workers' CPU";
+  EXPECT_EQ(AutoClaimLoops(128, 0), 1);
+  EXPECT_EQ(AutoClaimLoops(0, 16), 1);
+  EXPECT_GE(UsableCpus(), 1);
+}
+
+TEST(WebhookSink, AsksForItsAutoClaimLoopsUnlessRateLimitedOrALane) {
+  RefusingPort nobody;
+  const auto loops = [&](int max_in_flight, int rate_limit = 0,
+                         WebhookRoom room = WebhookRoom::kDestination) {
+    WebhookTarget t = Target(nobody.Url());
+    t.max_in_flight = max_in_flight;
+    t.rate_limit = rate_limit;
+    auto sink = MakeWebhookSink("hooks", t, room);
+    const int n = sink->ClaimLoops();
+    sink->Shutdown(1s);
+    return n;
+  };
+  EXPECT_EQ(loops(32), AutoClaimLoops(32, UsableCpus()));
+  EXPECT_EQ(loops(128), AutoClaimLoops(128, UsableCpus()));
+  EXPECT_EQ(loops(128, /*rate_limit=*/50), 1) << "its room stays under a claim";
+  EXPECT_EQ(loops(128, 0, WebhookRoom::kServiceLane), 1) << "the service's claims feed a lane";
+}
+
 // A claim's messages are handed over at once (Sink::SubmitMany: one lock, one wake-up of the
 // workers): each is sent once and completed once, more of them than there are workers or
 // fewer; after shutdown each comes back at once for a retry.

@@ -133,8 +133,9 @@ struct RelayConfig {
   /// 0: no limit. A destination's own max_in_flight_bytes wins.
   std::int64_t max_in_flight_bytes = 64 * 1024 * 1024;
   /// Claim loops per destination, each on a database connection of its own, claiming side by
-  /// side (docs/scaling.md, "One relay, several claim connections").
-  int claim_connections = 1;
+  /// side (docs/scaling.md, "One relay, several claim connections"). 0 (`auto`, the default):
+  /// each destination's sink says how many keep it fed (Sink::ClaimLoops).
+  int claim_connections = 0;
   Millis lease{30'000};         ///< How long a claim is held before the reaper may take it back.
   Millis poll_interval{1'000};  ///< Fallback poll when no notification arrives.
   Millis reap_interval{5'000};

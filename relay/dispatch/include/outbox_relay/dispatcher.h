@@ -72,6 +72,9 @@ class Dispatcher {
   Dispatcher& operator=(const Dispatcher&) = delete;
 
   void Start();
+  /// How many claim loops `destination` runs (claim_connections, or what its sink asks for
+  /// under `auto`); 0 before Start or for a destination it does not serve.
+  int ClaimLoops(const std::string& destination) const;
   /// Graceful: stop claiming, let sinks finish in-flight work within the configured
   /// shutdown_timeout, hand back the rest, settle everything, join all threads.
   /// Returns true if everything was settled.

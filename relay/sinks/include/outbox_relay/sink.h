@@ -136,6 +136,11 @@ class Sink {
     return static_cast<std::size_t>(claim_batch) * 4;
   }
 
+  /// How many claim loops keep this sink fed where `claim_connections` is `auto` (the
+  /// default): one claim loop drains at most what one Postgres backend claims, so a sink that
+  /// takes more at once (a webhook sink with a high max_in_flight) asks for more. 1 by default.
+  virtual int ClaimLoops() const { return 1; }
+
   /// Messages the sink's client library still holds (Kafka: the producer queue), published
   /// as a gauge; nullopt when the sink has no such queue.
   virtual std::optional<std::size_t> ClientQueueLength() const { return std::nullopt; }

@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <openssl/x509.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -385,6 +386,13 @@ class WebhookSink final : public Sink {
   }
 
   std::size_t InFlight() const override { return in_flight_.load(); }
+  // claim_connections auto: enough claims for the workers. One for a service's endpoint lane
+  // (the service's own claims feed it) and for a rate-limited endpoint (its room stays under a
+  // claim, which more loops do not add to: claim_loop.cc).
+  int ClaimLoops() const override {
+    if (room_ == WebhookRoom::kServiceLane || target_.rate_limit > 0) return 1;
+    return AutoClaimLoops(target_.max_in_flight, UsableCpus());
+  }
   std::string_view Kind() const override { return "webhook"; }
   // Enough queued work that no worker waits while the next claim runs; 0 while the breaker is
   // open or the endpoint asked for a pause (the dispatcher claims nothing), 1 for the probe.
@@ -1267,6 +1275,20 @@ static void ValidateServiceDefaults(const std::string& destination, const Webhoo
                                 *target.ca_file);
   }
   AddressPolicyOf(destination, target);
+}
+
+int AutoClaimLoops(int max_in_flight, int cpus) {
+  const int for_workers =
+      (std::max(max_in_flight, 1) + kRequestsPerAutoClaimLoop - 1) / kRequestsPerAutoClaimLoop;
+  const int for_cpus = std::max(cpus, 1) / kCpusPerAutoClaimLoop;
+  return std::max(1, std::min({for_workers, for_cpus, kMaxAutoClaimLoops}));
+}
+
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target, WebhookRoom room) {

@@ -16,6 +16,22 @@ namespace outbox::relay {
 /// the service sizes its lanes and its claims from.
 enum class WebhookRoom { kDestination, kServiceLane };
 
+/// `claim_connections: auto`: a webhook destination's sink asks for one claim loop per this many
+/// of its max_in_flight (rounded up), at most kMaxAutoClaimLoops and one per kCpusPerAutoClaimLoop
+/// CPUs the relay may run on: one claim connection fed 32 workers, and 8, 32 and 128 of them
+/// drained alike on 16 cores; on 2 cores four loops for 128 workers drained slower than one
+/// (7k against 9k msg/s, Postgres CPU 59-67 against 38 us a message: docs/benchmarks.md).
+inline constexpr int kRequestsPerAutoClaimLoop = 32;
+inline constexpr int kMaxAutoClaimLoops = 4;
+inline constexpr int kCpusPerAutoClaimLoop = 4;
+
+/// The claim loops a webhook destination with `max_in_flight` workers asks for under
+/// `claim_connections: auto` on a machine with `cpus` CPUs for the relay (at least 1).
+int AutoClaimLoops(int max_in_flight, int cpus);
+
+/// The CPUs this process may run on (its affinity mask), at least 1.
+int UsableCpus();
+
 /// Creates the sink of one webhook destination.
 ///
 /// Every message becomes one `POST target.url` (path and query as written in the URL) whose
