@@ -498,7 +498,9 @@ void Bench::RatioToSqlCeiling(ScenarioResult& r) {
   if (sql_ceiling_ && *sql_ceiling_ > 0) r.x_sql_ceiling = r.events_per_s / *sql_ceiling_;
   // N relays (or claim connections) against what N connections of raw statements reach
   // (sql_ceiling_x<N>).
-  const int connections = r.relays * r.details.value("claim_connections", 1);
+  // The loops the relay ran (claim_loops, where auto chose them), else what it was given.
+  const int connections =
+      r.relays * r.details.value("claim_loops", r.details.value("claim_connections", 1));
   if (connections > 1) {
     if (auto it = sql_ceiling_by_connections_.find(connections);
         it != sql_ceiling_by_connections_.end() && it->second > 0) {

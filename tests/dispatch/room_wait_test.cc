@@ -5,6 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
 namespace outbox::relay {
 namespace {
 
@@ -64,6 +69,61 @@ TEST(RoomWaitTest, DisarmedLoopsAreNotWoken) {
   room.Arm(2, 10);
   room.Disarm(2);
   EXPECT_FALSE(room.TakeWake(0));
+}
+
+using namespace std::chrono_literals;
+
+// The waits below poll only every 30 s: each must end through its wake-up, long before that.
+constexpr auto kLongPoll = std::chrono::milliseconds(30'000);
+
+// A wake-up given after the wait began and before it sleeps (between the loop's look at the
+// room and its sleep) ends it: none is lost in that gap.
+TEST(RoomWaitTest, AWakeUpGivenWhileTheLoopLooksEndsTheWait) {
+  RoomWait room;
+  std::atomic<bool> stopping{false};
+  auto waited = std::async(std::launch::async, [&] {
+    room.Wait(kLongPoll, stopping, [&] {
+      room.Arm(0, 10);
+      EXPECT_TRUE(room.TakeWake(10));
+      room.WakeLoops();  // a completion, right after the look
+      return false;
+    });
+  });
+  EXPECT_EQ(waited.wait_for(10s), std::future_status::ready) << "the wake-up was lost";
+}
+
+TEST(RoomWaitTest, AWakeUpEndsAWaitInProgress) {
+  RoomWait room;
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> looked{false};
+  auto waited = std::async(std::launch::async, [&] {
+    room.Wait(kLongPoll, stopping, [&] {
+      looked = true;
+      return false;
+    });
+  });
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!looked && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  room.WakeLoops();
+  EXPECT_EQ(waited.wait_for(10s), std::future_status::ready);
+}
+
+TEST(RoomWaitTest, StoppingEndsTheWait) {
+  RoomWait room;
+  std::atomic<bool> stopping{false};
+  auto waited =
+      std::async(std::launch::async, [&] { room.Wait(kLongPoll, stopping, [] { return false; }); });
+  stopping = true;
+  room.WakeLoops();  // as Dispatcher::Stop does for every destination's room
+  EXPECT_EQ(waited.wait_for(10s), std::future_status::ready);
+}
+
+TEST(RoomWaitTest, ARoomAlreadyWorthAClaimIsNoWait) {
+  RoomWait room;
+  std::atomic<bool> stopping{false};
+  auto waited =
+      std::async(std::launch::async, [&] { room.Wait(kLongPoll, stopping, [] { return true; }); });
+  EXPECT_EQ(waited.wait_for(10s), std::future_status::ready);
 }
 
 }  // namespace

@@ -37,8 +37,8 @@ int Dispatcher::Impl::RoomShare::TakeBytes(int rows, std::int64_t budget, std::i
   return got;
 }
 
-bool Dispatcher::Impl::RoomShare::Release() {
-  if (taken_ == 0 && taken_bytes_ == 0) return false;
+void Dispatcher::Impl::RoomShare::Release() {
+  if (taken_ == 0 && taken_bytes_ == 0) return;
   {
     std::lock_guard lk(room_.mu);
     room_.reserved -= taken_;
@@ -46,7 +46,7 @@ bool Dispatcher::Impl::RoomShare::Release() {
   }
   taken_ = 0;
   taken_bytes_ = 0;
-  return true;
+  room_.WakeLoops();
 }
 
 // One of a destination's claim loops (claim_connections of them, `index` 0 the first): each
@@ -165,10 +165,6 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       if (!stopping) WaitFor(db.Failed(store, e), [] { return false; });
       return false;
     }
-  };
-  // Gives a share of the room back, waking the destination's loops that wait for room.
-  const auto release_share = [&room_wait](RoomShare& share) {
-    if (share.Release()) room_wait.WakeLoops();
   };
   std::uint64_t seen_rebalance = 0;
   {
@@ -295,7 +291,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     } catch (const std::exception& e) {
       db_ok = false;
       if (!store.last_claim_token().empty()) lost_claims.push_back(store.last_claim_token());
-      release_share(share);  // not held through the pause
+      share.Release();  // not held through the pause
       const auto pause = db.Failed(store, e);
       start_over();
       WaitFor(pause, [] { return false; });
@@ -339,7 +335,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       }
     }
     if (!handed.empty()) sink.SubmitMany(std::move(handed));
-    release_share(share);
+    share.Release();
     if (!claim.messages.empty()) payload_estimate = std::max(largest, payload_estimate / 2);
     // Claim again at once only while a lane stopped at its limit, as the statement says
     // (fresh_full_bound, slow_full; a partitioned lane stops at a bucket's share with fewer

@@ -57,9 +57,11 @@ struct Dispatcher::Impl {
     // bytes each, and takes their bytes. At least 1 while nothing is held or claimed, else 0
     // when none fits. Without a budget: `rows`.
     int TakeBytes(int rows, std::int64_t budget, std::int64_t estimate);
-    // Gives the share back; true when it held any (the loops waiting for room or bytes are
-    // woken then: a loop waiting for bytes arms no mark).
-    bool Release();
+    // Gives the share back, and wakes the destination's loops waiting for room or bytes when it
+    // held any (completions do not wake a loop whose room this share filled: RoomWait::TakeWake;
+    // a loop waiting for bytes arms no mark). Also when it goes out of scope: a claim that
+    // failed, or found no bytes to take, gives its rows back the same way.
+    void Release();
 
    private:
     RoomWait& room_;

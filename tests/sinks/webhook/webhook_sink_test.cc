@@ -856,6 +856,22 @@ TEST(WebhookSink, AutoClaimLoopsFollowMaxInFlightAndTheRelaysCpus) {
   EXPECT_GE(UsableCpus(), 1);
 }
 
+// A container's CPU limit counts, not only the node's CPUs its affinity shows: a pod limited
+// to 2 CPUs on a 16-core node keeps one claim loop (review).
+TEST(WebhookSink, UsableCpusFollowTheCgroupQuota) {
+  EXPECT_EQ(CpusOfCpuMax("200000 100000"), 2);
+  EXPECT_EQ(CpusOfCpuMax("250000 100000"), 2) << "rounded down";
+  EXPECT_EQ(CpusOfCpuMax("25000 100000"), 1) << "a quarter CPU still runs one loop";
+  EXPECT_EQ(CpusOfCpuMax("1600000 100000"), 16);
+  EXPECT_EQ(CpusOfCpuMax("max 100000"), std::nullopt) << "no limit";
+  EXPECT_EQ(CpusOfCpuMax(""), std::nullopt);
+  EXPECT_EQ(CpusOfCpuMax("2x 100000"), std::nullopt);
+  EXPECT_EQ(CpusOfQuota(-1, 100000), std::nullopt) << "cgroup v1: no quota";
+  EXPECT_EQ(CpusOfQuota(400000, 100000), 4);
+  EXPECT_EQ(CpusOfQuota(100000, 0), std::nullopt);
+  EXPECT_EQ(AutoClaimLoops(128, *CpusOfCpuMax("200000 100000")), 1);
+}
+
 TEST(WebhookSink, AsksForItsAutoClaimLoopsUnlessRateLimitedOrALane) {
   RefusingPort nobody;
   const auto loops = [&](int max_in_flight, int rate_limit = 0,

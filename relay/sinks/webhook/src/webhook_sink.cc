@@ -22,6 +22,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -57,8 +58,6 @@ std::string Lower(std::string_view s) {
   return out;
 }
 
-/// Headers the sink owns (OwnedWebhookHeader): a message or target header of this name is
-/// skipped.
 /// httplib::ClientImpl::stop() from a thread other than the one sending (Shutdown aborting a
 /// request): a function of its own, never inlined and not left by a tail call, so it is a frame
 /// of every stack under it. cpp-httplib's stop() unlocks the client's socket mutex as its last
@@ -69,6 +68,8 @@ std::string Lower(std::string_view s) {
   asm volatile("" ::: "memory");  // no tail call: this frame stays on the stack
 }
 
+/// Headers the sink owns (OwnedWebhookHeader): a message or target header of this name is
+/// skipped.
 bool IsReservedHeader(const std::string& name) { return !OwnedWebhookHeader(name).empty(); }
 
 /// A field value httplib can write as is: no CR, LF, NUL or other controls except HTAB.
@@ -1294,11 +1295,68 @@ int AutoClaimLoops(int max_in_flight, int cpus) {
   return std::max(1, std::min({for_workers, for_cpus, kMaxAutoClaimLoops}));
 }
 
+std::optional<int> CpusOfQuota(long long quota_us, long long period_us) {
+  if (quota_us <= 0 || period_us <= 0) return std::nullopt;
+  return static_cast<int>(std::max<long long>(1, quota_us / period_us));
+}
+
+std::optional<int> CpusOfCpuMax(std::string_view cpu_max) {
+  std::istringstream in{std::string(cpu_max)};
+  std::string quota;
+  long long period = 0;
+  if (!(in >> quota >> period) || quota == "max") return std::nullopt;
+  try {
+    std::size_t used = 0;
+    const long long q = std::stoll(quota, &used);
+    if (used != quota.size()) return std::nullopt;
+    return CpusOfQuota(q, period);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+namespace {
+
+std::optional<std::string> FirstLineOf(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  return line;
+}
+
+// The CPU quota of this process's cgroup: v2 (its own cgroup's cpu.max, as /proc/self/cgroup
+// names it, or the root of a container's namespace), else v1's cpu controller.
+std::optional<int> CgroupCpus() {
+  std::vector<std::string> v2 = {"/sys/fs/cgroup/cpu.max"};
+  if (std::ifstream self("/proc/self/cgroup"); self) {
+    for (std::string line; std::getline(self, line);) {
+      if (line.rfind("0::", 0) == 0 && line.size() > 3 && line.substr(3) != "/") {
+        v2.insert(v2.begin(), "/sys/fs/cgroup" + line.substr(3) + "/cpu.max");
+      }
+    }
+  }
+  for (const auto& path : v2) {
+    if (const auto line = FirstLineOf(path)) return CpusOfCpuMax(*line);
+  }
+  const auto quota = FirstLineOf("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
+  const auto period = FirstLineOf("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+  if (!quota || !period) return std::nullopt;
+  try {
+    return CpusOfQuota(std::stoll(*quota), std::stoll(*period));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
 int UsableCpus() {
+  int cpus = static_cast<int>(std::thread::hardware_concurrency());
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
+  if (const auto quota = CgroupCpus()) cpus = std::min(cpus, *quota);
+  return std::max(1, cpus);
 }
 
 SinkPtr MakeWebhookSink(std::string destination, const WebhookTarget& target, WebhookRoom room) {

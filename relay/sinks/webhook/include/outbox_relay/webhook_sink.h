@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "outbox_relay/sink.h"
 #include "outbox_relay/webhook_target.h"
@@ -18,9 +19,10 @@ enum class WebhookRoom { kDestination, kServiceLane };
 
 /// `claim_connections: auto`: a webhook destination's sink asks for one claim loop per this many
 /// of its max_in_flight (rounded up), at most kMaxAutoClaimLoops and one per kCpusPerAutoClaimLoop
-/// CPUs the relay may run on: one claim connection fed 32 workers, and 8, 32 and 128 of them
-/// drained alike on 16 cores; on 2 cores four loops for 128 workers drained slower than one
-/// (7k against 9k msg/s, Postgres CPU 59-67 against 38 us a message: docs/benchmarks.md).
+/// CPUs the relay may use. One loop's claims drained 8, 32 and 128 loopback workers alike on 16
+/// cores (the claims, not the workers, were the limit: four loops took 32 workers from 0.22 to
+/// 0.47 x the HTTP ceiling); on 2 cores four loops for 128 workers drained slower than one (7k
+/// against 9k msg/s, Postgres CPU 59-67 against 38 us a message: docs/benchmarks.md).
 inline constexpr int kRequestsPerAutoClaimLoop = 32;
 inline constexpr int kMaxAutoClaimLoops = 4;
 inline constexpr int kCpusPerAutoClaimLoop = 4;
@@ -29,8 +31,15 @@ inline constexpr int kCpusPerAutoClaimLoop = 4;
 /// `claim_connections: auto` on a machine with `cpus` CPUs for the relay (at least 1).
 int AutoClaimLoops(int max_in_flight, int cpus);
 
-/// The CPUs this process may run on (its affinity mask), at least 1.
+/// The CPUs this process may use: its affinity mask, lowered to its cgroup's CPU quota where
+/// one is set (a container's CPU limit: cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`), at least 1.
 int UsableCpus();
+
+/// Whole CPUs a cgroup CPU quota allows (`quota_us` per `period_us`, rounded down, at least 1);
+/// nullopt without a quota (v2's "max", v1's -1) or for text that is not one. `cpu_max` is a
+/// cgroup v2 `cpu.max` line ("200000 100000", "max 100000").
+std::optional<int> CpusOfCpuMax(std::string_view cpu_max);
+std::optional<int> CpusOfQuota(long long quota_us, long long period_us);
 
 /// Creates the sink of one webhook destination.
 ///
