@@ -312,6 +312,35 @@ class DispatcherTest : public ::testing::Test {
     if (dispatcher_) dispatcher_->Stop();
   }
 
+  // Starts `config` on 60 queued messages with the second claim stuck in the database until
+  // they are all delivered (or 10 s pass); true when they were, by the destination's other claim
+  // loops. The gate is shared with the hook, which runs on a claim loop's thread and may still
+  // be waking up when the test body ends (on the test's stack, its mutex was gone by then: a
+  // crash).
+  bool DeliversAllWhileTheSecondClaimIsStuck(
+      RelayConfig config, const std::function<void(RecordingSink&)>& prepare = nullptr) {
+    for (int i = 0; i < 60; ++i) db_.Enqueue("orders", std::nullopt);
+    struct Gate {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool open = false;
+    };
+    auto gate = std::make_shared<Gate>();
+    db_.BeforeClaim(2, [gate] {
+      std::unique_lock lk(gate->mu);
+      gate->cv.wait(lk, [&] { return gate->open; });
+    });
+    Start(std::move(config), DeliverAll, nullptr, prepare);
+    const bool all = WaitFor([&] { return db_.Delivered().size() == 60u; });
+    {
+      std::lock_guard lk(gate->mu);
+      gate->open = true;
+    }
+    gate->cv.notify_all();
+    EXPECT_TRUE(all) << db_.Delivered().size() << " of 60 delivered while one claim was stuck";
+    return all;
+  }
+
   void DeliverEveryMessageOnceAndEachKeyInOrder(int claim_connections);
 
   // Delivers what the sink holds, again and again, until the queue is empty.
@@ -411,58 +440,20 @@ TEST_F(DispatcherTest, ThreeClaimConnectionsDeliverEveryMessageOnceAndEachKeyInO
 // A claim that takes long in the database (a slow plan, a disk) holds up only its own
 // connection: the destination's other claim loop goes on claiming the backlog.
 TEST_F(DispatcherTest, AStuckClaimHoldsUpOnlyItsOwnClaimConnection) {
-  for (int i = 0; i < 60; ++i) db_.Enqueue("orders", std::nullopt);
-  // Shared with the hook, which runs on a claim loop's thread and may still be waking up when
-  // the test body ends (on the test's stack, its mutex was gone by then: a crash).
-  struct Gate {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool open = false;
-  };
-  auto gate = std::make_shared<Gate>();
-  db_.BeforeClaim(2, [gate] {
-    std::unique_lock lk(gate->mu);
-    gate->cv.wait(lk, [&] { return gate->open; });
-  });
   auto config = Config(/*batch=*/10);
   config.claim_connections = 2;
-  Start(config, DeliverAll);
-  const bool all = WaitFor([&] { return db_.Delivered().size() == 60u; });
-  {
-    std::lock_guard lk(gate->mu);
-    gate->open = true;
-  }
-  gate->cv.notify_all();
-  EXPECT_TRUE(all) << db_.Delivered().size() << " of 60 delivered while one claim was stuck";
+  EXPECT_TRUE(DeliversAllWhileTheSecondClaimIsStuck(config));
 }
 
 // claim_connections auto (the default): the sink says how many claim loops feed it (a webhook
 // sink with a high max_in_flight asks for more than one), and they claim side by side: a claim
 // stuck in the database holds up only its own loop.
 TEST_F(DispatcherTest, UnderAutoTheSinkSaysHowManyClaimLoopsFeedIt) {
-  for (int i = 0; i < 60; ++i) db_.Enqueue("orders", std::nullopt);
-  struct Gate {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool open = false;
-  };
-  auto gate = std::make_shared<Gate>();
-  db_.BeforeClaim(2, [gate] {
-    std::unique_lock lk(gate->mu);
-    gate->cv.wait(lk, [&] { return gate->open; });
-  });
   auto config = Config(/*batch=*/10);
   ASSERT_EQ(config.claim_connections, 0) << "auto is the default";
-  auto& dispatcher =
-      Start(config, DeliverAll, nullptr, [](RecordingSink& sink) { sink.SetClaimLoops(2); });
-  EXPECT_EQ(dispatcher.ClaimLoops("orders"), 2);
-  const bool all = WaitFor([&] { return db_.Delivered().size() == 60u; });
-  {
-    std::lock_guard lk(gate->mu);
-    gate->open = true;
-  }
-  gate->cv.notify_all();
-  EXPECT_TRUE(all) << db_.Delivered().size() << " of 60 delivered while one claim was stuck";
+  EXPECT_TRUE(DeliversAllWhileTheSecondClaimIsStuck(
+      config, [](RecordingSink& sink) { sink.SetClaimLoops(2); }));
+  EXPECT_EQ(dispatcher_->ClaimLoops("orders"), 2);
 }
 
 // A number written for claim_connections wins over what the sink asks for.
