@@ -330,7 +330,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     for (auto& msg : claim.messages) {
       largest = std::max(largest, static_cast<std::int64_t>(msg.payload.size()));
       msg.claim_expires = claim_expires;
-      if (auto h = Prepare(dest, sink, claim.lease_token, std::move(msg), &room_wait)) {
+      if (auto h = Prepare(dest, sink, claim.lease_token, std::move(msg), room_wait)) {
         handed.push_back(std::move(*h));
       }
     }

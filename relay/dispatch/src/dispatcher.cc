@@ -116,7 +116,8 @@ void Dispatcher::Impl::EnqueueCompleted(Settlement s) {
 }
 
 std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
-    const Destination& dest, Sink& sink, const std::string& token, Message msg, RoomWait* room) {
+    const Destination& dest, Sink& sink, const std::string& token, Message msg,
+    RoomWait& room_wait) {
   auto dead = DecideBeforeAttempt(msg.id, msg.attempts, dest.retry, token);
   {
     std::lock_guard lk(settle_mu);
@@ -164,18 +165,18 @@ std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
   const Destination* d = &dest;
   std::string trace = TraceIdOf(msg);
   const auto bytes = static_cast<std::int64_t>(msg.payload.size());
-  if (room != nullptr) room->payload_bytes.fetch_add(bytes);
+  // In the Impl, as long as any completion may run (room_waits).
+  RoomWait* const room = &room_wait;
+  room->payload_bytes.fetch_add(bytes);
   Sink::Completion done = [this, id, attempts, d, &sink, token, created_at, submitted, room, bytes,
                            trace = std::move(trace)](Outcome outcome) {
     // The sink is done with the payload: its bytes no longer count against the destination's
     // max_in_flight_bytes. A claim loop waiting for them waits for half of it to be free
     // (claim_loop.cc), woken when this completion frees that.
-    bool bytes_freed = false;
-    if (room != nullptr) {
-      const auto before = room->payload_bytes.fetch_sub(bytes);
-      const auto resume_at = RoomWait::BytesResumeAt(d->max_in_flight_bytes);
-      bytes_freed = d->max_in_flight_bytes > 0 && before > resume_at && before - bytes <= resume_at;
-    }
+    const auto before = room->payload_bytes.fetch_sub(bytes);
+    const auto resume_at = RoomWait::BytesResumeAt(d->max_in_flight_bytes);
+    const bool bytes_freed =
+        d->max_in_flight_bytes > 0 && before > resume_at && before - bytes <= resume_at;
     Settlement s = Decide(id, attempts, outcome, d->retry, token, Uniform01(), stopping.load());
     LogOutcome(*d, id, trace, outcome, s);
     s.destination = d->name;
@@ -188,9 +189,7 @@ std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
     // once per wait (RoomWait::TakeWake), not on every completion past the mark: on two cores
     // those wake-ups (of every thread waiting on wake_cv, which they used) cost a webhook
     // worker up to 0.8 ms a message.
-    if (room != nullptr && (bytes_freed || room->TakeWake(static_cast<long>(sink.InFlight())))) {
-      room->WakeLoops();
-    }
+    if (bytes_freed || room->TakeWake(static_cast<long>(sink.InFlight()))) room->WakeLoops();
   };
   return std::pair<Message, Sink::Completion>(std::move(msg), std::move(done));
 }

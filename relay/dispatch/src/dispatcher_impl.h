@@ -176,7 +176,7 @@ struct Dispatcher::Impl {
   // The claim loop hands a claim's messages over at once (Sink::SubmitMany).
   std::optional<std::pair<Message, Sink::Completion>> Prepare(const Destination& dest, Sink& sink,
                                                               const std::string& token, Message msg,
-                                                              RoomWait* room = nullptr);
+                                                              RoomWait& room);
   void RecordAttempt(const Destination& d, const Sink& sink, const Outcome& outcome,
                      SteadyTime submitted);
   void LogOutcome(const Destination& d, MessageId id, const std::string& trace,
