@@ -34,6 +34,7 @@ constexpr const char* kWebhookSecret = "whsec_b3V0Ym94LWJlbmNoLXdlYmhvb2stc2Vjcm
 // The raw ceiling: claim and delete in one statement, 500 rows at a time, from the head of
 // the primary key, returning what a relay needs to deliver.
 constexpr const char* kCeilingSql =
+    "-- ceiling: the raw claim-and-delete statement (--statement-stats names it by this)\n"
     "DELETE FROM outbox.messages WHERE id IN ("
     "SELECT id FROM outbox.messages ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED) "
     "RETURNING id, destination, ordering_key, idempotency_key, event_type, headers, payload, "
@@ -244,17 +245,22 @@ bool ResetStatementStats(const std::string& url) {
 
 // Postgres time of this database's statements since ResetStatementStats, grouped by the name
 // in the relay statement's first line ("-- claim: ...", "-- settle: ..."; anything else is
-// "other"), per delivered message: execution and planning, in microseconds.
+// "other"), per delivered message: execution and planning, in microseconds, and what they
+// wrote and touched: WAL records, full-page images and bytes, shared buffers hit, read and
+// dirtied (a statement that writes each row once more than another shows it here).
 json StatementStats(const std::string& url, std::int64_t delivered) {
   pqxx::connection c(url);
   pqxx::nontransaction tx(c);
   const auto rows = tx.exec(
-      "SELECT query, calls, plans, rows, total_exec_time, total_plan_time "
+      "SELECT query, calls, plans, rows, total_exec_time, total_plan_time, wal_records, wal_fpi, "
+      "wal_bytes, shared_blks_hit, shared_blks_read, shared_blks_dirtied "
       "FROM pg_stat_statements "
       "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())");
   struct Sum {
     std::int64_t calls = 0, plans = 0, rows = 0;
     double exec_ms = 0, plan_ms = 0;
+    double wal_records = 0, wal_fpi = 0, wal_bytes = 0, blks_hit = 0, blks_read = 0,
+           blks_dirtied = 0;
   };
   std::map<std::string, Sum> by_name;
   for (const auto& row : rows) {
@@ -270,6 +276,12 @@ json StatementStats(const std::string& url, std::int64_t delivered) {
     sum.rows += row[3].as<std::int64_t>();
     sum.exec_ms += row[4].as<double>();
     sum.plan_ms += row[5].as<double>();
+    sum.wal_records += row[6].as<double>();
+    sum.wal_fpi += row[7].as<double>();
+    sum.wal_bytes += row[8].as<double>();
+    sum.blks_hit += row[9].as<double>();
+    sum.blks_read += row[10].as<double>();
+    sum.blks_dirtied += row[11].as<double>();
   }
   json out = json::object();
   const double n = static_cast<double>(std::max<std::int64_t>(delivered, 1));
@@ -278,7 +290,13 @@ json StatementStats(const std::string& url, std::int64_t delivered) {
                  {"plans", sum.plans},
                  {"rows", sum.rows},
                  {"exec_us_per_msg", sum.exec_ms * 1000.0 / n},
-                 {"plan_us_per_msg", sum.plan_ms * 1000.0 / n}};
+                 {"plan_us_per_msg", sum.plan_ms * 1000.0 / n},
+                 {"wal_records_per_msg", sum.wal_records / n},
+                 {"wal_fpi_per_msg", sum.wal_fpi / n},
+                 {"wal_bytes_per_msg", sum.wal_bytes / n},
+                 {"blks_hit_per_msg", sum.blks_hit / n},
+                 {"blks_read_per_msg", sum.blks_read / n},
+                 {"blks_dirtied_per_msg", sum.blks_dirtied / n}};
   }
   return out;
 }
@@ -553,6 +571,7 @@ ScenarioResult Bench::SqlCeiling(const std::string& name, int connections) {
     conns.push_back(std::make_unique<pqxx::connection>(url));
     conns.back()->prepare("claim_delete", kCeilingSql);
   }
+  const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
   std::vector<std::int64_t> statement_us;
   std::int64_t rows = 0;
   std::size_t bytes = 0;
@@ -589,6 +608,7 @@ ScenarioResult Bench::SqlCeiling(const std::string& name, int connections) {
   r.details["rows"] = rows;
   r.details["payload_bytes_read"] = bytes;
   r.details["cpu_note"] = "relay CPU column = the benchmark's libpq client loop";
+  if (statement_stats) r.details["statements"] = StatementStats(url, rows);
   // The first measurement is the baseline of every ratio; a later one shows how much the
   // machine drifted during the run.
   if (baseline) {
