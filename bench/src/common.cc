@@ -163,6 +163,21 @@ std::int64_t ProcessTreeCpuMicros(int parent_pid) {
   return total;
 }
 
+std::map<int, std::int64_t> ChildrenCpuMicros(int parent_pid) {
+  std::map<int, std::int64_t> out;
+  if (parent_pid <= 0) return out;
+  if (DIR* dir = opendir("/proc")) {
+    while (const dirent* e = readdir(dir)) {
+      if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+      const int pid = std::atoi(e->d_name);
+      if (ParentPid(pid) != parent_pid) continue;
+      if (const auto us = PidCpuMicros(pid); us >= 0) out[pid] = us;
+    }
+    closedir(dir);
+  }
+  return out;
+}
+
 std::int64_t RssBytes() { return StatusKb("VmRSS") * 1024; }
 std::int64_t PeakRssBytes() { return StatusKb("VmHWM") * 1024; }
 

@@ -33,6 +33,8 @@ std::int64_t PidCpuMicros(int pid);
 /// children that exit inside it (a preload's backends, autovacuum workers) for exactly their part.
 /// Grandchildren not reaped by their own parent are not counted.
 std::int64_t ProcessTreeCpuMicros(int parent_pid);
+// CPU time of each live child of `parent_pid`, by pid (the children that exited are not in it).
+std::map<int, std::int64_t> ChildrenCpuMicros(int parent_pid);
 /// Each live thread of this process: its name (/proc/self/task/<tid>/comm; the relay names its
 /// threads "or-<role>") and its user + system CPU time in microseconds, by thread id.
 struct ThreadCpu {

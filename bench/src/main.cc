@@ -59,10 +59,13 @@ int main(int argc, char** argv) {
                "Allow --database-url to have queued messages (they are deleted)");
   app.add_option("--pg-bin", opt.pg_bin, "PostgreSQL 15 binaries for the throwaway cluster")
       ->capture_default_str();
-  app.add_flag("--statement-stats", opt.statement_stats,
-               "Load pg_stat_statements in the throwaway cluster and report, per Kafka or webhook "
-               "drain, open loop and sustained scenario, each statement's execution and planning "
-               "time per delivered message (details.statements)");
+  app.add_flag(
+      "--statement-stats", opt.statement_stats,
+      "Load pg_stat_statements in the throwaway cluster and report, per SQL ceiling, Kafka "
+      "or webhook drain, open loop and sustained scenario, each statement's execution "
+      "and planning time, WAL and shared buffers per delivered message "
+      "(details.statements), and, but for the sustained scenario, the Postgres CPU of "
+      "each process by what it ran (details.postgres_cpu_us_per_msg_by_process)");
   app.add_option("--pg-setting", opt.pg_settings,
                  "Extra server setting name=value for the throwaway cluster (repeatable)");
   std::string trace_claims;

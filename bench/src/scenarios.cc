@@ -301,6 +301,54 @@ json StatementStats(const std::string& url, std::int64_t delivered) {
   return out;
 }
 
+// What each Postgres process is, by pid: a client backend by the name of the last statement it
+// ran ("claim", "settle_delivered", "ceiling"...: the relay's connections each run mostly one),
+// any other by its backend_type (walwriter, checkpointer, autovacuum launcher...).
+std::map<int, std::string> PostgresRoles(const std::string& url) {
+  std::map<int, std::string> roles;
+  try {
+    pqxx::connection c(url);
+    pqxx::nontransaction tx(c);
+    for (const auto& row :
+         tx.exec("SELECT pid, backend_type, left(query, 60) FROM pg_stat_activity")) {
+      std::string role = row[1].is_null() ? "unknown" : row[1].as<std::string>();
+      if (role == "client backend") {
+        const std::string q = row[2].is_null() ? "" : row[2].as<std::string>();
+        const auto colon = q.find(':');
+        role = q.rfind("-- ", 0) == 0 && colon != std::string::npos ? q.substr(3, colon - 3)
+                                                                    : "client (other)";
+      }
+      roles[row[0].as<int>()] = role;
+    }
+  } catch (const std::exception& e) {
+    Say(std::string("--statement-stats: pg_stat_activity unreadable: ") + e.what());
+  }
+  return roles;
+}
+
+// --statement-stats: where the measured interval's Postgres CPU went, per delivered message, by
+// process (PostgresRoles, read at the interval's end); "exited" is what processes that ended
+// within the interval spent (autovacuum workers, closed connections).
+json PostgresCpuByRole(const std::map<int, std::string>& roles,
+                       const std::map<int, std::int64_t>& before,
+                       const std::map<int, std::int64_t>& after, std::int64_t total_us,
+                       std::int64_t delivered) {
+  std::map<std::string, std::int64_t> by_role;
+  std::int64_t live = 0;
+  for (const auto& [pid, us] : after) {
+    const auto was = before.find(pid);
+    const std::int64_t spent = us - (was == before.end() ? 0 : was->second);
+    const auto role = roles.find(pid);
+    by_role[role == roles.end() ? "unknown" : role->second] += spent;
+    live += spent;
+  }
+  by_role["exited"] += std::max<std::int64_t>(total_us - live, 0);
+  json out = json::object();
+  const double n = static_cast<double>(std::max<std::int64_t>(delivered, 1));
+  for (const auto& [role, us] : by_role) out[role] = static_cast<double>(us) / n;
+  return out;
+}
+
 std::function<std::int64_t()> Delivered(const Relay& relay) {
   return [&relay] { return relay.delivered(); };
 }
@@ -331,6 +379,12 @@ struct Observation {
   std::int64_t relay_cpu_us = 0, pg_cpu_us = 0, helpers_cpu_us = 0;
   std::int64_t peak_rss = 0;
   int postmaster = -1;
+  // Each live Postgres process's CPU at Begin and at End (PostgresCpuByRole).
+  std::map<int, std::int64_t> pg_children0, pg_children1;
+  // Set before End (--statement-stats): read what each Postgres process is from there while the
+  // relay's connections are still open.
+  std::string roles_url;
+  std::map<int, std::string> pg_roles;
   std::vector<int> helper_pids;
   std::vector<std::int64_t> claim_us, settle_us;
   std::int64_t claim_rows = 0, settle_rows = 0;
@@ -348,6 +402,7 @@ struct Observation {
     SettleProbe().Take();
     ResetPeakRss();
     pg0 = ProcessTreeCpuMicros(postmaster);
+    pg_children0 = ChildrenCpuMicros(postmaster);
     helpers0 = HelpersCpu();
     threads0 = SelfThreadsCpu();
     cpu0 = SelfCpuMicros();
@@ -359,6 +414,8 @@ struct Observation {
     relay_cpu_us = SelfCpuMicros() - cpu0;
     SummarizeThreads();
     pg_cpu_us = ProcessTreeCpuMicros(postmaster) - pg0;
+    pg_children1 = ChildrenCpuMicros(postmaster);
+    if (!roles_url.empty()) pg_roles = PostgresRoles(roles_url);
     helpers_cpu_us = HelpersCpu() - helpers0;
     peak_rss = PeakRssBytes();
     TakeClaims();
@@ -577,6 +634,7 @@ ScenarioResult Bench::SqlCeiling(const std::string& name, int connections) {
   std::size_t bytes = 0;
   std::mutex mu;
   Observation obs;
+  if (statement_stats) obs.roles_url = url;
   Say(r.name + ": measuring");
   obs.Begin(postmaster_pid_, {});
   std::vector<std::thread> threads;
@@ -608,7 +666,11 @@ ScenarioResult Bench::SqlCeiling(const std::string& name, int connections) {
   r.details["rows"] = rows;
   r.details["payload_bytes_read"] = bytes;
   r.details["cpu_note"] = "relay CPU column = the benchmark's libpq client loop";
-  if (statement_stats) r.details["statements"] = StatementStats(url, rows);
+  if (statement_stats) {
+    r.details["statements"] = StatementStats(url, rows);
+    r.details["postgres_cpu_us_per_msg_by_process"] =
+        PostgresCpuByRole(obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, rows);
+  }
   // The first measurement is the baseline of every ratio; a later one shows how much the
   // machine drifted during the run.
   if (baseline) {
@@ -727,6 +789,7 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   Relay relay(url, KafkaDestination(bootstraps_, topic, v.exactly_once), v.relays, Mode(v),
               ClaimConnections(v.claim_connections, v.exactly_once));
   Observation obs;
+  if (statement_stats) obs.roles_url = url;
   Say(v.name + ": relay draining");
   obs.Begin(postmaster_pid_, {Kafka().pid()});
   relay.Start();
@@ -737,7 +800,11 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   relay.Stop();
   r.details["dispatcher"] = relay.StatsJson();
   r.details["queue_table"] = TableStats(url);
-  if (statement_stats) r.details["statements"] = StatementStats(url, delivered);
+  if (statement_stats) {
+    r.details["statements"] = StatementStats(url, delivered);
+    r.details["postgres_cpu_us_per_msg_by_process"] = PostgresCpuByRole(
+        obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, delivered);
+  }
   FillCommon(r, obs, delivered);
   FillDelivery(r,
                json::parse(Kafka().Call("FINISH " + std::to_string(delivered) + " 120 - 0", 180)));
@@ -819,6 +886,7 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
   Relay relay(url, WebhookDestination(http_port_, max_in_flight), 1, relay::ClaimMode::kSkipLocked,
               claim_connections);
   Observation obs;
+  if (statement_stats) obs.roles_url = url;
   Say(r.name + ": relay draining");
   obs.Begin(postmaster_pid_, {Http().pid()});
   auto events0 = relay.SinkEvents();
@@ -848,7 +916,11 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
     r.details["sink"] = sink;
   }
   r.details["queue_table"] = TableStats(url);
-  if (statement_stats) r.details["statements"] = StatementStats(url, delivered);
+  if (statement_stats) {
+    r.details["statements"] = StatementStats(url, delivered);
+    r.details["postgres_cpu_us_per_msg_by_process"] = PostgresCpuByRole(
+        obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, delivered);
+  }
   FillCommon(r, obs, delivered);
   FillDelivery(r, json::parse(Http().Call(
                       "FINISH " + std::to_string(delivered) + " 60 " + url + " 0", 120)));
@@ -1044,6 +1116,7 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
   const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
 
   Observation obs;
+  if (statement_stats) obs.roles_url = url;
   Say(name + ": producing");
   obs.Begin(postmaster_pid_, {receiver.pid(), Producers().pid()});
   auto producer = std::async(std::launch::async, [&] {
@@ -1060,7 +1133,11 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
   const std::int64_t delivered = relay->delivered();
   relay->Stop();
   r.details["queue_table"] = TableStats(url);
-  if (statement_stats) r.details["statements"] = StatementStats(url, delivered);
+  if (statement_stats) {
+    r.details["statements"] = StatementStats(url, delivered);
+    r.details["postgres_cpu_us_per_msg_by_process"] = PostgresCpuByRole(
+        obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, delivered);
+  }
   r.messages = inserted;
   r.details["producer"] = produced;
   r.details["dispatcher"] = relay->StatsJson();
