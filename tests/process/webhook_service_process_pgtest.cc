@@ -603,6 +603,16 @@ TEST_F(WebhookServiceTest, ReplaySendsArchivedMessagesToOneEndpointAgain) {
     last[k] = n;
   }
 
+  // The delivery log is written in batches (every 200 ms) after the requests: read b's once it
+  // holds its six. (Read at once, it was still empty whenever the deliveries and the replay
+  // took under a batch's wait, as on 2026-11-28 in 3 runs of 3.)
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Scalar("SELECT count(*) FROM outbox.delivery_attempts WHERE endpoint_id = 'b'") >=
+               6;
+      },
+      60s))
+      << "the delivery log never caught up with b's requests";
   const std::string key = nlohmann::json::parse(
       Cli({"attempts", "--endpoint", "b", "-n", "1", "--json"}).second)["delivery_id"];
   std::tie(code, out) = Cli({"endpoints", "replay", "b", "--message", key});
