@@ -7,6 +7,7 @@
 #include <deque>
 
 #include "dispatcher_impl.h"
+#include "handoff.h"
 #include "outbox_relay/fresh_cursor.h"
 #include "reconnect.h"
 #include "tuning.h"
@@ -171,6 +172,29 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     std::lock_guard lk(mu);
     seen_rebalance = rebalance_gen;
   }
+  // What a claim leased goes to the sink on the hand-off thread while this loop claims again
+  // (handoff.h). The claim's share of the room goes with it and is given back once its rows are
+  // in the sink. Declared last: it runs what it holds before the loop's other state goes.
+  struct Claimed {
+    std::vector<Message> messages;
+    std::string token;
+    std::chrono::steady_clock::time_point expires;
+    std::unique_ptr<RoomShare> share;
+  };
+  Handoff<Claimed> handoff(
+      [&](Claimed& c) {
+        std::vector<std::pair<Message, Sink::Completion>> handed;
+        handed.reserve(c.messages.size());
+        for (auto& msg : c.messages) {
+          msg.claim_expires = c.expires;
+          if (auto h = Prepare(dest, sink, c.token, std::move(msg), room_wait)) {
+            handed.push_back(std::move(*h));
+          }
+        }
+        if (!handed.empty()) sink.SubmitMany(std::move(handed));
+        c.share->Release();
+      },
+      "or-handoff");
   while (!stopping) {
     if (Now() - last_sweep >= config.full_sweep_interval) {
       cursor.StartSweep();
@@ -263,14 +287,14 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     if (!release_lost_claims()) continue;
     // This loop's share of the room, taken only now (no wait comes between it and the claim)
     // and held until what it claims is in the sink: the other loops see it taken.
-    RoomShare share(room_wait);
-    int fresh_limit = share.Take(cap(), sink, worth_a_claim(limit), batch);
+    auto share = std::make_unique<RoomShare>(room_wait);
+    int fresh_limit = share->Take(cap(), sink, worth_a_claim(limit), batch);
     if (fresh_limit == 0) continue;  // another loop took the room meanwhile
     int slow_limit = std::max(1, fresh_limit / 2);
     // The claim leases up to both lanes' limits: what fits the bytes is split between them, a
     // third for the slow lane, which keeps at least a row so due retries never wait for a
     // budget that only ever fits one (such a claim may then bring two).
-    if (const int fits = share.TakeBytes(fresh_limit + slow_limit, byte_budget, payload_estimate);
+    if (const int fits = share->TakeBytes(fresh_limit + slow_limit, byte_budget, payload_estimate);
         fits < fresh_limit + slow_limit) {
       if (fits == 0) continue;  // another loop's claim took the bytes meanwhile
       fresh_limit = std::max(1, fits - fits / 3);
@@ -291,7 +315,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     } catch (const std::exception& e) {
       db_ok = false;
       if (!store.last_claim_token().empty()) lost_claims.push_back(store.last_claim_token());
-      share.Release();  // not held through the pause
+      share->Release();  // not held through the pause
       const auto pause = db.Failed(store, e);
       start_over();
       WaitFor(pause, [] { return false; });
@@ -323,20 +347,20 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
                          std::chrono::duration<double>(Now() - claim_started));
     // Handed over at once: one wake-up of a webhook sink's workers per claim, not one per
     // message (on the 16-core machine the claim thread spent 11 us a message handing a
-    // webhook claim over, against 5.8 to Kafka, between claims of ~10 ms).
-    std::vector<std::pair<Message, Sink::Completion>> handed;
-    handed.reserve(claim.messages.size());
+    // webhook claim over, against 5.8 to Kafka, between claims of ~10 ms); and by the hand-off
+    // thread, while this loop claims again.
+    const auto leased = claim.messages.size();
     std::int64_t largest = 0;  // payload of the claim (the next claims' estimate)
-    for (auto& msg : claim.messages) {
+    for (const auto& msg : claim.messages) {
       largest = std::max(largest, static_cast<std::int64_t>(msg.payload.size()));
-      msg.claim_expires = claim_expires;
-      if (auto h = Prepare(dest, sink, claim.lease_token, std::move(msg), room_wait)) {
-        handed.push_back(std::move(*h));
-      }
     }
-    if (!handed.empty()) sink.SubmitMany(std::move(handed));
-    share.Release();
-    if (!claim.messages.empty()) payload_estimate = std::max(largest, payload_estimate / 2);
+    if (leased > 0) {
+      payload_estimate = std::max(largest, payload_estimate / 2);
+      handoff.Put(
+          Claimed{std::move(claim.messages), claim.lease_token, claim_expires, std::move(share)});
+    } else {
+      share->Release();
+    }
     // Claim again at once only while a lane stopped at its limit, as the statement says
     // (fresh_full_bound, slow_full; a partitioned lane stops at a bucket's share with fewer
     // rows than it asked for), or parked rows behind keys may have moved: a claim whose lanes
@@ -344,15 +368,14 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     // (its NOTIFY, a woken key, the reaper). Claiming again anyway cost, under live traffic, an empty claim after almost
     // every delivered message (measured at 1k msg/s: 2,751 empty of 9,303 claims).
     const auto fresh_got = claim.fresh_lane.size();
-    const auto slow_got = claim.messages.size() - fresh_got;
+    const auto slow_got = leased - fresh_got;
     const bool drained = !claim.facts.fresh_full_bound.has_value() && !claim.facts.slow_full;
     must_claim = !drained;
     // A backlog: the slow lane got all it asked for, or the claim got at least half of what it
     // asked for and a lane stopped at its limit (a partitioned claim's lanes stop at a small
     // per-bucket share with a row or two; that is no backlog to call the other loops for).
-    const bool backlog =
-        !drained && (slow_got >= static_cast<std::size_t>(slow_limit) ||
-                     claim.messages.size() * 2 >= static_cast<std::size_t>(fresh_limit));
+    const bool backlog = !drained && (slow_got >= static_cast<std::size_t>(slow_limit) ||
+                                      leased * 2 >= static_cast<std::size_t>(fresh_limit));
     if (loops > 1 && room_wait.backlog.exchange(backlog) != backlog) {
       // The backlog began (the other loops join in) or ended.
       std::lock_guard lk(mu);
@@ -363,7 +386,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       must_claim = true;
       continue;
     }
-    if ((claim.messages.empty() || drained) && claim.facts.held == 0) {
+    if ((leased == 0 || drained) && claim.facts.held == 0) {
       std::unique_lock lk(mu);
       wake_cv.wait_for(lk, recheck.empty() ? config.poll_interval : tuning::kBlockedKeyRecheckEvery,
                        [&] { return stopping.load() || wake_gen != seen_gen; });
