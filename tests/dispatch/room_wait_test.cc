@@ -126,5 +126,62 @@ TEST(RoomWaitTest, ARoomAlreadyWorthAClaimIsNoWait) {
   EXPECT_EQ(waited.wait_for(10s), std::future_status::ready);
 }
 
+// max_in_flight_bytes: a loop claims while the sink holds at most half the budget and the
+// payload it expects fits beside what it holds; whatever it expects, it claims when nothing is
+// held.
+TEST(RoomWaitTest, BytesAllowAClaimUnderHalfTheBudgetWhenTheExpectedPayloadFits) {
+  RoomWait room;
+  EXPECT_TRUE(room.BytesAllowAClaim(0, 1 << 20)) << "no budget";
+  room.payload_bytes = 400;
+  EXPECT_TRUE(room.BytesAllowAClaim(1000, 100));
+  EXPECT_TRUE(room.BytesAllowAClaim(1000, 600)) << "400 + 600 fit";
+  EXPECT_FALSE(room.BytesAllowAClaim(1000, 601));
+  room.reserved_bytes = 101;  // another loop's claim
+  EXPECT_FALSE(room.BytesAllowAClaim(1000, 100)) << "501 held or claimed: over half";
+  room.payload_bytes = 0;
+  room.reserved_bytes = 0;
+  EXPECT_TRUE(room.BytesAllowAClaim(1000, 5000)) << "nothing held: a large payload goes alone";
+}
+
+// A loop that expects a payload over half the budget waits until the sink holds no more than
+// the budget less that payload. Its wake-up came only when the bytes crossed half the budget,
+// so with 450 of 1000 held and 600 expected, the completion that freed the 450 woke nobody and
+// the loop's next look came from its poll (50 ms a claim: review, session 32).
+TEST(RoomWaitTest, ALoopWaitingForBytesIsWokenByTheCompletionThatMakesItsClaimFit) {
+  RoomWait room;
+  const std::int64_t budget = 1000, expected = 600;
+  room.payload_bytes = 450;
+  ASSERT_FALSE(room.BytesAllowAClaim(budget, expected));
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> looked{false};
+  auto waited = std::async(std::launch::async, [&] {
+    room.Wait(kLongPoll, stopping, [&] {
+      room.ArmBytes(0, RoomWait::BytesMark(budget, expected));
+      looked = true;
+      return room.BytesAllowAClaim(budget, expected);
+    });
+    room.DisarmBytes(0);
+  });
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!looked && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  ASSERT_TRUE(looked.load());
+  room.payload_bytes -= 450;  // what a completion does, then:
+  if (room.TakeBytesWake()) room.WakeLoops();
+  EXPECT_EQ(waited.wait_for(10s), std::future_status::ready)
+      << "the completion that made the claim fit did not wake the loop";
+}
+
+TEST(RoomWaitTest, ALoopWaitingForBytesIsWokenOncePerWaitAndNotBeforeItsClaimFits) {
+  RoomWait room;
+  room.payload_bytes = 900;
+  room.ArmBytes(2, RoomWait::BytesMark(1000, 300));  // 500: half the budget
+  room.payload_bytes = 600;
+  EXPECT_FALSE(room.TakeBytesWake()) << "600 held: over half";
+  room.payload_bytes = 500;
+  EXPECT_TRUE(room.TakeBytesWake());
+  EXPECT_FALSE(room.TakeBytesWake()) << "woken already";
+  EXPECT_FALSE(room.AnyWaiting());
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -99,19 +99,17 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   // in messages, the room let a backlog of 1 MiB payloads hold 1.5 GiB in a webhook sink). A
   // claim asks for what fits the bytes left at the largest payload it expects, taken under the
   // room's lock with what the destination's other loops are claiming (RoomShare::TakeBytes),
-  // and once the sink holds more than half the budget the loop waits until it holds half, as
-  // it waits for half its room in messages: claims of a row or two cost the database nearly a
+  // and once the sink holds more than half the budget, or too much for the payload it expects
+  // beside it, the loop waits until it holds half and that fits (RoomWait::BytesMark), as it
+  // waits for half its room in messages: claims of a row or two cost the database nearly a
   // full one's. The first claim expects the largest payload writers may queue
   // (outbox.settings.max_payload_bytes); each later one the largest of the last claim, or half
   // the estimate before. Over the budget only by what one claim's payloads exceed that (payloads
   // that grew from one claim to the next: at worst batch_size of them, per loop).
   const std::int64_t byte_budget = dest.max_in_flight_bytes;
-  const std::int64_t resume_at = RoomWait::BytesResumeAt(byte_budget);
   std::int64_t payload_estimate = first_payload_estimate;
   const auto bytes_allow_a_claim = [&] {
-    if (byte_budget <= 0) return true;
-    const std::int64_t used = room_wait.payload_bytes.load() + room_wait.reserved_bytes.load();
-    return used == 0 || (used <= resume_at && byte_budget - used >= payload_estimate);
+    return room_wait.BytesAllowAClaim(byte_budget, payload_estimate);
   };
   Reconnect db(dest.name + ": claim failed, reconnecting", dest.name + ": database reachable again",
                [this] { DbError(); });
@@ -254,8 +252,13 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     }
     if (!bytes_allow_a_claim()) {
       if (recheck_blocked_keys()) must_claim = true;
-      // A completion that frees them wakes it.
-      room_wait.Wait(tuning::kRoomPoll, stopping, bytes_allow_a_claim);
+      // Armed before the bytes are looked at: the completion that frees enough for this loop's
+      // claim takes the wake-up (RoomWait::TakeBytesWake).
+      room_wait.Wait(tuning::kRoomPoll, stopping, [&] {
+        room_wait.ArmBytes(index, RoomWait::BytesMark(byte_budget, payload_estimate));
+        return bytes_allow_a_claim();
+      });
+      room_wait.DisarmBytes(index);
       continue;
     }
     // Wake-ups from here on are about rows this claim may not see (their commit came after

@@ -171,12 +171,11 @@ std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
   Sink::Completion done = [this, id, attempts, d, &sink, token, created_at, submitted, room, bytes,
                            trace = std::move(trace)](Outcome outcome) {
     // The sink is done with the payload: its bytes no longer count against the destination's
-    // max_in_flight_bytes. A claim loop waiting for them waits for half of it to be free
-    // (claim_loop.cc), woken when this completion frees that.
-    const auto before = room->payload_bytes.fetch_sub(bytes);
-    const auto resume_at = RoomWait::BytesResumeAt(d->max_in_flight_bytes);
-    const bool bytes_freed =
-        d->max_in_flight_bytes > 0 && before > resume_at && before - bytes <= resume_at;
+    // max_in_flight_bytes. A claim loop waiting for them waits until the sink holds at most
+    // half of it with room for the payload it expects (RoomWait::BytesMark), woken by the
+    // completion that frees that much.
+    room->payload_bytes.fetch_sub(bytes);
+    const bool bytes_freed = d->max_in_flight_bytes > 0 && room->TakeBytesWake();
     Settlement s = Decide(id, attempts, outcome, d->retry, token, Uniform01(), stopping.load());
     LogOutcome(*d, id, trace, outcome, s);
     s.destination = d->name;

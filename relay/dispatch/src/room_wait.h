@@ -3,6 +3,7 @@
 // on its own (tests/dispatch/room_wait_test.cc).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -17,6 +18,7 @@ namespace outbox::relay {
 struct RoomWait {
   RoomWait() {
     for (auto& at : wake_at_or_below) at = -1;
+    for (auto& at : bytes_wake_at_or_below) at = -1;
   }
   // What each claim loop waiting for room waits for: wake it once the sink's in-flight count
   // plus what the destination's other loops are claiming falls to this (-1: not waiting).
@@ -77,6 +79,9 @@ struct RoomWait {
     for (const auto& at : wake_at_or_below) {
       if (at.load() >= 0) return true;
     }
+    for (const auto& at : bytes_wake_at_or_below) {
+      if (at.load() >= 0) return true;
+    }
     return false;
   }
   // Rows the loops are claiming right now (asked for, not in the sink yet): a loop takes its
@@ -97,6 +102,41 @@ struct RoomWait {
   // Under max_in_flight_bytes `budget`, the loops claim again once the sink holds at most this
   // (half of it), as they wait for half their room in messages.
   static std::int64_t BytesResumeAt(std::int64_t budget) { return budget - budget / 2; }
+  // The most the sink may hold (payload_bytes plus reserved_bytes) for a loop that expects
+  // payloads of `estimate` bytes to claim under `budget`: half the budget, less where one such
+  // payload would not fit beside it; and a loop claims whenever nothing is held (a payload
+  // larger than the budget goes alone).
+  static std::int64_t BytesMark(std::int64_t budget, std::int64_t estimate) {
+    return std::max<std::int64_t>(0, std::min(BytesResumeAt(budget), budget - estimate));
+  }
+  bool BytesAllowAClaim(std::int64_t budget, std::int64_t estimate) const {
+    return budget <= 0 ||
+           payload_bytes.load() + reserved_bytes.load() <= BytesMark(budget, estimate);
+  }
+  // What each claim loop waiting for bytes waits for, as wake_at_or_below is for room: wake it
+  // once the bytes held and being claimed fall to this (BytesMark; -1: not waiting). Woken only
+  // when the bytes crossed half the budget, a loop that expected a payload over half of it
+  // found the sink under half and yet too full, and its next look came from its poll: up to
+  // 50 ms a claim (review, session 32).
+  std::array<std::atomic<std::int64_t>, kMaxClaimConnections> bytes_wake_at_or_below;
+  void ArmBytes(int index, std::int64_t at_or_below) {
+    bytes_wake_at_or_below.at(static_cast<std::size_t>(index)).store(at_or_below);
+  }
+  void DisarmBytes(int index) {
+    bytes_wake_at_or_below.at(static_cast<std::size_t>(index)).store(-1);
+  }
+  // A completion took its payload's bytes out of payload_bytes: true when it took the wake-up
+  // of at least one loop waiting for bytes whose claim now fits; the caller wakes the loops.
+  // Once per wait, as TakeWake.
+  bool TakeBytesWake() {
+    const std::int64_t used = payload_bytes.load() + reserved_bytes.load();
+    bool took = false;
+    for (auto& at : bytes_wake_at_or_below) {
+      std::int64_t v = at.load();
+      if (v >= 0 && used <= v && at.compare_exchange_strong(v, -1)) took = true;
+    }
+    return took;
+  }
 
  private:
   std::mutex wake_mu;
