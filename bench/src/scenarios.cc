@@ -16,10 +16,13 @@
 #include "call_probe.h"
 #include "helper.h"
 #include "outbox_relay/dispatcher.h"
+#include "outbox_relay/fresh_cursor.h"
 #include "outbox_relay/kafka_sink.h"
 #include "outbox_relay/sink_registry.h"
+#include "outbox_relay/store.h"
 #include "outbox_relay/webhook_sink.h"
 #include "pg_server.h"
+#include "queries.h"
 #include "workload.h"
 
 namespace outbox::bench {
@@ -39,6 +42,51 @@ constexpr const char* kCeilingSql =
     "SELECT id FROM outbox.messages ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED) "
     "RETURNING id, destination, ordering_key, idempotency_key, event_type, headers, payload, "
     "payload_bytes, attempts, created_at";
+
+// docs/adr/0003-bucket-leases.md, the prototype of its two statements for a relay that owns
+// every bucket (sql_bucket_leases): the claim reads the due rows from the cursor and writes
+// nothing; the settle deletes the delivered rows of the buckets still owned at the epochs the
+// relay holds them by (FOR SHARE of outbox.bucket_owners, as a move would wait for it). Unkeyed
+// rows only: the ADR moves the key checks to the relay's memory.
+constexpr const char* kBucketLeaseClaimSql =
+    "-- bucket_lease_claim: ADR 0003's claim, a plain scan\n"
+    "WITH fresh AS ("
+    "  SELECT m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,"
+    "         m.payload_bytes, m.attempts, m.parked, m.endpoint_id, m.bucket,"
+    "         (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us,"
+    "         (extract(epoch FROM m.absent_as_of) * 1000000)::bigint AS absent_as_of_us"
+    "  FROM outbox.messages m"
+    "  WHERE (m.destination, m.id) > ($1, $2::bigint) AND m.destination <= $1 AND NOT m.parked"
+    "  ORDER BY m.destination, m.id LIMIT $3::integer"
+    "), slow AS ("
+    "  SELECT m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,"
+    "         m.payload_bytes, m.attempts, m.parked, m.endpoint_id, m.bucket,"
+    "         (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us,"
+    "         (extract(epoch FROM m.absent_as_of) * 1000000)::bigint AS absent_as_of_us"
+    "  FROM outbox.messages m"
+    "  WHERE m.destination = $1 AND m.parked AND m.deliver_after <= now()"
+    "  ORDER BY m.deliver_after, m.id LIMIT $4::integer"
+    "), facts AS ("
+    "  SELECT coalesce(pg_sequence_last_value('outbox.messages_id_seq'), 0) AS seq_value,"
+    "         pg_snapshot_xmin(pg_current_snapshot())::text AS snap_xmin,"
+    "         pg_current_xact_id()::text AS own_xid, (SELECT count(*) FROM fresh) AS fresh_scanned"
+    ")"
+    "SELECT f.*, r.* FROM facts f"
+    "  LEFT JOIN (SELECT * FROM fresh UNION ALL SELECT * FROM slow) r ON true";
+constexpr const char* kBucketLeaseSettleSql =
+    "-- bucket_lease_settle: ADR 0003's settle of deliveries, fenced by the buckets' epochs\n"
+    "WITH fence AS MATERIALIZED ("
+    "  SELECT o.bucket FROM outbox.bucket_owners o"
+    "  JOIN unnest($2::integer[], $3::bigint[]) AS mine(bucket, epoch)"
+    "    ON o.bucket = mine.bucket AND o.epoch = mine.epoch"
+    "  WHERE o.owner = $4::uuid"
+    "  FOR SHARE OF o"
+    "), delivered AS ("
+    "  DELETE FROM outbox.messages m"
+    "  WHERE m.id = ANY($1::bigint[]) AND m.bucket = ANY (ARRAY(SELECT bucket FROM fence))"
+    "  RETURNING m.id"
+    ")"
+    "SELECT count(*) FROM delivered";
 
 std::string Rfc3339(std::int64_t us) {
   const std::time_t secs = static_cast<std::time_t>(us / 1'000'000);
@@ -582,6 +630,123 @@ void Bench::RatioToSqlCeiling(ScenarioResult& r) {
       r.details["x_sql_ceiling_same_connections"] = r.events_per_s / it->second;
     }
   }
+}
+
+ScenarioResult Bench::SqlCycle(const std::string& name, LeaseForm form) {
+  const bool rows_leased = form == LeaseForm::kRowLeases;
+  ScenarioResult r;
+  r.name = name;
+  r.sink = "sql";
+  r.claim_mode = rows_leased ? "skip_locked" : "bucket leases";
+  r.messages = opt_.kafka_messages;
+  r.what = rows_leased
+               ? "the relay's own claim and settle statements (claim.sql, settle_delivered.sql "
+                 "through relay::Store, the relay's parsing included), 500 a claim, in turn on "
+                 "one connection with nothing else running, until the preloaded table is empty"
+               : "ADR 0003's bucket-lease prototype (a claim that reads and writes nothing, a "
+                 "settle fenced by the buckets' epochs), 500 a claim, in turn on one connection, "
+                 "one relay owning all 64 buckets, until the preloaded table is empty";
+  const std::string url = pg_.FreshDatabase(r.name);
+  Say(r.name + ": preloading " + std::to_string(r.messages) + " messages");
+  Preload(url, r.messages, {}, 2);
+  PrepareTable(url);
+  const std::string owner = "5ca1ab1e-0000-4000-8000-000000000001";
+  std::string buckets = "{", epochs = "{";
+  if (!rows_leased) {
+    pqxx::connection c(url);
+    pqxx::nontransaction tx(c);
+    const int count = tx.exec("SELECT bucket_count FROM outbox.partitioning")[0][0].as<int>();
+    tx.exec_params(
+        "INSERT INTO outbox.bucket_owners (bucket, owner, epoch) "
+        "SELECT g, $1::uuid, 1 FROM generate_series(0, $2::integer - 1) g "
+        "ON CONFLICT (bucket) DO UPDATE SET owner = excluded.owner, epoch = 1",
+        owner, count);
+    for (int b = 0; b < count; ++b) {
+      buckets += (b ? "," : "") + std::to_string(b);
+      epochs += b ? ",1" : "1";
+    }
+  }
+  buckets += "}";
+  epochs += "}";
+  relay::Store store(url);  // row leases: the relay's store, its session settings included
+  pqxx::connection conn(url);
+  if (!rows_leased) {
+    pqxx::nontransaction(conn).exec(std::string(sql::queries::kclaim_session));
+    conn.prepare("claim", kBucketLeaseClaimSql);
+    conn.prepare("settle", kBucketLeaseSettleSql);
+  }
+  const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
+  std::vector<std::int64_t> claim_us, settle_us;
+  std::int64_t rows = 0;
+  Observation obs;
+  if (statement_stats) obs.roles_url = url;
+  Say(r.name + ": measuring");
+  obs.Begin(postmaster_pid_, {});
+  relay::FreshCursor cursor;
+  std::int64_t last_id = 0;
+  while (true) {
+    const double t = MonoSeconds();
+    std::vector<std::int64_t> ids;
+    std::string token;
+    if (rows_leased) {
+      auto claim =
+          store.Claim(kDestination, cursor.position(), 500, 250, std::chrono::milliseconds(30'000));
+      cursor.Observe(claim.facts);
+      token = claim.lease_token;
+      for (const auto& m : claim.messages) ids.push_back(relay::Raw(m.id));
+    } else {
+      pqxx::nontransaction tx(conn);
+      const auto batch = tx.exec_prepared("claim", kDestination, last_id, 500, 250);
+      std::size_t bytes = 0;
+      for (const auto& row : batch) {
+        if (row["id"].is_null()) continue;
+        ids.push_back(row["id"].as<std::int64_t>());
+        bytes += row["payload"].size();  // read what a relay would
+      }
+      (void)bytes;
+    }
+    claim_us.push_back(static_cast<std::int64_t>((MonoSeconds() - t) * 1e6));
+    if (ids.empty()) break;
+    rows += static_cast<std::int64_t>(ids.size());
+    last_id = *std::max_element(ids.begin(), ids.end());
+    const double s = MonoSeconds();
+    if (rows_leased) {
+      std::vector<relay::Settlement> done;
+      done.reserve(ids.size());
+      for (const auto id : ids) {
+        relay::Settlement st;
+        st.id = relay::MessageId{id};
+        st.lease_token = token;
+        done.push_back(std::move(st));
+      }
+      store.Settle(done);
+    } else {
+      std::string list = "{";
+      for (std::size_t i = 0; i < ids.size(); ++i) list += (i ? "," : "") + std::to_string(ids[i]);
+      list += "}";
+      pqxx::nontransaction tx(conn);
+      tx.exec_prepared("settle", list, buckets, epochs, owner);
+    }
+    settle_us.push_back(static_cast<std::int64_t>((MonoSeconds() - s) * 1e6));
+  }
+  obs.End();
+  FillCommon(r, obs, rows);
+  r.completed = rows == r.messages;
+  r.claim = Summarize(claim_us);
+  r.settle = Summarize(settle_us);
+  r.claim_source = "the claim statement as this loop calls it (500 rows)";
+  r.details["rows"] = rows;
+  r.details["cpu_note"] = "relay CPU column = this loop (its parsing included)";
+  if (statement_stats) {
+    r.details["statements"] = StatementStats(url, rows);
+    r.details["postgres_cpu_us_per_msg_by_process"] =
+        PostgresCpuByRole(obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, rows);
+  }
+  if (sql_ceiling_pg_cpu_us_ && *sql_ceiling_pg_cpu_us_ > 0 && r.pg_cpu_us_per_msg) {
+    r.details["pg_cpu_x_sql_ceiling"] = *r.pg_cpu_us_per_msg / *sql_ceiling_pg_cpu_us_;
+  }
+  RatioToSqlCeiling(r);
+  return r;
 }
 
 void Bench::FillDelivery(ScenarioResult& r, const json& summary) {
@@ -1342,6 +1507,9 @@ std::vector<ScenarioResult> Bench::Run(
       {"sql_ceiling", [&] { return SqlCeiling("sql_ceiling", 1); }},
       {"sql_ceiling_x2", [&] { return SqlCeiling("sql_ceiling_x2", 2); }},
       {"sql_ceiling_x4", [&] { return SqlCeiling("sql_ceiling_x4", 4); }},
+      {"sql_row_leases", [&] { return SqlCycle("sql_row_leases", LeaseForm::kRowLeases); }},
+      {"sql_bucket_leases",
+       [&] { return SqlCycle("sql_bucket_leases", LeaseForm::kBucketLeases); }},
       {"kafka_drain", [&] { return KafkaDrain({"kafka_drain"}, opt_.kafka_messages, true); }},
       {"kafka_drain_stale_stats",
        [&] {

@@ -137,6 +137,11 @@ class Bench {
   static relay::ClaimMode Mode(const Variant& v);
 
   ScenarioResult SqlCeiling(const std::string& name, int connections);
+  /// One connection claiming and settling in turn, with no relay or sink beside it: the
+  /// relay's own statements (row leases, through relay::Store) or ADR 0003's bucket-lease
+  /// prototype, against the ceiling in the same run.
+  enum class LeaseForm { kRowLeases, kBucketLeases };
+  ScenarioResult SqlCycle(const std::string& name, LeaseForm form);
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
   ScenarioResult HttpCeiling();
   ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages,
