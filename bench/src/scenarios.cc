@@ -22,7 +22,6 @@
 #include "outbox_relay/store.h"
 #include "outbox_relay/webhook_sink.h"
 #include "pg_server.h"
-#include "queries.h"
 #include "workload.h"
 
 namespace outbox::bench {
@@ -42,51 +41,6 @@ constexpr const char* kCeilingSql =
     "SELECT id FROM outbox.messages ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED) "
     "RETURNING id, destination, ordering_key, idempotency_key, event_type, headers, payload, "
     "payload_bytes, attempts, created_at";
-
-// docs/adr/0003-bucket-leases.md, the prototype of its two statements for a relay that owns
-// every bucket (sql_bucket_leases): the claim reads the due rows from the cursor and writes
-// nothing; the settle deletes the delivered rows of the buckets still owned at the epochs the
-// relay holds them by (FOR SHARE of outbox.bucket_owners, as a move would wait for it). Unkeyed
-// rows only: the ADR moves the key checks to the relay's memory.
-constexpr const char* kBucketLeaseClaimSql =
-    "-- bucket_lease_claim: ADR 0003's claim, a plain scan\n"
-    "WITH fresh AS ("
-    "  SELECT m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,"
-    "         m.payload_bytes, m.attempts, m.parked, m.endpoint_id, m.bucket,"
-    "         (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us,"
-    "         (extract(epoch FROM m.absent_as_of) * 1000000)::bigint AS absent_as_of_us"
-    "  FROM outbox.messages m"
-    "  WHERE (m.destination, m.id) > ($1, $2::bigint) AND m.destination <= $1 AND NOT m.parked"
-    "  ORDER BY m.destination, m.id LIMIT $3::integer"
-    "), slow AS ("
-    "  SELECT m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,"
-    "         m.payload_bytes, m.attempts, m.parked, m.endpoint_id, m.bucket,"
-    "         (extract(epoch FROM m.created_at) * 1000000)::bigint AS created_us,"
-    "         (extract(epoch FROM m.absent_as_of) * 1000000)::bigint AS absent_as_of_us"
-    "  FROM outbox.messages m"
-    "  WHERE m.destination = $1 AND m.parked AND m.deliver_after <= now()"
-    "  ORDER BY m.deliver_after, m.id LIMIT $4::integer"
-    "), facts AS ("
-    "  SELECT coalesce(pg_sequence_last_value('outbox.messages_id_seq'), 0) AS seq_value,"
-    "         pg_snapshot_xmin(pg_current_snapshot())::text AS snap_xmin,"
-    "         pg_current_xact_id()::text AS own_xid, (SELECT count(*) FROM fresh) AS fresh_scanned"
-    ")"
-    "SELECT f.*, r.* FROM facts f"
-    "  LEFT JOIN (SELECT * FROM fresh UNION ALL SELECT * FROM slow) r ON true";
-constexpr const char* kBucketLeaseSettleSql =
-    "-- bucket_lease_settle: ADR 0003's settle of deliveries, fenced by the buckets' epochs\n"
-    "WITH fence AS MATERIALIZED ("
-    "  SELECT o.bucket FROM outbox.bucket_owners o"
-    "  JOIN unnest($2::integer[], $3::bigint[]) AS mine(bucket, epoch)"
-    "    ON o.bucket = mine.bucket AND o.epoch = mine.epoch"
-    "  WHERE o.owner = $4::uuid"
-    "  FOR SHARE OF o"
-    "), delivered AS ("
-    "  DELETE FROM outbox.messages m"
-    "  WHERE m.id = ANY($1::bigint[]) AND m.bucket = ANY (ARRAY(SELECT bucket FROM fence))"
-    "  RETURNING m.id"
-    ")"
-    "SELECT count(*) FROM delivered";
 
 std::string Rfc3339(std::int64_t us) {
   const std::time_t secs = static_cast<std::time_t>(us / 1'000'000);
@@ -643,37 +597,20 @@ ScenarioResult Bench::SqlCycle(const std::string& name, LeaseForm form) {
                ? "the relay's own claim and settle statements (claim.sql, settle_delivered.sql "
                  "through relay::Store, the relay's parsing included), 500 a claim, in turn on "
                  "one connection with nothing else running, until the preloaded table is empty"
-               : "ADR 0003's bucket-lease prototype (a claim that reads and writes nothing, a "
-                 "settle fenced by the buckets' epochs), 500 a claim, in turn on one connection, "
-                 "one relay owning all 64 buckets, until the preloaded table is empty";
+               : "ADR 0003's bucket-lease statements (claim_owned.sql, which reads the fresh lane "
+                 "and writes nothing, settle_owned_delivered.sql, fenced by the buckets' epochs, "
+                 "through relay::Store), 500 a claim, in turn on one connection, one relay owning "
+                 "all 64 buckets, until the preloaded table is empty";
   const std::string url = pg_.FreshDatabase(r.name);
   Say(r.name + ": preloading " + std::to_string(r.messages) + " messages");
   Preload(url, r.messages, {}, 2);
   PrepareTable(url);
-  const std::string owner = "5ca1ab1e-0000-4000-8000-000000000001";
-  std::string buckets = "{", epochs = "{";
+  relay::Store store(url);  // the relay's store, its session settings included
+  const std::string me = relay::NewUuid();
+  std::vector<relay::BucketLease> owned;
   if (!rows_leased) {
-    pqxx::connection c(url);
-    pqxx::nontransaction tx(c);
-    const int count = tx.exec("SELECT bucket_count FROM outbox.partitioning")[0][0].as<int>();
-    tx.exec_params(
-        "INSERT INTO outbox.bucket_owners (bucket, owner, epoch) "
-        "SELECT g, $1::uuid, 1 FROM generate_series(0, $2::integer - 1) g "
-        "ON CONFLICT (bucket) DO UPDATE SET owner = excluded.owner, epoch = 1",
-        owner, count);
-    for (int b = 0; b < count; ++b) {
-      buckets += (b ? "," : "") + std::to_string(b);
-      epochs += b ? ",1" : "1";
-    }
-  }
-  buckets += "}";
-  epochs += "}";
-  relay::Store store(url);  // row leases: the relay's store, its session settings included
-  pqxx::connection conn(url);
-  if (!rows_leased) {
-    pqxx::nontransaction(conn).exec(std::string(sql::queries::kclaim_session));
-    conn.prepare("claim", kBucketLeaseClaimSql);
-    conn.prepare("settle", kBucketLeaseSettleSql);
+    owned = store.Coordinate(me, std::chrono::milliseconds(600'000), false, "outbox-bench");
+    r.details["buckets_owned"] = owned.size();
   }
   const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
   std::vector<std::int64_t> claim_us, settle_us;
@@ -683,7 +620,6 @@ ScenarioResult Bench::SqlCycle(const std::string& name, LeaseForm form) {
   Say(r.name + ": measuring");
   obs.Begin(postmaster_pid_, {});
   relay::FreshCursor cursor;
-  std::int64_t last_id = 0;
   while (true) {
     const double t = MonoSeconds();
     std::vector<std::int64_t> ids;
@@ -695,20 +631,14 @@ ScenarioResult Bench::SqlCycle(const std::string& name, LeaseForm form) {
       token = claim.lease_token;
       for (const auto& m : claim.messages) ids.push_back(relay::Raw(m.id));
     } else {
-      pqxx::nontransaction tx(conn);
-      const auto batch = tx.exec_prepared("claim", kDestination, last_id, 500, 250);
-      std::size_t bytes = 0;
-      for (const auto& row : batch) {
-        if (row["id"].is_null()) continue;
-        ids.push_back(row["id"].as<std::int64_t>());
-        bytes += row["payload"].size();  // read what a relay would
-      }
-      (void)bytes;
+      auto claim = store.ClaimOwned(kDestination, cursor.position(), 500, 250,
+                                    std::chrono::milliseconds(30'000), me, owned);
+      cursor.Observe(claim.facts);
+      for (const auto& m : claim.messages) ids.push_back(relay::Raw(m.id));
     }
     claim_us.push_back(static_cast<std::int64_t>((MonoSeconds() - t) * 1e6));
     if (ids.empty()) break;
     rows += static_cast<std::int64_t>(ids.size());
-    last_id = *std::max_element(ids.begin(), ids.end());
     const double s = MonoSeconds();
     if (rows_leased) {
       std::vector<relay::Settlement> done;
@@ -721,11 +651,10 @@ ScenarioResult Bench::SqlCycle(const std::string& name, LeaseForm form) {
       }
       store.Settle(done);
     } else {
-      std::string list = "{";
-      for (std::size_t i = 0; i < ids.size(); ++i) list += (i ? "," : "") + std::to_string(ids[i]);
-      list += "}";
-      pqxx::nontransaction tx(conn);
-      tx.exec_prepared("settle", list, buckets, epochs, owner);
+      std::vector<relay::MessageId> done;
+      done.reserve(ids.size());
+      for (const auto id : ids) done.push_back(relay::MessageId{id});
+      store.SettleOwnedDelivered(done, me, owned);
     }
     settle_us.push_back(static_cast<std::int64_t>((MonoSeconds() - s) * 1e6));
   }

@@ -159,6 +159,43 @@ TEST_F(ClaimPlanTest, PartitionedClaimReadsTheBatchNotTheBacklogWhenStatisticsSa
   }
 }
 
+// Bucket leases (claim_owned.sql, ADR 0003): the plain scan from the cursor with the owned
+// buckets filtered reads the batch, whatever the statistics say; its fenced settle probes the
+// primary key for its rows (as a join with the fence it walked each bucket's index).
+TEST_F(ClaimPlanTest, BucketLeaseClaimAndSettleReadTheBatchNotTheBacklogWhenStatisticsSayEmpty) {
+  QueueBurstAfterEmptyAnalyze();
+  Store store(db_url_);
+  const std::string me = NewUuid();
+  const auto owned = store.Coordinate(me, 10s, false, "claim_plan_pgtest");
+  ASSERT_EQ(owned.size(), 64u);
+  const auto claim = store.ClaimOwned("d", 0, kBatch, kBatch / 2, 30s, me, owned);
+  ASSERT_EQ(claim.messages.size(), std::size_t{kBatch});
+  const auto [buckets, epochs] = BucketsAndEpochs(owned);
+  for (const char* mode : {"force_generic_plan", "force_custom_plan", "auto"}) {
+    const auto t = Explain(store,
+                           "EXECUTE claim_owned('d', 0, " + std::to_string(kBatch) + ", " +
+                               std::to_string(kBatch / 2) + ", '" + me + "', '" + buckets + "', '" +
+                               epochs + "')",
+                           mode);
+    ExpectBatchSized(t, std::string("claim_owned, ") + mode);
+  }
+  std::string ids = "{";
+  for (std::size_t i = 0; i < claim.messages.size(); ++i) {
+    ids += (i ? "," : "") + std::to_string(Raw(claim.messages[i].id));
+  }
+  ids += "}";
+  // Prepared on the connection by a first settle (of an id that does not exist).
+  ASSERT_EQ(store.SettleOwnedDelivered({MessageId{0}}, me, owned).gone, 1);
+  for (const char* mode : {"force_generic_plan", "force_custom_plan"}) {
+    const auto t = Explain(store,
+                           "EXECUTE settle_owned_delivered('" + ids + "', '" + buckets + "', '" +
+                               epochs + "', '" + me + "')",
+                           mode);
+    ExpectBatchSized(t, std::string("settle_owned_delivered, ") + mode);
+  }
+  EXPECT_EQ(Count("outbox.messages"), kBacklog - kBatch) << "the settle deleted the batch";
+}
+
 // A generic plan does not know which destination it claims for. With true statistics of two
 // destinations it once walked the primary key from the cursor and filtered on the destination:
 // cheap for the busy one, a walk over the busy one's whole backlog for the rare one (claims run

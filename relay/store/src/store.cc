@@ -113,6 +113,9 @@ struct Store::Impl {
       conn->prepare("claim_partitioned", std::string(q::kclaim_partitioned));
       conn->prepare("settle", std::string(q::ksettle));
       conn->prepare("settle_delivered", std::string(q::ksettle_delivered));
+      conn->prepare("claim_owned", std::string(q::kclaim_owned));
+      conn->prepare("claim_owned_hold", std::string(q::kclaim_owned_hold));
+      conn->prepare("settle_owned_delivered", std::string(q::ksettle_owned_delivered));
       conn->prepare("reap", std::string(q::kreap));
       conn->prepare("reap_full", std::string(q::kreap_full));
       conn->prepare("queue_scan_turn", std::string(q::kqueue_scan_turn));
@@ -282,7 +285,16 @@ bool Store::Connected() const { return impl_->conn && impl_->conn->is_open(); }
 
 namespace {
 
-ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, std::string token) {
+// What a claim that only reads (claim_owned.sql) found and did not hand out: rows due and behind
+// an earlier message of their key, and rows not due yet.
+struct NotReady {
+  std::vector<std::int64_t> blocked, not_due;
+};
+
+// `not_ready`: the statement says per row whether it is ready (`ready`, `due`): those that are
+// not go there instead of into the messages.
+ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, std::string token,
+                       NotReady* not_ready = nullptr) {
   ClaimResult out;
   out.lease_token = std::move(token);
   if (r.empty()) return out;  // cannot happen: facts always yields a row
@@ -312,9 +324,15 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
              payload_bytes = col("payload_bytes"), attempts = col("attempts"),
              bucket = col("bucket"), endpoint_id = col("endpoint_id"), parked = col("parked"),
              created_us = col("created_us"), absent_as_of_us = col("absent_as_of_us");
+  const auto ready = not_ready ? col("ready") : 0, due = not_ready ? col("due") : 0;
   out.messages.reserve(r.size());
   for (const auto& row : r) {
     if (row[id].is_null()) continue;  // nothing leased: only the facts row
+    if (not_ready && !row[ready].as<bool>()) {
+      (row[due].as<bool>() ? not_ready->blocked : not_ready->not_due)
+          .push_back(row[id].as<std::int64_t>());
+      continue;
+    }
     Message m;
     m.id = MessageId{row[id].as<std::int64_t>()};
     m.destination = destination;
@@ -468,6 +486,74 @@ bool LeavesEndpointsSomething(const Settlement& s) {
   return s.kind == Settlement::Kind::kFanOut && !s.children.empty();
 }
 }  // namespace
+
+ClaimResult Store::ClaimOwned(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                              int slow_limit, Millis lease, const std::string& instance_id,
+                              const std::vector<BucketLease>& owned) {
+  return Translated([&]() -> ClaimResult {
+    auto& c = impl_->ForClaims();
+    const auto buckets = ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; });
+    const auto epochs = ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; });
+    NotReady not_ready;
+    ClaimResult out;
+    {
+      pqxx::nontransaction tx(c);
+      const pqxx::result r = tx.exec_prepared("claim_owned", destination, cursor, fresh_limit,
+                                              slow_limit, instance_id, buckets, epochs);
+      out = ParseClaim(r, destination, "", &not_ready);
+    }
+    // The slow lane's messages (parked: retries, woken keys) are held a lease ahead.
+    std::vector<std::int64_t> taken;
+    for (const auto& m : out.messages) {
+      if (std::find(out.fresh_lane.begin(), out.fresh_lane.end(), m.id) == out.fresh_lane.end()) {
+        taken.push_back(Raw(m.id));
+      }
+    }
+    if (not_ready.blocked.empty() && not_ready.not_due.empty() && taken.empty()) return out;
+    // The rare path: claim_owned_hold.sql writes what the claim only read.
+    const auto ids = [](const std::vector<std::int64_t>& v) {
+      return ArrayLiteral(v, [](std::int64_t id) { return id; });
+    };
+    pqxx::nontransaction tx(c);
+    const pqxx::result held = tx.exec_prepared(
+        "claim_owned_hold", ids(not_ready.blocked), ids(not_ready.not_due), ids(taken),
+        static_cast<long long>(lease.count()), instance_id, buckets, epochs);
+    std::set<std::pair<std::string, std::optional<std::string>>> blocked;
+    for (const auto& row : held) {
+      if (row[1].is_null()) continue;
+      blocked.emplace(row[1].as<std::string>(),
+                      row[2].is_null() ? std::nullopt : std::optional(row[2].as<std::string>()));
+    }
+    out.facts.held = static_cast<std::int64_t>(not_ready.blocked.size() + not_ready.not_due.size());
+    for (const auto& [key, endpoint] : blocked) out.facts.blocked_keys.push_back({key, endpoint});
+    return out;
+  });
+}
+
+SettleCounts Store::SettleOwnedDelivered(const std::vector<MessageId>& ids,
+                                         const std::string& instance_id,
+                                         const std::vector<BucketLease>& owned) {
+  return Translated([&]() -> SettleCounts {
+    SettleCounts counts;
+    if (ids.empty()) return counts;
+    pqxx::nontransaction tx(impl_->ForQueue());
+    const auto row = tx.exec_prepared1(
+        "settle_owned_delivered", ArrayLiteral(ids, [](MessageId id) { return Raw(id); }),
+        ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
+        ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }), instance_id);
+    counts.delivered = row["delivered"].as<std::int64_t>();
+    counts.woken = row["woken"].as<std::int64_t>();
+    counts.gone = row["gone"].as<std::int64_t>();
+    if (row["written"].is_null()) {
+      counts.written = ids;
+    } else {
+      for (const auto& id : nlohmann::json::parse(row["written"].c_str()))
+        counts.written.push_back(MessageId{id.get<std::int64_t>()});
+    }
+    counts.fenced = static_cast<std::int64_t>(ids.size()) - counts.delivered - counts.gone;
+    return counts;
+  });
+}
 
 SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, bool archive,
                                     const std::string& instance_id) {

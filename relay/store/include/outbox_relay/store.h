@@ -42,6 +42,22 @@ class Store final : public QueueStore {
   const std::string& last_claim_token() const override;
   std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) override;
 
+  /// Bucket leases (docs/adr/0003-bucket-leases.md, plan step 2; the relay does not use them
+  /// yet): claim_owned.sql, the ready rows of the buckets `instance_id` owns at the epochs of
+  /// `owned`, the fresh lane read from `cursor`, nothing locked or written; then, only when
+  /// there is any, claim_owned_hold.sql parks what was not ready and holds the slow lane's rows
+  /// a `lease` ahead. No lease token (ClaimResult::lease_token is empty). For one claim loop
+  /// per destination: two loops could both take a slow-lane row before either held it.
+  ClaimResult ClaimOwned(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                         int slow_limit, Millis lease, const std::string& instance_id,
+                         const std::vector<BucketLease>& owned);
+  /// settle_owned_delivered.sql: deletes the delivered `ids` that lie in buckets `instance_id`
+  /// still owns at the epochs of `owned`, and wakes their keys' next messages. `fenced`
+  /// counts those of other buckets (still queued), `gone` those already deleted.
+  SettleCounts SettleOwnedDelivered(const std::vector<MessageId>& ids,
+                                    const std::string& instance_id,
+                                    const std::vector<BucketLease>& owned);
+
   /// One statement (sql/queries/settle.sql; settle_delivered.sql for nothing but plain
   /// deliveries without the archive). `archive`: also copy delivered messages to
   /// outbox.delivered_archive.

@@ -1,0 +1,174 @@
+// The store's bucket-lease statements (docs/adr/0003-bucket-leases.md, plan step 2:
+// claim_owned.sql, settle_owned_delivered.sql) against a real PostgreSQL: a claim that leases
+// by bucket ownership writes nothing to the rows it reads, a settle is fenced by the buckets'
+// epochs, keys keep their order, and the slow lane holds what it takes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <pqxx/pqxx>
+#include <set>
+
+#include "outbox/outbox.h"
+#include "outbox_relay/store.h"
+#include "outbox_test/pg.h"
+
+namespace outbox::relay {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string NewInstance() { return NewUuid(); }
+
+class BucketLeaseTest : public testing::PgTest {
+ protected:
+  std::vector<std::int64_t> Enqueue(int n, const std::optional<std::string>& key = std::nullopt,
+                                    const std::string& destination = "d") {
+    std::vector<outbox::OutboxMessage> msgs;
+    for (int i = 0; i < n; ++i) {
+      outbox::OutboxMessage m;
+      m.destination = destination;
+      m.payload = "{\"n\": " + std::to_string(i) + "}";
+      m.ordering_key = key;
+      msgs.push_back(std::move(m));
+    }
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    auto ids = outbox::PublishMany(tx, msgs);
+    tx.commit();
+    return ids;
+  }
+  std::int64_t Scalar(const std::string& sql) {
+    pqxx::connection c(db_url_);
+    return pqxx::nontransaction(c).exec1(sql)[0].as<std::int64_t>();
+  }
+  static std::vector<std::int64_t> Ids(const ClaimResult& claim) {
+    std::vector<std::int64_t> ids;
+    for (const auto& m : claim.messages) ids.push_back(Raw(m.id));
+    return ids;
+  }
+  static std::vector<MessageId> MessageIds(const std::vector<std::int64_t>& ids) {
+    std::vector<MessageId> out;
+    for (const auto id : ids) out.push_back(MessageId{id});
+    return out;
+  }
+  // The queue's rows with anything a lease would write: an owner, a lease end, a record.
+  std::int64_t Leased() {
+    return Scalar("SELECT count(*) FROM outbox.messages WHERE lease_owner IS NOT NULL") +
+           Scalar("SELECT count(*) FROM outbox.leases");
+  }
+};
+
+TEST_F(BucketLeaseTest, AClaimOfOwnedBucketsReadsTheRowsAndWritesNothing) {
+  const auto ids = Enqueue(30);
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  ASSERT_EQ(owned.size(), 64u);
+  const auto versions = Scalar("SELECT sum(xmin::text::bigint) FROM outbox.messages");
+  const auto claim = store.ClaimOwned("d", 0, 20, 10, 30s, me, owned);
+  EXPECT_TRUE(claim.lease_token.empty());
+  ASSERT_EQ(Ids(claim), std::vector<std::int64_t>(ids.begin(), ids.begin() + 20));
+  EXPECT_EQ(claim.fresh_lane.size(), 20u);
+  ASSERT_TRUE(claim.facts.fresh_full_bound.has_value()) << "the lane stopped at its limit";
+  EXPECT_EQ(*claim.facts.fresh_full_bound, ids[19]);
+  EXPECT_EQ(claim.messages[0].payload, "{\"n\": 0}");
+  EXPECT_EQ(Leased(), 0) << "no lease owner, no lease record";
+  EXPECT_EQ(Scalar("SELECT sum(xmin::text::bigint) FROM outbox.messages"), versions)
+      << "a row the claim read was written";
+  // From the cursor on: the rest.
+  const auto next = store.ClaimOwned("d", ids[19], 20, 10, 30s, me, owned);
+  EXPECT_EQ(Ids(next), std::vector<std::int64_t>(ids.begin() + 20, ids.end()));
+  EXPECT_FALSE(next.facts.fresh_full_bound.has_value());
+}
+
+// Only the buckets owned at the epochs the relay holds: a bucket that moved on (its epoch
+// bumped, another owner) is neither claimed from nor settled in.
+TEST_F(BucketLeaseTest, ABucketThatMovedIsNeitherClaimedNorSettled) {
+  const auto ids = Enqueue(200);
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  ASSERT_EQ(owned.size(), 64u);
+  const auto first = store.ClaimOwned("d", 0, 200, 10, 30s, me, owned);
+  ASSERT_EQ(first.messages.size(), 200u);
+  // Bucket of the first message moves to another relay: new owner, next epoch.
+  const int moved = first.messages[0].bucket;
+  const std::string other = NewInstance();
+  Scalar("WITH m AS (UPDATE outbox.bucket_owners SET owner = '" + other +
+         "', epoch = epoch + 1 WHERE bucket = " + std::to_string(moved) +
+         " RETURNING 1) SELECT count(*) FROM m");
+  std::set<std::int64_t> in_moved;
+  for (const auto& m : first.messages) {
+    if (m.bucket == moved) in_moved.insert(Raw(m.id));
+  }
+  ASSERT_FALSE(in_moved.empty());
+  const auto counts = store.SettleOwnedDelivered(MessageIds(ids), me, owned);
+  EXPECT_EQ(counts.delivered, 200 - static_cast<std::int64_t>(in_moved.size()));
+  EXPECT_EQ(counts.fenced, static_cast<std::int64_t>(in_moved.size()));
+  EXPECT_EQ(counts.gone, 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"),
+            static_cast<std::int64_t>(in_moved.size()))
+      << "the moved bucket's rows stay for their new owner";
+  // Claimed again from the start (the lane started over), they are not this relay's.
+  EXPECT_TRUE(store.ClaimOwned("d", 0, 200, 10, 30s, me, owned).messages.empty());
+  // Settled again: already gone ones count as gone.
+  const auto again = store.SettleOwnedDelivered({MessageId{ids[0]}}, me, owned);
+  EXPECT_EQ(again.delivered, 0);
+  EXPECT_EQ(again.gone + again.fenced, 1);
+}
+
+// A key's next message is handed out only once its predecessor is settled: blocked, it is
+// parked, and the settle of the predecessor wakes it for the next claim.
+TEST_F(BucketLeaseTest, AKeysNextMessageWaitsForItsPredecessorsSettle) {
+  const auto ids = Enqueue(3, std::string("k"));
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  const auto first = store.ClaimOwned("d", 0, 10, 5, 30s, me, owned);
+  ASSERT_EQ(Ids(first), std::vector<std::int64_t>{ids[0]});
+  EXPECT_EQ(first.facts.held, 2) << "the two behind it parked";
+  EXPECT_TRUE(store.ClaimOwned("d", ids[2], 10, 5, 30s, me, owned).messages.empty());
+  const auto settled = store.SettleOwnedDelivered({MessageId{ids[0]}}, me, owned);
+  EXPECT_EQ(settled.delivered, 1);
+  EXPECT_EQ(settled.woken, 1);
+  const auto second = store.ClaimOwned("d", ids[2], 10, 5, 30s, me, owned);
+  ASSERT_EQ(Ids(second), std::vector<std::int64_t>{ids[1]}) << "from the slow lane, woken";
+  EXPECT_TRUE(second.fresh_lane.empty());
+  EXPECT_EQ(Leased(), 0);
+}
+
+// The slow lane's rows are held a lease ahead when taken: the next claims pass them, and once
+// that time has passed (the relay died with them) they come due again.
+TEST_F(BucketLeaseTest, ASlowLaneRowTakenIsHeldForTheLease) {
+  const auto ids = Enqueue(1);
+  Scalar("WITH m AS (UPDATE outbox.messages SET parked = true, deliver_after = now() - "
+         "interval '1 s', attempts = 1 RETURNING 1) SELECT count(*) FROM m");
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  const auto taken = store.ClaimOwned("d", ids[0], 10, 5, 30s, me, owned);
+  ASSERT_EQ(Ids(taken), ids);
+  EXPECT_EQ(taken.messages[0].attempts, 1);
+  EXPECT_TRUE(store.ClaimOwned("d", ids[0], 10, 5, 30s, me, owned).messages.empty())
+      << "taken again while held";
+  EXPECT_GT(Scalar("SELECT count(*) FROM outbox.messages WHERE deliver_after > now() + "
+                   "interval '25 s'"),
+            0);
+  // Its hold ran out.
+  Scalar("WITH m AS (UPDATE outbox.messages SET deliver_after = now() - interval '1 s' "
+         "RETURNING 1) SELECT count(*) FROM m");
+  EXPECT_EQ(Ids(store.ClaimOwned("d", ids[0], 10, 5, 30s, me, owned)), ids);
+  EXPECT_EQ(store.SettleOwnedDelivered(MessageIds(ids), me, owned).delivered, 1);
+}
+
+TEST_F(BucketLeaseTest, AnotherDestinationsRowsAreNotClaimed) {
+  Enqueue(5, std::nullopt, "other");
+  const auto ids = Enqueue(5);
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  EXPECT_EQ(Ids(store.ClaimOwned("d", 0, 100, 10, 30s, me, owned)), ids);
+}
+
+}  // namespace
+}  // namespace outbox::relay
