@@ -502,6 +502,19 @@ struct Observation {
   }
 };
 
+namespace {
+
+// --statement-stats: what the interval's statements cost and which Postgres processes spent
+// its CPU, per delivered message, into r.details.
+void AddStatementStats(ScenarioResult& r, const std::string& url, const Observation& obs,
+                       std::int64_t delivered) {
+  r.details["statements"] = StatementStats(url, delivered);
+  r.details["postgres_cpu_us_per_msg_by_process"] =
+      PostgresCpuByRole(obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, delivered);
+}
+
+}  // namespace
+
 Bench::Bench(Options options, PgServer& pg) : opt_(std::move(options)), pg_(pg) {
   postmaster_pid_ = pg_.PostmasterPid();
 }
@@ -666,11 +679,7 @@ ScenarioResult Bench::SqlCycle(const std::string& name, LeaseForm form) {
   r.claim_source = "the claim statement as this loop calls it (500 rows)";
   r.details["rows"] = rows;
   r.details["cpu_note"] = "relay CPU column = this loop (its parsing included)";
-  if (statement_stats) {
-    r.details["statements"] = StatementStats(url, rows);
-    r.details["postgres_cpu_us_per_msg_by_process"] =
-        PostgresCpuByRole(obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, rows);
-  }
+  if (statement_stats) AddStatementStats(r, url, obs, rows);
   if (sql_ceiling_pg_cpu_us_ && *sql_ceiling_pg_cpu_us_ > 0 && r.pg_cpu_us_per_msg) {
     r.details["pg_cpu_x_sql_ceiling"] = *r.pg_cpu_us_per_msg / *sql_ceiling_pg_cpu_us_;
   }
@@ -760,11 +769,7 @@ ScenarioResult Bench::SqlCeiling(const std::string& name, int connections) {
   r.details["rows"] = rows;
   r.details["payload_bytes_read"] = bytes;
   r.details["cpu_note"] = "relay CPU column = the benchmark's libpq client loop";
-  if (statement_stats) {
-    r.details["statements"] = StatementStats(url, rows);
-    r.details["postgres_cpu_us_per_msg_by_process"] =
-        PostgresCpuByRole(obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, rows);
-  }
+  if (statement_stats) AddStatementStats(r, url, obs, rows);
   // The first measurement is the baseline of every ratio; a later one shows how much the
   // machine drifted during the run.
   if (baseline) {
@@ -894,11 +899,7 @@ ScenarioResult Bench::KafkaDrain(const Variant& v, std::int64_t messages, bool w
   relay.Stop();
   r.details["dispatcher"] = relay.StatsJson();
   r.details["queue_table"] = TableStats(url);
-  if (statement_stats) {
-    r.details["statements"] = StatementStats(url, delivered);
-    r.details["postgres_cpu_us_per_msg_by_process"] = PostgresCpuByRole(
-        obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, delivered);
-  }
+  if (statement_stats) AddStatementStats(r, url, obs, delivered);
   FillCommon(r, obs, delivered);
   FillDelivery(r,
                json::parse(Kafka().Call("FINISH " + std::to_string(delivered) + " 120 - 0", 180)));
@@ -1010,11 +1011,7 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
     r.details["sink"] = sink;
   }
   r.details["queue_table"] = TableStats(url);
-  if (statement_stats) {
-    r.details["statements"] = StatementStats(url, delivered);
-    r.details["postgres_cpu_us_per_msg_by_process"] = PostgresCpuByRole(
-        obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, delivered);
-  }
+  if (statement_stats) AddStatementStats(r, url, obs, delivered);
   FillCommon(r, obs, delivered);
   FillDelivery(r, json::parse(Http().Call(
                       "FINISH " + std::to_string(delivered) + " 60 " + url + " 0", 120)));
@@ -1227,11 +1224,7 @@ ScenarioResult Bench::OpenLoop(const std::string& name, const std::string& sink,
   const std::int64_t delivered = relay->delivered();
   relay->Stop();
   r.details["queue_table"] = TableStats(url);
-  if (statement_stats) {
-    r.details["statements"] = StatementStats(url, delivered);
-    r.details["postgres_cpu_us_per_msg_by_process"] = PostgresCpuByRole(
-        obs.pg_roles, obs.pg_children0, obs.pg_children1, obs.pg_cpu_us, delivered);
-  }
+  if (statement_stats) AddStatementStats(r, url, obs, delivered);
   r.messages = inserted;
   r.details["producer"] = produced;
   r.details["dispatcher"] = relay->StatsJson();

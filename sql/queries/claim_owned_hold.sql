@@ -15,13 +15,9 @@
 -- Returns each row written: its id, and for a row parked at 'infinity' its key and endpoint
 -- (claim.sql's blocked_keys: the relay rechecks them, as a settle may have committed after
 -- this statement's snapshot without seeing the row parked).
-WITH owned AS MATERIALIZED (
-  SELECT o.bucket
-  FROM outbox.bucket_owners o
-  JOIN unnest($6::integer[], $7::bigint[]) AS mine(bucket, epoch)
-    ON o.bucket = mine.bucket AND o.epoch = mine.epoch
-  WHERE o.owner = $5::uuid
-), blocked AS (
+WITH
+-- @include owned_buckets.sql
+, blocked AS (
   UPDATE outbox.messages m
   SET parked = true,
       deliver_after = CASE WHEN EXISTS (

@@ -34,16 +34,4 @@ WITH settler AS (
   SELECT (SELECT count(*) FROM input) = (SELECT count(*) FROM delivered) AS all_inputs
 ),
 -- @include settle_wakes_and_leases.sql
-SELECT (SELECT count(*) FROM delivered) AS delivered, 0::bigint AS dead,
-       0::bigint AS endpoint_dead, 0::bigint AS retried, 0::bigint AS released,
-       (SELECT count(*) FROM woken) AS woken, 0::bigint AS archived, 0::bigint AS spawned,
-       (SELECT count(*) FROM woke_elsewhere) AS woke_others,
-       -- As in settle_delivered.sql: the snapshot still holds the rows this statement deletes.
-       CASE WHEN (SELECT all_inputs FROM matched) THEN 0
-            ELSE (SELECT count(*) FROM input i
-                   WHERE NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id)) END
-         AS gone,
-       CASE WHEN NOT (SELECT all_inputs FROM matched) THEN
-         (SELECT coalesce(jsonb_agg(d.id), '[]'::jsonb) FROM delivered d)::text
-       END AS written,
-       NULL::text AS deferred
+-- @include deliveries_settled.sql
