@@ -14,6 +14,9 @@
 #   bash bench/device_checks.sh drains open_loop          (timeout 400 s)
 #   bash bench/device_checks.sh sustained claim_connections  (timeout 320 s)
 # which fit a session's 15 minutes of device time with the machine's start (~40 s) each.
+# `statements` (150 s; session 33) measures ADR 0003's bucket-lease statements against the
+# relay's own (sql_row_leases, sql_bucket_leases) and the Kafka drain: run it with drains,
+#   bash bench/device_checks.sh drains statements          (timeout 460 s)
 # (Session 28 ran all four in one call with drains at 200 s and claim_connections at 140 s:
 # both ran out of time before their last scenarios.)
 set -u
@@ -55,6 +58,10 @@ for group in "${groups[@]}"; do
     claim_connections)  # issue 18: one relay with 1, 2 and 4 claim connections
       run claim_connections 200 --only sql_ceiling,kafka_drain,kafka_drain_cc2,kafka_drain_cc4,http_ceiling,webhook_drain,webhook_drain_cc2,webhook_drain_cc4 \
         --kafka-messages 200000 --webhook-messages 100000 --claim-connections-sweep 2,4 ;;
-    *) echo "unknown group $group (drains, open_loop, sustained, claim_connections)"; exit 2 ;;
+    statements)  # issue 18 / ADR 0003: the relay's statements alone against bucket leases,
+      # and the Kafka drain beside them (Postgres CPU by process: --statement-stats)
+      run statements 150 --statement-stats --only sql_ceiling,sql_row_leases,sql_bucket_leases,kafka_drain \
+        --kafka-messages 200000 ;;
+    *) echo "unknown group $group (drains, open_loop, sustained, claim_connections, statements)"; exit 2 ;;
   esac
 done
