@@ -161,6 +161,74 @@ TEST_F(BucketLeaseTest, ASlowLaneRowTakenIsHeldForTheLease) {
   EXPECT_EQ(store.SettleOwnedDelivered(MessageIds(ids), me, owned).delivered, 1);
 }
 
+Settlement Outcome(std::int64_t id, Settlement::Kind kind) {
+  Settlement s;
+  s.id = MessageId{id};
+  s.kind = kind;
+  s.delay = 60s;
+  s.error = "HTTP 503";
+  return s;
+}
+
+// Retries, releases and dead letters, with deliveries in the same batch: written as under row
+// leases, in the buckets still owned; no lease is left behind.
+TEST_F(BucketLeaseTest, EveryOutcomeIsWrittenInTheBucketsStillOwned) {
+  const auto ids = Enqueue(4);
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  ASSERT_EQ(store.ClaimOwned("d", 0, 10, 5, 30s, me, owned).messages.size(), 4u);
+  const auto counts = store.SettleOwned(
+      {Outcome(ids[0], Settlement::Kind::kDelivered), Outcome(ids[1], Settlement::Kind::kRetry),
+       Outcome(ids[2], Settlement::Kind::kRelease), Outcome(ids[3], Settlement::Kind::kDead)},
+      me, owned);
+  EXPECT_EQ(counts.delivered, 1);
+  EXPECT_EQ(counts.retried, 1);
+  EXPECT_EQ(counts.released, 1);
+  EXPECT_EQ(counts.dead, 1);
+  EXPECT_EQ(counts.fenced, 0);
+  EXPECT_EQ(counts.written.size(), 4u);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 2) << "the retry and the release";
+  EXPECT_EQ(Scalar("SELECT attempts FROM outbox.messages WHERE id = " + std::to_string(ids[1])), 1)
+      << "the retry counted an attempt";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE parked AND deliver_after > "
+                   "now() + interval '50 s'"),
+            2)
+      << "both wait for their delay";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE id = " + std::to_string(ids[3])),
+            1);
+  EXPECT_EQ(Leased(), 0) << "the lease the transaction gave them is gone with it";
+}
+
+TEST_F(BucketLeaseTest, AnOutcomeInABucketThatMovedIsFenced) {
+  const auto ids = Enqueue(1);
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  const auto claim = store.ClaimOwned("d", 0, 10, 5, 30s, me, owned);
+  ASSERT_EQ(claim.messages.size(), 1u);
+  Scalar("WITH m AS (UPDATE outbox.bucket_owners SET owner = '" + NewInstance() +
+         "', epoch = epoch + 1 WHERE bucket = " + std::to_string(claim.messages[0].bucket) +
+         " RETURNING 1) SELECT count(*) FROM m");
+  const auto counts = store.SettleOwned({Outcome(ids[0], Settlement::Kind::kRetry)}, me, owned);
+  EXPECT_EQ(counts.retried, 0);
+  EXPECT_EQ(counts.fenced, 1);
+  EXPECT_EQ(Scalar("SELECT attempts FROM outbox.messages"), 0) << "nothing written";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE NOT parked"), 1);
+  EXPECT_EQ(Leased(), 0);
+}
+
+TEST_F(BucketLeaseTest, AFanOutThatLeavesEndpointsRowsIsRefused) {
+  const auto ids = Enqueue(1);
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  auto fanout = Outcome(ids[0], Settlement::Kind::kFanOut);
+  fanout.children.push_back({"e1", Settlement::Kind::kRetry, 1s, "HTTP 500", 1, Reason::kNone});
+  EXPECT_THROW(store.SettleOwned({fanout}, me, owned), std::invalid_argument);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 1);
+}
+
 TEST_F(BucketLeaseTest, AnotherDestinationsRowsAreNotClaimed) {
   Enqueue(5, std::nullopt, "other");
   const auto ids = Enqueue(5);

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <span>
+#include <stdexcept>
 #include <string_view>
 
 #include "outbox_relay/conninfo.h"
@@ -115,6 +116,7 @@ struct Store::Impl {
       conn->prepare("settle_delivered", std::string(q::ksettle_delivered));
       conn->prepare("claim_owned", std::string(q::kclaim_owned));
       conn->prepare("claim_owned_hold", std::string(q::kclaim_owned_hold));
+      conn->prepare("settle_owned_adopt", std::string(q::ksettle_owned_adopt));
       conn->prepare("settle_owned_delivered", std::string(q::ksettle_owned_delivered));
       conn->prepare("reap", std::string(q::kreap));
       conn->prepare("reap_full", std::string(q::kreap_full));
@@ -553,6 +555,47 @@ SettleCounts Store::SettleOwnedDelivered(const std::vector<MessageId>& ids,
     counts.fenced = static_cast<std::int64_t>(ids.size()) - counts.delivered - counts.gone;
     return counts;
   });
+}
+
+SettleCounts Store::SettleOwned(const std::vector<Settlement>& settlements,
+                                const std::string& instance_id,
+                                const std::vector<BucketLease>& owned) {
+  std::vector<MessageId> delivered;
+  std::vector<Settlement> rest;
+  for (const auto& s : settlements) {
+    if (s.kind == Settlement::Kind::kDelivered ||
+        (s.kind == Settlement::Kind::kFanOut && s.children.empty())) {
+      delivered.push_back(s.id);
+    } else if (s.kind == Settlement::Kind::kFanOut) {
+      throw std::invalid_argument(
+          "Store::SettleOwned: message " + std::to_string(Raw(s.id)) +
+          " is a fan-out that leaves its endpoints rows; bucket leases do not settle those yet");
+    } else {
+      rest.push_back(s);
+    }
+  }
+  SettleCounts total = SettleOwnedDelivered(delivered, instance_id, owned);
+  if (rest.empty()) return total;
+  const SettleCounts others = Translated([&]() -> SettleCounts {
+    const std::string token = NewUuid();
+    for (auto& s : rest) s.lease_token = token;
+    pqxx::work tx(impl_->ForQueue());
+    tx.exec_prepared(
+        "settle_owned_adopt", ArrayLiteral(rest, [](const Settlement& s) { return Raw(s.id); }),
+        token, ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
+        ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }), instance_id);
+    auto counts = SettleIn(tx, rest, false, instance_id);
+    tx.commit();
+    return counts;
+  });
+  total.dead += others.dead;
+  total.retried += others.retried;
+  total.released += others.released;
+  total.woken += others.woken;
+  total.fenced += others.fenced;
+  total.gone += others.gone;
+  total.written.insert(total.written.end(), others.written.begin(), others.written.end());
+  return total;
 }
 
 SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, bool archive,

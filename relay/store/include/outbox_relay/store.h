@@ -58,6 +58,15 @@ class Store final : public QueueStore {
                                     const std::string& instance_id,
                                     const std::vector<BucketLease>& owned);
 
+  /// Bucket leases: every outcome of `settlements` (their lease tokens unused) in the buckets
+  /// `instance_id` still owns at the epochs of `owned`. Plain deliveries through
+  /// SettleOwnedDelivered; retries, releases and dead letters in one transaction that gives
+  /// their rows a token of its own (settle_owned_adopt.sql, fenced by the epochs) and writes
+  /// them with settle.sql. A fan-out that leaves endpoints rows is refused (std::invalid_argument):
+  /// not for bucket leases yet.
+  SettleCounts SettleOwned(const std::vector<Settlement>& settlements,
+                           const std::string& instance_id, const std::vector<BucketLease>& owned);
+
   /// One statement (sql/queries/settle.sql; settle_delivered.sql for nothing but plain
   /// deliveries without the archive). `archive`: also copy delivered messages to
   /// outbox.delivered_archive.
