@@ -6,18 +6,12 @@
 -- settle.sql then writes their outcomes as under row leases, fenced by that token: a row of a
 -- bucket that moved has no such lease, and its outcome is fenced. settle.sql clears the lease
 -- as it writes each outcome, before this transaction commits; no lease record is written.
---   $1 ids   $2 lease token (uuid)   $3 owned buckets ('{1,5,9}')   $4 their epochs
---   $5 the relay's instance id
+--   $1 ids   $2 owned buckets ('{1,5,9}')   $3 their epochs   $4 the relay's instance id
+--   $5 lease token (uuid)
 -- Returns the ids that got the token.
-WITH fence AS MATERIALIZED (
-  SELECT o.bucket
-  FROM outbox.bucket_owners o
-  JOIN unnest($3::integer[], $4::bigint[]) AS mine(bucket, epoch)
-    ON o.bucket = mine.bucket AND o.epoch = mine.epoch
-  WHERE o.owner = $5::uuid
-  FOR SHARE OF o
-)
+WITH
+-- @include fenced_buckets.sql
 UPDATE outbox.messages m
-SET lease_owner = $2::uuid, lease_until = clock_timestamp() + interval '1 minute'
+SET lease_owner = $5::uuid, lease_until = clock_timestamp() + interval '1 minute'
 WHERE m.id = ANY ($1::bigint[]) AND m.bucket = ANY (ARRAY(SELECT bucket FROM fence))
 RETURNING m.id

@@ -10,14 +10,9 @@
 -- Returns settle_delivered.sql's columns; the fenced are the ids neither deleted nor gone.
 WITH settler AS (
   SELECT $4::text AS instance_id
-), fence AS MATERIALIZED (
-  SELECT o.bucket
-  FROM outbox.bucket_owners o
-  JOIN unnest($2::integer[], $3::bigint[]) AS mine(bucket, epoch)
-    ON o.bucket = mine.bucket AND o.epoch = mine.epoch
-  WHERE o.owner = $4::uuid
-  FOR SHARE OF o
-), input AS (
+),
+-- @include fenced_buckets.sql
+, input AS (
   SELECT DISTINCT unnest($1::bigint[]) AS id
 ), delivered AS (
   -- The fence as an array: as a join (USING fence), the delete walked each bucket's index

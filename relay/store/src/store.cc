@@ -389,6 +389,26 @@ std::string ArrayLiteral(const std::vector<T>& v, F f) {
 
 }  // namespace
 
+namespace {
+
+// What two settle statements wrote, together.
+void AddCounts(SettleCounts& total, const SettleCounts& c) {
+  total.delivered += c.delivered;
+  total.dead += c.dead;
+  total.retried += c.retried;
+  total.released += c.released;
+  total.woken += c.woken;
+  total.archived += c.archived;
+  total.spawned += c.spawned;
+  total.endpoint_dead += c.endpoint_dead;
+  total.fenced += c.fenced;
+  total.gone += c.gone;
+  total.written.insert(total.written.end(), c.written.begin(), c.written.end());
+  total.deferred.insert(total.deferred.end(), c.deferred.begin(), c.deferred.end());
+}
+
+}  // namespace
+
 ClaimResult Store::Claim(const std::string& destination, std::int64_t cursor, int fresh_limit,
                          int slow_limit, Millis lease) {
   return Translated([&]() -> ClaimResult {
@@ -448,20 +468,8 @@ SettleCounts Store::Settle(const std::vector<Settlement>& settlements, bool arch
   std::size_t begin = 0, children = 0;
   const auto flush = [&](std::size_t end) {
     if (end == begin) return;
-    SettleCounts c =
-        SettleStatement(std::span(settlements).subspan(begin, end - begin), archive, instance_id);
-    total.delivered += c.delivered;
-    total.dead += c.dead;
-    total.retried += c.retried;
-    total.released += c.released;
-    total.woken += c.woken;
-    total.archived += c.archived;
-    total.spawned += c.spawned;
-    total.endpoint_dead += c.endpoint_dead;
-    total.fenced += c.fenced;
-    total.gone += c.gone;
-    total.written.insert(total.written.end(), c.written.begin(), c.written.end());
-    total.deferred.insert(total.deferred.end(), c.deferred.begin(), c.deferred.end());
+    AddCounts(total, SettleStatement(std::span(settlements).subspan(begin, end - begin), archive,
+                                     instance_id));
     begin = end;
     children = 0;
   };
@@ -582,19 +590,13 @@ SettleCounts Store::SettleOwned(const std::vector<Settlement>& settlements,
     pqxx::work tx(impl_->ForQueue());
     tx.exec_prepared(
         "settle_owned_adopt", ArrayLiteral(rest, [](const Settlement& s) { return Raw(s.id); }),
-        token, ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
-        ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }), instance_id);
+        ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
+        ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }), instance_id, token);
     auto counts = SettleIn(tx, rest, false, instance_id);
     tx.commit();
     return counts;
   });
-  total.dead += others.dead;
-  total.retried += others.retried;
-  total.released += others.released;
-  total.woken += others.woken;
-  total.fenced += others.fenced;
-  total.gone += others.gone;
-  total.written.insert(total.written.end(), others.written.begin(), others.written.end());
+  AddCounts(total, others);
   return total;
 }
 
