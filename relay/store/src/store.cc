@@ -287,16 +287,18 @@ bool Store::Connected() const { return impl_->conn && impl_->conn->is_open(); }
 
 namespace {
 
-// What a claim that only reads (claim_owned.sql) found and did not hand out: rows due and behind
-// an earlier message of their key, and rows not due yet.
-struct NotReady {
-  std::vector<std::int64_t> blocked, not_due;
+// What a claim that only reads (claim_owned.sql) leaves claim_owned_hold.sql to write: the rows
+// it did not hand out, due and behind an earlier message of their key or not due yet, and the
+// slow lane's rows it handed out.
+struct HoldRows {
+  std::vector<std::int64_t> blocked, not_due, slow;
+  bool empty() const { return blocked.empty() && not_due.empty() && slow.empty(); }
 };
 
-// `not_ready`: the statement says per row whether it is ready (`ready`, `due`): those that are
-// not go there instead of into the messages.
+// `hold`: the statement says per row whether it is ready (`ready`, `due`): those that are not go
+// there instead of into the messages, and so do the ids of the slow lane's messages.
 ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, std::string token,
-                       NotReady* not_ready = nullptr) {
+                       HoldRows* hold = nullptr) {
   ClaimResult out;
   out.lease_token = std::move(token);
   if (r.empty()) return out;  // cannot happen: facts always yields a row
@@ -326,13 +328,12 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
              payload_bytes = col("payload_bytes"), attempts = col("attempts"),
              bucket = col("bucket"), endpoint_id = col("endpoint_id"), parked = col("parked"),
              created_us = col("created_us"), absent_as_of_us = col("absent_as_of_us");
-  const auto ready = not_ready ? col("ready") : 0, due = not_ready ? col("due") : 0;
+  const auto ready = hold ? col("ready") : 0, due = hold ? col("due") : 0;
   out.messages.reserve(r.size());
   for (const auto& row : r) {
     if (row[id].is_null()) continue;  // nothing leased: only the facts row
-    if (not_ready && !row[ready].as<bool>()) {
-      (row[due].as<bool>() ? not_ready->blocked : not_ready->not_due)
-          .push_back(row[id].as<std::int64_t>());
+    if (hold && !row[ready].as<bool>()) {
+      (row[due].as<bool>() ? hold->blocked : hold->not_due).push_back(row[id].as<std::int64_t>());
       continue;
     }
     Message m;
@@ -353,7 +354,11 @@ ClaimResult ParseClaim(const pqxx::result& r, const std::string& destination, st
     m.attempts = row[attempts].as<int>();
     m.bucket = row[bucket].as<int>();
     if (!row[endpoint_id].is_null()) m.endpoint_id = row[endpoint_id].as<std::string>();
-    if (!row[parked].as<bool>()) out.fresh_lane.push_back(m.id);
+    if (!row[parked].as<bool>()) {
+      out.fresh_lane.push_back(m.id);
+    } else if (hold) {
+      hold->slow.push_back(Raw(m.id));
+    }
     m.created_at = std::chrono::system_clock::time_point(
         std::chrono::microseconds(row[created_us].as<std::int64_t>()));
     if (!row[absent_as_of_us].is_null()) {
@@ -387,9 +392,11 @@ std::string ArrayLiteral(const std::vector<T>& v, F f) {
   return s + "}";
 }
 
-}  // namespace
-
-namespace {
+// The owned buckets and their epochs as the statements take them: '{1,5,9}', '{3,3,4}'.
+std::pair<std::string, std::string> BucketArrays(const std::vector<BucketLease>& owned) {
+  return {ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
+          ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; })};
+}
 
 // What two settle statements wrote, together.
 void AddCounts(SettleCounts& total, const SettleCounts& c) {
@@ -429,11 +436,10 @@ ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t
     auto& c = impl_->ForClaims();
     std::string token = impl_->NewClaimToken();
     pqxx::nontransaction tx(c);
+    const auto [buckets, epochs] = BucketArrays(owned);
     const pqxx::result r =
-        tx.exec_prepared("claim_partitioned", destination, cursor, fresh_limit, slow_limit,
-                         token, static_cast<long long>(lease.count()), instance_id,
-                         ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
-                         ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }));
+        tx.exec_prepared("claim_partitioned", destination, cursor, fresh_limit, slow_limit, token,
+                         static_cast<long long>(lease.count()), instance_id, buckets, epochs);
     return ParseClaim(r, destination, std::move(token));
   });
 }
@@ -502,39 +508,31 @@ ClaimResult Store::ClaimOwned(const std::string& destination, std::int64_t curso
                               const std::vector<BucketLease>& owned) {
   return Translated([&]() -> ClaimResult {
     auto& c = impl_->ForClaims();
-    const auto buckets = ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; });
-    const auto epochs = ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; });
-    NotReady not_ready;
+    const auto [buckets, epochs] = BucketArrays(owned);
+    HoldRows hold;
     ClaimResult out;
     {
       pqxx::nontransaction tx(c);
       const pqxx::result r = tx.exec_prepared("claim_owned", destination, cursor, fresh_limit,
                                               slow_limit, instance_id, buckets, epochs);
-      out = ParseClaim(r, destination, "", &not_ready);
+      out = ParseClaim(r, destination, "", &hold);
     }
-    // The slow lane's messages (parked: retries, woken keys) are held a lease ahead.
-    std::vector<std::int64_t> taken;
-    for (const auto& m : out.messages) {
-      if (std::find(out.fresh_lane.begin(), out.fresh_lane.end(), m.id) == out.fresh_lane.end()) {
-        taken.push_back(Raw(m.id));
-      }
-    }
-    if (not_ready.blocked.empty() && not_ready.not_due.empty() && taken.empty()) return out;
+    if (hold.empty()) return out;
     // The rare path: claim_owned_hold.sql writes what the claim only read.
     const auto ids = [](const std::vector<std::int64_t>& v) {
       return ArrayLiteral(v, [](std::int64_t id) { return id; });
     };
     pqxx::nontransaction tx(c);
-    const pqxx::result held = tx.exec_prepared(
-        "claim_owned_hold", ids(not_ready.blocked), ids(not_ready.not_due), ids(taken),
-        static_cast<long long>(lease.count()), instance_id, buckets, epochs);
+    const pqxx::result held =
+        tx.exec_prepared("claim_owned_hold", ids(hold.blocked), ids(hold.not_due), ids(hold.slow),
+                         static_cast<long long>(lease.count()), instance_id, buckets, epochs);
     std::set<std::pair<std::string, std::optional<std::string>>> blocked;
     for (const auto& row : held) {
       if (row[1].is_null()) continue;
       blocked.emplace(row[1].as<std::string>(),
                       row[2].is_null() ? std::nullopt : std::optional(row[2].as<std::string>()));
     }
-    out.facts.held = static_cast<std::int64_t>(not_ready.blocked.size() + not_ready.not_due.size());
+    out.facts.held = static_cast<std::int64_t>(hold.blocked.size() + hold.not_due.size());
     for (const auto& [key, endpoint] : blocked) out.facts.blocked_keys.push_back({key, endpoint});
     return out;
   });
@@ -547,10 +545,10 @@ SettleCounts Store::SettleOwnedDelivered(const std::vector<MessageId>& ids,
     SettleCounts counts;
     if (ids.empty()) return counts;
     pqxx::nontransaction tx(impl_->ForQueue());
-    const auto row = tx.exec_prepared1(
-        "settle_owned_delivered", ArrayLiteral(ids, [](MessageId id) { return Raw(id); }),
-        ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
-        ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }), instance_id);
+    const auto [buckets, epochs] = BucketArrays(owned);
+    const auto row = tx.exec_prepared1("settle_owned_delivered",
+                                       ArrayLiteral(ids, [](MessageId id) { return Raw(id); }),
+                                       buckets, epochs, instance_id);
     counts.delivered = row["delivered"].as<std::int64_t>();
     counts.woken = row["woken"].as<std::int64_t>();
     counts.gone = row["gone"].as<std::int64_t>();
@@ -588,10 +586,10 @@ SettleCounts Store::SettleOwned(const std::vector<Settlement>& settlements,
     const std::string token = NewUuid();
     for (auto& s : rest) s.lease_token = token;
     pqxx::work tx(impl_->ForQueue());
-    tx.exec_prepared(
-        "settle_owned_adopt", ArrayLiteral(rest, [](const Settlement& s) { return Raw(s.id); }),
-        ArrayLiteral(owned, [](const BucketLease& b) { return b.bucket; }),
-        ArrayLiteral(owned, [](const BucketLease& b) { return b.epoch; }), instance_id, token);
+    const auto [buckets, epochs] = BucketArrays(owned);
+    tx.exec_prepared("settle_owned_adopt",
+                     ArrayLiteral(rest, [](const Settlement& s) { return Raw(s.id); }), buckets,
+                     epochs, instance_id, token);
     auto counts = SettleIn(tx, rest, false, instance_id);
     tx.commit();
     return counts;
