@@ -51,12 +51,14 @@ FILE* trace_file = nullptr;
 void TraceClaim(std::int64_t cursor, const relay::ClaimResult& r) {
   std::lock_guard lk(trace_mu);
   if (trace_file == nullptr) return;
-  std::fprintf(trace_file, "%lld tid=%ld cursor=%lld seq=%lld ids=",
+  std::fprintf(trace_file, "%lld tid=%ld cursor=%lld seq=%lld xmin=%llu xid=%llu ids=",
                static_cast<long long>(std::chrono::duration_cast<std::chrono::microseconds>(
                                           std::chrono::system_clock::now().time_since_epoch())
                                           .count()),
                static_cast<long>(::gettid()), static_cast<long long>(cursor),
-               static_cast<long long>(r.facts.seq_value));
+               static_cast<long long>(r.facts.seq_value),
+               static_cast<unsigned long long>(r.facts.snap_xmin),
+               static_cast<unsigned long long>(r.facts.own_xid));
   for (const auto& m : r.messages)
     std::fprintf(trace_file, "%lld,", static_cast<long long>(relay::Raw(m.id)));
   std::fputc('\n', trace_file);
@@ -88,7 +90,7 @@ std::int64_t Since(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-// Forwards every call to `inner`; times Claim, ClaimPartitioned and Settle.
+// Forwards every call to `inner`; times the claims and the settles.
 class TimedStore final : public relay::QueueStore {
  public:
   explicit TimedStore(std::unique_ptr<relay::QueueStore> inner) : inner_(std::move(inner)) {}
@@ -112,10 +114,28 @@ class TimedStore final : public relay::QueueStore {
     TraceClaim(cursor, result);
     return result;
   }
+  ClaimResult ClaimOwned(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                         int slow_limit, Millis lease, const std::string& instance_id,
+                         const std::vector<BucketLease>& owned) override {
+    const auto start = std::chrono::steady_clock::now();
+    ClaimResult result = inner_->ClaimOwned(destination, cursor, fresh_limit, slow_limit, lease,
+                                            instance_id, owned);
+    ClaimProbe().Record(Since(start), static_cast<std::int64_t>(result.messages.size()));
+    TraceClaim(cursor, result);
+    return result;
+  }
   SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive,
                       const std::string& instance_id) override {
     const auto start = std::chrono::steady_clock::now();
     SettleCounts counts = inner_->Settle(settlements, archive, instance_id);
+    SettleProbe().Record(Since(start), static_cast<std::int64_t>(settlements.size()));
+    return counts;
+  }
+  SettleCounts SettleOwned(const std::vector<Settlement>& settlements, bool archive,
+                           const std::string& instance_id,
+                           const std::vector<BucketLease>& owned) override {
+    const auto start = std::chrono::steady_clock::now();
+    SettleCounts counts = inner_->SettleOwned(settlements, archive, instance_id, owned);
     SettleProbe().Record(Since(start), static_cast<std::int64_t>(settlements.size()));
     return counts;
   }

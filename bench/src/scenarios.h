@@ -133,6 +133,8 @@ class Bench {
     bool exactly_once = false;
     /// claim_connections of each relay; 0: --claim-connections.
     int claim_connections = 0;
+    /// RelayConfig::bucket_leases (partitioned; one claim loop).
+    bool bucket_leases = false;
   };
   static relay::ClaimMode Mode(const Variant& v);
 
@@ -147,7 +149,7 @@ class Bench {
   ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages,
                               int claim_connections = 0);
   /// `wanted`, or --claim-connections when 0; 1 for exactly-once relays (which refuse more).
-  int ClaimConnections(int wanted, bool exactly_once = false) const;
+  int ClaimConnections(int wanted, bool one_loop = false) const;
   ScenarioResult WebhookFanout(const std::string& name, int endpoints, bool delivery_log,
                                std::int64_t messages);
   ScenarioResult KafkaPathLatency();

@@ -20,11 +20,35 @@
 -- Returns claim.sql's columns (held 0, blocked_keys '[]') and, per message, `due` and `ready`.
 WITH
 -- @include owned_buckets.sql
-, mine AS MATERIALIZED (
+, me AS MATERIALIZED (
+  -- This statement's xid, taken first, and its snapshot.
+  SELECT pg_current_xact_id() AS xid, pg_current_snapshot() AS snap
+), mine AS MATERIALIZED (
   -- The buckets to read, as an array; none when the relay owns them all (the form this plain
   -- scan is for), so that no row is checked against every bucket.
   SELECT CASE WHEN (SELECT count(*) FROM owned) < (SELECT p.bucket_count FROM outbox.partitioning p)
-              THEN ARRAY(SELECT bucket FROM owned) END AS buckets
+              THEN ARRAY(SELECT bucket FROM owned) END AS buckets,
+  -- The cursor's snap_xmin, here to be read before the scans (the fresh lane reads `mine`
+  -- first): the oldest transaction older than this statement's that may still commit queue
+  -- rows this snapshot does not see, or this statement's own xid when there is none. Those are
+  -- the snapshot's xip and the xids from its xmax up to ours (taken after the snapshot, though
+  -- perhaps before by others); passed over are the settles of bucket-lease relays (their
+  -- connections named so by Store::SettleOwned), which write no queue rows, found by their
+  -- backends' xids. A settle that finished in between is not found, and counts as any
+  -- transaction (it held the cursor back before). Those settles overlap the claims all the
+  -- time: counted, they held the cursor back at every other claim, which read the last one's
+  -- rows again (a third of a 100k drain's claims brought nothing new). FreshCursor passes a
+  -- checkpoint only when its xid is at most this value (docs/adr/0001-claim-path.md).
+         (SELECT coalesce(min(r.x), (SELECT xid FROM me))
+          FROM (SELECT x FROM pg_snapshot_xip((SELECT snap FROM me)) x
+                UNION ALL
+                SELECT g::text::xid8
+                FROM generate_series(pg_snapshot_xmax((SELECT snap FROM me))::text::bigint,
+                                     (SELECT xid FROM me)::text::bigint - 1) g) r
+          WHERE r.x::text::xid <> ALL (ARRAY(
+            SELECT a.backend_xid FROM pg_stat_get_activity(NULL) a
+            WHERE a.application_name = 'outbox-relay bucket-lease settler'
+              AND a.backend_xid IS NOT NULL))) AS snap_xmin
 ), fresh AS (
   SELECT m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,
          m.payload_bytes, m.attempts, m.parked, m.endpoint_id, m.bucket, m.created_at,
@@ -55,9 +79,9 @@ WITH
   ORDER BY m.deliver_after, m.id
   LIMIT $4
 ), facts AS (
-  -- As claim_settle_scan.sql's.
+  -- As claim_settle_scan.sql's, but for snap_xmin (read in `mine`, above).
   SELECT coalesce(pg_sequence_last_value('outbox.messages_id_seq'), 0) AS seq_value,
-         pg_snapshot_xmin(pg_current_snapshot())::text AS snap_xmin,
+         (SELECT g.snap_xmin FROM mine g)::text AS snap_xmin,
          pg_current_xact_id()::text AS own_xid,
          (SELECT count(*) FROM fresh) AS fresh_scanned,
          CASE WHEN (SELECT count(*) FROM fresh) >= $3 THEN (SELECT max(id) FROM fresh) END

@@ -1782,6 +1782,39 @@ TEST(ParseConfig, ClaimConnections) {
       << exactly_once;
 }
 
+// Bucket leases (docs/adr/0003-bucket-leases.md): partitioned claims only, one claim loop, and
+// not (yet) for exactly-once Kafka or a webhook service's fan-outs.
+TEST(ParseConfig, BucketLeasesNeedPartitionedClaimsAndOneClaimLoop) {
+  const std::string kafka = "      brokers: k:9092\n      topic: orders\n";
+  EXPECT_FALSE(ParseConfig(Minimal(), "cfg.yaml", kNoEnv).bucket_leases);
+  EXPECT_TRUE(ParseConfig("claim_mode: partitioned\nbucket_leases: true\n" + WithKafka(kafka),
+                          "cfg.yaml", kNoEnv)
+                  .bucket_leases);
+  EXPECT_EQ(ParseConfig("claim_mode: partitioned\nbucket_leases: true\nclaim_connections: 1\n" +
+                            WithKafka(kafka),
+                        "cfg.yaml", kNoEnv)
+                .claim_connections,
+            1);
+  auto message = ErrorOf("bucket_leases: true\n" + WithKafka(kafka));
+  EXPECT_TRUE(Contains(message, "bucket_leases: needs `claim_mode: partitioned`")) << message;
+  message = ErrorOf("claim_mode: partitioned\nbucket_leases: true\nclaim_connections: 2\n" +
+                    WithKafka(kafka));
+  EXPECT_TRUE(Contains(message, "bucket_leases: takes one claim loop per destination")) << message;
+  EXPECT_TRUE(Contains(message, "set `claim_connections: 1`")) << message;
+  message = ErrorOf("claim_mode: partitioned\nbucket_leases: true\n" +
+                    WithKafka(kafka + "      delivery: exactly_once\n"));
+  EXPECT_TRUE(Contains(message, "destinations.orders.kafka.delivery: exactly_once does not take "
+                                "`bucket_leases`"))
+      << message;
+  message = ErrorOf("claim_mode: partitioned\nbucket_leases: true\n" +
+                    WithDestination("svc", "    webhook:\n      endpoints: database\n"));
+  EXPECT_TRUE(Contains(message, "destinations.svc.webhook.endpoints: a webhook service does not "
+                                "take `bucket_leases`"))
+      << message;
+  message = ErrorOf("claim_mode: partitioned\nbucket_leases: yes please\n" + WithKafka(kafka));
+  EXPECT_TRUE(Contains(message, "bucket_leases")) << message;
+}
+
 TEST(ParseConfig, ClaimModeAndPartitionTimings) {
   EXPECT_EQ(ParseConfig(Minimal(), "cfg.yaml", kNoEnv).claim_mode, ClaimMode::kSkipLocked);
   const auto cfg = ParseConfig(

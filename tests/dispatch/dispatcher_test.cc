@@ -1678,5 +1678,109 @@ TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
   EXPECT_EQ(db_.Delivered().size(), 20u);
 }
 
+// Bucket leases (docs/adr/0003-bucket-leases.md): the claims read (ClaimOwned), nothing is
+// leased or renewed, every settle is fenced by bucket (SettleOwned), and a key's messages still
+// go one at a time, in order, retries included.
+TEST_F(DispatcherTest, BucketLeasesClaimByReadingAndSettleByBucketInKeyOrder) {
+  std::map<std::string, std::vector<std::int64_t>> by_key;
+  for (int i = 0; i < 200; ++i) {
+    const std::string key = "k" + std::to_string(i % 7);
+    by_key[key].push_back(db_.Enqueue("orders", key));
+  }
+  auto cfg = Config(/*batch=*/25);
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.bucket_leases = true;
+  cfg.partition_heartbeat = 20ms;
+  std::mutex mu;
+  std::set<std::int64_t> failed_once;
+  Start(cfg, [&](const Message& m) -> std::optional<Outcome> {
+    std::lock_guard lk(mu);
+    if (Raw(m.id) % 10 == 3 && failed_once.insert(Raw(m.id)).second) {
+      return Outcome{m.id, OutcomeKind::kRetry, "HTTP 503", Reason::kNone, std::nullopt, {}, 0,
+                     std::nullopt};
+    }
+    return DeliverAll(m);
+  });
+  ASSERT_TRUE(WaitFor([&] {
+    if (db_.Queued() > 0) clock_.Advance(1s);  // the retries' backoff
+    EXPECT_EQ(db_.Leased(), 0u) << "a row was leased";
+    return db_.Queued() == 0;
+  })) << db_.Queued() << " left";
+  EXPECT_GE(db_.Calls("claim_owned"), 1);
+  EXPECT_EQ(db_.Calls("claim_owned"), db_.Calls("claim")) << "a claim leased its rows";
+  EXPECT_GE(db_.Calls("settle_owned"), 1);
+  EXPECT_EQ(db_.Calls("settle_owned"), db_.Calls("settle")) << "a settle checked lease tokens";
+  EXPECT_EQ(db_.RenewedLeases(), 0);
+  EXPECT_EQ(sink_->key_overlaps(), 0);
+  EXPECT_EQ(failed_once.size(), 20u);
+  const auto delivered = db_.Delivered();
+  for (const auto& [key, ids] : by_key) {
+    std::vector<std::int64_t> order;
+    for (const auto id : delivered)
+      if (std::find(ids.begin(), ids.end(), id) != ids.end()) order.push_back(id);
+    EXPECT_EQ(order, ids) << "key " << key;
+  }
+}
+
+// Under bucket leases a claim that reads the lane from its start again (the full sweep) finds
+// the rows this relay has in flight, unleased; and from a snapshot taken before their settle
+// committed, rows settled while it ran. Neither is sent again (without the check of what was
+// settled during the read, all ten went to the sink a second time, and the sweep counted them
+// as rows the fresh lane had missed).
+TEST_F(DispatcherTest, BucketLeasesSendNothingTwiceWhenTheSweepReadsWhatWasSettledMeanwhile) {
+  std::vector<std::int64_t> ids;
+  for (int i = 0; i < 10; ++i) ids.push_back(db_.Enqueue("orders", std::nullopt));
+  auto cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.bucket_leases = true;
+  cfg.partition_heartbeat = 20ms;
+  std::atomic<bool> hold{true};
+  Start(cfg, [&](const Message& m) -> std::optional<Outcome> {
+    if (hold) return std::nullopt;
+    return DeliverAll(m);
+  });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 10u; }));
+  std::atomic<bool> read_again{false};
+  db_.AfterOwnedClaimFromTheStart([&] {
+    hold = false;
+    sink_->Release();  // delivered and settled while the sweep's claim is on its way back
+    EXPECT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
+    read_again = true;
+  });
+  clock_.Advance(cfg.full_sweep_interval + 1s);  // the loop's next poll starts the sweep
+  ASSERT_TRUE(WaitFor([&] { return read_again.load(); })) << "the sweep did not run";
+  const auto claims = db_.Calls("claim_owned");
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim_owned") > claims; }));
+  auto sent = sink_->submitted();
+  std::sort(sent.begin(), sent.end());
+  EXPECT_EQ(sent, ids) << "a message went to the sink twice";
+  EXPECT_EQ(db_.Delivered().size(), 10u);
+  EXPECT_EQ(dispatcher_->stats().sweep_found, 0) << "what the relay held counted as missed";
+}
+
+// A stopping relay under bucket leases keeps its buckets until what its sinks held is settled:
+// handed back first, those settles would be fenced and the next owner would send it all again.
+TEST_F(DispatcherTest, BucketLeasesKeepTheBucketsUntilTheSettlesAreWritten) {
+  const auto id = db_.Enqueue("orders", "k");
+  auto cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.bucket_leases = true;
+  cfg.partition_heartbeat = 20ms;
+  std::atomic<std::int64_t> left_at_shutdown{-1};
+  Start(
+      cfg, [](const Message&) { return std::optional<Outcome>(); }, nullptr,
+      [&](RecordingSink& sink) {
+        sink.OnShutdown([&] { left_at_shutdown = db_.Calls("coordinate_leave"); });
+      });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  dispatcher_->Stop();
+  EXPECT_EQ(left_at_shutdown.load(), 0) << "buckets handed back before the sink had finished";
+  EXPECT_EQ(db_.Calls("coordinate_leave"), 1);
+  const auto row = db_.Find(id);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->attempts, 0) << "the shutdown's release counts no attempt";
+  EXPECT_TRUE(row->parked) << "released by a settle in a bucket still owned";
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -208,6 +208,14 @@ class FakeDatabase {
     before_claim_ = std::move(hook);
   }
 
+  /// Runs once, when the next ClaimOwned that reads from the start of the lane (cursor 0) has
+  /// read its rows and before it returns them, without the store's lock: what is written
+  /// meanwhile came after the claim's snapshot.
+  void AfterOwnedClaimFromTheStart(std::function<void()> hook) {
+    std::lock_guard lk(mu_);
+    after_owned_claim_from_start_ = std::move(hook);
+  }
+
   /// Runs once, at the start of the next settle, without the store's lock (a settle that takes
   /// that long in the database); that settle wakes no key's next message, as one whose
   /// snapshot was taken before the claim that parked it committed.
@@ -412,6 +420,7 @@ class FakeDatabase {
   int claims_until_hook_ = 0;
   std::function<void()> before_claim_;
   std::function<void()> before_settle_;
+  std::function<void()> after_owned_claim_from_start_;
   std::function<void()> before_renew_;
   std::set<std::int64_t> locked_for_renewals_;
   std::function<void()> before_read_status_;
@@ -439,13 +448,18 @@ class FakeStore final : public QueueStore {
     std::lock_guard lk(db_.mu_);
     last_token_.clear();
     db_.Enter("claim");
-    last_token_ = NewUuid();
+    if (!reads_only_) last_token_ = NewUuid();
     const auto now = db_.clock_.WallNow();
     std::vector<std::int64_t> fresh, slow;
     const auto in_scope = [&](std::int64_t id) {
+      const int bucket = static_cast<int>(id % FakeDatabase::kBuckets);
+      // Bucket leases: only the buckets this relay still owns (claim_owned.sql's fence).
+      if (reads_only_ && std::find(db_.owned_buckets_.begin(), db_.owned_buckets_.end(), bucket) ==
+                             db_.owned_buckets_.end())
+        return false;
       return !only_buckets_ ||
-             std::find(only_buckets_->begin(), only_buckets_->end(),
-                       static_cast<int>(id % FakeDatabase::kBuckets)) != only_buckets_->end();
+             std::find(only_buckets_->begin(), only_buckets_->end(), bucket) !=
+                 only_buckets_->end();
     };
     for (const auto& [id, r] : db_.rows_) {
       if (static_cast<int>(fresh.size()) >= fresh_limit) break;
@@ -477,8 +491,12 @@ class FakeStore final : public QueueStore {
       auto& r = db_.rows_.at(id);
       const bool due = r.deliver_after <= now;
       if (due && !db_.HasEarlierOfKey(r)) {
-        r.lease_owner = last_token_;
-        r.lease_until = now + lease;
+        if (!reads_only_) {
+          r.lease_owner = last_token_;
+          r.lease_until = now + lease;
+        } else if (r.parked) {
+          r.deliver_after = now + lease;  // the slow lane's hold (claim_owned_hold.sql)
+        }
         leased.push_back(id);
         if (!r.parked) out.fresh_lane.push_back(MessageId{id});
       } else {
@@ -497,6 +515,7 @@ class FakeStore final : public QueueStore {
       Message m;
       m.id = MessageId{id};
       m.destination = destination;
+      m.bucket = static_cast<int>(id % FakeDatabase::kBuckets);
       m.ordering_key = r.key;
       m.endpoint_id = r.endpoint;
       m.idempotency_key = "key-" + std::to_string(id);
@@ -537,10 +556,37 @@ class FakeStore final : public QueueStore {
     return Claim(destination, cursor, fresh_limit, slow_limit, lease);
   }
 
+  // Bucket leases: as ClaimPartitioned, in the buckets still owned, and nothing leased.
+  ClaimResult ClaimOwned(const std::string& destination, std::int64_t cursor, int fresh_limit,
+                         int slow_limit, Millis lease, const std::string& instance_id,
+                         const std::vector<BucketLease>& owned) override {
+    {
+      std::lock_guard lk(db_.mu_);
+      ++db_.calls_["claim_owned"];
+    }
+    reads_only_ = true;
+    struct Unscope {
+      bool& reads_only;
+      ~Unscope() { reads_only = false; }
+    } unscope{reads_only_};
+    auto out =
+        ClaimPartitioned(destination, cursor, fresh_limit, slow_limit, lease, instance_id, owned);
+    std::function<void()> hook;
+    {
+      std::lock_guard lk(db_.mu_);
+      if (cursor == 0) hook.swap(db_.after_owned_claim_from_start_);
+    }
+    if (hook) hook();
+    return out;
+  }
+
   const std::string& last_claim_token() const override { return last_token_; }
 
  private:
   std::optional<std::vector<int>> only_buckets_;  ///< Set during ClaimPartitioned.
+  bool reads_only_ = false;                       ///< Set during ClaimOwned.
+  /// Set during SettleOwned: the buckets a settle may write in.
+  std::optional<std::vector<BucketLease>> fence_;
 
  public:
   std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) override {
@@ -584,7 +630,7 @@ class FakeStore final : public QueueStore {
         continue;
       }
       auto& r = it->second;
-      if (r.lease_owner != s.lease_token) {
+      if (fence_ ? !StillOwned(Raw(s.id)) : r.lease_owner != s.lease_token) {
         ++c.fenced;
         continue;
       }
@@ -626,6 +672,26 @@ class FakeStore final : public QueueStore {
     }
     if (wake_all) db_.Notify();  // handed back due now: the other relays may claim it
     return c;
+  }
+
+  // Bucket leases: as Settle, fenced by the buckets still owned instead of by lease tokens.
+  SettleCounts SettleOwned(const std::vector<Settlement>& settlements, bool archive,
+                           const std::string& instance_id,
+                           const std::vector<BucketLease>& owned) override {
+    for (const auto& s : settlements) {
+      if (s.kind == Settlement::Kind::kFanOut && !s.children.empty())
+        throw std::invalid_argument("FakeStore::SettleOwned: a fan-out that leaves endpoints rows");
+    }
+    {
+      std::lock_guard lk(db_.mu_);
+      ++db_.calls_["settle_owned"];
+    }
+    fence_ = owned;
+    struct Unscope {
+      std::optional<std::vector<BucketLease>>& fence;
+      ~Unscope() { fence.reset(); }
+    } unscope{fence_};
+    return Settle(settlements, archive, instance_id);
   }
 
   std::vector<MessageId> RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,
@@ -770,6 +836,15 @@ class FakeStore final : public QueueStore {
   bool Connected() const override { return true; }
 
  private:
+  // db_.mu_ held. Whether the row's bucket is one the settle's relay named and still owns.
+  bool StillOwned(std::int64_t id) const {
+    const int bucket = static_cast<int>(id % FakeDatabase::kBuckets);
+    return std::any_of(fence_->begin(), fence_->end(),
+                       [&](const BucketLease& b) { return b.bucket == bucket; }) &&
+           std::find(db_.owned_buckets_.begin(), db_.owned_buckets_.end(), bucket) !=
+               db_.owned_buckets_.end();
+  }
+
   // Back to the queue, due now (a retry then sets its own time).
   void Requeue(FakeDatabase::Row& r) {
     r.lease_owner.reset();

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <pqxx/pqxx>
 #include <set>
 
 #include "outbox/outbox.h"
+#include "outbox_relay/fresh_cursor.h"
 #include "outbox_relay/store.h"
 #include "outbox_test/pg.h"
 
@@ -161,6 +163,50 @@ TEST_F(BucketLeaseTest, ASlowLaneRowTakenIsHeldForTheLease) {
   EXPECT_EQ(store.SettleOwnedDelivered(MessageIds(ids), me, owned).delivered, 1);
 }
 
+// The fresh-lane cursor passes what a claim read once no transaction that may still commit
+// queue rows below it is running (docs/adr/0001-claim-path.md). A bucket-lease relay's settles
+// write no queue rows, and one begins between most two claims; counted, they held the cursor
+// back at every other claim, which read the last one's rows again (a third of the claims of a
+// 100k drain came back with nothing new). Here a settle's transaction begins before each claim
+// and runs through it: from the second claim on, each one's rows are passed at once. Any other
+// transaction running through the claims still holds the cursor back.
+TEST_F(BucketLeaseTest, TheCursorPassesEachClaimsRowsWhileOnlyBucketLeaseSettlesRun) {
+  const auto ids = Enqueue(40);
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  for (const bool settler : {true, false}) {
+    SCOPED_TRACE(settler ? "bucket-lease settles running" : "other transactions running");
+    pqxx::connection other(db_url_);
+    if (settler) {
+      pqxx::nontransaction(other).exec("SET application_name = '" +
+                                       std::string(Store::kOwnedSettlerName) + "'");
+    }
+    std::optional<pqxx::work> tx;
+    FreshCursor cursor;
+    for (int i = 0; i < 4; ++i) {
+      // A settle begins before each claim; the other transaction runs through them all.
+      if (!tx || settler) {
+        if (tx) tx->abort();
+        tx.emplace(other);
+        tx->exec("SELECT pg_current_xact_id()");  // an xid, as a settle's DELETE takes
+      }
+      const auto claim = store.ClaimOwned("d", cursor.position(), 10, 5, 30s, me, owned);
+      ASSERT_EQ(claim.messages.size(), 10u);
+      cursor.Observe(claim.facts);
+      if (settler && i >= 1) {
+        EXPECT_EQ(cursor.position(), Raw(claim.messages.back().id))
+            << "claim " << i << ": a settle held the cursor back";
+      }
+    }
+    tx->abort();
+    if (!settler) {
+      EXPECT_EQ(cursor.position(), 0) << "the cursor passed rows a running transaction may commit";
+    }
+  }
+  EXPECT_EQ(ids.size(), 40u);
+}
+
 Settlement Outcome(std::int64_t id, Settlement::Kind kind) {
   Settlement s;
   s.id = MessageId{id};
@@ -181,7 +227,7 @@ TEST_F(BucketLeaseTest, EveryOutcomeIsWrittenInTheBucketsStillOwned) {
   const auto counts = store.SettleOwned(
       {Outcome(ids[0], Settlement::Kind::kDelivered), Outcome(ids[1], Settlement::Kind::kRetry),
        Outcome(ids[2], Settlement::Kind::kRelease), Outcome(ids[3], Settlement::Kind::kDead)},
-      me, owned);
+      false, me, owned);
   EXPECT_EQ(counts.delivered, 1);
   EXPECT_EQ(counts.retried, 1);
   EXPECT_EQ(counts.released, 1);
@@ -200,6 +246,39 @@ TEST_F(BucketLeaseTest, EveryOutcomeIsWrittenInTheBucketsStillOwned) {
   EXPECT_EQ(Leased(), 0) << "the lease the transaction gave them is gone with it";
 }
 
+// retention.archive_delivered: a delivery under bucket leases is archived as under row leases
+// (outbox-relay verify compares a topic with the archive), and a fenced one is not.
+TEST_F(BucketLeaseTest, ArchivedDeliveriesAreCopiedToTheArchiveInTheBucketsStillOwned) {
+  Enqueue(16);
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  const auto claim = store.ClaimOwned("d", 0, 20, 5, 30s, me, owned);
+  ASSERT_EQ(claim.messages.size(), 16u);
+  // Two messages of different buckets; the second one's bucket moves away before the settle.
+  const auto& kept = claim.messages[0];
+  const auto other = std::find_if(claim.messages.begin(), claim.messages.end(),
+                                  [&](const Message& m) { return m.bucket != kept.bucket; });
+  ASSERT_NE(other, claim.messages.end()) << "16 messages in one bucket";
+  const std::int64_t ids[] = {Raw(kept.id), Raw(other->id)};
+  Scalar("WITH m AS (UPDATE outbox.bucket_owners SET owner = '" + NewInstance() +
+         "', epoch = epoch + 1 WHERE bucket = " + std::to_string(other->bucket) +
+         " RETURNING 1) SELECT count(*) FROM m");
+  const auto counts = store.SettleOwned(
+      {Outcome(ids[0], Settlement::Kind::kDelivered), Outcome(ids[1], Settlement::Kind::kDelivered)},
+      true, me, owned);
+  EXPECT_EQ(counts.delivered, 1);
+  EXPECT_EQ(counts.fenced, 1);
+  EXPECT_EQ(counts.archived, 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.delivered_archive WHERE id = " +
+                   std::to_string(ids[0])),
+            1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.delivered_archive"), 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE id = " + std::to_string(ids[1])), 1)
+      << "the fenced one stays for the bucket's new owner";
+  EXPECT_EQ(Leased(), 0);
+}
+
 TEST_F(BucketLeaseTest, AnOutcomeInABucketThatMovedIsFenced) {
   const auto ids = Enqueue(1);
   Store store(db_url_);
@@ -210,7 +289,7 @@ TEST_F(BucketLeaseTest, AnOutcomeInABucketThatMovedIsFenced) {
   Scalar("WITH m AS (UPDATE outbox.bucket_owners SET owner = '" + NewInstance() +
          "', epoch = epoch + 1 WHERE bucket = " + std::to_string(claim.messages[0].bucket) +
          " RETURNING 1) SELECT count(*) FROM m");
-  const auto counts = store.SettleOwned({Outcome(ids[0], Settlement::Kind::kRetry)}, me, owned);
+  const auto counts = store.SettleOwned({Outcome(ids[0], Settlement::Kind::kRetry)}, false, me, owned);
   EXPECT_EQ(counts.retried, 0);
   EXPECT_EQ(counts.fenced, 1);
   EXPECT_EQ(Scalar("SELECT attempts FROM outbox.messages"), 0) << "nothing written";
@@ -225,7 +304,7 @@ TEST_F(BucketLeaseTest, AFanOutThatLeavesEndpointsRowsIsRefused) {
   const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
   auto fanout = Outcome(ids[0], Settlement::Kind::kFanOut);
   fanout.children.push_back({"e1", Settlement::Kind::kRetry, 1s, "HTTP 500", 1, Reason::kNone});
-  EXPECT_THROW(store.SettleOwned({fanout}, me, owned), std::invalid_argument);
+  EXPECT_THROW(store.SettleOwned({fanout}, false, me, owned), std::invalid_argument);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 1);
 }
 

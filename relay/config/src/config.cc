@@ -438,6 +438,7 @@ const std::vector<std::string_view> kTopLevelKeys = {"database_url",
                                                      "claim_mode",
                                                      "partition_heartbeat_ms",
                                                      "partition_lease_ms",
+                                                     "bucket_leases",
                                                      "retention",
                                                      "management_api"};
 
@@ -582,6 +583,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
   if (auto f = top.Get("admin_listen")) admin_listen = {cfg::ReadString(*f), f->Origin(), true};
   StringSetting claim_mode{"skip_locked", "", false};
   if (auto f = top.Get("claim_mode")) claim_mode = {cfg::ReadString(*f), f->Origin(), true};
+  std::optional<Field> bucket_leases = top.Get("bucket_leases");
   StringSetting log_level{builtin.log_level, "", false};
   StringSetting log_format{ToString(builtin.log_format), "", false};
   RetentionPolicy retention;
@@ -698,6 +700,23 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
          Quote(claim_mode.value) +
              " is not a claim mode; use `skip_locked` (default: every relay claims from the "
              "whole queue) or `partitioned` (each relay claims only from the buckets it owns)");
+  }
+  if (bucket_leases) {
+    config.bucket_leases = cfg::ReadBool(*bucket_leases);
+    if (config.bucket_leases && config.claim_mode != ClaimMode::kPartitioned) {
+      Fail(*bucket_leases,
+           "needs `claim_mode: partitioned` (a bucket's one owner is what leases its rows); set "
+           "`claim_mode: partitioned`, or remove `bucket_leases`");
+    }
+    if (config.bucket_leases && config.claim_connections > 1) {
+      // The claim parks and holds rows in a second statement after reading them: two loops
+      // could both take a due retry before either held it (docs/adr/0003-bucket-leases.md).
+      Fail(*bucket_leases,
+           "takes one claim loop per destination, not claim_connections " +
+               std::to_string(config.claim_connections) +
+               "; set `claim_connections: 1` (or `auto`) and add relays to scale out, or remove "
+               "`bucket_leases`");
+    }
   }
 
   if (!admin_listen.value.empty()) {

@@ -60,6 +60,9 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   const LiveStore live(*this, Role::kClaim, store);  // let go of before the store goes
   FreshCursor cursor;
   const bool partitioned = config.claim_mode == ClaimMode::kPartitioned;
+  // Partitioned, and the buckets lease their rows: claims read, the settles are fenced by the
+  // buckets' epochs (docs/adr/0003-bucket-leases.md).
+  const bool bucket_leases = config.bucket_leases;
   std::vector<BucketLease> last_buckets;
   std::optional<std::string> last_scanned;  // the buckets the last partitioned claim scanned
   std::deque<std::pair<BlockedKey, SteadyTime>> recheck;  // recently blocked keys
@@ -173,10 +176,12 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   // What a claim leased goes to the sink on the hand-off thread while this loop claims again
   // (handoff.h). The claim's share of the room goes with it and is given back once its rows are
   // in the sink. Declared last: it runs what it holds before the loop's other state goes.
+  // Under bucket leases the claim's rows are not leased: they carry no lease end (their
+  // bucket's ownership is their lease).
   struct Claimed {
     std::vector<Message> messages;
     std::string token;
-    std::chrono::steady_clock::time_point expires;
+    std::optional<std::chrono::steady_clock::time_point> expires;
     std::unique_ptr<RoomShare> share;
   };
   Handoff<Claimed> handoff(
@@ -306,8 +311,12 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     const auto claim_started = Now();
     // (The sinks' clock, not the dispatcher's: a sink compares it with its own steady time.)
     const auto claim_expires = std::chrono::steady_clock::now() + config.lease;
+    auto read = bucket_leases ? std::make_unique<ReadInProgress>(*this) : nullptr;
     try {
-      if (partitioned) {
+      if (bucket_leases) {
+        claim = store.ClaimOwned(dest.name, cursor.position(), fresh_limit, slow_limit,
+                                 config.lease, instance_id, buckets);
+      } else if (partitioned) {
         claim = store.ClaimPartitioned(dest.name, cursor.position(), fresh_limit, slow_limit,
                                        config.lease, instance_id, buckets);
       } else {
@@ -324,6 +333,11 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       WaitFor(pause, [] { return false; });
       continue;
     }
+    // Bucket leases: what the relay holds is read again wherever the cursor had not passed it
+    // yet, and is not sent twice (nor counted as missed by a sweep).
+    // What the claim read, dropped rows included: whether to claim again goes by it.
+    const std::size_t read_rows = claim.messages.size();
+    if (read) DropHeld(claim, std::move(read));
     {
       const auto before = cursor.position();
       if (const auto missed = cursor.Missed(claim.fresh_lane); !missed.empty()) {
@@ -359,8 +373,9 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     }
     if (leased > 0) {
       payload_estimate = std::max(largest, payload_estimate / 2);
-      handoff.Put(
-          Claimed{std::move(claim.messages), claim.lease_token, claim_expires, std::move(share)});
+      handoff.Put(Claimed{std::move(claim.messages), claim.lease_token,
+                          bucket_leases ? std::nullopt : std::optional(claim_expires),
+                          std::move(share)});
     } else {
       share->Release();
     }
@@ -378,7 +393,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     // asked for and a lane stopped at its limit (a partitioned claim's lanes stop at a small
     // per-bucket share with a row or two; that is no backlog to call the other loops for).
     const bool backlog = !drained && (slow_got >= static_cast<std::size_t>(slow_limit) ||
-                                      leased * 2 >= static_cast<std::size_t>(fresh_limit));
+                                      read_rows * 2 >= static_cast<std::size_t>(fresh_limit));
     if (loops > 1 && room_wait.backlog.exchange(backlog) != backlog) {
       // The backlog began (the other loops join in) or ended.
       std::lock_guard lk(mu);
@@ -389,7 +404,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       must_claim = true;
       continue;
     }
-    if ((leased == 0 || drained) && claim.facts.held == 0) {
+    if ((read_rows == 0 || drained) && claim.facts.held == 0) {
       std::unique_lock lk(mu);
       wake_cv.wait_for(lk, recheck.empty() ? config.poll_interval : tuning::kBlockedKeyRecheckEvery,
                        [&] { return stopping.load() || wake_gen != seen_gen; });

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <random>
+#include <unordered_set>
 
 #include "dispatcher_impl.h"
 #include "outbox_relay/retry.h"
@@ -113,6 +114,52 @@ void Dispatcher::Impl::EnqueueCompleted(Settlement s) {
     queued = settle_queue.size();
   }
   if (queued == 1 || queued == tuning::kSettleBatchTarget) settle_cv.notify_all();
+}
+
+Dispatcher::Impl::ReadInProgress::ReadInProgress(Impl& d) : d_(d) {
+  std::lock_guard lk(d_.settle_mu);
+  it_ = d_.reads_in_progress.insert(++d_.settle_mark);
+}
+
+Dispatcher::Impl::ReadInProgress::~ReadInProgress() {
+  std::lock_guard lk(d_.settle_mu);
+  d_.reads_in_progress.erase(it_);
+  d_.ForgetSettledBefore();
+}
+
+void Dispatcher::Impl::ForgetSettledBefore() {
+  while (!settled_order.empty() &&
+         (reads_in_progress.empty() || settled_order.front().second < *reads_in_progress.begin())) {
+    const auto [id, at] = settled_order.front();
+    settled_order.pop_front();
+    if (const auto it = settled_at.find(id); it != settled_at.end() && it->second == at) {
+      settled_at.erase(it);
+    }
+  }
+}
+
+std::size_t Dispatcher::Impl::DropHeld(ClaimResult& claim, std::unique_ptr<ReadInProgress> read) {
+  const std::uint64_t read_mark = read->mark();
+  std::unordered_set<std::int64_t> dropped;
+  {
+    std::lock_guard lk(settle_mu);
+    // A read from the start of the lane again (the sweep, a change of buckets; or the cursor
+    // held back by a transaction in progress) finds what this relay holds, and, from a
+    // snapshot older than the settle, what it settled meanwhile.
+    for (const auto& msg : claim.messages) {
+      const auto it = held_leases.find(Raw(msg.id));
+      const auto settled = settled_at.find(Raw(msg.id));
+      if ((it != held_leases.end() && (it->second.in_sink || it->second.removes)) ||
+          (settled != settled_at.end() && settled->second > read_mark)) {
+        dropped.insert(Raw(msg.id));
+      }
+    }
+  }
+  read.reset();
+  if (dropped.empty()) return 0;
+  std::erase_if(claim.messages, [&](const Message& m) { return dropped.count(Raw(m.id)) > 0; });
+  std::erase_if(claim.fresh_lane, [&](MessageId id) { return dropped.count(Raw(id)) > 0; });
+  return dropped.size();
 }
 
 std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
@@ -322,9 +369,13 @@ void Dispatcher::Start() {
     d.metrics->SetSinkPayloadBytes(
         name, [room] { return static_cast<double>(room->payload_bytes.load()); });
     const bool automatic = d.config.claim_connections <= 0;
+    // Bucket leases: one loop (a claim holds the slow lane's rows in a second statement; the
+    // config refuses more than 1).
     const int loops =
-        std::clamp(automatic ? d.sinks.at(name)->ClaimLoops() : d.config.claim_connections, 1,
-                   kMaxClaimConnections);
+        d.config.bucket_leases
+            ? 1
+            : std::clamp(automatic ? d.sinks.at(name)->ClaimLoops() : d.config.claim_connections,
+                         1, kMaxClaimConnections);
     d.claim_loops[name] = loops;
     if (loops > 1) {
       spdlog::info("destination \"{}\": {} claim loops, each on a connection of its own{}", name,
@@ -388,10 +439,13 @@ bool Dispatcher::Stop() {
   const auto deadline = d.Now() + d.config.shutdown_timeout;
   // Buckets go back at once, so the other relays take over while this one finishes; unless
   // a sink's start fences the previous owner (exactly-once: the next owner's
-  // init_transactions would abort this relay's last transactions), then after the settles.
-  const bool keep_buckets = std::any_of(d.sinks.begin(), d.sinks.end(), [](const auto& s) {
-    return s.second->FencesOthersWhenItStarts();
-  });
+  // init_transactions would abort this relay's last transactions), or the buckets lease their
+  // rows (bucket leases: the settles of what the sinks still hold would be fenced, and the
+  // next owner would send it all again), then after the settles.
+  const bool keep_buckets =
+      d.config.bucket_leases || std::any_of(d.sinks.begin(), d.sinks.end(), [](const auto& s) {
+        return s.second->FencesOthersWhenItStarts();
+      });
   auto hand_back_buckets = [&d] {
     {
       std::lock_guard lk(d.mu);

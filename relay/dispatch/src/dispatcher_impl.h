@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -152,6 +153,35 @@ struct Dispatcher::Impl {
     std::optional<BlockedKey> key;
   };
   std::unordered_map<std::int64_t, Held> held_leases;  // guarded by settle_mu
+  // Bucket leases (config.bucket_leases): a claim reads rows without leasing them, so one that
+  // reads from the start of the lane again (the sweep, a change of buckets) finds what is in
+  // the sink (held_leases: not sent twice) and, from a snapshot taken before a settle
+  // committed, what was settled while it ran: those are not sent again either (DropHeld, by
+  // the claim loop as the claim returns). Each removing outcome's id is kept with a mark of
+  // when the settler wrote it for as long as a read that began before then (a lower mark) is
+  // in progress (reads_in_progress, from before the claim statement until DropHeld).
+  std::uint64_t settle_mark = 0;  // guarded by settle_mu: counts reads begun and settles written
+  std::unordered_map<std::int64_t, std::uint64_t> settled_at;       // guarded by settle_mu
+  std::deque<std::pair<std::int64_t, std::uint64_t>> settled_order;  // guarded by settle_mu
+  std::multiset<std::uint64_t> reads_in_progress;                  // guarded by settle_mu
+  // settle_mu held: forgets what no read in progress can have seen unsettled.
+  void ForgetSettledBefore();
+  // Bucket leases: takes out of `claim` (messages and fresh lane) what this relay has in its
+  // sink or settled since the read began (`read`, ended here). Returns how many.
+  class ReadInProgress;
+  std::size_t DropHeld(ClaimResult& claim, std::unique_ptr<ReadInProgress> read);
+  class ReadInProgress {
+   public:
+    explicit ReadInProgress(Impl& d);
+    ~ReadInProgress();
+    ReadInProgress(const ReadInProgress&) = delete;
+    ReadInProgress& operator=(const ReadInProgress&) = delete;
+    std::uint64_t mark() const { return *it_; }
+
+   private:
+    Impl& d_;
+    std::multiset<std::uint64_t>::iterator it_;
+  };
   bool settler_stop = false;                           // guarded by settle_mu
   bool settler_give_up = false;                        // guarded by settle_mu
 

@@ -207,7 +207,9 @@ bool Dispatcher::Impl::RenewHeldLeases(QueueStore& store) {
     std::lock_guard lk(settle_mu);
     as_of = std::chrono::steady_clock::now();  // before the statement: its leases end later
     held.reserve(held_leases.size());
-    for (const auto& [id, h] : held_leases) held.emplace_back(MessageId{id}, h.token);
+    for (const auto& [id, h] : held_leases) {
+      if (!h.token.empty()) held.emplace_back(MessageId{id}, h.token);  // bucket leases: none
+    }
   }
   if (held.empty()) return true;
   const auto renewed = store.RenewLeases(held, config.lease);

@@ -142,8 +142,15 @@ void Dispatcher::Impl::SettleLoop() {
     const auto started = Now();
     while (true) {
       try {
-        c = store.Settle(batch, config.retention.archive_delivered,
-                         config.claim_mode == ClaimMode::kPartitioned ? instance_id : "");
+        if (config.bucket_leases) {
+          // Fenced by the buckets still owned now: one lost and owned again since the claim
+          // is written (its next owner found the message delivered, or delivered it too).
+          c = store.SettleOwned(batch, config.retention.archive_delivered, instance_id,
+                                OwnedBuckets());
+        } else {
+          c = store.Settle(batch, config.retention.archive_delivered,
+                           config.claim_mode == ClaimMode::kPartitioned ? instance_id : "");
+        }
         slow = Now() - started >= tuning::kSlowSettle;
         if (!c.deferred.empty()) {
           std::unordered_set<std::int64_t> later;
@@ -202,6 +209,15 @@ void Dispatcher::Impl::SettleLoop() {
     std::map<std::string, std::vector<BlockedKey>> keys_to_wake;  // after a slow settle
     {
       std::lock_guard lk(settle_mu);
+      if (config.bucket_leases && !reads_in_progress.empty()) {
+        // Reads under way may hold these rows from before this write (Prepare skips them).
+        const auto mark = ++settle_mark;
+        for (const auto& s : batch) {
+          if (!Removes(s)) continue;
+          settled_at[Raw(s.id)] = mark;
+          settled_order.emplace_back(Raw(s.id), mark);
+        }
+      }
       for (auto& s : batch) {
         const auto it = held_leases.find(Raw(s.id));
         if (slow && Removes(s) && it != held_leases.end() && it->second.key) {

@@ -95,6 +95,7 @@ struct Store::Impl {
   bool listening = false;
   bool claim_session = false;  // claim_session.sql applied on this connection
   bool queue_session = false;  // queue_session.sql (or claim_session.sql) applied
+  bool owned_settler = false;  // named Store::kOwnedSettlerName
   std::string last_claim_token;
 
   pqxx::connection& Get() {
@@ -103,6 +104,7 @@ struct Store::Impl {
       receiver.reset();
       claim_session = false;
       queue_session = false;
+      owned_settler = false;
       auto fresh = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
       {
         std::lock_guard lk(conn_mu);
@@ -167,6 +169,18 @@ struct Store::Impl {
     if (!queue_session) {
       pqxx::nontransaction(c).exec(std::string(q::kqueue_session));
       queue_session = true;
+    }
+    return c;
+  }
+
+  // ForQueue, for the settles of bucket leases: named so that claim_owned.sql knows their
+  // transactions (Store::kOwnedSettlerName).
+  pqxx::connection& ForOwnedSettles() {
+    auto& c = ForQueue();
+    if (!owned_settler) {
+      pqxx::nontransaction tx(c);
+      tx.exec("SET application_name = " + tx.quote(Store::kOwnedSettlerName));
+      owned_settler = true;
     }
     return c;
   }
@@ -544,7 +558,7 @@ SettleCounts Store::SettleOwnedDelivered(const std::vector<MessageId>& ids,
   return Translated([&]() -> SettleCounts {
     SettleCounts counts;
     if (ids.empty()) return counts;
-    pqxx::nontransaction tx(impl_->ForQueue());
+    pqxx::nontransaction tx(impl_->ForOwnedSettles());
     const auto [buckets, epochs] = BucketArrays(owned);
     const auto row = tx.exec_prepared1("settle_owned_delivered",
                                        ArrayLiteral(ids, [](MessageId id) { return Raw(id); }),
@@ -563,19 +577,19 @@ SettleCounts Store::SettleOwnedDelivered(const std::vector<MessageId>& ids,
   });
 }
 
-SettleCounts Store::SettleOwned(const std::vector<Settlement>& settlements,
+SettleCounts Store::SettleOwned(const std::vector<Settlement>& settlements, bool archive,
                                 const std::string& instance_id,
                                 const std::vector<BucketLease>& owned) {
   std::vector<MessageId> delivered;
   std::vector<Settlement> rest;
   for (const auto& s : settlements) {
-    if (s.kind == Settlement::Kind::kDelivered ||
-        (s.kind == Settlement::Kind::kFanOut && s.children.empty())) {
-      delivered.push_back(s.id);
-    } else if (s.kind == Settlement::Kind::kFanOut) {
+    if (LeavesEndpointsSomething(s)) {
       throw std::invalid_argument(
           "Store::SettleOwned: message " + std::to_string(Raw(s.id)) +
           " is a fan-out that leaves its endpoints rows; bucket leases do not settle those yet");
+    } else if (!archive && (s.kind == Settlement::Kind::kDelivered ||
+                            s.kind == Settlement::Kind::kFanOut)) {
+      delivered.push_back(s.id);
     } else {
       rest.push_back(s);
     }
@@ -585,12 +599,12 @@ SettleCounts Store::SettleOwned(const std::vector<Settlement>& settlements,
   const SettleCounts others = Translated([&]() -> SettleCounts {
     const std::string token = NewUuid();
     for (auto& s : rest) s.lease_token = token;
-    pqxx::work tx(impl_->ForQueue());
+    pqxx::work tx(impl_->ForOwnedSettles());
     const auto [buckets, epochs] = BucketArrays(owned);
     tx.exec_prepared("settle_owned_adopt",
                      ArrayLiteral(rest, [](const Settlement& s) { return Raw(s.id); }), buckets,
                      epochs, instance_id, token);
-    auto counts = SettleIn(tx, rest, false, instance_id);
+    auto counts = SettleIn(tx, rest, archive, instance_id);
     tx.commit();
     return counts;
   });

@@ -150,6 +150,9 @@ struct RelayConfig {
   ClaimMode claim_mode = ClaimMode::kSkipLocked;
   Millis partition_heartbeat{1'000};  ///< Heartbeat period in claim_mode partitioned.
   Millis partition_lease{5'000};      ///< No heartbeat for this long: dead, buckets move.
+  /// claim_mode partitioned only: a bucket's ownership at its epoch leases its rows; claims
+  /// read and write no per-row lease (docs/adr/0003-bucket-leases.md, docs/scaling.md).
+  bool bucket_leases = false;
   RetentionPolicy retention;
   std::string log_level = "info";  ///< trace, debug, info, warn, error.
   LogFormat log_format = LogFormat::kText;

@@ -363,6 +363,13 @@ void CompleteKafka(Destination& d, const RelayConfig& config, const std::string&
          "transactional producer fences the previous one); set `claim_mode: partitioned` or "
          "use `delivery: at_least_once`");
   }
+  if (kafka.exactly_once && config.bucket_leases) {
+    // Its recovery reads back what a bucket's producer committed for rows leased by the
+    // previous owner; under bucket leases those are every row of the bucket (ADR 0003, 7).
+    Fail(source, "destinations." + d.name + ".kafka.delivery",
+         "exactly_once does not take `bucket_leases` yet; remove `bucket_leases`, or use "
+         "`delivery: at_least_once`");
+  }
   if (kafka.exactly_once && config.claim_connections > 1) {
     // A bucket's transactional producer writes one claim's batch per transaction; a second
     // claim loop would add its rows to the transaction of the first.

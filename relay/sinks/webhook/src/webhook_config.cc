@@ -380,6 +380,13 @@ std::optional<AttemptBound> WebhookAttemptBound(const Destination& d) {
 void CompleteWebhook(Destination& d, const RelayConfig& config, const std::string& source) {
   auto& w = d.target.Get<WebhookTarget>();
   if (!w.endpoints_from_database) return;
+  if (config.bucket_leases) {
+    // A fan-out's settle writes its endpoints' rows under locks that Store::SettleOwned does
+    // not take (docs/adr/0003-bucket-leases.md).
+    Fail(source, "destinations." + d.name + ".webhook.endpoints",
+         "a webhook service does not take `bucket_leases` yet; remove `bucket_leases`, or serve "
+         "this destination from a relay without it");
+  }
   w.database_url = config.database_url;
   if (!w.operational_events.empty() && !config.destinations.count(w.operational_events)) {
     Fail(source, "destinations." + d.name + ".webhook.operational_events",

@@ -144,6 +144,15 @@ class QueueStore {
                                        int fresh_limit, int slow_limit, Millis lease,
                                        const std::string& instance_id,
                                        const std::vector<BucketLease>& owned) = 0;
+  /// RelayConfig::bucket_leases (docs/adr/0003-bucket-leases.md): the ready rows of the
+  /// `owned` buckets that `instance_id` still owns at their epochs, fresh rows above `cursor`
+  /// and due parked ones, read and not leased (no lease token: ClaimResult::lease_token is
+  /// empty). What is not deliverable yet is parked, and the slow lane's rows are held a
+  /// `lease` ahead, by a second statement. One claim loop per destination.
+  virtual ClaimResult ClaimOwned(const std::string& destination, std::int64_t cursor,
+                                 int fresh_limit, int slow_limit, Millis lease,
+                                 const std::string& instance_id,
+                                 const std::vector<BucketLease>& owned) = 0;
   /// The lease token of the last Claim or ClaimPartitioned, set just before the statement is
   /// sent (empty when that call failed earlier): when the call throws, the claim may still
   /// have committed with its reply lost.
@@ -157,6 +166,13 @@ class QueueStore {
   /// woken in a bucket another relay owns then wakes the relays (empty: no buckets).
   virtual SettleCounts Settle(const std::vector<Settlement>& settlements, bool archive,
                               const std::string& instance_id) = 0;
+  /// RelayConfig::bucket_leases: writes outcomes of messages read by ClaimOwned, fenced by the
+  /// buckets `instance_id` still owns at the epochs of `owned` instead of by lease tokens (a
+  /// message of another bucket counts as fenced and stays queued). A fan-out that leaves its
+  /// endpoints rows is refused (std::invalid_argument).
+  virtual SettleCounts SettleOwned(const std::vector<Settlement>& settlements, bool archive,
+                                   const std::string& instance_id,
+                                   const std::vector<BucketLease>& owned) = 0;
   /// Extends to now + `lease` the leases of these (id, lease token) pairs that are still held
   /// with that token; returns their ids (a row another transaction holds is passed over).
   virtual std::vector<MessageId> RenewLeases(const std::vector<std::pair<MessageId, std::string>>& held,

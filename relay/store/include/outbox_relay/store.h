@@ -42,15 +42,19 @@ class Store final : public QueueStore {
   const std::string& last_claim_token() const override;
   std::int64_t ReleaseLostClaims(const std::vector<std::string>& tokens) override;
 
-  /// Bucket leases (docs/adr/0003-bucket-leases.md, plan step 2; the relay does not use them
-  /// yet): claim_owned.sql, the ready rows of the buckets `instance_id` owns at the epochs of
-  /// `owned`, the fresh lane read from `cursor`, nothing locked or written; then, only when
-  /// there is any, claim_owned_hold.sql parks what was not ready and holds the slow lane's rows
-  /// a `lease` ahead. No lease token (ClaimResult::lease_token is empty). For one claim loop
-  /// per destination: two loops could both take a slow-lane row before either held it.
+  /// Bucket leases (docs/adr/0003-bucket-leases.md): claim_owned.sql, the ready rows of the
+  /// buckets `instance_id` owns at the epochs of `owned`, the fresh lane read from `cursor`,
+  /// nothing locked or written; then, only when there is any, claim_owned_hold.sql parks what
+  /// was not ready and holds the slow lane's rows a `lease` ahead. No lease token
+  /// (ClaimResult::lease_token is empty). For one claim loop per destination: two loops could
+  /// both take a slow-lane row before either held it.
   ClaimResult ClaimOwned(const std::string& destination, std::int64_t cursor, int fresh_limit,
                          int slow_limit, Millis lease, const std::string& instance_id,
-                         const std::vector<BucketLease>& owned);
+                         const std::vector<BucketLease>& owned) override;
+  /// The application_name of the connection SettleOwned writes on. Its transactions write no
+  /// queue rows, so claim_owned.sql's cursor facts pass over them (the snapshot's oldest
+  /// transaction that may still commit rows below the cursor is another's).
+  static constexpr const char* kOwnedSettlerName = "outbox-relay bucket-lease settler";
   /// settle_owned_delivered.sql: deletes the delivered `ids` that lie in buckets `instance_id`
   /// still owns at the epochs of `owned`, and wakes their keys' next messages. `fenced`
   /// counts those of other buckets (still queued), `gone` those already deleted.
@@ -60,12 +64,13 @@ class Store final : public QueueStore {
 
   /// Bucket leases: every outcome of `settlements` (their lease tokens unused) in the buckets
   /// `instance_id` still owns at the epochs of `owned`. Plain deliveries through
-  /// SettleOwnedDelivered; retries, releases and dead letters in one transaction that gives
-  /// their rows a token of its own (settle_owned_adopt.sql, fenced by the epochs) and writes
-  /// them with settle.sql. A fan-out that leaves endpoints rows is refused (std::invalid_argument):
-  /// not for bucket leases yet.
-  SettleCounts SettleOwned(const std::vector<Settlement>& settlements,
-                           const std::string& instance_id, const std::vector<BucketLease>& owned);
+  /// SettleOwnedDelivered, unless `archive`; retries, releases, dead letters and archived
+  /// deliveries in one transaction that gives their rows a token of its own
+  /// (settle_owned_adopt.sql, fenced by the epochs) and writes them with settle.sql. A fan-out
+  /// that leaves endpoints rows is refused (std::invalid_argument): not for bucket leases yet.
+  SettleCounts SettleOwned(const std::vector<Settlement>& settlements, bool archive,
+                           const std::string& instance_id,
+                           const std::vector<BucketLease>& owned) override;
 
   /// One statement (sql/queries/settle.sql; settle_delivered.sql for nothing but plain
   /// deliveries without the archive). `archive`: also copy delivered messages to
