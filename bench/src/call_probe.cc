@@ -161,8 +161,11 @@ class TimedStore final : public relay::QueueStore {
   }
   std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
                                       bool leaving, const std::string& description,
-                                      bool exactly_once = false) override {
-    return inner_->Coordinate(instance_id, dead_after, leaving, description, exactly_once);
+                                      bool exactly_once, bool bucket_leases,
+                                      const std::vector<int>& released,
+                                      Millis hand_over_within) override {
+    return inner_->Coordinate(instance_id, dead_after, leaving, description, exactly_once,
+                              bucket_leases, released, hand_over_within);
   }
   void Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
                  const std::string& description,

@@ -1782,5 +1782,50 @@ TEST_F(DispatcherTest, BucketLeasesKeepTheBucketsUntilTheSettlesAreWritten) {
   EXPECT_TRUE(row->parked) << "released by a settle in a bucket still owned";
 }
 
+// Bucket leases: a bucket the coordinator hands over (migration 0035) is claimed from no more,
+// and given up only once what the relay read from it is settled; before, the next owner would
+// have delivered those messages again, beside this relay's copies still in its sink.
+TEST_F(DispatcherTest, BucketLeasesGiveABucketUpOnlyOnceWhatWasReadFromItIsSettled) {
+  const auto bucket_of = [](std::int64_t id) {
+    return static_cast<int>(id % FakeDatabase::kBuckets);
+  };
+  std::vector<std::int64_t> first;
+  for (int i = 0; i < 8; ++i) first.push_back(db_.Enqueue("orders", std::nullopt));
+  auto cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.bucket_leases = true;
+  cfg.partition_heartbeat = 20ms;
+  Start(cfg, [](const Message&) { return std::optional<Outcome>(); });  // holds everything
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 8u; }));
+  const int handed = bucket_of(first[0]);
+  db_.HandOver(handed);
+  const auto beats = db_.Calls("coordinate");
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("coordinate") >= beats + 3; }));
+  std::vector<std::int64_t> later, later_handed;
+  for (int i = 0; i < 8; ++i) {
+    const auto id = db_.Enqueue("orders", std::nullopt);
+    (bucket_of(id) == handed ? later_handed : later).push_back(id);
+  }
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 8u + later.size(); }))
+      << "the buckets not handed over are still claimed";
+  const auto beats_after = db_.Calls("coordinate");
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("coordinate") >= beats_after + 3; }));
+  EXPECT_TRUE(db_.Released().empty()) << "given up while its messages were still in the sink";
+  sink_->Release();
+  ASSERT_TRUE(WaitFor([&] { return !db_.Released().empty(); })) << "never given up";
+  EXPECT_EQ(db_.Released(), std::vector<int>{handed});
+  ASSERT_TRUE(WaitFor([&] {
+    const auto owned = db_.OwnedBuckets();
+    return std::find(owned.begin(), owned.end(), handed) == owned.end();
+  }));
+  const auto sent = sink_->submitted();
+  for (const auto id : later_handed) {
+    EXPECT_EQ(std::count(sent.begin(), sent.end(), id), 0)
+        << id << " claimed from a bucket handed over";
+    EXPECT_TRUE(db_.Find(id).has_value()) << id << " is left for the bucket's next owner";
+  }
+  EXPECT_FALSE(later_handed.empty());
+}
+
 }  // namespace
 }  // namespace outbox::relay

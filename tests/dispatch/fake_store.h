@@ -187,6 +187,21 @@ class FakeDatabase {
     std::lock_guard lk(mu_);
     owned_buckets_ = std::move(buckets);
   }
+  /// Bucket leases: a rebalance gives `bucket` to another relay once this one releases it
+  /// (Coordinate returns it handing until then).
+  void HandOver(int bucket) {
+    std::lock_guard lk(mu_);
+    handing_.insert(bucket);
+  }
+  /// The buckets the relay released, in order (Coordinate's `released`).
+  std::vector<int> Released() const {
+    std::lock_guard lk(mu_);
+    return released_;
+  }
+  std::vector<int> OwnedBuckets() const {
+    std::lock_guard lk(mu_);
+    return owned_buckets_;
+  }
   /// Runs once, at the start of the next ReleaseLostClaims, without the store's lock.
   void BeforeReleaseLostClaims(std::function<void()> hook) {
     std::lock_guard lk(mu_);
@@ -414,6 +429,8 @@ class FakeDatabase {
   bool lose_claim_reply_ = false;
   bool key_locks_held_ = false;
   std::vector<int> owned_buckets_ = {0, 1, 2, 3};
+  std::set<int> handing_;
+  std::vector<int> released_;
   std::set<std::string> settled_as_;
   std::string coordinated_as_;
   std::function<void()> before_release_lost_claims_;
@@ -750,15 +767,21 @@ class FakeStore final : public QueueStore {
   }
 
   // One relay: it owns the buckets OwnBuckets names (every one, unless a test says otherwise)
-  // while it beats, none once it leaves.
+  // while it beats, none once it leaves. Those HandOver names come back handing until the relay
+  // releases them, which gives them away.
   std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis, bool leaving,
-                                      const std::string&, bool = false) override {
+                                      const std::string&, bool, bool,
+                                      const std::vector<int>& released, Millis) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter(leaving ? "coordinate_leave" : "coordinate");
     db_.coordinated_as_ = instance_id;
     if (leaving) return {};
+    for (const int b : released) {
+      db_.released_.push_back(b);
+      if (db_.handing_.erase(b) > 0) std::erase(db_.owned_buckets_, b);
+    }
     std::vector<BucketLease> out;
-    for (const int b : db_.owned_buckets_) out.push_back({b, 1});
+    for (const int b : db_.owned_buckets_) out.push_back({b, 1, db_.handing_.count(b) > 0});
     return out;
   }
   void Heartbeat(const std::string&, const std::vector<std::string>&, const std::string&,

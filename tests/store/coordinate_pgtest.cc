@@ -130,6 +130,90 @@ TEST_F(CoordinateTest, TheLastRelayToLeaveHandsItsBucketsBack) {
   EXPECT_EQ(OwnerCounts(), (std::map<std::string, int>{{"none", 64}}));
 }
 
+// Bucket leases (migration 0035): a relay holds its buckets' rows in memory, with nothing in
+// the rows; a relay of the other mode would claim them. A fleet must agree: the relay that
+// would mix them is refused and takes nothing, until the other mode's relays are gone.
+TEST_F(CoordinateTest, ARelayWhoseBucketLeasesDifferFromALiveRelaysIsRefused) {
+  Store store(db_url_);
+  const std::string rows = NewUuid(), buckets = NewUuid();
+  ASSERT_EQ(store.Coordinate(rows, 10s, false, "row-lease relay").size(), 64u);
+  try {
+    store.Coordinate(buckets, 10s, false, "bucket-lease relay", false, /*bucket_leases=*/true);
+    ADD_FAILURE() << "a bucket-lease relay joined a row-lease one";
+  } catch (const StoreError& e) {
+    EXPECT_FALSE(e.transient());
+    const std::string what = e.what();
+    EXPECT_NE(what.find("relay " + rows +
+                        " (row-lease relay) runs with bucket_leases false, "
+                        "this one with true"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.relay_instances"), 1)
+      << "the refused one stays out";
+  EXPECT_EQ(OwnerCounts(), (std::map<std::string, int>{{rows, 64}}));
+  // The other way round too; and once the row-lease relay left, the bucket-lease one joins.
+  store.Coordinate(rows, 10s, true, "");
+  EXPECT_EQ(store.Coordinate(buckets, 10s, false, "", false, true).size(), 64u);
+  EXPECT_THROW(store.Coordinate(rows, 10s, false, ""), StoreError);
+  EXPECT_EQ(OwnerCounts(), (std::map<std::string, int>{{buckets, 64}}));
+}
+
+// A bucket a rebalance moves away from a live bucket-lease relay is handed over before it is
+// taken: the owner keeps it (and its epoch), told it is handing, until it releases it, having
+// settled what it read from it; or until the handover runs past its time. Moved at once
+// otherwise, as under row leases, where the rows stay leased across the move.
+TEST_F(CoordinateTest, ABucketLeaseRelaysBucketMovesOnlyOnceReleasedOrPastTheHandoverTime) {
+  Store store(db_url_);
+  const std::string a = NewUuid(), b = NewUuid();
+  const auto bl = [&](const std::string& id, std::vector<int> released = {}, Millis within = 60s) {
+    return store.Coordinate(id, 10s, false, "", false, true, released, within);
+  };
+  ASSERT_EQ(bl(a).size(), 64u);
+  const auto epochs = Epochs();
+  EXPECT_TRUE(bl(b).empty()) << "b took buckets a had not given up";
+  const auto held = bl(a);
+  ASSERT_EQ(held.size(), 64u) << "a keeps them all while it hands some over";
+  std::vector<int> handing;
+  for (const auto& lease : held)
+    if (lease.handing) handing.push_back(lease.bucket);
+  ASSERT_EQ(handing.size(), 32u);
+  EXPECT_EQ(Epochs(), epochs) << "no bucket changed hands yet";
+
+  // a gives up ten of them; b owns those ten, each at a new epoch.
+  const std::vector<int> ten(handing.begin(), handing.begin() + 10);
+  EXPECT_EQ(bl(a, ten).size(), 54u);
+  const auto got = bl(b);
+  ASSERT_EQ(got.size(), 10u);
+  for (const auto& lease : got) {
+    EXPECT_FALSE(lease.handing);
+    EXPECT_NE(std::find(ten.begin(), ten.end(), lease.bucket), ten.end()) << lease.bucket;
+  }
+  EXPECT_EQ(Epochs(), epochs + 10);
+  // Releasing a bucket that is not being handed over moves nothing.
+  ASSERT_FALSE(held.front().handing);
+  EXPECT_EQ(bl(a, {held.front().bucket}).size(), 54u);
+
+  // The rest go once the handover has run past the time a caller allows.
+  EXPECT_EQ(bl(b, {}, 0ms).size(), 32u);
+  EXPECT_EQ(bl(a).size(), 32u);
+  EXPECT_EQ(Epochs(), epochs + 32);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.bucket_owners WHERE handing_to IS NOT NULL"), 0);
+
+  // A dead owner's buckets move at once.
+  const std::string c = NewUuid();
+  ASSERT_EQ(store.Coordinate(c, 10s, false, "", false, true).size(), 0u);
+  Scalar(
+      "UPDATE outbox.relay_instances SET heartbeat_at = heartbeat_at - interval '1 hour' "
+      "WHERE instance_id = '" +
+      a + "' RETURNING 1");
+  EXPECT_EQ(store.Coordinate(c, 10s, false, "", false, true).size(), 32u)
+      << "a's buckets go to c at once";
+  EXPECT_EQ(OwnerCounts(), (std::map<std::string, int>{{b, 32}, {c, 32}}));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.bucket_owners WHERE handing_to IS NOT NULL"), 0)
+      << "b keeps its share: what it was handing to c is its own again";
+}
+
 TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBound) {
   Store store(db_url_);
   const std::string live = NewUuid(), dead = NewUuid();

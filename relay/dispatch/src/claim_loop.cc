@@ -188,12 +188,18 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       [&](Claimed& c) {
         std::vector<std::pair<Message, Sink::Completion>> handed;
         handed.reserve(c.messages.size());
+        std::vector<int> buckets;  // bucket leases: what DropHeld counted as unprepared
+        if (bucket_leases) {
+          buckets.reserve(c.messages.size());
+          for (const auto& msg : c.messages) buckets.push_back(msg.bucket);
+        }
         for (auto& msg : c.messages) {
           msg.claim_expires = c.expires;
           if (auto h = Prepare(dest, sink, c.token, std::move(msg), room_wait)) {
             handed.push_back(std::move(*h));
           }
         }
+        if (bucket_leases) Prepared(buckets);
         if (!handed.empty()) sink.SubmitMany(std::move(handed));
         c.share->Release();
       },
@@ -276,7 +282,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     ClaimResult claim;
     std::vector<BucketLease> buckets;
     if (partitioned) {
-      buckets = OwnedBuckets();
+      // Bucket leases: not those being handed over (they are drained, then given up).
+      buckets = bucket_leases ? ClaimableBuckets() : OwnedBuckets();
       // Buckets this relay just gained hold rows below the cursor, which so far only
       // scanned the buckets it owned: start the lane over.
       if (buckets != last_buckets) {
@@ -312,10 +319,11 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     // (The sinks' clock, not the dispatcher's: a sink compares it with its own steady time.)
     const auto claim_expires = std::chrono::steady_clock::now() + config.lease;
     auto read = bucket_leases ? std::make_unique<ReadInProgress>(*this) : nullptr;
+    if (read && read->buckets() != buckets) continue;  // a handover began meanwhile: look again
     try {
       if (bucket_leases) {
         claim = store.ClaimOwned(dest.name, cursor.position(), fresh_limit, slow_limit,
-                                 config.lease, instance_id, buckets);
+                                 config.lease, instance_id, read->buckets());
       } else if (partitioned) {
         claim = store.ClaimPartitioned(dest.name, cursor.position(), fresh_limit, slow_limit,
                                        config.lease, instance_id, buckets);

@@ -38,8 +38,24 @@ void Dispatcher::Impl::CoordinatorLoop() {
         store.Heartbeat(instance_id, destination_names, description, TargetHealths());
         beat = true;
       }
+      // Bucket leases: the buckets being handed over that nothing read from is left of are
+      // given up now (migration 0035); the claim loop stopped reading them when they came back
+      // handing. One whose messages are not settled within shutdown_timeout_ms is taken anyway.
+      std::vector<int> released;
+      if (config.bucket_leases) {
+        const auto held_now = OwnedBuckets();
+        std::lock_guard lk(settle_mu);
+        released = IdleHandingBuckets(held_now);
+      }
       auto now_owned =
-          store.Coordinate(instance_id, config.partition_lease, false, description, exactly_once);
+          store.Coordinate(instance_id, config.partition_lease, false, description, exactly_once,
+                           config.bucket_leases, released, config.shutdown_timeout);
+      if (!released.empty()) {
+        spdlog::info(
+            "partitioned: handed over {} bucket(s) once what this relay had read from "
+            "them was settled",
+            released.size());
+      }
       last_ok = Now();
       db.Succeeded();
       bool changed = false;
@@ -73,7 +89,8 @@ void Dispatcher::Impl::CoordinatorLoop() {
   }
   // Hand every bucket back at once so the others take them without waiting for our lease.
   try {
-    store.Coordinate(instance_id, config.partition_lease, true, description, exactly_once);
+    store.Coordinate(instance_id, config.partition_lease, true, description, exactly_once,
+                     config.bucket_leases);
     spdlog::info("partitioned: handed back all buckets");
   } catch (const std::exception& e) {
     spdlog::warn("partitioned: could not hand back buckets (they move when our lease expires): {}",

@@ -74,6 +74,12 @@ std::vector<BucketLease> Dispatcher::Impl::OwnedBuckets() {
   return owned;
 }
 
+std::vector<BucketLease> Dispatcher::Impl::ClaimableBuckets() {
+  auto buckets = OwnedBuckets();
+  std::erase_if(buckets, [](const BucketLease& b) { return b.handing; });
+  return buckets;
+}
+
 bool Dispatcher::Impl::IsPaused(const std::string& destination) {
   std::lock_guard lk(paused_mu);
   return paused.count(destination) > 0;
@@ -118,7 +124,11 @@ void Dispatcher::Impl::EnqueueCompleted(Settlement s) {
 
 Dispatcher::Impl::ReadInProgress::ReadInProgress(Impl& d) : d_(d) {
   std::lock_guard lk(d_.settle_mu);
-  it_ = d_.reads_in_progress.insert(++d_.settle_mark);
+  buckets_ = d_.ClaimableBuckets();
+  std::vector<int> numbers;
+  numbers.reserve(buckets_.size());
+  for (const auto& b : buckets_) numbers.push_back(b.bucket);
+  it_ = d_.reads_in_progress.emplace(++d_.settle_mark, std::move(numbers)).first;
 }
 
 Dispatcher::Impl::ReadInProgress::~ReadInProgress() {
@@ -129,7 +139,8 @@ Dispatcher::Impl::ReadInProgress::~ReadInProgress() {
 
 void Dispatcher::Impl::ForgetSettledBefore() {
   while (!settled_order.empty() &&
-         (reads_in_progress.empty() || settled_order.front().second < *reads_in_progress.begin())) {
+         (reads_in_progress.empty() ||
+          settled_order.front().second < reads_in_progress.begin()->first)) {
     const auto [id, at] = settled_order.front();
     settled_order.pop_front();
     if (const auto it = settled_at.find(id); it != settled_at.end() && it->second == at) {
@@ -155,11 +166,37 @@ std::size_t Dispatcher::Impl::DropHeld(ClaimResult& claim, std::unique_ptr<ReadI
       }
     }
   }
-  read.reset();
-  if (dropped.empty()) return 0;
-  std::erase_if(claim.messages, [&](const Message& m) { return dropped.count(Raw(m.id)) > 0; });
-  std::erase_if(claim.fresh_lane, [&](MessageId id) { return dropped.count(Raw(id)) > 0; });
+  if (!dropped.empty()) {
+    std::erase_if(claim.messages, [&](const Message& m) { return dropped.count(Raw(m.id)) > 0; });
+    std::erase_if(claim.fresh_lane, [&](MessageId id) { return dropped.count(Raw(id)) > 0; });
+  }
+  {
+    std::lock_guard lk(settle_mu);
+    for (const auto& msg : claim.messages) ++unprepared[msg.bucket];
+  }
+  read.reset();  // after the rows count as unprepared: a handover sees one or the other
   return dropped.size();
+}
+
+void Dispatcher::Impl::Prepared(const std::vector<int>& buckets) {
+  std::lock_guard lk(settle_mu);
+  for (const int b : buckets) {
+    if (const auto it = unprepared.find(b); it != unprepared.end() && --it->second <= 0) {
+      unprepared.erase(it);
+    }
+  }
+}
+
+std::vector<int> Dispatcher::Impl::IdleHandingBuckets(const std::vector<BucketLease>& owned_now) {
+  std::set<int> busy;
+  for (const auto& [mark, buckets] : reads_in_progress) busy.insert(buckets.begin(), buckets.end());
+  for (const auto& [bucket, n] : unprepared) busy.insert(bucket);
+  for (const auto& [id, held] : held_leases) busy.insert(held.bucket);
+  std::vector<int> idle;
+  for (const auto& b : owned_now) {
+    if (b.handing && busy.count(b.bucket) == 0) idle.push_back(b.bucket);
+  }
+  return idle;
 }
 
 std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
@@ -192,6 +229,7 @@ std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
     held.in_sink = !dead;
     held.removes = dead.has_value();
     held.cover = msg.claim_expires ? std::make_shared<ClaimCover>(*msg.claim_expires) : nullptr;
+    held.bucket = msg.bucket;
     msg.claim_cover = held.cover;
     if (msg.ordering_key) {
       held.key = BlockedKey{*msg.ordering_key, msg.endpoint_id};

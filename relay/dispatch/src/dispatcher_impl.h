@@ -151,6 +151,7 @@ struct Dispatcher::Impl {
     // Its key (with its endpoint): a settle slow enough to have raced a claim past the claim
     // loop's rechecks wakes it again once committed (SettleLoop).
     std::optional<BlockedKey> key;
+    int bucket = 0;  // bucket leases: what a handover waits for (IdleHandingBuckets)
   };
   std::unordered_map<std::int64_t, Held> held_leases;  // guarded by settle_mu
   // Bucket leases (config.bucket_leases): a claim reads rows without leasing them, so one that
@@ -160,28 +161,44 @@ struct Dispatcher::Impl {
   // the claim loop as the claim returns). Each removing outcome's id is kept with a mark of
   // when the settler wrote it for as long as a read that began before then (a lower mark) is
   // in progress (reads_in_progress, from before the claim statement until DropHeld).
+  // A bucket being handed over (BucketLease::handing) is given up only once nothing read from
+  // it is left: no read in progress that includes it, none of its messages between the read
+  // and Prepare (unprepared), none in held_leases.
   std::uint64_t settle_mark = 0;  // guarded by settle_mu: counts reads begun and settles written
   std::unordered_map<std::int64_t, std::uint64_t> settled_at;       // guarded by settle_mu
   std::deque<std::pair<std::int64_t, std::uint64_t>> settled_order;  // guarded by settle_mu
-  std::multiset<std::uint64_t> reads_in_progress;                  // guarded by settle_mu
+  // guarded by settle_mu: each read's mark and the buckets it reads
+  std::map<std::uint64_t, std::vector<int>> reads_in_progress;
+  std::unordered_map<int, std::int64_t> unprepared;  // guarded by settle_mu: per bucket
   // settle_mu held: forgets what no read in progress can have seen unsettled.
   void ForgetSettledBefore();
   // Bucket leases: takes out of `claim` (messages and fresh lane) what this relay has in its
-  // sink or settled since the read began (`read`, ended here). Returns how many.
+  // sink or settled since the read began (`read`, ended here), and counts the rest as
+  // unprepared until the hand-off has put them in held_leases (Prepared). Returns how many it
+  // took out.
   class ReadInProgress;
   std::size_t DropHeld(ClaimResult& claim, std::unique_ptr<ReadInProgress> read);
+  void Prepared(const std::vector<int>& buckets);
+  // Bucket leases: a claim's read, from before its statement until DropHeld. Takes the buckets
+  // it may read (those owned and not being handed over) under the same lock as the coordinator
+  // looks for reads of a bucket it hands over: a read either includes a bucket before it is
+  // marked handing, and is seen, or excludes it.
   class ReadInProgress {
    public:
     explicit ReadInProgress(Impl& d);
     ~ReadInProgress();
     ReadInProgress(const ReadInProgress&) = delete;
     ReadInProgress& operator=(const ReadInProgress&) = delete;
-    std::uint64_t mark() const { return *it_; }
+    std::uint64_t mark() const { return it_->first; }
+    const std::vector<BucketLease>& buckets() const { return buckets_; }
 
    private:
     Impl& d_;
-    std::multiset<std::uint64_t>::iterator it_;
+    std::vector<BucketLease> buckets_;
+    std::map<std::uint64_t, std::vector<int>>::iterator it_;
   };
+  // settle_mu held: of the buckets `owned` marks handing, those nothing read from is left of.
+  std::vector<int> IdleHandingBuckets(const std::vector<BucketLease>& owned);
   bool settler_stop = false;                           // guarded by settle_mu
   bool settler_give_up = false;                        // guarded by settle_mu
 
@@ -224,6 +241,8 @@ struct Dispatcher::Impl {
   std::mutex owned_mu;
   std::vector<BucketLease> owned;  // guarded by owned_mu; written by the coordinator
   std::vector<BucketLease> OwnedBuckets();
+  // The buckets to claim from: those owned, less those being handed over (bucket leases).
+  std::vector<BucketLease> ClaimableBuckets();
 
   // --- the stores of the threads that talk to the database, for Stop ---
   // A statement can hang (a lock held elsewhere, a database that stopped answering): Stop

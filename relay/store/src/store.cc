@@ -460,7 +460,9 @@ ClaimResult Store::ClaimPartitioned(const std::string& destination, std::int64_t
 
 std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Millis dead_after,
                                            bool leaving, const std::string& description,
-                                           bool exactly_once) {
+                                           bool exactly_once, bool bucket_leases,
+                                           const std::vector<int>& released,
+                                           Millis hand_over_within) {
   return Translated([&]() -> std::vector<BucketLease> {
     auto& c = impl_->Get();
     // One autocommit statement: the coordinator's lock (taken inside) is never held across a
@@ -468,11 +470,15 @@ std::vector<BucketLease> Store::Coordinate(const std::string& instance_id, Milli
     pqxx::nontransaction tx(c);
     std::vector<BucketLease> out;
     const auto r = tx.exec_params(
-        "SELECT bucket, epoch FROM outbox.coordinate($1::uuid, make_interval(secs => $2::bigint / "
-        "1000.0), $3, $4, $5)",
-        instance_id, static_cast<long long>(dead_after.count()), leaving, description,
-        exactly_once);
-    for (const auto& row : r) out.push_back({row[0].as<int>(), row[1].as<std::int64_t>()});
+        "SELECT bucket, epoch, handing FROM outbox.coordinate($1::uuid, make_interval(secs => "
+        "$2::bigint / 1000.0), $3, $4, $5, $6, $7::integer[], make_interval(secs => $8::bigint / "
+        "1000.0))",
+        instance_id, static_cast<long long>(dead_after.count()), leaving, description, exactly_once,
+        bucket_leases, ArrayLiteral(released, [](int b) { return b; }),
+        static_cast<long long>(hand_over_within.count()));
+    for (const auto& row : r) {
+      out.push_back({row[0].as<int>(), row[1].as<std::int64_t>(), row[2].as<bool>()});
+    }
     return out;
   });
 }

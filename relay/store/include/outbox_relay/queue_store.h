@@ -28,6 +28,10 @@ using Millis = std::chrono::milliseconds;
 struct BucketLease {
   int bucket = 0;
   std::int64_t epoch = 0;
+  /// Bucket leases: a rebalance gives the bucket to another relay once this one has settled
+  /// what it handed its sinks from it (migration 0035): claim nothing more from it, and name it
+  /// in Coordinate's `released` once that is done.
+  bool handing = false;
   bool operator==(const BucketLease&) const = default;
 };
 
@@ -194,10 +198,15 @@ class QueueStore {
   /// Heartbeat + failure detection + rebalancing of buckets. Returns the buckets
   /// `instance_id` owns afterwards. `leaving`: hand every bucket back now. `exactly_once`: this
   /// relay fences by bucket (an exactly-once Kafka destination), so outbox.set_bucket_count
-  /// refuses while it lives (migration 0017).
+  /// refuses while it lives (migration 0017). `bucket_leases`: this relay holds its buckets'
+  /// rows by owning them (RelayConfig::bucket_leases): a live relay of the other mode makes the
+  /// call fail (StoreError, permanent), and a bucket a rebalance moves away from it comes back
+  /// `handing` until it names it in `released`, or for `hand_over_within` (migration 0035).
   virtual std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
                                               bool leaving, const std::string& description,
-                                              bool exactly_once = false) = 0;
+                                              bool exactly_once = false, bool bucket_leases = false,
+                                              const std::vector<int>& released = {},
+                                              Millis hand_over_within = Millis{10'000}) = 0;
   /// This relay is alive and serves `destinations`; `targets` is what its sinks know of their
   /// targets' health (Sink::Health), shown by `outbox-relay status`.
   virtual void Heartbeat(const std::string& instance_id,

@@ -93,7 +93,9 @@ class Store final : public QueueStore {
   /// outbox.coordinate.
   std::vector<BucketLease> Coordinate(const std::string& instance_id, Millis dead_after,
                                       bool leaving, const std::string& description,
-                                      bool exactly_once = false) override;
+                                      bool exactly_once = false, bool bucket_leases = false,
+                                      const std::vector<int>& released = {},
+                                      Millis hand_over_within = Millis{10'000}) override;
   /// outbox.relay_heartbeats.
   void Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
                  const std::string& description,
