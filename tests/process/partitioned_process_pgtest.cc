@@ -135,15 +135,17 @@ class PartitionedProcessTest : public RelayProcessFixture {
   }
 
   // The harness config (full_sweep_interval_ms 2000) in claim_mode partitioned, with the
-  // full sweep interval replaced when `full_sweep` is given.
-  std::string PartitionedConfig(std::optional<Millis> full_sweep = std::nullopt) {
+  // full sweep interval replaced when `full_sweep` is given; `bucket_leases: true` when asked.
+  std::string PartitionedConfig(std::optional<Millis> full_sweep = std::nullopt,
+                                bool bucket_leases = false) {
     std::string yaml = Yaml(db_url_, {},
                             "claim_mode: partitioned\n"
                             "partition_heartbeat_ms: " +
                                 std::to_string(kHeartbeat.count()) +
                                 "\n"
                                 "partition_lease_ms: " +
-                                std::to_string(kPartitionLease.count()) + "\n");
+                                std::to_string(kPartitionLease.count()) + "\n" +
+                                (bucket_leases ? "bucket_leases: true\n" : ""));
     if (full_sweep) {
       const std::string key = "\nfull_sweep_interval_ms: ";
       const auto at = yaml.find(key);
@@ -430,6 +432,63 @@ TEST_F(PartitionedProcessTest, SigkilledRelaysBucketsMoveAfterThePartitionLease)
 
   StopFlowAndCheck(producer, monitor, survivors);
   for (auto* r : survivors) StopGracefully(*r);
+}
+
+// 2b. Bucket leases (docs/adr/0003-bucket-leases.md): nothing is written in the rows, so what
+// a relay has in flight is its own only by the bucket. Two relays join one while keyed
+// messages flow (the first hands the buckets over only once it settled what it read from
+// them, so none of its settles is fenced), one of the three is SIGKILLed (its buckets move
+// after the partition lease, and its unsettled messages are delivered again), and one leaves
+// (SIGTERM: it settles, then hands its buckets back). The full sweep reads the lane again every
+// 2 s. Nothing is lost or left leased, Kafka holds every key in order, and a relay of the other
+// lease mode is refused while they run.
+TEST_F(PartitionedProcessTest, BucketLeasesKeepKeyOrderThroughJoinsAKillAndALeave) {
+  const std::string config = PartitionedConfig(std::nullopt, /*bucket_leases=*/true);
+  InvariantMonitor monitor(db_url_, Checks());
+  monitor.Start();
+  ContinuousProducer producer(db_url_, 10, 20ms);
+  producer.Start();
+
+  ChildProcess& first = StartRelay(config);
+  ASSERT_TRUE(WaitSettled({&first}, 30s, Clock::now()));
+  ASSERT_TRUE(producer.WaitForMore(300, 30s)) << producer.error();
+  std::vector<ChildProcess*> three{&first, &StartRelay(config), &StartRelay(config)};
+  ASSERT_TRUE(WaitSettled(three, 30s, Clock::now()));
+  ASSERT_TRUE(WaitLearned(three, 5s));
+  EXPECT_NE(first.Stderr().find("once what this relay had read from them was settled"),
+            std::string::npos)
+      << "the first relay did not hand its buckets over";
+  ASSERT_TRUE(producer.WaitForMore(500, 30s)) << producer.error();
+
+  // A row-lease relay may not join them.
+  ChildProcess& other = StartRelay(PartitionedConfig());
+  ASSERT_TRUE(WaitFor([&] { return other.Stderr().find("runs with bucket_leases true, this one "
+                                                       "with false") != std::string::npos; },
+                      30s, kDbPoll))
+      << other.Describe();
+  EXPECT_TRUE(ReadAssignment().InstanceOf(other.pid()) == std::nullopt)
+      << "the refused relay registered";
+  StopGracefully(other);
+
+  ChildProcess& victim = *three[1];
+  const auto killed_at = Clock::now();
+  victim.Kill();
+  const std::vector<ChildProcess*> two{three[0], three[2]};
+  ASSERT_TRUE(WaitSettled(two, kPartitionLease + 10s, killed_at));
+  ASSERT_TRUE(producer.WaitForMore(500, 30s)) << producer.error();
+
+  three[2]->Signal(SIGTERM);
+  ASSERT_TRUE(three[2]->WaitExit(kShutdownTimeout + kShutdownMargin)) << three[2]->Describe();
+  EXPECT_TRUE(three[2]->ExitedWith(0)) << three[2]->Describe();
+  ASSERT_TRUE(WaitSettled({&first}, 30s, Clock::now()));
+  ASSERT_TRUE(producer.WaitForMore(300, 30s)) << producer.error();
+
+  StopFlowAndCheck(producer, monitor, {&first});
+  EXPECT_EQ(FencedSettlements(first.Stderr()), 0)
+      << "a settle of the relay that handed buckets over and kept the rest was fenced";
+  EXPECT_EQ(first.Stderr().find("the full sweep found"), std::string::npos)
+      << "the sweep counted what the relay held as missed";
+  StopGracefully(first);
 }
 
 // 3. One of two relays is SIGSTOPped with messages in flight, and stays stopped until the
