@@ -1827,5 +1827,35 @@ TEST_F(DispatcherTest, BucketLeasesGiveABucketUpOnlyOnceWhatWasReadFromItIsSettl
   EXPECT_FALSE(later_handed.empty());
 }
 
+// Bucket leases: a message's claim runs out when its bucket may have moved, partition_lease_ms
+// after the start of the relay's last successful heartbeat, moved on by each heartbeat. A sink
+// that checks (a webhook sink, an exactly-once Kafka sink) then sends nothing a relay paused or
+// cut off past its partition lease had in hand, as under row leases; the messages carried no
+// end at all before.
+TEST_F(DispatcherTest, BucketLeasesClaimsRunOutWithTheLastHeartbeat) {
+  db_.Enqueue("orders", std::nullopt);
+  auto cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.bucket_leases = true;
+  cfg.partition_heartbeat = 20ms;
+  cfg.partition_lease = 300ms;
+  const auto started = std::chrono::steady_clock::now();
+  Start(cfg, [](const Message&) { return std::optional<Outcome>(); });  // holds it
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  const Message held = sink_->HeldMessages().front();
+  const auto first = ClaimRunsOut(held);
+  ASSERT_TRUE(first.has_value()) << "no end: a sink would send it after any pause";
+  EXPECT_GT(*first, started + cfg.partition_lease - 1ms);
+  EXPECT_LE(*first, std::chrono::steady_clock::now() + cfg.partition_lease);
+  ASSERT_TRUE(WaitFor([&] { return ClaimRunsOut(held) > *first + 50ms; }))
+      << "the heartbeats did not move it on";
+  db_.FailNext("coordinate", 1'000'000);
+  const auto failing_from = std::chrono::steady_clock::now();
+  ASSERT_TRUE(WaitFor([&] { return std::chrono::steady_clock::now() > *ClaimRunsOut(held); }))
+      << "it kept running without heartbeats";
+  EXPECT_LE(*ClaimRunsOut(held), failing_from + cfg.partition_lease);
+  db_.Heal("coordinate");
+}
+
 }  // namespace
 }  // namespace outbox::relay

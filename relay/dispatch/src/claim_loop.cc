@@ -176,8 +176,8 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
   // What a claim leased goes to the sink on the hand-off thread while this loop claims again
   // (handoff.h). The claim's share of the room goes with it and is given back once its rows are
   // in the sink. Declared last: it runs what it holds before the loop's other state goes.
-  // Under bucket leases the claim's rows are not leased: they carry no lease end (their
-  // bucket's ownership is their lease).
+  // Under bucket leases the claim's rows are not leased: their bucket's ownership is their
+  // lease, and its end theirs.
   struct Claimed {
     std::vector<Message> messages;
     std::string token;
@@ -381,9 +381,10 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     }
     if (leased > 0) {
       payload_estimate = std::max(largest, payload_estimate / 2);
+      // Bucket leases: as long as the buckets are surely this relay's (bucket_cover, which
+      // Prepare gives each message to follow the heartbeats).
       handoff.Put(Claimed{std::move(claim.messages), claim.lease_token,
-                          bucket_leases ? std::nullopt : std::optional(claim_expires),
-                          std::move(share)});
+                          bucket_leases ? bucket_cover->Until() : claim_expires, std::move(share)});
     } else {
       share->Release();
     }

@@ -47,9 +47,13 @@ void Dispatcher::Impl::CoordinatorLoop() {
         std::lock_guard lk(settle_mu);
         released = IdleHandingBuckets(held_now);
       }
+      const auto asked = std::chrono::steady_clock::now();  // the sinks' clock
       auto now_owned =
           store.Coordinate(instance_id, config.partition_lease, false, description, exactly_once,
                            config.bucket_leases, released, config.shutdown_timeout);
+      // Bucket leases: no other relay takes these buckets before this heartbeat is
+      // partition_lease_ms old, and it was written after `asked`.
+      if (bucket_cover) bucket_cover->ExtendTo(asked + config.partition_lease);
       if (!released.empty()) {
         spdlog::info(
             "partitioned: handed over {} bucket(s) once what this relay had read from "

@@ -228,7 +228,9 @@ std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
     ++unsettled;
     held.in_sink = !dead;
     held.removes = dead.has_value();
-    held.cover = msg.claim_expires ? std::make_shared<ClaimCover>(*msg.claim_expires) : nullptr;
+    held.cover = bucket_cover        ? bucket_cover
+                 : msg.claim_expires ? std::make_shared<ClaimCover>(*msg.claim_expires)
+                                     : nullptr;
     held.bucket = msg.bucket;
     msg.claim_cover = held.cover;
     if (msg.ordering_key) {
@@ -400,6 +402,9 @@ void Dispatcher::Start() {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     d.description = std::string(host) + " pid " + std::to_string(getpid());
+  }
+  if (d.config.bucket_leases) {
+    d.bucket_cover = std::make_shared<ClaimCover>(std::chrono::steady_clock::now());
   }
   for (const auto& [name, dest] : d.config.destinations) {
     d.destination_names.push_back(name);

@@ -91,6 +91,11 @@ struct Dispatcher::Impl {
   // Each destination's claim loops: claim_connections, or (auto) what its sink asks for.
   std::map<std::string, int> claim_loops;
   std::string instance_id = NewUuid();
+  // Bucket leases: until when this relay's buckets are surely its own (the start of its last
+  // successful heartbeat plus partition_lease_ms), moved on by the coordinator. The cover of
+  // every message it hands a sink (Message::claim_cover): a sink that checks sends nothing
+  // once it has run out, as a claim's lease under row leases. Null otherwise.
+  std::shared_ptr<ClaimCover> bucket_cover;
   std::string description;  // host and pid, for heartbeats
 
   SteadyTime Now() const { return clock->Now(); }
