@@ -1857,5 +1857,30 @@ TEST_F(DispatcherTest, BucketLeasesClaimsRunOutWithTheLastHeartbeat) {
   db_.Heal("coordinate");
 }
 
+// A relay the coordinator refuses for good (a live relay of the other lease mode: migration
+// 0035) claims nothing, and its readiness says why until a heartbeat succeeds; it logged the
+// error at every heartbeat and /readyz said it was ready.
+TEST_F(DispatcherTest, ARelayTheCoordinatorRefusesIsNotReadyAndSaysWhy) {
+  db_.Enqueue("orders", std::nullopt);
+  db_.Refuse("coordinate",
+             "relay 7 (host pid 1) runs with bucket_leases false, this one with true");
+  auto cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.bucket_leases = true;
+  cfg.partition_heartbeat = 20ms;
+  Start(cfg, DeliverAll);
+  std::string why;
+  ASSERT_TRUE(WaitFor([&] {
+    why = dispatcher_->WhyNotReady();
+    return why.find("coordinator refuses") != std::string::npos;
+  })) << why;
+  EXPECT_NE(why.find("runs with bucket_leases false, this one with true"), std::string::npos)
+      << why;
+  EXPECT_EQ(db_.Calls("claim_owned"), 0) << "a refused relay claimed";
+  db_.Heal("coordinate");
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
+  EXPECT_EQ(dispatcher_->WhyNotReady().find("coordinator"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace outbox::relay

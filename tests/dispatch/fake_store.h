@@ -166,6 +166,13 @@ class FakeDatabase {
   void Heal(const std::string& op) {
     std::lock_guard lk(mu_);
     failures_[op] = 0;
+    refusals_.erase(op);
+  }
+  /// Every call `op` fails with a permanent error saying `why` (the database refuses it), until
+  /// Heal(op).
+  void Refuse(const std::string& op, const std::string& why) {
+    std::lock_guard lk(mu_);
+    refusals_[op] = why;
   }
   /// outbox-relay pause / resume.
   void Pause(const std::string& destination, const std::string& reason) {
@@ -351,6 +358,9 @@ class FakeDatabase {
   void Enter(const std::string& op) {
     ++calls_[op];
     call_order_.push_back(op);
+    if (auto it = refusals_.find(op); it != refusals_.end()) {
+      throw StoreError(StoreError::Kind::kPermanent, "55000", it->second);
+    }
     if (auto it = failures_.find(op); it != failures_.end() && it->second > 0) {
       --it->second;
       throw StoreError(StoreError::Kind::kTransient, "08006", "injected: " + op + " failed");
@@ -430,6 +440,7 @@ class FakeDatabase {
   bool key_locks_held_ = false;
   std::vector<int> owned_buckets_ = {0, 1, 2, 3};
   std::set<int> handing_;
+  std::map<std::string, std::string> refusals_;
   std::vector<int> released_;
   std::set<std::string> settled_as_;
   std::string coordinated_as_;

@@ -67,6 +67,7 @@ void Dispatcher::Impl::CoordinatorLoop() {
         std::lock_guard lk(owned_mu);
         changed = now_owned != owned;
         if (changed) owned = std::move(now_owned);
+        coordinator_refused.clear();
       }
       if (changed) {
         spdlog::info("partitioned: this relay now owns {} bucket(s)", OwnedBuckets().size());
@@ -74,6 +75,10 @@ void Dispatcher::Impl::CoordinatorLoop() {
       }
     } catch (const std::exception& e) {
       db.Failed(store, e);  // the next try is the next heartbeat
+      if (const auto* se = dynamic_cast<const StoreError*>(&e); se && !se->transient()) {
+        std::lock_guard lk(owned_mu);
+        coordinator_refused = se->what();
+      }
       if (Now() - last_ok > config.partition_lease - config.partition_heartbeat) {
         std::lock_guard lk(owned_mu);
         if (!owned.empty()) {

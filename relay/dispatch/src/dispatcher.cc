@@ -387,6 +387,13 @@ DispatcherStats Dispatcher::stats() const {
 bool Dispatcher::Ready() const { return WhyNotReady().empty(); }
 
 std::string Dispatcher::WhyNotReady() const {
+  {
+    // First: a refused relay never claims, so the database reads as not reached.
+    std::lock_guard lk(impl_->owned_mu);
+    if (!impl_->coordinator_refused.empty()) {
+      return "partitioned: the coordinator refuses this relay: " + impl_->coordinator_refused;
+    }
+  }
   if (!impl_->db_ok) return "database: not reached yet, or the last call failed";
   for (const auto& [name, sink] : impl_->sinks) {
     if (auto why = sink->WhyNotReady(); !why.empty()) return name + ": " + why;

@@ -245,6 +245,9 @@ struct Dispatcher::Impl {
   // --- claim_mode partitioned: the buckets this relay owns ---
   std::mutex owned_mu;
   std::vector<BucketLease> owned;  // guarded by owned_mu; written by the coordinator
+  // What the database said when it last refused this relay's heartbeat for good (a relay of the
+  // other lease mode is live: migration 0035); empty once one succeeds. Guarded by owned_mu.
+  std::string coordinator_refused;
   std::vector<BucketLease> OwnedBuckets();
   // The buckets to claim from: those owned, less those being handed over (bucket leases).
   std::vector<BucketLease> ClaimableBuckets();
