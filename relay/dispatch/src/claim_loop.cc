@@ -188,10 +188,10 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       [&](Claimed& c) {
         std::vector<std::pair<Message, Sink::Completion>> handed;
         handed.reserve(c.messages.size());
-        std::vector<int> buckets;  // bucket leases: what DropHeld counted as unprepared
+        std::vector<MessageId> ids;  // bucket leases: what DropHeld counted as unprepared
         if (bucket_leases) {
-          buckets.reserve(c.messages.size());
-          for (const auto& msg : c.messages) buckets.push_back(msg.bucket);
+          ids.reserve(c.messages.size());
+          for (const auto& msg : c.messages) ids.push_back(msg.id);
         }
         for (auto& msg : c.messages) {
           msg.claim_expires = c.expires;
@@ -199,7 +199,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
             handed.push_back(std::move(*h));
           }
         }
-        if (bucket_leases) Prepared(buckets);
+        if (bucket_leases) Prepared(ids);
         if (!handed.empty()) sink.SubmitMany(std::move(handed));
         c.share->Release();
       },

@@ -161,6 +161,7 @@ std::size_t Dispatcher::Impl::DropHeld(ClaimResult& claim, std::unique_ptr<ReadI
       const auto it = held_leases.find(Raw(msg.id));
       const auto settled = settled_at.find(Raw(msg.id));
       if ((it != held_leases.end() && (it->second.in_sink || it->second.removes)) ||
+          unprepared.count(Raw(msg.id)) > 0 ||
           (settled != settled_at.end() && settled->second > read_mark)) {
         dropped.insert(Raw(msg.id));
       }
@@ -172,25 +173,21 @@ std::size_t Dispatcher::Impl::DropHeld(ClaimResult& claim, std::unique_ptr<ReadI
   }
   {
     std::lock_guard lk(settle_mu);
-    for (const auto& msg : claim.messages) ++unprepared[msg.bucket];
+    for (const auto& msg : claim.messages) unprepared.emplace(Raw(msg.id), msg.bucket);
   }
   read.reset();  // after the rows count as unprepared: a handover sees one or the other
   return dropped.size();
 }
 
-void Dispatcher::Impl::Prepared(const std::vector<int>& buckets) {
+void Dispatcher::Impl::Prepared(const std::vector<MessageId>& ids) {
   std::lock_guard lk(settle_mu);
-  for (const int b : buckets) {
-    if (const auto it = unprepared.find(b); it != unprepared.end() && --it->second <= 0) {
-      unprepared.erase(it);
-    }
-  }
+  for (const auto id : ids) unprepared.erase(Raw(id));
 }
 
 std::vector<int> Dispatcher::Impl::IdleHandingBuckets(const std::vector<BucketLease>& owned_now) {
   std::set<int> busy;
   for (const auto& [mark, buckets] : reads_in_progress) busy.insert(buckets.begin(), buckets.end());
-  for (const auto& [bucket, n] : unprepared) busy.insert(bucket);
+  for (const auto& [id, bucket] : unprepared) busy.insert(bucket);
   for (const auto& [id, held] : held_leases) busy.insert(held.bucket);
   std::vector<int> idle;
   for (const auto& b : owned_now) {

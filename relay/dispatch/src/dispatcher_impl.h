@@ -174,16 +174,18 @@ struct Dispatcher::Impl {
   std::deque<std::pair<std::int64_t, std::uint64_t>> settled_order;  // guarded by settle_mu
   // guarded by settle_mu: each read's mark and the buckets it reads
   std::map<std::uint64_t, std::vector<int>> reads_in_progress;
-  std::unordered_map<int, std::int64_t> unprepared;  // guarded by settle_mu: per bucket
+  // guarded by settle_mu: what reads returned and the hand-off has not put in held_leases yet,
+  // by id, with its bucket
+  std::unordered_map<std::int64_t, int> unprepared;
   // settle_mu held: forgets what no read in progress can have seen unsettled.
   void ForgetSettledBefore();
   // Bucket leases: takes out of `claim` (messages and fresh lane) what this relay has in its
-  // sink or settled since the read began (`read`, ended here), and counts the rest as
-  // unprepared until the hand-off has put them in held_leases (Prepared). Returns how many it
-  // took out.
+  // sink, on its way there (an earlier claim's, not through the hand-off yet) or settled since
+  // the read began (`read`, ended here), and counts the rest as unprepared until the hand-off
+  // has put them in held_leases (Prepared). Returns how many it took out.
   class ReadInProgress;
   std::size_t DropHeld(ClaimResult& claim, std::unique_ptr<ReadInProgress> read);
-  void Prepared(const std::vector<int>& buckets);
+  void Prepared(const std::vector<MessageId>& ids);
   // Bucket leases: a claim's read, from before its statement until DropHeld. Takes the buckets
   // it may read (those owned and not being handed over) under the same lock as the coordinator
   // looks for reads of a bucket it hands over: a read either includes a bucket before it is
