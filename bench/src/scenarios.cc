@@ -961,8 +961,9 @@ int Bench::ClaimConnections(int wanted, bool one_loop) const {
 }
 
 ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
-                                   std::int64_t messages, int claim_connections) {
-  claim_connections = ClaimConnections(claim_connections);
+                                   std::int64_t messages, int claim_connections,
+                                   bool bucket_leases) {
+  claim_connections = ClaimConnections(claim_connections, bucket_leases);
   ScenarioResult r;
   r.name = name;
   r.sink = "webhook";
@@ -972,8 +973,10 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
            (max_in_flight == opt_.webhook_connections ? " (= HTTP-ceiling connections)"
                                                       : " (the max_in_flight sweep)") +
            (claim_connections > 1 ? ", claim_connections " + std::to_string(claim_connections)
-                                  : std::string());
+                                  : std::string()) +
+           (bucket_leases ? "; claim_mode partitioned, bucket_leases" : "");
   if (claim_connections > 1) r.details["claim_connections"] = claim_connections;
+  if (bucket_leases) r.claim_mode = "bucket leases";
   const std::string url = pg_.FreshDatabase(r.name);
   Say(r.name + ": preloading " + std::to_string(r.messages) + " messages");
   Preload(url, r.messages, {}, 2);
@@ -982,8 +985,9 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
   Http().Call("RECORD");
 
   const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
-  Relay relay(url, WebhookDestination(http_port_, max_in_flight), 1, relay::ClaimMode::kSkipLocked,
-              claim_connections);
+  Relay relay(url, WebhookDestination(http_port_, max_in_flight), 1,
+              bucket_leases ? relay::ClaimMode::kPartitioned : relay::ClaimMode::kSkipLocked,
+              claim_connections, bucket_leases);
   Observation obs;
   if (statement_stats) obs.roles_url = url;
   Say(r.name + ": relay draining");
@@ -1470,6 +1474,11 @@ std::vector<ScenarioResult> Bench::Run(
       {"webhook_drain",
        [&] {
          return WebhookDrain("webhook_drain", opt_.webhook_connections, opt_.webhook_messages);
+       }},
+      {"webhook_drain_bucket_leases",
+       [&] {
+         return WebhookDrain("webhook_drain_bucket_leases", opt_.webhook_connections,
+                             opt_.webhook_messages, 0, /*bucket_leases=*/true);
        }},
       {"webhook_fanout10_nolog",
        [&] {

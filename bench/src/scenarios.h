@@ -147,7 +147,7 @@ class Bench {
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
   ScenarioResult HttpCeiling();
   ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages,
-                              int claim_connections = 0);
+                              int claim_connections = 0, bool bucket_leases = false);
   /// `wanted`, or --claim-connections when 0; 1 for exactly-once relays (which refuse more).
   int ClaimConnections(int wanted, bool one_loop = false) const;
   ScenarioResult WebhookFanout(const std::string& name, int endpoints, bool delivery_log,
