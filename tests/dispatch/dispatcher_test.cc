@@ -257,6 +257,17 @@ class RecordingSink final : public Sink {
   std::thread worker_;
 };
 
+// Each key's ids (in the order written) appear in `delivered` in that order.
+void ExpectEachKeyInOrder(const std::map<std::string, std::vector<std::int64_t>>& by_key,
+                          const std::vector<std::int64_t>& delivered) {
+  for (const auto& [key, ids] : by_key) {
+    std::vector<std::int64_t> order;
+    for (const auto id : delivered)
+      if (std::find(ids.begin(), ids.end(), id) != ids.end()) order.push_back(id);
+    EXPECT_EQ(order, ids) << "key " << key << " was delivered out of order";
+  }
+}
+
 std::optional<Outcome> DeliverAll(const Message& m) {
   return Outcome{m.id,        OutcomeKind::kDelivered, "", Reason::kNone, std::nullopt, {}, 0,
                  std::nullopt};
@@ -270,6 +281,15 @@ class DispatcherTest : public ::testing::Test {
       const auto row = db_.Find(id);
       return row && row->parked && row->deliver_after == FakeDatabase::kInfinity;
     });
+  }
+  /// `n` messages for "orders" over `keys` keys ("k0", "k1", ...): each key's ids, in order.
+  std::map<std::string, std::vector<std::int64_t>> EnqueueKeyed(int n, int keys) {
+    std::map<std::string, std::vector<std::int64_t>> by_key;
+    for (int i = 0; i < n; ++i) {
+      const std::string key = "k" + std::to_string(i % keys);
+      by_key[key].push_back(db_.Enqueue("orders", key));
+    }
+    return by_key;
   }
   /// Until `id` has been handed to the sink.
   bool WaitUntilSubmitted(std::int64_t id, std::chrono::milliseconds timeout) {
@@ -609,12 +629,7 @@ void DispatcherTest::DeliverEveryMessageOnceAndEachKeyInOrder(int claim_connecti
       << "a message was delivered twice";
   EXPECT_EQ(sink_->submitted().size(), 400u) << "a message was submitted twice";
   EXPECT_EQ(sink_->key_overlaps(), 0) << "two messages of one key were in flight together";
-  for (const auto& [key, ids] : by_key) {
-    std::vector<std::int64_t> order;
-    for (const auto id : delivered)
-      if (std::find(ids.begin(), ids.end(), id) != ids.end()) order.push_back(id);
-    EXPECT_EQ(order, ids) << "key " << key << " was delivered out of order";
-  }
+  ExpectEachKeyInOrder(by_key, delivered);
   EXPECT_EQ(dispatcher_->stats().delivered, 400);
 }
 
@@ -1468,11 +1483,7 @@ TEST_F(DispatcherTest, StopHandsBackWhatTheSinkStillHoldsWithoutCountingAnAttemp
 }
 
 TEST_F(DispatcherTest, PartitionedModeClaimsWhatTheCoordinatorAssignsAndHandsItBackAtStop) {
-  std::map<std::string, std::vector<std::int64_t>> by_key;
-  for (int i = 0; i < 200; ++i) {
-    const std::string key = "k" + std::to_string(i % 7);
-    by_key[key].push_back(db_.Enqueue("orders", key));
-  }
+  const auto by_key = EnqueueKeyed(200, 7);
   auto cfg = Config(/*batch=*/25);
   cfg.claim_mode = ClaimMode::kPartitioned;
   cfg.partition_heartbeat = 20ms;
@@ -1482,12 +1493,7 @@ TEST_F(DispatcherTest, PartitionedModeClaimsWhatTheCoordinatorAssignsAndHandsItB
   EXPECT_GE(db_.Calls("claim_partitioned"), 1) << "partitioned mode claimed the other way";
   EXPECT_EQ(sink_->key_overlaps(), 0);
   const auto delivered = db_.Delivered();
-  for (const auto& [key, ids] : by_key) {
-    std::vector<std::int64_t> order;
-    for (const auto id : delivered)
-      if (std::find(ids.begin(), ids.end(), id) != ids.end()) order.push_back(id);
-    EXPECT_EQ(order, ids) << "key " << key;
-  }
+  ExpectEachKeyInOrder(by_key, delivered);
   EXPECT_TRUE(dispatcher_->Stop());
   EXPECT_EQ(db_.Calls("coordinate_leave"), 1) << "buckets are handed back at stop";
 }
@@ -1682,11 +1688,7 @@ TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
 // leased or renewed, every settle is fenced by bucket (SettleOwned), and a key's messages still
 // go one at a time, in order, retries included.
 TEST_F(DispatcherTest, BucketLeasesClaimByReadingAndSettleByBucketInKeyOrder) {
-  std::map<std::string, std::vector<std::int64_t>> by_key;
-  for (int i = 0; i < 200; ++i) {
-    const std::string key = "k" + std::to_string(i % 7);
-    by_key[key].push_back(db_.Enqueue("orders", key));
-  }
+  const auto by_key = EnqueueKeyed(200, 7);
   auto cfg = Config(/*batch=*/25);
   cfg.claim_mode = ClaimMode::kPartitioned;
   cfg.bucket_leases = true;
@@ -1714,12 +1716,7 @@ TEST_F(DispatcherTest, BucketLeasesClaimByReadingAndSettleByBucketInKeyOrder) {
   EXPECT_EQ(sink_->key_overlaps(), 0);
   EXPECT_EQ(failed_once.size(), 20u);
   const auto delivered = db_.Delivered();
-  for (const auto& [key, ids] : by_key) {
-    std::vector<std::int64_t> order;
-    for (const auto id : delivered)
-      if (std::find(ids.begin(), ids.end(), id) != ids.end()) order.push_back(id);
-    EXPECT_EQ(order, ids) << "key " << key;
-  }
+  ExpectEachKeyInOrder(by_key, delivered);
 }
 
 // Under bucket leases a claim that reads the lane from its start again (the full sweep) finds

@@ -292,6 +292,16 @@ class PartitionedProcessTest : public RelayProcessFixture {
            << "the relays did not log their share within " << timeout.count() << " ms:" << last;
   }
 
+  // Starts `n` relays of `config` (into `relays`) and waits until they share the buckets and
+  // each has logged its share.
+  ::testing::AssertionResult StartSharing(const std::string& config, int n,
+                                          std::vector<ChildProcess*>& relays) {
+    const auto started = Clock::now();
+    for (int i = 0; i < n; ++i) relays.push_back(&StartRelay(config));
+    if (auto settled = WaitSettled(relays, 30s, started); !settled) return settled;
+    return WaitLearned(relays, 5s);
+  }
+
   // Ends the flow and checks the outcome: the live relays drain the queue, nothing is
   // dead-lettered or left leased, the monitor saw no violation, and Kafka holds every
   // message in per-key order. Returns the number of duplicate records.
@@ -507,10 +517,10 @@ TEST_F(PartitionedProcessTest, BucketLeasesSigstoppedRelayIsFencedAndRejoinsOnSi
   ContinuousProducer producer(db_url_, 10, 20ms);
   producer.Start();
 
-  ChildProcess& paused = StartRelay(config);
-  ChildProcess& other = StartRelay(config);
-  ASSERT_TRUE(WaitSettled({&paused, &other}, 30s, Clock::now()));
-  ASSERT_TRUE(WaitLearned({&paused, &other}, 5s));
+  std::vector<ChildProcess*> two;
+  ASSERT_TRUE(StartSharing(config, 2, two));
+  ChildProcess& paused = *two[0];
+  ChildProcess& other = *two[1];
   ASSERT_TRUE(producer.WaitForMore(500, 30s)) << producer.error();
 
   const auto top = Scalar("SELECT coalesce(max(id), 0) FROM outbox.messages");
@@ -592,10 +602,10 @@ TEST_F(PartitionedProcessTest, SigstoppedRelayIsFencedAfterItsLeasesAndRejoinsOn
   ContinuousProducer producer(db_url_, 10, 20ms);
   producer.Start();
 
-  ChildProcess& paused = StartRelay(config);
-  ChildProcess& other = StartRelay(config);
-  ASSERT_TRUE(WaitSettled({&paused, &other}, 30s, Clock::now()));
-  ASSERT_TRUE(WaitLearned({&paused, &other}, 5s));
+  std::vector<ChildProcess*> two;
+  ASSERT_TRUE(StartSharing(config, 2, two));
+  ChildProcess& paused = *two[0];
+  ChildProcess& other = *two[1];
   ASSERT_TRUE(producer.WaitForMore(500, 30s)) << producer.error();
 
   // Stop it at a moment it has messages in flight: rows leased in its buckets are its own.
