@@ -1879,5 +1879,40 @@ TEST_F(DispatcherTest, ARelayTheCoordinatorRefusesIsNotReadyAndSaysWhy) {
   EXPECT_EQ(dispatcher_->WhyNotReady().find("coordinator"), std::string::npos);
 }
 
+// Bucket leases: a retry whose outcome is not written yet leaves its row as it was, fresh and
+// due; a claim that reads it again (here the sweep) must not send it: the row is still this
+// relay's. It went to the sink again at once, skipping its backoff and spending an attempt.
+TEST_F(DispatcherTest, BucketLeasesDoNotSendAgainAMessageWhoseRetryIsNotWrittenYet) {
+  const auto id = db_.Enqueue("orders", std::nullopt);
+  auto cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.bucket_leases = true;
+  cfg.partition_heartbeat = 20ms;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool settle_may_go = false;
+  db_.BeforeSettleMissingItsWakes([&] {  // the retry's settle waits
+    std::unique_lock lk(mu);
+    cv.wait_for(lk, 10s, [&] { return settle_may_go; });
+  });
+  Start(cfg, [](const Message& m) -> std::optional<Outcome> {
+    return Outcome{m.id, OutcomeKind::kRetry, "HTTP 503", Reason::kNone, std::nullopt, {},
+                   0,    std::nullopt};
+  });
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("settle_owned") >= 1; })) << "no settle began";
+  const auto claims = db_.Calls("claim_owned");
+  clock_.Advance(cfg.full_sweep_interval + 1s);  // the next poll reads the lane from its start
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim_owned") >= claims + 2; }));
+  const auto sent = sink_->submitted();
+  EXPECT_EQ(std::count(sent.begin(), sent.end(), id), 1)
+      << "sent again before its retry was written";
+  {
+    std::lock_guard lk(mu);
+    settle_may_go = true;
+  }
+  cv.notify_all();
+  ASSERT_TRUE(WaitFor([&] { return db_.Find(id) && db_.Find(id)->attempts == 1; }));
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -155,13 +155,13 @@ std::size_t Dispatcher::Impl::DropHeld(ClaimResult& claim, std::unique_ptr<ReadI
   {
     std::lock_guard lk(settle_mu);
     // A read from the start of the lane again (the sweep, a change of buckets; or the cursor
-    // held back by a transaction in progress) finds what this relay holds, and, from a
-    // snapshot older than the settle, what it settled meanwhile.
+    // held back by a transaction in progress) finds what this relay holds, in any state (an
+    // outcome not written yet, a retry or a release too: the row says nothing of it yet), and,
+    // from a snapshot older than the settle, what it settled meanwhile.
     for (const auto& msg : claim.messages) {
       const auto it = held_leases.find(Raw(msg.id));
       const auto settled = settled_at.find(Raw(msg.id));
-      if ((it != held_leases.end() && (it->second.in_sink || it->second.removes)) ||
-          unprepared.count(Raw(msg.id)) > 0 ||
+      if (it != held_leases.end() || unprepared.count(Raw(msg.id)) > 0 ||
           (settled != settled_at.end() && settled->second > read_mark)) {
         dropped.insert(Raw(msg.id));
       }

@@ -210,10 +210,10 @@ void Dispatcher::Impl::SettleLoop() {
     {
       std::lock_guard lk(settle_mu);
       if (config.bucket_leases && !reads_in_progress.empty()) {
-        // Reads under way may hold these rows from before this write (Prepare skips them).
+        // Reads under way may hold these rows from before this write (DropHeld skips them):
+        // removed, or a retry or release whose row an older snapshot sees as it was.
         const auto mark = ++settle_mark;
         for (const auto& s : batch) {
-          if (!Removes(s)) continue;
           settled_at[Raw(s.id)] = mark;
           settled_order.emplace_back(Raw(s.id), mark);
         }
