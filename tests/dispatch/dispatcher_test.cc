@@ -1914,5 +1914,54 @@ TEST_F(DispatcherTest, BucketLeasesDoNotSendAgainAMessageWhoseRetryIsNotWrittenY
   ASSERT_TRUE(WaitFor([&] { return db_.Find(id) && db_.Find(id)->attempts == 1; }));
 }
 
+// Bucket leases: each message's claim follows its own bucket, at the epoch it was read at. A
+// bucket the relay no longer owns (taken after its partition lease, or by force after a
+// handover timed out) stops covering what was read from it although the relay's heartbeats go
+// on: one cover for the whole relay kept such messages sendable while the relay lived.
+TEST_F(DispatcherTest, BucketLeasesAMessagesClaimRunsOutWhenItsBucketIsNoLongerOwned) {
+  const auto id = db_.Enqueue("orders", std::nullopt);
+  const int bucket = static_cast<int>(id % FakeDatabase::kBuckets);
+  auto cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.bucket_leases = true;
+  cfg.partition_heartbeat = 20ms;
+  cfg.partition_lease = 300ms;
+  Start(cfg, [](const Message&) { return std::optional<Outcome>(); });  // holds it
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  const Message held = sink_->HeldMessages().front();
+  ASSERT_TRUE(ClaimRunsOut(held).has_value());
+  std::vector<int> others;
+  for (int b = 0; b < FakeDatabase::kBuckets; ++b)
+    if (b != bucket) others.push_back(b);
+  db_.OwnBuckets(others);  // its bucket went to another relay
+  const auto beats = db_.Calls("coordinate");
+  ASSERT_TRUE(WaitFor([&] { return std::chrono::steady_clock::now() > *ClaimRunsOut(held); }))
+      << "it stayed covered by the relay's other buckets";
+  EXPECT_GE(db_.Calls("coordinate"), beats + 3) << "the heartbeats went on meanwhile";
+}
+
+// Bucket leases: with its cursor held back (a transaction older than its claims still runs),
+// each claim reads again the rows the relay holds, and drops them all. The loop claimed again at
+// once, reading the same batch in a busy loop for as long as the sink held it (review); it
+// pauses now (tuning::kAllHeldPause) or waits for a wake-up. Ten such claims take at least
+// nine pauses: a lower bound, which a slow machine only raises.
+TEST_F(DispatcherTest, BucketLeasesPauseAfterAClaimThatReadOnlyWhatTheRelayHolds) {
+  for (int i = 0; i < 10; ++i) db_.Enqueue("orders", std::nullopt);
+  db_.HoldCursor(true);
+  auto cfg = Config(/*batch=*/5);  // two claims' worth: each claim stops at its limit
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.bucket_leases = true;
+  cfg.partition_heartbeat = 20ms;
+  Start(cfg, [](const Message&) { return std::optional<Outcome>(); });  // holds them all
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 5u; }));
+  const auto claims = db_.Calls("claim_owned");
+  const auto from = std::chrono::steady_clock::now();
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("claim_owned") >= claims + 10; }));
+  EXPECT_GE(std::chrono::steady_clock::now() - from, 9 * 40ms)
+      << "claims that read only held rows went on back to back";
+  EXPECT_EQ(sink_->submitted().size(), 5u);
+  db_.HoldCursor(false);
+}
+
 }  // namespace
 }  // namespace outbox::relay

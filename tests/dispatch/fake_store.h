@@ -200,6 +200,12 @@ class FakeDatabase {
     std::lock_guard lk(mu_);
     handing_.insert(bucket);
   }
+  /// While held, every claim says a transaction older than it is running: the claim loop's
+  /// cursor does not move past what it read.
+  void HoldCursor(bool held) {
+    std::lock_guard lk(mu_);
+    cursor_held_ = held;
+  }
   /// The buckets the relay released, in order (Coordinate's `released`).
   std::vector<int> Released() const {
     std::lock_guard lk(mu_);
@@ -440,6 +446,7 @@ class FakeDatabase {
   bool key_locks_held_ = false;
   std::vector<int> owned_buckets_ = {0, 1, 2, 3};
   std::set<int> handing_;
+  bool cursor_held_ = false;
   std::map<std::string, std::string> refusals_;
   std::vector<int> released_;
   std::set<std::string> settled_as_;
@@ -554,7 +561,8 @@ class FakeStore final : public QueueStore {
     // No transaction is ever in progress here: every id handed out is committed.
     out.facts.seq_value = db_.seq_;
     out.facts.own_xid = ++db_.xid_;
-    out.facts.snap_xmin = out.facts.own_xid;
+    // A cursor held: as if a transaction older than every claim kept running.
+    out.facts.snap_xmin = db_.cursor_held_ ? 0 : out.facts.own_xid;
     out.facts.fresh_scanned = static_cast<std::int64_t>(fresh.size());
     if (static_cast<int>(fresh.size()) >= fresh_limit && !fresh.empty())
       out.facts.fresh_full_bound = fresh.back();

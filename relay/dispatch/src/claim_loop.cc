@@ -183,6 +183,7 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     std::string token;
     std::optional<std::chrono::steady_clock::time_point> expires;
     std::unique_ptr<RoomShare> share;
+    std::vector<BucketLease> buckets;  // bucket leases: read from these, at these epochs
   };
   Handoff<Claimed> handoff(
       [&](Claimed& c) {
@@ -193,9 +194,19 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
           ids.reserve(c.messages.size());
           for (const auto& msg : c.messages) ids.push_back(msg.id);
         }
+        std::map<int, std::shared_ptr<ClaimCover>> covers;
+        if (bucket_leases) covers = CoversOf(c.buckets);
         for (auto& msg : c.messages) {
           msg.claim_expires = c.expires;
-          if (auto h = Prepare(dest, sink, c.token, std::move(msg), room_wait)) {
+          std::shared_ptr<ClaimCover> cover;
+          if (bucket_leases) {
+            // Its bucket's cover at the epoch it was read at (bucket_covers).
+            const auto it = covers.find(msg.bucket);
+            cover =
+                it != covers.end() ? it->second : std::make_shared<ClaimCover>(SteadyClockTime{});
+            msg.claim_expires = cover->Until();
+          }
+          if (auto h = Prepare(dest, sink, c.token, std::move(msg), room_wait, std::move(cover))) {
             handed.push_back(std::move(*h));
           }
         }
@@ -381,10 +392,11 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     }
     if (leased > 0) {
       payload_estimate = std::max(largest, payload_estimate / 2);
-      // Bucket leases: as long as the buckets are surely this relay's (bucket_cover, which
-      // Prepare gives each message to follow the heartbeats).
+      // Bucket leases: as long as its bucket is surely this relay's (the hand-off gives each
+      // message its bucket's cover, which follows the heartbeats).
       handoff.Put(Claimed{std::move(claim.messages), claim.lease_token,
-                          bucket_leases ? bucket_cover->Until() : claim_expires, std::move(share)});
+                          bucket_leases ? std::nullopt : std::optional(claim_expires),
+                          std::move(share), bucket_leases ? buckets : std::vector<BucketLease>{}});
     } else {
       share->Release();
     }
@@ -413,7 +425,15 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
       must_claim = true;
       continue;
     }
-    if ((read_rows == 0 || drained) && claim.facts.held == 0) {
+    if (bucket_leases && read_rows > 0 && leased == 0 && !drained) {
+      // Bucket leases: it read only what this relay holds (its cursor held back by a
+      // transaction in progress); claiming again at once read the same rows again and again
+      // (review). They leave the lane once settled, or the cursor moves.
+      std::unique_lock lk(mu);
+      wake_cv.wait_for(lk, tuning::kAllHeldPause,
+                       [&] { return stopping.load() || wake_gen != seen_gen; });
+      seen_gen = wake_gen;
+    } else if ((read_rows == 0 || drained) && claim.facts.held == 0) {
       std::unique_lock lk(mu);
       wake_cv.wait_for(lk, recheck.empty() ? config.poll_interval : tuning::kBlockedKeyRecheckEvery,
                        [&] { return stopping.load() || wake_gen != seen_gen; });

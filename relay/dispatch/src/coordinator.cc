@@ -51,9 +51,6 @@ void Dispatcher::Impl::CoordinatorLoop() {
       auto now_owned =
           store.Coordinate(instance_id, config.partition_lease, false, description, exactly_once,
                            config.bucket_leases, released, config.shutdown_timeout);
-      // Bucket leases: no other relay takes these buckets before this heartbeat is
-      // partition_lease_ms old, and it was written after `asked`.
-      if (bucket_cover) bucket_cover->ExtendTo(asked + config.partition_lease);
       if (!released.empty()) {
         spdlog::info(
             "partitioned: handed over {} bucket(s) once what this relay had read from "
@@ -65,6 +62,7 @@ void Dispatcher::Impl::CoordinatorLoop() {
       bool changed = false;
       {
         std::lock_guard lk(owned_mu);
+        if (config.bucket_leases) CoverBuckets(now_owned, asked);
         changed = now_owned != owned;
         if (changed) owned = std::move(now_owned);
         coordinator_refused.clear();

@@ -74,6 +74,37 @@ std::vector<BucketLease> Dispatcher::Impl::OwnedBuckets() {
   return owned;
 }
 
+void Dispatcher::Impl::CoverBuckets(const std::vector<BucketLease>& now_owned,
+                                    SteadyClockTime asked) {
+  // No other relay takes these buckets before this heartbeat is partition_lease_ms old, and it
+  // was written after `asked`.
+  const auto until = asked + config.partition_lease;
+  std::map<int, std::pair<std::int64_t, std::shared_ptr<ClaimCover>>> covers;
+  for (const auto& b : now_owned) {
+    const auto it = bucket_covers.find(b.bucket);
+    if (it != bucket_covers.end() && it->second.first == b.epoch) {
+      it->second.second->ExtendTo(until);
+      covers.emplace(b.bucket, std::move(it->second));
+    } else {
+      covers.emplace(b.bucket, std::pair(b.epoch, std::make_shared<ClaimCover>(until)));
+    }
+  }
+  bucket_covers = std::move(covers);  // the others' covers stay with their messages, and run out
+}
+
+std::map<int, std::shared_ptr<ClaimCover>> Dispatcher::Impl::CoversOf(
+    const std::vector<BucketLease>& buckets) {
+  std::map<int, std::shared_ptr<ClaimCover>> out;
+  std::lock_guard lk(owned_mu);
+  for (const auto& b : buckets) {
+    const auto it = bucket_covers.find(b.bucket);
+    out.emplace(b.bucket, it != bucket_covers.end() && it->second.first == b.epoch
+                              ? it->second.second
+                              : std::make_shared<ClaimCover>(SteadyClockTime{}));
+  }
+  return out;
+}
+
 std::vector<BucketLease> Dispatcher::Impl::ClaimableBuckets() {
   auto buckets = OwnedBuckets();
   std::erase_if(buckets, [](const BucketLease& b) { return b.handing; });
@@ -197,8 +228,8 @@ std::vector<int> Dispatcher::Impl::IdleHandingBuckets(const std::vector<BucketLe
 }
 
 std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
-    const Destination& dest, Sink& sink, const std::string& token, Message msg,
-    RoomWait& room_wait) {
+    const Destination& dest, Sink& sink, const std::string& token, Message msg, RoomWait& room_wait,
+    std::shared_ptr<ClaimCover> cover) {
   auto dead = DecideBeforeAttempt(msg.id, msg.attempts, dest.retry, token);
   {
     std::lock_guard lk(settle_mu);
@@ -225,7 +256,7 @@ std::optional<std::pair<Message, Sink::Completion>> Dispatcher::Impl::Prepare(
     ++unsettled;
     held.in_sink = !dead;
     held.removes = dead.has_value();
-    held.cover = bucket_cover        ? bucket_cover
+    held.cover = cover               ? std::move(cover)  // bucket leases: its bucket's
                  : msg.claim_expires ? std::make_shared<ClaimCover>(*msg.claim_expires)
                                      : nullptr;
     held.bucket = msg.bucket;
@@ -406,9 +437,6 @@ void Dispatcher::Start() {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     d.description = std::string(host) + " pid " + std::to_string(getpid());
-  }
-  if (d.config.bucket_leases) {
-    d.bucket_cover = std::make_shared<ClaimCover>(std::chrono::steady_clock::now());
   }
   for (const auto& [name, dest] : d.config.destinations) {
     d.destination_names.push_back(name);

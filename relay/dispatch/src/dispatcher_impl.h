@@ -34,6 +34,7 @@
 namespace outbox::relay {
 
 using SteadyTime = Clock::Steady::time_point;
+using SteadyClockTime = std::chrono::steady_clock::time_point;  // the sinks' clock
 
 /// The W3C trace id (32 hex digits) of a message's "traceparent" header, or "".
 std::string TraceIdOf(const Message& msg);
@@ -91,11 +92,6 @@ struct Dispatcher::Impl {
   // Each destination's claim loops: claim_connections, or (auto) what its sink asks for.
   std::map<std::string, int> claim_loops;
   std::string instance_id = NewUuid();
-  // Bucket leases: until when this relay's buckets are surely its own (the start of its last
-  // successful heartbeat plus partition_lease_ms), moved on by the coordinator. The cover of
-  // every message it hands a sink (Message::claim_cover): a sink that checks sends nothing
-  // once it has run out, as a claim's lease under row leases. Null otherwise.
-  std::shared_ptr<ClaimCover> bucket_cover;
   std::string description;  // host and pid, for heartbeats
 
   SteadyTime Now() const { return clock->Now(); }
@@ -228,9 +224,10 @@ struct Dispatcher::Impl {
   // turns the outcome into a settlement for the settler; or nothing, when the message was
   // dead-lettered here (its attempts spent) or is still in the sink under an earlier claim.
   // The claim loop hands a claim's messages over at once (Sink::SubmitMany).
-  std::optional<std::pair<Message, Sink::Completion>> Prepare(const Destination& dest, Sink& sink,
-                                                              const std::string& token, Message msg,
-                                                              RoomWait& room);
+  // `cover`: bucket leases, its bucket's (CoversOf), which its claim then follows.
+  std::optional<std::pair<Message, Sink::Completion>> Prepare(
+      const Destination& dest, Sink& sink, const std::string& token, Message msg, RoomWait& room,
+      std::shared_ptr<ClaimCover> cover = nullptr);
   void RecordAttempt(const Destination& d, const Sink& sink, const Outcome& outcome,
                      SteadyTime submitted);
   void LogOutcome(const Destination& d, MessageId id, const std::string& trace,
@@ -251,6 +248,18 @@ struct Dispatcher::Impl {
   // other lease mode is live: migration 0035); empty once one succeeds. Guarded by owned_mu.
   std::string coordinator_refused;
   std::vector<BucketLease> OwnedBuckets();
+  // Bucket leases: each owned bucket's cover at its epoch, until when it is surely this
+  // relay's: the start of the last successful heartbeat that returned it at that epoch, plus
+  // partition_lease_ms. The cover of every message read from it (Message::claim_cover): a sink
+  // that checks sends nothing once it has run out, as a claim's lease under row leases. A
+  // bucket that moved, or came back at another epoch, keeps its old cover for what was read
+  // from it, and that runs out. Guarded by owned_mu.
+  std::map<int, std::pair<std::int64_t, std::shared_ptr<ClaimCover>>> bucket_covers;
+  // owned_mu held: after a heartbeat that began at `asked` and returned `now_owned`.
+  void CoverBuckets(const std::vector<BucketLease>& now_owned, SteadyClockTime asked);
+  // The covers of messages read from `buckets` at their epochs, by bucket (one that has run
+  // out for a bucket no longer held at that epoch).
+  std::map<int, std::shared_ptr<ClaimCover>> CoversOf(const std::vector<BucketLease>& buckets);
   // The buckets to claim from: those owned, less those being handed over (bucket leases).
   std::vector<BucketLease> ClaimableBuckets();
 

@@ -16,6 +16,9 @@ inline constexpr Millis kRoomPoll{50};
 /// this long, in case the earlier message's settle committed while the claim ran.
 inline constexpr Millis kBlockedKeyRecheckEvery{50};
 inline constexpr Millis kBlockedKeyRecheckFor{1'000};
+/// Claim loop, bucket leases: a claim that brought only rows the relay already holds (its
+/// cursor held back by a transaction in progress) is tried again after this, or a wake-up.
+inline constexpr Millis kAllHeldPause{50};
 /// Settler: a settle statement that ran at least this long may have raced a claim past those
 /// rechecks (its own wake of a key's next message read a snapshot from before the claim that
 /// parked that message committed, and it committed after the claim's last recheck): once it
