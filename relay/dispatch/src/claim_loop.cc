@@ -428,7 +428,9 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
     if (bucket_leases && read_rows > 0 && leased == 0 && !drained) {
       // Bucket leases: it read only what this relay holds (its cursor held back by a
       // transaction in progress); claiming again at once read the same rows again and again
-      // (review). They leave the lane once settled, or the cursor moves.
+      // (review). They leave the lane once settled (the next settle wakes this loop), or the
+      // cursor moves.
+      waiting_for_settles = true;
       std::unique_lock lk(mu);
       wake_cv.wait_for(lk, tuning::kAllHeldPause,
                        [&] { return stopping.load() || wake_gen != seen_gen; });

@@ -104,6 +104,9 @@ struct Dispatcher::Impl {
   // down and the settles were written, so the buckets move only then.
   std::atomic<bool> coordinator_stopping{false};
   std::atomic<bool> db_ok{false};  // the last claim reached the database (readiness)
+  // Bucket leases: a claim loop waits after a claim that read only rows the relay holds; the
+  // next settle (which takes some of them out of the lane) wakes it.
+  std::atomic<bool> waiting_for_settles{false};
   // The maintenance loop's own stop: after the sinks finished and the settles were written.
   // Until then a stopping relay goes on renewing the leases of what its sinks still hold.
   std::atomic<bool> maintenance_stopping{false};

@@ -173,7 +173,9 @@ void Dispatcher::Impl::SettleLoop() {
               c.deferred.size(), tuning::kDeferredSettleRetry.count());
         }
         RecordSettled(batch, c);
-        if (c.woken > 0) Wake();  // the next message of a settled key may go now
+        // The next message of a settled key may go now; or a claim loop waits for rows it holds
+        // to leave the lane (bucket leases).
+        if (c.woken > 0 || waiting_for_settles.exchange(false)) Wake();
         metrics->RecordSettleFenced(c.fenced);
         if (c.fenced > 0) {
           spdlog::warn(
