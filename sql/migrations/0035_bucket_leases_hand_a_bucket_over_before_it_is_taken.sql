@@ -11,9 +11,10 @@
 --   waits until what it handed its sinks from the bucket is settled, and then names it in
 --   `released` at its next call, which moves it. Moved at once as before: a dead owner's
 --   buckets, a leaving owner's, and a row-lease owner's (their rows stay leased across the
---   move). A handover not given within `hand_over_within` (the caller's; the relay passes its
---   shutdown_timeout_ms) is taken anyway, as after a crash: what the owner still had in
---   flight may then be delivered twice.
+--   move). A handover not given within the owner's `hand_over_within` (its heartbeat's; the
+--   relay passes its shutdown_timeout_ms), counted from the handover's start whoever it goes
+--   to meanwhile, is taken anyway, as after a crash: what the owner still had in flight may
+--   then be delivered twice.
 -- * The function runs with jit off: its statements on a few dozen rows are estimated at
 --   millions, and JIT compiled them at every heartbeat (0.5 s each on 2 cores).
 -- * The function returns a third column, `handing`; callers that read the first two by
@@ -21,7 +22,8 @@
 --   make existing calls ambiguous).
 -- Written to run again over itself (IF NOT EXISTS, OR REPLACE). The body is 0026's otherwise.
 
-ALTER TABLE outbox.relay_instances ADD COLUMN IF NOT EXISTS bucket_leases boolean NOT NULL DEFAULT false;
+ALTER TABLE outbox.relay_instances ADD COLUMN IF NOT EXISTS bucket_leases boolean NOT NULL DEFAULT false,
+                                   ADD COLUMN IF NOT EXISTS hand_over_within interval;
 ALTER TABLE outbox.bucket_owners ADD COLUMN IF NOT EXISTS handing_to uuid,
                                  ADD COLUMN IF NOT EXISTS handing_since timestamptz;
 
@@ -57,13 +59,14 @@ BEGIN
     DELETE FROM outbox.relay_instances WHERE instance_id = instance;
   ELSE
     INSERT INTO outbox.relay_instances AS r (instance_id, heartbeat_at, description, dead_after,
-                                             exactly_once, bucket_leases)
+                                             exactly_once, bucket_leases, hand_over_within)
     VALUES (instance, clock_timestamp(), coordinate.description, coordinate.dead_after,
-            coordinate.exactly_once, coordinate.bucket_leases)
+            coordinate.exactly_once, coordinate.bucket_leases, coordinate.hand_over_within)
     ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
                                             dead_after = excluded.dead_after,
                                             exactly_once = excluded.exactly_once,
-                                            bucket_leases = excluded.bucket_leases;
+                                            bucket_leases = excluded.bucket_leases,
+                                            hand_over_within = excluded.hand_over_within;
   END IF;
   -- (The parameter named in full: with use_column, a bare dead_after is now the column.)
   DELETE FROM outbox.relay_instances r
@@ -125,14 +128,17 @@ BEGIN
   ), decided AS MATERIALIZED (
     -- Whether a bucket that should change owner does so now: not while a live bucket-lease
     -- owner still holds what it handed its sinks from it, unless it gave the bucket up or let
-    -- the handover run past its time.
+    -- the handover run past its time (the owner's, as it said in its heartbeat; the caller's
+    -- for an owner that said none).
     SELECT d.b, d.want,
            o.owner IS DISTINCT FROM d.want AND (
              NOT EXISTS (SELECT 1 FROM outbox.relay_instances r
                          WHERE r.instance_id = o.owner AND r.bucket_leases)
              OR (o.owner = instance AND o.bucket = ANY (coordinate.released))
-             OR (o.handing_to IS NOT DISTINCT FROM d.want
-                 AND o.handing_since < clock_timestamp() - coordinate.hand_over_within)) AS moves
+             OR o.handing_since < clock_timestamp() - coalesce(
+                  (SELECT r.hand_over_within FROM outbox.relay_instances r
+                   WHERE r.instance_id = o.owner),
+                  coordinate.hand_over_within)) AS moves
     FROM desired d JOIN outbox.bucket_owners o ON o.bucket = d.b
   )
   UPDATE outbox.bucket_owners o
@@ -140,8 +146,10 @@ BEGIN
       epoch = CASE WHEN x.moves THEN o.epoch + 1 ELSE o.epoch END,
       handing_to = CASE WHEN x.moves OR o.owner IS NOT DISTINCT FROM x.want THEN NULL
                         ELSE x.want END,
+      -- A handover's time runs from its start, whoever it goes to meanwhile: retargeted at
+      -- every join and leave, a stuck owner's bucket was never taken.
       handing_since = CASE WHEN x.moves OR o.owner IS NOT DISTINCT FROM x.want THEN NULL
-                           WHEN o.handing_to IS NOT DISTINCT FROM x.want THEN o.handing_since
+                           WHEN o.handing_to IS NOT NULL THEN o.handing_since
                            ELSE clock_timestamp() END
   FROM decided x
   WHERE o.bucket = x.b

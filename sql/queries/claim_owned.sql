@@ -45,8 +45,10 @@ WITH
                 SELECT g::text::xid8
                 FROM generate_series(pg_snapshot_xmax((SELECT snap FROM me))::text::bigint,
                                      (SELECT xid FROM me)::text::bigint - 1) g) r
-          WHERE r.x::text::xid <> ALL (ARRAY(
-            SELECT a.backend_xid FROM pg_stat_get_activity(NULL) a
+          -- (xid is 32 bits, xid8 64: compared modulo 2^32, as a cast of xid8 text to xid fails
+          -- past the first wraparound on PostgreSQL 16 and later.)
+          WHERE r.x::text::bigint % 4294967296 <> ALL (ARRAY(
+            SELECT a.backend_xid::text::bigint FROM pg_stat_get_activity(NULL) a
             WHERE a.application_name = 'outbox-relay bucket-lease settler'
               AND a.backend_xid IS NOT NULL))) AS snap_xmin
 ), fresh AS (

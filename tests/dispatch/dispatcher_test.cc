@@ -1963,5 +1963,35 @@ TEST_F(DispatcherTest, BucketLeasesPauseAfterAClaimThatReadOnlyWhatTheRelayHolds
   db_.HoldCursor(false);
 }
 
+// Bucket leases: heartbeats that fail for a partition lease make the relay stop claiming (it
+// gives up its buckets until one succeeds), but its settles are fenced by the database, at the
+// epochs of its last successful heartbeat: a delivery written meanwhile in a bucket nobody took
+// is written. Fenced by the emptied list, it stayed queued and went out again (review).
+TEST_F(DispatcherTest, BucketLeasesSettleWhatWasDeliveredWhileHeartbeatsFail) {
+  const auto id = db_.Enqueue("orders", std::nullopt);
+  auto cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.bucket_leases = true;
+  cfg.partition_heartbeat = 20ms;
+  cfg.partition_lease = 300ms;
+  std::atomic<bool> hold{true};
+  Start(cfg, [&](const Message& m) -> std::optional<Outcome> {
+    if (hold) return std::nullopt;
+    return DeliverAll(m);
+  });
+  ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
+  db_.FailNext("coordinate", 1'000'000);
+  const auto failures = db_.Calls("coordinate");
+  clock_.Advance(1s);  // past the partition lease since the last heartbeat that succeeded
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("coordinate") >= failures + 3; }));
+  hold = false;
+  sink_->Release();
+  ASSERT_TRUE(WaitFor([&] { return !db_.Delivered().empty(); }))
+      << "the delivery was fenced; the message stays queued";
+  EXPECT_EQ(db_.Delivered(), std::vector<std::int64_t>{id});
+  EXPECT_EQ(dispatcher_->stats().fenced, 0);
+  db_.Heal("coordinate");
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -194,8 +194,10 @@ TEST_F(CoordinateTest, ABucketLeaseRelaysBucketMovesOnlyOnceReleasedOrPastTheHan
   ASSERT_FALSE(held.front().handing);
   EXPECT_EQ(bl(a, {held.front().bucket}).size(), 54u);
 
-  // The rest go once the handover has run past the time a caller allows.
-  EXPECT_EQ(bl(b, {}, 0ms).size(), 32u);
+  // The rest go once the handover has run past the time its owner allows: not another's.
+  EXPECT_EQ(bl(b, {}, 0ms).size(), 10u) << "b's handover time moved a's buckets";
+  EXPECT_EQ(bl(a, {}, 0ms).size(), 32u) << "a's own handover time has passed";
+  EXPECT_EQ(bl(b).size(), 32u);
   EXPECT_EQ(bl(a).size(), 32u);
   EXPECT_EQ(Epochs(), epochs + 32);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.bucket_owners WHERE handing_to IS NOT NULL"), 0);

@@ -62,7 +62,10 @@ void Dispatcher::Impl::CoordinatorLoop() {
       bool changed = false;
       {
         std::lock_guard lk(owned_mu);
-        if (config.bucket_leases) CoverBuckets(now_owned, asked);
+        if (config.bucket_leases) {
+          CoverBuckets(now_owned, asked);
+          settle_buckets = now_owned;
+        }
         changed = now_owned != owned;
         if (changed) owned = std::move(now_owned);
         coordinator_refused.clear();
@@ -97,7 +100,7 @@ void Dispatcher::Impl::CoordinatorLoop() {
   // Hand every bucket back at once so the others take them without waiting for our lease.
   try {
     store.Coordinate(instance_id, config.partition_lease, true, description, exactly_once,
-                     config.bucket_leases);
+                     config.bucket_leases, {}, config.shutdown_timeout);
     spdlog::info("partitioned: handed back all buckets");
   } catch (const std::exception& e) {
     spdlog::warn("partitioned: could not hand back buckets (they move when our lease expires): {}",

@@ -247,6 +247,10 @@ struct Dispatcher::Impl {
   // --- claim_mode partitioned: the buckets this relay owns ---
   std::mutex owned_mu;
   std::vector<BucketLease> owned;  // guarded by owned_mu; written by the coordinator
+  // Bucket leases: what the last successful heartbeat returned, which the settles are fenced
+  // by (the database checks the epochs); not cleared when heartbeats fail, as `owned` is for
+  // the claims. Guarded by owned_mu.
+  std::vector<BucketLease> settle_buckets;
   // What the database said when it last refused this relay's heartbeat for good (a relay of the
   // other lease mode is live: migration 0035); empty once one succeeds. Guarded by owned_mu.
   std::string coordinator_refused;

@@ -143,10 +143,16 @@ void Dispatcher::Impl::SettleLoop() {
     while (true) {
       try {
         if (config.bucket_leases) {
-          // Fenced by the buckets still owned now: one lost and owned again since the claim
-          // is written (its next owner found the message delivered, or delivered it too).
-          c = store.SettleOwned(batch, config.retention.archive_delivered, instance_id,
-                                OwnedBuckets());
+          // Fenced by the buckets of the last successful heartbeat, at their epochs, which the
+          // database checks: one lost and owned again since the claim is written (its next
+          // owner found the message delivered, or delivered it too). Not by `owned`, which
+          // failing heartbeats clear: deliveries then looked fenced, and went out again.
+          std::vector<BucketLease> buckets;
+          {
+            std::lock_guard lk(owned_mu);
+            buckets = settle_buckets;
+          }
+          c = store.SettleOwned(batch, config.retention.archive_delivered, instance_id, buckets);
         } else {
           c = store.Settle(batch, config.retention.archive_delivered,
                            config.claim_mode == ClaimMode::kPartitioned ? instance_id : "");
