@@ -232,6 +232,30 @@ TEST_F(CoordinateTest, TheCoordinatorDoesNotJitItsStatements) {
             1);
 }
 
+// A handover's time runs from its start, whoever the bucket goes to meanwhile: retargeted to
+// a relay that joined later, its start was reset, and under joins and leaves a stuck owner's
+// buckets were never taken (review).
+TEST_F(CoordinateTest, AHandoverRetargetedToAnotherRelayKeepsItsStart) {
+  Store store(db_url_);
+  const std::string a = NewUuid(), b = NewUuid(), c = NewUuid();
+  const auto bl = [&](const std::string& id) {
+    return store.Coordinate(id, 10s, false, "", false, true, {}, 2h);
+  };
+  ASSERT_EQ(bl(a).size(), 64u);
+  ASSERT_TRUE(bl(b).empty());
+  Scalar(
+      "WITH u AS (UPDATE outbox.bucket_owners SET handing_since = handing_since - "
+      "interval '1 hour' WHERE handing_to IS NOT NULL RETURNING 1) SELECT count(*) FROM u");
+  ASSERT_TRUE(bl(c).empty()) << "within a's two hours nothing is taken";
+  const auto retargeted =
+      Scalar("SELECT count(*) FROM outbox.bucket_owners WHERE handing_to = '" + c +
+             "' AND handing_since < clock_timestamp() - interval '30 minutes'");
+  const auto to_c =
+      Scalar("SELECT count(*) FROM outbox.bucket_owners WHERE handing_to = '" + c + "'");
+  EXPECT_GT(to_c, 0);
+  EXPECT_GT(retargeted, 0) << "a handover going to c now started over";
+}
+
 TEST_F(CoordinateTest, ARelayThatMissesItsHeartbeatsLosesItsBucketsWithinTheBound) {
   Store store(db_url_);
   const std::string live = NewUuid(), dead = NewUuid();
