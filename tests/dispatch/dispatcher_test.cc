@@ -317,6 +317,15 @@ class DispatcherTest : public ::testing::Test {
     return c;
   }
 
+  // Config() in claim_mode partitioned with bucket leases, heartbeating every 20 ms.
+  RelayConfig BucketLeaseConfig(int batch = 50) {
+    RelayConfig c = Config(batch);
+    c.claim_mode = ClaimMode::kPartitioned;
+    c.bucket_leases = true;
+    c.partition_heartbeat = 20ms;
+    return c;
+  }
+
   // Starts a dispatcher for `config` whose only destination's sink is `sink`.
   Dispatcher& Start(RelayConfig config, RecordingSink::Decide decide,
                     RelayMetrics* metrics = nullptr,
@@ -1689,10 +1698,7 @@ TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
 // go one at a time, in order, retries included.
 TEST_F(DispatcherTest, BucketLeasesClaimByReadingAndSettleByBucketInKeyOrder) {
   const auto by_key = EnqueueKeyed(200, 7);
-  auto cfg = Config(/*batch=*/25);
-  cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.bucket_leases = true;
-  cfg.partition_heartbeat = 20ms;
+  auto cfg = BucketLeaseConfig(/*batch=*/25);
   std::mutex mu;
   std::set<std::int64_t> failed_once;
   Start(cfg, [&](const Message& m) -> std::optional<Outcome> {
@@ -1727,10 +1733,7 @@ TEST_F(DispatcherTest, BucketLeasesClaimByReadingAndSettleByBucketInKeyOrder) {
 TEST_F(DispatcherTest, BucketLeasesSendNothingTwiceWhenTheSweepReadsWhatWasSettledMeanwhile) {
   std::vector<std::int64_t> ids;
   for (int i = 0; i < 10; ++i) ids.push_back(db_.Enqueue("orders", std::nullopt));
-  auto cfg = Config();
-  cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.bucket_leases = true;
-  cfg.partition_heartbeat = 20ms;
+  auto cfg = BucketLeaseConfig();
   std::atomic<bool> hold{true};
   Start(cfg, [&](const Message& m) -> std::optional<Outcome> {
     if (hold) return std::nullopt;
@@ -1759,10 +1762,7 @@ TEST_F(DispatcherTest, BucketLeasesSendNothingTwiceWhenTheSweepReadsWhatWasSettl
 // handed back first, those settles would be fenced and the next owner would send it all again.
 TEST_F(DispatcherTest, BucketLeasesKeepTheBucketsUntilTheSettlesAreWritten) {
   const auto id = db_.Enqueue("orders", "k");
-  auto cfg = Config();
-  cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.bucket_leases = true;
-  cfg.partition_heartbeat = 20ms;
+  auto cfg = BucketLeaseConfig();
   std::atomic<std::int64_t> left_at_shutdown{-1};
   Start(
       cfg, [](const Message&) { return std::optional<Outcome>(); }, nullptr,
@@ -1788,10 +1788,7 @@ TEST_F(DispatcherTest, BucketLeasesGiveABucketUpOnlyOnceWhatWasReadFromItIsSettl
   };
   std::vector<std::int64_t> first;
   for (int i = 0; i < 8; ++i) first.push_back(db_.Enqueue("orders", std::nullopt));
-  auto cfg = Config();
-  cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.bucket_leases = true;
-  cfg.partition_heartbeat = 20ms;
+  auto cfg = BucketLeaseConfig();
   Start(cfg, [](const Message&) { return std::optional<Outcome>(); });  // holds everything
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 8u; }));
   const int handed = bucket_of(first[0]);
@@ -1831,10 +1828,7 @@ TEST_F(DispatcherTest, BucketLeasesGiveABucketUpOnlyOnceWhatWasReadFromItIsSettl
 // end at all before.
 TEST_F(DispatcherTest, BucketLeasesClaimsRunOutWithTheLastHeartbeat) {
   db_.Enqueue("orders", std::nullopt);
-  auto cfg = Config();
-  cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.bucket_leases = true;
-  cfg.partition_heartbeat = 20ms;
+  auto cfg = BucketLeaseConfig();
   cfg.partition_lease = 300ms;
   const auto started = std::chrono::steady_clock::now();
   Start(cfg, [](const Message&) { return std::optional<Outcome>(); });  // holds it
@@ -1861,10 +1855,7 @@ TEST_F(DispatcherTest, ARelayTheCoordinatorRefusesIsNotReadyAndSaysWhy) {
   db_.Enqueue("orders", std::nullopt);
   db_.Refuse("coordinate",
              "relay 7 (host pid 1) runs with bucket_leases false, this one with true");
-  auto cfg = Config();
-  cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.bucket_leases = true;
-  cfg.partition_heartbeat = 20ms;
+  auto cfg = BucketLeaseConfig();
   Start(cfg, DeliverAll);
   std::string why;
   ASSERT_TRUE(WaitFor([&] {
@@ -1884,10 +1875,7 @@ TEST_F(DispatcherTest, ARelayTheCoordinatorRefusesIsNotReadyAndSaysWhy) {
 // relay's. It went to the sink again at once, skipping its backoff and spending an attempt.
 TEST_F(DispatcherTest, BucketLeasesDoNotSendAgainAMessageWhoseRetryIsNotWrittenYet) {
   const auto id = db_.Enqueue("orders", std::nullopt);
-  auto cfg = Config();
-  cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.bucket_leases = true;
-  cfg.partition_heartbeat = 20ms;
+  auto cfg = BucketLeaseConfig();
   std::mutex mu;
   std::condition_variable cv;
   bool settle_may_go = false;
@@ -1921,10 +1909,7 @@ TEST_F(DispatcherTest, BucketLeasesDoNotSendAgainAMessageWhoseRetryIsNotWrittenY
 TEST_F(DispatcherTest, BucketLeasesAMessagesClaimRunsOutWhenItsBucketIsNoLongerOwned) {
   const auto id = db_.Enqueue("orders", std::nullopt);
   const int bucket = static_cast<int>(id % FakeDatabase::kBuckets);
-  auto cfg = Config();
-  cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.bucket_leases = true;
-  cfg.partition_heartbeat = 20ms;
+  auto cfg = BucketLeaseConfig();
   cfg.partition_lease = 300ms;
   Start(cfg, [](const Message&) { return std::optional<Outcome>(); });  // holds it
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 1u; }));
@@ -1948,10 +1933,7 @@ TEST_F(DispatcherTest, BucketLeasesAMessagesClaimRunsOutWhenItsBucketIsNoLongerO
 TEST_F(DispatcherTest, BucketLeasesPauseAfterAClaimThatReadOnlyWhatTheRelayHolds) {
   for (int i = 0; i < 10; ++i) db_.Enqueue("orders", std::nullopt);
   db_.HoldCursor(true);
-  auto cfg = Config(/*batch=*/5);  // two claims' worth: each claim stops at its limit
-  cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.bucket_leases = true;
-  cfg.partition_heartbeat = 20ms;
+  auto cfg = BucketLeaseConfig(/*batch=*/5);  // two claims' worth: each stops at its limit
   Start(cfg, [](const Message&) { return std::optional<Outcome>(); });  // holds them all
   ASSERT_TRUE(WaitFor([&] { return sink_->Held() == 5u; }));
   const auto claims = db_.Calls("claim_owned");
@@ -1969,10 +1951,7 @@ TEST_F(DispatcherTest, BucketLeasesPauseAfterAClaimThatReadOnlyWhatTheRelayHolds
 // is written. Fenced by the emptied list, it stayed queued and went out again (review).
 TEST_F(DispatcherTest, BucketLeasesSettleWhatWasDeliveredWhileHeartbeatsFail) {
   const auto id = db_.Enqueue("orders", std::nullopt);
-  auto cfg = Config();
-  cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.bucket_leases = true;
-  cfg.partition_heartbeat = 20ms;
+  auto cfg = BucketLeaseConfig();
   cfg.partition_lease = 300ms;
   std::atomic<bool> hold{true};
   Start(cfg, [&](const Message& m) -> std::optional<Outcome> {

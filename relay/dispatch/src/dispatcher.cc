@@ -188,25 +188,23 @@ std::size_t Dispatcher::Impl::DropHeld(ClaimResult& claim, std::unique_ptr<ReadI
     // A read from the start of the lane again (the sweep, a change of buckets; or the cursor
     // held back by a transaction in progress) finds what this relay holds, in any state (an
     // outcome not written yet, a retry or a release too: the row says nothing of it yet), and,
-    // from a snapshot older than the settle, what it settled meanwhile.
+    // from a snapshot older than the settle, what it settled meanwhile. The rest counts as
+    // unprepared before the read ends: a handover sees one or the other.
     for (const auto& msg : claim.messages) {
-      const auto it = held_leases.find(Raw(msg.id));
       const auto settled = settled_at.find(Raw(msg.id));
-      if (it != held_leases.end() || unprepared.count(Raw(msg.id)) > 0 ||
+      if (held_leases.count(Raw(msg.id)) > 0 || unprepared.count(Raw(msg.id)) > 0 ||
           (settled != settled_at.end() && settled->second > read_mark)) {
         dropped.insert(Raw(msg.id));
+      } else {
+        unprepared.emplace(Raw(msg.id), msg.bucket);
       }
     }
   }
+  read.reset();
   if (!dropped.empty()) {
     std::erase_if(claim.messages, [&](const Message& m) { return dropped.count(Raw(m.id)) > 0; });
     std::erase_if(claim.fresh_lane, [&](MessageId id) { return dropped.count(Raw(id)) > 0; });
   }
-  {
-    std::lock_guard lk(settle_mu);
-    for (const auto& msg : claim.messages) unprepared.emplace(Raw(msg.id), msg.bucket);
-  }
-  read.reset();  // after the rows count as unprepared: a handover sees one or the other
   return dropped.size();
 }
 
