@@ -297,6 +297,35 @@ TEST_F(BucketLeaseTest, AnOutcomeInABucketThatMovedIsFenced) {
   EXPECT_EQ(Leased(), 0);
 }
 
+// A batch is written whole or not at all: its deliveries were written in a transaction of
+// their own, so when the rest failed the settler's retry found them gone and counted them as
+// such, not as delivered (the delivered metrics undercounted; ADR 0003, "Left").
+TEST_F(BucketLeaseTest, ABatchWhoseOtherOutcomesFailWritesNoneOfItsDeliveriesEither) {
+  const auto ids = Enqueue(2);
+  Store store(db_url_);
+  const std::string me = NewInstance();
+  const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
+  ASSERT_EQ(store.ClaimOwned("d", 0, 10, 5, 30s, me, owned).messages.size(), 2u);
+  pqxx::connection admin(db_url_);
+  pqxx::nontransaction(admin).exec(
+      "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+      "$$ BEGIN RAISE EXCEPTION 'dead letters refused by the test'; END $$; "
+      "CREATE TRIGGER refuse BEFORE INSERT ON outbox.dead_letters "
+      "FOR EACH ROW EXECUTE FUNCTION public.refuse()");
+  const std::vector<Settlement> batch = {Outcome(ids[0], Settlement::Kind::kDelivered),
+                                         Outcome(ids[1], Settlement::Kind::kDead)};
+  EXPECT_ANY_THROW(store.SettleOwned(batch, false, me, owned));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 2)
+      << "the delivery was written although its batch failed";
+  pqxx::nontransaction(admin).exec(
+      "DROP TRIGGER refuse ON outbox.dead_letters; DROP FUNCTION public.refuse()");
+  const auto counts = store.SettleOwned(batch, false, me, owned);  // the settler's retry
+  EXPECT_EQ(counts.delivered, 1);
+  EXPECT_EQ(counts.dead, 1);
+  EXPECT_EQ(counts.gone, 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 0);
+}
+
 TEST_F(BucketLeaseTest, AFanOutThatLeavesEndpointsRowsIsRefused) {
   const auto ids = Enqueue(1);
   Store store(db_url_);

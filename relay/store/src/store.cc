@@ -558,28 +558,40 @@ ClaimResult Store::ClaimOwned(const std::string& destination, std::int64_t curso
   });
 }
 
+namespace {
+
+// settle_owned_delivered.sql in `tx`: the deliveries of a bucket-lease batch.
+SettleCounts SettleOwnedDeliveredIn(pqxx::transaction_base& tx, const std::vector<MessageId>& ids,
+                                    const std::string& instance_id,
+                                    const std::vector<BucketLease>& owned) {
+  SettleCounts counts;
+  if (ids.empty()) return counts;
+  const auto [buckets, epochs] = BucketArrays(owned);
+  const auto row = tx.exec_prepared1("settle_owned_delivered",
+                                     ArrayLiteral(ids, [](MessageId id) { return Raw(id); }),
+                                     buckets, epochs, instance_id);
+  counts.delivered = row["delivered"].as<std::int64_t>();
+  counts.woken = row["woken"].as<std::int64_t>();
+  counts.gone = row["gone"].as<std::int64_t>();
+  if (row["written"].is_null()) {
+    counts.written = ids;
+  } else {
+    for (const auto& id : nlohmann::json::parse(row["written"].c_str()))
+      counts.written.push_back(MessageId{id.get<std::int64_t>()});
+  }
+  counts.fenced = static_cast<std::int64_t>(ids.size()) - counts.delivered - counts.gone;
+  return counts;
+}
+
+}  // namespace
+
 SettleCounts Store::SettleOwnedDelivered(const std::vector<MessageId>& ids,
                                          const std::string& instance_id,
                                          const std::vector<BucketLease>& owned) {
   return Translated([&]() -> SettleCounts {
-    SettleCounts counts;
-    if (ids.empty()) return counts;
+    if (ids.empty()) return SettleCounts{};
     pqxx::nontransaction tx(impl_->ForOwnedSettles());
-    const auto [buckets, epochs] = BucketArrays(owned);
-    const auto row = tx.exec_prepared1("settle_owned_delivered",
-                                       ArrayLiteral(ids, [](MessageId id) { return Raw(id); }),
-                                       buckets, epochs, instance_id);
-    counts.delivered = row["delivered"].as<std::int64_t>();
-    counts.woken = row["woken"].as<std::int64_t>();
-    counts.gone = row["gone"].as<std::int64_t>();
-    if (row["written"].is_null()) {
-      counts.written = ids;
-    } else {
-      for (const auto& id : nlohmann::json::parse(row["written"].c_str()))
-        counts.written.push_back(MessageId{id.get<std::int64_t>()});
-    }
-    counts.fenced = static_cast<std::int64_t>(ids.size()) - counts.delivered - counts.gone;
-    return counts;
+    return SettleOwnedDeliveredIn(tx, ids, instance_id, owned);
   });
 }
 
@@ -600,22 +612,24 @@ SettleCounts Store::SettleOwned(const std::vector<Settlement>& settlements, bool
       rest.push_back(s);
     }
   }
-  SettleCounts total = SettleOwnedDelivered(delivered, instance_id, owned);
-  if (rest.empty()) return total;
-  const SettleCounts others = Translated([&]() -> SettleCounts {
+  // The common batch, deliveries only: one statement, no transaction block.
+  if (rest.empty()) return SettleOwnedDelivered(delivered, instance_id, owned);
+  // Otherwise one transaction for the whole batch: with the deliveries written apart, a
+  // failure of the rest had the settler's retry find them gone, and count them so, not as
+  // delivered.
+  return Translated([&]() -> SettleCounts {
     const std::string token = NewUuid();
     for (auto& s : rest) s.lease_token = token;
     pqxx::work tx(impl_->ForOwnedSettles());
+    SettleCounts total = SettleOwnedDeliveredIn(tx, delivered, instance_id, owned);
     const auto [buckets, epochs] = BucketArrays(owned);
     tx.exec_prepared("settle_owned_adopt",
                      ArrayLiteral(rest, [](const Settlement& s) { return Raw(s.id); }), buckets,
                      epochs, instance_id, token);
-    auto counts = SettleIn(tx, rest, archive, instance_id);
+    AddCounts(total, SettleIn(tx, rest, archive, instance_id));
     tx.commit();
-    return counts;
+    return total;
   });
-  AddCounts(total, others);
-  return total;
 }
 
 SettleCounts Store::SettleStatement(std::span<const Settlement> settlements, bool archive,

@@ -63,10 +63,10 @@ class Store final : public QueueStore {
                                     const std::vector<BucketLease>& owned);
 
   /// Bucket leases: every outcome of `settlements` (their lease tokens unused) in the buckets
-  /// `instance_id` still owns at the epochs of `owned`. Plain deliveries through
-  /// SettleOwnedDelivered, unless `archive`; retries, releases, dead letters and archived
-  /// deliveries in one transaction that gives their rows a token of its own
-  /// (settle_owned_adopt.sql, fenced by the epochs) and writes them with settle.sql. A fan-out
+  /// `instance_id` still owns at the epochs of `owned`, all or nothing. A batch of plain
+  /// deliveries (and no `archive`) is one statement, SettleOwnedDelivered's; any other batch is
+  /// one transaction: those deliveries, then the rest given a token of its own
+  /// (settle_owned_adopt.sql, fenced by the epochs) and written with settle.sql. A fan-out
   /// that leaves endpoints rows is refused (std::invalid_argument): not for bucket leases yet.
   SettleCounts SettleOwned(const std::vector<Settlement>& settlements, bool archive,
                            const std::string& instance_id,
