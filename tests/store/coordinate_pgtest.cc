@@ -585,6 +585,36 @@ TEST_F(CoordinateTest, TheBucketCountDoesNotChangeUnderALiveExactlyOnceRelayUnle
   EXPECT_EQ(Scalar("SELECT bucket_count FROM outbox.partitioning"), 16);
 }
 
+// Under bucket leases a relay holds its buckets' rows in memory, with nothing written in
+// them, and gives a bucket up before another relay takes it (the handover, 0035).
+// outbox.set_bucket_count moves every queued row to another bucket and frees every bucket at
+// once: what a relay had in hand could be claimed by another and delivered twice, out of its
+// key's order. It refuses while a live relay holds buckets so, naming it and the way out.
+TEST_F(CoordinateTest, TheBucketCountDoesNotChangeUnderALiveBucketLeaseRelayUnlessForced) {
+  Store store(db_url_);
+  const std::string leases = NewUuid();
+  store.Coordinate(leases, 10s, false, "host-c pid 19", false, /*bucket_leases=*/true);
+  const auto epochs = Epochs();
+  try {
+    Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(8)) s");
+    ADD_FAILURE() << "the bucket count changed under a live bucket-lease relay";
+  } catch (const pqxx::sql_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("bucket leases"), std::string::npos) << what;
+    EXPECT_NE(what.find("host-c pid 19"), std::string::npos) << "names the relay: " << what;
+    EXPECT_NE(what.find("force => true"), std::string::npos) << "names the way out: " << what;
+  }
+  EXPECT_EQ(Scalar("SELECT bucket_count FROM outbox.partitioning"), 64);
+  EXPECT_EQ(Epochs(), epochs) << "nothing moved";
+
+  Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(8, force => true)) s");
+  EXPECT_EQ(Scalar("SELECT bucket_count FROM outbox.partitioning"), 8);
+  // Once it has left, nothing holds a change up.
+  EXPECT_TRUE(store.Coordinate(leases, 10s, true, "host-c pid 19", false, true).empty());
+  Scalar("SELECT count(*) FROM (SELECT outbox.set_bucket_count(16)) s");
+  EXPECT_EQ(Scalar("SELECT bucket_count FROM outbox.partitioning"), 16);
+}
+
 // A message written while the bucket count changes lands in a bucket of the new count.
 // set_bucket_count re-buckets the rows it can see: a writer's uncommitted row kept its old
 // bucket, which no relay owned any more, so it was never claimed, and every later message of
