@@ -169,8 +169,9 @@ class TimedStore final : public relay::QueueStore {
   }
   void Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
                  const std::string& description,
-                 const std::map<std::string, relay::TargetHealth>& targets) override {
-    inner_->Heartbeat(instance_id, destinations, description, targets);
+                 const std::map<std::string, relay::TargetHealth>& targets,
+                 bool bucket_leases) override {
+    inner_->Heartbeat(instance_id, destinations, description, targets, bucket_leases);
   }
   void Leave(const std::string& instance_id) override { inner_->Leave(instance_id); }
   std::vector<std::string> Destinations() override { return inner_->Destinations(); }

@@ -33,7 +33,9 @@ WITH
   -- rows this snapshot does not see, or this statement's own xid when there is none. Those are
   -- the snapshot's xip and the xids from its xmax up to ours (taken after the snapshot, though
   -- perhaps before by others); passed over are the settles of bucket-lease relays (their
-  -- connections named so by Store::SettleOwned), which write no queue rows, found by their
+  -- backends registered by Store::SettleOwned in outbox.bucket_lease_settlers, migration 0038:
+  -- by (pid, backend_start), which no session chooses, where a name any session may take let
+  -- a producer's transaction be passed over), which write no queue rows, found by their
   -- backends' xids. A settle that finished in between is not found, and counts as any
   -- transaction (it held the cursor back before). Those settles overlap the claims all the
   -- time: counted, they held the cursor back at every other claim, which read the last one's
@@ -49,8 +51,9 @@ WITH
           -- past the first wraparound on PostgreSQL 16 and later.)
           WHERE r.x::text::bigint % 4294967296 <> ALL (ARRAY(
             SELECT a.backend_xid::text::bigint FROM pg_stat_get_activity(NULL) a
-            WHERE a.application_name = 'outbox-relay bucket-lease settler'
-              AND a.backend_xid IS NOT NULL))) AS snap_xmin
+            JOIN outbox.bucket_lease_settlers s
+              ON s.pid = a.pid AND s.backend_start = a.backend_start
+            WHERE a.backend_xid IS NOT NULL))) AS snap_xmin
 ), fresh AS (
   SELECT m.id, m.ordering_key, m.idempotency_key, m.event_type, m.headers, m.payload,
          m.payload_bytes, m.attempts, m.parked, m.endpoint_id, m.bucket, m.created_at,

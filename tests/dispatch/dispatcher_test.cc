@@ -1870,6 +1870,29 @@ TEST_F(DispatcherTest, ARelayTheCoordinatorRefusesIsNotReadyAndSaysWhy) {
   EXPECT_EQ(dispatcher_->WhyNotReady().find("coordinator"), std::string::npos);
 }
 
+// A relay whose heartbeat the database refuses (a live relay of the other lease mode serves
+// one of its destinations: migration 0037) claims nothing, and its readiness says why, until a
+// heartbeat is accepted. A skip_locked relay beside bucket-lease relays leased the rows they
+// hold in memory: nothing refused it, since it never calls the coordinator.
+TEST_F(DispatcherTest, ARelayWhoseHeartbeatIsRefusedClaimsNothingAndSaysWhy) {
+  db_.Enqueue("orders", std::nullopt);
+  db_.Refuse("heartbeat",
+             "relay 7 (host pid 1) holds the rows of orders by bucket leases, this one by row "
+             "leases");
+  Start(Config(), DeliverAll);
+  std::string why;
+  ASSERT_TRUE(WaitFor([&] {
+    why = dispatcher_->WhyNotReady();
+    return why.find("heartbeat is refused") != std::string::npos;
+  })) << why;
+  EXPECT_NE(why.find("holds the rows of orders by bucket leases"), std::string::npos) << why;
+  EXPECT_EQ(db_.Calls("claim"), 0) << "a refused relay claimed";
+  db_.Heal("heartbeat");
+  clock_.Advance(6s);  // the next heartbeat is due
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
+  EXPECT_EQ(dispatcher_->WhyNotReady().find("heartbeat"), std::string::npos);
+}
+
 // Bucket leases: a retry whose outcome is not written yet leaves its row as it was, fresh and
 // due; a claim that reads it again (here the sweep) must not send it: the row is still this
 // relay's. It went to the sink again at once, skipping its backoff and spending an attempt.

@@ -804,7 +804,7 @@ class FakeStore final : public QueueStore {
     return out;
   }
   void Heartbeat(const std::string&, const std::vector<std::string>&, const std::string&,
-                 const std::map<std::string, TargetHealth>&) override {
+                 const std::map<std::string, TargetHealth>&, bool) override {
     std::lock_guard lk(db_.mu_);
     db_.Enter("heartbeat");
   }

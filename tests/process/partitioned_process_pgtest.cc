@@ -470,15 +470,37 @@ TEST_F(PartitionedProcessTest, BucketLeasesKeepKeyOrderThroughJoinsAKillAndALeav
       << "the first relay did not hand its buckets over";
   ASSERT_TRUE(producer.WaitForMore(500, 30s)) << producer.error();
 
-  // A row-lease relay may not join them.
+  // A row-lease relay may not join them: its heartbeat, the first thing it writes, is refused
+  // (migration 0037; before, outbox.coordinate refused it: "runs with bucket_leases true, this
+  // one with false", which still refuses one serving other destinations).
   ChildProcess& other = StartRelay(PartitionedConfig());
-  ASSERT_TRUE(WaitFor([&] { return other.Stderr().find("runs with bucket_leases true, this one "
-                                                       "with false") != std::string::npos; },
-                      30s, kDbPoll))
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return other.Stderr().find(
+                   "by bucket leases, this one by row "
+                   "leases") != std::string::npos;
+      },
+      30s, kDbPoll))
       << other.Describe();
   EXPECT_TRUE(ReadAssignment().InstanceOf(other.pid()) == std::nullopt)
       << "the refused relay registered";
   StopGracefully(other);
+  // Nor a skip_locked relay of their destinations, which never calls the coordinator: its
+  // heartbeat is refused (migration 0037), and it claims nothing (the monitor would see the
+  // duplicates and the keys out of order).
+  ChildProcess& unpartitioned = StartRelay(WriteConfig("skip_locked.yaml", Yaml(db_url_, {})));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return unpartitioned.Stderr().find(
+                   "by bucket leases, this one by "
+                   "row leases") != std::string::npos;
+      },
+      30s, kDbPoll))
+      << unpartitioned.Describe();
+  ASSERT_TRUE(producer.WaitForMore(200, 30s)) << producer.error();
+  StopGracefully(unpartitioned);
+  EXPECT_NE(unpartitioned.Stderr().find("stopped: delivered 0,"), std::string::npos)
+      << unpartitioned.Describe();
 
   ChildProcess& victim = *three[1];
   const auto killed_at = Clock::now();

@@ -159,6 +159,49 @@ TEST_F(CoordinateTest, ARelayWhoseBucketLeasesDifferFromALiveRelaysIsRefused) {
   EXPECT_EQ(OwnerCounts(), (std::map<std::string, int>{{buckets, 64}}));
 }
 
+// outbox.coordinate sees only partitioned relays: a skip_locked relay never calls it, and one
+// serving the destinations of bucket-lease relays leased rows they hold in memory (and they
+// read rows it had leased): messages in flight twice (ADR 0003, "Left"). Every relay says in
+// its heartbeat whether it holds rows by bucket leases (migration 0037), and the heartbeat of
+// a relay whose mode differs from a live relay's serving one of its destinations is refused:
+// it is not written, and the error names the other relay, the destination and the fix.
+TEST_F(CoordinateTest,
+       AHeartbeatBesideALiveRelayOfTheOtherLeaseModeForTheSameDestinationIsRefused) {
+  Store store(db_url_);
+  const std::string buckets = NewUuid(), rows = NewUuid(), elsewhere = NewUuid();
+  store.Heartbeat(buckets, {"hooks", "orders"}, "host-a pid 1", {}, /*bucket_leases=*/true);
+  try {
+    store.Heartbeat(rows, {"orders", "payments"}, "host-b pid 2", {});
+    ADD_FAILURE() << "a row-lease relay joined a bucket-lease relay of the same destination";
+  } catch (const StoreError& e) {
+    EXPECT_FALSE(e.transient());
+    const std::string what = e.what();
+    EXPECT_NE(what.find("relay " + buckets +
+                        " (host-a pid 1) holds the rows of orders by "
+                        "bucket leases, this one by row leases"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("docs/scaling.md"), std::string::npos) << what;
+  }
+  EXPECT_EQ(
+      Scalar("SELECT count(*) FROM outbox.relay_heartbeats WHERE instance_id = '" + rows + "'"), 0)
+      << "the refused heartbeat was written";
+  // Other destinations: no conflict. A stale heartbeat (a relay dead for 30 s) refuses nothing.
+  store.Heartbeat(elsewhere, {"payments"}, "host-c pid 3", {});
+  EXPECT_THROW(store.Heartbeat(NewUuid(), {"payments"}, "host-d pid 4", {}, true), StoreError)
+      << "the other way round";
+  Scalar(
+      "WITH m AS (UPDATE outbox.relay_heartbeats SET heartbeat_at = heartbeat_at - "
+      "interval '31 seconds' WHERE instance_id = '" +
+      buckets +
+      "' RETURNING 1) "
+      "SELECT count(*) FROM m");
+  store.Heartbeat(rows, {"orders", "payments"}, "host-b pid 2", {});
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.relay_heartbeats WHERE instance_id = '" + rows +
+                   "' AND NOT bucket_leases"),
+            1);
+}
+
 // A bucket a rebalance moves away from a live bucket-lease relay is handed over before it is
 // taken: the owner keeps it (and its epoch), told it is handing, until it releases it, having
 // settled what it read from it; or until the handover runs past its time. Moved at once

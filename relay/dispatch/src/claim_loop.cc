@@ -243,6 +243,16 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
                        [&] { return stopping.load() || room_wait.backlog.load(); });
       continue;
     }
+    {
+      // Not before this relay's heartbeat is accepted, nor while it is refused (Beat).
+      std::unique_lock lk(mu);
+      if (!heartbeat_accepted) {
+        lk.unlock();
+        release_lost_claims();
+        WaitFor(tuning::kPausedPoll, [&] { return heartbeat_accepted; });
+        continue;
+      }
+    }
     if (IsPaused(dest.name)) {  // an operator paused it: claim nothing, spend no attempt
       // A lost claim's rows go back now, not after the resume (they held their keys until the
       // lease ran out, and the reaper counted an attempt).

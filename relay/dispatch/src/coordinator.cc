@@ -35,7 +35,7 @@ void Dispatcher::Impl::CoordinatorLoop() {
   while (!coordinator_stopping) {
     try {
       if (!beat) {
-        store.Heartbeat(instance_id, destination_names, description, TargetHealths());
+        Beat(store);  // refused: thrown, and no bucket is taken
         beat = true;
       }
       // Bucket leases: the buckets being handed over that nothing read from is left of are

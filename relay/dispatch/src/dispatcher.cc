@@ -69,6 +69,29 @@ void Dispatcher::Impl::Enqueue(Settlement s) {
   if (queued == 1 || queued == tuning::kSettleBatchTarget) settle_cv.notify_all();
 }
 
+void Dispatcher::Impl::Beat(QueueStore& store) {
+  try {
+    store.Heartbeat(instance_id, destination_names, description, TargetHealths(),
+                    config.bucket_leases);
+  } catch (const StoreError& e) {
+    if (!e.transient()) {
+      spdlog::error("heartbeat refused; claiming nothing until one is accepted: {}", e.what());
+      std::lock_guard lk(mu);
+      heartbeat_accepted = false;
+      heartbeat_refused = e.what();
+    }
+    throw;
+  }
+  bool first = false;
+  {
+    std::lock_guard lk(mu);
+    first = !heartbeat_accepted;
+    heartbeat_accepted = true;
+    heartbeat_refused.clear();
+  }
+  if (first) Wake();  // the claim loops wait for it
+}
+
 std::vector<BucketLease> Dispatcher::Impl::OwnedBuckets() {
   std::lock_guard lk(owned_mu);
   return owned;
@@ -418,6 +441,12 @@ std::string Dispatcher::WhyNotReady() const {
     std::lock_guard lk(impl_->owned_mu);
     if (!impl_->coordinator_refused.empty()) {
       return "partitioned: the coordinator refuses this relay: " + impl_->coordinator_refused;
+    }
+  }
+  {
+    std::lock_guard lk(impl_->mu);
+    if (!impl_->heartbeat_refused.empty()) {
+      return "the heartbeat is refused, so nothing is claimed: " + impl_->heartbeat_refused;
     }
   }
   if (!impl_->db_ok) return "database: not reached yet, or the last call failed";

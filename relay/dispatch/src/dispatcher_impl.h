@@ -122,6 +122,15 @@ struct Dispatcher::Impl {
   std::uint64_t rebalance_gen = 0;
 
   void Wake();
+  // Every relay's heartbeat (outbox.relay_heartbeat, migration 0037): no claim before one is
+  // accepted, nor while the last was refused for good (a live relay of the other lease mode
+  // serves one of this relay's destinations: it would lease rows that relay holds in memory,
+  // or the other way round). Guarded by mu.
+  bool heartbeat_accepted = false;
+  std::string heartbeat_refused;  // guarded by mu: what the database said; empty once accepted
+  // Writes this relay's heartbeat and records whether it was accepted; a refusal (a permanent
+  // StoreError) is logged and recorded, then thrown like any other error.
+  void Beat(QueueStore& store);
   // Waits up to `d` or until stopping; returns early when `pred` holds (checked under mu).
   template <class Pred>
   void WaitFor(Millis d, Pred pred) {

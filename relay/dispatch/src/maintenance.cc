@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <deque>
 #include <unordered_set>
+#include <utility>
 
 #include "dispatcher_impl.h"
 #include "reconnect.h"
@@ -39,8 +40,9 @@ void Dispatcher::Impl::MaintenanceLoop() {
   auto next_unknown = Now() + tuning::kRelayHeartbeat;  // after our first heartbeat
   auto next_cleanup = Now();
   bool winding_down = false;  // stopping seen: only renewals from now on
+  bool first_turn = true;     // at once: the claim loops wait for the first heartbeat
   while (true) {
-    {
+    if (!std::exchange(first_turn, false)) {
       std::unique_lock lk(mu);
       wake_cv.wait_for(lk, tuning::kMaintenanceTick, [&] {
         return maintenance_stopping.load() || (stopping.load() && !winding_down);
@@ -73,6 +75,17 @@ void Dispatcher::Impl::MaintenanceLoop() {
         next_paused = now + tuning::kPauseRefresh;
         UpdatePaused(store.PausedDestinations());
       }
+      // Before the reap (seconds on a large queue at start-up): the claim loops wait for the
+      // first heartbeat accepted.
+      if (now >= next_heartbeat) {
+        try {
+          Beat(store);
+        } catch (const StoreError& e) {
+          if (e.transient()) throw;  // tried again after the reconnect pause
+          // Refused: logged and recorded by Beat; the rest of the turn goes on.
+        }
+        next_heartbeat = now + tuning::kRelayHeartbeat;
+      }
       if (now >= next_reap) {
         next_reap = now + config.reap_interval;
         const auto reaped = store.Reap(config.reap_interval * tuning::kQueueScanEveryReaps);
@@ -97,10 +110,6 @@ void Dispatcher::Impl::MaintenanceLoop() {
           sweep.after = page.next_after >= sweep.until ? 0 : page.next_after;
         }
         if (woken > 0) Wake();
-      }
-      if (now >= next_heartbeat) {
-        next_heartbeat = now + tuning::kRelayHeartbeat;
-        store.Heartbeat(instance_id, destination_names, description, TargetHealths());
       }
       if (now >= next_unknown) {
         next_unknown = now + config.full_sweep_interval;

@@ -173,13 +173,15 @@ struct Store::Impl {
     return c;
   }
 
-  // ForQueue, for the settles of bucket leases: named so that claim_owned.sql knows their
-  // transactions (Store::kOwnedSettlerName).
+  // ForQueue, for the settles of bucket leases: its backend registered so that
+  // claim_owned.sql knows their transactions (migration 0038), and named
+  // (Store::kOwnedSettlerName) for whoever reads pg_stat_activity.
   pqxx::connection& ForOwnedSettles() {
     auto& c = ForQueue();
     if (!owned_settler) {
       pqxx::nontransaction tx(c);
       tx.exec("SET application_name = " + tx.quote(Store::kOwnedSettlerName));
+      tx.exec("SELECT outbox.register_bucket_lease_settler()");
       owned_settler = true;
     }
     return c;
@@ -874,7 +876,7 @@ std::vector<std::string> Store::Destinations() {
 
 void Store::Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
                       const std::string& description,
-                      const std::map<std::string, TargetHealth>& targets) {
+                      const std::map<std::string, TargetHealth>& targets, bool bucket_leases) {
   Translated([&]() -> void {
     auto& c = impl_->Get();
     pqxx::nontransaction tx(c);
@@ -891,7 +893,8 @@ void Store::Heartbeat(const std::string& instance_id, const std::vector<std::str
     array += '}';
     nlohmann::json health = nlohmann::json::object();
     for (const auto& [destination, h] : targets) health[destination] = TargetHealthToJson(h);
-    tx.exec_prepared("relay_heartbeat", instance_id, array, description, health.dump());
+    tx.exec_prepared("relay_heartbeat", instance_id, array, description, health.dump(),
+                     bucket_leases);
   });
 }
 

@@ -208,11 +208,14 @@ class QueueStore {
                                               const std::vector<int>& released = {},
                                               Millis hand_over_within = Millis{10'000}) = 0;
   /// This relay is alive and serves `destinations`; `targets` is what its sinks know of their
-  /// targets' health (Sink::Health), shown by `outbox-relay status`.
+  /// targets' health (Sink::Health), shown by `outbox-relay status`. `bucket_leases`: it holds
+  /// its rows by bucket leases. Refused (a permanent StoreError, nothing written) while a live
+  /// relay of the other lease mode serves one of `destinations` (migration 0037).
   virtual void Heartbeat(const std::string& instance_id,
                          const std::vector<std::string>& destinations,
                          const std::string& description,
-                         const std::map<std::string, TargetHealth>& targets) = 0;
+                         const std::map<std::string, TargetHealth>& targets,
+                         bool bucket_leases = false) = 0;
   /// This relay stops: it no longer counts as serving its destinations.
   virtual void Leave(const std::string& instance_id) = 0;
   /// Distinct destinations that have messages in the queue.

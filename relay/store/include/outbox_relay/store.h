@@ -51,9 +51,10 @@ class Store final : public QueueStore {
   ClaimResult ClaimOwned(const std::string& destination, std::int64_t cursor, int fresh_limit,
                          int slow_limit, Millis lease, const std::string& instance_id,
                          const std::vector<BucketLease>& owned) override;
-  /// The application_name of the connection SettleOwned writes on. Its transactions write no
-  /// queue rows, so claim_owned.sql's cursor facts pass over them (the snapshot's oldest
-  /// transaction that may still commit rows below the cursor is another's).
+  /// The application_name of the connection SettleOwned writes on, whose backend it registers
+  /// (outbox.register_bucket_lease_settler, migration 0038). Its transactions write no queue
+  /// rows, so claim_owned.sql's cursor facts pass over those of registered backends (the
+  /// snapshot's oldest transaction that may still commit rows below the cursor is another's).
   static constexpr const char* kOwnedSettlerName = "outbox-relay bucket-lease settler";
   /// settle_owned_delivered.sql: deletes the delivered `ids` that lie in buckets `instance_id`
   /// still owns at the epochs of `owned`, and wakes their keys' next messages. `fenced`
@@ -98,8 +99,8 @@ class Store final : public QueueStore {
                                       Millis hand_over_within = Millis{10'000}) override;
   /// outbox.relay_heartbeats.
   void Heartbeat(const std::string& instance_id, const std::vector<std::string>& destinations,
-                 const std::string& description,
-                 const std::map<std::string, TargetHealth>& targets) override;
+                 const std::string& description, const std::map<std::string, TargetHealth>& targets,
+                 bool bucket_leases = false) override;
   void Leave(const std::string& instance_id) override;
   std::vector<std::string> Destinations() override;
   std::map<std::string, std::int64_t> LiveRelays(Millis expiry) override;
