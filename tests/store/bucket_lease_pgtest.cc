@@ -53,6 +53,12 @@ class BucketLeaseTest : public testing::PgTest {
     for (const auto id : ids) out.push_back(MessageId{id});
     return out;
   }
+  // `bucket` moves to another relay, as a rebalance moves it: a new owner, the next epoch.
+  void MoveToAnotherRelay(int bucket) {
+    Scalar("WITH m AS (UPDATE outbox.bucket_owners SET owner = '" + NewInstance() +
+           "', epoch = epoch + 1 WHERE bucket = " + std::to_string(bucket) +
+           " RETURNING 1) SELECT count(*) FROM m");
+  }
   // The queue's rows with anything a lease would write: an owner, a lease end, a record.
   std::int64_t Leased() {
     return Scalar("SELECT count(*) FROM outbox.messages WHERE lease_owner IS NOT NULL") +
@@ -95,10 +101,7 @@ TEST_F(BucketLeaseTest, ABucketThatMovedIsNeitherClaimedNorSettled) {
   ASSERT_EQ(first.messages.size(), 200u);
   // Bucket of the first message moves to another relay: new owner, next epoch.
   const int moved = first.messages[0].bucket;
-  const std::string other = NewInstance();
-  Scalar("WITH m AS (UPDATE outbox.bucket_owners SET owner = '" + other +
-         "', epoch = epoch + 1 WHERE bucket = " + std::to_string(moved) +
-         " RETURNING 1) SELECT count(*) FROM m");
+  MoveToAnotherRelay(moved);
   std::set<std::int64_t> in_moved;
   for (const auto& m : first.messages) {
     if (m.bucket == moved) in_moved.insert(Raw(m.id));
@@ -169,12 +172,10 @@ TEST_F(BucketLeaseTest, ASlowLaneRowTakenIsHeldForTheLease) {
 // back at every other claim, which read the last one's rows again (a third of the claims of a
 // 100k drain came back with nothing new). Here a settle's transaction begins before each claim
 // and runs through it: from the second claim on, each one's rows are passed at once. Any other
-// transaction running through the claims still holds the cursor back.
-// The transactions of bucket-lease settles, which write no queue rows, do not hold the
-// fresh-lane cursor back; any other transaction does. A settler is known by its registered
-// backend (migration 0038): a session that only takes the settler's name is not one (known by
-// that name until then, its transaction was passed over, and the cursor could pass the rows it
-// then committed).
+// transaction running through the claims still holds the cursor back, and so does a session
+// that only takes the settler's connection name: a settler is known by its registered backend
+// (migration 0038; known by that name before, such a transaction was passed over, and the
+// cursor could pass the rows it then committed).
 TEST_F(BucketLeaseTest, TheCursorPassesEachClaimsRowsWhileOnlyBucketLeaseSettlesRun) {
   const auto ids = Enqueue(40);
   Store store(db_url_);
@@ -271,9 +272,7 @@ TEST_F(BucketLeaseTest, ArchivedDeliveriesAreCopiedToTheArchiveInTheBucketsStill
                                   [&](const Message& m) { return m.bucket != kept.bucket; });
   ASSERT_NE(other, claim.messages.end()) << "16 messages in one bucket";
   const std::int64_t ids[] = {Raw(kept.id), Raw(other->id)};
-  Scalar("WITH m AS (UPDATE outbox.bucket_owners SET owner = '" + NewInstance() +
-         "', epoch = epoch + 1 WHERE bucket = " + std::to_string(other->bucket) +
-         " RETURNING 1) SELECT count(*) FROM m");
+  MoveToAnotherRelay(other->bucket);
   const auto counts = store.SettleOwned(
       {Outcome(ids[0], Settlement::Kind::kDelivered), Outcome(ids[1], Settlement::Kind::kDelivered)},
       true, me, owned);
@@ -296,9 +295,7 @@ TEST_F(BucketLeaseTest, AnOutcomeInABucketThatMovedIsFenced) {
   const auto owned = store.Coordinate(me, 10s, false, "bucket_lease_pgtest");
   const auto claim = store.ClaimOwned("d", 0, 10, 5, 30s, me, owned);
   ASSERT_EQ(claim.messages.size(), 1u);
-  Scalar("WITH m AS (UPDATE outbox.bucket_owners SET owner = '" + NewInstance() +
-         "', epoch = epoch + 1 WHERE bucket = " + std::to_string(claim.messages[0].bucket) +
-         " RETURNING 1) SELECT count(*) FROM m");
+  MoveToAnotherRelay(claim.messages[0].bucket);
   const auto counts = store.SettleOwned({Outcome(ids[0], Settlement::Kind::kRetry)}, false, me, owned);
   EXPECT_EQ(counts.retried, 0);
   EXPECT_EQ(counts.fenced, 1);
