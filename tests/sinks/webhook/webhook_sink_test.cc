@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/tcp.h>  // tcp_info with tcpi_data_segs_in (glibc's lacks it)
 #include <netinet/in.h>
 #include <openssl/ssl.h>
 #include <poll.h>
@@ -969,6 +970,56 @@ TEST(WebhookSink, ReusesKeepAliveConnections) {
   EXPECT_EQ(receiver.Count(), static_cast<std::size_t>(kCount));
   EXPECT_GE(receiver.ConnectionCount(), 1u);
   EXPECT_LE(receiver.ConnectionCount(), 4u);
+  sink->Shutdown(5s);
+}
+
+// A request's head and body leave in one TCP segment, not two: cpp-httplib writes them with two
+// send()s, and with TCP_NODELAY each was a segment of its own, so the receiver (on loopback:
+// the same CPUs) took two receives and the relay two transmits per message. Counted by the
+// receiving socket (TCP_INFO's data segments in) over requests on one keep-alive connection.
+TEST(WebhookSink, ARequestsHeadAndBodyGoOutInOneSegment) {
+  RefusingPort socket;
+  ASSERT_EQ(::listen(socket.fd, 4), 0);
+  constexpr int kCount = 20;
+  std::atomic<long> data_segments{-1};
+  std::thread server([&] {
+    const int c = ::accept(socket.fd, nullptr, nullptr);
+    if (c < 0) return;
+    std::string in;
+    char buf[4096];
+    for (int served = 0; served < kCount;) {
+      const auto end = in.find("\r\n\r\n");
+      const auto at = in.find("Content-Length: ");
+      if (end != std::string::npos && at != std::string::npos && at < end &&
+          in.size() >= end + 4 + std::stoul(in.substr(at + 16))) {
+        in.erase(0, end + 4 + std::stoul(in.substr(at + 16)));
+        const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+        if (::send(c, ok.data(), ok.size(), MSG_NOSIGNAL) <= 0) break;
+        ++served;
+        continue;
+      }
+      const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      in.append(buf, static_cast<std::size_t>(n));
+    }
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    if (::getsockopt(c, IPPROTO_TCP, TCP_INFO, &info, &len) == 0) {
+      data_segments = info.tcpi_data_segs_in;
+    }
+    ::close(c);
+  });
+  WebhookTarget target = Target(socket.Url());
+  target.max_in_flight = 1;  // one connection, the requests one after another
+  auto sink = MakeWebhookSink("hooks", target);
+  Completions done;
+  for (int n = 1; n <= kCount; ++n) {
+    sink->Submit(MakeMessage(n, R"({"order":)" + std::to_string(n) + "}"), done.Callback());
+  }
+  EXPECT_TRUE(done.WaitForSize(kCount));
+  server.join();
+  for (const auto& o : done.All()) EXPECT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;
+  EXPECT_EQ(data_segments.load(), kCount) << "data segments for " << kCount << " requests";
   sink->Shutdown(5s);
 }
 

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <openssl/ssl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -104,4 +105,33 @@ extern "C" int SSL_read(SSL* ssl, void* buf, int num) {
   const int n = next(ssl, buf, num);
   if (n > 0 && !guard->Feed(static_cast<const char*>(buf), static_cast<std::size_t>(n))) return -1;
   return n;
+}
+
+extern "C" ssize_t send(int fd, const void* buf, size_t len, int flags) {
+  using Fn = ssize_t (*)(int, const void*, size_t, int);
+  static const Fn next = outbox::relay::webhook_detail::Next<Fn>("send");
+  const auto* guard = t_guard;
+  if (guard != nullptr && guard->HoldingHead()) flags |= MSG_MORE;
+  return next(fd, buf, len, flags);
+}
+
+extern "C" int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
+  using Fn = int (*)(struct pollfd*, nfds_t, int);
+  static const Fn next = outbox::relay::webhook_detail::Next<Fn>("poll");
+  auto* guard = t_guard;
+  if (guard == nullptr || !guard->Coalescing() || nfds != 1) return next(fds, nfds, timeout);
+  pollfd& p = fds[0];
+  if (p.events == POLLOUT && timeout > 0) {  // writable? the blocking send waits as long
+    p.revents = POLLOUT;
+    return 1;
+  }
+  if (p.events == POLLIN && timeout > 0) {  // readable? the blocking receive waits as long
+    p.revents = POLLIN;
+    return 1;
+  }
+  if (p.events == POLLIN && timeout == 0 && !guard->FirstLivenessCheck()) {
+    p.revents = 0;  // nothing to read: the connection checked alive at the request's start
+    return 0;
+  }
+  return next(fds, nfds, timeout);
 }

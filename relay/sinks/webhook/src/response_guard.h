@@ -12,11 +12,26 @@
 // response head are counted per line, and a read that would pass a limit fails instead (a read
 // error to cpp-httplib, before it parses the line). Other threads and callers (libpq,
 // librdkafka, the test receivers) pass straight through: one thread_local test per call.
+//
+// The same seam trims what a plain-HTTP request costs in system calls (Coalesce): cpp-httplib
+// writes the head and the body with a send() each, and before every send it polls the socket
+// twice (writable? closed by the peer?) and before every read once more: six polls, two sends
+// and a receive per request, and with TCP_NODELAY two segments, each taken in by the receiver
+// on its own. Armed, this library also defines send() and poll(): the head goes with MSG_MORE
+// (it waits in the socket for the body, and both leave as one segment), and of the polls only
+// the request's first liveness check is asked of the kernel. The others cannot change what
+// happens: the socket is blocking with cpp-httplib's read and write timeouts (SO_RCVTIMEO,
+// SO_SNDTIMEO), so the send or receive that follows waits exactly as long as the poll would
+// have, and fails the same way, and a peer that closed the connection since the check fails
+// the write or the read instead of the poll. The connect's poll (POLLIN|POLLOUT) is the
+// kernel's, and TLS requests are not armed (OpenSSL writes with write() and keeps its own
+// buffers).
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <utility>
 
 namespace outbox::relay::webhook_detail {
 
@@ -47,6 +62,19 @@ class ResponseHeadGuard {
   /// The deadline has passed.
   bool Late() const { return Clock::now() >= deadline_; }
 
+  /// Plain HTTP only: from now on the request's head is sent with MSG_MORE when a body follows
+  /// it, and readiness polls are answered as described above.
+  void Coalesce(bool body_follows) {
+    coalesce_ = true;
+    hold_head_ = body_follows;
+  }
+  /// The body is being written: it goes without MSG_MORE, pushing the head out with it.
+  void BodyStarts() { hold_head_ = false; }
+  bool Coalescing() const { return coalesce_; }
+  bool HoldingHead() const { return hold_head_; }
+  /// The first liveness check (a poll for input with no wait) is the kernel's; true for it.
+  bool FirstLivenessCheck() { return !std::exchange(liveness_checked_, true); }
+
  private:
   bool in_head_ = true;
   bool status_line_ = true;
@@ -56,6 +84,9 @@ class ResponseHeadGuard {
   std::size_t head_ = 0;
   std::string refused_;
   Clock::time_point deadline_;
+  bool coalesce_ = false;
+  bool hold_head_ = false;
+  bool liveness_checked_ = false;
   ResponseHeadGuard* outer_;
 };
 

@@ -521,6 +521,7 @@ class WebhookSink final : public Sink {
     const Worker* worker;
     const Message* msg;
     bool* ran_out;  ///< Set when the claim ran out before the body was written.
+    webhook_detail::ResponseHeadGuard* guard;  ///< Told when the body starts.
   };
 
   struct Worker {
@@ -1067,9 +1068,16 @@ class WebhookSink final : public Sink {
     // such last moment (httplib never calls the provider for it): only the check before the
     // send guards it.
     req.content_length_ = msg.payload.size();
+    const auto start = Clock::now();
+    const auto sent_at = std::chrono::system_clock::now();
+    const auto deadline = start + target_.timeout;
+    // What cpp-httplib reads of the answer, and until when; over plain HTTP, what it costs in
+    // system calls (see response_guard.h).
+    webhook_detail::ResponseHeadGuard head_guard(deadline);
+    if (!url_.https) head_guard.Coalesce(!msg.payload.empty());
     // One pointer captured: std::function keeps it inline, with no allocation per request.
     bool ran_out = false;
-    const BodySource body{this, &worker, &msg, &ran_out};
+    const BodySource body{this, &worker, &msg, &ran_out, &head_guard};
     req.content_provider_ = [&body](std::size_t offset, std::size_t length,
                                     httplib::DataSink& sink) {
       if (offset == 0 && body.sink->Abandoned(*body.worker)) return false;  // Error::Canceled
@@ -1077,13 +1085,11 @@ class WebhookSink final : public Sink {
         *body.ran_out = true;
         return false;  // Error::Canceled: a request whose body never comes is not acted on
       }
+      body.guard->BodyStarts();  // the head waited for it: both leave in one segment
       sink.write(body.msg->payload.data() + offset, length);  // a failed write: Error::Write
       return true;
     };
 
-    const auto start = Clock::now();
-    const auto sent_at = std::chrono::system_clock::now();
-    const auto deadline = start + target_.timeout;
     std::string kept;  // start of the response body, for reasons
     req.content_receiver = [&kept](const char* data, std::size_t len, std::uint64_t,
                                    std::uint64_t) {
@@ -1096,8 +1102,6 @@ class WebhookSink final : public Sink {
 
     httplib::Response res;
     httplib::Error error = httplib::Error::Success;
-    // What cpp-httplib reads of the answer, and until when.
-    webhook_detail::ResponseHeadGuard head_guard(deadline);
     const bool sent = client.send(req, res, error);
     Opened(worker);
     const auto elapsed =
