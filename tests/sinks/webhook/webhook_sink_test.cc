@@ -585,6 +585,8 @@ class RawAnswerer {
   }
   /// Requests whose head it has read.
   int Requests() const { return requests_.load(); }
+  /// Connections it has closed.
+  int Closed() const { return closed_.load(); }
   std::string Url() const {
     return std::string(ctx_ != nullptr ? "https" : "http") +
            "://127.0.0.1:" + std::to_string(socket_.port) + "/hook";
@@ -643,6 +645,7 @@ class RawAnswerer {
       }
       if (ssl != nullptr) SSL_free(ssl);
       ::close(c);
+      ++closed_;
     }
   }
 
@@ -652,6 +655,7 @@ class RawAnswerer {
   RefusingPort socket_;  // bound to a free loopback port; listening from the constructor on
   std::atomic<bool> stop_{false};
   std::atomic<int> requests_{0};
+  std::atomic<int> closed_{0};
   std::thread thread_;
 };
 
@@ -1020,6 +1024,27 @@ TEST(WebhookSink, ARequestsHeadAndBodyGoOutInOneSegment) {
   server.join();
   for (const auto& o : done.All()) EXPECT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;
   EXPECT_EQ(data_segments.load(), kCount) << "data segments for " << kCount << " requests";
+  sink->Shutdown(5s);
+}
+
+// An endpoint that closes a kept-alive connection between two requests (an idle timeout: no
+// "Connection: close" said so) costs the next message nothing: the worker finds the connection
+// closed before it writes and opens another. (The request's first liveness check stays the
+// kernel's when the other polls are answered without it; see response_guard.h.)
+TEST(WebhookSink, AConnectionTheEndpointClosedMeanwhileIsReplacedNotAFailedAttempt) {
+  RawAnswerer endpoint("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");  // then closes
+  WebhookTarget target = Target(endpoint.Url());
+  target.max_in_flight = 1;
+  auto sink = MakeWebhookSink("hooks", target);
+  Completions done;
+  for (int n = 1; n <= 3; ++n) {
+    sink->Submit(MakeMessage(n), done.Callback());
+    ASSERT_TRUE(done.WaitForSize(static_cast<std::size_t>(n)));
+    const Outcome o = done.Of(n);
+    ASSERT_EQ(o.kind, OutcomeKind::kDelivered) << "message " << n << ": " << o.reason;
+    ASSERT_TRUE(WaitFor([&] { return endpoint.Closed() >= n; }, 10s));
+  }
+  EXPECT_EQ(endpoint.Requests(), 3);
   sink->Shutdown(5s);
 }
 
