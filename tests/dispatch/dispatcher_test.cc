@@ -19,6 +19,7 @@
 
 #include "fake_store.h"
 #include "outbox_relay/metrics.h"
+#include "outbox_test/log_watch.h"
 
 namespace outbox::relay {
 namespace {
@@ -1891,6 +1892,35 @@ TEST_F(DispatcherTest, ARelayWhoseHeartbeatIsRefusedClaimsNothingAndSaysWhy) {
   clock_.Advance(6s);  // the next heartbeat is due
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
   EXPECT_EQ(dispatcher_->WhyNotReady().find("heartbeat"), std::string::npos);
+}
+
+// A partitioned relay's coordinator tries its heartbeat every partition_heartbeat until one is
+// accepted. Each refused try was logged twice (the refusal, then as a failed database call:
+// "coordinator: heartbeat failed: ... fix the database or the relay's role"), the connection
+// reset each time, as many times a second as it tried. The refusal is logged when it begins and
+// once a relay heartbeat period (5 s) while it lasts.
+TEST_F(DispatcherTest, ARefusedHeartbeatIsLoggedOnceAPeriodNotAtEveryTry) {
+  auto log = outbox::testing::LogWatch::Install();
+  db_.Refuse("heartbeat",
+             "relay 7 (host pid 1) holds the rows of orders by bucket leases, this one by row "
+             "leases");
+  RelayConfig cfg = Config();
+  cfg.claim_mode = ClaimMode::kPartitioned;
+  cfg.partition_heartbeat = 20ms;
+  Start(cfg, DeliverAll);
+  const bool tried = WaitFor([&] { return db_.Calls("heartbeat") >= 10; });
+  const int refused = log->Count("heartbeat refused");
+  const int failed = log->Count("heartbeat failed");
+  clock_.Advance(6s);  // the next period
+  const bool again = WaitFor([&] { return log->Count("heartbeat refused") >= 2; });
+  const int refused_then = log->Count("heartbeat refused");
+  log->Remove();
+  ASSERT_TRUE(tried) << db_.Calls("heartbeat") << " heartbeats tried";
+  EXPECT_EQ(refused, 1);
+  EXPECT_EQ(failed, 0);
+  EXPECT_TRUE(again) << "not logged again in the next period";
+  EXPECT_LE(refused_then, 3);
+  EXPECT_EQ(db_.Calls("claim_partitioned") + db_.Calls("claim"), 0) << "a refused relay claimed";
 }
 
 // Bucket leases: a retry whose outcome is not written yet leaves its row as it was, fresh and

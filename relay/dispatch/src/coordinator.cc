@@ -32,11 +32,27 @@ void Dispatcher::Impl::CoordinatorLoop() {
   // (claim_partitioned.sql), and the maintenance loop's first heartbeat waits for a tick and
   // the start-up reap, seconds on a large queue. Until it succeeds, no bucket is taken.
   bool beat = false;
+  const auto next_heartbeat = [&] {
+    std::unique_lock lk(mu);
+    wake_cv.wait_for(lk, config.partition_heartbeat, [&] {
+      return coordinator_stopping.load() || (rebalance_requested && wake_gen != seen_gen);
+    });
+    seen_gen = wake_gen;
+    rebalance_requested = false;
+  };
   while (!coordinator_stopping) {
     try {
       if (!beat) {
-        Beat(store);  // refused: thrown, and no bucket is taken
-        beat = true;
+        try {
+          Beat(store);
+          beat = true;
+        } catch (const StoreError& e) {
+          if (e.transient()) throw;
+          // Refused: no bucket is taken. Beat logged it (once a period) and the readiness
+          // says why; the connection is fine, so no reconnect and no second log line.
+          next_heartbeat();
+          continue;
+        }
       }
       // Bucket leases: the buckets being handed over that nothing read from is left of are
       // given up now (migration 0035); the claim loop stopped reading them when they came back
@@ -90,12 +106,7 @@ void Dispatcher::Impl::CoordinatorLoop() {
         }
       }
     }
-    std::unique_lock lk(mu);
-    wake_cv.wait_for(lk, config.partition_heartbeat, [&] {
-      return coordinator_stopping.load() || (rebalance_requested && wake_gen != seen_gen);
-    });
-    seen_gen = wake_gen;
-    rebalance_requested = false;
+    next_heartbeat();
   }
   // Hand every bucket back at once so the others take them without waiting for our lease.
   try {

@@ -75,10 +75,21 @@ void Dispatcher::Impl::Beat(QueueStore& store) {
                     config.bucket_leases);
   } catch (const StoreError& e) {
     if (!e.transient()) {
-      spdlog::error("heartbeat refused; claiming nothing until one is accepted: {}", e.what());
-      std::lock_guard lk(mu);
-      heartbeat_accepted = false;
-      heartbeat_refused = e.what();
+      // Logged when it begins or changes, then once a relay heartbeat period: the
+      // coordinator tries again every partition_heartbeat.
+      const auto now = Now();
+      bool log = false;
+      {
+        std::lock_guard lk(mu);
+        log = heartbeat_refused != e.what() ||
+              now - heartbeat_refusal_logged >= tuning::kRelayHeartbeat;
+        if (log) heartbeat_refusal_logged = now;
+        heartbeat_accepted = false;
+        heartbeat_refused = e.what();
+      }
+      if (log) {
+        spdlog::error("heartbeat refused; claiming nothing until one is accepted: {}", e.what());
+      }
     }
     throw;
   }

@@ -128,6 +128,7 @@ struct Dispatcher::Impl {
   // or the other way round). Guarded by mu.
   bool heartbeat_accepted = false;
   std::string heartbeat_refused;  // guarded by mu: what the database said; empty once accepted
+  SteadyTime heartbeat_refusal_logged{};  // guarded by mu: when the refusal was last logged
   // Writes this relay's heartbeat and records whether it was accepted; a refusal (a permanent
   // StoreError) is logged and recorded, then thrown like any other error.
   void Beat(QueueStore& store);

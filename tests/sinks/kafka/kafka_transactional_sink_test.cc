@@ -9,8 +9,6 @@
 // transaction wrote stays visible here: the recovery reads what a read_committed consumer
 // reads, and these tests check that nobody sees a message twice.
 #include <gtest/gtest.h>
-#include <spdlog/sinks/base_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +22,7 @@
 #include "kafka_records.h"
 #include "outbox_relay/kafka_sink.h"
 #include "outbox_test/kafka_mock.h"
+#include "outbox_test/log_watch.h"
 #include "outbox_test/wait.h"
 
 namespace outbox::relay {
@@ -35,6 +34,7 @@ namespace {
 using namespace std::chrono_literals;
 using outbox::testing::ConsumedRecord;
 using outbox::testing::KafkaMockCluster;
+using outbox::testing::LogWatch;
 using outbox::testing::WaitFor;
 
 constexpr auto kWait = 30s;
@@ -83,52 +83,6 @@ Message MakeMessage(std::int64_t id, int bucket, int attempts = 0) {
   msg.attempts = attempts;
   return msg;
 }
-
-/// Keeps what the default logger writes while it lives (at debug level and up), so a test can
-/// wait for the sink to reach a step it logs.
-class LogWatch : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  static std::shared_ptr<LogWatch> Install() {
-    auto watch = std::make_shared<LogWatch>();
-    watch->level_before_ = spdlog::default_logger()->level();
-    spdlog::default_logger()->sinks().push_back(watch);
-    spdlog::default_logger()->set_level(spdlog::level::debug);
-    return watch;
-  }
-  void Remove() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), shared_from_this_sink()), sinks.end());
-    spdlog::default_logger()->set_level(level_before_);
-  }
-  bool WaitFor(const std::string& text) {
-    return outbox::testing::WaitFor(
-        [&] {
-          std::lock_guard lock(lines_mu_);
-          return std::any_of(lines_.begin(), lines_.end(), [&](const std::string& line) {
-            return line.find(text) != std::string::npos;
-          });
-        },
-        kWait);
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    std::lock_guard lock(lines_mu_);
-    lines_.emplace_back(msg.payload.data(), msg.payload.size());
-  }
-  void flush_() override {}
-
- private:
-  std::shared_ptr<spdlog::sinks::sink> shared_from_this_sink() {
-    for (const auto& s : spdlog::default_logger()->sinks()) {
-      if (s.get() == this) return s;
-    }
-    return nullptr;
-  }
-  std::mutex lines_mu_;
-  std::vector<std::string> lines_;
-  spdlog::level::level_enum level_before_ = spdlog::level::info;
-};
 
 class TransactionalSinkTest : public ::testing::Test {
  protected:
@@ -577,7 +531,7 @@ TEST_F(TransactionalSinkTest, AStopWhileAProducerWaitsForItsCoordinatorKeepsTheD
   auto watch = LogWatch::Install();
   Recorder rec;
   sink->Submit(MakeMessage(1, 0), rec.Callback());
-  const bool waiting = watch->WaitFor("init_transactions");
+  const bool waiting = watch->WaitFor("init_transactions", kWait);
   watch->Remove();
   ASSERT_TRUE(waiting) << "the cycle never began to create the bucket's producer";
   const auto stopping = std::chrono::steady_clock::now();
@@ -605,7 +559,7 @@ TEST_F(TransactionalSinkTest, AStopWhileACommitWaitsForTheBrokersKeepsTheDeadlin
       std::vector<rd_kafka_resp_err_t>(200, RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS));
   Recorder rec;
   sink->Submit(MakeMessage(2, 0), rec.Callback());
-  const bool committing = watch->WaitFor("committing");
+  const bool committing = watch->WaitFor("committing", kWait);
   watch->Remove();
   ASSERT_TRUE(committing) << "the transaction never began to commit";
   const auto stopping = std::chrono::steady_clock::now();
