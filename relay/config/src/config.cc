@@ -560,7 +560,7 @@ RelayConfig ParseConfig(const std::string& yaml_text, const std::string& source,
        ", e.g. 2, or `auto`",
        "claim loops per destination, each on a database connection of its own; more than 1 pays "
        "off only with a backlog bigger than one connection drains; `auto` lets each "
-       "destination's sink choose (a webhook: one per 32 of its max_in_flight, at most 4 and one "
+       "destination's sink choose (a webhook: one per 8 of its max_in_flight, at most 4 and one "
        "per 4 CPUs of the relay)",
        builtin.claim_connections, "", "auto", /*by_word=*/builtin.claim_connections == 0},
       {"max_in_flight_bytes", "OUTBOX_MAX_IN_FLIGHT_BYTES", 0, kMaxInFlightBytes,

@@ -19,11 +19,13 @@ enum class WebhookRoom { kDestination, kServiceLane };
 
 /// `claim_connections: auto`: a webhook destination's sink asks for one claim loop per this many
 /// of its max_in_flight (rounded up), at most kMaxAutoClaimLoops and one per kCpusPerAutoClaimLoop
-/// CPUs the relay may use. One loop's claims drained 8, 32 and 128 loopback workers alike on 16
-/// cores (the claims, not the workers, were the limit: four loops took 32 workers from 0.22 to
-/// 0.47 x the HTTP ceiling); on 2 cores four loops for 128 workers drained slower than one (7k
-/// against 9k msg/s, Postgres CPU 59-67 against 38 us a message: docs/benchmarks.md).
-inline constexpr int kRequestsPerAutoClaimLoop = 32;
+/// CPUs the relay may use: the default 32 workers get four on 16 CPUs, two on 8, one under 8.
+/// One loop's claims drained 8, 32 and 128 loopback workers alike on 16 cores (the claims, not
+/// the workers, were the limit: the default 32 idled two thirds of the time, and four loops took
+/// them from 0.22 to 0.47 x the HTTP ceiling); on 2 cores four loops for 128 workers drained
+/// slower than one (7k against 9k msg/s, Postgres CPU 59-67 against 38 us a message:
+/// docs/benchmarks.md). Only the first loop claims unless the last claim came back full.
+inline constexpr int kRequestsPerAutoClaimLoop = 8;
 inline constexpr int kMaxAutoClaimLoops = 4;
 inline constexpr int kCpusPerAutoClaimLoop = 4;
 
