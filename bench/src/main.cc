@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
          "--claim-connections", opt.claim_connections,
          "claim_connections of the relays of every scenario but the _cc drains (exactly-once "
          "relays keep 1); 0: auto, the relay's default (a webhook sink asks for one claim loop "
-         "per 32 of its max_in_flight)")
+         "per 8 of its max_in_flight, at most 4 and one per 4 CPUs)")
       ->check(CLI::Range(0, 16))
       ->capture_default_str();
   app.add_option("--claim-connections-sweep", opt.claim_connections_sweep,
