@@ -89,6 +89,12 @@ extern "C" ssize_t recv(int fd, void* buf, size_t len, int flags) {
     return -1;
   }
   const ssize_t n = next(fd, buf, len, flags);
+  // What came after the deadline is too late too: with the readiness polls answered here
+  // (Coalesce), this receive may itself have waited across it.
+  if (n > 0 && guard->Late()) {
+    errno = ETIMEDOUT;
+    return -1;
+  }
   if (n > 0 && !guard->Feed(static_cast<const char*>(buf), static_cast<std::size_t>(n))) {
     errno = EMSGSIZE;
     return -1;

@@ -22,7 +22,8 @@
 // the request's first liveness check is asked of the kernel. The others cannot change what
 // happens: the socket is blocking with cpp-httplib's read and write timeouts (SO_RCVTIMEO,
 // SO_SNDTIMEO), so the send or receive that follows waits exactly as long as the poll would
-// have, and fails the same way, and a peer that closed the connection since the check fails
+// have, and fails the same way (and a receive that returns past the request's deadline fails,
+// as the poll's wait ended there), and a peer that closed the connection since the check fails
 // the write or the read instead of the poll. The connect's poll (POLLIN|POLLOUT) is the
 // kernel's, and TLS requests are not armed (OpenSSL writes with write() and keeps its own
 // buffers).
