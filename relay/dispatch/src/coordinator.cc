@@ -4,12 +4,17 @@
 
 #include <algorithm>
 #include <deque>
+#include <string_view>
 
 #include "dispatcher_impl.h"
 #include "reconnect.h"
 #include "tuning.h"
 
 namespace outbox::relay {
+namespace {
+// outbox.relay_heartbeat's refusal (object_not_in_prerequisite_state).
+constexpr std::string_view kHeartbeatRefused = "55000";
+}  // namespace
 
 // claim_mode partitioned: heartbeat, learn which buckets this relay owns, and stop claiming
 // from all of them when heartbeats fail for longer than the partition lease (by then the
@@ -47,9 +52,11 @@ void Dispatcher::Impl::CoordinatorLoop() {
           Beat(store);
           beat = true;
         } catch (const StoreError& e) {
-          if (e.transient()) throw;
-          // Refused: no bucket is taken. Beat logged it (once a period) and the readiness
-          // says why; the connection is fine, so no reconnect and no second log line.
+          // Refused (55000, migration 0037: a live relay of the other lease mode shares a
+          // destination): no bucket is taken. Beat logged it (once a period) and the readiness
+          // says why; the connection is fine, so no reconnect and no second log line. Any
+          // other error is a failed call like the others below.
+          if (e.transient() || e.sqlstate() != kHeartbeatRefused) throw;
           next_heartbeat();
           continue;
         }

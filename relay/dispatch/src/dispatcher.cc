@@ -75,14 +75,15 @@ void Dispatcher::Impl::Beat(QueueStore& store) {
                     config.bucket_leases);
   } catch (const StoreError& e) {
     if (!e.transient()) {
-      // Logged when it begins or changes, then once a relay heartbeat period: the
-      // coordinator tries again every partition_heartbeat.
+      // Logged when it begins or changes, then about once a relay heartbeat period (a tenth
+      // of slack: the maintenance loop's period starts before its call, this clock after
+      // it): the coordinator tries again every partition_heartbeat.
       const auto now = Now();
       bool log = false;
       {
         std::lock_guard lk(mu);
         log = heartbeat_refused != e.what() ||
-              now - heartbeat_refusal_logged >= tuning::kRelayHeartbeat;
+              now - heartbeat_refusal_logged >= tuning::kRelayHeartbeat * 9 / 10;
         if (log) heartbeat_refusal_logged = now;
         heartbeat_accepted = false;
         heartbeat_refused = e.what();
