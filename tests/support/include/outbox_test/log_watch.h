@@ -16,7 +16,8 @@
 
 namespace outbox::testing {
 
-/// Keeps what the default logger writes while it is installed (at debug level and up).
+/// Keeps what the default logger writes while it is installed (at debug level and up). Install
+/// and Remove change the logger's sinks: call them while no other thread logs.
 class LogWatch : public spdlog::sinks::base_sink<std::mutex> {
  public:
   static std::shared_ptr<LogWatch> Install() {
