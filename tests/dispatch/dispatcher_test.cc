@@ -1871,6 +1871,33 @@ TEST_F(DispatcherTest, ARelayTheCoordinatorRefusesIsNotReadyAndSaysWhy) {
   EXPECT_EQ(dispatcher_->WhyNotReady().find("coordinator"), std::string::npos);
 }
 
+// The coordinator's refusal (outbox.coordinate, 55000: a live relay of the other lease mode) is
+// logged like the heartbeat's: when it begins and about once a relay heartbeat period, not as a
+// failed database call at every partition_heartbeat ("coordinator: heartbeat failed: ... fix
+// the database or the relay's role", a reconnect each time).
+TEST_F(DispatcherTest, ACoordinatorRefusalIsLoggedOnceAPeriodNotAtEveryTry) {
+  auto log = outbox::testing::LogWatch::Install();
+  db_.Refuse("coordinate",
+             "relay 7 (host pid 1) runs with bucket_leases false, this one with true");
+  RelayConfig cfg = BucketLeaseConfig();
+  Start(cfg, DeliverAll);
+  const bool tried = WaitFor([&] { return db_.Calls("coordinate") >= 10; });
+  const int refused = log->Count("the coordinator refuses this relay");
+  const int failed = log->Count("heartbeat failed");
+  clock_.Advance(6s);  // the next period
+  const bool again = WaitFor([&] { return log->Count("the coordinator refuses this relay") >= 2; });
+  const std::string why = dispatcher_->WhyNotReady();
+  dispatcher_->Stop();  // before the watch leaves the logger's sinks: no thread logs meanwhile
+  log->Remove();
+  ASSERT_TRUE(tried) << db_.Calls("coordinate") << " coordinates tried";
+  EXPECT_EQ(refused, 1);
+  EXPECT_EQ(failed, 0);
+  EXPECT_TRUE(again) << "not logged again in the next period";
+  EXPECT_NE(why.find("runs with bucket_leases false, this one with true"), std::string::npos)
+      << why;
+  EXPECT_EQ(db_.Calls("claim_owned"), 0) << "a refused relay claimed";
+}
+
 // A relay whose heartbeat the database refuses (a live relay of the other lease mode serves
 // one of its destinations: migration 0037) claims nothing, and its readiness says why, until a
 // heartbeat is accepted. A skip_locked relay beside bucket-lease relays leased the rows they

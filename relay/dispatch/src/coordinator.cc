@@ -12,8 +12,9 @@
 
 namespace outbox::relay {
 namespace {
-// outbox.relay_heartbeat's refusal (object_not_in_prerequisite_state).
-constexpr std::string_view kHeartbeatRefused = "55000";
+// The refusals of outbox.relay_heartbeat and outbox.coordinate (object_not_in_prerequisite_state:
+// a live relay of the other lease mode), as opposed to a failed call.
+constexpr std::string_view kRefused = "55000";
 }  // namespace
 
 // claim_mode partitioned: heartbeat, learn which buckets this relay owns, and stop claiming
@@ -56,7 +57,7 @@ void Dispatcher::Impl::CoordinatorLoop() {
           // destination): no bucket is taken. Beat logged it (once a period) and the readiness
           // says why; the connection is fine, so no reconnect and no second log line. Any
           // other error is a failed call like the others below.
-          if (e.transient() || e.sqlstate() != kHeartbeatRefused) throw;
+          if (e.transient() || e.sqlstate() != kRefused) throw;
           next_heartbeat();
           continue;
         }
@@ -98,10 +99,27 @@ void Dispatcher::Impl::CoordinatorLoop() {
         Wake();
       }
     } catch (const std::exception& e) {
-      db.Failed(store, e);  // the next try is the next heartbeat
-      if (const auto* se = dynamic_cast<const StoreError*>(&e); se && !se->transient()) {
-        std::lock_guard lk(owned_mu);
-        coordinator_refused = se->what();
+      const auto* se = dynamic_cast<const StoreError*>(&e);
+      if (se && !se->transient() && se->sqlstate() == kRefused) {
+        // outbox.coordinate refuses this relay (a live relay of the other lease mode): the
+        // readiness says why, logged when it begins and once a period; the connection is fine.
+        bool log = false;
+        {
+          std::lock_guard lk(owned_mu);
+          log = LogRefusalNow(coordinator_refused, coordinator_refusal_logged, se->what(), Now());
+        }
+        if (log) {
+          spdlog::error(
+              "partitioned: the coordinator refuses this relay; claiming nothing until it "
+              "accepts: {}",
+              e.what());
+        }
+      } else {
+        db.Failed(store, e);  // the next try is the next heartbeat
+        if (se && !se->transient()) {
+          std::lock_guard lk(owned_mu);
+          coordinator_refused = se->what();
+        }
       }
       if (Now() - last_ok > config.partition_lease - config.partition_heartbeat) {
         std::lock_guard lk(owned_mu);

@@ -69,24 +69,26 @@ void Dispatcher::Impl::Enqueue(Settlement s) {
   if (queued == 1 || queued == tuning::kSettleBatchTarget) settle_cv.notify_all();
 }
 
+bool Dispatcher::Impl::LogRefusalNow(std::string& last, SteadyTime& logged, const std::string& what,
+                                     SteadyTime now) {
+  const bool log = last != what || now - logged >= tuning::kRelayHeartbeat * 9 / 10;
+  if (log) logged = now;
+  last = what;
+  return log;
+}
+
 void Dispatcher::Impl::Beat(QueueStore& store) {
   try {
     store.Heartbeat(instance_id, destination_names, description, TargetHealths(),
                     config.bucket_leases);
   } catch (const StoreError& e) {
     if (!e.transient()) {
-      // Logged when it begins or changes, then about once a relay heartbeat period (a tenth
-      // of slack: the maintenance loop's period starts before its call, this clock after
-      // it): the coordinator tries again every partition_heartbeat.
       const auto now = Now();
       bool log = false;
       {
         std::lock_guard lk(mu);
-        log = heartbeat_refused != e.what() ||
-              now - heartbeat_refusal_logged >= tuning::kRelayHeartbeat * 9 / 10;
-        if (log) heartbeat_refusal_logged = now;
+        log = LogRefusalNow(heartbeat_refused, heartbeat_refusal_logged, e.what(), now);
         heartbeat_accepted = false;
-        heartbeat_refused = e.what();
       }
       if (log) {
         spdlog::error("heartbeat refused; claiming nothing until one is accepted: {}", e.what());

@@ -129,6 +129,12 @@ struct Dispatcher::Impl {
   bool heartbeat_accepted = false;
   std::string heartbeat_refused;  // guarded by mu: what the database said; empty once accepted
   SteadyTime heartbeat_refusal_logged{};  // guarded by mu: when the refusal was last logged
+  // Whether a refusal saying `what` (replacing `last`, logged at `logged`) is logged now: when it
+  // begins or changes, then about once a relay heartbeat period (a tenth of slack: the
+  // maintenance loop's period starts before its call, `now` after it), however often it is
+  // tried (the coordinator: every partition_heartbeat). Updates `last` and `logged`.
+  static bool LogRefusalNow(std::string& last, SteadyTime& logged, const std::string& what,
+                            SteadyTime now);
   // Writes this relay's heartbeat and records whether it was accepted; a refusal (a permanent
   // StoreError) is logged and recorded, then thrown like any other error.
   void Beat(QueueStore& store);
@@ -264,6 +270,7 @@ struct Dispatcher::Impl {
   // What the database said when it last refused this relay's heartbeat for good (a relay of the
   // other lease mode is live: migration 0035); empty once one succeeds. Guarded by owned_mu.
   std::string coordinator_refused;
+  SteadyTime coordinator_refusal_logged{};  // guarded by owned_mu
   std::vector<BucketLease> OwnedBuckets();
   // Bucket leases: each owned bucket's cover at its epoch, until when it is surely this
   // relay's: the start of the last successful heartbeat that returned it at that epoch, plus
