@@ -494,6 +494,42 @@ TEST_F(DispatcherTest, UnderAutoTheSinkSaysHowManyClaimLoopsFeedIt) {
   EXPECT_EQ(dispatcher_->ClaimLoops("orders"), 2);
 }
 
+// Under auto the relay opens no more claim connections in all than the larger of its
+// destination count and the most one destination asks for: each destination's sink asks as if
+// it were alone (a webhook sink: up to one loop per 4 CPUs), and twenty webhook destinations on
+// 16 CPUs would otherwise open 80 connections to the application's database in a backlog.
+TEST_F(DispatcherTest, UnderAutoTheRelaysClaimConnectionsInAllStayWithinWhatOneDestinationAsks) {
+  const auto loops_of = [&](int destinations, int asked) {
+    RelayConfig config = Config();
+    std::map<std::string, SinkPtr> sinks;
+    for (int i = 0; i < destinations; ++i) {
+      const std::string name = "d" + std::to_string(i);
+      Destination d = config.destinations.at("orders");
+      d.name = name;
+      config.destinations.emplace(name, d);
+      auto sink = std::make_unique<RecordingSink>(DeliverAll);
+      sink->SetClaimLoops(asked);
+      sinks.emplace(name, std::move(sink));
+    }
+    config.destinations.erase("orders");
+    DispatcherEnv env;
+    env.stores = db_.Stores();
+    env.clock = &clock_;
+    Dispatcher dispatcher(std::move(config), std::move(sinks), std::move(env));
+    dispatcher.Start();
+    std::vector<int> loops;
+    for (int i = 0; i < destinations; ++i)
+      loops.push_back(dispatcher.ClaimLoops("d" + std::to_string(i)));
+    dispatcher.Stop();
+    return loops;
+  };
+  EXPECT_EQ(loops_of(1, 4), (std::vector<int>{4}));
+  EXPECT_EQ(loops_of(2, 4), (std::vector<int>{2, 2}));
+  EXPECT_EQ(loops_of(3, 4), (std::vector<int>{2, 1, 1}));
+  EXPECT_EQ(loops_of(5, 4), (std::vector<int>{1, 1, 1, 1, 1}));
+  EXPECT_EQ(loops_of(2, 1), (std::vector<int>{1, 1}));
+}
+
 // A number written for claim_connections wins over what the sink asks for.
 TEST_F(DispatcherTest, AClaimConnectionsNumberWinsOverWhatTheSinkAsksFor) {
   auto config = Config();

@@ -470,6 +470,26 @@ std::string Dispatcher::WhyNotReady() const {
   return "";
 }
 
+std::map<std::string, int> ShareAutoClaimLoops(const std::map<std::string, int>& asked) {
+  int budget = static_cast<int>(asked.size());
+  for (const auto& [name, loops] : asked) budget = std::max(budget, loops);
+  std::map<std::string, int> given;
+  for (const auto& [name, loops] : asked) given[name] = 1;
+  int left = budget - static_cast<int>(asked.size());
+  // The loops past the first, one round at a time in name order, while the budget lasts.
+  for (bool gave = true; left > 0 && gave;) {
+    gave = false;
+    for (auto& [name, loops] : given) {
+      if (left > 0 && loops < asked.at(name)) {
+        ++loops;
+        --left;
+        gave = true;
+      }
+    }
+  }
+  return given;
+}
+
 void Dispatcher::Start() {
   auto& d = *impl_;
   if (d.started) return;
@@ -479,19 +499,23 @@ void Dispatcher::Start() {
     gethostname(host, sizeof host - 1);
     d.description = std::string(host) + " pid " + std::to_string(getpid());
   }
+  const bool automatic = d.config.claim_connections <= 0;
+  std::map<std::string, int> asked;
+  for (const auto& [name, dest] : d.config.destinations) {
+    // Bucket leases: one loop (a claim holds the slow lane's rows in a second statement; the
+    // config refuses more than 1).
+    asked[name] = d.config.bucket_leases ? 1
+                                         : std::clamp(automatic ? d.sinks.at(name)->ClaimLoops()
+                                                                : d.config.claim_connections,
+                                                      1, kMaxClaimConnections);
+  }
+  if (automatic) asked = ShareAutoClaimLoops(asked);
   for (const auto& [name, dest] : d.config.destinations) {
     d.destination_names.push_back(name);
     auto room = d.room_waits.emplace(name, std::make_shared<Impl::RoomWait>()).first->second;
     d.metrics->SetSinkPayloadBytes(
         name, [room] { return static_cast<double>(room->payload_bytes.load()); });
-    const bool automatic = d.config.claim_connections <= 0;
-    // Bucket leases: one loop (a claim holds the slow lane's rows in a second statement; the
-    // config refuses more than 1).
-    const int loops =
-        d.config.bucket_leases
-            ? 1
-            : std::clamp(automatic ? d.sinks.at(name)->ClaimLoops() : d.config.claim_connections,
-                         1, kMaxClaimConnections);
+    const int loops = asked.at(name);
     d.claim_loops[name] = loops;
     if (loops > 1) {
       spdlog::info("destination \"{}\": {} claim loops, each on a connection of its own{}", name,

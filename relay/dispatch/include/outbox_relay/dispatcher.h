@@ -57,6 +57,14 @@ struct DispatcherEnv {
   std::int64_t max_payload_bytes = 0;
 };
 
+/// claim_connections auto: the claim loops each destination gets, from what its sink asks for
+/// as if it were the relay's only destination (a webhook sink: up to one loop per 4 CPUs).
+/// Every destination gets one; the loops past the first go a round at a time in name order
+/// while the relay's claim connections in all stay within the larger of its destination count
+/// and the most any destination asks for (20 webhook destinations on 16 CPUs would otherwise
+/// open 80 connections to the application's database in a backlog).
+std::map<std::string, int> ShareAutoClaimLoops(const std::map<std::string, int>& asked);
+
 /// Owns one sink per destination and the threads that feed them. Start() once, Stop() once
 /// (or let the destructor stop it). Thread-safe: Stop() and stats() may be called from any
 /// thread.
