@@ -327,6 +327,36 @@ class DispatcherTest : public ::testing::Test {
     return c;
   }
 
+  // How a refusal of `op` for good (`why`) is logged, as lines containing `line`: after ten
+  // tries (the coordinator tries every partition_heartbeat, 20 ms here), and once the fake
+  // clock moved a relay heartbeat period on. Stops the dispatcher.
+  struct RefusalLogs {
+    bool tried = false;  ///< ten tries were made
+    int first = 0;       ///< lines by then
+    int failed = 0;      ///< lines saying the call failed ("heartbeat failed")
+    bool again = false;  ///< logged again in the next period
+    int then = 0;        ///< lines by then
+    std::string why;     ///< the readiness
+  };
+  RefusalLogs LogsOfARefusal(const std::string& op, const std::string& why, const std::string& line,
+                             RelayConfig cfg) {
+    auto log = outbox::testing::LogWatch::Install();
+    db_.Refuse(op, why);
+    cfg.partition_heartbeat = 20ms;
+    Start(cfg, DeliverAll);
+    RefusalLogs logs;
+    logs.tried = WaitFor([&] { return db_.Calls(op) >= 10; });
+    logs.first = log->Count(line);
+    logs.failed = log->Count("heartbeat failed");
+    clock_.Advance(6s);
+    logs.again = WaitFor([&] { return log->Count(line) >= 2; });
+    logs.then = log->Count(line);
+    logs.why = dispatcher_->WhyNotReady();
+    dispatcher_->Stop();  // before the watch leaves the logger's sinks: no thread logs meanwhile
+    log->Remove();
+    return logs;
+  }
+
   // Starts a dispatcher for `config` whose only destination's sink is `sink`.
   Dispatcher& Start(RelayConfig config, RecordingSink::Decide decide,
                     RelayMetrics* metrics = nullptr,
@@ -1912,25 +1942,15 @@ TEST_F(DispatcherTest, ARelayTheCoordinatorRefusesIsNotReadyAndSaysWhy) {
 // failed database call at every partition_heartbeat ("coordinator: heartbeat failed: ... fix
 // the database or the relay's role", a reconnect each time).
 TEST_F(DispatcherTest, ACoordinatorRefusalIsLoggedOnceAPeriodNotAtEveryTry) {
-  auto log = outbox::testing::LogWatch::Install();
-  db_.Refuse("coordinate",
-             "relay 7 (host pid 1) runs with bucket_leases false, this one with true");
-  RelayConfig cfg = BucketLeaseConfig();
-  Start(cfg, DeliverAll);
-  const bool tried = WaitFor([&] { return db_.Calls("coordinate") >= 10; });
-  const int refused = log->Count("the coordinator refuses this relay");
-  const int failed = log->Count("heartbeat failed");
-  clock_.Advance(6s);  // the next period
-  const bool again = WaitFor([&] { return log->Count("the coordinator refuses this relay") >= 2; });
-  const std::string why = dispatcher_->WhyNotReady();
-  dispatcher_->Stop();  // before the watch leaves the logger's sinks: no thread logs meanwhile
-  log->Remove();
-  ASSERT_TRUE(tried) << db_.Calls("coordinate") << " coordinates tried";
-  EXPECT_EQ(refused, 1);
-  EXPECT_EQ(failed, 0);
-  EXPECT_TRUE(again) << "not logged again in the next period";
-  EXPECT_NE(why.find("runs with bucket_leases false, this one with true"), std::string::npos)
-      << why;
+  const auto logs = LogsOfARefusal(
+      "coordinate", "relay 7 (host pid 1) runs with bucket_leases false, this one with true",
+      "the coordinator refuses this relay", BucketLeaseConfig());
+  ASSERT_TRUE(logs.tried) << db_.Calls("coordinate") << " coordinates tried";
+  EXPECT_EQ(logs.first, 1);
+  EXPECT_EQ(logs.failed, 0);
+  EXPECT_TRUE(logs.again) << "not logged again in the next period";
+  EXPECT_NE(logs.why.find("runs with bucket_leases false, this one with true"), std::string::npos)
+      << logs.why;
   EXPECT_EQ(db_.Calls("claim_owned"), 0) << "a refused relay claimed";
 }
 
@@ -1963,27 +1983,17 @@ TEST_F(DispatcherTest, ARelayWhoseHeartbeatIsRefusedClaimsNothingAndSaysWhy) {
 // reset each time, as many times a second as it tried. The refusal is logged when it begins and
 // once a relay heartbeat period (5 s) while it lasts.
 TEST_F(DispatcherTest, ARefusedHeartbeatIsLoggedOnceAPeriodNotAtEveryTry) {
-  auto log = outbox::testing::LogWatch::Install();
-  db_.Refuse("heartbeat",
-             "relay 7 (host pid 1) holds the rows of orders by bucket leases, this one by row "
-             "leases");
   RelayConfig cfg = Config();
   cfg.claim_mode = ClaimMode::kPartitioned;
-  cfg.partition_heartbeat = 20ms;
-  Start(cfg, DeliverAll);
-  const bool tried = WaitFor([&] { return db_.Calls("heartbeat") >= 10; });
-  const int refused = log->Count("heartbeat refused");
-  const int failed = log->Count("heartbeat failed");
-  clock_.Advance(6s);  // the next period
-  const bool again = WaitFor([&] { return log->Count("heartbeat refused") >= 2; });
-  const int refused_then = log->Count("heartbeat refused");
-  dispatcher_->Stop();  // before the watch leaves the logger's sinks: no thread logs meanwhile
-  log->Remove();
-  ASSERT_TRUE(tried) << db_.Calls("heartbeat") << " heartbeats tried";
-  EXPECT_EQ(refused, 1);
-  EXPECT_EQ(failed, 0);
-  EXPECT_TRUE(again) << "not logged again in the next period";
-  EXPECT_LE(refused_then, 3);
+  const auto logs = LogsOfARefusal("heartbeat",
+                                   "relay 7 (host pid 1) holds the rows of orders by bucket "
+                                   "leases, this one by row leases",
+                                   "heartbeat refused", cfg);
+  ASSERT_TRUE(logs.tried) << db_.Calls("heartbeat") << " heartbeats tried";
+  EXPECT_EQ(logs.first, 1);
+  EXPECT_EQ(logs.failed, 0);
+  EXPECT_TRUE(logs.again) << "not logged again in the next period";
+  EXPECT_LE(logs.then, 3);
   EXPECT_EQ(db_.Calls("claim_partitioned") + db_.Calls("claim"), 0) << "a refused relay claimed";
 }
 
