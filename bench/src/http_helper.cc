@@ -3,8 +3,10 @@
 // the HTTP-ceiling client (a plain keep-alive loop) talk to this same receiver.
 //
 // Commands:
-//   LISTEN threads      -> OK <port>   (one worker thread per keep-alive connection, so
-//                                      `threads` must cover every client connection)
+//   LISTEN threads [cert key]
+//                       -> OK <port>   (one worker thread per keep-alive connection, so
+//                                      `threads` must cover every client connection; with a
+//                                      certificate and its key, HTTPS)
 //   RECORD              -> OK          (forget what was received; start counting again)
 //   COUNT               -> OK <requests since RECORD>
 //   FINISH expected timeout_s db_url|- ref_us
@@ -41,16 +43,20 @@ struct Arrival {
 
 class Receiver {
  public:
-  explicit Receiver(int threads) {
-    server_.new_task_queue = [threads] {
+  Receiver(int threads, const std::string& cert, const std::string& key)
+      : server_(cert.empty() ? std::make_unique<httplib::Server>()
+                             : std::make_unique<httplib::SSLServer>(cert.c_str(), key.c_str())) {
+    if (!server_->is_valid()) throw std::runtime_error("cannot load the certificate " + cert);
+    httplib::Server& server = *server_;
+    server.new_task_queue = [threads] {
       return new httplib::ThreadPool(static_cast<std::size_t>(threads));
     };
     // Real receivers keep connections open for many requests (nginx: 1000); httplib's
     // default of 5 would make every client reconnect all the time.
-    server_.set_keep_alive_max_count(1'000'000);
-    server_.set_keep_alive_timeout(60);
-    server_.set_tcp_nodelay(true);
-    server_.Post(".*", [this](const httplib::Request& req, httplib::Response& res) {
+    server.set_keep_alive_max_count(1'000'000);
+    server.set_keep_alive_timeout(60);
+    server.set_tcp_nodelay(true);
+    server.Post(".*", [this](const httplib::Request& req, httplib::Response& res) {
       const std::int64_t at = WallMicros();
       {
         std::lock_guard lk(mu_);
@@ -62,15 +68,15 @@ class Receiver {
     });
     // The relay's workers (and the ceiling's clients) connect all at once: with httplib's
     // backlog of 5 some handshakes were dropped and the first requests failed after ~1 s.
-    const relay::ListenBacklog backlog(server_);
-    port_ = server_.bind_to_any_port("127.0.0.1");
+    const relay::ListenBacklog backlog(server);
+    port_ = server.bind_to_any_port("127.0.0.1");
     if (port_ <= 0) throw std::runtime_error("cannot bind 127.0.0.1");
     if (!backlog.Raise()) throw std::runtime_error("cannot raise the listen backlog");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    thread_ = std::thread([this] { server_->listen_after_bind(); });
   }
 
   ~Receiver() {
-    server_.stop();
+    server_->stop();
     if (thread_.joinable()) thread_.join();
   }
 
@@ -117,7 +123,7 @@ class Receiver {
   }
 
  private:
-  httplib::Server server_;
+  std::unique_ptr<httplib::Server> server_;
   int port_ = 0;
   std::thread thread_;
   std::mutex mu_;
@@ -134,8 +140,9 @@ int RunHttpHelper() {
   std::unique_ptr<Receiver> receiver;
   const int rc = ServeCommands([&](const std::vector<std::string>& w) -> std::string {
     const std::string& cmd = w[0];
-    if (cmd == "LISTEN" && w.size() == 2 && !receiver) {
-      receiver = std::make_unique<Receiver>(std::stoi(w[1]));
+    if (cmd == "LISTEN" && (w.size() == 2 || w.size() == 4) && !receiver) {
+      receiver = std::make_unique<Receiver>(std::stoi(w[1]), w.size() == 4 ? w[2] : "",
+                                            w.size() == 4 ? w[3] : "");
       return std::to_string(receiver->port());
     }
     if (cmd == "RECORD" && receiver) {

@@ -85,11 +85,14 @@ relay::Destination KafkaDestination(const std::string& bootstraps, const std::st
   return d;
 }
 
-relay::Destination WebhookDestination(int port, int connections) {
+/// `ca_file`: over HTTPS, trusting that certificate.
+relay::Destination WebhookDestination(int port, int connections, const std::string& ca_file = "") {
   relay::Destination d;
   d.name = kDestination;
   relay::WebhookTarget w;
-  w.url = "http://127.0.0.1:" + std::to_string(port) + "/hooks/bench";
+  w.url = std::string(ca_file.empty() ? "http" : "https") + "://127.0.0.1:" +
+          std::to_string(port) + "/hooks/bench";
+  if (!ca_file.empty()) w.ca_file = ca_file;
   w.allow_private_networks = true;  // the benchmark's receiver is on loopback
   w.secrets = {kWebhookSecret};
   w.max_in_flight = connections;
@@ -544,6 +547,18 @@ Helper& Bench::Http() {
   return *http_;
 }
 
+Helper& Bench::Https() {
+  if (!https_) {
+    tls_files_ = MakeSelfSignedCertificate(opt_.out_dir);
+    https_ = std::make_unique<Helper>("http");
+    int connections = opt_.webhook_connections;  // as Http()
+    for (const int mif : opt_.webhook_sweep) connections = std::max(connections, mif);
+    https_port_ = std::stoi(https_->Call("LISTEN " + std::to_string(connections + 8) + " " +
+                                         tls_files_.cert_path + " " + tls_files_.key_path));
+  }
+  return *https_;
+}
+
 Helper& Bench::Producers() {
   if (!producers_) producers_ = std::make_unique<Helper>("producer");
   return *producers_;
@@ -783,28 +798,39 @@ ScenarioResult Bench::SqlCeiling(const std::string& name, int connections) {
   return r;
 }
 
-ScenarioResult Bench::HttpCeiling() {
+ScenarioResult Bench::HttpCeiling(bool tls) {
   ScenarioResult r;
-  r.name = "http_ceiling";
-  r.sink = "http";
+  r.name = tls ? "https_ceiling" : "http_ceiling";
+  r.sink = tls ? "https" : "http";
   r.claim_mode = "-";
   r.messages = opt_.webhook_messages;
   const int conns = opt_.webhook_connections;
-  r.what = "loopback HTTP ceiling of the same receiver: " + std::to_string(conns) +
-           " threads, one keep-alive cpp-httplib client each, POSTing the same ~200-byte "
-           "bodies and headers as the relay (no database)";
-  Http().Call("RECORD");
+  r.what = std::string("loopback HTTP") + (tls ? "S" : "") + " ceiling of the same receiver: " +
+           std::to_string(conns) + " threads, one keep-alive cpp-httplib client each" +
+           (tls ? " (TLS, verifying the receiver's certificate)" : "") +
+           ", POSTing the same ~200-byte bodies and headers as the relay (no database)";
+  Helper& receiver = tls ? Https() : Http();
+  const int port = tls ? https_port_ : http_port_;
+  receiver.Call("RECORD");
   const std::string body = Payload(1);
   std::atomic<std::int64_t> next{0}, errors{0};
   Observation obs;
-  obs.Begin(postmaster_pid_, {Http().pid()});
+  obs.Begin(postmaster_pid_, {receiver.pid()});
   std::vector<std::thread> threads;
   for (int t = 0; t < conns; ++t) {
     threads.emplace_back([&] {
-      httplib::Client client("127.0.0.1", http_port_);
-      client.set_keep_alive(true);
-      client.set_tcp_nodelay(true);
-      client.set_read_timeout(10, 0);
+      std::unique_ptr<httplib::ClientImpl> client;
+      if (tls) {
+        auto ssl = std::make_unique<httplib::SSLClient>("127.0.0.1", port);
+        ssl->set_ca_cert_path(tls_files_.cert_path.c_str());
+        ssl->enable_server_certificate_verification(true);
+        client = std::move(ssl);
+      } else {
+        client = std::make_unique<httplib::ClientImpl>("127.0.0.1", port);
+      }
+      client->set_keep_alive(true);
+      client->set_tcp_nodelay(true);
+      client->set_read_timeout(10, 0);
       char id[64];
       for (std::int64_t k = next++; k < r.messages; k = next++) {
         std::snprintf(id, sizeof id, "00000000-0000-4000-8000-%012lld", static_cast<long long>(k));
@@ -815,25 +841,35 @@ ScenarioResult Bench::HttpCeiling() {
             {"Idempotency-Key", id},
             {"Webhook-Event-Type", "order.updated"},
             {"User-Agent", "outbox-relay"}};
-        const auto res = client.Post("/hooks/bench", headers, body, "application/json");
+        const auto res = client->Post("/hooks/bench", headers, body, "application/json");
         if (!res || res->status != 200) ++errors;
       }
     });
   }
   for (auto& t : threads) t.join();
   obs.End();
-  const json summary = json::parse(Http().Call("FINISH " + std::to_string(r.messages) + " 30 - 0"));
+  const json summary =
+      json::parse(receiver.Call("FINISH " + std::to_string(r.messages) + " 30 - 0"));
   FillCommon(r, obs, r.messages);
   r.details["errors"] = errors.load();
   r.details["connections"] = summary.at("connections");
   r.details["received"] = summary.at("received");
-  r.details["cpu_note"] = "relay CPU column = the benchmark's HTTP client threads";
-  http_ceiling_ = r.events_per_s;
-  http_ceiling_cpu_us_ = r.relay_cpu_us_per_msg;
+  r.details["cpu_note"] = std::string("relay CPU column = the benchmark's HTTP") +
+                          (tls ? "S" : "") + " client threads";
   // Each client posts back to back: its mean request is the connections over the rate.
+  std::optional<double> mean_request;
   if (r.events_per_s > 0) {
-    http_ceiling_mean_request_us_ = conns * 1e6 / r.events_per_s;
-    r.details["mean_request_us"] = *http_ceiling_mean_request_us_;
+    mean_request = conns * 1e6 / r.events_per_s;
+    r.details["mean_request_us"] = *mean_request;
+  }
+  if (tls) {
+    https_ceiling_ = r.events_per_s;
+    https_ceiling_cpu_us_ = r.relay_cpu_us_per_msg;
+    https_ceiling_mean_request_us_ = mean_request;
+  } else {
+    http_ceiling_ = r.events_per_s;
+    http_ceiling_cpu_us_ = r.relay_cpu_us_per_msg;
+    http_ceiling_mean_request_us_ = mean_request;
   }
   r.x_http_ceiling = 1.0;
   RatioToSqlCeiling(r);
@@ -962,7 +998,7 @@ int Bench::ClaimConnections(int wanted, bool one_loop) const {
 
 ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
                                    std::int64_t messages, int claim_connections,
-                                   bool bucket_leases) {
+                                   bool bucket_leases, bool tls) {
   claim_connections = ClaimConnections(claim_connections, bucket_leases);
   ScenarioResult r;
   r.name = name;
@@ -974,24 +1010,33 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
                                                       : " (the max_in_flight sweep)") +
            (claim_connections > 1 ? ", claim_connections " + std::to_string(claim_connections)
                                   : std::string()) +
-           (bucket_leases ? "; claim_mode partitioned, bucket_leases" : "");
+           (bucket_leases ? "; claim_mode partitioned, bucket_leases" : "") +
+           (tls ? "; over HTTPS (its ratios against https_ceiling)" : "");
   if (claim_connections > 1) r.details["claim_connections"] = claim_connections;
+  Helper& receiver = tls ? Https() : Http();
+  const int port = tls ? https_port_ : http_port_;
+  const auto& ceiling = tls ? https_ceiling_ : http_ceiling_;
+  const auto& ceiling_cpu_us = tls ? https_ceiling_cpu_us_ : http_ceiling_cpu_us_;
+  const auto& ceiling_mean_request_us =
+      tls ? https_ceiling_mean_request_us_ : http_ceiling_mean_request_us_;
+  const std::string ceiling_name = tls ? "https_ceiling" : "http_ceiling";
+  const std::string ceiling_words = tls ? "HTTPS ceiling" : "HTTP ceiling";
   if (bucket_leases) r.claim_mode = "bucket leases";
   const std::string url = pg_.FreshDatabase(r.name);
   Say(r.name + ": preloading " + std::to_string(r.messages) + " messages");
   Preload(url, r.messages, {}, 2);
   RecordCreatedAt(url);
   PrepareTable(url);
-  Http().Call("RECORD");
+  receiver.Call("RECORD");
 
   const bool statement_stats = opt_.statement_stats && ResetStatementStats(url);
-  Relay relay(url, WebhookDestination(http_port_, max_in_flight), 1,
+  Relay relay(url, WebhookDestination(port, max_in_flight, tls ? tls_files_.cert_path : ""), 1,
               bucket_leases ? relay::ClaimMode::kPartitioned : relay::ClaimMode::kSkipLocked,
               claim_connections, bucket_leases);
   Observation obs;
   if (statement_stats) obs.roles_url = url;
   Say(r.name + ": relay draining");
-  obs.Begin(postmaster_pid_, {Http().pid()});
+  obs.Begin(postmaster_pid_, {receiver.pid()});
   auto events0 = relay.SinkEvents();
   relay.Start();
   // Under claim_connections auto (the default) the sink chose: one loop per 8 of max_in_flight,
@@ -1016,31 +1061,32 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
       sink["idle_share"] = static_cast<double>(events["idle_us"]) /
                            (obs.seconds * 1e6 * static_cast<double>(max_in_flight));
     }
-    if (http_ceiling_mean_request_us_) sink["ceiling_mean_request_us"] = *http_ceiling_mean_request_us_;
+    if (ceiling_mean_request_us) sink["ceiling_mean_request_us"] = *ceiling_mean_request_us;
     r.details["sink"] = sink;
   }
   r.details["queue_table"] = TableStats(url);
   if (statement_stats) AddStatementStats(r, url, obs, delivered);
   FillCommon(r, obs, delivered);
-  FillDelivery(r, json::parse(Http().Call(
+  FillDelivery(r, json::parse(receiver.Call(
                       "FINISH " + std::to_string(delivered) + " 60 " + url + " 0", 120)));
   r.latency_source += "; a drain's latency is mostly the wait in the backlog";
   RatioToSqlCeiling(r);
   if (name == "webhook_drain" && r.pg_cpu_us_per_msg)
     webhook_drain_pg_cpu_us_ = r.pg_cpu_us_per_msg;
-  Target t{"events/s >= 0.6 x HTTP ceiling", "", std::nullopt};
-  if (http_ceiling_ && *http_ceiling_ > 0) {
-    r.x_http_ceiling = r.events_per_s / *http_ceiling_;
+  Target t{"events/s >= 0.6 x " + ceiling_words, "", std::nullopt};
+  if (ceiling && *ceiling > 0) {
+    r.x_http_ceiling = r.events_per_s / *ceiling;
     t.measured = Fixed(*r.x_http_ceiling, 2) + " x";
     t.pass = r.completed && *r.x_http_ceiling >= 0.6;
   } else {
-    t.measured = "n/a: http_ceiling not run";
+    t.measured = "n/a: " + ceiling_name + " not run";
   }
   r.targets.push_back(t);
   // Signing, JSON and bookkeeping must cost less than the HTTP exchange itself.
-  r.targets.push_back(CpuRatioTarget("relay CPU/msg <= 1.3 x the HTTP-ceiling client's",
-                                     r.relay_cpu_us_per_msg, http_ceiling_cpu_us_, 1.3,
-                                     /*completed=*/true, "http_ceiling"));
+  r.targets.push_back(CpuRatioTarget("relay CPU/msg <= 1.3 x the " + ceiling_words +
+                                         " client's",
+                                     r.relay_cpu_us_per_msg, ceiling_cpu_us, 1.3,
+                                     /*completed=*/true, ceiling_name));
   if (!obs.busiest_thread.empty()) {
     // No single relay thread may be the bottleneck: a thread near a whole core caps the drain
     // on any machine.
@@ -1480,6 +1526,12 @@ std::vector<ScenarioResult> Bench::Run(
        [&] {
          return WebhookDrain("webhook_drain_bucket_leases", opt_.webhook_connections,
                              opt_.webhook_messages, 0, /*bucket_leases=*/true);
+       }},
+      {"https_ceiling", [&] { return HttpCeiling(/*tls=*/true); }},
+      {"webhook_drain_https",
+       [&] {
+         return WebhookDrain("webhook_drain_https", opt_.webhook_connections,
+                             opt_.webhook_messages, 0, false, /*tls=*/true);
        }},
       {"webhook_fanout10_nolog",
        [&] {

@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "outbox_relay/config.h"
+#include "tls_files.h"
 
 namespace outbox::bench {
 
@@ -145,9 +146,11 @@ class Bench {
   enum class LeaseForm { kRowLeases, kBucketLeases };
   ScenarioResult SqlCycle(const std::string& name, LeaseForm form);
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
-  ScenarioResult HttpCeiling();
+  /// `tls`: the same over HTTPS (https_ceiling), against the HTTPS receiver.
+  ScenarioResult HttpCeiling(bool tls = false);
   ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages,
-                              int claim_connections = 0, bool bucket_leases = false);
+                              int claim_connections = 0, bool bucket_leases = false,
+                              bool tls = false);
   /// `wanted`, or --claim-connections when 0; 1 for exactly-once relays (which refuse more).
   int ClaimConnections(int wanted, bool one_loop = false) const;
   ScenarioResult WebhookFanout(const std::string& name, int endpoints, bool delivery_log,
@@ -163,6 +166,9 @@ class Bench {
 
   Helper& Kafka();
   Helper& Http();
+  /// The same receiver over HTTPS, in a process of its own, with a self-signed certificate
+  /// (tls_files_) that the clients trust.
+  Helper& Https();
   Helper& Producers();
   std::string NewTopic(const std::string& name);
   void FillCommon(ScenarioResult& r, const Observation& obs, std::int64_t delivered);
@@ -172,9 +178,13 @@ class Bench {
   Options opt_;
   PgServer& pg_;
   int postmaster_pid_ = -1;
-  std::unique_ptr<Helper> kafka_, http_, producers_;
+  std::unique_ptr<Helper> kafka_, http_, https_, producers_;
   std::string bootstraps_;
   int http_port_ = 0;
+  int https_port_ = 0;
+  TlsFiles tls_files_;
+  /// https_ceiling's rate, client CPU per request and mean request, as http_ceiling's below.
+  std::optional<double> https_ceiling_, https_ceiling_cpu_us_, https_ceiling_mean_request_us_;
   std::optional<double> sql_ceiling_, http_ceiling_;
   std::optional<double> sql_ceiling_pg_cpu_us_;  ///< the baseline ceiling's Postgres CPU per row
   std::optional<double> http_ceiling_cpu_us_;
