@@ -1039,14 +1039,12 @@ TEST(WebhookSink, ReusesKeepAliveConnections) {
   sink->Shutdown(5s);
 }
 
-// A request's head and body leave in one TCP segment, not two: cpp-httplib writes them with two
-// send()s, and with TCP_NODELAY each was a segment of its own, so the receiver (on loopback:
-// the same CPUs) took two receives and the relay two transmits per message. Counted by the
-// receiving socket (TCP_INFO's data segments in) over requests on one keep-alive connection.
-TEST(WebhookSink, ARequestsHeadAndBodyGoOutInOneSegment) {
+/// Data segments a loopback endpoint takes in (TCP_INFO) while `count` requests, one after
+/// another on one keep-alive connection (over TLS when `tls` is given, handshake included),
+/// are delivered to it; -1 when it could not tell.
+long DataSegmentsOfRequests(int count, const outbox::testing::TestPki* tls) {
   RefusingPort socket;
-  ASSERT_EQ(::listen(socket.fd, 4), 0);
-  constexpr int kCount = 20;
+  if (::listen(socket.fd, 4) != 0) return -1;
   std::atomic<long> data_segments{-1};
   std::thread server([&] {
     pollfd p{socket.fd, POLLIN, 0};
@@ -1055,45 +1053,89 @@ TEST(WebhookSink, ARequestsHeadAndBodyGoOutInOneSegment) {
     if (c < 0) return;
     const timeval most{20, 0};
     ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &most, sizeof most);
-    std::string in;
-    char buf[4096];
-    for (int served = 0; served < kCount;) {
-      const auto end = in.find("\r\n\r\n");
-      const auto at = in.find("Content-Length: ");
-      if (end != std::string::npos && at != std::string::npos && at < end &&
-          in.size() >= end + 4 + std::stoul(in.substr(at + 16))) {
-        in.erase(0, end + 4 + std::stoul(in.substr(at + 16)));
-        const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
-        if (::send(c, ok.data(), ok.size(), MSG_NOSIGNAL) <= 0) break;
-        ++served;
-        continue;
+    SSL_CTX* ctx = nullptr;
+    SSL* ssl = nullptr;
+    if (tls != nullptr) {
+      ctx = SSL_CTX_new(TLS_server_method());
+      ssl =
+          ctx != nullptr &&
+                  SSL_CTX_use_certificate_chain_file(ctx, tls->server.cert_pem_path.c_str()) == 1 &&
+                  SSL_CTX_use_PrivateKey_file(ctx, tls->server.key_pem_path.c_str(),
+                                              SSL_FILETYPE_PEM) == 1
+              ? SSL_new(ctx)
+              : nullptr;
+      if (ssl != nullptr) SSL_set_fd(ssl, c);
+    }
+    if (tls == nullptr || (ssl != nullptr && SSL_accept(ssl) == 1)) {
+      std::string in;
+      char buf[4096];
+      for (int served = 0; served < count;) {
+        const auto end = in.find("\r\n\r\n");
+        const auto at = in.find("Content-Length: ");
+        if (end != std::string::npos && at != std::string::npos && at < end &&
+            in.size() >= end + 4 + std::stoul(in.substr(at + 16))) {
+          in.erase(0, end + 4 + std::stoul(in.substr(at + 16)));
+          const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+          const long sent = ssl != nullptr ? SSL_write(ssl, ok.data(), static_cast<int>(ok.size()))
+                                           : ::send(c, ok.data(), ok.size(), MSG_NOSIGNAL);
+          if (sent <= 0) break;
+          ++served;
+          continue;
+        }
+        const long n =
+            ssl != nullptr ? SSL_read(ssl, buf, sizeof buf) : ::recv(c, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        in.append(buf, static_cast<std::size_t>(n));
       }
-      const ssize_t n = ::recv(c, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      in.append(buf, static_cast<std::size_t>(n));
+      tcp_info info{};
+      socklen_t len = sizeof info;
+      if (::getsockopt(c, IPPROTO_TCP, TCP_INFO, &info, &len) == 0) {
+        data_segments = info.tcpi_data_segs_in;
+      }
     }
-    tcp_info info{};
-    socklen_t len = sizeof info;
-    if (::getsockopt(c, IPPROTO_TCP, TCP_INFO, &info, &len) == 0) {
-      data_segments = info.tcpi_data_segs_in;
-    }
+    if (ssl != nullptr) SSL_free(ssl);
+    if (ctx != nullptr) SSL_CTX_free(ctx);
     ::close(c);
   });
   WebhookTarget target = Target(socket.Url());
+  if (tls != nullptr) {
+    target.url = "https://127.0.0.1:" + std::to_string(socket.port) + "/hook";
+    target.ca_file = tls->ca_cert_path;
+  }
   target.max_in_flight = 1;  // one connection, the requests one after another
   auto sink = MakeWebhookSink("hooks", target);
   Completions done;
-  for (int n = 1; n <= kCount; ++n) {
+  for (int n = 1; n <= count; ++n) {
     sink->Submit(MakeMessage(n, R"({"order":)" + std::to_string(n) + "}"), done.Callback());
   }
-  EXPECT_TRUE(done.WaitForSize(kCount));
+  EXPECT_TRUE(done.WaitForSize(static_cast<std::size_t>(count)));
   server.join();
   for (const auto& o : done.All()) EXPECT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;
+  sink->Shutdown(5s);
+  return data_segments.load();
+}
+
+// A request's head and body leave in one TCP segment, not two: cpp-httplib writes them with two
+// send()s, and with TCP_NODELAY each was a segment of its own, so the receiver (on loopback:
+// the same CPUs) took two receives and the relay two transmits per message. Counted by the
+// receiving socket (TCP_INFO's data segments in) over requests on one keep-alive connection.
+TEST(WebhookSink, ARequestsHeadAndBodyGoOutInOneSegment) {
+  constexpr int kCount = 20;
+  const long segments = DataSegmentsOfRequests(kCount, nullptr);
   // One each; a few more where a worker was descheduled for over 200 ms between the head and
   // the body (the kernel then sends what MSG_MORE held back), never one more for each.
-  EXPECT_GE(data_segments.load(), kCount);
-  EXPECT_LT(data_segments.load(), kCount * 3 / 2) << "data segments for " << kCount << " requests";
-  sink->Shutdown(5s);
+  EXPECT_GE(segments, kCount);
+  EXPECT_LT(segments, kCount * 3 / 2) << "data segments for " << kCount << " requests";
+}
+
+// Over TLS too: head and body went as two TLS records, each written on its own (OpenSSL writes
+// every SSL_write at once), so two segments a request. The handshake adds its own few.
+TEST(WebhookSink, ARequestsHeadAndBodyGoOutInOneSegmentOverTls) {
+  constexpr int kCount = 20;
+  const auto pki = outbox::testing::MakeTestPki();
+  const long segments = DataSegmentsOfRequests(kCount, &pki);
+  EXPECT_GE(segments, kCount);
+  EXPECT_LT(segments, kCount * 3 / 2) << "data segments for " << kCount << " requests";
 }
 
 // An endpoint that closes a kept-alive connection between two requests (an idle timeout: no

@@ -71,6 +71,30 @@ bool ResponseHeadGuard::Feed(const char* data, std::size_t n) {
   return true;
 }
 
+int ResponseHeadGuard::WriteTls(SSL* ssl, const void* data, int n,
+                                int (*write)(SSL*, const void*, int)) {
+  // A partial write could leave part of the head unsent while cpp-httplib counts it all sent.
+  if ((SSL_get_mode(ssl) & SSL_MODE_ENABLE_PARTIAL_WRITE) != 0 && kept_head_.empty()) {
+    return write(ssl, data, n);
+  }
+  if (hold_head_) {
+    kept_head_.append(static_cast<const char*>(data), static_cast<std::size_t>(n));
+    return n;  // written, as far as cpp-httplib can tell: it goes with the body
+  }
+  if (kept_head_.empty()) return write(ssl, data, n);
+  if (!combined_) {
+    kept_head_.append(static_cast<const char*>(data), static_cast<std::size_t>(n));
+    body_bytes_ = n;
+    combined_ = true;
+  }
+  // Retried after SSL_ERROR_WANT_WRITE with the same bytes, as OpenSSL requires.
+  const int written = write(ssl, kept_head_.data(), static_cast<int>(kept_head_.size()));
+  if (written <= 0) return written;
+  kept_head_.clear();
+  combined_ = false;
+  return body_bytes_;
+}
+
 }  // namespace outbox::relay::webhook_detail
 
 using outbox::relay::webhook_detail::t_guard;
@@ -117,8 +141,16 @@ extern "C" ssize_t send(int fd, const void* buf, size_t len, int flags) {
   using Fn = ssize_t (*)(int, const void*, size_t, int);
   static const Fn next = outbox::relay::webhook_detail::Next<Fn>("send");
   const auto* guard = t_guard;
-  if (guard != nullptr && guard->HoldingHead()) flags |= MSG_MORE;
+  if (guard != nullptr && guard->HoldingHead() && !guard->Tls()) flags |= MSG_MORE;
   return next(fd, buf, len, flags);
+}
+
+extern "C" int SSL_write(SSL* ssl, const void* buf, int num) {
+  using Fn = int (*)(SSL*, const void*, int);
+  static const Fn next = outbox::relay::webhook_detail::Next<Fn>("SSL_write");
+  auto* guard = t_guard;
+  if (guard == nullptr || !guard->Coalescing() || !guard->Tls()) return next(ssl, buf, num);
+  return guard->WriteTls(ssl, buf, num, next);
 }
 
 extern "C" int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
@@ -127,6 +159,11 @@ extern "C" int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
   auto* guard = t_guard;
   if (guard == nullptr || !guard->Coalescing() || nfds != 1) return next(fds, nfds, timeout);
   pollfd& p = fds[0];
+  if (p.events == POLLIN && timeout == 0 && !guard->FirstLivenessCheck()) {
+    p.revents = 0;  // nothing to read: the connection checked alive at the request's start
+    return 0;
+  }
+  if (guard->Tls()) return next(fds, nfds, timeout);
   if (p.events == POLLOUT && timeout > 0) {  // writable? the blocking send waits as long
     p.revents = POLLOUT;
     return 1;
@@ -134,10 +171,6 @@ extern "C" int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
   if (p.events == POLLIN && timeout > 0) {  // readable? the blocking receive waits as long
     p.revents = POLLIN;
     return 1;
-  }
-  if (p.events == POLLIN && timeout == 0 && !guard->FirstLivenessCheck()) {
-    p.revents = 0;  // nothing to read: the connection checked alive at the request's start
-    return 0;
   }
   return next(fds, nfds, timeout);
 }

@@ -25,14 +25,22 @@
 // have, and fails the same way (and a receive that returns past the request's deadline fails,
 // as the poll's wait ended there), and a peer that closed the connection since the check fails
 // the write or the read instead of the poll. The connect's poll (POLLIN|POLLOUT) is the
-// kernel's, and TLS requests are not armed (OpenSSL writes with write() and keeps its own
-// buffers).
+// kernel's.
+//
+// Over TLS (OpenSSL writes with write(), a record per SSL_write) the head's SSL_write is kept
+// here and written with the body's, as one record and one segment; of the polls only the
+// liveness checks after the first are answered here. The waits for writable and readable stay
+// the kernel's: cpp-httplib retries a TLS read or write that wants more up to 1000 times, a
+// poll before each, and only a real poll's timeout ends that.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <string>
 #include <utility>
+
+struct ssl_st;
+using SSL = ssl_st;
 
 namespace outbox::relay::webhook_detail {
 
@@ -63,16 +71,21 @@ class ResponseHeadGuard {
   /// The deadline has passed.
   bool Late() const { return Clock::now() >= deadline_; }
 
-  /// Plain HTTP only: from now on the request's head is sent with MSG_MORE when a body follows
-  /// it, and readiness polls are answered as described above.
-  void Coalesce(bool body_follows) {
+  /// From now on the request's head waits for its body when one follows (MSG_MORE over plain
+  /// HTTP, kept here over TLS), and readiness polls are answered as described above.
+  void Coalesce(bool body_follows, bool tls) {
     coalesce_ = true;
+    tls_ = tls;
     hold_head_ = body_follows;
   }
-  /// The body is being written: it goes without MSG_MORE, pushing the head out with it.
+  /// The body is being written: the head goes with it.
   void BodyStarts() { hold_head_ = false; }
   bool Coalescing() const { return coalesce_; }
+  bool Tls() const { return tls_; }
   bool HoldingHead() const { return hold_head_; }
+  /// TLS: what SSL_write(ssl, data, n) does while coalescing: the head kept, the body written
+  /// with it (`write` is OpenSSL's own SSL_write).
+  int WriteTls(SSL* ssl, const void* data, int n, int (*write)(SSL*, const void*, int));
   /// The first liveness check (a poll for input with no wait) is the kernel's; true for it.
   bool FirstLivenessCheck() { return !std::exchange(liveness_checked_, true); }
 
@@ -86,7 +99,11 @@ class ResponseHeadGuard {
   std::string refused_;
   Clock::time_point deadline_;
   bool coalesce_ = false;
+  bool tls_ = false;
   bool hold_head_ = false;
+  std::string kept_head_;  ///< TLS: the head kept for the body's record
+  int body_bytes_ = 0;     ///< TLS: the body's share of head_ once it was appended
+  bool combined_ = false;  ///< TLS: head_ holds head and body (a write that wanted more is retried)
   bool liveness_checked_ = false;
   ResponseHeadGuard* outer_;
 };
