@@ -17,10 +17,10 @@
 # `statements` (150 s; session 33) measures ADR 0003's bucket-lease statements against the
 # relay's own (sql_row_leases, sql_bucket_leases) and the Kafka drain: run it with drains,
 #   bash bench/device_checks.sh drains statements          (timeout 460 s)
-# `webhooks` (~170 s; session 36) is issue 17's 16-core check: the default drain (claim_connections
+# `webhooks` (~200 s; session 36) is issue 17's 16-core check: the default drain (claim_connections
 # auto: 4 claim loops for the default 32 workers on 16 CPUs since session 36) against one loop
-# (webhook_drain_cc1, the old default there) and bucket leases,
-#   bash bench/device_checks.sh webhooks statements          (timeout 420 s)
+# (webhook_drain_cc1, the old default there) and bucket leases, and the same over HTTPS,
+#   bash bench/device_checks.sh webhooks statements          (timeout 480 s)
 # (Session 28 ran all four in one call with drains at 200 s and claim_connections at 140 s:
 # both ran out of time before their last scenarios.)
 set -u
@@ -67,7 +67,7 @@ for group in "${groups[@]}"; do
       run statements 220 --statement-stats --only sql_ceiling,sql_row_leases,sql_bucket_leases,kafka_drain,kafka_drain_bucket_leases \
         --kafka-messages 200000 ;;
     webhooks)  # issue 17: the default webhook drain beside one claim loop and bucket leases
-      run webhooks 200 --only sql_ceiling,http_ceiling,webhook_drain,webhook_drain_cc1,webhook_drain_bucket_leases \
+      run webhooks 250 --only sql_ceiling,http_ceiling,webhook_drain,webhook_drain_cc1,webhook_drain_bucket_leases,https_ceiling,webhook_drain_https \
         --webhook-messages 200000 --claim-connections-sweep 1 ;;
     *) echo "unknown group $group (drains, open_loop, sustained, claim_connections, statements, webhooks)"; exit 2 ;;
   esac
