@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "address_policy.h"
+#include "response_guard.h"
 #include "outbox_test/full_listener.h"
 #include "outbox_test/gate.h"
 #include "outbox_test/http_receiver.h"
@@ -1047,6 +1048,10 @@ long DataSegmentsOfRequests(int count, const outbox::testing::TestPki* tls) {
   if (::listen(socket.fd, 4) != 0) return -1;
   std::atomic<long> data_segments{-1};
   std::thread server([&] {
+    sigset_t pipe;  // SSL_write to a client that hung up fails; it must not end the test binary
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
     pollfd p{socket.fd, POLLIN, 0};
     if (::poll(&p, 1, 20'000) != 1) return;  // no connection: the test fails, it does not hang
     const int c = ::accept(socket.fd, nullptr, nullptr);
@@ -1169,6 +1174,41 @@ TEST(WebhookSink, TlsWithConfiguredCaDelivers) {
   EXPECT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;
   ASSERT_EQ(receiver.Count(), 1u);
   EXPECT_EQ(receiver.Requests().front().Header("webhook-id"), KeyOf(1));
+}
+
+// Over TLS a body up to kTlsCoalescedBody goes in the head's record, a larger one after it as
+// before: both arrive whole, each signed over what arrived.
+TEST(WebhookSink, TlsBodiesAroundTheCoalescedSizeArriveWhole) {
+  const auto pki = outbox::testing::MakeTestPki();
+  HttpReceiver receiver(pki.server);
+  WebhookTarget target = Target(receiver.Url("/secure"));
+  target.ca_file = pki.ca_cert_path;
+  auto sink = MakeWebhookSink("hooks", target);
+  Completions done;
+  const std::vector<std::size_t> sizes = {webhook_detail::kTlsCoalescedBody - 40,
+                                          webhook_detail::kTlsCoalescedBody + 1, 40000};
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const int n = static_cast<int>(i) + 1;
+    sink->Submit(MakeMessage(n, R"({"pad":")" + std::string(sizes[i], 'p') + R"("})"),
+                 done.Callback());
+  }
+  ASSERT_TRUE(done.WaitForSize(sizes.size()));
+  sink->Shutdown(5s);
+  ASSERT_EQ(receiver.Count(), sizes.size());
+  for (const auto& request : receiver.Requests()) {
+    const std::string id = request.Header("webhook-id");
+    const int n = std::stoi(id.substr(id.size() - 3));
+    const std::string expected =
+        R"({"pad":")" + std::string(sizes[static_cast<std::size_t>(n - 1)], 'p') + R"("})";
+    EXPECT_EQ(request.body, expected) << "message " << n;
+    EXPECT_EQ(SignatureEntries(request.Header("webhook-signature")),
+              (std::set<std::string>{
+                  SpecSignature(kSecretA, id, request.Header("webhook-timestamp"), request.body)}))
+        << "message " << n;
+  }
+  for (int n = 1; n <= static_cast<int>(sizes.size()); ++n) {
+    EXPECT_EQ(done.Of(n).kind, OutcomeKind::kDelivered) << done.Of(n).reason;
+  }
 }
 
 TEST(WebhookSink, TlsWithSystemCasRejectsTheTestCertificate) {

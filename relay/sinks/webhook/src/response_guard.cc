@@ -1,4 +1,5 @@
-// See response_guard.h for why this file defines recv() and SSL_read().
+// See response_guard.h for why this file defines recv(), SSL_read(), send(), poll() and
+// SSL_write().
 #undef _FORTIFY_SOURCE  // recv() is defined here: no inline fortify wrapper may stand in for it
 #include "response_guard.h"
 

@@ -7,7 +7,8 @@
 // the message was retried. Header lines are read whole before httplib checks its 8 KB limit,
 // so a line that never ends grew memory without bound. The library is compiled (no hook runs
 // before the status line is parsed), so the guard sits under it: this library defines recv()
-// (plain HTTP) and SSL_read() (TLS), which cpp-httplib imports. They call the C library's and
+// (plain HTTP) and SSL_read() (TLS), which cpp-httplib imports (and send(), poll() and
+// SSL_write(), below). They call the C library's and
 // OpenSSL's own; while a webhook worker thread holds a ResponseHeadGuard, the bytes of the
 // response head are counted per line, and a read that would pass a limit fails instead (a read
 // error to cpp-httplib, before it parses the line). Other threads and callers (libpq,
@@ -48,6 +49,9 @@ namespace outbox::relay::webhook_detail {
 inline constexpr std::size_t kMaxStatusLine = 4096;
 /// The longest header line (cpp-httplib refuses over 8 KB once it has read it all).
 inline constexpr std::size_t kMaxHeaderLine = 65536;
+/// TLS: the largest body whose request head waits for it, both in one record (16 KiB at most;
+/// a larger one is split into records anyway, and copying it to join the head gains nothing).
+inline constexpr std::size_t kTlsCoalescedBody = 8192;
 /// The whole head: status line and headers, with any interim (1xx) heads before it.
 inline constexpr std::size_t kMaxResponseHead = 256 * 1024;
 
@@ -72,7 +76,8 @@ class ResponseHeadGuard {
   bool Late() const { return Clock::now() >= deadline_; }
 
   /// From now on the request's head waits for its body when one follows (MSG_MORE over plain
-  /// HTTP, kept here over TLS), and readiness polls are answered as described above.
+  /// HTTP, kept here over TLS: the caller asks that only for a body that fits one TLS record
+  /// with the head, kTlsCoalescedBody), and readiness polls are answered as described above.
   void Coalesce(bool body_follows, bool tls) {
     coalesce_ = true;
     tls_ = tls;
@@ -102,8 +107,8 @@ class ResponseHeadGuard {
   bool tls_ = false;
   bool hold_head_ = false;
   std::string kept_head_;  ///< TLS: the head kept for the body's record
-  int body_bytes_ = 0;     ///< TLS: the body's share of head_ once it was appended
-  bool combined_ = false;  ///< TLS: head_ holds head and body (a write that wanted more is retried)
+  int body_bytes_ = 0;     ///< TLS: the body's share of kept_head_ once it was appended
+  bool combined_ = false;  ///< TLS: kept_head_ holds head and body (retried as it is)
   bool liveness_checked_ = false;
   ResponseHeadGuard* outer_;
 };

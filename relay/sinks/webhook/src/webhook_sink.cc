@@ -1074,7 +1074,10 @@ class WebhookSink final : public Sink {
     // What cpp-httplib reads of the answer, and until when; over plain HTTP, what it costs in
     // system calls (see response_guard.h).
     webhook_detail::ResponseHeadGuard head_guard(deadline);
-    head_guard.Coalesce(!msg.payload.empty(), url_.https);
+    head_guard.Coalesce(
+        !msg.payload.empty() &&
+            (!url_.https || msg.payload.size() <= webhook_detail::kTlsCoalescedBody),
+        url_.https);
     // One pointer captured: std::function keeps it inline, with no allocation per request.
     bool ran_out = false;
     const BodySource body{this, &worker, &msg, &ran_out, &head_guard};
