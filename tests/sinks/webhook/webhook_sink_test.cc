@@ -737,8 +737,8 @@ TEST(WebhookSink, AResponseHeadThatTricklesInTimesOut) {
 
 // An answer that is still coming at the deadline is a timeout, however soon the rest follows:
 // the status line at 0.9 of timeout_ms, the rest at 1.5. With cpp-httplib's polls answered
-// without the kernel (plain HTTP), the receive that waited across the deadline returned the
-// rest, and the message counted as delivered.
+// without the kernel (plain HTTP, before it had a client of its own), the receive that waited
+// across the deadline returned the rest, and the message counted as delivered.
 TEST(WebhookSink, AnAnswerThatEndsAfterTheDeadlineIsATimeout) {
   RefusingPort socket;
   ASSERT_EQ(::listen(socket.fd, 4), 0);
@@ -1127,8 +1127,7 @@ long DataSegmentsOfRequests(int count, const outbox::testing::TestPki* tls) {
 TEST(WebhookSink, ARequestsHeadAndBodyGoOutInOneSegment) {
   constexpr int kCount = 20;
   const long segments = DataSegmentsOfRequests(kCount, nullptr);
-  // One each; a few more where a worker was descheduled for over 200 ms between the head and
-  // the body (the kernel then sends what MSG_MORE held back), never one more for each.
+  // One each (one sendmsg() of head and body; over TLS, one record), never one more for each.
   EXPECT_GE(segments, kCount);
   EXPECT_LT(segments, kCount * 3 / 2) << "data segments for " << kCount << " requests";
 }
@@ -1145,8 +1144,8 @@ TEST(WebhookSink, ARequestsHeadAndBodyGoOutInOneSegmentOverTls) {
 
 // An endpoint that closes a kept-alive connection between two requests (an idle timeout: no
 // "Connection: close" said so) costs the next message nothing: the worker finds the connection
-// closed before it writes and opens another. (The request's first liveness check stays the
-// kernel's when the other polls are answered without it; see response_guard.h.)
+// closed before it writes and opens another (plain_http.cc polls a kept connection before it
+// reuses it; over TLS, cpp-httplib's first liveness check stays the kernel's, response_guard.h).
 TEST(WebhookSink, AConnectionTheEndpointClosedMeanwhileIsReplacedNotAFailedAttempt) {
   RawAnswerer endpoint("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");  // then closes
   WebhookTarget target = Target(endpoint.Url());

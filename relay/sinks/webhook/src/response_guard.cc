@@ -1,15 +1,10 @@
-// See response_guard.h for why this file defines recv(), SSL_read(), send(), poll() and
-// SSL_write().
-#undef _FORTIFY_SOURCE  // recv() is defined here: no inline fortify wrapper may stand in for it
+// See response_guard.h for why this file defines SSL_read(), SSL_write() and poll().
 #include "response_guard.h"
 
 #include <dlfcn.h>
 #include <openssl/ssl.h>
 #include <poll.h>
-#include <sys/socket.h>
-#include <sys/types.h>
 
-#include <cerrno>
 #include <cstdlib>
 
 namespace outbox::relay::webhook_detail {
@@ -25,6 +20,23 @@ Fn Next(const char* name) {
 }
 
 }  // namespace
+
+const std::string& StatusLineTooLong() {
+  static const std::string why = "the response's status line is longer than " +
+                                 std::to_string(kMaxStatusLine) +
+                                 " bytes (not an HTTP answer); not read further";
+  return why;
+}
+const std::string& HeaderLineTooLong() {
+  static const std::string why = "a response header line is longer than " +
+                                 std::to_string(kMaxHeaderLine) + " bytes; not read further";
+  return why;
+}
+const std::string& HeadTooLong() {
+  static const std::string why = "the response's headers are longer than " +
+                                 std::to_string(kMaxResponseHead) + " bytes; not read further";
+  return why;
+}
 
 ResponseHeadGuard::ResponseHeadGuard(Clock::time_point deadline)
     : deadline_(deadline), outer_(t_guard) {
@@ -55,16 +67,13 @@ bool ResponseHeadGuard::Feed(const char* data, std::size_t n) {
       if (status_line_ && status_start_.size() < 12) status_start_.push_back(c);
       ++line_;
       if (status_line_ && line_ > kMaxStatusLine) {
-        refused_ = "the response's status line is longer than " + std::to_string(kMaxStatusLine) +
-                   " bytes (not an HTTP answer); not read further";
+        refused_ = StatusLineTooLong();
       } else if (line_ > kMaxHeaderLine) {
-        refused_ = "a response header line is longer than " + std::to_string(kMaxHeaderLine) +
-                   " bytes; not read further";
+        refused_ = HeaderLineTooLong();
       }
     }
     if (refused_.empty() && head_ > kMaxResponseHead) {
-      refused_ = "the response's headers are longer than " + std::to_string(kMaxResponseHead) +
-                 " bytes; not read further";
+      refused_ = HeadTooLong();
     }
     if (!refused_.empty()) return false;
     last_cr_ = c == '\r';
@@ -100,33 +109,6 @@ int ResponseHeadGuard::WriteTls(SSL* ssl, const void* data, int n,
 
 using outbox::relay::webhook_detail::t_guard;
 
-extern "C" ssize_t recv(int fd, void* buf, size_t len, int flags) {
-  using Fn = ssize_t (*)(int, void*, size_t, int);
-  static const Fn next = outbox::relay::webhook_detail::Next<Fn>("recv");
-  auto* guard = t_guard;
-  if (guard == nullptr || (flags & MSG_PEEK) != 0) return next(fd, buf, len, flags);
-  if (!guard->Refused().empty()) {
-    errno = EMSGSIZE;
-    return -1;
-  }
-  if (guard->Late()) {
-    errno = ETIMEDOUT;
-    return -1;
-  }
-  const ssize_t n = next(fd, buf, len, flags);
-  // What came after the deadline is too late too: with the readiness polls answered here
-  // (Coalesce), this receive may itself have waited across it.
-  if (n > 0 && guard->Late()) {
-    errno = ETIMEDOUT;
-    return -1;
-  }
-  if (n > 0 && !guard->Feed(static_cast<const char*>(buf), static_cast<std::size_t>(n))) {
-    errno = EMSGSIZE;
-    return -1;
-  }
-  return n;
-}
-
 extern "C" int SSL_read(SSL* ssl, void* buf, int num) {
   using Fn = int (*)(SSL*, void*, int);
   static const Fn next = outbox::relay::webhook_detail::Next<Fn>("SSL_read");
@@ -138,19 +120,11 @@ extern "C" int SSL_read(SSL* ssl, void* buf, int num) {
   return n;
 }
 
-extern "C" ssize_t send(int fd, const void* buf, size_t len, int flags) {
-  using Fn = ssize_t (*)(int, const void*, size_t, int);
-  static const Fn next = outbox::relay::webhook_detail::Next<Fn>("send");
-  const auto* guard = t_guard;
-  if (guard != nullptr && guard->HoldingHead() && !guard->Tls()) flags |= MSG_MORE;
-  return next(fd, buf, len, flags);
-}
-
 extern "C" int SSL_write(SSL* ssl, const void* buf, int num) {
   using Fn = int (*)(SSL*, const void*, int);
   static const Fn next = outbox::relay::webhook_detail::Next<Fn>("SSL_write");
   auto* guard = t_guard;
-  if (guard == nullptr || !guard->Coalescing() || !guard->Tls()) return next(ssl, buf, num);
+  if (guard == nullptr || !guard->Coalescing()) return next(ssl, buf, num);
   return guard->WriteTls(ssl, buf, num, next);
 }
 
@@ -163,15 +137,6 @@ extern "C" int poll(struct pollfd* fds, nfds_t nfds, int timeout) {
   if (p.events == POLLIN && timeout == 0 && !guard->FirstLivenessCheck()) {
     p.revents = 0;  // nothing to read: the connection checked alive at the request's start
     return 0;
-  }
-  if (guard->Tls()) return next(fds, nfds, timeout);
-  if (p.events == POLLOUT && timeout > 0) {  // writable? the blocking send waits as long
-    p.revents = POLLOUT;
-    return 1;
-  }
-  if (p.events == POLLIN && timeout > 0) {  // readable? the blocking receive waits as long
-    p.revents = POLLIN;
-    return 1;
   }
   return next(fds, nfds, timeout);
 }

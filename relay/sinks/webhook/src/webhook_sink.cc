@@ -1,5 +1,6 @@
 // The webhook sink: a queue drained by max_in_flight workers, each with its own keep-alive
-// cpp-httplib client, posting Standard Webhooks-signed requests.
+// connection (plain_http.h for http://, a cpp-httplib client for https://), posting Standard
+// Webhooks-signed requests.
 #include "outbox_relay/webhook_sink.h"
 
 #include <fcntl.h>
@@ -34,6 +35,7 @@
 #include "outbox_relay/cloudevents.h"
 #include "outbox_relay/thread_name.h"
 #include "outbox_relay/webhook_service.h"
+#include "plain_http.h"
 #include "response_guard.h"
 #include "webhook_internal.h"
 #include "webhook_remake.h"
@@ -81,6 +83,14 @@ bool IsValidHeaderValue(std::string_view value) {
   return true;
 }
 
+/// Header names compare without case (ASCII: a name is a token).
+bool SameHeaderName(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return (x >= 'A' && x <= 'Z' ? x - 'A' + 'a' : x) ==
+                  (y >= 'A' && y <= 'Z' ? y - 'A' + 'a' : y);
+         });
+}
+
 bool ContainsHeader(const httplib::Headers& headers, const std::string& name) {
   return headers.find(name) != headers.end();  // httplib::Headers compares case-insensitively
 }
@@ -94,6 +104,31 @@ void CallCompletion(const Sink::Completion& done, Outcome outcome, const std::st
   } catch (...) {
     spdlog::error("webhook {}: completion threw a non-standard exception", destination);
   }
+}
+
+/// A request target as it goes on the request line: the URL's path and query, with any byte
+/// past ASCII percent-encoded (the URL was checked: no spaces or control characters).
+std::string RequestTarget(const std::string& path) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (const char c : path) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x80) {
+      out.push_back(c);
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[u >> 4]);
+      out.push_back(kHex[u & 0xF]);
+    }
+  }
+  return out;
+}
+
+std::string HostHeader(const webhook_detail::ParsedUrl& url) {
+  const bool v6 = url.host.find(':') != std::string::npos;
+  std::string host = v6 ? "[" + url.host + "]" : url.host;
+  if (url.port != (url.https ? 443 : 80)) host += ":" + std::to_string(url.port);
+  return host;
 }
 
 /// The URL is not echoed: webhook URLs often carry tokens.
@@ -232,7 +267,11 @@ class WebhookSink final : public Sink {
     workers_.reserve(static_cast<std::size_t>(target_.max_in_flight));
     for (int i = 0; i < target_.max_in_flight; ++i) {
       auto worker = std::make_unique<Worker>();
-      worker->client = MakeClient(*worker);
+      if (url_.https) {
+        worker->client = MakeClient(*worker);
+      } else {
+        worker->plain = MakePlainConnection(*worker);
+      }
       worker->signer = std::make_unique<webhook_detail::Signer>(keys_);
       workers_.push_back(std::move(worker));
     }
@@ -368,7 +407,9 @@ class WebhookSink final : public Sink {
       sigemptyset(&pipe);
       sigaddset(&pipe, SIGPIPE);
       pthread_sigmask(SIG_BLOCK, &pipe, &before);
-      for (Worker* worker : to_stop) StopClientOfAnotherThread(*worker->client);
+      for (Worker* worker : to_stop) {
+        if (worker->client) StopClientOfAnotherThread(*worker->client);
+      }
       const timespec now{0, 0};
       while (sigtimedwait(&pipe, nullptr, &now) > 0) {
       }
@@ -515,17 +556,11 @@ class WebhookSink final : public Sink {
     Completion done;
   };
 
-  struct Worker;
-  struct BodySource {
-    const WebhookSink* sink;
-    const Worker* worker;
-    const Message* msg;
-    bool* ran_out;  ///< Set when the claim ran out before the body was written.
-    webhook_detail::ResponseHeadGuard* guard;  ///< Told when the body starts.
-  };
-
   struct Worker {
-    std::unique_ptr<httplib::ClientImpl> client;  ///< Keep-alive connection of this worker.
+    /// Keep-alive connection of this worker: a cpp-httplib client for https://, else plain.
+    std::unique_ptr<httplib::ClientImpl> client;
+    std::unique_ptr<webhook_detail::PlainHttpConnection> plain;
+    std::string head;  ///< Plain HTTP: the request head, its capacity kept across requests.
     std::string connect_ip;                       ///< The checked address client connects to.
     std::vector<std::string> addresses;           ///< Every checked address, connect_ip among them.
     std::size_t address_index = 0;                ///< connect_ip's place in addresses.
@@ -549,6 +584,7 @@ class WebhookSink final : public Sink {
     mutable int opening_fd = -1;  ///< Guarded by opening_mu.
     bool aborted = false;         ///< Guarded by opening_mu: Shutdown gave up on its request.
     ~Worker() {
+      plain.reset();  // its close hands back the duplicate, under opening_mu: still alive here
       if (opening_fd >= 0) ::close(opening_fd);
     }
   };
@@ -570,6 +606,9 @@ class WebhookSink final : public Sink {
   }
 
   // The request is over: whatever connection it opened is the client's own business again.
+  // (Plain HTTP: the connection closes. Its duplicate is kept while it is open, so that
+  // Shutdown's AbortOpening also ends a request on a connection kept alive: cpp-httplib's
+  // stop() does that for https.)
   static void Opened(const Worker& worker) {
     std::lock_guard lock(worker.opening_mu);
     if (worker.opening_fd >= 0) ::close(worker.opening_fd);
@@ -626,6 +665,16 @@ class WebhookSink final : public Sink {
     client->set_read_timeout(target_.timeout);
     client->set_write_timeout(target_.timeout);
     return client;
+  }
+
+  std::unique_ptr<webhook_detail::PlainHttpConnection> MakePlainConnection(Worker& worker) const {
+    webhook_detail::PlainHttpConnection::Options options;
+    options.connect_timeout = target_.connect_timeout;
+    options.timeout = target_.timeout;
+    options.keep_body = kKeptBodyBytes;
+    options.opening = [&worker](int fd) { Opening(worker, fd); };
+    options.closing = [&worker] { Opened(worker); };
+    return std::make_unique<webhook_detail::PlainHttpConnection>(std::move(options));
   }
 
   void Run(Worker& worker) {
@@ -896,7 +945,7 @@ class WebhookSink final : public Sink {
     worker.address_index = index;
     const std::string& ip = worker.addresses[index];
     if (ip != worker.connect_ip) {
-      worker.client->set_hostname_addr_map({{url_.host, ip}});
+      if (worker.client) worker.client->set_hostname_addr_map({{url_.host, ip}});
       worker.connect_ip = ip;
     }
   }
@@ -999,19 +1048,23 @@ class WebhookSink final : public Sink {
     CallCompletion(done, std::move(outcome), destination_);
   }
 
-  httplib::Headers BuildHeaders(webhook_detail::Signer& signer, const Message& msg,
-                                long long timestamp) const {
-    httplib::Headers headers;
-    std::string signatures = signer.Signatures(msg.idempotency_key, timestamp, msg.payload);
-    headers.emplace("webhook-id", msg.idempotency_key);
-    headers.emplace("webhook-timestamp", std::to_string(timestamp));
-    headers.emplace("webhook-signature", std::move(signatures));
-    headers.emplace("Idempotency-Key", msg.idempotency_key);
-    headers.emplace("Content-Type",
-                    msg.payload_is_json ? "application/json" : "application/octet-stream");
+  // The request's headers, each handed once to add(name, value): the Standard Webhooks
+  // signature headers, the idempotency key, the content type, CloudEvents attributes, the
+  // target's configured headers, then the message's own (those the relay sets or cannot send
+  // skipped), and a User-Agent unless one was given. The HTTP client adds Host and
+  // Content-Length.
+  template <typename Add>
+  void BuildHeaders(webhook_detail::Signer& signer, const Message& msg, long long timestamp,
+                    Add&& add) const {
+    const std::string signatures = signer.Signatures(msg.idempotency_key, timestamp, msg.payload);
+    add("webhook-id", msg.idempotency_key);
+    add("webhook-timestamp", std::to_string(timestamp));
+    add("webhook-signature", signatures);
+    add("Idempotency-Key", msg.idempotency_key);
+    add("Content-Type", msg.payload_is_json ? "application/json" : "application/octet-stream");
     if (!msg.event_type.empty()) {
       if (IsValidHeaderValue(msg.event_type)) {
-        headers.emplace("Webhook-Event-Type", msg.event_type);
+        add("Webhook-Event-Type", msg.event_type);
       } else {
         spdlog::warn("webhook {}: message {}: event_type has control characters; not sent",
                      destination_, Raw(msg.id));
@@ -1019,10 +1072,12 @@ class WebhookSink final : public Sink {
     }
     if (target_.cloudevents) {
       for (auto& [attribute, value] : CloudEventAttributes(msg, target_.cloudevents_source)) {
-        if (IsValidHeaderValue(value)) headers.emplace("ce-" + attribute, std::move(value));
+        if (IsValidHeaderValue(value)) add("ce-" + attribute, value);
       }
     }
-    for (const auto& [name, value] : static_headers_) headers.emplace(name, value);
+    bool user_agent = ContainsHeader(static_headers_, "User-Agent");
+    for (const auto& [name, value] : static_headers_) add(name, value);
+    std::vector<std::string_view> sent;  // the message's own names sent so far
     for (const auto& [name, value] : msg.headers) {
       if (IsReservedHeader(name) || (target_.cloudevents && Lower(name).starts_with("ce-"))) {
         spdlog::debug("webhook {}: message {}: skipping header {}: set by the relay", destination_,
@@ -1033,7 +1088,8 @@ class WebhookSink final : public Sink {
       } else if (ContainsHeader(static_headers_, name)) {
         spdlog::debug("webhook {}: message {}: skipping header {}: configured for the target",
                       destination_, Raw(msg.id), name);
-      } else if (ContainsHeader(headers, name)) {
+      } else if (std::any_of(sent.begin(), sent.end(),
+                             [&](std::string_view s) { return SameHeaderName(s, name); })) {
         // Names compare without case: a second X-Trace would reach the receiver as one
         // combined field. The message's first one is sent.
         spdlog::debug(
@@ -1041,84 +1097,71 @@ class WebhookSink final : public Sink {
             "(header names ignore case)",
             destination_, Raw(msg.id), name);
       } else {
-        headers.emplace(name, value);
+        sent.push_back(name);
+        user_agent = user_agent || SameHeaderName(name, "User-Agent");
+        add(name, value);
       }
     }
-    if (!ContainsHeader(headers, "User-Agent")) headers.emplace("User-Agent", kUserAgent);
-    return headers;
+    if (!user_agent) add("User-Agent", kUserAgent);
   }
 
-  Attempt Deliver(const Worker& worker, const Message& msg) const {
-    // Right before the request (an empty body gets no later check: cpp-httplib asks no
-    // provider for it).
+  // One request's result, from either client.
+  struct Exchanged {
+    bool answered = false;  ///< An HTTP answer came (status and the rest are set).
+    httplib::Error error = httplib::Error::Success;  ///< Why not, when it did not.
+    std::string refused;   ///< A bad answer (not HTTP, or past response_guard.h's limits).
+    bool ran_out = false;  ///< Not sent: the claim ran out while connecting.
+    int status = 0;
+    std::optional<std::string> retry_after;
+    std::string location;
+    std::string kept;  ///< Start of the response body, for reasons.
+  };
+
+  // The last moment before anything of the request is written (connected by then: opening
+  // the connection can outlast the shutdown deadline or the claim): false when Shutdown has
+  // handed this message back meanwhile (asked under mu_, so either Shutdown took the message
+  // before, and nothing is sent, or the request counts as running when it does), or when its
+  // claim ran out (`ran_out` set). A request whose body never comes is not one the endpoint
+  // acts on.
+  struct LastCheck {
+    const WebhookSink* sink;
+    const Worker* worker;
+    const Message* msg;
+    bool* ran_out;
+    webhook_detail::ResponseHeadGuard* guard;  ///< TLS: told when the body starts.
+    bool MaySend() const {
+      if (sink->Abandoned(*worker)) return false;
+      if (RanOut(*msg, Clock::now())) {
+        *ran_out = true;
+        return false;
+      }
+      return true;
+    }
+  };
+
+  Attempt Deliver(Worker& worker, const Message& msg) const {
+    // Right before the request (and again once connected: LastCheck).
     if (RanOut(msg, Clock::now())) return HandBackRanOut(msg);
-    httplib::ClientImpl& client = *worker.client;
     const long long timestamp = std::chrono::duration_cast<std::chrono::seconds>(
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count();
-    httplib::Request req;
-    req.method = "POST";
-    req.path = url_.path;
-    req.headers = BuildHeaders(*worker.signer, msg, timestamp);
-    // The body is written by a provider that first asks whether Shutdown has handed this
-    // message back meanwhile: connecting (under the client's socket lock, which stop() waits
-    // for) can outlast the shutdown deadline, and a request whose body never comes is not
-    // one the endpoint acts on. Asked under mu_, so either Shutdown took the message before
-    // (nothing is sent) or the request counts as running when it does. An empty body has no
-    // such last moment (httplib never calls the provider for it): only the check before the
-    // send guards it.
-    req.content_length_ = msg.payload.size();
     const auto start = Clock::now();
     const auto sent_at = std::chrono::system_clock::now();
     const auto deadline = start + target_.timeout;
-    // What cpp-httplib reads of the answer, and until when; over plain HTTP, what it costs in
-    // system calls (see response_guard.h).
-    webhook_detail::ResponseHeadGuard head_guard(deadline);
-    head_guard.Coalesce(
-        !msg.payload.empty() &&
-            (!url_.https || msg.payload.size() <= webhook_detail::kTlsCoalescedBody),
-        url_.https);
-    // One pointer captured: std::function keeps it inline, with no allocation per request.
-    bool ran_out = false;
-    const BodySource body{this, &worker, &msg, &ran_out, &head_guard};
-    req.content_provider_ = [&body](std::size_t offset, std::size_t length,
-                                    httplib::DataSink& sink) {
-      if (offset == 0 && body.sink->Abandoned(*body.worker)) return false;  // Error::Canceled
-      if (offset == 0 && RanOut(*body.msg, Clock::now())) {  // connecting took it past its claim
-        *body.ran_out = true;
-        return false;  // Error::Canceled: a request whose body never comes is not acted on
-      }
-      body.guard->BodyStarts();  // the head waited for it: both leave in one segment
-      sink.write(body.msg->payload.data() + offset, length);  // a failed write: Error::Write
-      return true;
-    };
-
-    std::string kept;  // start of the response body, for reasons
-    req.content_receiver = [&kept](const char* data, std::size_t len, std::uint64_t,
-                                   std::uint64_t) {
-      if (kept.size() < kKeptBodyBytes)
-        kept.append(data, std::min(len, kKeptBodyBytes - kept.size()));
-      return true;
-    };
-    // Reading a body that trickles in must not take longer than the whole-request timeout.
-    req.progress = [deadline](std::uint64_t, std::uint64_t) { return Clock::now() < deadline; };
-
-    httplib::Response res;
-    httplib::Error error = httplib::Error::Success;
-    const bool sent = client.send(req, res, error);
-    Opened(worker);
+    const Exchanged x = worker.plain ? ExchangePlain(worker, msg, timestamp, deadline)
+                                     : ExchangeTls(worker, msg, timestamp, deadline);
     const auto elapsed =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
 
-    if (ran_out) return HandBackRanOut(msg);
+    if (x.ran_out) return HandBackRanOut(msg);
     Attempt attempt;
     Outcome& outcome = attempt.outcome;
-    if (!sent) {
-      outcome = head_guard.Refused().empty()
-                    ? TransportFailure(client, msg.id, error, elapsed)
-                    : Retry(msg.id, "bad response: " + head_guard.Refused(), Reason::kConnection);
+    if (!x.answered) {
+      outcome = x.refused.empty()
+                    ? TransportFailure(worker, msg.id, x.error, elapsed)
+                    : Retry(msg.id, "bad response: " + x.refused, Reason::kConnection);
       attempt.not_connected =
-          error == httplib::Error::Connection || error == httplib::Error::ConnectionTimeout;
+          x.error == httplib::Error::Connection || x.error == httplib::Error::ConnectionTimeout;
       if (!stopping_now_.load()) {  // shutdown's aborted requests are no verdict
         std::lock_guard lock(last_failure_mu_);
         last_failure_ = outcome.reason;
@@ -1129,22 +1172,121 @@ class WebhookSink final : public Sink {
         attempt.verdict = v;
       }
     } else {
-      outcome = FromStatus(msg.id, res, kept);
+      outcome = FromStatus(msg.id, x);
       unreachable_in_a_row_.store(0);
-      attempt.verdict = VerdictOf(res.status, outcome);
+      attempt.verdict = VerdictOf(x.status, outcome);
     }
-    if (!stopping_now_.load() || sent) {
-      outcome.exchange = HttpExchange{sent_at, sent ? res.status : 0, elapsed,
-                                      webhook_detail::Snippet(kept, kKeptBodyBytes)};
+    if (!stopping_now_.load() || x.answered) {
+      outcome.exchange = HttpExchange{sent_at, x.answered ? x.status : 0, elapsed,
+                                      webhook_detail::Snippet(x.kept, kKeptBodyBytes)};
     }
     if (outcome.kind == OutcomeKind::kDelivered) {
       spdlog::trace("webhook {}: message {} delivered ({} in {}ms)", destination_, Raw(msg.id),
-                    res.status, elapsed.count());
+                    x.status, elapsed.count());
     } else {
       spdlog::debug("webhook {}: message {} {}: {} ({}ms)", destination_, Raw(msg.id),
                     ToString(outcome.kind), outcome.reason, elapsed.count());
     }
     return attempt;
+  }
+
+  // http://: the head written into the worker's buffer, head and body sent with one
+  // sendmsg() over its kept connection (plain_http.h).
+  Exchanged ExchangePlain(Worker& worker, const Message& msg, long long timestamp,
+                          Clock::time_point deadline) const {
+    std::string& head = worker.head;
+    head.clear();
+    head.append("POST ").append(request_target_).append(" HTTP/1.1\r\nHost: ");
+    head.append(host_header_).append("\r\n");
+    BuildHeaders(*worker.signer, msg, timestamp, [&head](std::string_view name, auto&& value) {
+      head.append(name).append(": ").append(value).append("\r\n");
+    });
+    head.append("Content-Length: ").append(std::to_string(msg.payload.size())).append("\r\n\r\n");
+
+    Exchanged x;
+    const LastCheck check{this, &worker, &msg, &x.ran_out, nullptr};
+    // One pointer captured: std::function keeps it inline, with no allocation per request.
+    const std::function<bool()> may_send = [&check] { return check.MaySend(); };
+    auto answer =
+        worker.plain->Exchange(worker.connect_ip, url_.port, head, msg.payload, deadline, may_send);
+    using webhook_detail::HttpFailure;
+    switch (answer.failure) {
+      case HttpFailure::kNone:
+        x.answered = true;
+        x.status = answer.status;
+        x.retry_after = std::move(answer.retry_after);
+        x.location = std::move(answer.location);
+        x.kept = std::move(answer.body_start);
+        break;
+      case HttpFailure::kBadResponse:
+        x.refused = std::move(answer.refused);
+        x.error = httplib::Error::Read;
+        break;
+      case HttpFailure::kConnect:
+        x.error = httplib::Error::Connection;
+        break;
+      case HttpFailure::kConnectTimeout:
+        x.error = httplib::Error::ConnectionTimeout;
+        break;
+      case HttpFailure::kWrite:
+        x.error = httplib::Error::Write;
+        break;
+      case HttpFailure::kRead:
+        x.error = httplib::Error::Read;
+        break;
+      case HttpFailure::kCanceled:
+        x.error = httplib::Error::Canceled;
+        break;
+    }
+    return x;
+  }
+
+  // https://: cpp-httplib's client, its response head bounded and its request coalesced by
+  // the response guard (response_guard.h).
+  Exchanged ExchangeTls(Worker& worker, const Message& msg, long long timestamp,
+                        Clock::time_point deadline) const {
+    httplib::ClientImpl& client = *worker.client;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = url_.path;
+    BuildHeaders(*worker.signer, msg, timestamp, [&req](std::string_view name, auto&& value) {
+      req.headers.emplace(std::string(name), std::string(value));
+    });
+    req.content_length_ = msg.payload.size();
+    webhook_detail::ResponseHeadGuard head_guard(deadline);
+    head_guard.Coalesce(!msg.payload.empty() &&
+                        msg.payload.size() <= webhook_detail::kTlsCoalescedBody);
+    Exchanged x;
+    // The body is written by a provider that makes the last check first (an empty body has no
+    // such last moment: httplib never calls the provider for it; only the check before the
+    // request guards it).
+    const LastCheck check{this, &worker, &msg, &x.ran_out, &head_guard};
+    req.content_provider_ = [&check](std::size_t offset, std::size_t length,
+                                     httplib::DataSink& sink) {
+      if (offset == 0 && !check.MaySend()) return false;  // Error::Canceled
+      check.guard->BodyStarts();  // the head waited for it: both leave in one record
+      sink.write(check.msg->payload.data() + offset, length);  // a failed write: Error::Write
+      return true;
+    };
+    req.content_receiver = [&x](const char* data, std::size_t len, std::uint64_t, std::uint64_t) {
+      if (x.kept.size() < kKeptBodyBytes)
+        x.kept.append(data, std::min(len, kKeptBodyBytes - x.kept.size()));
+      return true;
+    };
+    // Reading a body that trickles in must not take longer than the whole-request timeout.
+    req.progress = [deadline](std::uint64_t, std::uint64_t) { return Clock::now() < deadline; };
+
+    httplib::Response res;
+    x.answered = client.send(req, res, x.error);
+    Opened(worker);
+    if (x.answered) {
+      x.status = res.status;
+      if (res.has_header("Retry-After")) x.retry_after = res.get_header_value("Retry-After");
+      x.location = res.get_header_value("Location");
+    } else {
+      x.refused = head_guard.Refused();
+    }
+    return x;
   }
 
   // What an HTTP answer says about the endpoint: 5xx are failures (the breaker), 429, 503 and
@@ -1158,7 +1300,7 @@ class WebhookSink final : public Sink {
     return v;
   }
 
-  Outcome TransportFailure(httplib::ClientImpl& client, MessageId id, httplib::Error error,
+  Outcome TransportFailure(const Worker& worker, MessageId id, httplib::Error error,
                            std::chrono::milliseconds elapsed) const {
     const std::string what = httplib::to_string(error);
     switch (error) {
@@ -1172,7 +1314,8 @@ class WebhookSink final : public Sink {
         return Retry(id, "connection error: " + what, Reason::kTls);
       case httplib::Error::SSLServerVerification: {
         std::string reason = "connection error: " + what;
-        const long verify = static_cast<httplib::SSLClient&>(client).get_openssl_verify_result();
+        const long verify =
+            static_cast<httplib::SSLClient&>(*worker.client).get_openssl_verify_result();
         if (verify != X509_V_OK) {
           reason += std::string(" (") + X509_verify_cert_error_string(verify) + ")";
         } else {
@@ -1195,10 +1338,11 @@ class WebhookSink final : public Sink {
     }
   }
 
-  Outcome FromStatus(MessageId id, const httplib::Response& res, const std::string& body) const {
+  Outcome FromStatus(MessageId id, const Exchanged& x) const {
     Outcome outcome;
     outcome.id = id;
-    const int status = res.status;
+    const int status = x.status;
+    const std::string& body = x.kept;
     if (status >= 200 && status <= 299) {
       outcome.kind = OutcomeKind::kDelivered;
       return outcome;
@@ -1210,8 +1354,7 @@ class WebhookSink final : public Sink {
       outcome.kind = OutcomeKind::kPermanent;
       outcome.reason_class = Reason::kHttp3xx;
       outcome.reason = head + ": redirects are not followed";
-      const std::string location =
-          webhook_detail::Snippet(res.get_header_value("Location"), kReasonBodyBytes);
+      const std::string location = webhook_detail::Snippet(x.location, kReasonBodyBytes);
       if (!location.empty()) outcome.reason += " (Location: " + location + ")";
       return outcome;
     }
@@ -1231,9 +1374,9 @@ class WebhookSink final : public Sink {
       outcome.kind = OutcomeKind::kRetry;  // 1xx as final answer or outside 100..599
       outcome.reason_class = Reason::kHttpOther;
     }
-    if (outcome.kind == OutcomeKind::kRetry && res.has_header("Retry-After")) {
-      outcome.retry_after = webhook_detail::ParseRetryAfter(res.get_header_value("Retry-After"),
-                                                            std::chrono::system_clock::now());
+    if (outcome.kind == OutcomeKind::kRetry && x.retry_after) {
+      outcome.retry_after =
+          webhook_detail::ParseRetryAfter(*x.retry_after, std::chrono::system_clock::now());
     }
     return outcome;
   }
@@ -1245,6 +1388,10 @@ class WebhookSink final : public Sink {
   const webhook_detail::AddressPolicy policy_;    ///< The SSRF guard.
   std::vector<webhook_detail::SigningKey> keys_;  ///< One per secret (HMAC or ed25519).
   httplib::Headers static_headers_;               ///< Valid, non-reserved target.headers.
+  /// Plain HTTP: the request line's target (url_.path, bytes past ASCII percent-encoded) and
+  /// the Host header (port included unless it is 80; an IPv6 address in brackets).
+  const std::string request_target_ = RequestTarget(url_.path);
+  const std::string host_header_ = HostHeader(url_);
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  ///< Workers wait for jobs or stopping_.

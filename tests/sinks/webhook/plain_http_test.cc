@@ -1,0 +1,332 @@
+// The webhook sink's plain-HTTP client (plain_http.h) against a loopback endpoint that answers
+// from a script: every way an HTTP/1.1 answer can be framed, kept-alive connections, answers
+// that are not HTTP, and what the sink writes on the request line.
+#include "plain_http.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "outbox_relay/webhook_sink.h"
+#include "outbox_test/wait.h"
+
+namespace outbox::relay::webhook_detail {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+/// One scripted answer: what is sent back for a request, and whether the endpoint closes the
+/// connection after it (or, with `hang`, never answers at all).
+struct Step {
+  std::string answer;
+  bool close = false;
+  bool hang = false;
+};
+
+/// Accepts connections on 127.0.0.1; reads each request (head and Content-Length body) and
+/// answers with the script's next step (the last one again once it is used up), keeping the
+/// connection open unless the step closes it. Records every request as it came.
+class ScriptedEndpoint {
+ public:
+  explicit ScriptedEndpoint(std::vector<Step> script) : script_(std::move(script)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+        ::listen(fd_, 16) != 0) {
+      throw std::runtime_error("cannot listen on loopback");
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~ScriptedEndpoint() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+  int Connections() const { return connections_.load(); }
+  std::vector<std::string> Requests() const {
+    std::lock_guard lock(mu_);
+    return requests_;
+  }
+
+ private:
+  void Serve() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+    while (!stop_) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      ++connections_;
+      std::string in;
+      bool open = true;
+      while (open && !stop_) {
+        std::size_t end;
+        while ((end = in.find("\r\n\r\n")) == std::string::npos && Read(c, &in)) {
+        }
+        if (end == std::string::npos) break;  // the client closed the connection
+        const auto at = in.find("Content-Length: ");
+        const std::size_t length = at < end ? std::stoul(in.substr(at + 16)) : 0;
+        while (in.size() < end + 4 + length && Read(c, &in)) {
+        }
+        Step step;
+        {
+          std::lock_guard lock(mu_);
+          requests_.push_back(in.substr(0, end + 4 + length));
+          step = script_[std::min(requests_.size(), script_.size()) - 1];
+        }
+        in.erase(0, end + 4 + length);
+        if (step.hang) {
+          while (Read(c, &in)) {  // until the client gives up
+          }
+          break;
+        }
+        if (::send(c, step.answer.data(), step.answer.size(), MSG_NOSIGNAL) !=
+            static_cast<ssize_t>(step.answer.size())) {
+          break;
+        }
+        open = !step.close;
+      }
+      ::shutdown(c, SHUT_WR);
+      std::string rest;
+      while (Read(c, &rest)) {  // until the client closes too: no reset loses the answer
+      }
+      ::close(c);
+    }
+  }
+  bool Read(int c, std::string* into) {
+    pollfd p{c, POLLIN, 0};
+    while (!stop_) {
+      const int ready = ::poll(&p, 1, 50);
+      if (ready < 0) return false;
+      if (ready == 0) continue;
+      char buf[4096];
+      const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+      if (n <= 0) return false;
+      into->append(buf, static_cast<std::size_t>(n));
+      return true;
+    }
+    return false;
+  }
+
+  std::vector<Step> script_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  mutable std::mutex mu_;
+  std::vector<std::string> requests_;
+  std::thread thread_;
+};
+
+PlainHttpConnection::Options Quick() {
+  PlainHttpConnection::Options o;
+  o.connect_timeout = 2s;
+  o.timeout = 5s;
+  o.keep_body = 16;
+  return o;
+}
+
+HttpAnswer Post(PlainHttpConnection& c, int port, std::string_view body = "{}",
+                std::chrono::milliseconds within = 5s) {
+  const std::string head =
+      "POST /hook HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n";
+  return c.Exchange("127.0.0.1", port, head, body, Clock::now() + within, [] { return true; });
+}
+
+// Every framing a receiver may use, one after another on one kept-alive connection: a
+// Content-Length, an interim 100 before a chunked body with extensions and trailers, a 204
+// without a body, a chunked body under another coding's name. Each answer is read whole (the
+// next one on the same connection starts where it ends) and its body's start kept.
+TEST(PlainHttp, ReadsEveryFramingOfAnAnswerOnOneKeptAliveConnection) {
+  ScriptedEndpoint endpoint({
+      {"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"},
+      {"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 Accepted\r\nTransfer-Encoding: chunked\r\n\r\n"
+       "5;name=value\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"},
+      {"HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n"},  // no body, whatever it says
+      {"HTTP/1.1 500 Oops\r\nTransfer-Encoding: gzip, chunked\r\n\r\n4\r\nbad!\r\n0\r\n\r\n"},
+      {"HTTP/1.1 429 Slow\r\nretry-after:  7 \r\nLocation: /x\r\nContent-Length: 0\r\n\r\n"},
+  });
+  PlainHttpConnection c(Quick());
+  HttpAnswer a = Post(c, endpoint.port());
+  EXPECT_EQ(a.failure, HttpFailure::kNone) << a.refused;
+  EXPECT_EQ(a.status, 200);
+  EXPECT_EQ(a.body_start, "hello");
+  a = Post(c, endpoint.port());
+  EXPECT_EQ(a.failure, HttpFailure::kNone) << a.refused;
+  EXPECT_EQ(a.status, 202);
+  EXPECT_EQ(a.body_start, "hello world");
+  a = Post(c, endpoint.port());
+  EXPECT_EQ(a.failure, HttpFailure::kNone) << a.refused;
+  EXPECT_EQ(a.status, 204);
+  EXPECT_EQ(a.body_start, "");
+  a = Post(c, endpoint.port());
+  EXPECT_EQ(a.status, 500);
+  EXPECT_EQ(a.body_start, "bad!");
+  a = Post(c, endpoint.port());
+  EXPECT_EQ(a.status, 429);
+  EXPECT_EQ(a.retry_after, "7");
+  EXPECT_EQ(a.location, "/x");
+  EXPECT_EQ(endpoint.Requests().size(), 5u);
+  EXPECT_EQ(endpoint.Connections(), 1);
+}
+
+// The connection is not used again when the answer says so or cannot say where it ends: an
+// HTTP/1.0 answer (no keep-alive), "Connection: close", a body that runs until the close. Each
+// next request opens a connection of its own, and the body read until the close is whole.
+TEST(PlainHttp, ANewConnectionFollowsAnAnswerThatEndsItsConnection) {
+  ScriptedEndpoint endpoint({
+      {"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", true},
+      {"HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\nContent-Length: 0\r\n\r\n", true},
+      {"HTTP/1.1 503 Busy\r\n\r\nuntil the close, all of it", true},
+      {"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 0\r\n\r\n"},
+      {"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"},
+  });
+  PlainHttpConnection c(Quick());
+  for (const int expected : {200, 200, 503, 200, 200}) {
+    const HttpAnswer a = Post(c, endpoint.port());
+    EXPECT_EQ(a.failure, HttpFailure::kNone) << a.refused;
+    EXPECT_EQ(a.status, expected);
+    if (expected == 503) {
+      EXPECT_EQ(a.body_start, "until the close,");  // keep_body: 16 bytes
+    }
+  }
+  // Three closed after their answer; the HTTP/1.0 keep-alive one kept its connection.
+  EXPECT_EQ(endpoint.Connections(), 4);
+}
+
+// What is not an HTTP/1.x answer, or cannot be read as one, is a bad response that says what
+// is wrong; an answer cut short is a read failure. The connection is closed after each.
+TEST(PlainHttp, AnswersThatAreNotHttpAreBadResponsesSayingWhy) {
+  struct Case {
+    std::string answer;
+    HttpFailure failure;
+    std::string refused;
+  };
+  const std::vector<Case> cases = {
+      {"HTTP/2 200\r\n\r\n", HttpFailure::kBadResponse,
+       "the response does not start with an HTTP/1.x status line"},
+      {"SSH-2.0-OpenSSH_9.2\r\n\r\n", HttpFailure::kBadResponse,
+       "the response does not start with an HTTP/1.x status line"},
+      {"HTTP/1.1 2x0 OK\r\n\r\n", HttpFailure::kBadResponse,
+       "the response does not start with an HTTP/1.x status line"},
+      {"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+       HttpFailure::kBadResponse, "the response's Content-Length is not one number"},
+      {"HTTP/1.1 200 OK\r\nContent-Length: -2\r\n\r\nok", HttpFailure::kBadResponse,
+       "the response's Content-Length is not one number"},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", HttpFailure::kBadResponse,
+       "the response's chunked body has a bad chunk size"},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n",
+       HttpFailure::kBadResponse, "the response's chunked body has a chunk longer than its size"},
+      {"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", HttpFailure::kRead, ""},
+      {"HTTP/1.1 200 OK\r\nContent-Le", HttpFailure::kRead, ""},
+  };
+  for (const Case& k : cases) {
+    ScriptedEndpoint endpoint({{k.answer, true}});
+    PlainHttpConnection c(Quick());
+    const HttpAnswer a = Post(c, endpoint.port());
+    EXPECT_EQ(a.failure, k.failure) << k.answer;
+    EXPECT_EQ(a.refused, k.refused) << k.answer;
+  }
+}
+
+// Nothing is written when the last check says no (Shutdown took the message back, its claim
+// ran out while connecting), and the connection stays fit for the next request.
+TEST(PlainHttp, NothingIsWrittenWhenTheLastCheckSaysNo) {
+  ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}});
+  PlainHttpConnection c(Quick());
+  const std::string head = "POST /hook HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
+  const HttpAnswer no =
+      c.Exchange("127.0.0.1", endpoint.port(), head, "", Clock::now() + 5s, [] { return false; });
+  EXPECT_EQ(no.failure, HttpFailure::kCanceled);
+  EXPECT_EQ(Post(c, endpoint.port()).status, 200);
+  EXPECT_EQ(endpoint.Requests().size(), 1u);
+  EXPECT_EQ(endpoint.Connections(), 1);
+}
+
+// A connection kept alive is ended by shutdown(2) of the duplicate that `opening` was given
+// (the sink's Shutdown does that to a request it abandons): the read waiting for an answer that
+// never comes returns at once, not after the timeout.
+TEST(PlainHttp, AShutdownOfTheOpeningSocketsDuplicateEndsAWaitOnAKeptConnection) {
+  ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}, {"", false, true}});
+  std::atomic<int> dup{-1};
+  int closed = 0;
+  auto options = Quick();
+  options.timeout = 30s;
+  options.opening = [&](int fd) { dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0); };
+  options.closing = [&] {
+    ++closed;
+    ::close(dup.exchange(-1));
+  };
+  PlainHttpConnection c(options);
+  ASSERT_EQ(Post(c, endpoint.port()).status, 200);
+  ASSERT_GE(dup.load(), 0);
+  std::thread abort([&] {
+    outbox::testing::WaitFor([&] { return endpoint.Requests().size() == 2; }, 10s);
+    ::shutdown(dup.load(), SHUT_RDWR);
+  });
+  const auto start = Clock::now();
+  const HttpAnswer a = Post(c, endpoint.port(), "{}", 30s);
+  abort.join();
+  EXPECT_EQ(a.failure, HttpFailure::kRead);
+  EXPECT_LT(Clock::now() - start, 10s);
+  EXPECT_EQ(closed, 1);  // the connection was closed, its duplicate with it
+  EXPECT_EQ(endpoint.Connections(), 1);
+}
+
+// The sink's request line carries the URL's path and query as written (a '+' stays a '+'),
+// bytes past ASCII percent-encoded; Host names the URL's host and port.
+TEST(PlainHttp, TheSinksRequestLineCarriesThePathAndQueryAndHostTheUrlsAuthority) {
+  ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}});
+  WebhookTarget t;
+  t.url = "http://127.0.0.1:" + std::to_string(endpoint.port()) + "/h\xC3\xBCk/in?x=a+b&y=%2F";
+  t.secrets = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"};
+  t.max_in_flight = 1;
+  t.allow_private_networks = true;
+  auto sink = MakeWebhookSink("hooks", t);
+  std::atomic<int> done{0};
+  Message m;
+  m.id = MessageId{1};
+  m.destination = "hooks";
+  m.idempotency_key = "k1";
+  m.payload = "{}";
+  Outcome outcome;
+  sink->Submit(m, [&](Outcome o) {
+    outcome = std::move(o);
+    ++done;
+  });
+  ASSERT_TRUE(outbox::testing::WaitFor([&] { return done.load() == 1; }, 10s));
+  sink->Shutdown(5s);
+  EXPECT_EQ(outcome.kind, OutcomeKind::kDelivered) << outcome.reason;
+  ASSERT_EQ(endpoint.Requests().size(), 1u);
+  const std::string request = endpoint.Requests()[0];
+  EXPECT_EQ(request.substr(0, request.find("\r\n")), "POST /h%C3%BCk/in?x=a+b&y=%2F HTTP/1.1");
+  EXPECT_NE(request.find("\r\nHost: 127.0.0.1:" + std::to_string(endpoint.port()) + "\r\n"),
+            std::string::npos)
+      << request;
+  EXPECT_NE(request.find("\r\nContent-Length: 2\r\n\r\n{}"), std::string::npos) << request;
+}
+
+}  // namespace
+}  // namespace outbox::relay::webhook_detail
