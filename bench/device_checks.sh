@@ -67,7 +67,7 @@ for group in "${groups[@]}"; do
       run statements 220 --statement-stats --only sql_ceiling,sql_row_leases,sql_bucket_leases,kafka_drain,kafka_drain_bucket_leases \
         --kafka-messages 200000 ;;
     webhooks)  # issue 17: the default webhook drain beside one claim loop and bucket leases
-      run webhooks 250 --only sql_ceiling,http_ceiling,webhook_drain,webhook_drain_cc1,webhook_drain_bucket_leases,https_ceiling,webhook_drain_https \
+      run webhooks 250 --only sql_ceiling,http_ceiling,http_ceiling_relay_client,webhook_drain,webhook_drain_cc1,webhook_drain_bucket_leases,https_ceiling,webhook_drain_https \
         --webhook-messages 200000 --claim-connections-sweep 1 ;;
     *) echo "unknown group $group (drains, open_loop, sustained, claim_connections, statements, webhooks)"; exit 2 ;;
   esac

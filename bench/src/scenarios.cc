@@ -22,6 +22,7 @@
 #include "outbox_relay/store.h"
 #include "outbox_relay/webhook_sink.h"
 #include "pg_server.h"
+#include "plain_http.h"
 #include "workload.h"
 
 namespace outbox::bench {
@@ -798,16 +799,18 @@ ScenarioResult Bench::SqlCeiling(const std::string& name, int connections) {
   return r;
 }
 
-ScenarioResult Bench::HttpCeiling(bool tls) {
+ScenarioResult Bench::HttpCeiling(bool tls, bool relay_client) {
   ScenarioResult r;
-  r.name = tls ? "https_ceiling" : "http_ceiling";
+  r.name = tls ? "https_ceiling" : relay_client ? "http_ceiling_relay_client" : "http_ceiling";
   r.sink = tls ? "https" : "http";
   r.claim_mode = "-";
   r.messages = opt_.webhook_messages;
   const int conns = opt_.webhook_connections;
-  r.what = std::string("loopback HTTP") + (tls ? "S" : "") + " ceiling of the same receiver: " +
-           std::to_string(conns) + " threads, one keep-alive cpp-httplib client each" +
-           (tls ? " (TLS, verifying the receiver's certificate)" : "") +
+  r.what = std::string("loopback HTTP") + (tls ? "S" : "") +
+           " ceiling of the same receiver: " + std::to_string(conns) + " threads, one keep-alive " +
+           (relay_client ? "connection of the relay's own plain-HTTP client (plain_http.h)"
+                         : "cpp-httplib client") +
+           " each" + (tls ? " (TLS, verifying the receiver's certificate)" : "") +
            ", POSTing the same ~200-byte bodies and headers as the relay (no database)";
   Helper& receiver = tls ? Https() : Http();
   const int port = tls ? https_port_ : http_port_;
@@ -817,7 +820,34 @@ ScenarioResult Bench::HttpCeiling(bool tls) {
   Observation obs;
   obs.Begin(postmaster_pid_, {receiver.pid()});
   std::vector<std::thread> threads;
-  for (int t = 0; t < conns; ++t) {
+  for (int t = 0; t < conns && relay_client; ++t) {
+    threads.emplace_back([&] {
+      relay::webhook_detail::PlainHttpConnection::Options options;
+      options.timeout = std::chrono::seconds(10);
+      relay::webhook_detail::PlainHttpConnection connection(options);
+      const std::string host = "127.0.0.1:" + std::to_string(port);
+      std::string head;
+      char id[64];
+      for (std::int64_t k = next++; k < r.messages; k = next++) {
+        std::snprintf(id, sizeof id, "00000000-0000-4000-8000-%012lld", static_cast<long long>(k));
+        head.clear();
+        head.append("POST /hooks/bench HTTP/1.1\r\nHost: ").append(host);
+        head.append("\r\nwebhook-id: ").append(id);
+        head.append("\r\nwebhook-timestamp: ").append(std::to_string(WallMicros() / 1'000'000));
+        head.append("\r\nwebhook-signature: v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4=");
+        head.append("\r\nIdempotency-Key: ").append(id);
+        head.append("\r\nWebhook-Event-Type: order.updated\r\nUser-Agent: outbox-relay");
+        head.append("\r\nContent-Type: application/json\r\nContent-Length: ");
+        head.append(std::to_string(body.size())).append("\r\n\r\n");
+        const auto answer = connection.Exchange(
+            "127.0.0.1", port, head, body,
+            std::chrono::steady_clock::now() + std::chrono::seconds(10), [] { return true; });
+        if (answer.failure != relay::webhook_detail::HttpFailure::kNone || answer.status != 200)
+          ++errors;
+      }
+    });
+  }
+  for (int t = 0; t < conns && !relay_client; ++t) {
     threads.emplace_back([&] {
       std::unique_ptr<httplib::ClientImpl> client;
       if (tls) {
@@ -866,12 +896,20 @@ ScenarioResult Bench::HttpCeiling(bool tls) {
     https_ceiling_ = r.events_per_s;
     https_ceiling_cpu_us_ = r.relay_cpu_us_per_msg;
     https_ceiling_mean_request_us_ = mean_request;
+  } else if (relay_client) {
+    relay_client_ceiling_ = r.events_per_s;
+    relay_client_ceiling_cpu_us_ = r.relay_cpu_us_per_msg;
   } else {
     http_ceiling_ = r.events_per_s;
     http_ceiling_cpu_us_ = r.relay_cpu_us_per_msg;
     http_ceiling_mean_request_us_ = mean_request;
   }
   r.x_http_ceiling = 1.0;
+  if (relay_client) {  // against cpp-httplib's, when it ran
+    r.x_http_ceiling = http_ceiling_ && *http_ceiling_ > 0
+                           ? std::optional<double>(r.events_per_s / *http_ceiling_)
+                           : std::nullopt;
+  }
   RatioToSqlCeiling(r);
   return r;
 }
@@ -1087,6 +1125,16 @@ ScenarioResult Bench::WebhookDrain(const std::string& name, int max_in_flight,
                                          " client's",
                                      r.relay_cpu_us_per_msg, ceiling_cpu_us, 1.3,
                                      /*completed=*/true, ceiling_name));
+  if (!tls && relay_client_ceiling_ && *relay_client_ceiling_ > 0) {
+    // Against the ceiling of the relay's own HTTP client (no target: what the relay adds to
+    // the exchange it makes, where http_ceiling's targets compare it with cpp-httplib's).
+    json own{{"x_ceiling", r.events_per_s / *relay_client_ceiling_}};
+    if (relay_client_ceiling_cpu_us_ && *relay_client_ceiling_cpu_us_ > 0 &&
+        r.relay_cpu_us_per_msg) {
+      own["x_client_cpu"] = *r.relay_cpu_us_per_msg / *relay_client_ceiling_cpu_us_;
+    }
+    r.details["vs_http_ceiling_relay_client"] = own;
+  }
   if (!obs.busiest_thread.empty()) {
     // No single relay thread may be the bottleneck: a thread near a whole core caps the drain
     // on any machine.
@@ -1518,6 +1566,8 @@ std::vector<ScenarioResult> Bench::Run(
          return KafkaDrain(v, opt_.kafka_messages, false);
        }},
       {"http_ceiling", [&] { return HttpCeiling(); }},
+      {"http_ceiling_relay_client",
+       [&] { return HttpCeiling(/*tls=*/false, /*relay_client=*/true); }},
       {"webhook_drain",
        [&] {
          return WebhookDrain("webhook_drain", opt_.webhook_connections, opt_.webhook_messages);

@@ -146,8 +146,9 @@ class Bench {
   enum class LeaseForm { kRowLeases, kBucketLeases };
   ScenarioResult SqlCycle(const std::string& name, LeaseForm form);
   ScenarioResult KafkaDrain(const Variant& v, std::int64_t messages, bool with_target);
-  /// `tls`: the same over HTTPS (https_ceiling), against the HTTPS receiver.
-  ScenarioResult HttpCeiling(bool tls = false);
+  /// `tls`: the same over HTTPS (https_ceiling), against the HTTPS receiver. `relay_client`:
+  /// plain HTTP with the relay's own client (http_ceiling_relay_client) instead of cpp-httplib.
+  ScenarioResult HttpCeiling(bool tls = false, bool relay_client = false);
   ScenarioResult WebhookDrain(const std::string& name, int max_in_flight, std::int64_t messages,
                               int claim_connections = 0, bool bucket_leases = false,
                               bool tls = false);
@@ -189,6 +190,8 @@ class Bench {
   std::optional<double> sql_ceiling_pg_cpu_us_;  ///< the baseline ceiling's Postgres CPU per row
   std::optional<double> http_ceiling_cpu_us_;
   std::optional<double> http_ceiling_mean_request_us_;  ///< connections / rate
+  /// http_ceiling_relay_client's rate and client CPU per request.
+  std::optional<double> relay_client_ceiling_, relay_client_ceiling_cpu_us_;
   /// webhook_drain's Postgres CPU per delivered request, for the fan-out scenarios' ratio.
   std::optional<double> webhook_drain_pg_cpu_us_;
   std::optional<double> fanout_nolog_pg_cpu_us_;  ///< webhook_fanout10_nolog's, for the log's cost
