@@ -226,7 +226,8 @@ HttpFailure PlainHttpConnection::NextLine(Clock::time_point deadline, std::size_
   std::size_t scanned = begin_;
   while (true) {
     const char* start = buf_.data() + begin_;
-    const void* nl = std::memchr(buf_.data() + scanned, '\n', end_ - scanned);
+    const void* nl =
+        scanned < end_ ? std::memchr(buf_.data() + scanned, '\n', end_ - scanned) : nullptr;
     const std::size_t length = nl != nullptr
                                    ? static_cast<std::size_t>(static_cast<const char*>(nl) - start)
                                    : end_ - begin_;
