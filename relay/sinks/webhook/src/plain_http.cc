@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -61,6 +62,13 @@ const std::string& ChunkLineTooLong() {
   return why;
 }
 
+/// A header name for a reason: at most 64 bytes, anything but printable ASCII as '?'.
+std::string Printable(std::string_view name) {
+  std::string out(name.substr(0, 64));
+  for (char& c : out) c = c >= 0x20 && c < 0x7F ? c : '?';
+  return out;
+}
+
 int Millis(std::chrono::steady_clock::duration d) {
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d).count();
   return static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30));
@@ -106,6 +114,10 @@ HttpAnswer PlainHttpConnection::Exchange(const std::string& ip, int port, std::s
   answer.failure = Write(head, body, deadline);
   if (answer.failure == HttpFailure::kNone) answer.failure = ReadAnswer(deadline, &answer);
   if (answer.failure != HttpFailure::kNone || !reusable_) Close();
+  if (buf_.size() > 4 * kReadSize && begin_ == end_) {
+    std::vector<char>().swap(buf_);  // a large answer's buffer is not kept for small ones
+    begin_ = end_ = 0;
+  }
   return answer;
 }
 
@@ -264,7 +276,8 @@ HttpFailure PlainHttpConnection::ReadAnswer(Clock::time_point deadline, HttpAnsw
     }
     // "HTTP/1.x SSS reason": the reason phrase may be empty, its space too.
     int status = 0;
-    if (line.size() < 12 || line.compare(0, 7, "HTTP/1.") != 0 || line[8] != ' ' ||
+    if (line.size() < 12 || line.compare(0, 7, "HTTP/1.") != 0 || line[7] < '0' || line[7] > '9' ||
+        line[8] != ' ' ||
         std::from_chars(line.data() + 9, line.data() + 12, status).ptr != line.data() + 12 ||
         status < 100 || (line.size() > 12 && line[12] != ' ')) {
       answer->refused = "the response does not start with an HTTP/1.x status line";
@@ -276,15 +289,33 @@ HttpFailure PlainHttpConnection::ReadAnswer(Clock::time_point deadline, HttpAnsw
     answer->location.clear();
     std::optional<std::size_t> length;
     bool chunked = false, close = false, keep_alive = false, framed_by_close = false;
+    bool transfer_encoding = false;
+    std::string_view framing;  // the last field, when it was one that frames or ends the answer
     while (true) {
       if (const auto f = NextLine(deadline, kMaxHeaderLine, HeaderLineTooLong(), &line, answer);
           f != HttpFailure::kNone) {
         return f;
       }
       if (line.empty()) break;
+      if (line.front() == ' ' || line.front() == '\t') {
+        // obs-fold: the last field's value goes on. Ignored, but where it would change how the
+        // answer is framed or whether the connection ends.
+        if (!framing.empty()) {
+          answer->refused = "the response's " + std::string(framing) + " is folded over two lines";
+          return HttpFailure::kBadResponse;
+        }
+        continue;
+      }
+      framing = {};
       const std::size_t colon = line.find(':');
       if (colon == std::string_view::npos || colon == 0) continue;  // not a field: ignored
       const std::string_view name = line.substr(0, colon);
+      if (name.back() == ' ' || name.back() == '\t') {
+        // "Content-Length : 5" is no Content-Length to a strict reader and one to a lenient
+        // one: the answer's framing would be a guess (RFC 9112 5.1).
+        answer->refused = "a response header name ends in whitespace (\"" + Printable(name) + "\")";
+        return HttpFailure::kBadResponse;
+      }
       const std::string_view value = Trim(line.substr(colon + 1));
       if (EqualsNoCase(name, "content-length")) {
         std::size_t n = 0;
@@ -294,13 +325,17 @@ HttpFailure PlainHttpConnection::ReadAnswer(Clock::time_point deadline, HttpAnsw
           return HttpFailure::kBadResponse;
         }
         length = n;
+        framing = "Content-Length";
       } else if (EqualsNoCase(name, "transfer-encoding")) {
         // Chunked when it is the last coding; any other framing runs until the close.
         chunked = ListsToken(value, "chunked", true);
         framed_by_close = !chunked;
+        transfer_encoding = true;
+        framing = "Transfer-Encoding";
       } else if (EqualsNoCase(name, "connection")) {
         close = close || ListsToken(value, "close");
         keep_alive = keep_alive || ListsToken(value, "keep-alive");
+        framing = "Connection";
       } else if (EqualsNoCase(name, "retry-after")) {
         answer->retry_after = std::string(value);
       } else if (EqualsNoCase(name, "location")) {
@@ -308,6 +343,7 @@ HttpFailure PlainHttpConnection::ReadAnswer(Clock::time_point deadline, HttpAnsw
       }
     }
     if (status < 200 && status != 101) continue;  // interim: the final answer follows
+    const bool length_given = length.has_value();
     const bool no_body = status < 200 || status == 204 || status == 304;
     if (no_body) {
       chunked = framed_by_close = false;
@@ -323,9 +359,11 @@ HttpFailure PlainHttpConnection::ReadAnswer(Clock::time_point deadline, HttpAnsw
     }
     // Another request may follow on this connection: HTTP/1.1 unless it said close, HTTP/1.0
     // only when it said keep-alive; a body framed, not ended by the close; nothing unasked for
-    // left over; not a 101 (the connection would speak another protocol).
-    reusable_ =
-        !framed_by_close && status != 101 && !close && (!http10 || keep_alive) && begin_ == end_;
+    // left over; not a 101 (the connection would speak another protocol); not one that named
+    // both Transfer-Encoding and Content-Length (the endpoint may have meant the other: RFC
+    // 9112 6.3).
+    reusable_ = !framed_by_close && status != 101 && !close && (!http10 || keep_alive) &&
+                !(transfer_encoding && length_given) && begin_ == end_;
     return HttpFailure::kNone;
   }
 }

@@ -582,16 +582,19 @@ class WebhookSink final : public Sink {
     /// itself: the client may close its socket and the number be reused meanwhile.
     mutable std::mutex opening_mu;
     mutable int opening_fd = -1;  ///< Guarded by opening_mu.
+    /// Plain HTTP: opening_fd is the connection's own socket, not a duplicate (the connection
+    /// forgets it here, under opening_mu, before it closes it): one descriptor a connection.
+    bool opening_borrowed = false;
     bool aborted = false;         ///< Guarded by opening_mu: Shutdown gave up on its request.
     ~Worker() {
       plain.reset();  // its close hands back the duplicate, under opening_mu: still alive here
-      if (opening_fd >= 0) ::close(opening_fd);
+      if (opening_fd >= 0 && !opening_borrowed) ::close(opening_fd);
     }
   };
 
   // The socket of the connection `worker`'s client opens now (cpp-httplib's socket options
   // hook, called before connect).
-  static void Opening(Worker& worker, int fd) {
+  static void Opening(Worker& worker, int fd, bool borrow = false) {
     std::lock_guard lock(worker.opening_mu);
     if (worker.aborted) {
       // Shutdown gave up on this worker's request before it opened its connection: the
@@ -600,18 +603,19 @@ class WebhookSink final : public Sink {
       if (DevNull() >= 0) ::dup3(DevNull(), fd, O_CLOEXEC);
       return;
     }
-    const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (worker.opening_fd >= 0) ::close(worker.opening_fd);
-    worker.opening_fd = dup;  // -1 when out of descriptors: that connect cannot be aborted
+    if (worker.opening_fd >= 0 && !worker.opening_borrowed) ::close(worker.opening_fd);
+    worker.opening_borrowed = borrow;
+    // A duplicate unless borrowed: -1 when out of descriptors (that connect cannot be aborted).
+    worker.opening_fd = borrow ? fd : ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   }
 
   // The request is over: whatever connection it opened is the client's own business again.
-  // (Plain HTTP: the connection closes. Its duplicate is kept while it is open, so that
+  // (Plain HTTP: the connection closes. Its socket stays known while it is open, so that
   // Shutdown's AbortOpening also ends a request on a connection kept alive: cpp-httplib's
   // stop() does that for https.)
   static void Opened(const Worker& worker) {
     std::lock_guard lock(worker.opening_mu);
-    if (worker.opening_fd >= 0) ::close(worker.opening_fd);
+    if (worker.opening_fd >= 0 && !worker.opening_borrowed) ::close(worker.opening_fd);
     worker.opening_fd = -1;
   }
 
@@ -672,7 +676,7 @@ class WebhookSink final : public Sink {
     options.connect_timeout = target_.connect_timeout;
     options.timeout = target_.timeout;
     options.keep_body = kKeptBodyBytes;
-    options.opening = [&worker](int fd) { Opening(worker, fd); };
+    options.opening = [&worker](int fd) { Opening(worker, fd, /*borrow=*/true); };
     options.closing = [&worker] { Opened(worker); };
     return std::make_unique<webhook_detail::PlainHttpConnection>(std::move(options));
   }
@@ -1173,8 +1177,12 @@ class WebhookSink final : public Sink {
       }
     } else {
       outcome = FromStatus(msg.id, x);
-      unreachable_in_a_row_.store(0);
-      attempt.verdict = VerdictOf(x.status, outcome);
+      // An answer whose body ran until the close, cut by Shutdown's abort, looks whole: a
+      // request Shutdown took back is no verdict (review).
+      if (!stopping_now_.load() || !Abandoned(worker)) {
+        unreachable_in_a_row_.store(0);
+        attempt.verdict = VerdictOf(x.status, outcome);
+      }
     }
     if (!stopping_now_.load() || x.answered) {
       outcome.exchange = HttpExchange{sent_at, x.answered ? x.status : 0, elapsed,
