@@ -22,7 +22,7 @@
 #include "outbox_relay/store.h"
 #include "outbox_relay/webhook_sink.h"
 #include "pg_server.h"
-#include "plain_http.h"
+#include "http_connection.h"
 #include "workload.h"
 
 namespace outbox::bench {
@@ -808,7 +808,7 @@ ScenarioResult Bench::HttpCeiling(bool tls, bool relay_client) {
   const int conns = opt_.webhook_connections;
   r.what = std::string("loopback HTTP") + (tls ? "S" : "") +
            " ceiling of the same receiver: " + std::to_string(conns) + " threads, one keep-alive " +
-           (relay_client ? "connection of the relay's own plain-HTTP client (plain_http.h)"
+           (relay_client ? "connection of the relay's own plain-HTTP client (http_connection.h)"
                          : "cpp-httplib client") +
            " each" + (tls ? " (TLS, verifying the receiver's certificate)" : "") +
            ", POSTing the same ~200-byte bodies and headers as the relay (no database)";
@@ -822,9 +822,9 @@ ScenarioResult Bench::HttpCeiling(bool tls, bool relay_client) {
   std::vector<std::thread> threads;
   for (int t = 0; t < conns && relay_client; ++t) {
     threads.emplace_back([&] {
-      relay::webhook_detail::PlainHttpConnection::Options options;
+      relay::webhook_detail::HttpConnection::Options options;
       options.timeout = std::chrono::seconds(10);
-      relay::webhook_detail::PlainHttpConnection connection(options);
+      relay::webhook_detail::HttpConnection connection(options);
       const std::string host = "127.0.0.1:" + std::to_string(port);
       std::string head;
       char id[64];

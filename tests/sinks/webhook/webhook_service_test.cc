@@ -589,7 +589,8 @@ TEST_F(WebhookServiceSinkTest, ARowForAnEndpointNotLoadedYetWaitsForAFreshReadBe
 }
 
 // An endpoint whose sink cannot be made for a while (here its ca_file is unreadable, as while a
-// certificate is swapped; also a thread limit, a TLS context) holds its messages and is tried
+// certificate is swapped, then holds no certificate; also a thread limit, a TLS context) holds
+// its messages and is tried
 // again, without waiting for the registry to change. Its rows and fan-out copies went to its
 // dead letters, and the sink was tried again only when the endpoint was next edited.
 TEST_F(WebhookServiceSinkTest, AnEndpointWhoseSinkCannotBeMadeYetHoldsItsMessagesAndIsTriedAgain) {
@@ -613,11 +614,25 @@ TEST_F(WebhookServiceSinkTest, AnEndpointWhoseSinkCannotBeMadeYetHoldsItsMessage
   ASSERT_EQ(done.Of(2)->owed.size(), 1u);
   EXPECT_EQ(done.Of(2)->owed[0].kind, OutcomeKind::kReturned) << done.Of(2)->owed[0].reason;
 
+  // Readable, but no certificate: still held, saying so (sending would fail every request).
   std::ofstream(ca) << "not a certificate, but readable\n";
+  int id = 3;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        sink->Submit(Row(id, "ep"), done.For());
+        return WaitFor([&] { return done.Of(id).has_value(); }, 5s) &&
+               done.Of(id++)->reason.find("holds no certificate OpenSSL can read") !=
+                   std::string::npos;
+      },
+      20s, 200ms));
+  EXPECT_EQ(done.Of(id - 1)->kind, OutcomeKind::kReturned) << done.Of(id - 1)->reason;
+
+  std::filesystem::copy_file(outbox::testing::MakeTestPki().ca_cert_path, ca,
+                             std::filesystem::copy_options::overwrite_existing);
   const int loads = registry_.Loads();
   ASSERT_TRUE(WaitFor([&] { return registry_.Loads() > loads; }, 20s))
       << "the endpoint was not tried again";
-  int next = 3;
+  int next = id;
   ASSERT_TRUE(WaitFor(
       [&] {
         const int id = next++;
@@ -626,7 +641,7 @@ TEST_F(WebhookServiceSinkTest, AnEndpointWhoseSinkCannotBeMadeYetHoldsItsMessage
                done.Of(id)->kind != OutcomeKind::kReturned;
       },
       20s, 200ms))
-      << "the endpoint's sink was made once its ca_file could be read (its request then fails)";
+      << "the endpoint's sink was made once its ca_file held a CA (its request then fails)";
   sink->Shutdown(5s);
   std::filesystem::remove(ca);
 }

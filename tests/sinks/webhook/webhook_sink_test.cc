@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "address_policy.h"
-#include "response_guard.h"
 #include "outbox_test/full_listener.h"
 #include "outbox_test/gate.h"
 #include "outbox_test/http_receiver.h"
@@ -170,6 +169,25 @@ TEST(WebhookSink, RejectsUnusableConfiguration) {
   missing_ca.url = "https://127.0.0.1:9/hook";
   missing_ca.ca_file = "/nonexistent/ca.pem";
   EXPECT_THROW(MakeWebhookSink("hooks", missing_ca), std::invalid_argument);
+  // Readable, but no certificate in it: refused when the sink is made (check-config, start-up)
+  // with what is wrong and the fix, not at every request.
+  WebhookTarget garbage_ca = missing_ca;
+  garbage_ca.ca_file = ::testing::TempDir() + "/outbox-garbage-ca.pem";
+  std::ofstream(*garbage_ca.ca_file) << "not a certificate\n";
+  try {
+    MakeWebhookSink("hooks", garbage_ca);
+    ADD_FAILURE() << "a ca_file with no certificate was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("holds no certificate OpenSSL can read"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find("point it at a PEM bundle of the CA certificates to trust"),
+        std::string::npos)
+        << e.what();
+  }
+  garbage_ca.verify_tls = false;  // nothing is verified: the file is not read
+  EXPECT_NO_THROW(MakeWebhookSink("hooks", garbage_ca)->Shutdown(0ms));
 }
 
 TEST(WebhookSink, DeliversEveryMessageOnceWithStandardHeaders) {
@@ -1144,8 +1162,8 @@ TEST(WebhookSink, ARequestsHeadAndBodyGoOutInOneSegmentOverTls) {
 
 // An endpoint that closes a kept-alive connection between two requests (an idle timeout: no
 // "Connection: close" said so) costs the next message nothing: the worker finds the connection
-// closed before it writes and opens another (plain_http.cc polls a kept connection before it
-// reuses it; over TLS, cpp-httplib's first liveness check stays the kernel's, response_guard.h).
+// closed before it writes and opens another (http_connection.cc polls a kept connection before
+// it reuses it).
 TEST(WebhookSink, AConnectionTheEndpointClosedMeanwhileIsReplacedNotAFailedAttempt) {
   RawAnswerer endpoint("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");  // then closes
   WebhookTarget target = Target(endpoint.Url());
@@ -1175,17 +1193,17 @@ TEST(WebhookSink, TlsWithConfiguredCaDelivers) {
   EXPECT_EQ(receiver.Requests().front().Header("webhook-id"), KeyOf(1));
 }
 
-// Over TLS a body up to kTlsCoalescedBody goes in the head's record, a larger one after it as
-// before: both arrive whole, each signed over what arrived.
-TEST(WebhookSink, TlsBodiesAroundTheCoalescedSizeArriveWhole) {
+// Over TLS head and body go in one SSL_write: a body that fits one record with its head, one
+// just past a record, and one of several records all arrive whole, each signed over what
+// arrived.
+TEST(WebhookSink, TlsBodiesOfOneAndOfSeveralRecordsArriveWhole) {
   const auto pki = outbox::testing::MakeTestPki();
   HttpReceiver receiver(pki.server);
   WebhookTarget target = Target(receiver.Url("/secure"));
   target.ca_file = pki.ca_cert_path;
   auto sink = MakeWebhookSink("hooks", target);
   Completions done;
-  const std::vector<std::size_t> sizes = {webhook_detail::kTlsCoalescedBody - 40,
-                                          webhook_detail::kTlsCoalescedBody + 1, 40000};
+  const std::vector<std::size_t> sizes = {8152, 16385, 40000};
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const int n = static_cast<int>(i) + 1;
     sink->Submit(MakeMessage(n, R"({"pad":")" + std::string(sizes[i], 'p') + R"("})"),
@@ -1216,7 +1234,7 @@ TEST(WebhookSink, TlsWithSystemCasRejectsTheTestCertificate) {
   const Outcome o = DeliverOne(Target(receiver.Url("/secure")));
   EXPECT_EQ(o.kind, OutcomeKind::kRetry);
   EXPECT_EQ(o.reason_class, "tls");
-  // httplib reports the failed chain as SSLServerVerification; OpenSSL says why.
+  // A chain that does not verify is SSLServerVerification; OpenSSL says why.
   EXPECT_EQ(o.reason,
             "connection error: SSLServerVerification (unable to get local issuer certificate)");
   EXPECT_EQ(receiver.Count(), 0u);

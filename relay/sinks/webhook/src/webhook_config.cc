@@ -15,9 +15,17 @@
 #include "outbox_relay/config_sources.h"
 #include "outbox_relay/webhook_target.h"
 #include "outbox_relay/webhook_url.h"
+#include "webhook_internal.h"
 #include "webhook_secret.h"
 
 namespace outbox::relay {
+
+bool webhook_detail::HoldsCertificates(const std::string& path) {
+  std::unique_ptr<X509_STORE, decltype(&X509_STORE_free)> store(X509_STORE_new(), &X509_STORE_free);
+  const bool loaded = store && X509_STORE_load_file(store.get(), path.c_str()) == 1;
+  ERR_clear_error();
+  return loaded;
+}
 
 using cfg::Fail;
 using cfg::Field;
@@ -29,15 +37,6 @@ using cfg::Mapping;
 using cfg::Quote;
 
 namespace {
-
-/// Whether `path` holds at least one certificate OpenSSL loads (what the sink's TLS client
-/// will trust): a readable file of something else made every delivery fail verification.
-bool HoldsCertificates(const std::string& path) {
-  std::unique_ptr<X509_STORE, decltype(&X509_STORE_free)> store(X509_STORE_new(), &X509_STORE_free);
-  const bool loaded = store && X509_STORE_load_file(store.get(), path.c_str()) == 1;
-  ERR_clear_error();
-  return loaded;
-}
 
 constexpr std::int64_t kMaxInFlight = 1024;
 
@@ -310,7 +309,7 @@ void ParseWebhook(const Field& field, const EnvLookup& env, Destination& destina
            "cannot read " + path + ": " + error +
                "; point it at a readable PEM bundle, or remove the key to trust the system's CAs");
     }
-    if (!HoldsCertificates(path)) {
+    if (!webhook_detail::HoldsCertificates(path)) {
       Fail(*f, path +
                    " holds no certificate OpenSSL can read; point it at a PEM bundle of the CA "
                    "certificates to trust (-----BEGIN CERTIFICATE----- blocks), or remove the key "

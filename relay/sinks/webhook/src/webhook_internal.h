@@ -22,7 +22,11 @@ std::string DecodeSecret(const std::string& whsec_secret);
 std::string SignWithKey(const std::string& key, const std::string& msg_id,
                         long long timestamp_seconds, const std::string& body);
 
-/// A webhook URL split for httplib (outbox_relay/webhook_url.h).
+/// Whether `path` holds at least one certificate OpenSSL loads (what the sink's TLS client
+/// will trust): a readable file of something else made every delivery fail verification.
+bool HoldsCertificates(const std::string& path);
+
+/// A webhook URL split (outbox_relay/webhook_url.h).
 using ParsedUrl = WebhookUrl;
 inline ParsedUrl ParseUrl(const std::string& url) { return ParseWebhookUrl(url); }
 

@@ -1,13 +1,12 @@
 // The webhook sink: a queue drained by max_in_flight workers, each with its own keep-alive
-// connection (plain_http.h for http://, a cpp-httplib client for https://), posting Standard
-// Webhooks-signed requests.
+// connection (http_connection.h, plain or TLS), posting Standard Webhooks-signed requests.
 #include "outbox_relay/webhook_sink.h"
 
 #include <fcntl.h>
-#include <httplib.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/x509.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -32,11 +31,10 @@
 
 #include "address_policy.h"
 #include "endpoint_governor.h"
+#include "http_connection.h"
 #include "outbox_relay/cloudevents.h"
 #include "outbox_relay/thread_name.h"
 #include "outbox_relay/webhook_service.h"
-#include "plain_http.h"
-#include "response_guard.h"
 #include "webhook_internal.h"
 #include "webhook_remake.h"
 
@@ -60,21 +58,11 @@ std::string Lower(std::string_view s) {
   return out;
 }
 
-/// httplib::ClientImpl::stop() from a thread other than the one sending (Shutdown aborting a
-/// request): a function of its own, never inlined and not left by a tail call, so it is a frame
-/// of every stack under it. cpp-httplib's stop() unlocks the client's socket mutex as its last
-/// call, inside the uninstrumented library, and ThreadSanitizer sees that unlock but not the
-/// lock: tests/tsan.supp suppresses the report by this name alone.
-[[gnu::noinline]] void StopClientOfAnotherThread(httplib::ClientImpl& client) {
-  client.stop();
-  asm volatile("" ::: "memory");  // no tail call: this frame stays on the stack
-}
-
 /// Headers the sink owns (OwnedWebhookHeader): a message or target header of this name is
 /// skipped.
 bool IsReservedHeader(const std::string& name) { return !OwnedWebhookHeader(name).empty(); }
 
-/// A field value httplib can write as is: no CR, LF, NUL or other controls except HTAB.
+/// A field value that can go as it is: no CR, LF, NUL or other controls except HTAB.
 bool IsValidHeaderValue(std::string_view value) {
   for (char c : value) {
     const auto u = static_cast<unsigned char>(c);
@@ -91,8 +79,11 @@ bool SameHeaderName(std::string_view a, std::string_view b) {
          });
 }
 
-bool ContainsHeader(const httplib::Headers& headers, const std::string& name) {
-  return headers.find(name) != headers.end();  // httplib::Headers compares case-insensitively
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+bool ContainsHeader(const HeaderList& headers, std::string_view name) {
+  return std::any_of(headers.begin(), headers.end(),
+                     [&](const auto& header) { return SameHeaderName(header.first, name); });
 }
 
 void CallCompletion(const Sink::Completion& done, Outcome outcome, const std::string& destination) {
@@ -193,6 +184,15 @@ void ValidateWebhookTarget(const std::string& destination, const WebhookTarget& 
     throw std::invalid_argument("webhook " + destination + ": cannot read ca_file " +
                                 *target.ca_file);
   }
+  if (url.https && target.ca_file && target.verify_tls &&
+      !webhook_detail::HoldsCertificates(*target.ca_file)) {
+    // As check-config says it (webhook_config.cc), for a ca_file it never saw: an endpoint's
+    // in a webhook service, or one swapped since start-up.
+    throw std::invalid_argument("webhook " + destination + ": ca_file " + *target.ca_file +
+                                " holds no certificate OpenSSL can read; point it at a PEM bundle "
+                                "of the CA certificates to trust, or remove it to trust the "
+                                "system's CAs");
+  }
   CheckKnownHost(destination, target, url);
 }
 
@@ -259,19 +259,15 @@ class WebhookSink final : public Sink {
         spdlog::warn("webhook {}: ignoring configured header {}: set by the relay", destination_,
                      name);
       } else {
-        static_headers_.emplace(name, value);
+        static_headers_.emplace_back(name, value);
       }
     }
 
-    (void)DevNull();  // opened now, while descriptors are to spare (see Opening)
+    if (url_.https) tls_ = MakeTlsContext();
     workers_.reserve(static_cast<std::size_t>(target_.max_in_flight));
     for (int i = 0; i < target_.max_in_flight; ++i) {
       auto worker = std::make_unique<Worker>();
-      if (url_.https) {
-        worker->client = MakeClient(*worker);
-      } else {
-        worker->plain = MakePlainConnection(*worker);
-      }
+      worker->connection = MakeConnection(*worker);
       worker->signer = std::make_unique<webhook_detail::Signer>(keys_);
       workers_.push_back(std::move(worker));
     }
@@ -395,26 +391,9 @@ class WebhookSink final : public Sink {
       Complete(done, Retry(id, "shutdown: request still running at the shutdown deadline",
                            Reason::kShutdown));
     }
-    // Abort the abandoned requests so the workers return promptly: a connect in progress
-    // through its socket (stop() waits for the connect), and any connect started later fails
-    // at once (a worker about to connect, or whose idle connection stop() closes); a request
-    // on a connection already open through stop().
+    // Abort the abandoned requests so the workers return promptly: a connect, handshake or
+    // request in progress through its socket, and any connect started later fails at once.
     for (Worker* worker : to_stop) AbortOpening(*worker);
-    {
-      // stop() ends TLS with SSL_shutdown, whose write(2) to a socket just shut down raises
-      // SIGPIPE on this thread: blocked here, and a pending one taken, so it kills nothing.
-      sigset_t pipe, before;
-      sigemptyset(&pipe);
-      sigaddset(&pipe, SIGPIPE);
-      pthread_sigmask(SIG_BLOCK, &pipe, &before);
-      for (Worker* worker : to_stop) {
-        if (worker->client) StopClientOfAnotherThread(*worker->client);
-      }
-      const timespec now{0, 0};
-      while (sigtimedwait(&pipe, nullptr, &now) > 0) {
-      }
-      pthread_sigmask(SIG_SETMASK, &before, nullptr);
-    }
     for (auto& worker : workers_) {
       if (worker->thread.joinable()) worker->thread.join();
     }
@@ -557,10 +536,9 @@ class WebhookSink final : public Sink {
   };
 
   struct Worker {
-    /// Keep-alive connection of this worker: a cpp-httplib client for https://, else plain.
-    std::unique_ptr<httplib::ClientImpl> client;
-    std::unique_ptr<webhook_detail::PlainHttpConnection> plain;
-    std::string head;  ///< Plain HTTP: the request head, its capacity kept across requests.
+    /// Keep-alive connection of this worker.
+    std::unique_ptr<webhook_detail::HttpConnection> connection;
+    std::string head;  ///< The request head, its capacity kept across requests.
     std::string connect_ip;                       ///< The checked address client connects to.
     std::vector<std::string> addresses;           ///< Every checked address, connect_ip among them.
     std::size_t address_index = 0;                ///< connect_ip's place in addresses.
@@ -576,51 +554,32 @@ class WebhookSink final : public Sink {
     std::atomic<std::int64_t> request_ns{0};
     std::atomic<std::int64_t> idle_ns{0};        ///< Finished waits with nothing queued.
     std::atomic<std::int64_t> idle_since_ns{0};  ///< Start of the current such wait, or 0.
-    /// A duplicate of the socket of a connection being opened (-1: none), so Shutdown can abort
-    /// a connect that hangs: cpp-httplib holds its socket lock while it connects, so stop()
-    /// waits for the connect to time out (connect_timeout_ms). A duplicate, not the number
-    /// itself: the client may close its socket and the number be reused meanwhile.
+    /// The socket of the worker's connection (-1: none), so Shutdown can abort a connect, a
+    /// handshake or a request from its thread (shutdown(2) ends any wait on it). The
+    /// connection forgets it here, under opening_mu, before it closes it: the number is
+    /// never one reused meanwhile.
     mutable std::mutex opening_mu;
     mutable int opening_fd = -1;  ///< Guarded by opening_mu.
-    /// Plain HTTP: opening_fd is the connection's own socket, not a duplicate (the connection
-    /// forgets it here, under opening_mu, before it closes it): one descriptor a connection.
-    bool opening_borrowed = false;
     bool aborted = false;         ///< Guarded by opening_mu: Shutdown gave up on its request.
-    ~Worker() {
-      plain.reset();  // its close hands back the duplicate, under opening_mu: still alive here
-      if (opening_fd >= 0 && !opening_borrowed) ::close(opening_fd);
-    }
   };
 
-  // The socket of the connection `worker`'s client opens now (cpp-httplib's socket options
-  // hook, called before connect).
-  static void Opening(Worker& worker, int fd, bool borrow = false) {
+  // The socket `worker`'s connection opens now, before it connects; false when Shutdown gave
+  // up on the worker's request before it opened its connection: that connect fails at once.
+  static bool Opening(Worker& worker, int fd) {
     std::lock_guard lock(worker.opening_mu);
-    if (worker.aborted) {
-      // Shutdown gave up on this worker's request before it opened its connection: the
-      // connect fails at once (ENOTSOCK), and cpp-httplib closes what it thinks its socket.
-      // (/dev/null opened once, before it is needed: no descriptor to spare then is no excuse.)
-      if (DevNull() >= 0) ::dup3(DevNull(), fd, O_CLOEXEC);
-      return;
-    }
-    if (worker.opening_fd >= 0 && !worker.opening_borrowed) ::close(worker.opening_fd);
-    worker.opening_borrowed = borrow;
-    // A duplicate unless borrowed: -1 when out of descriptors (that connect cannot be aborted).
-    worker.opening_fd = borrow ? fd : ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (worker.aborted) return false;
+    worker.opening_fd = fd;
+    return true;
   }
 
-  // The request is over: whatever connection it opened is the client's own business again.
-  // (Plain HTTP: the connection closes. Its socket stays known while it is open, so that
-  // Shutdown's AbortOpening also ends a request on a connection kept alive: cpp-httplib's
-  // stop() does that for https.)
-  static void Opened(const Worker& worker) {
+  // The connection's socket is about to close.
+  static void Closing(const Worker& worker) {
     std::lock_guard lock(worker.opening_mu);
-    if (worker.opening_fd >= 0 && !worker.opening_borrowed) ::close(worker.opening_fd);
     worker.opening_fd = -1;
   }
 
-  // Shutdown: a connect in progress fails at once (a connected socket's request fails too,
-  // as stop() would make it), and so does any this worker starts from now on.
+  // Shutdown: a connect in progress fails at once (a connected socket's request fails too),
+  // and so does any this worker starts from now on.
   //
   // A socket whose connect() has not begun yet (the hook ran, connect comes next) refuses the
   // shutdown (ENOTCONN) and then connects all the same, reporting itself connected: over TLS
@@ -643,47 +602,47 @@ class WebhookSink final : public Sink {
     }
   }
 
-  static int DevNull() {
-    static const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // kept for the process
-    return fd;
-  }
-
-  std::unique_ptr<httplib::ClientImpl> MakeClient(Worker& worker) const {
-    std::unique_ptr<httplib::ClientImpl> client;
-    if (url_.https) {
-      auto ssl = std::make_unique<httplib::SSLClient>(url_.host, url_.port);
-      if (!ssl->is_valid()) {
-        throw std::invalid_argument("webhook " + destination_ + ": cannot create a TLS context");
-      }
-      client = std::move(ssl);
-      client->enable_server_certificate_verification(target_.verify_tls);
-      if (target_.ca_file) client->set_ca_cert_path(*target_.ca_file);
-    } else {
-      client = std::make_unique<httplib::ClientImpl>(url_.host, url_.port);
+  // https://: the context every connection's TLS starts from: TLS 1.2 or later, the
+  // endpoint's certificate verified against ca_file or the system's CAs (unless verify_tls is
+  // off), an EOF without close_notify read as the close it is.
+  std::shared_ptr<SSL_CTX> MakeTlsContext() const {
+    std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
+    if (!ctx || SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION) != 1) {
+      throw std::invalid_argument("webhook " + destination_ + ": cannot create a TLS context");
     }
-    client->set_socket_options([&worker](socket_t fd) { Opening(worker, fd); });
-    client->set_keep_alive(true);
-    client->set_follow_location(false);
-    client->set_tcp_nodelay(true);
-    client->set_connection_timeout(target_.connect_timeout);
-    client->set_read_timeout(target_.timeout);
-    client->set_write_timeout(target_.timeout);
-    return client;
+    SSL_CTX_set_options(ctx.get(), SSL_OP_IGNORE_UNEXPECTED_EOF);
+    SSL_CTX_set_verify(ctx.get(), target_.verify_tls ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nullptr);
+    if (target_.verify_tls) {
+      const bool loaded = target_.ca_file ? SSL_CTX_load_verify_locations(
+                                                ctx.get(), target_.ca_file->c_str(), nullptr) == 1
+                                          : SSL_CTX_set_default_verify_paths(ctx.get()) == 1;
+      if (!loaded) {
+        char why[256] = "";
+        ERR_error_string_n(ERR_get_error(), why, sizeof why);
+        throw std::invalid_argument(
+            "webhook " + destination_ + ": cannot load " +
+            (target_.ca_file ? "ca_file " + *target_.ca_file : std::string("the system's CAs")) +
+            " (" + why + "); point ca_file at a PEM file of CA certificates");
+      }
+    }
+    return ctx;
   }
 
-  std::unique_ptr<webhook_detail::PlainHttpConnection> MakePlainConnection(Worker& worker) const {
-    webhook_detail::PlainHttpConnection::Options options;
+  std::unique_ptr<webhook_detail::HttpConnection> MakeConnection(Worker& worker) const {
+    webhook_detail::HttpConnection::Options options;
     options.connect_timeout = target_.connect_timeout;
     options.timeout = target_.timeout;
     options.keep_body = kKeptBodyBytes;
-    options.opening = [&worker](int fd) { Opening(worker, fd, /*borrow=*/true); };
-    options.closing = [&worker] { Opened(worker); };
-    return std::make_unique<webhook_detail::PlainHttpConnection>(std::move(options));
+    options.opening = [&worker](int fd) { return Opening(worker, fd); };
+    options.closing = [&worker] { Closing(worker); };
+    options.tls = tls_.get();
+    options.server_name = url_.host;
+    return std::make_unique<webhook_detail::HttpConnection>(std::move(options));
   }
 
   void Run(Worker& worker) {
     // A peer that closes the connection while we write must give EPIPE, not kill the process
-    // (OpenSSL writes with plain write(2)). Blocked here, SIGPIPE stays with this thread.
+    // (OpenSSL writes with write(2)). Blocked here, SIGPIPE stays with this thread.
     sigset_t pipe;
     sigemptyset(&pipe);
     sigaddset(&pipe, SIGPIPE);
@@ -949,7 +908,6 @@ class WebhookSink final : public Sink {
     worker.address_index = index;
     const std::string& ip = worker.addresses[index];
     if (ip != worker.connect_ip) {
-      if (worker.client) worker.client->set_hostname_addr_map({{url_.host, ip}});
       worker.connect_ip = ip;
     }
   }
@@ -1109,11 +1067,11 @@ class WebhookSink final : public Sink {
     if (!user_agent) add("User-Agent", kUserAgent);
   }
 
-  // One request's result, from either client.
+  // One request's result.
   struct Exchanged {
     bool answered = false;  ///< An HTTP answer came (status and the rest are set).
-    httplib::Error error = httplib::Error::Success;  ///< Why not, when it did not.
-    std::string refused;   ///< A bad answer (not HTTP, or past response_guard.h's limits).
+    webhook_detail::HttpFailure error = webhook_detail::HttpFailure::kNone;  ///< Why not.
+    std::string refused;   ///< A bad answer (not HTTP, or past its limits), or why TLS failed.
     bool ran_out = false;  ///< Not sent: the claim ran out while connecting.
     int status = 0;
     std::optional<std::string> retry_after;
@@ -1132,7 +1090,6 @@ class WebhookSink final : public Sink {
     const Worker* worker;
     const Message* msg;
     bool* ran_out;
-    webhook_detail::ResponseHeadGuard* guard;  ///< TLS: told when the body starts.
     bool MaySend() const {
       if (sink->Abandoned(*worker)) return false;
       if (RanOut(*msg, Clock::now())) {
@@ -1152,8 +1109,7 @@ class WebhookSink final : public Sink {
     const auto start = Clock::now();
     const auto sent_at = std::chrono::system_clock::now();
     const auto deadline = start + target_.timeout;
-    const Exchanged x = worker.plain ? ExchangePlain(worker, msg, timestamp, deadline)
-                                     : ExchangeTls(worker, msg, timestamp, deadline);
+    const Exchanged x = Exchange(worker, msg, timestamp, deadline);
     const auto elapsed =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
 
@@ -1161,11 +1117,9 @@ class WebhookSink final : public Sink {
     Attempt attempt;
     Outcome& outcome = attempt.outcome;
     if (!x.answered) {
-      outcome = x.refused.empty()
-                    ? TransportFailure(worker, msg.id, x.error, elapsed)
-                    : Retry(msg.id, "bad response: " + x.refused, Reason::kConnection);
-      attempt.not_connected =
-          x.error == httplib::Error::Connection || x.error == httplib::Error::ConnectionTimeout;
+      outcome = TransportFailure(msg.id, x, elapsed);
+      attempt.not_connected = x.error == webhook_detail::HttpFailure::kConnect ||
+                              x.error == webhook_detail::HttpFailure::kConnectTimeout;
       if (!stopping_now_.load()) {  // shutdown's aborted requests are no verdict
         std::lock_guard lock(last_failure_mu_);
         last_failure_ = outcome.reason;
@@ -1198,10 +1152,10 @@ class WebhookSink final : public Sink {
     return attempt;
   }
 
-  // http://: the head written into the worker's buffer, head and body sent with one
-  // sendmsg() over its kept connection (plain_http.h).
-  Exchanged ExchangePlain(Worker& worker, const Message& msg, long long timestamp,
-                          Clock::time_point deadline) const {
+  // The head written into the worker's buffer, head and body sent at once over its kept
+  // connection (http_connection.h).
+  Exchanged Exchange(Worker& worker, const Message& msg, long long timestamp,
+                     Clock::time_point deadline) const {
     std::string& head = worker.head;
     head.clear();
     head.append("POST ").append(request_target_).append(" HTTP/1.1\r\nHost: ");
@@ -1212,88 +1166,18 @@ class WebhookSink final : public Sink {
     head.append("Content-Length: ").append(std::to_string(msg.payload.size())).append("\r\n\r\n");
 
     Exchanged x;
-    const LastCheck check{this, &worker, &msg, &x.ran_out, nullptr};
+    const LastCheck check{this, &worker, &msg, &x.ran_out};
     // One pointer captured: std::function keeps it inline, with no allocation per request.
     const std::function<bool()> may_send = [&check] { return check.MaySend(); };
-    auto answer =
-        worker.plain->Exchange(worker.connect_ip, url_.port, head, msg.payload, deadline, may_send);
-    using webhook_detail::HttpFailure;
-    switch (answer.failure) {
-      case HttpFailure::kNone:
-        x.answered = true;
-        x.status = answer.status;
-        x.retry_after = std::move(answer.retry_after);
-        x.location = std::move(answer.location);
-        x.kept = std::move(answer.body_start);
-        break;
-      case HttpFailure::kBadResponse:
-        x.refused = std::move(answer.refused);
-        x.error = httplib::Error::Read;
-        break;
-      case HttpFailure::kConnect:
-        x.error = httplib::Error::Connection;
-        break;
-      case HttpFailure::kConnectTimeout:
-        x.error = httplib::Error::ConnectionTimeout;
-        break;
-      case HttpFailure::kWrite:
-        x.error = httplib::Error::Write;
-        break;
-      case HttpFailure::kRead:
-        x.error = httplib::Error::Read;
-        break;
-      case HttpFailure::kCanceled:
-        x.error = httplib::Error::Canceled;
-        break;
-    }
-    return x;
-  }
-
-  // https://: cpp-httplib's client, its response head bounded and its request coalesced by
-  // the response guard (response_guard.h).
-  Exchanged ExchangeTls(Worker& worker, const Message& msg, long long timestamp,
-                        Clock::time_point deadline) const {
-    httplib::ClientImpl& client = *worker.client;
-    httplib::Request req;
-    req.method = "POST";
-    req.path = url_.path;
-    BuildHeaders(*worker.signer, msg, timestamp, [&req](std::string_view name, auto&& value) {
-      req.headers.emplace(std::string(name), std::string(value));
-    });
-    req.content_length_ = msg.payload.size();
-    webhook_detail::ResponseHeadGuard head_guard(deadline);
-    head_guard.Coalesce(!msg.payload.empty() &&
-                        msg.payload.size() <= webhook_detail::kTlsCoalescedBody);
-    Exchanged x;
-    // The body is written by a provider that makes the last check first (an empty body has no
-    // such last moment: httplib never calls the provider for it; only the check before the
-    // request guards it).
-    const LastCheck check{this, &worker, &msg, &x.ran_out, &head_guard};
-    req.content_provider_ = [&check](std::size_t offset, std::size_t length,
-                                     httplib::DataSink& sink) {
-      if (offset == 0 && !check.MaySend()) return false;  // Error::Canceled
-      check.guard->BodyStarts();  // the head waited for it: both leave in one record
-      sink.write(check.msg->payload.data() + offset, length);  // a failed write: Error::Write
-      return true;
-    };
-    req.content_receiver = [&x](const char* data, std::size_t len, std::uint64_t, std::uint64_t) {
-      if (x.kept.size() < kKeptBodyBytes)
-        x.kept.append(data, std::min(len, kKeptBodyBytes - x.kept.size()));
-      return true;
-    };
-    // Reading a body that trickles in must not take longer than the whole-request timeout.
-    req.progress = [deadline](std::uint64_t, std::uint64_t) { return Clock::now() < deadline; };
-
-    httplib::Response res;
-    x.answered = client.send(req, res, x.error);
-    Opened(worker);
-    if (x.answered) {
-      x.status = res.status;
-      if (res.has_header("Retry-After")) x.retry_after = res.get_header_value("Retry-After");
-      x.location = res.get_header_value("Location");
-    } else {
-      x.refused = head_guard.Refused();
-    }
+    auto answer = worker.connection->Exchange(worker.connect_ip, url_.port, head, msg.payload,
+                                              deadline, may_send);
+    x.error = answer.failure;
+    x.answered = answer.failure == webhook_detail::HttpFailure::kNone;
+    x.refused = std::move(answer.refused);
+    x.status = answer.status;
+    x.retry_after = std::move(answer.retry_after);
+    x.location = std::move(answer.location);
+    x.kept = std::move(answer.body_start);
     return x;
   }
 
@@ -1308,32 +1192,25 @@ class WebhookSink final : public Sink {
     return v;
   }
 
-  Outcome TransportFailure(const Worker& worker, MessageId id, httplib::Error error,
+  Outcome TransportFailure(MessageId id, const Exchanged& x,
                            std::chrono::milliseconds elapsed) const {
-    const std::string what = httplib::to_string(error);
-    switch (error) {
-      case httplib::Error::ConnectionTimeout:
+    using webhook_detail::HttpFailure;
+    const std::string what = webhook_detail::ToString(x.error);
+    switch (x.error) {
+      case HttpFailure::kBadResponse:
+        return Retry(id, "bad response: " + x.refused, Reason::kConnection);
+      case HttpFailure::kConnectTimeout:
         return Retry(id,
                      "timeout: could not connect within " +
                          std::to_string(target_.connect_timeout.count()) + "ms",
                      Reason::kTimeout);
-      case httplib::Error::SSLConnection:
-      case httplib::Error::SSLLoadingCerts:
+      case HttpFailure::kTls:
         return Retry(id, "connection error: " + what, Reason::kTls);
-      case httplib::Error::SSLServerVerification: {
-        std::string reason = "connection error: " + what;
-        const long verify =
-            static_cast<httplib::SSLClient&>(*worker.client).get_openssl_verify_result();
-        if (verify != X509_V_OK) {
-          reason += std::string(" (") + X509_verify_cert_error_string(verify) + ")";
-        } else {
-          reason += " (certificate does not match host " + url_.host + ")";
-        }
-        return Retry(id, std::move(reason), Reason::kTls);
-      }
-      case httplib::Error::Read:
-      case httplib::Error::Write:
-      case httplib::Error::Canceled:
+      case HttpFailure::kTlsVerification:
+        return Retry(id, "connection error: " + what + " (" + x.refused + ")", Reason::kTls);
+      case HttpFailure::kRead:
+      case HttpFailure::kWrite:
+      case HttpFailure::kCanceled:
         if (elapsed >= target_.timeout) {
           return Retry(id,
                        "timeout: no complete response within " +
@@ -1395,7 +1272,8 @@ class WebhookSink final : public Sink {
   const ParsedUrl url_;
   const webhook_detail::AddressPolicy policy_;    ///< The SSRF guard.
   std::vector<webhook_detail::SigningKey> keys_;  ///< One per secret (HMAC or ed25519).
-  httplib::Headers static_headers_;               ///< Valid, non-reserved target.headers.
+  HeaderList static_headers_;                     ///< Valid, non-reserved target.headers.
+  std::shared_ptr<SSL_CTX> tls_;  ///< https://: what every connection's TLS starts from.
   /// Plain HTTP: the request line's target (url_.path, bytes past ASCII percent-encoded) and
   /// the Host header (port included unless it is 80; an IPv6 address in brackets).
   const std::string request_target_ = RequestTarget(url_.path);

@@ -1,9 +1,13 @@
-#include "plain_http.h"
+#include "http_connection.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -14,9 +18,8 @@
 #include <charconv>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
-
-#include "response_guard.h"
 
 namespace outbox::relay::webhook_detail {
 namespace {
@@ -69,6 +72,18 @@ std::string Printable(std::string_view name) {
   return out;
 }
 
+bool IsIpAddress(const std::string& host) {
+  in6_addr any{};
+  return ::inet_pton(AF_INET, host.c_str(), &any) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), &any) == 1;
+}
+
+bool SetBlocking(int fd, bool blocking) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  return flags >= 0 &&
+         ::fcntl(fd, F_SETFL, blocking ? flags & ~O_NONBLOCK : flags | O_NONBLOCK) == 0;
+}
+
 int Millis(std::chrono::steady_clock::duration d) {
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d).count();
   return static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30));
@@ -76,31 +91,75 @@ int Millis(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
-PlainHttpConnection::PlainHttpConnection(Options options) : options_(std::move(options)) {}
+const std::string& StatusLineTooLong() {
+  static const std::string why = "the response's status line is longer than " +
+                                 std::to_string(kMaxStatusLine) +
+                                 " bytes (not an HTTP answer); not read further";
+  return why;
+}
+const std::string& HeaderLineTooLong() {
+  static const std::string why = "a response header line is longer than " +
+                                 std::to_string(kMaxHeaderLine) + " bytes; not read further";
+  return why;
+}
+const std::string& HeadTooLong() {
+  static const std::string why = "the response's headers are longer than " +
+                                 std::to_string(kMaxResponseHead) + " bytes; not read further";
+  return why;
+}
 
-PlainHttpConnection::~PlainHttpConnection() { Close(); }
+const char* ToString(HttpFailure failure) {
+  switch (failure) {
+    case HttpFailure::kNone:
+      return "Success";
+    case HttpFailure::kConnect:
+      return "Connection";
+    case HttpFailure::kConnectTimeout:
+      return "ConnectionTimeout";
+    case HttpFailure::kWrite:
+      return "Write";
+    case HttpFailure::kRead:
+      return "Read";
+    case HttpFailure::kCanceled:
+      return "Canceled";
+    case HttpFailure::kBadResponse:
+      return "BadResponse";
+    case HttpFailure::kTls:
+      return "SSLConnection";
+    case HttpFailure::kTlsVerification:
+      return "SSLServerVerification";
+  }
+  return "Unknown";
+}
 
-void PlainHttpConnection::Close() {
+HttpConnection::HttpConnection(Options options) : options_(std::move(options)) {}
+
+HttpConnection::~HttpConnection() { Close(); }
+
+void HttpConnection::Close() {
   if (fd_ < 0) return;
   if (options_.closing) options_.closing();
+  if (ssl_ != nullptr) {
+    SSL_free(ssl_);  // no close_notify: it is a write that may wait, and nothing needs it
+    ssl_ = nullptr;
+  }
   ::close(fd_);
   fd_ = -1;
   reusable_ = false;
   begin_ = end_ = 0;
 }
 
-HttpAnswer PlainHttpConnection::Exchange(const std::string& ip, int port, std::string_view head,
-                                         std::string_view body, Clock::time_point deadline,
-                                         const std::function<bool()>& may_send) {
+HttpAnswer HttpConnection::Exchange(const std::string& ip, int port, std::string_view head,
+                                    std::string_view body, Clock::time_point deadline,
+                                    const std::function<bool()>& may_send) {
   HttpAnswer answer;
   if (fd_ >= 0) {
     // Kept alive: still to the same address, and not closed by the endpoint meanwhile (an idle
-    // timeout: anything readable now is its FIN, or bytes no request asked for).
-    pollfd p{fd_, POLLIN, 0};
-    if (!reusable_ || ip != ip_ || port != port_ || ::poll(&p, 1, 0) != 0) Close();
+    // timeout).
+    if (!reusable_ || ip != ip_ || port != port_ || !StillOpen()) Close();
   }
   if (fd_ < 0) {
-    answer.failure = Connect(ip, port);
+    answer.failure = Connect(ip, port, &answer);
     if (answer.failure != HttpFailure::kNone) {
       Close();
       return answer;
@@ -121,7 +180,22 @@ HttpAnswer PlainHttpConnection::Exchange(const std::string& ip, int port, std::s
   return answer;
 }
 
-HttpFailure PlainHttpConnection::Connect(const std::string& ip, int port) {
+bool HttpConnection::StillOpen() {
+  pollfd p{fd_, POLLIN, 0};
+  const int ready = ::poll(&p, 1, 0);
+  if (ready == 0) return true;
+  // Plain: anything readable is the endpoint's FIN or bytes no request asked for. TLS: maybe
+  // only a protocol message (a TLS 1.3 session ticket, a key update), which a read without
+  // waiting takes in and leaves nothing.
+  if (ready < 0 || ssl_ == nullptr || !SetBlocking(fd_, false)) return false;
+  ERR_clear_error();
+  char byte;
+  const int n = SSL_read(ssl_, &byte, 1);
+  const bool open = n <= 0 && SSL_get_error(ssl_, n) == SSL_ERROR_WANT_READ;
+  return SetBlocking(fd_, true) && open;
+}
+
+HttpFailure HttpConnection::Connect(const std::string& ip, int port, HttpAnswer* answer) {
   sockaddr_storage address{};
   socklen_t address_len = 0;
   auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
@@ -142,12 +216,12 @@ HttpFailure PlainHttpConnection::Connect(const std::string& ip, int port) {
   ip_ = ip;
   port_ = port;
   begin_ = end_ = 0;
-  if (options_.opening) options_.opening(fd_);
+  if (options_.opening && !options_.opening(fd_)) return HttpFailure::kConnect;
   const int one = 1;
   ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  const auto until = Clock::now() + options_.connect_timeout;
   if (::connect(fd_, reinterpret_cast<const sockaddr*>(&address), address_len) != 0) {
     if (errno != EINPROGRESS) return HttpFailure::kConnect;
-    const auto until = Clock::now() + options_.connect_timeout;
     while (true) {
       pollfd p{fd_, POLLOUT, 0};
       const int ready = ::poll(&p, 1, Millis(until - Clock::now()));
@@ -161,8 +235,12 @@ HttpFailure PlainHttpConnection::Connect(const std::string& ip, int port) {
       return HttpFailure::kConnect;
     }
   }
-  const int flags = ::fcntl(fd_, F_GETFL);
-  if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK) != 0) return HttpFailure::kConnect;
+  if (options_.tls != nullptr) {
+    if (const auto failure = Handshake(until, answer); failure != HttpFailure::kNone) {
+      return failure;
+    }
+  }
+  if (!SetBlocking(fd_, true)) return HttpFailure::kConnect;
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(options_.timeout).count();
   const timeval wait{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
   ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
@@ -171,8 +249,57 @@ HttpFailure PlainHttpConnection::Connect(const std::string& ip, int port) {
   return HttpFailure::kNone;
 }
 
-HttpFailure PlainHttpConnection::Write(std::string_view head, std::string_view body,
-                                       Clock::time_point deadline) {
+HttpFailure HttpConnection::Handshake(Clock::time_point until, HttpAnswer* answer) {
+  ssl_ = SSL_new(options_.tls);
+  if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1) return HttpFailure::kTls;
+  const std::string& name = options_.server_name;
+  const bool ip = IsIpAddress(name);
+  if (!ip && SSL_set_tlsext_host_name(ssl_, name.c_str()) != 1) return HttpFailure::kTls;
+  if (SSL_get_verify_mode(ssl_) != SSL_VERIFY_NONE) {
+    // The certificate must name the endpoint's host (its IP address when the URL gives one),
+    // not only chain to a trusted CA.
+    const int named = ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl_), name.c_str())
+                         : SSL_set1_host(ssl_, name.c_str());
+    if (named != 1) return HttpFailure::kTls;
+  }
+  while (true) {
+    ERR_clear_error();
+    const int done = SSL_connect(ssl_);
+    if (done == 1) return HttpFailure::kNone;
+    const int error = SSL_get_error(ssl_, done);
+    short wait = error == SSL_ERROR_WANT_READ    ? POLLIN
+                 : error == SSL_ERROR_WANT_WRITE ? POLLOUT
+                                                 : 0;
+    if (wait == 0) {
+      const long verified = SSL_get_verify_result(ssl_);
+      if (verified != X509_V_OK) {
+        answer->refused = X509_verify_cert_error_string(verified);
+        return HttpFailure::kTlsVerification;
+      }
+      return HttpFailure::kTls;
+    }
+    pollfd p{fd_, wait, 0};
+    const int ready = ::poll(&p, 1, Millis(until - Clock::now()));
+    if (ready == 0) return HttpFailure::kConnectTimeout;
+    if (ready < 0 && errno != EINTR) return HttpFailure::kTls;
+  }
+}
+
+HttpFailure HttpConnection::Write(std::string_view head, std::string_view body,
+                                  Clock::time_point deadline) {
+  if (ssl_ != nullptr) {
+    // One SSL_write of head and body: one record (a body over 16 KiB continues in more), and
+    // one segment where it fits, where two writes were two of each.
+    joined_.assign(head).append(body);
+    ERR_clear_error();
+    if (joined_.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
+        SSL_write(ssl_, joined_.data(), static_cast<int>(joined_.size())) <= 0 ||
+        Clock::now() >= deadline) {
+      return HttpFailure::kWrite;
+    }
+    if (joined_.capacity() > 4 * kReadSize) std::string().swap(joined_);
+    return HttpFailure::kNone;
+  }
   iovec parts[2] = {{const_cast<char*>(head.data()), head.size()},
                     {const_cast<char*>(body.data()), body.size()}};
   msghdr message{};
@@ -203,7 +330,7 @@ HttpFailure PlainHttpConnection::Write(std::string_view head, std::string_view b
   return HttpFailure::kNone;
 }
 
-HttpFailure PlainHttpConnection::Fill(Clock::time_point deadline, bool* eof) {
+HttpFailure HttpConnection::Fill(Clock::time_point deadline, bool* eof) {
   if (eof != nullptr) *eof = false;
   if (begin_ == end_) {
     begin_ = end_ = 0;
@@ -218,6 +345,21 @@ HttpFailure PlainHttpConnection::Fill(Clock::time_point deadline, bool* eof) {
     // the deadline: one that trickles in, a byte at a time inside the timeout, does not hold
     // the worker for as long as the endpoint likes.
     if (Clock::now() >= deadline) return HttpFailure::kRead;
+    if (ssl_ != nullptr) {
+      ERR_clear_error();
+      const int n = SSL_read(ssl_, buf_.data() + end_,
+                             static_cast<int>(std::min<std::size_t>(
+                                 buf_.size() - end_, std::numeric_limits<int>::max())));
+      if (n > 0) {
+        if (Clock::now() >= deadline) return HttpFailure::kRead;
+        end_ += static_cast<std::size_t>(n);
+        return HttpFailure::kNone;
+      }
+      // The endpoint closed (with close_notify, or without: the context ignores an unexpected
+      // EOF, which ends a body that runs until the close as a plain connection's FIN does).
+      if (SSL_get_error(ssl_, n) == SSL_ERROR_ZERO_RETURN && eof != nullptr) *eof = true;
+      return HttpFailure::kRead;  // a timeout (SO_RCVTIMEO) is SSL_ERROR_WANT_READ
+    }
     const ssize_t n = ::recv(fd_, buf_.data() + end_, buf_.size() - end_, 0);
     if (n > 0) {
       if (Clock::now() >= deadline) return HttpFailure::kRead;
@@ -232,9 +374,9 @@ HttpFailure PlainHttpConnection::Fill(Clock::time_point deadline, bool* eof) {
   }
 }
 
-HttpFailure PlainHttpConnection::NextLine(Clock::time_point deadline, std::size_t limit,
-                                          const std::string& what, std::string_view* line,
-                                          HttpAnswer* answer) {
+HttpFailure HttpConnection::NextLine(Clock::time_point deadline, std::size_t limit,
+                                     const std::string& what, std::string_view* line,
+                                     HttpAnswer* answer) {
   std::size_t scanned = begin_;
   while (true) {
     const char* start = buf_.data() + begin_;
@@ -243,8 +385,8 @@ HttpFailure PlainHttpConnection::NextLine(Clock::time_point deadline, std::size_
     const std::size_t length = nl != nullptr
                                    ? static_cast<std::size_t>(static_cast<const char*>(nl) - start)
                                    : end_ - begin_;
-    // As response_guard.cc counts: a line's bytes before its LF (CR included), the head's
-    // bytes with every LF.
+    // A line's bytes before its LF (CR included) count against its limit, the head's bytes
+    // with every LF against the head's.
     if (length > limit || head_bytes_ + length + (nl != nullptr ? 1 : 0) > kMaxResponseHead) {
       answer->refused = length > limit ? what : HeadTooLong();
       return HttpFailure::kBadResponse;
@@ -265,7 +407,7 @@ HttpFailure PlainHttpConnection::NextLine(Clock::time_point deadline, std::size_
   }
 }
 
-HttpFailure PlainHttpConnection::ReadAnswer(Clock::time_point deadline, HttpAnswer* answer) {
+HttpFailure HttpConnection::ReadAnswer(Clock::time_point deadline, HttpAnswer* answer) {
   head_bytes_ = 0;
   bool http10 = false;
   while (true) {  // interim answers (1xx but 101) come before the final one; each is skipped
@@ -368,7 +510,7 @@ HttpFailure PlainHttpConnection::ReadAnswer(Clock::time_point deadline, HttpAnsw
   }
 }
 
-std::size_t PlainHttpConnection::TakeBody(std::size_t n, HttpAnswer* answer) {
+std::size_t HttpConnection::TakeBody(std::size_t n, HttpAnswer* answer) {
   n = std::min(n, end_ - begin_);
   if (answer->body_start.size() < options_.keep_body) {
     answer->body_start.append(buf_.data() + begin_,
@@ -378,9 +520,8 @@ std::size_t PlainHttpConnection::TakeBody(std::size_t n, HttpAnswer* answer) {
   return n;
 }
 
-HttpFailure PlainHttpConnection::ReadBody(Clock::time_point deadline,
-                                          std::optional<std::size_t> length, bool chunked,
-                                          HttpAnswer* answer) {
+HttpFailure HttpConnection::ReadBody(Clock::time_point deadline, std::optional<std::size_t> length,
+                                     bool chunked, HttpAnswer* answer) {
   if (!chunked) {
     if (!length) {  // until the endpoint closes the connection
       while (true) {

@@ -1,13 +1,14 @@
-// The webhook sink's plain-HTTP client (plain_http.h) against a loopback endpoint that answers
+// The webhook sink's plain-HTTP client (http_connection.h) against a loopback endpoint that answers
 // from a script: every way an HTTP/1.1 answer can be framed, kept-alive connections, answers
 // that are not HTTP, and what the sink writes on the request line.
-#include "plain_http.h"
+#include "http_connection.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -15,12 +16,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "address_policy.h"
 #include "outbox_relay/webhook_sink.h"
+#include "outbox_test/http_receiver.h"
 #include "outbox_test/wait.h"
 
 namespace outbox::relay::webhook_detail {
@@ -140,15 +146,15 @@ class ScriptedEndpoint {
   std::thread thread_;
 };
 
-PlainHttpConnection::Options Quick() {
-  PlainHttpConnection::Options o;
+HttpConnection::Options Quick() {
+  HttpConnection::Options o;
   o.connect_timeout = 2s;
   o.timeout = 5s;
   o.keep_body = 16;
   return o;
 }
 
-HttpAnswer Post(PlainHttpConnection& c, int port, std::string_view body = "{}",
+HttpAnswer Post(HttpConnection& c, int port, std::string_view body = "{}",
                 std::chrono::milliseconds within = 5s) {
   const std::string head =
       "POST /hook HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + std::to_string(body.size()) +
@@ -160,7 +166,7 @@ HttpAnswer Post(PlainHttpConnection& c, int port, std::string_view body = "{}",
 // Content-Length, an interim 100 before a chunked body with extensions and trailers, a 204
 // without a body, a chunked body under another coding's name. Each answer is read whole (the
 // next one on the same connection starts where it ends) and its body's start kept.
-TEST(PlainHttp, ReadsEveryFramingOfAnAnswerOnOneKeptAliveConnection) {
+TEST(HttpConnection, ReadsEveryFramingOfAnAnswerOnOneKeptAliveConnection) {
   ScriptedEndpoint endpoint({
       {"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"},
       {"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 Accepted\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -169,7 +175,7 @@ TEST(PlainHttp, ReadsEveryFramingOfAnAnswerOnOneKeptAliveConnection) {
       {"HTTP/1.1 500 Oops\r\nTransfer-Encoding: gzip, chunked\r\n\r\n4\r\nbad!\r\n0\r\n\r\n"},
       {"HTTP/1.1 429 Slow\r\nretry-after:  7 \r\nLocation: /x\r\nContent-Length: 0\r\n\r\n"},
   });
-  PlainHttpConnection c(Quick());
+  HttpConnection c(Quick());
   HttpAnswer a = Post(c, endpoint.port());
   EXPECT_EQ(a.failure, HttpFailure::kNone) << a.refused;
   EXPECT_EQ(a.status, 200);
@@ -199,7 +205,7 @@ TEST(PlainHttp, ReadsEveryFramingOfAnAnswerOnOneKeptAliveConnection) {
 // (RFC 9112 6.3: which one frames it is the endpoint's guess too). The endpoint keeps each such
 // connection open (but the one whose body runs until the close): the client itself opens the
 // next one. The body read until the close is whole.
-TEST(PlainHttp, ANewConnectionFollowsAnAnswerThatEndsItsConnection) {
+TEST(HttpConnection, ANewConnectionFollowsAnAnswerThatEndsItsConnection) {
   ScriptedEndpoint endpoint({
       {"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"},
       {"HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\nContent-Length: 0\r\n\r\n"},
@@ -209,7 +215,7 @@ TEST(PlainHttp, ANewConnectionFollowsAnAnswerThatEndsItsConnection) {
       {"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 0\r\n\r\n"},
       {"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"},
   });
-  PlainHttpConnection c(Quick());
+  HttpConnection c(Quick());
   int n = 0;
   for (const int expected : {200, 200, 503, 200, 200, 200, 200}) {
     ++n;
@@ -226,7 +232,7 @@ TEST(PlainHttp, ANewConnectionFollowsAnAnswerThatEndsItsConnection) {
 
 // What is not an HTTP/1.x answer, or cannot be read as one, is a bad response that says what
 // is wrong; an answer cut short is a read failure. The connection is closed after each.
-TEST(PlainHttp, AnswersThatAreNotHttpAreBadResponsesSayingWhy) {
+TEST(HttpConnection, AnswersThatAreNotHttpAreBadResponsesSayingWhy) {
   struct Case {
     std::string answer;
     HttpFailure failure;
@@ -258,7 +264,7 @@ TEST(PlainHttp, AnswersThatAreNotHttpAreBadResponsesSayingWhy) {
   };
   for (const Case& k : cases) {
     ScriptedEndpoint endpoint({{k.answer, true}});
-    PlainHttpConnection c(Quick());
+    HttpConnection c(Quick());
     const HttpAnswer a = Post(c, endpoint.port());
     EXPECT_EQ(a.failure, k.failure) << k.answer;
     EXPECT_EQ(a.refused, k.refused) << k.answer;
@@ -267,9 +273,9 @@ TEST(PlainHttp, AnswersThatAreNotHttpAreBadResponsesSayingWhy) {
 
 // Nothing is written when the last check says no (Shutdown took the message back, its claim
 // ran out while connecting), and the connection stays fit for the next request.
-TEST(PlainHttp, NothingIsWrittenWhenTheLastCheckSaysNo) {
+TEST(HttpConnection, NothingIsWrittenWhenTheLastCheckSaysNo) {
   ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}});
-  PlainHttpConnection c(Quick());
+  HttpConnection c(Quick());
   const std::string head = "POST /hook HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
   const HttpAnswer no =
       c.Exchange("127.0.0.1", endpoint.port(), head, "", Clock::now() + 5s, [] { return false; });
@@ -282,18 +288,21 @@ TEST(PlainHttp, NothingIsWrittenWhenTheLastCheckSaysNo) {
 // A connection kept alive is ended by shutdown(2) of the socket that `opening` was given (the
 // sink's Shutdown does that to a request it abandons): the read waiting for an answer that
 // never comes returns at once, not after the timeout. `closing` comes before the socket closes.
-TEST(PlainHttp, AShutdownOfTheOpenedSocketEndsAWaitOnAKeptConnection) {
+TEST(HttpConnection, AShutdownOfTheOpenedSocketEndsAWaitOnAKeptConnection) {
   ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}, {"", false, true}});
   std::atomic<int> socket{-1};
   int closed = 0;
   auto options = Quick();
   options.timeout = 30s;
-  options.opening = [&](int fd) { socket = fd; };
+  options.opening = [&](int fd) {
+    socket = fd;
+    return true;
+  };
   options.closing = [&] {
     ++closed;
     EXPECT_EQ(::fcntl(socket.exchange(-1), F_GETFD) >= 0, true) << "closed before `closing`";
   };
-  PlainHttpConnection c(options);
+  HttpConnection c(options);
   ASSERT_EQ(Post(c, endpoint.port()).status, 200);
   ASSERT_GE(socket.load(), 0);
   std::thread abort([&] {
@@ -311,7 +320,7 @@ TEST(PlainHttp, AShutdownOfTheOpenedSocketEndsAWaitOnAKeptConnection) {
 
 // The sink's request line carries the URL's path and query as written (a '+' stays a '+'),
 // bytes past ASCII percent-encoded; Host names the URL's host and port.
-TEST(PlainHttp, TheSinksRequestLineCarriesThePathAndQueryAndHostTheUrlsAuthority) {
+TEST(HttpConnection, TheSinksRequestLineCarriesThePathAndQueryAndHostTheUrlsAuthority) {
   ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}});
   WebhookTarget t;
   t.url = "http://127.0.0.1:" + std::to_string(endpoint.port()) + "/h\xC3\xBCk/in?x=a+b&y=%2F";
@@ -373,7 +382,7 @@ WebhookTarget TargetOf(const ScriptedEndpoint& endpoint) {
 // A kept-alive connection costs the relay one descriptor, not two: Shutdown reaches it through
 // its own socket (which it forgets under the same lock before the socket is closed), not a
 // duplicate that doubled the descriptors of every idle connection (review).
-TEST(PlainHttp, AKeptConnectionHoldsOneDescriptor) {
+TEST(HttpConnection, AKeptConnectionHoldsOneDescriptor) {
   ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}});
   MakeWebhookSink("warm-up", TargetOf(endpoint))->Shutdown(1s);  // what a sink opens once
   const int before = OpenDescriptors();
@@ -390,7 +399,7 @@ TEST(PlainHttp, AKeptConnectionHoldsOneDescriptor) {
 // Shutdown's deadline ends a request stuck on a connection kept alive from an earlier request
 // (the answer never comes), as it does one on a new connection: the sink keeps the kept
 // connection's socket where Shutdown finds it.
-TEST(PlainHttp, ShutdownAbandonsARequestStuckOnAKeptConnection) {
+TEST(HttpConnection, ShutdownAbandonsARequestStuckOnAKeptConnection) {
   ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}, {"", false, true}});
   WebhookTarget t = TargetOf(endpoint);
   t.timeout = 30s;  // only the shutdown deadline can end the second request early
@@ -424,7 +433,7 @@ TEST(PlainHttp, ShutdownAbandonsARequestStuckOnAKeptConnection) {
 // An answer whose body runs until the close, cut short by Shutdown's abort, looks complete to
 // the client (the read ends as at a close): the request was taken back, so it says nothing
 // about the endpoint (review: a 500 counted as a failure towards the breaker).
-TEST(PlainHttp, AnAnswerCutByShutdownIsNoVerdictOnTheEndpoint) {
+TEST(HttpConnection, AnAnswerCutByShutdownIsNoVerdictOnTheEndpoint) {
   ScriptedEndpoint endpoint({{"HTTP/1.1 500 Oops\r\n\r\nthe body goes on until the close"}});
   WebhookTarget t = TargetOf(endpoint);
   t.timeout = 30s;
@@ -441,6 +450,223 @@ TEST(PlainHttp, AnAnswerCutByShutdownIsNoVerdictOnTheEndpoint) {
   EXPECT_EQ(outcome.reason_class, "shutdown") << outcome.reason;
   ASSERT_TRUE(sink->Health());
   EXPECT_EQ(sink->Health()->consecutive_failures, 0);
+}
+
+/// Names resolve as the map says for the scope's life (the sink's SSRF guard resolves them).
+struct FakeResolver {
+  explicit FakeResolver(std::map<std::string, std::string> names) {
+    SetResolverForTesting([names](const std::string& host, std::string* error) {
+      std::vector<IpAddress> out;
+      if (const auto it = names.find(host); it != names.end()) {
+        out.push_back(*ParseIpLiteral(it->second));
+      } else {
+        *error = "unknown host " + host;
+      }
+      return out;
+    });
+  }
+  ~FakeResolver() { SetResolverForTesting(nullptr); }
+};
+
+Outcome DeliverOneTo(const WebhookTarget& target) {
+  auto sink = MakeWebhookSink("hooks", target);
+  std::atomic<int> done{0};
+  Outcome outcome;
+  sink->Submit(OneMessage(1), [&](Outcome o) {
+    outcome = std::move(o);
+    ++done;
+  });
+  EXPECT_TRUE(outbox::testing::WaitFor([&] { return done.load() == 1; }, 10s));
+  sink->Shutdown(5s);
+  return outcome;
+}
+
+// TLS connections are kept alive across requests like plain ones: a TLS 1.3 endpoint's session
+// tickets, which arrive after the handshake, are protocol, not a sign that the endpoint closed
+// the connection or sent what no request asked for.
+TEST(HttpConnectionTls, ConnectionsAreKeptAliveAcrossRequests) {
+  const auto pki = outbox::testing::MakeTestPki();
+  outbox::testing::HttpReceiver receiver(pki.server);
+  WebhookTarget t;
+  t.url = receiver.Url("/secure");
+  t.secrets = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"};
+  t.max_in_flight = 1;
+  t.allow_private_networks = true;
+  t.ca_file = pki.ca_cert_path;
+  auto sink = MakeWebhookSink("hooks", t);
+  std::atomic<int> delivered{0};
+  for (int n = 1; n <= 20; ++n) {
+    std::atomic<bool> done{false};
+    sink->Submit(OneMessage(n), [&](Outcome o) {
+      if (o.kind == OutcomeKind::kDelivered) ++delivered;
+      done = true;
+    });
+    ASSERT_TRUE(outbox::testing::WaitFor([&] { return done.load(); }, 10s));
+  }
+  sink->Shutdown(5s);
+  EXPECT_EQ(delivered.load(), 20);
+  EXPECT_EQ(receiver.ConnectionCount(), 1u);
+}
+
+// The endpoint's certificate must name the host of the URL, not only chain to a trusted CA: the
+// test certificate names 127.0.0.1 and localhost, and a name that resolves to 127.0.0.1 but is
+// not in it is refused, saying so.
+TEST(HttpConnectionTls, ACertificateForAnotherNameIsRefused) {
+  const auto pki = outbox::testing::MakeTestPki();
+  outbox::testing::HttpReceiver receiver(pki.server);
+  FakeResolver dns(std::map<std::string, std::string>{{"hooks.test", "127.0.0.1"}});
+  WebhookTarget t;
+  t.url = "https://hooks.test:" + std::to_string(receiver.port()) + "/secure";
+  t.secrets = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"};
+  t.max_in_flight = 1;
+  t.allowed_networks = {"127.0.0.0/8"};
+  t.ca_file = pki.ca_cert_path;
+  const Outcome refused = DeliverOneTo(t);
+  EXPECT_EQ(refused.kind, OutcomeKind::kRetry);
+  EXPECT_EQ(refused.reason_class, "tls");
+  EXPECT_EQ(refused.reason, "connection error: SSLServerVerification (hostname mismatch)");
+  EXPECT_EQ(receiver.Count(), 0u);
+  t.verify_tls = false;  // as the operator may choose: then any certificate will do
+  EXPECT_EQ(DeliverOneTo(t).kind, OutcomeKind::kDelivered);
+}
+
+/// A TLS endpoint on 127.0.0.1 with the test certificate: answers every request on a
+/// connection with 200 and keeps it open; records each connection's SNI ("" for none); with
+/// `ticket_after_answer`, sends a TLS 1.3 session ticket after each answer (a protocol message
+/// that arrives while the client's connection is idle).
+class TlsEndpoint {
+ public:
+  TlsEndpoint(const outbox::testing::TestPki& pki, bool ticket_after_answer)
+      : ctx_(SSL_CTX_new(TLS_server_method()), SSL_CTX_free), ticket_(ticket_after_answer) {
+    if (!ctx_ ||
+        SSL_CTX_use_certificate_chain_file(ctx_.get(), pki.server.cert_pem_path.c_str()) != 1 ||
+        SSL_CTX_use_PrivateKey_file(ctx_.get(), pki.server.key_pem_path.c_str(),
+                                    SSL_FILETYPE_PEM) != 1) {
+      throw std::runtime_error("cannot load the test certificate");
+    }
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+        ::listen(listener_, 8) != 0) {
+      throw std::runtime_error("cannot listen on loopback");
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~TlsEndpoint() {
+    stop_ = true;
+    ::shutdown(listener_, SHUT_RDWR);
+    thread_.join();
+    ::close(listener_);
+  }
+  int port() const { return port_; }
+  std::vector<std::string> Names() const {
+    std::lock_guard lock(mu_);
+    return names_;
+  }
+  int Answered() const { return answered_.load(); }
+
+ private:
+  void Serve() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+    while (!stop_) {
+      const int c = ::accept(listener_, nullptr, nullptr);
+      if (c < 0) return;
+      const timeval most{10, 0};
+      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &most, sizeof most);
+      SSL* ssl = SSL_new(ctx_.get());
+      SSL_set_fd(ssl, c);
+      if (SSL_accept(ssl) == 1) {
+        const char* name = SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name);
+        {
+          std::lock_guard lock(mu_);
+          names_.emplace_back(name != nullptr ? name : "");
+        }
+        std::string in;
+        char buf[4096];
+        while (!stop_) {
+          const auto end = in.find("\r\n\r\n");
+          const auto at = in.find("Content-Length: ");
+          if (end != std::string::npos && at < end &&
+              in.size() >= end + 4 + std::stoul(in.substr(at + 16))) {
+            in.erase(0, end + 4 + std::stoul(in.substr(at + 16)));
+            const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+            if (SSL_write(ssl, ok.data(), static_cast<int>(ok.size())) <= 0) break;
+            ++answered_;
+            if (ticket_ && (SSL_new_session_ticket(ssl) != 1 || SSL_do_handshake(ssl) != 1)) break;
+            continue;
+          }
+          const int n = SSL_read(ssl, buf, sizeof buf);
+          if (n <= 0) break;
+          in.append(buf, static_cast<std::size_t>(n));
+        }
+      }
+      SSL_free(ssl);
+      ::close(c);
+    }
+  }
+
+  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx_;
+  bool ticket_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> answered_{0};
+  mutable std::mutex mu_;
+  std::vector<std::string> names_;
+  std::thread thread_;
+};
+
+WebhookTarget TlsTarget(const std::string& host, int port, const std::string& ca_file) {
+  WebhookTarget t;
+  t.url = "https://" + host + ":" + std::to_string(port) + "/hook";
+  t.secrets = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"};
+  t.max_in_flight = 1;
+  t.allowed_networks = {"127.0.0.0/8"};
+  t.ca_file = ca_file;
+  return t;
+}
+
+// A session ticket (or any TLS protocol message) that arrives while a kept connection is idle
+// leaves it fit for the next request: read without waiting, it yields nothing, where a plain
+// connection's readable socket means the endpoint closed it or sent what no request asked for.
+TEST(HttpConnectionTls, AProtocolMessageOnAnIdleConnectionDoesNotEndIt) {
+  const auto pki = outbox::testing::MakeTestPki();
+  TlsEndpoint endpoint(pki, /*ticket_after_answer=*/true);
+  auto sink = MakeWebhookSink("hooks", TlsTarget("127.0.0.1", endpoint.port(), pki.ca_cert_path));
+  for (int n = 1; n <= 5; ++n) {
+    std::atomic<int> delivered{0};
+    sink->Submit(OneMessage(n),
+                 [&](Outcome o) { delivered = o.kind == OutcomeKind::kDelivered ? 1 : 2; });
+    ASSERT_TRUE(outbox::testing::WaitFor([&] { return delivered.load() != 0; }, 10s));
+    ASSERT_EQ(delivered.load(), 1) << "message " << n;
+    // The ticket after the answer has reached the relay's socket before the next request.
+    ASSERT_TRUE(outbox::testing::WaitFor([&] { return endpoint.Answered() == n; }, 10s));
+    std::this_thread::sleep_for(20ms);  // an idle moment for it (no condition to wait for)
+  }
+  sink->Shutdown(5s);
+  EXPECT_EQ(endpoint.Names().size(), 1u) << "connections made for 5 requests";
+}
+
+// The host's name goes to the endpoint as SNI (a CDN or a shared load balancer picks the
+// certificate and the site by it); an IP address does not (RFC 6066).
+TEST(HttpConnectionTls, TheHostsNameIsSentAsSni) {
+  const auto pki = outbox::testing::MakeTestPki();
+  TlsEndpoint endpoint(pki, /*ticket_after_answer=*/false);
+  FakeResolver dns(std::map<std::string, std::string>{{"hooks.test", "127.0.0.1"}});
+  WebhookTarget named = TlsTarget("hooks.test", endpoint.port(), pki.ca_cert_path);
+  named.verify_tls = false;  // the certificate does not name hooks.test
+  EXPECT_EQ(DeliverOneTo(named).kind, OutcomeKind::kDelivered);
+  EXPECT_EQ(DeliverOneTo(TlsTarget("127.0.0.1", endpoint.port(), pki.ca_cert_path)).kind,
+            OutcomeKind::kDelivered);
+  EXPECT_EQ(endpoint.Names(), (std::vector<std::string>{"hooks.test", ""}));
 }
 
 }  // namespace
