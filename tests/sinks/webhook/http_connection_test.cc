@@ -43,23 +43,38 @@ struct Step {
   bool hang = false;
 };
 
+/// A socket listening on 127.0.0.1 at a free port (set in *port).
+int ListenOnLoopback(int* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || ::listen(fd, 16) != 0) {
+    throw std::runtime_error("cannot listen on loopback");
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+/// The length of the whole request at the start of `in` (head and Content-Length body), or 0
+/// while it has not all arrived.
+std::size_t RequestLength(const std::string& in) {
+  const std::size_t end = in.find("\r\n\r\n");
+  if (end == std::string::npos) return 0;
+  const std::size_t at = in.find("Content-Length: ");
+  const std::size_t whole = end + 4 + (at < end ? std::stoul(in.substr(at + 16)) : 0);
+  return in.size() >= whole ? whole : 0;
+}
+
 /// Accepts connections on 127.0.0.1; reads each request (head and Content-Length body) and
 /// answers with the script's next step (the last one again once it is used up), keeping the
 /// connection open unless the step closes it. Records every request as it came.
 class ScriptedEndpoint {
  public:
-  explicit ScriptedEndpoint(std::vector<Step> script) : script_(std::move(script)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
-        ::listen(fd_, 16) != 0) {
-      throw std::runtime_error("cannot listen on loopback");
-    }
-    port_ = ntohs(addr.sin_port);
+  explicit ScriptedEndpoint(std::vector<Step> script)
+      : script_(std::move(script)), fd_(ListenOnLoopback(&port_)) {
     thread_ = std::thread([this] { Serve(); });
   }
   ~ScriptedEndpoint() {
@@ -88,21 +103,17 @@ class ScriptedEndpoint {
       std::string in;
       bool open = true;
       while (open && !stop_) {
-        std::size_t end;
-        while ((end = in.find("\r\n\r\n")) == std::string::npos && Read(c, &in)) {
+        std::size_t length;
+        while ((length = RequestLength(in)) == 0 && Read(c, &in)) {
         }
-        if (end == std::string::npos) break;  // the client closed the connection
-        const auto at = in.find("Content-Length: ");
-        const std::size_t length = at < end ? std::stoul(in.substr(at + 16)) : 0;
-        while (in.size() < end + 4 + length && Read(c, &in)) {
-        }
+        if (length == 0) break;  // the client closed the connection
         Step step;
         {
           std::lock_guard lock(mu_);
-          requests_.push_back(in.substr(0, end + 4 + length));
+          requests_.push_back(in.substr(0, length));
           step = script_[std::min(requests_.size(), script_.size()) - 1];
         }
-        in.erase(0, end + 4 + length);
+        in.erase(0, length);
         if (step.hang) {
           while (Read(c, &in)) {  // until the client gives up
           }
@@ -137,8 +148,8 @@ class ScriptedEndpoint {
   }
 
   std::vector<Step> script_;
-  int fd_ = -1;
   int port_ = 0;
+  int fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<int> connections_{0};
   mutable std::mutex mu_;
@@ -544,17 +555,7 @@ class TlsEndpoint {
                                     SSL_FILETYPE_PEM) != 1) {
       throw std::runtime_error("cannot load the test certificate");
     }
-    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
-        ::listen(listener_, 8) != 0) {
-      throw std::runtime_error("cannot listen on loopback");
-    }
-    port_ = ntohs(addr.sin_port);
+    listener_ = ListenOnLoopback(&port_);
     thread_ = std::thread([this] { Serve(); });
   }
   ~TlsEndpoint() {
@@ -592,11 +593,8 @@ class TlsEndpoint {
         std::string in;
         char buf[4096];
         while (!stop_) {
-          const auto end = in.find("\r\n\r\n");
-          const auto at = in.find("Content-Length: ");
-          if (end != std::string::npos && at < end &&
-              in.size() >= end + 4 + std::stoul(in.substr(at + 16))) {
-            in.erase(0, end + 4 + std::stoul(in.substr(at + 16)));
+          if (const std::size_t length = RequestLength(in); length > 0) {
+            in.erase(0, length);
             const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
             if (SSL_write(ssl, ok.data(), static_cast<int>(ok.size())) <= 0) break;
             ++answered_;
