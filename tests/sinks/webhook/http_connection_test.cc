@@ -282,6 +282,31 @@ TEST(HttpConnection, AnswersThatAreNotHttpAreBadResponsesSayingWhy) {
   }
 }
 
+// A large body, with a Content-Length or in many chunks, is read to its end (only its start
+// kept) and the connection serves the next request; lines may end in a bare LF.
+TEST(HttpConnection, LargeBodiesAreReadThroughAndTheConnectionKept) {
+  const std::string big(3 << 20, 'b');
+  std::string chunked = "HTTP/1.1 500 Busy\nTransfer-Encoding: chunked\n\n";
+  for (int i = 0; i < 1000; ++i) chunked += "400\r\n" + std::string(1024, 'c') + "\r\n";
+  chunked += "0\r\n\r\n";
+  ScriptedEndpoint endpoint({
+      {"HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(big.size()) + "\r\n\r\n" + big},
+      {chunked},
+      {"HTTP/1.1 204 No Content\r\n\r\n"},
+  });
+  HttpConnection c(Quick());
+  HttpAnswer a = Post(c, endpoint.port());
+  EXPECT_EQ(a.failure, HttpFailure::kNone) << a.refused;
+  EXPECT_EQ(a.status, 200);
+  EXPECT_EQ(a.body_start, std::string(16, 'b'));
+  a = Post(c, endpoint.port());
+  EXPECT_EQ(a.failure, HttpFailure::kNone) << a.refused;
+  EXPECT_EQ(a.status, 500);
+  EXPECT_EQ(a.body_start, std::string(16, 'c'));
+  EXPECT_EQ(Post(c, endpoint.port()).status, 204);
+  EXPECT_EQ(endpoint.Connections(), 1);
+}
+
 // Nothing is written when the last check says no (Shutdown took the message back, its claim
 // ran out while connecting), and the connection stays fit for the next request.
 TEST(HttpConnection, NothingIsWrittenWhenTheLastCheckSaysNo) {
@@ -665,6 +690,23 @@ TEST(HttpConnectionTls, TheHostsNameIsSentAsSni) {
   EXPECT_EQ(DeliverOneTo(TlsTarget("127.0.0.1", endpoint.port(), pki.ca_cert_path)).kind,
             OutcomeKind::kDelivered);
   EXPECT_EQ(endpoint.Names(), (std::vector<std::string>{"hooks.test", ""}));
+}
+
+// The TLS handshake is part of connecting: an endpoint that takes the connection but never
+// answers the handshake (here, one that speaks plain HTTP and waits for a request) fails the
+// attempt after connect_timeout, not timeout.
+TEST(HttpConnectionTls, AHandshakeThatNeverEndsIsAConnectTimeout) {
+  ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}});
+  WebhookTarget t = TargetOf(endpoint);
+  t.url = "https://127.0.0.1:" + std::to_string(endpoint.port()) + "/hook";
+  t.connect_timeout = 300ms;
+  t.timeout = 20s;
+  const auto start = Clock::now();
+  const Outcome o = DeliverOneTo(t);
+  EXPECT_LT(Clock::now() - start, 10s);
+  EXPECT_EQ(o.reason_class, "timeout") << o.reason;
+  EXPECT_EQ(o.reason, "timeout: could not connect within 300ms");
+  EXPECT_TRUE(endpoint.Requests().empty());
 }
 
 }  // namespace
