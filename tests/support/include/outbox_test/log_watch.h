@@ -3,6 +3,7 @@
 #pragma once
 
 #include <spdlog/sinks/base_sink.h>
+#include <spdlog/sinks/dist_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -16,22 +17,24 @@
 
 namespace outbox::testing {
 
-/// Keeps what the default logger writes while it is installed (at debug level and up). Install
-/// and Remove change the logger's sinks: call them while no other thread logs.
-class LogWatch : public spdlog::sinks::base_sink<std::mutex> {
+/// Keeps what the default logger writes while it is installed (at debug level and up). Watches
+/// come and go through one distributing sink (spdlog's dist_sink, which adds and removes its
+/// sinks under its own lock), so Remove is safe while other threads log (a Kafka sink's
+/// librdkafka threads still logging after the step a test waited for: the logger's own sink
+/// list, changed under them, was a data race). The first Install in a process attaches that
+/// sink to the default logger: make it before threads that log start.
+class LogWatch : public spdlog::sinks::base_sink<std::mutex>,
+                 public std::enable_shared_from_this<LogWatch> {
  public:
   static std::shared_ptr<LogWatch> Install() {
     auto watch = std::make_shared<LogWatch>();
     watch->level_before_ = spdlog::default_logger()->level();
-    spdlog::default_logger()->sinks().push_back(watch);
+    Watches()->add_sink(watch);
     spdlog::default_logger()->set_level(spdlog::level::debug);
     return watch;
   }
   void Remove() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove_if(sinks.begin(), sinks.end(),
-                               [this](const auto& s) { return s.get() == this; }),
-                sinks.end());
+    Watches()->remove_sink(shared_from_this());
     spdlog::default_logger()->set_level(level_before_);
   }
   /// Lines that contain `text` so far.
@@ -55,6 +58,14 @@ class LogWatch : public spdlog::sinks::base_sink<std::mutex> {
   void flush_() override {}
 
  private:
+  /// The default logger's sink for every watch, attached once.
+  static std::shared_ptr<spdlog::sinks::dist_sink_mt> Watches() {
+    static const auto watches = std::make_shared<spdlog::sinks::dist_sink_mt>();
+    auto& sinks = spdlog::default_logger()->sinks();  // a default logger set since: attached too
+    if (std::find(sinks.begin(), sinks.end(), watches) == sinks.end()) sinks.push_back(watches);
+    return watches;
+  }
+
   std::mutex lines_mu_;
   std::vector<std::string> lines_;
   spdlog::level::level_enum level_before_ = spdlog::level::info;
