@@ -43,18 +43,27 @@ struct Step {
   bool hang = false;
 };
 
-/// A socket listening on 127.0.0.1 at a free port (set in *port).
-int ListenOnLoopback(int* port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || ::listen(fd, 16) != 0) {
-    throw std::runtime_error("cannot listen on loopback");
+/// A socket listening on 127.0.0.1 (or ::1) at a free port (set in *port).
+int ListenOnLoopback(int* port, bool v6 = false) {
+  const int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage storage{};
+  auto* v4addr = reinterpret_cast<sockaddr_in*>(&storage);
+  auto* v6addr = reinterpret_cast<sockaddr_in6*>(&storage);
+  if (v6) {
+    v6addr->sin6_family = AF_INET6;
+    v6addr->sin6_addr = in6addr_loopback;
+  } else {
+    v4addr->sin_family = AF_INET;
+    v4addr->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   }
-  *port = ntohs(addr.sin_port);
+  socklen_t len = v6 ? sizeof *v6addr : sizeof *v4addr;
+  auto* addr = reinterpret_cast<sockaddr*>(&storage);
+  if (fd < 0 || ::bind(fd, addr, len) != 0 || ::getsockname(fd, addr, &len) != 0 ||
+      ::listen(fd, 16) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error(std::string("cannot listen on loopback") + (v6 ? " (::1)" : ""));
+  }
+  *port = ntohs(v6 ? v6addr->sin6_port : v4addr->sin_port);
   return fd;
 }
 
@@ -73,8 +82,8 @@ std::size_t RequestLength(const std::string& in) {
 /// connection open unless the step closes it. Records every request as it came.
 class ScriptedEndpoint {
  public:
-  explicit ScriptedEndpoint(std::vector<Step> script)
-      : script_(std::move(script)), fd_(ListenOnLoopback(&port_)) {
+  explicit ScriptedEndpoint(std::vector<Step> script, bool v6 = false)
+      : script_(std::move(script)), fd_(ListenOnLoopback(&port_, v6)) {
     thread_ = std::thread([this] { Serve(); });
   }
   ~ScriptedEndpoint() {
@@ -415,6 +424,40 @@ WebhookTarget TargetOf(const ScriptedEndpoint& endpoint) {
   return t;
 }
 
+Outcome DeliverOneTo(const WebhookTarget& target) {
+  auto sink = MakeWebhookSink("hooks", target);
+  std::atomic<int> done{0};
+  Outcome outcome;
+  sink->Submit(OneMessage(1), [&](Outcome o) {
+    outcome = std::move(o);
+    ++done;
+  });
+  EXPECT_TRUE(outbox::testing::WaitFor([&] { return done.load() == 1; }, 10s));
+  sink->Shutdown(5s);
+  return outcome;
+}
+
+// An IPv6 endpoint: the sink connects to the address the URL gives, and Host carries it in
+// brackets (RFC 9110 7.2), port included.
+TEST(HttpConnection, AnIpv6EndpointGetsItsAddressInBracketsInHost) {
+  std::unique_ptr<ScriptedEndpoint> endpoint;
+  try {
+    endpoint = std::make_unique<ScriptedEndpoint>(
+        std::vector<Step>{{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}}, /*v6=*/true);
+  } catch (const std::runtime_error& e) {
+    GTEST_SKIP() << e.what() << ": this machine has no IPv6 loopback";
+  }
+  WebhookTarget t = TargetOf(*endpoint);
+  t.url = "http://[::1]:" + std::to_string(endpoint->port()) + "/hook";
+  const Outcome o = DeliverOneTo(t);
+  EXPECT_EQ(o.kind, OutcomeKind::kDelivered) << o.reason;
+  ASSERT_EQ(endpoint->Requests().size(), 1u);
+  const std::string request = endpoint->Requests()[0];
+  EXPECT_NE(request.find("\r\nHost: [::1]:" + std::to_string(endpoint->port()) + "\r\n"),
+            std::string::npos)
+      << request;
+}
+
 // A kept-alive connection costs the relay one descriptor, not two: Shutdown reaches it through
 // its own socket (which it forgets under the same lock before the socket is closed), not a
 // duplicate that doubled the descriptors of every idle connection (review).
@@ -503,19 +546,6 @@ struct FakeResolver {
   }
   ~FakeResolver() { SetResolverForTesting(nullptr); }
 };
-
-Outcome DeliverOneTo(const WebhookTarget& target) {
-  auto sink = MakeWebhookSink("hooks", target);
-  std::atomic<int> done{0};
-  Outcome outcome;
-  sink->Submit(OneMessage(1), [&](Outcome o) {
-    outcome = std::move(o);
-    ++done;
-  });
-  EXPECT_TRUE(outbox::testing::WaitFor([&] { return done.load() == 1; }, 10s));
-  sink->Shutdown(5s);
-  return outcome;
-}
 
 // TLS connections are kept alive across requests like plain ones: a TLS 1.3 endpoint's session
 // tickets, which arrive after the handshake, are protocol, not a sign that the endpoint closed
