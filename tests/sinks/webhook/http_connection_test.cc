@@ -291,6 +291,31 @@ TEST(HttpConnection, AnswersThatAreNotHttpAreBadResponsesSayingWhy) {
   }
 }
 
+// An endpoint that closes a kept-alive connection just as a request reaches it (an idle timeout
+// that fires as the request arrives: it answers nothing) costs the request nothing: it is sent
+// once more on a new connection, as Go's and hyper's clients do for a request that carries an
+// idempotency key. Not on a new connection, and only once.
+TEST(HttpConnection, ARequestAKeptConnectionLostBeforeAnyAnswerIsSentOnceMoreOnANewOne) {
+  ScriptedEndpoint endpoint({
+      {"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"},
+      {"", true},  // reads the request, closes without a byte of answer
+      {"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n"},
+      {"", true},  // and again, on the new connection
+  });
+  HttpConnection c(Quick());
+  EXPECT_EQ(Post(c, endpoint.port()).status, 200);
+  const HttpAnswer again = Post(c, endpoint.port());
+  EXPECT_EQ(again.failure, HttpFailure::kNone);
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(endpoint.Requests().size(), 3u);
+  EXPECT_EQ(endpoint.Connections(), 2);
+  // The connection it was sent again on is new to this request: lost too, it is not sent a
+  // third time.
+  const HttpAnswer lost = Post(c, endpoint.port());
+  EXPECT_EQ(lost.failure, HttpFailure::kRead);
+  EXPECT_EQ(endpoint.Requests().size(), 5u);  // once on the kept connection, once on a new one
+}
+
 // A large body, with a Content-Length or in many chunks, is read to its end (only its start
 // kept) and the connection serves the next request; lines may end in a bare LF.
 TEST(HttpConnection, LargeBodiesAreReadThroughAndTheConnectionKept) {
@@ -331,8 +356,9 @@ TEST(HttpConnection, NothingIsWrittenWhenTheLastCheckSaysNo) {
 }
 
 // A connection kept alive is ended by shutdown(2) of the socket that `opening` was given (the
-// sink's Shutdown does that to a request it abandons): the read waiting for an answer that
-// never comes returns at once, not after the timeout. `closing` comes before the socket closes.
+// sink's Shutdown does that to a request it abandons, whose last check then says no): the read
+// waiting for an answer that never comes returns at once, not after the timeout, and the
+// request is not sent again. `closing` comes before the socket closes.
 TEST(HttpConnection, AShutdownOfTheOpenedSocketEndsAWaitOnAKeptConnection) {
   ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}, {"", false, true}});
   std::atomic<int> socket{-1};
@@ -350,12 +376,16 @@ TEST(HttpConnection, AShutdownOfTheOpenedSocketEndsAWaitOnAKeptConnection) {
   HttpConnection c(options);
   ASSERT_EQ(Post(c, endpoint.port()).status, 200);
   ASSERT_GE(socket.load(), 0);
+  std::atomic<bool> aborted{false};
   std::thread abort([&] {
     outbox::testing::WaitFor([&] { return endpoint.Requests().size() == 2; }, 10s);
+    aborted = true;
     ::shutdown(socket.load(), SHUT_RDWR);
   });
   const auto start = Clock::now();
-  const HttpAnswer a = Post(c, endpoint.port(), "{}", 30s);
+  const std::string head = "POST /hook HTTP/1.1\r\nContent-Length: 2\r\n\r\n";
+  const HttpAnswer a = c.Exchange("127.0.0.1", endpoint.port(), head, "{}", start + 30s,
+                                  [&] { return !aborted.load(); });
   abort.join();
   EXPECT_EQ(a.failure, HttpFailure::kRead);
   EXPECT_LT(Clock::now() - start, 10s);

@@ -153,25 +153,44 @@ HttpAnswer HttpConnection::Exchange(const std::string& ip, int port, std::string
                                     std::string_view body, Clock::time_point deadline,
                                     const std::function<bool()>& may_send) {
   HttpAnswer answer;
+  bool kept = false;
   if (fd_ >= 0) {
     // Kept alive: still to the same address, and not closed by the endpoint meanwhile (an idle
     // timeout).
-    if (!reusable_ || ip != ip_ || port != port_ || !StillOpen()) Close();
+    kept = reusable_ && ip == ip_ && port == port_ && StillOpen();
+    if (!kept) Close();
   }
-  if (fd_ < 0) {
-    answer.failure = Connect(ip, port, &answer);
-    if (answer.failure != HttpFailure::kNone) {
-      Close();
-      return answer;
+  while (true) {
+    if (fd_ < 0) {
+      answer.failure = Connect(ip, port, &answer);
+      if (answer.failure != HttpFailure::kNone) {
+        Close();
+        return answer;
+      }
     }
+    if (!may_send()) {
+      answer.failure = HttpFailure::kCanceled;
+      return answer;  // nothing written: the connection stays as good as it was
+    }
+    reusable_ = false;  // until an answer says otherwise
+    closed_by_peer_ = false;
+    received_ = 0;
+    answer.failure = Write(head, body, deadline);
+    if (answer.failure == HttpFailure::kNone) answer.failure = ReadAnswer(deadline, &answer);
+    // A kept connection the endpoint closed as the request reached it, before a byte of the
+    // answer (an idle timeout that fired meanwhile; the check before reusing it has a window):
+    // the request goes once more on a new connection, as Go's and hyper's clients send again a
+    // request that carries an idempotency key. The endpoint may have taken the first one in.
+    // (Not one the caller gave up on: its shutdown of the socket looks the same.)
+    if (answer.failure != HttpFailure::kNone && kept && closed_by_peer_ && received_ == 0 &&
+        Clock::now() < deadline && may_send()) {
+      Close();
+      kept = false;
+      answer = HttpAnswer{};
+      continue;
+    }
+    break;
   }
-  if (!may_send()) {
-    answer.failure = HttpFailure::kCanceled;
-    return answer;  // nothing written: the connection stays as good as it was
-  }
-  reusable_ = false;  // until an answer says otherwise
-  answer.failure = Write(head, body, deadline);
-  if (answer.failure == HttpFailure::kNone) answer.failure = ReadAnswer(deadline, &answer);
   if (answer.failure != HttpFailure::kNone || !reusable_) Close();
   if (buf_.size() > 4 * kReadSize && begin_ == end_) {
     std::vector<char>().swap(buf_);  // a large answer's buffer is not kept for small ones
@@ -292,11 +311,16 @@ HttpFailure HttpConnection::Write(std::string_view head, std::string_view body,
     // one segment where it fits, where two writes were two of each.
     joined_.assign(head).append(body);
     ERR_clear_error();
-    if (joined_.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
-        SSL_write(ssl_, joined_.data(), static_cast<int>(joined_.size())) <= 0 ||
-        Clock::now() >= deadline) {
+    if (joined_.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
       return HttpFailure::kWrite;
     }
+    const int written = SSL_write(ssl_, joined_.data(), static_cast<int>(joined_.size()));
+    if (written <= 0) {
+      closed_by_peer_ = SSL_get_error(ssl_, written) == SSL_ERROR_SYSCALL &&
+                        (errno == EPIPE || errno == ECONNRESET);
+      return HttpFailure::kWrite;
+    }
+    if (Clock::now() >= deadline) return HttpFailure::kWrite;
     if (joined_.capacity() > 4 * kReadSize) std::string().swap(joined_);
     return HttpFailure::kNone;
   }
@@ -311,6 +335,7 @@ HttpFailure HttpConnection::Write(std::string_view head, std::string_view body,
     const ssize_t n = ::sendmsg(fd_, &message, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
+      closed_by_peer_ = errno == EPIPE || errno == ECONNRESET;
       return HttpFailure::kWrite;
     }
     left -= static_cast<std::size_t>(n);
@@ -351,25 +376,32 @@ HttpFailure HttpConnection::Fill(Clock::time_point deadline, bool* eof) {
                              static_cast<int>(std::min<std::size_t>(
                                  buf_.size() - end_, std::numeric_limits<int>::max())));
       if (n > 0) {
+        received_ += static_cast<std::size_t>(n);
         if (Clock::now() >= deadline) return HttpFailure::kRead;
         end_ += static_cast<std::size_t>(n);
         return HttpFailure::kNone;
       }
       // The endpoint closed (with close_notify, or without: the context ignores an unexpected
       // EOF, which ends a body that runs until the close as a plain connection's FIN does).
-      if (SSL_get_error(ssl_, n) == SSL_ERROR_ZERO_RETURN && eof != nullptr) *eof = true;
+      const int error = SSL_get_error(ssl_, n);
+      closed_by_peer_ = error == SSL_ERROR_ZERO_RETURN ||
+                        (error == SSL_ERROR_SYSCALL && (errno == ECONNRESET || errno == EPIPE));
+      if (error == SSL_ERROR_ZERO_RETURN && eof != nullptr) *eof = true;
       return HttpFailure::kRead;  // a timeout (SO_RCVTIMEO) is SSL_ERROR_WANT_READ
     }
     const ssize_t n = ::recv(fd_, buf_.data() + end_, buf_.size() - end_, 0);
     if (n > 0) {
+      received_ += static_cast<std::size_t>(n);
       if (Clock::now() >= deadline) return HttpFailure::kRead;
       end_ += static_cast<std::size_t>(n);
       return HttpFailure::kNone;
     }
     if (n == 0) {
+      closed_by_peer_ = true;
       if (eof != nullptr) *eof = true;
       return HttpFailure::kRead;
     }
+    if (errno == ECONNRESET) closed_by_peer_ = true;
     if (errno != EINTR) return HttpFailure::kRead;
   }
 }

@@ -129,8 +129,12 @@ class HttpConnection {
   std::string joined_;  ///< TLS: head and body, written as one SSL_write.
   std::string ip_;      ///< The address fd_ is connected to.
   int port_ = 0;
-  bool reusable_ = false;  ///< Fit for a request: new, or the last answer left it so.
-  std::vector<char> buf_;  ///< What was read and not yet parsed: [begin_, end_).
+  bool reusable_ = false;
+  /// This request's: the endpoint closed the connection (EOF, reset, broken pipe), and how
+  /// many bytes of the answer came before.
+  bool closed_by_peer_ = false;
+  std::size_t received_ = 0;  ///< Fit for a request: new, or the last answer left it so.
+  std::vector<char> buf_;     ///< What was read and not yet parsed: [begin_, end_).
   std::size_t begin_ = 0;
   std::size_t end_ = 0;
   std::size_t head_bytes_ = 0;  ///< Bytes of the answer's head (interim heads included).
