@@ -43,8 +43,9 @@ struct Step {
   bool hang = false;
 };
 
-/// A socket listening on 127.0.0.1 (or ::1) at a free port (set in *port).
-int ListenOnLoopback(int* port, bool v6 = false) {
+/// A socket listening on 127.0.0.1 (or ::1, or another IPv4 loopback address) at a free port
+/// (set in *port).
+int ListenOnLoopback(int* port, bool v6 = false, const char* v4 = "127.0.0.1") {
   const int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_storage storage{};
   auto* v4addr = reinterpret_cast<sockaddr_in*>(&storage);
@@ -54,7 +55,7 @@ int ListenOnLoopback(int* port, bool v6 = false) {
     v6addr->sin6_addr = in6addr_loopback;
   } else {
     v4addr->sin_family = AF_INET;
-    v4addr->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::inet_pton(AF_INET, v4, &v4addr->sin_addr);
   }
   socklen_t len = v6 ? sizeof *v6addr : sizeof *v4addr;
   auto* addr = reinterpret_cast<sockaddr*>(&storage);
@@ -632,7 +633,8 @@ TEST(HttpConnectionTls, ACertificateForAnotherNameIsRefused) {
 /// that arrives while the client's connection is idle).
 class TlsEndpoint {
  public:
-  TlsEndpoint(const outbox::testing::TestPki& pki, bool ticket_after_answer)
+  TlsEndpoint(const outbox::testing::TestPki& pki, bool ticket_after_answer,
+              const char* ip = "127.0.0.1")
       : ctx_(SSL_CTX_new(TLS_server_method()), SSL_CTX_free), ticket_(ticket_after_answer) {
     if (!ctx_ ||
         SSL_CTX_use_certificate_chain_file(ctx_.get(), pki.server.cert_pem_path.c_str()) != 1 ||
@@ -640,7 +642,7 @@ class TlsEndpoint {
                                     SSL_FILETYPE_PEM) != 1) {
       throw std::runtime_error("cannot load the test certificate");
     }
-    listener_ = ListenOnLoopback(&port_);
+    listener_ = ListenOnLoopback(&port_, false, ip);
     thread_ = std::thread([this] { Serve(); });
   }
   ~TlsEndpoint() {
@@ -736,6 +738,17 @@ TEST(HttpConnectionTls, AProtocolMessageOnAnIdleConnectionDoesNotEndIt) {
   }
   sink->Shutdown(5s);
   EXPECT_EQ(endpoint.Names().size(), 1u) << "connections made for 5 requests";
+}
+
+// A URL that gives an IP address needs a certificate for that address: the test certificate
+// names 127.0.0.1, and the same endpoint at 127.0.0.2 (loopback too) is refused.
+TEST(HttpConnectionTls, ACertificateForAnotherAddressIsRefused) {
+  const auto pki = outbox::testing::MakeTestPki();
+  TlsEndpoint endpoint(pki, /*ticket_after_answer=*/false, "127.0.0.2");
+  const Outcome o = DeliverOneTo(TlsTarget("127.0.0.2", endpoint.port(), pki.ca_cert_path));
+  EXPECT_EQ(o.reason_class, "tls") << o.reason;
+  EXPECT_EQ(o.reason, "connection error: SSLServerVerification (IP address mismatch)");
+  EXPECT_EQ(endpoint.Answered(), 0);
 }
 
 // The host's name goes to the endpoint as SNI (a CDN or a shared load balancer picks the
