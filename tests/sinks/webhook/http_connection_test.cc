@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -314,7 +315,25 @@ TEST(HttpConnection, ARequestAKeptConnectionLostBeforeAnyAnswerIsSentOnceMoreOnA
   // third time.
   const HttpAnswer lost = Post(c, endpoint.port());
   EXPECT_EQ(lost.failure, HttpFailure::kRead);
+  EXPECT_TRUE(lost.wrote);
   EXPECT_EQ(endpoint.Requests().size(), 5u);  // once on the kept connection, once on a new one
+}
+
+// Asked again before the request goes once more, a last check that says no (the claim ran out
+// meanwhile) ends it with the first try's failure, marked written: the endpoint may have taken
+// it in, so the sink counts an attempt rather than "not sent" (review).
+TEST(HttpConnection, ARequestNotSentAgainStillCountsAsWritten) {
+  ScriptedEndpoint endpoint({{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}, {"", true}});
+  HttpConnection c(Quick());
+  EXPECT_EQ(Post(c, endpoint.port()).status, 200);
+  int asked = 0;
+  const std::string head = "POST /hook HTTP/1.1\r\nContent-Length: 2\r\n\r\n";
+  const HttpAnswer a = c.Exchange("127.0.0.1", endpoint.port(), head, "{}", Clock::now() + 5s,
+                                  [&] { return ++asked == 1; });
+  EXPECT_EQ(a.failure, HttpFailure::kRead);
+  EXPECT_TRUE(a.wrote);
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(endpoint.Requests().size(), 2u);
 }
 
 // A large body, with a Content-Length or in many chunks, is read to its end (only its start
@@ -351,6 +370,7 @@ TEST(HttpConnection, NothingIsWrittenWhenTheLastCheckSaysNo) {
   const HttpAnswer no =
       c.Exchange("127.0.0.1", endpoint.port(), head, "", Clock::now() + 5s, [] { return false; });
   EXPECT_EQ(no.failure, HttpFailure::kCanceled);
+  EXPECT_FALSE(no.wrote);
   EXPECT_EQ(Post(c, endpoint.port()).status, 200);
   EXPECT_EQ(endpoint.Requests().size(), 1u);
   EXPECT_EQ(endpoint.Connections(), 1);
@@ -633,9 +653,13 @@ TEST(HttpConnectionTls, ACertificateForAnotherNameIsRefused) {
 /// that arrives while the client's connection is idle).
 class TlsEndpoint {
  public:
+  /// `first_answer`: the first request's answer instead, each piece one SSL_write (one record
+  /// of at most 16 KiB each).
   TlsEndpoint(const outbox::testing::TestPki& pki, bool ticket_after_answer,
-              const char* ip = "127.0.0.1")
-      : ctx_(SSL_CTX_new(TLS_server_method()), SSL_CTX_free), ticket_(ticket_after_answer) {
+              const char* ip = "127.0.0.1", std::vector<std::string> first_answer = {})
+      : ctx_(SSL_CTX_new(TLS_server_method()), SSL_CTX_free),
+        ticket_(ticket_after_answer),
+        first_answer_(std::move(first_answer)) {
     if (!ctx_ ||
         SSL_CTX_use_certificate_chain_file(ctx_.get(), pki.server.cert_pem_path.c_str()) != 1 ||
         SSL_CTX_use_PrivateKey_file(ctx_.get(), pki.server.key_pem_path.c_str(),
@@ -682,8 +706,13 @@ class TlsEndpoint {
         while (!stop_) {
           if (const std::size_t length = RequestLength(in); length > 0) {
             in.erase(0, length);
-            const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
-            if (SSL_write(ssl, ok.data(), static_cast<int>(ok.size())) <= 0) break;
+            std::vector<std::string> pieces = {"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"};
+            if (answered_ == 0 && !first_answer_.empty()) pieces = first_answer_;
+            bool written = true;
+            for (const auto& piece : pieces) {
+              written = written && SSL_write(ssl, piece.data(), static_cast<int>(piece.size())) > 0;
+            }
+            if (!written) break;
             ++answered_;
             if (ticket_ && (SSL_new_session_ticket(ssl) != 1 || SSL_do_handshake(ssl) != 1)) break;
             continue;
@@ -700,6 +729,7 @@ class TlsEndpoint {
 
   std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx_;
   bool ticket_;
+  std::vector<std::string> first_answer_;
   int listener_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -749,6 +779,41 @@ TEST(HttpConnectionTls, ACertificateForAnotherAddressIsRefused) {
   EXPECT_EQ(o.reason_class, "tls") << o.reason;
   EXPECT_EQ(o.reason, "connection error: SSLServerVerification (IP address mismatch)");
   EXPECT_EQ(endpoint.Answered(), 0);
+}
+
+// Bytes an answer did not frame that OpenSSL still holds (its record was read in part) end the
+// connection as bytes left in the relay's own buffer do: read as the next request's answer,
+// they would be taken for it (review). Built to the client's buffer: its first read takes the
+// first record (9000 bytes, ending in 10 bytes of an unfinished header line), its second 16374
+// bytes of the second (16384: the rest of the head, then 10 bytes no request asked for).
+TEST(HttpConnectionTls, BytesOpenSslStillHoldsAfterAnAnswerEndTheConnection) {
+  const std::string first =
+      "HTTP/1.1 200 OK\r\nX-Pad: " + std::string(8964, 'p') + "\r\nX-Tail: ab";
+  const std::string second =
+      "cd\r\nX-Fill: " + std::string(16339, 'f') + "\r\nContent-Length: 0\r\n\r\n" + "JUNKJUNKJU";
+  ASSERT_EQ(first.size(), 9000u);
+  ASSERT_EQ(second.size(), 16384u);
+  const auto pki = outbox::testing::MakeTestPki();
+  TlsEndpoint endpoint(pki, /*ticket_after_answer=*/false, "127.0.0.1", {first, second});
+  auto sink = MakeWebhookSink("hooks", TlsTarget("127.0.0.1", endpoint.port(), pki.ca_cert_path));
+  for (int n = 1; n <= 2; ++n) {
+    std::mutex mu;
+    std::optional<Outcome> outcome;
+    sink->Submit(OneMessage(n), [&](Outcome o) {
+      std::lock_guard lock(mu);
+      outcome = std::move(o);
+    });
+    ASSERT_TRUE(outbox::testing::WaitFor(
+        [&] {
+          std::lock_guard lock(mu);
+          return outcome.has_value();
+        },
+        10s));
+    std::lock_guard lock(mu);
+    EXPECT_EQ(outcome->kind, OutcomeKind::kDelivered) << "message " << n << ": " << outcome->reason;
+  }
+  sink->Shutdown(5s);
+  EXPECT_EQ(endpoint.Names().size(), 2u) << "the second request went on a connection of its own";
 }
 
 // The host's name goes to the endpoint as SNI (a CDN or a shared load balancer picks the

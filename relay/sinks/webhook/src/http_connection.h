@@ -63,6 +63,7 @@ struct HttpAnswer {
   std::optional<std::string> retry_after;  ///< The Retry-After header, when there was one.
   std::string location;                    ///< The Location header.
   std::string body_start;                  ///< The body's first bytes (Options::keep_body).
+  bool wrote = false;  ///< The request (some of it at least) was written: the endpoint may have it.
 };
 
 class HttpConnection {

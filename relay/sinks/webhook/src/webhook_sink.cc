@@ -561,6 +561,8 @@ class WebhookSink final : public Sink {
     mutable std::mutex opening_mu;
     mutable int opening_fd = -1;  ///< Guarded by opening_mu.
     bool aborted = false;         ///< Guarded by opening_mu: Shutdown gave up on its request.
+    // The connection closes (telling Closing, under opening_mu) before opening_mu is gone.
+    ~Worker() { connection.reset(); }
   };
 
   // The socket `worker`'s connection opens now, before it connects; false when Shutdown gave
@@ -1171,6 +1173,10 @@ class WebhookSink final : public Sink {
     const std::function<bool()> may_send = [&check] { return check.MaySend(); };
     auto answer = worker.connection->Exchange(worker.connect_ip, url_.port, head, msg.payload,
                                               deadline, may_send);
+    // The last check's "claim ran out" means "not sent" only when nothing was written: asked
+    // again before a request lost with its kept connection goes once more, it comes after
+    // the endpoint may have taken the first one in (review).
+    if (answer.wrote) x.ran_out = false;
     x.error = answer.failure;
     x.answered = answer.failure == webhook_detail::HttpFailure::kNone;
     x.refused = std::move(answer.refused);
