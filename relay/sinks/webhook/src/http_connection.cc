@@ -203,10 +203,10 @@ HttpAnswer HttpConnection::Exchange(const std::string& ip, int port, std::string
 }
 
 bool HttpConnection::StillOpen() {
-  pollfd p{fd_, POLLIN, 0};
-  const int ready = ::poll(&p, 1, 0);
   // Plaintext OpenSSL holds from a record read in part is bytes no request asked for.
   if (ssl_ != nullptr && SSL_pending(ssl_) > 0) return false;
+  pollfd p{fd_, POLLIN, 0};
+  const int ready = ::poll(&p, 1, 0);
   if (ready == 0) return true;
   // Plain: anything readable is the endpoint's FIN or bytes no request asked for. TLS: maybe
   // only a protocol message (a TLS 1.3 session ticket, a key update), which a read without
