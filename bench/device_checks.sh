@@ -19,7 +19,8 @@
 #   bash bench/device_checks.sh drains statements          (timeout 460 s)
 # `webhooks` (~200 s; session 36) is issue 17's 16-core check: the default drain (claim_connections
 # auto: 4 claim loops for the default 32 workers on 16 CPUs since session 36) against one loop
-# (webhook_drain_cc1, the old default there) and bucket leases, and the same over HTTPS,
+# (webhook_drain_cc1, the old default there) and bucket leases, and the same over HTTPS; since
+# session 37 also the ceiling of the relay's own HTTP client (http_ceiling_relay_client),
 #   bash bench/device_checks.sh webhooks statements          (timeout 480 s)
 # (Session 28 ran all four in one call with drains at 200 s and claim_connections at 140 s:
 # both ran out of time before their last scenarios.)
@@ -44,6 +45,8 @@ run() {  # group time-limit outbox-bench-arguments...
   # Each webhook drain's workers: mean request vs the ceiling client's, and their idle share
   # (slow requests: the exchange is the limit; idle workers: the claims are).
   grep -o '"sink":{[^}]*}\|"scenario":"webhook_drain[a-z0-9_]*"' "$OUT/$group.out" | paste - - 2>/dev/null
+  # And the plain-HTTP drain against the relay's own client's ceiling (http_ceiling_relay_client).
+  grep -o '"vs_http_ceiling_relay_client":{[^}]*}' "$OUT/$group.out"
   tail -3 "/tmp/$group.stderr"
 }
 
