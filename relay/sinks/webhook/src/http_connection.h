@@ -52,6 +52,9 @@ enum class HttpFailure {
   kTlsVerification,  ///< The endpoint's certificate was not verified: `refused` says why.
 };
 
+/// ASCII letters compared without case (header names, tokens).
+bool EqualsNoCase(std::string_view a, std::string_view b);
+
 /// The word for a failure in reasons ("connection error: Read"), as cpp-httplib named them.
 const char* ToString(HttpFailure failure);
 

@@ -71,19 +71,12 @@ bool IsValidHeaderValue(std::string_view value) {
   return true;
 }
 
-/// Header names compare without case (ASCII: a name is a token).
-bool SameHeaderName(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return (x >= 'A' && x <= 'Z' ? x - 'A' + 'a' : x) ==
-                  (y >= 'A' && y <= 'Z' ? y - 'A' + 'a' : y);
-         });
-}
-
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
 bool ContainsHeader(const HeaderList& headers, std::string_view name) {
-  return std::any_of(headers.begin(), headers.end(),
-                     [&](const auto& header) { return SameHeaderName(header.first, name); });
+  return std::any_of(headers.begin(), headers.end(), [&](const auto& header) {
+    return webhook_detail::EqualsNoCase(header.first, name);
+  });
 }
 
 void CallCompletion(const Sink::Completion& done, Outcome outcome, const std::string& destination) {
@@ -908,10 +901,7 @@ class WebhookSink final : public Sink {
 
   void ConnectTo(Worker& worker, std::size_t index) {
     worker.address_index = index;
-    const std::string& ip = worker.addresses[index];
-    if (ip != worker.connect_ip) {
-      worker.connect_ip = ip;
-    }
+    worker.connect_ip = worker.addresses[index];
   }
 
   // The connection could not be made: the next request goes to the host's next checked
@@ -1012,14 +1002,15 @@ class WebhookSink final : public Sink {
     CallCompletion(done, std::move(outcome), destination_);
   }
 
-  // The request's headers, each handed once to add(name, value): the Standard Webhooks
-  // signature headers, the idempotency key, the content type, CloudEvents attributes, the
-  // target's configured headers, then the message's own (those the relay sets or cannot send
-  // skipped), and a User-Agent unless one was given. The HTTP client adds Host and
-  // Content-Length.
-  template <typename Add>
-  void BuildHeaders(webhook_detail::Signer& signer, const Message& msg, long long timestamp,
-                    Add&& add) const {
+  // The request's headers, appended to `head` once each: the Standard Webhooks signature
+  // headers, the idempotency key, the content type, CloudEvents attributes, the target's
+  // configured headers, then the message's own (those the relay sets or cannot send skipped),
+  // and a User-Agent unless one was given. Exchange adds Host and Content-Length.
+  void AppendHeaders(std::string& head, webhook_detail::Signer& signer, const Message& msg,
+                     long long timestamp) const {
+    const auto add = [&head](std::string_view name, std::string_view value) {
+      head.append(name).append(": ").append(value).append("\r\n");
+    };
     const std::string signatures = signer.Signatures(msg.idempotency_key, timestamp, msg.payload);
     add("webhook-id", msg.idempotency_key);
     add("webhook-timestamp", std::to_string(timestamp));
@@ -1052,8 +1043,9 @@ class WebhookSink final : public Sink {
       } else if (ContainsHeader(static_headers_, name)) {
         spdlog::debug("webhook {}: message {}: skipping header {}: configured for the target",
                       destination_, Raw(msg.id), name);
-      } else if (std::any_of(sent.begin(), sent.end(),
-                             [&](std::string_view s) { return SameHeaderName(s, name); })) {
+      } else if (std::any_of(sent.begin(), sent.end(), [&](std::string_view s) {
+                   return webhook_detail::EqualsNoCase(s, name);
+                 })) {
         // Names compare without case: a second X-Trace would reach the receiver as one
         // combined field. The message's first one is sent.
         spdlog::debug(
@@ -1062,24 +1054,12 @@ class WebhookSink final : public Sink {
             destination_, Raw(msg.id), name);
       } else {
         sent.push_back(name);
-        user_agent = user_agent || SameHeaderName(name, "User-Agent");
+        user_agent = user_agent || webhook_detail::EqualsNoCase(name, "User-Agent");
         add(name, value);
       }
     }
     if (!user_agent) add("User-Agent", kUserAgent);
   }
-
-  // One request's result.
-  struct Exchanged {
-    bool answered = false;  ///< An HTTP answer came (status and the rest are set).
-    webhook_detail::HttpFailure error = webhook_detail::HttpFailure::kNone;  ///< Why not.
-    std::string refused;   ///< A bad answer (not HTTP, or past its limits), or why TLS failed.
-    bool ran_out = false;  ///< Not sent: the claim ran out while connecting.
-    int status = 0;
-    std::optional<std::string> retry_after;
-    std::string location;
-    std::string kept;  ///< Start of the response body, for reasons.
-  };
 
   // The last moment before anything of the request is written (connected by then: opening
   // the connection can outlast the shutdown deadline or the claim): false when Shutdown has
@@ -1111,17 +1091,19 @@ class WebhookSink final : public Sink {
     const auto start = Clock::now();
     const auto sent_at = std::chrono::system_clock::now();
     const auto deadline = start + target_.timeout;
-    const Exchanged x = Exchange(worker, msg, timestamp, deadline);
+    bool ran_out = false;
+    const webhook_detail::HttpAnswer x = Exchange(worker, msg, timestamp, deadline, &ran_out);
+    const bool answered = x.failure == webhook_detail::HttpFailure::kNone;
     const auto elapsed =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
 
-    if (x.ran_out) return HandBackRanOut(msg);
+    if (ran_out) return HandBackRanOut(msg);
     Attempt attempt;
     Outcome& outcome = attempt.outcome;
-    if (!x.answered) {
+    if (!answered) {
       outcome = TransportFailure(msg.id, x, elapsed);
-      attempt.not_connected = x.error == webhook_detail::HttpFailure::kConnect ||
-                              x.error == webhook_detail::HttpFailure::kConnectTimeout;
+      attempt.not_connected = x.failure == webhook_detail::HttpFailure::kConnect ||
+                              x.failure == webhook_detail::HttpFailure::kConnectTimeout;
       if (!stopping_now_.load()) {  // shutdown's aborted requests are no verdict
         std::lock_guard lock(last_failure_mu_);
         last_failure_ = outcome.reason;
@@ -1140,9 +1122,9 @@ class WebhookSink final : public Sink {
         attempt.verdict = VerdictOf(x.status, outcome);
       }
     }
-    if (!stopping_now_.load() || x.answered) {
-      outcome.exchange = HttpExchange{sent_at, x.answered ? x.status : 0, elapsed,
-                                      webhook_detail::Snippet(x.kept, kKeptBodyBytes)};
+    if (!stopping_now_.load() || answered) {
+      outcome.exchange = HttpExchange{sent_at, answered ? x.status : 0, elapsed,
+                                      webhook_detail::Snippet(x.body_start, kKeptBodyBytes)};
     }
     if (outcome.kind == OutcomeKind::kDelivered) {
       spdlog::trace("webhook {}: message {} delivered ({} in {}ms)", destination_, Raw(msg.id),
@@ -1155,20 +1137,17 @@ class WebhookSink final : public Sink {
   }
 
   // The head written into the worker's buffer, head and body sent at once over its kept
-  // connection (http_connection.h).
-  Exchanged Exchange(Worker& worker, const Message& msg, long long timestamp,
-                     Clock::time_point deadline) const {
+  // connection (http_connection.h). `ran_out`: not sent, the claim ran out while connecting.
+  webhook_detail::HttpAnswer Exchange(Worker& worker, const Message& msg, long long timestamp,
+                                      Clock::time_point deadline, bool* ran_out) const {
     std::string& head = worker.head;
     head.clear();
     head.append("POST ").append(request_target_).append(" HTTP/1.1\r\nHost: ");
     head.append(host_header_).append("\r\n");
-    BuildHeaders(*worker.signer, msg, timestamp, [&head](std::string_view name, auto&& value) {
-      head.append(name).append(": ").append(value).append("\r\n");
-    });
+    AppendHeaders(head, *worker.signer, msg, timestamp);
     head.append("Content-Length: ").append(std::to_string(msg.payload.size())).append("\r\n\r\n");
 
-    Exchanged x;
-    const LastCheck check{this, &worker, &msg, &x.ran_out};
+    const LastCheck check{this, &worker, &msg, ran_out};
     // One pointer captured: std::function keeps it inline, with no allocation per request.
     const std::function<bool()> may_send = [&check] { return check.MaySend(); };
     auto answer = worker.connection->Exchange(worker.connect_ip, url_.port, head, msg.payload,
@@ -1176,15 +1155,8 @@ class WebhookSink final : public Sink {
     // The last check's "claim ran out" means "not sent" only when nothing was written: asked
     // again before a request lost with its kept connection goes once more, it comes after
     // the endpoint may have taken the first one in (review).
-    if (answer.wrote) x.ran_out = false;
-    x.error = answer.failure;
-    x.answered = answer.failure == webhook_detail::HttpFailure::kNone;
-    x.refused = std::move(answer.refused);
-    x.status = answer.status;
-    x.retry_after = std::move(answer.retry_after);
-    x.location = std::move(answer.location);
-    x.kept = std::move(answer.body_start);
-    return x;
+    if (answer.wrote) *ran_out = false;
+    return answer;
   }
 
   // What an HTTP answer says about the endpoint: 5xx are failures (the breaker), 429, 503 and
@@ -1198,11 +1170,11 @@ class WebhookSink final : public Sink {
     return v;
   }
 
-  Outcome TransportFailure(MessageId id, const Exchanged& x,
+  Outcome TransportFailure(MessageId id, const webhook_detail::HttpAnswer& x,
                            std::chrono::milliseconds elapsed) const {
     using webhook_detail::HttpFailure;
-    const std::string what = webhook_detail::ToString(x.error);
-    switch (x.error) {
+    const std::string what = webhook_detail::ToString(x.failure);
+    switch (x.failure) {
       case HttpFailure::kBadResponse:
         return Retry(id, "bad response: " + x.refused, Reason::kConnection);
       case HttpFailure::kConnectTimeout:
@@ -1229,11 +1201,11 @@ class WebhookSink final : public Sink {
     }
   }
 
-  Outcome FromStatus(MessageId id, const Exchanged& x) const {
+  Outcome FromStatus(MessageId id, const webhook_detail::HttpAnswer& x) const {
     Outcome outcome;
     outcome.id = id;
     const int status = x.status;
-    const std::string& body = x.kept;
+    const std::string& body = x.body_start;
     if (status >= 200 && status <= 299) {
       outcome.kind = OutcomeKind::kDelivered;
       return outcome;
@@ -1280,8 +1252,8 @@ class WebhookSink final : public Sink {
   std::vector<webhook_detail::SigningKey> keys_;  ///< One per secret (HMAC or ed25519).
   HeaderList static_headers_;                     ///< Valid, non-reserved target.headers.
   std::shared_ptr<SSL_CTX> tls_;  ///< https://: what every connection's TLS starts from.
-  /// Plain HTTP: the request line's target (url_.path, bytes past ASCII percent-encoded) and
-  /// the Host header (port included unless it is 80; an IPv6 address in brackets).
+  /// The request line's target (url_.path, bytes past ASCII percent-encoded) and the Host
+  /// header (port included unless it is the scheme's; an IPv6 address in brackets).
   const std::string request_target_ = RequestTarget(url_.path);
   const std::string host_header_ = HostHeader(url_);
 
