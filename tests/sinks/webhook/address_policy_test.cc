@@ -85,6 +85,12 @@ TEST(AddressPolicy, AnAllowListOrAllowPrivateNetworksLetsPrivateAddressesThrough
   EXPECT_EQ(strict.Refuses(Ip("10.20.1.5")).value_or(""),
             "10.20.1.5 is a private (RFC 1918) address");
   EXPECT_FALSE(strict.Refuses(Ip("93.184.216.34")));
+  // The article follows the word: "a unspecified address" read as a typo in every refusal.
+  EXPECT_EQ(strict.Refuses(Ip("0.0.0.0")).value_or(""),
+            "0.0.0.0 is an unspecified (\"this network\") address");
+  EXPECT_EQ(strict.Refuses(Ip("192.0.0.8")).value_or(""),
+            "192.0.0.8 is an IETF protocol assignments address");
+  EXPECT_EQ(strict.Refuses(Ip("::")).value_or(""), ":: is an unspecified address");
 
   const AddressPolicy some(
       false, {ParseCidr("10.20.0.0/16"), ParseCidr("fd00:1::/64"), ParseCidr("192.168.7.7")});

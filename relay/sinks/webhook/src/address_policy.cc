@@ -283,6 +283,11 @@ std::optional<std::string> BlockedRange(const IpAddress& address) {
   return std::nullopt;
 }
 
+// "an unspecified address", "a loopback address": every range's word starts with a letter.
+static const char* Article(const std::string& why) {
+  return !why.empty() && std::strchr("aeiouAEIOU", why[0]) != nullptr ? "an " : "a ";
+}
+
 AddressPolicy::AddressPolicy(bool allow_private_networks, std::vector<Cidr> allowed)
     : allow_private_(allow_private_networks), allowed_(std::move(allowed)) {}
 
@@ -299,10 +304,10 @@ std::optional<std::string> AddressPolicy::Refuses(const IpAddress& address) cons
     bool metadata = false;
     for (const auto& cidr : MetadataRanges()) metadata = metadata || cidr.Contains(judged);
     if (!metadata) return std::nullopt;
-    return address.ToString() + " is a " + *why +
+    return address.ToString() + " is " + Article(*why) + *why +
            " address, which allow_private_networks does not cover; list it in allowed_networks";
   }
-  return address.ToString() + " is a " + *why + " address";
+  return address.ToString() + " is " + Article(*why) + *why + " address";
 }
 
 Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy) {
