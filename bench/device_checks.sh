@@ -20,7 +20,8 @@
 # `webhooks` (~200 s; session 36) is issue 17's 16-core check: the default drain (claim_connections
 # auto: 4 claim loops for the default 32 workers on 16 CPUs since session 36) against one loop
 # (webhook_drain_cc1, the old default there) and bucket leases, and the same over HTTPS; since
-# session 37 also the ceiling of the relay's own HTTP client (http_ceiling_relay_client),
+# session 37 also the ceiling of the relay's own HTTP client (http_ceiling_relay_client), and
+# since session 38 eight loops (webhook_drain_cc8: whether auto's cap of 4 is the limit there),
 #   bash bench/device_checks.sh webhooks statements          (timeout 480 s)
 # (Session 28 ran all four in one call with drains at 200 s and claim_connections at 140 s:
 # both ran out of time before their last scenarios.)
@@ -70,8 +71,8 @@ for group in "${groups[@]}"; do
       run statements 220 --statement-stats --only sql_ceiling,sql_row_leases,sql_bucket_leases,kafka_drain,kafka_drain_bucket_leases \
         --kafka-messages 200000 ;;
     webhooks)  # issue 17: the default webhook drain beside one claim loop and bucket leases
-      run webhooks 250 --only sql_ceiling,http_ceiling,http_ceiling_relay_client,webhook_drain,webhook_drain_cc1,webhook_drain_bucket_leases,https_ceiling,webhook_drain_https \
-        --webhook-messages 200000 --claim-connections-sweep 1 ;;
+      run webhooks 280 --only sql_ceiling,http_ceiling,http_ceiling_relay_client,webhook_drain,webhook_drain_cc1,webhook_drain_cc8,webhook_drain_bucket_leases,https_ceiling,webhook_drain_https \
+        --webhook-messages 200000 --claim-connections-sweep 1,8 ;;
     *) echo "unknown group $group (drains, open_loop, sustained, claim_connections, statements, webhooks)"; exit 2 ;;
   esac
 done
