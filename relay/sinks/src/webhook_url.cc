@@ -58,6 +58,13 @@ WebhookUrl ParseWebhookUrl(const std::string& url) {
       throw std::invalid_argument("webhook url has an unterminated IPv6 address");
     }
     out.host = std::string(authority.substr(1, close - 1));
+    // "[fe80::1%25eth0]": a zone names an interface of the relay's own host, which the checked
+    // connect does not carry; every attempt failed "connection error" (review).
+    if (const std::size_t zone = out.host.find('%'); zone != std::string::npos) {
+      throw std::invalid_argument("webhook url: an IPv6 zone id (" + out.host.substr(zone) +
+                                  ") is not supported; give the endpoint a routable address or "
+                                  "a name");
+    }
     const std::string_view after = authority.substr(close + 1);
     if (!after.empty()) {
       if (after.front() != ':') throw std::invalid_argument("webhook url has a bad host");

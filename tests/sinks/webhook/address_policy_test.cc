@@ -91,6 +91,8 @@ TEST(AddressPolicy, AnAllowListOrAllowPrivateNetworksLetsPrivateAddressesThrough
   EXPECT_EQ(strict.Refuses(Ip("192.0.0.8")).value_or(""),
             "192.0.0.8 is an IETF protocol assignments address");
   EXPECT_EQ(strict.Refuses(Ip("::")).value_or(""), ":: is an unspecified address");
+  EXPECT_EQ(strict.Refuses(Ip("fd00::1")).value_or(""),
+            "fd00::1 is a unique-local (private) address");
 
   const AddressPolicy some(
       false, {ParseCidr("10.20.0.0/16"), ParseCidr("fd00:1::/64"), ParseCidr("192.168.7.7")});
@@ -119,7 +121,8 @@ TEST(AddressPolicy, AnAllowListOrAllowPrivateNetworksLetsPrivateAddressesThrough
   EXPECT_FALSE(open.Refuses(Ip("fd12::1")));
   EXPECT_EQ(open.Refuses(Ip("169.254.169.254")).value_or(""),
             "169.254.169.254 is a link-local (cloud metadata endpoints live here) address, "
-            "which allow_private_networks does not cover; list it in allowed_networks");
+            "which only an allowed_networks entry within 169.254.0.0/16 opens (not "
+            "allow_private_networks, nor a wider entry)");
   EXPECT_TRUE(open.Refuses(Ip("::ffff:169.254.169.254")));
   EXPECT_TRUE(open.Refuses(Ip("fe80::1")));
   EXPECT_TRUE(open.Refuses(Ip("fd00:ec2::254")));
@@ -142,6 +145,52 @@ TEST(AddressPolicy, AnAllowListOrAllowPrivateNetworksLetsPrivateAddressesThrough
   EXPECT_FALSE(open_listed.Refuses(Ip("169.254.169.254")));
 }
 
+// A metadata address passes only an allow-list entry inside its own range: an entry for an
+// internal network (fd00::/8, Tailscale's 100.64.0.0/10, ::/0) opened AWS's fd00:ec2::254,
+// Alibaba Cloud's 100.100.100.200 and the link-local ranges without naming them (review).
+TEST(AddressPolicy, AMetadataAddressPassesOnlyAnEntryInsideItsOwnRange) {
+  struct Case {
+    const char* entry;
+    const char* address;
+  };
+  for (const auto& [entry, address] : std::vector<Case>{{"fd00::/8", "fd00:ec2::254"},
+                                                        {"fc00::/7", "fd20:ce::254"},
+                                                        {"100.64.0.0/10", "100.100.100.200"},
+                                                        {"::/0", "fe80::1"},
+                                                        {"::/0", "64:ff9b:1::a9fe:a9fe"},
+                                                        {"0.0.0.0/0", "169.254.169.254"},
+                                                        {"169.0.0.0/8", "169.254.169.254"},
+                                                        {"fe80::/9", "fe80::1"}}) {
+    for (const bool flag : {false, true}) {
+      const auto why = AddressPolicy(flag, {ParseCidr(entry)}).Refuses(Ip(address));
+      ASSERT_TRUE(why) << entry << " let " << address << " through (flag " << flag << ")";
+      EXPECT_NE(why->find("only an allowed_networks entry within"), std::string::npos) << *why;
+    }
+  }
+  // Their neighbours are what the entries opened before.
+  EXPECT_FALSE(AddressPolicy(false, {ParseCidr("fd00::/8")}).Refuses(Ip("fd00:ec2::253")));
+  EXPECT_FALSE(AddressPolicy(false, {ParseCidr("100.64.0.0/10")}).Refuses(Ip("100.100.100.201")));
+  // Entries inside the range, or naming the address, open it.
+  EXPECT_FALSE(AddressPolicy(false, {ParseCidr("fd00:ec2::254")}).Refuses(Ip("fd00:ec2::254")));
+  EXPECT_FALSE(AddressPolicy(false, {ParseCidr("169.254.10.0/24")}).Refuses(Ip("169.254.10.5")));
+  EXPECT_FALSE(AddressPolicy(false, {ParseCidr("fe80::/10")}).Refuses(Ip("fe80::1")));
+  EXPECT_FALSE(
+      AddressPolicy(false, {ParseCidr("169.254.0.0/16")}).Refuses(Ip("::ffff:169.254.169.254")))
+      << "judged by the IPv4 address it carries";
+  EXPECT_EQ(
+      AddressPolicy(false, {ParseCidr("0.0.0.0/0")}).Refuses(Ip("169.254.169.254")).value_or(""),
+      "169.254.169.254 is a link-local (cloud metadata endpoints live here) address, which "
+      "only an allowed_networks entry within 169.254.0.0/16 opens (not "
+      "allow_private_networks, nor a wider entry)");
+  EXPECT_EQ(AddressPolicy(true, {}).Refuses(Ip("fd00:ec2::254")).value_or(""),
+            "fd00:ec2::254 is a unique-local (private) address, which only an allowed_networks "
+            "entry within fd00:ec2::254/128 opens (not allow_private_networks, nor a wider "
+            "entry)");
+  EXPECT_TRUE(IsMetadataAddress(Ip("100.100.100.200")));
+  EXPECT_TRUE(IsMetadataAddress(Ip("::ffff:169.254.1.1")));
+  EXPECT_FALSE(IsMetadataAddress(Ip("10.0.0.1")));
+}
+
 TEST(AddressPolicy, BadNetworksAreRefusedWithTheFix) {
   for (const std::string bad :
        {"10.0.0.0/33", "10.0.0.0/", "10.0.0/8", "fd00::/129", "nope", "10.0.0.0/8x", "0x0a.0.0.0/8",
@@ -150,6 +199,32 @@ TEST(AddressPolicy, BadNetworksAreRefusedWithTheFix) {
   }
   EXPECT_EQ(ParseCidr("10.0.0.0/8").prefix, 8);
   EXPECT_EQ(ParseCidr("::1").prefix, 128);
+  // An address with its prefix, as `ip addr` shows it, opened the whole network (review): the
+  // entry is refused with the network it would have opened.
+  try {
+    ParseCidr("10.1.2.3/8");
+    ADD_FAILURE() << "10.1.2.3/8 was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(),
+                 "'10.1.2.3/8' has bits set past its prefix length: write the network, "
+                 "10.0.0.0/8, or the one address, 10.1.2.3");
+  }
+  EXPECT_THROW(ParseCidr("fd00::1/8"), std::invalid_argument);
+  EXPECT_EQ(ParseCidr("fd00::/8").prefix, 8);
+  EXPECT_EQ(ParseCidr("0.0.0.0/0").prefix, 0);
+  // IPv6 forms of IPv4 addresses are judged by the IPv4 address they carry, so such an entry
+  // matched nothing (review): refused, naming the IPv4 network to write.
+  try {
+    ParseCidr("::ffff:10.0.0.0/104");
+    ADD_FAILURE() << "::ffff:10.0.0.0/104 was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(),
+                 "'::ffff:10.0.0.0/104' is a network of IPv6 addresses that carry IPv4 ones, which "
+                 "are judged by the IPv4 address: write 10.0.0.0/8");
+  }
+  EXPECT_THROW(ParseCidr("64:ff9b::a00:0/104"), std::invalid_argument);
+  EXPECT_THROW(ParseCidr("::ffff:127.0.0.1"), std::invalid_argument);
+  EXPECT_EQ(ParseCidr("::/0").prefix, 0) << "wider than the forms: still an entry";
 }
 
 TEST(AddressPolicy, ResolvesNamesAndRefusesWhatOnlyResolvesToBlockedAddresses) {

@@ -1559,8 +1559,8 @@ TEST(WebhookSinkSsrf, RefusesLiteralPrivateAddressesInEveryNotationUnlessAllowed
   t.allow_private_networks = false;
   for (const std::string url :
        {"http://127.0.0.1:9/hook", "http://2130706433/hook", "http://0177.0.0.1/hook",
-        "http://0x7f.0.0.1/hook", "http://[::1]:8080/hook", "https://169.254.169.254/",
-        "http://10.0.0.1/hook", "http://[::ffff:192.168.0.1]/hook",
+        "http://0x7f.0.0.1/hook", "http://[::1]:8080/hook", "http://10.0.0.1/hook",
+        "http://[::ffff:192.168.0.1]/hook",
         // Review: refused at delivery, but passed check-config.
         "http://127.0.0.1./hook", "http://localhost/hook", "http://LocalHost./hook",
         "http://hooks.localhost:8080/hook"}) {
@@ -1584,6 +1584,38 @@ TEST(WebhookSinkSsrf, RefusesLiteralPrivateAddressesInEveryNotationUnlessAllowed
   t.allowed_networks.clear();
   t.url = "https://hooks.example.com/in";
   EXPECT_EQ(ErrorOfTarget(t), "") << "names are checked when they are resolved, at delivery";
+}
+
+// A metadata address is opened by no flag: its refusal names the one fix that works (it
+// suggested allow_private_networks, which does not cover it, even where that was set: review).
+TEST(WebhookSinkSsrf, AMetadataAddressIsRefusedNamingTheOnlyFix) {
+  WebhookTarget t = Target("https://169.254.169.254/latest");
+  for (const bool flag : {false, true}) {
+    t.allow_private_networks = flag;
+    const std::string error = ErrorOfTarget(t);
+    EXPECT_NE(error.find("is refused by the SSRF guard: 169.254.169.254 is a link-local (cloud "
+                         "metadata endpoints live here) address, which only an allowed_networks "
+                         "entry within 169.254.0.0/16 opens"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("If this endpoint really is there, list it in "
+                         "destinations.hooks.webhook.allowed_networks"),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(error.find("allow_private_networks: true"), std::string::npos) << error;
+  }
+  t.allowed_networks = {"169.254.169.254"};
+  EXPECT_EQ(ErrorOfTarget(t), "");
+}
+
+// An IPv6 zone id names an interface of the relay's host; the connect cannot use it (the
+// address was checked and then refused by connect(2), every attempt "connection error"):
+// refused when the URL is read, saying so (review).
+TEST(WebhookSinkSsrf, AZoneIdInTheUrlIsRefusedWhenTheUrlIsRead) {
+  WebhookTarget t = Target("http://[fe80::1%25eth0]:8080/hook");
+  t.allowed_networks = {"fe80::/10"};
+  const std::string error = ErrorOfTarget(t);
+  EXPECT_NE(error.find("an IPv6 zone id (%25eth0) is not supported"), std::string::npos) << error;
 }
 
 // Names the system cannot resolve, answered by a test resolver for as long as it lives.
@@ -1711,6 +1743,32 @@ TEST(WebhookSinkSsrf, AnAllowedNameConnectsToTheCheckedAddressKeepingTheHostHead
   ASSERT_EQ(receiver.Count(), 1u);
   EXPECT_EQ(receiver.Requests()[0].Header("Host"), host);
   sink->Shutdown(5s);
+}
+
+// An IP literal with a trailing dot ("127.0.0.1.") is that address, as check-config reads it:
+// delivery sent it to DNS, which failed every attempt "cannot resolve" (review).
+TEST(WebhookSinkSsrf, AnAddressWithATrailingDotIsThatAddressWithoutALookup) {
+  HttpReceiver receiver;
+  FakeDns dns(std::map<std::string, std::string>{});  // any lookup fails
+  const std::string host = "127.0.0.1.:" + std::to_string(receiver.port());
+  WebhookTarget t = Target("http://" + host + "/hook");
+  t.allow_private_networks = false;
+  t.allowed_networks = {"127.0.0.0/8"};
+  ASSERT_EQ(ErrorOfTarget(t), "");
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", t);
+  sink->Submit(MakeMessage(1), done.Callback());
+  ASSERT_TRUE(done.WaitForSize(1));
+  EXPECT_EQ(done.Of(1).kind, OutcomeKind::kDelivered) << done.Of(1).reason;
+  ASSERT_EQ(receiver.Count(), 1u);
+  EXPECT_EQ(receiver.Requests()[0].Header("Host"), host);
+  sink->Shutdown(5s);
+  // And refused as the address it is, with no lookup either.
+  const auto strict =
+      webhook_detail::ResolveChecked("127.0.0.1.", webhook_detail::AddressPolicy(false, {}));
+  EXPECT_TRUE(strict.refused);
+  EXPECT_NE(strict.error.find("127.0.0.1 is a loopback address"), std::string::npos)
+      << strict.error;
 }
 
 // A name that does not resolve when it is looked up again (a DNS restart) leaves the addresses

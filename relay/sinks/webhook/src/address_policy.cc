@@ -41,6 +41,52 @@ bool PrefixMatches(const IpAddress& a, const IpAddress& network, int prefix) {
   return true;
 }
 
+// "10.0.0.0/8", "fd00::/8", or one address, read as written (ParseCidr checks more).
+Cidr ParseNetwork(std::string_view text) {
+  const auto slash = text.find('/');
+  const std::string addr(text.substr(0, slash));
+  IpAddress ip;
+  unsigned char b[16];
+  if (addr.find(':') != std::string::npos) {
+    if (inet_pton(AF_INET6, addr.c_str(), b) != 1) {
+      throw std::invalid_argument("'" + std::string(text) + "' is not an IPv6 network");
+    }
+    ip = V6(b);
+  } else {
+    if (inet_pton(AF_INET, addr.c_str(), b) != 1) {  // strict dotted quad here
+      throw std::invalid_argument("'" + std::string(text) +
+                                  "' is not a network: write an address and a prefix length, "
+                                  "e.g. 10.20.0.0/16 or fd00::/8");
+    }
+    ip = V4(b[0], b[1], b[2], b[3]);
+  }
+  const int max = ip.v4 ? 32 : 128;
+  int prefix = max;
+  if (slash != std::string_view::npos) {
+    const std::string p(text.substr(slash + 1));
+    // Digits only: strtol alone also read "-0", " 8" and "+8".
+    const bool digits =
+        !p.empty() && p.size() <= 3 && p.find_first_not_of("0123456789") == std::string::npos;
+    const long n = digits ? std::strtol(p.c_str(), nullptr, 10) : -1;
+    if (n < 0 || n > max) {
+      throw std::invalid_argument("'" + std::string(text) + "': the prefix length must be 0.." +
+                                  std::to_string(max));
+    }
+    prefix = static_cast<int>(n);
+  }
+  return Cidr{ip, prefix};
+}
+
+// Whether every address of `inner` is in `outer`.
+bool Within(const Cidr& inner, const Cidr& outer) {
+  return inner.network.v4 == outer.network.v4 && inner.prefix >= outer.prefix &&
+         outer.Contains(inner.network);
+}
+
+std::string CidrText(const Cidr& cidr) {
+  return cidr.network.ToString() + "/" + std::to_string(cidr.prefix);
+}
+
 struct Range {
   const char* cidr;
   const char* why;
@@ -93,7 +139,7 @@ constexpr const char* kMetadataRanges[] = {"169.254.0.0/16",     "fe80::/10",
 const std::vector<Cidr>& MetadataRanges() {
   static const auto ranges = [] {
     std::vector<Cidr> out;
-    for (const char* r : kMetadataRanges) out.push_back(ParseCidr(r));
+    for (const char* r : kMetadataRanges) out.push_back(ParseNetwork(r));
     return out;
   }();
   return ranges;
@@ -102,8 +148,8 @@ const std::vector<Cidr>& MetadataRanges() {
 const std::vector<std::pair<Cidr, const char*>>& Blocked() {
   static const auto blocked = [] {
     std::vector<std::pair<Cidr, const char*>> out;
-    for (const auto& r : kBlockedV4) out.emplace_back(ParseCidr(r.cidr), r.why);
-    for (const auto& r : kBlockedV6) out.emplace_back(ParseCidr(r.cidr), r.why);
+    for (const auto& r : kBlockedV4) out.emplace_back(ParseNetwork(r.cidr), r.why);
+    for (const auto& r : kBlockedV6) out.emplace_back(ParseNetwork(r.cidr), r.why);
     return out;
   }();
   return blocked;
@@ -115,12 +161,12 @@ const std::vector<std::pair<Cidr, const char*>>& Blocked() {
 // as a range) and 6to4 (2002:AABB:CCDD::, the IPv4 address in bytes 2-5).
 std::optional<IpAddress> EmbeddedV4(const IpAddress& a) {
   if (a.v4) return std::nullopt;
-  static const Cidr mapped = ParseCidr("::ffff:0:0/96");
-  static const Cidr translated = ParseCidr("::ffff:0:0:0/96");
-  static const Cidr compatible = ParseCidr("::/96");
-  static const Cidr unspecified_or_loopback = ParseCidr("::/127");
-  static const Cidr nat64 = ParseCidr("64:ff9b::/96");
-  static const Cidr six_to_four = ParseCidr("2002::/16");
+  static const Cidr mapped = ParseNetwork("::ffff:0:0/96");
+  static const Cidr translated = ParseNetwork("::ffff:0:0:0/96");
+  static const Cidr compatible = ParseNetwork("::/96");
+  static const Cidr unspecified_or_loopback = ParseNetwork("::/127");
+  static const Cidr nat64 = ParseNetwork("64:ff9b::/96");
+  static const Cidr six_to_four = ParseNetwork("2002::/16");
   if (six_to_four.Contains(a)) return V4(a.bytes[2], a.bytes[3], a.bytes[4], a.bytes[5]);
   // :: and ::1 are judged by the IPv6 ranges themselves.
   const bool compat = compatible.Contains(a) && !unspecified_or_loopback.Contains(a);
@@ -223,8 +269,8 @@ std::optional<IpAddress> KnownAddressOf(std::string_view host) {
       zone != std::string::npos && text.find(':') != std::string::npos) {
     text.resize(zone);
   }
+  if (auto ip = LiteralAddressOf(text)) return ip;
   if (!text.empty() && text.back() == '.') text.pop_back();
-  if (auto ip = ParseIpLiteral(text)) return ip;
   std::string lower(text);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const std::string_view suffix = ".localhost";
@@ -241,38 +287,36 @@ bool Cidr::Contains(const IpAddress& address) const {
 }
 
 Cidr ParseCidr(std::string_view text) {
-  const auto slash = text.find('/');
-  const std::string addr(text.substr(0, slash));
-  IpAddress ip;
-  unsigned char b[16];
-  if (addr.find(':') != std::string::npos) {
-    if (inet_pton(AF_INET6, addr.c_str(), b) != 1) {
-      throw std::invalid_argument("'" + std::string(text) + "' is not an IPv6 network");
-    }
-    ip = V6(b);
-  } else {
-    if (inet_pton(AF_INET, addr.c_str(), b) != 1) {  // strict dotted quad here
-      throw std::invalid_argument("'" + std::string(text) +
-                                  "' is not a network: write an address and a prefix length, "
-                                  "e.g. 10.20.0.0/16 or fd00::/8");
-    }
-    ip = V4(b[0], b[1], b[2], b[3]);
-  }
+  const Cidr cidr = ParseNetwork(text);
+  const IpAddress& ip = cidr.network;
+  const int prefix = cidr.prefix;
   const int max = ip.v4 ? 32 : 128;
-  int prefix = max;
-  if (slash != std::string_view::npos) {
-    const std::string p(text.substr(slash + 1));
-    // Digits only: strtol alone also read "-0", " 8" and "+8".
-    const bool digits =
-        !p.empty() && p.size() <= 3 && p.find_first_not_of("0123456789") == std::string::npos;
-    const long n = digits ? std::strtol(p.c_str(), nullptr, 10) : -1;
-    if (n < 0 || n > max) {
-      throw std::invalid_argument("'" + std::string(text) + "': the prefix length must be 0.." +
-                                  std::to_string(max));
-    }
-    prefix = static_cast<int>(n);
+  // "10.1.2.3/8", as `ip addr` shows an address, is not a network: it opened all of 10.0.0.0/8.
+  IpAddress network = ip;
+  for (int bit = prefix; bit < max; ++bit) {
+    network.bytes[bit / 8] &= static_cast<std::uint8_t>(~(0x80u >> (bit % 8)));
   }
-  return Cidr{ip, prefix};
+  if (network != ip) {
+    throw std::invalid_argument(
+        "'" + std::string(text) + "' has bits set past its prefix length: write the network, " +
+        CidrText(Cidr{network, prefix}) + ", or the one address, " + ip.ToString());
+  }
+  // An entry inside a range of IPv6 addresses that carry IPv4 ones matches nothing: they are
+  // judged by the IPv4 address (EmbeddedV4).
+  if (!ip.v4) {
+    static const Cidr forms[] = {ParseNetwork("::ffff:0:0/96"), ParseNetwork("::ffff:0:0:0/96"),
+                                 ParseNetwork("64:ff9b::/96")};
+    for (const auto& form : forms) {
+      if (!Within(cidr, form)) continue;
+      const auto v4 = V4(ip.bytes[12], ip.bytes[13], ip.bytes[14], ip.bytes[15]);
+      throw std::invalid_argument(
+          "'" + std::string(text) +
+          "' is a network of IPv6 addresses that carry IPv4 ones, which are judged by the IPv4 "
+          "address: write " +
+          CidrText(Cidr{v4, prefix - 96}));
+    }
+  }
+  return cidr;
 }
 
 std::optional<std::string> BlockedRange(const IpAddress& address) {
@@ -283,9 +327,12 @@ std::optional<std::string> BlockedRange(const IpAddress& address) {
   return std::nullopt;
 }
 
-// "an unspecified address", "a loopback address": every range's word starts with a letter.
+// "an unspecified address", "a loopback address", "a unique-local address": by the sound of
+// the range's first word (every one starts with a letter; "uni" is said "you").
 static const char* Article(const std::string& why) {
-  return !why.empty() && std::strchr("aeiouAEIOU", why[0]) != nullptr ? "an " : "a ";
+  const bool vowel =
+      !why.empty() && std::strchr("aeiouAEIOU", why[0]) != nullptr && why.rfind("uni", 0) != 0;
+  return vowel ? "an " : "a ";
 }
 
 AddressPolicy::AddressPolicy(bool allow_private_networks, std::vector<Cidr> allowed)
@@ -297,25 +344,47 @@ std::optional<std::string> AddressPolicy::Refuses(const IpAddress& address) cons
   // An address that carries an IPv4 one is judged by it alone, so an IPv6 allow-list entry
   // (::/0, 2002::/16) lets no IPv4 address through that its own entry would not.
   const IpAddress judged = EmbeddedV4(address).value_or(address);
+  // A metadata address passes only an entry inside its own range (169.254.0.0/16 or a part of
+  // it, fd00:ec2::254 itself): neither the flag nor an entry for a whole internal network
+  // (fd00::/8, 100.64.0.0/10, ::/0) opens it without naming it.
+  const Cidr* metadata = nullptr;
+  for (const auto& cidr : MetadataRanges()) {
+    if (cidr.Contains(judged)) metadata = &cidr;
+  }
   for (const auto& cidr : allowed_) {
-    if (cidr.Contains(judged)) return std::nullopt;
+    if (cidr.Contains(judged) && (metadata == nullptr || Within(cidr, *metadata))) {
+      return std::nullopt;
+    }
   }
-  if (allow_private_) {
-    bool metadata = false;
-    for (const auto& cidr : MetadataRanges()) metadata = metadata || cidr.Contains(judged);
-    if (!metadata) return std::nullopt;
-    return address.ToString() + " is " + Article(*why) + *why +
-           " address, which allow_private_networks does not cover; list it in allowed_networks";
+  const std::string refused = address.ToString() + " is " + Article(*why) + *why + " address";
+  if (metadata != nullptr) {
+    return refused + ", which only an allowed_networks entry within " + CidrText(*metadata) +
+           " opens (not allow_private_networks, nor a wider entry)";
   }
-  return address.ToString() + " is " + Article(*why) + *why + " address";
+  if (allow_private_) return std::nullopt;
+  return refused;
+}
+
+bool IsMetadataAddress(const IpAddress& address) {
+  const IpAddress judged = EmbeddedV4(address).value_or(address);
+  for (const auto& cidr : MetadataRanges()) {
+    if (cidr.Contains(judged)) return true;
+  }
+  return false;
+}
+
+std::optional<IpAddress> LiteralAddressOf(std::string_view host) {
+  if (!host.empty() && host.back() == '.') host.remove_suffix(1);
+  return ParseIpLiteral(host);
 }
 
 Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy) {
   Resolution r;
-  if (auto literal = ParseIpLiteral(host)) {
+  if (auto literal = LiteralAddressOf(host)) {
     if (auto why = policy.Refuses(*literal)) {
       r.error = *why;
       r.refused = true;
+      r.metadata = IsMetadataAddress(*literal);
     } else {
       r.address = *literal;
       r.allowed.push_back(*literal);
@@ -341,9 +410,13 @@ Resolution CheckResolved(const std::string& host, const std::vector<IpAddress>& 
     return r;
   }
   std::string refused;
+  bool metadata = false;
   for (const IpAddress& ip : found) {
     if (auto why = policy.Refuses(ip)) {
-      if (refused.empty()) refused = *why;
+      if (refused.empty()) {
+        refused = *why;
+        metadata = IsMetadataAddress(ip);
+      }
       continue;
     }
     if (!r.address) r.address = ip;
@@ -352,6 +425,7 @@ Resolution CheckResolved(const std::string& host, const std::vector<IpAddress>& 
   if (!r.address) {
     r.error = host + " resolves only to refused addresses: " + refused;
     r.refused = true;
+    r.metadata = metadata;
   }
   return r;
 }

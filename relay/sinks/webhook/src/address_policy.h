@@ -30,6 +30,15 @@ struct IpAddress {
 /// without brackets). nullopt for a name.
 std::optional<IpAddress> ParseIpLiteral(std::string_view host);
 
+/// ParseIpLiteral of a host that may end in one dot ("127.0.0.1." is 127.0.0.1, as a resolver
+/// reads it): the address to connect to without a lookup.
+std::optional<IpAddress> LiteralAddressOf(std::string_view host);
+
+/// Whether `address` is where cloud metadata endpoints answer (the link-local ranges, AWS's
+/// fd00:ec2::254, Google Cloud's fd20:ce::254, Alibaba Cloud's 100.100.100.200, the local-use
+/// NAT64 range): only an allow-list entry inside its range opens it.
+bool IsMetadataAddress(const IpAddress& address);
+
 /// The address a host is known to have without asking DNS, for check-config: an IP literal
 /// (also with one trailing dot, or an IPv6 zone id), and 127.0.0.1 for `localhost` and names
 /// under it (RFC 6761). nullopt when only a lookup can tell.
@@ -42,7 +51,8 @@ struct Cidr {
 };
 
 /// "10.0.0.0/8", "fd00::/8", or one address ("10.1.2.3" is /32, "::1" /128). Throws
-/// std::invalid_argument saying what is wrong.
+/// std::invalid_argument saying what is wrong: also for bits set past the prefix length
+/// ("10.1.2.3/8") and for a network of IPv6 forms of IPv4 addresses (judged as IPv4).
 Cidr ParseCidr(std::string_view text);
 
 /// Why `address` is refused by default ("loopback", "private (RFC 1918)", ...), or nullopt for
@@ -54,7 +64,8 @@ class AddressPolicy {
   AddressPolicy(bool allow_private_networks, std::vector<Cidr> allowed);
 
   /// Why `address` may not be connected to, or nullopt when it may: public, or in an allowed
-  /// network, or private networks are allowed for this destination.
+  /// network, or private networks are allowed for this destination; a metadata address
+  /// (IsMetadataAddress) only through an allowed network inside its range.
   std::optional<std::string> Refuses(const IpAddress& address) const;
 
  private:
@@ -71,6 +82,7 @@ struct Resolution {
   std::vector<IpAddress> allowed;
   std::string error;
   bool refused = false;  ///< The host resolved, but only to addresses the policy refuses.
+  bool metadata = false;  ///< Refused, the first refused address a metadata one.
 };
 Resolution ResolveChecked(const std::string& host, const AddressPolicy& policy);
 

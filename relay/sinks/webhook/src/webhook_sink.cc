@@ -149,12 +149,17 @@ void CheckKnownHost(const std::string& destination, const WebhookTarget& target,
   const auto policy = AddressPolicyOf(destination, target);
   if (const auto literal = webhook_detail::KnownAddressOf(url.host)) {
     if (const auto why = policy.Refuses(*literal)) {
-      throw std::invalid_argument(
-          "webhook " + destination + ": url: the host " + url.host + " is refused by the SSRF " +
-          "guard: " + *why + ". If this endpoint is meant to be on a private network, set " +
-          "destinations." + destination + ".webhook.allow_private_networks: true, or list " +
-          "its network in destinations." + destination + ".webhook.allowed_networks " +
-          "(docs/webhooks.md#private-networks)");
+      // A metadata address: the flag does not open it, so the fix is the allow-list alone.
+      const std::string fix =
+          webhook_detail::IsMetadataAddress(*literal)
+              ? "If this endpoint really is there, list it in destinations." + destination +
+                    ".webhook.allowed_networks"
+              : "If this endpoint is meant to be on a private network, set destinations." +
+                    destination + ".webhook.allow_private_networks: true, or list its network " +
+                    "in destinations." + destination + ".webhook.allowed_networks";
+      throw std::invalid_argument("webhook " + destination + ": url: the host " + url.host +
+                                  " is refused by the SSRF guard: " + *why + ". " + fix +
+                                  " (docs/webhooks.md#private-networks)");
     }
   }
 }
@@ -831,8 +836,10 @@ class WebhookSink final : public Sink {
       Attempt a;
       a.outcome = r.refused ? Retry(id,
                                     "blocked by the SSRF guard: " + r.error +
-                                        "; if the endpoint is meant to be private, set "
-                                        "allow_private_networks or allowed_networks",
+                                        (r.metadata ? std::string()
+                                                    : "; if the endpoint is meant to be private, "
+                                                      "set allow_private_networks or "
+                                                      "allowed_networks"),
                                     Reason::kBlockedAddress)
                             : Retry(id, "connection error: " + r.error, Reason::kConnection);
       a.verdict = Verdict{false, true, false, std::nullopt};
@@ -862,7 +869,7 @@ class WebhookSink final : public Sink {
   // long past shutdown_timeout_ms); nullopt when Shutdown took the worker's message back
   // meanwhile. The lookup then ends on its own and its answer is dropped.
   std::optional<webhook_detail::Resolution> LookUp(const Worker& worker) const {
-    if (webhook_detail::ParseIpLiteral(url_.host)) {
+    if (webhook_detail::LiteralAddressOf(url_.host)) {
       return webhook_detail::ResolveChecked(url_.host, policy_);  // nothing to look up
     }
     struct Lookup {
