@@ -1922,6 +1922,27 @@ TEST(LeaseBounds, WithoutLeaseMsTheLeaseOutlastsTheLongestAttemptAndKafkaFitsIns
             std::chrono::milliseconds(2000));
 }
 
+// A webhook request is written only if it ends inside its claim (a worker hands back what its
+// lease cannot cover), so leases are renewed often enough that the claim of what is in flight
+// always covers one whole attempt and a second to spare: every lease_ms / 3 where that leaves
+// enough (the default), else sooner, at most every 500 ms. At lease_ms / 3 a lease of 16000
+// for attempts of 15000 fell to 10.7 s of cover between renewals, under one attempt (review).
+TEST(LeaseBounds, LeasesAreRenewedSoThatTheyCoverAWholeAttempt) {
+  const RelayConfig defaults = ParseConfig(WithDestination("hooks", kHook), "cfg.yaml", kNoEnv);
+  EXPECT_EQ(defaults.renew_every, std::chrono::milliseconds(10000)) << "lease_ms / 3";
+  const RelayConfig tight = ParseConfig(
+      WithDestination("hooks", kHook + "      timeout_ms: 10000\n", "lease_ms: 16000\n"),
+      "cfg.yaml", kNoEnv);
+  EXPECT_EQ(tight.renew_every, std::chrono::milliseconds(500));
+  const RelayConfig slow = ParseConfig(
+      WithDestination("hooks", kHook + "      timeout_ms: 60000\n"), "cfg.yaml", kNoEnv);
+  EXPECT_EQ(slow.lease, std::chrono::milliseconds(75000));
+  EXPECT_EQ(slow.renew_every, std::chrono::milliseconds(75000 - 65000 - 2000))
+      << "a lease less the longest attempt and two seconds";
+  const RelayConfig kafka = ParseConfig(Minimal(), "cfg.yaml", kNoEnv);
+  EXPECT_EQ(kafka.renew_every, std::chrono::milliseconds(10000));
+}
+
 }  // namespace
 }  // namespace outbox::relay
 

@@ -121,15 +121,20 @@ TEST_F(RelayWebhookTest, LeasesOfMessagesStillQueuedInTheSinkAreRenewedNotReaped
     r.delay = 500ms;
     return r;
   });
-  Enqueue("slow", 8, 0);
-  // One request at a time: the 8th claimed message waits ~3.5 s, over twice the lease.
-  auto relay = StartRelay({Hook("slow", slow, 1)}, 1500ms);
+  Enqueue("slow", 14, 0);
+  // One request at a time: the 14th claimed message waits ~6.5 s, over twice the lease. The
+  // lease covers one whole attempt (timeout_ms 800) and a second to spare between renewals
+  // (every lease / 3), as the config's checks require: a worker writes no request its claim
+  // would not cover.
+  Destination hook = Hook("slow", slow, 1);
+  hook.target.Get<WebhookTarget>().timeout = 800ms;
+  auto relay = StartRelay({hook}, 3000ms);
   ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s));
   relay->Stop();
-  EXPECT_EQ(slow.Count(), 8u) << "a message was sent twice";
+  EXPECT_EQ(slow.Count(), 14u) << "a message was sent twice";
   EXPECT_EQ(relay->stats().reaped, 0);
   EXPECT_EQ(relay->stats().fenced, 0);
-  EXPECT_EQ(relay->stats().delivered, 8);
+  EXPECT_EQ(relay->stats().delivered, 14);
 }
 
 // What docs/webhooks.md promises a receiver: a JSON payload arrives in jsonb's normal form

@@ -528,9 +528,10 @@ TEST_F(RelayProcessTest, CheckConfigRefusesExactlyWhatRunRefuses) {
            "    webhook:\n"
            "      url: \"http://169.254.169.254/latest/meta-data\"\n"
            "      secret: \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
-       "169.254.169.254 is a link-local (cloud metadata endpoints live here) address. If this "
-       "endpoint is meant to be on a private network, set "
-       "destinations.hooks.webhook.allow_private_networks: true"},
+       "169.254.169.254 is a link-local (cloud metadata endpoints live here) address, which "
+       "only an allowed_networks entry within 169.254.0.0/16 opens (not allow_private_networks, "
+       "nor a wider entry). If this endpoint really is there, list it in "
+       "destinations.hooks.webhook.allowed_networks"},
       {"webhook-decimal-loopback",
        "database_url: \"" + db_url_ +
            "\"\n"

@@ -235,14 +235,26 @@ std::string SectionChoice(const TargetKinds& kinds, bool with_essentials) {
   return out;
 }
 
+// Renewals keep a whole attempt and a second to spare inside the lease of what is in flight
+// (a webhook worker writes no request that would outlast its claim), with a second for the
+// renewal itself: every lease / 3 where that leaves enough, else sooner, at most every 500 ms.
+Millis RenewEvery(Millis lease, Millis longest_attempt) {
+  constexpr Millis kRenewalAllowance{1'000};
+  constexpr Millis kSoonest{500};
+  const Millis room = lease - longest_attempt - kLeaseSpare - kRenewalAllowance;
+  return std::min(lease / 3, std::max(kSoonest, room));
+}
+
 void ApplyLeaseBounds(RelayConfig& config, const std::string& lease_origin,
                       const TargetKinds& kinds, const std::string& source) {
   const bool lease_given = !lease_origin.empty();
   constexpr Millis kLongestLease{kMaxDurationMs};
+  Millis longest_attempt{0};
   for (const auto& [name, d] : config.destinations) {
     const TargetKind& kind = KindOf(d, kinds);
     const auto bound = kind.attempt_bound ? kind.attempt_bound(d) : std::nullopt;
     if (!bound) continue;
+    longest_attempt = std::max(longest_attempt, bound->longest);
     const std::string attempt = bound->set_by + " = " + std::to_string(bound->longest.count()) +
                                 " ms, and a lease must outlast its attempt by at least " +
                                 std::to_string(kLeaseSpare.count()) + " ms";
@@ -277,6 +289,7 @@ void ApplyLeaseBounds(RelayConfig& config, const std::string& lease_origin,
                bound->set_by);
     }
   }
+  config.renew_every = RenewEvery(config.lease, longest_attempt);
 }
 
 struct ParsedDestination {

@@ -326,6 +326,7 @@ struct Dispatcher::Impl {
   void StatusLoop();                                               // maintenance.cc
   bool RenewHeldLeases(QueueStore& store);                         // maintenance.cc
   SteadyTime NextRenewal(SteadyTime now, bool all_renewed) const;  // maintenance.cc
+  Millis RenewPeriod() const;                                      // maintenance.cc
   void PauseAfterFailure(Millis pause);                            // maintenance.cc
   std::map<std::string, TargetHealth> TargetHealths() const;       // of the sinks that keep one
   void WarnAboutUnservedDestinations(QueueStore& store);

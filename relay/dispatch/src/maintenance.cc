@@ -36,7 +36,7 @@ void Dispatcher::Impl::MaintenanceLoop() {
   std::map<std::string, OrphanSweep> orphan_sweeps;  // per destination
   auto next_heartbeat = Now();
   auto next_paused = Now();
-  auto next_renewal = Now() + config.lease / 3;
+  auto next_renewal = Now() + RenewPeriod();
   auto next_unknown = Now() + tuning::kRelayHeartbeat;  // after our first heartbeat
   auto next_cleanup = Now();
   bool winding_down = false;  // stopping seen: only renewals from now on
@@ -241,10 +241,15 @@ bool Dispatcher::Impl::RenewHeldLeases(QueueStore& store) {
   return !passed_over;
 }
 
+// lease / 3, or sooner where the config asks (a lease that must cover a whole attempt).
+Millis Dispatcher::Impl::RenewPeriod() const {
+  return config.renew_every > Millis{0} ? config.renew_every : config.lease / 3;
+}
+
 // When the renewal after one at `now` is due.
 SteadyTime Dispatcher::Impl::NextRenewal(SteadyTime now, bool all_renewed) const {
-  return now + (all_renewed ? config.lease / 3
-                            : std::min<Millis>(config.lease / 3, tuning::kRenewPassedOverRetry));
+  return now + (all_renewed ? RenewPeriod()
+                            : std::min<Millis>(RenewPeriod(), tuning::kRenewPassedOverRetry));
 }
 
 // Messages of destinations this relay does not serve belong to other relays (a rolling

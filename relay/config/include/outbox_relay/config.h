@@ -137,6 +137,9 @@ struct RelayConfig {
   /// each destination's sink says how many keep it fed (Sink::ClaimLoops).
   int claim_connections = 0;
   Millis lease{30'000};         ///< How long a claim is held before the reaper may take it back.
+  /// How often the leases of what the relay holds are renewed: lease / 3, or sooner where a
+  /// destination's longest attempt leaves less (RenewEvery). 0: lease / 3.
+  Millis renew_every{0};
   Millis poll_interval{1'000};  ///< Fallback poll when no notification arrives.
   Millis reap_interval{5'000};
   Millis full_sweep_interval{30'000};  ///< Rescan the fresh lane from the start this often.

@@ -767,21 +767,27 @@ class WebhookSink final : public Sink {
     }
   }
 
-  // A message whose claim ran out (the dispatcher could not renew its lease: the database away
-  // for a whole lease, a stall) is not sent: another relay's reaper may have taken it back and
-  // sent it. Checked when a worker takes it, after the host's name was looked up, and right
-  // before its body is written.
-  static bool RanOut(const Message& msg, Clock::time_point now) {
+  // A message whose claim would run out before its request ended (the dispatcher could not
+  // renew its lease: the database away, a stall) is not sent: another relay's reaper may take
+  // it back and send it while this request still runs. A request ends by its deadline (the
+  // timeout from its start), and its claim must outlast that by a second (its renewals keep a
+  // whole attempt covered in normal operation: RelayConfig::renew_every). Checked when a worker
+  // takes it, after the host's name was looked up, and right before anything is written.
+  static constexpr std::chrono::seconds kClaimSpare{1};
+  static bool Outlasts(const Message& msg, Clock::time_point end) {
     const auto runs_out = ClaimRunsOut(msg);
-    return runs_out && now >= *runs_out;
+    return runs_out && end + kClaimSpare > *runs_out;
+  }
+  bool RanOut(const Message& msg, Clock::time_point now) const {
+    return Outlasts(msg, now + target_.timeout);
   }
 
   // Handed back, no attempt counted and no verdict on the endpoint (it was not asked); counted,
   // and logged at warn once a minute at most.
   Attempt HandBackRanOut(const Message& msg) const {
     const std::string why =
-        "the claim ran out (lease_ms) before the request was sent: not sent, another relay may "
-        "have taken the message over";
+        "the claim ran out (lease_ms) before the request was sent, or would before it ended "
+        "(timeout_ms): not sent, another relay may take the message over";
     claims_ran_out_.fetch_add(1);
     const auto now = Clock::now().time_since_epoch().count();
     auto last = last_ran_out_warning_.load();
@@ -1078,10 +1084,11 @@ class WebhookSink final : public Sink {
     const WebhookSink* sink;
     const Worker* worker;
     const Message* msg;
+    Clock::time_point deadline;
     bool* ran_out;
     bool MaySend() const {
       if (sink->Abandoned(*worker)) return false;
-      if (RanOut(*msg, Clock::now())) {
+      if (Outlasts(*msg, deadline)) {
         *ran_out = true;
         return false;
       }
@@ -1154,7 +1161,7 @@ class WebhookSink final : public Sink {
     AppendHeaders(head, *worker.signer, msg, timestamp);
     head.append("Content-Length: ").append(std::to_string(msg.payload.size())).append("\r\n\r\n");
 
-    const LastCheck check{this, &worker, &msg, ran_out};
+    const LastCheck check{this, &worker, &msg, deadline, ran_out};
     // One pointer captured: std::function keeps it inline, with no allocation per request.
     const std::function<bool()> may_send = [&check] { return check.MaySend(); };
     auto answer = worker.connection->Exchange(worker.connect_ip, url_.port, head, msg.payload,
