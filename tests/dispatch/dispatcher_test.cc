@@ -131,6 +131,15 @@ class RecordingSink final : public Sink {
     }
   }
   bool Ready() const override { return true; }
+  void SetPaused(bool paused) override {
+    std::lock_guard lk(mu_);
+    pauses_.push_back(paused);
+  }
+  /// What SetPaused was told, in order.
+  std::vector<bool> pauses() const {
+    std::lock_guard lk(mu_);
+    return pauses_;
+  }
   std::string_view Kind() const override { return "recording"; }
   bool FencesOthersWhenItStarts() const override { return fences_; }
   /// Acts as an exactly-once sink would: its start fences the relay it took over from.
@@ -246,6 +255,7 @@ class RecordingSink final : public Sink {
   std::atomic<int> room_{-1};
   std::atomic<int> claim_loops_{1};
   std::vector<std::size_t> hand_overs_;
+  std::vector<bool> pauses_;
   std::function<void()> on_shutdown_, before_submit_many_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -1758,6 +1768,30 @@ TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
   clock_.Advance(600ms);
   ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; })) << db_.Queued() << " left";
   EXPECT_EQ(db_.Delivered().size(), 20u);
+  EXPECT_EQ(sink_->pauses(), (std::vector<bool>{true, false}))
+      << "the sink was told of the pause and of the resume";
+}
+
+// A pause reaches the destination's sink too, so what it holds and has not sent yet goes back
+// instead of going out for as long as its queue takes (review: up to three claims' worth
+// behind a slow endpoint); a resume lets it send again.
+TEST_F(DispatcherTest, APauseAndAResumeAreHandedToTheSink) {
+  for (int i = 0; i < 5; ++i) db_.Enqueue("orders", std::nullopt);
+  Start(Config(), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
+  EXPECT_TRUE(sink_->pauses().empty()) << "nothing was paused";
+  db_.Pause("orders", "maintenance");
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(600ms);
+    return !sink_->pauses().empty();
+  }));
+  EXPECT_EQ(sink_->pauses(), std::vector<bool>{true});
+  db_.Resume("orders");
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(600ms);
+    return sink_->pauses().size() == 2;
+  }));
+  EXPECT_EQ(sink_->pauses(), (std::vector<bool>{true, false}));
 }
 
 // Bucket leases (docs/adr/0003-bucket-leases.md): the claims read (ClaimOwned), nothing is

@@ -154,7 +154,7 @@ bool Dispatcher::Impl::IsPaused(const std::string& destination) {
 }
 
 void Dispatcher::Impl::UpdatePaused(std::map<std::string, std::string> now) {
-  bool resumed = false;
+  std::vector<std::pair<std::string, bool>> changes;  // destination, paused
   {
     std::lock_guard lk(paused_mu);
     if (now == paused) return;
@@ -162,15 +162,23 @@ void Dispatcher::Impl::UpdatePaused(std::map<std::string, std::string> now) {
       if (!config.destinations.count(name) || paused.count(name)) continue;
       spdlog::warn(
           "destination \"{}\" is paused{}: claiming nothing for it until `outbox-relay "
-          "resume {}`",
+          "resume {}`, and what its sink holds unsent goes back",
           name, reason.empty() ? "" : " (" + reason + ")", name);
+      changes.emplace_back(name, true);
     }
     for (const auto& [name, reason] : paused) {
-      if (now.count(name)) continue;
+      if (now.count(name) || !config.destinations.count(name)) continue;
       spdlog::info("destination \"{}\" resumed", name);
-      resumed = true;
+      changes.emplace_back(name, false);
     }
     paused = std::move(now);
+  }
+  // The sinks hand back what they hold unsent (their completions take settle_mu, never
+  // paused_mu).
+  bool resumed = false;
+  for (const auto& [name, is_paused] : changes) {
+    if (const auto it = sinks.find(name); it != sinks.end()) it->second->SetPaused(is_paused);
+    resumed = resumed || !is_paused;
   }
   if (resumed) Wake();
 }

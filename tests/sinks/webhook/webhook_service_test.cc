@@ -846,6 +846,61 @@ TEST_F(WebhookServiceSinkTest, ADisabledEndpointIsSentNothingMoreFromItsBacklog)
   sink->Shutdown(5s);
 }
 
+// An operator's pause reaches every endpoint's sink, and the sink of an endpoint added while
+// the destination is paused: what they hold unsent goes back (review: it went on being sent).
+TEST_F(WebhookServiceSinkTest, AnOperatorsPauseHandsBackWhatEveryEndpointHoldsUnsent) {
+  Gate gate;
+  HttpReceiver receiver;
+  OpenOnExit release{gate};
+  receiver.SetResponder([&gate](const outbox::testing::ReceivedRequest& r) {
+    if (r.path == "/hook") gate.Wait(60s);
+    return Reply{};
+  });
+  registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};
+  Outcomes done;  // before the sink: a test that stops early completes into it
+  auto sink = Start(60s);
+  for (int n = 1; n <= 4; ++n) sink->Submit(Row(n, "ep"), done.For());
+  ASSERT_TRUE(receiver.WaitForCount(1, 10s));
+  sink->SetPaused(true);
+  // Of the four, one is out and the rest were held: those come back unsent.
+  ASSERT_TRUE(WaitFor([&] { return done.Count() == 3; }, 10s)) << done.Count();
+  for (int n = 2; n <= 4; ++n) {
+    ASSERT_TRUE(done.Of(n).has_value()) << n;
+    EXPECT_EQ(done.Of(n)->kind, OutcomeKind::kReturned) << done.Of(n)->reason;
+    EXPECT_NE(done.Of(n)->reason.find("paused by an operator"), std::string::npos)
+        << done.Of(n)->reason;
+  }
+  // An endpoint added meanwhile starts paused.
+  const int loads = registry_.Loads();
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.endpoints.push_back(Endpoint("late", receiver.Url("/late"), 1));
+    ++registry_.version;
+  }
+  ASSERT_TRUE(WaitFor([&] { return registry_.Loads() > loads; }, 5s));
+  // Until the relay has made its sink, a row for it is "not in this relay's registry yet".
+  int n = 100;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        sink->Submit(Row(++n, "late"), done.For());
+        const auto o = done.Of(n);
+        return o && o->reason.find("registry yet") == std::string::npos;
+      },
+      10s));
+  EXPECT_EQ(done.Of(n)->kind, OutcomeKind::kReturned) << done.Of(n)->reason;
+  EXPECT_NE(done.Of(n)->reason.find("paused by an operator"), std::string::npos)
+      << done.Of(n)->reason;
+  sink->SetPaused(false);
+  sink->Submit(Row(6, "late"), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(6).has_value(); }, 10s));
+  EXPECT_EQ(done.Of(6)->kind, OutcomeKind::kDelivered) << done.Of(6)->reason;
+  gate.Open();
+  ASSERT_TRUE(WaitFor([&] { return done.Of(1).has_value(); }, 10s));
+  EXPECT_EQ(done.Of(1)->kind, OutcomeKind::kDelivered);
+  EXPECT_EQ(receiver.Count(), 2u) << "sent while paused";
+  sink->Shutdown(5s);
+}
+
 // The service's own threads keep to the stop's deadline while one is stuck in a database call,
 // here the registry read (a lock held on outbox.endpoint_registry, or a database that stopped
 // answering: up to tcp_user_timeout, 30 s). The dispatcher's threads were interrupted at the

@@ -344,6 +344,40 @@ TEST(WebhookSink, AMessageWhoseClaimRanOutIsHandedBackUnsent) {
   sink->Shutdown(5s);
 }
 
+// An operator's pause (outbox-relay pause, SetPaused from the dispatcher) hands back what is
+// queued and not sent yet, and what is handed over meanwhile, unsent and with no attempt
+// counted; the request under way finishes. Before, the sink went on sending its whole queue
+// (up to three claims' worth behind a slow endpoint: review). A resume sends again.
+TEST(WebhookSink, AnOperatorsPauseHandsBackWhatIsQueuedAndAResumeSendsAgain) {
+  HttpReceiver receiver;
+  receiver.SetResponder([](const ReceivedRequest&) { return Reply{200, "", {}, 300ms}; });
+  Completions done;
+  WebhookTarget target = Target(receiver.Url("/h"));
+  target.max_in_flight = 1;
+  auto sink = MakeWebhookSink("hooks", target);
+  for (int n = 1; n <= 6; ++n) sink->Submit(MakeMessage(n), done.Callback());
+  ASSERT_TRUE(WaitFor([&] { return receiver.Count() >= 1; }, 10s));
+  sink->SetPaused(true);
+  sink->Submit(MakeMessage(7), done.Callback());  // handed over while paused
+  ASSERT_TRUE(done.WaitForSize(7));
+  EXPECT_EQ(done.Of(1).kind, OutcomeKind::kDelivered) << "the request under way finished";
+  for (int n = 2; n <= 7; ++n) {
+    const Outcome o = done.Of(n);
+    EXPECT_EQ(o.kind, OutcomeKind::kReturned) << n << ": " << o.reason;
+    EXPECT_NE(o.reason.find("paused by an operator"), std::string::npos) << o.reason;
+    EXPECT_FALSE(o.exchange) << "no request was made";
+  }
+  EXPECT_EQ(receiver.Count(), 1u);
+  EXPECT_EQ(sink->InFlight(), 0u);
+
+  sink->SetPaused(false);
+  Completions after;
+  sink->Submit(MakeMessage(8), after.Callback());
+  ASSERT_TRUE(after.WaitForSize(1));
+  EXPECT_EQ(after.Of(8).kind, OutcomeKind::kDelivered) << after.Of(8).reason;
+  sink->Shutdown(5s);
+}
+
 // A request is written only if it ends inside its claim: a claim that runs out before the
 // request's deadline (its timeout from the start, and a second to spare) is handed back
 // before connecting. Written a moment before its claim ran out, a request could run its whole

@@ -155,6 +155,13 @@ class Sink {
   /// sink has shut down, so its last transactions commit rather than being fenced.
   virtual bool FencesOthersWhenItStarts() const { return false; }
 
+  /// An operator paused the destination (`outbox-relay pause`), or resumed it: the claim loops
+  /// claim nothing meanwhile. A sink that queues messages before it sends them hands back what
+  /// has not started (kReturned: no attempt counted) and what it is handed while paused, and
+  /// lets what is under way finish, as the webhook sinks do. The default does nothing (a Kafka
+  /// producer's queue goes out within its linger).
+  virtual void SetPaused(bool /*paused*/) {}
+
   /// What the sink knows of its target's health: the circuit breaker and the concurrency it
   /// allows (webhooks); nullopt for a sink that keeps none. Published as metrics and in the
   /// relay's heartbeat, which `outbox-relay status` shows.

@@ -279,6 +279,21 @@ class WebhookServiceSink final : public Sink {
     SubmitOwed(std::move(msg), std::move(done), child_lane);
   }
 
+  // An operator paused the destination: every endpoint's sink hands back what it holds
+  // unsent, and so do the sinks of endpoints added meanwhile (Apply), until the resume.
+  void SetPaused(bool paused) override {
+    std::lock_guard pause_lock(pause_mu_);
+    std::shared_ptr<const Lanes> lanes;
+    {
+      std::lock_guard lock(mu_);
+      operator_paused_ = paused;
+      lanes = lanes_;
+    }
+    for (const auto& [id, lane] : *lanes) {
+      if (lane->sink) lane->sink->SetPaused(paused);
+    }
+  }
+
   void Shutdown(milliseconds deadline) override {
     std::lock_guard shutdown_lock(shutdown_mu_);
     if (joined_) return;
@@ -918,6 +933,9 @@ class WebhookServiceSink final : public Sink {
   // change; sinks no longer used finish what they hold and stop. False when an endpoint's sink
   // could not be made (tried again on the next call).
   bool Apply(const Directory& d, Clock::time_point started) {
+    // A pause or resume waits until the new lanes are published and paused as the destination
+    // is (a sink made here before a pause would otherwise miss it).
+    std::lock_guard pause_lock(pause_mu_);
     std::shared_ptr<const Lanes> old;
     {
       std::lock_guard lock(mu_);
@@ -947,6 +965,12 @@ class WebhookServiceSink final : public Sink {
                   ? it->second->sink.get()
                   : nullptr;
           lane->sink = MakeLaneSink(spec, previous);
+          bool paused = false;
+          {
+            std::lock_guard lock(mu_);
+            paused = operator_paused_;
+          }
+          if (paused) lane->sink->SetPaused(true);
           spdlog::info("webhook {}: endpoint {} {} ({}, {} secret(s){})", destination_, spec.id,
                        it == old->end() ? "added" : "updated", spec.url, spec.secrets.size(),
                        spec.enabled ? "" : ", disabled");
@@ -1097,6 +1121,8 @@ class WebhookServiceSink final : public Sink {
   const WebhookTarget defaults_;
 
   mutable std::mutex mu_;
+  std::mutex pause_mu_;                 ///< Taken before mu_: SetPaused and Apply, one at a time.
+  bool operator_paused_ = false;        ///< outbox-relay pause (SetPaused); guarded by mu_.
   std::shared_ptr<const Lanes> lanes_;  ///< Guarded by mu_ (the pointer; the map is immutable).
   bool loaded_ = false;                 ///< Guarded by mu_.
   bool stopping_ = false;               ///< Guarded by mu_.

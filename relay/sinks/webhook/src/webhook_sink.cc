@@ -296,6 +296,18 @@ class WebhookSink final : public Sink {
   WebhookSink(const WebhookSink&) = delete;
   WebhookSink& operator=(const WebhookSink&) = delete;
 
+  // An operator paused the destination: what is queued goes back unsent, and so does what is
+  // handed over until the resume; the requests under way finish.
+  void SetPaused(bool paused) override {
+    std::deque<Job> queued;
+    {
+      std::lock_guard lock(mu_);
+      operator_paused_ = paused;
+      if (paused) queued.swap(queue_);
+    }
+    if (!queued.empty()) ReturnAll(queued, std::string(kOperatorPaused), kOperatorPauseHold);
+  }
+
   void Submit(Message msg, Completion done) override {
     std::optional<Refusal> refused;
     {
@@ -944,6 +956,7 @@ class WebhookSink final : public Sink {
   // Nothing when the sink takes work now. mu_ held.
   std::optional<Refusal> RefusalLocked() const {
     if (stopping_) return Refusal{};
+    if (operator_paused_) return Refusal{std::string(kOperatorPaused), kOperatorPauseHold};
     const auto now = Clock::now();
     if (!governor_.Blocked(now)) return std::nullopt;
     return Refusal{BlockedReason(now), BlockedHold(now)};
@@ -1294,6 +1307,10 @@ class WebhookSink final : public Sink {
   mutable std::atomic<int> unreachable_in_a_row_{0};  ///< Attempts without any HTTP answer.
   std::atomic<bool> stopping_now_{false};  ///< Shutdown's aborted requests are no verdict.
   mutable std::atomic<std::int64_t> claims_ran_out_{0};  ///< Not sent: their claim ran out.
+  bool operator_paused_ = false;  ///< outbox-relay pause (SetPaused); guarded by mu_.
+  static constexpr std::string_view kOperatorPaused =
+      "destination paused by an operator (outbox-relay pause); not sent";
+  static constexpr std::chrono::milliseconds kOperatorPauseHold{1'000};
   mutable std::atomic<Clock::rep> last_ran_out_warning_{0};
   mutable std::mutex last_failure_mu_;
   mutable std::string last_failure_;  ///< Guarded by last_failure_mu_.
