@@ -197,6 +197,25 @@ TEST(EndpointGovernor, RetryAfterPausesTheWholeEndpointCappedByMaxCooldown) {
   EXPECT_EQ(g.Snapshot(kT0 + 2s).times_paused, 2);
 }
 
+// The requests in flight when an endpoint starts throttling each come back with Retry-After:
+// one pause, made longer by each, counted and logged once (review: each answer counted a pause
+// of its own, up to max_in_flight of them in outbox_webhook_pauses_total and the log).
+TEST(EndpointGovernor, RetryAftersOfRequestsInFlightTogetherAreOnePause) {
+  EndpointGovernor g(Breaker(100), true, 4);
+  const auto a = g.TryStart(kT0);
+  const auto b = g.TryStart(kT0);
+  const auto c = g.TryStart(kT0);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_TRUE(g.Finish(kT0, *a, TooMany(2s)).paused);
+  EXPECT_FALSE(g.Finish(kT0 + 1ms, *b, TooMany(3s)).paused) << "the same pause, longer";
+  EXPECT_FALSE(g.Finish(kT0 + 2ms, *c, TooMany(1s)).paused) << "shorter: changes nothing";
+  EXPECT_EQ(g.Snapshot(kT0 + 2ms).paused_for, 3s - 1ms);
+  EXPECT_EQ(g.Snapshot(kT0 + 2ms).times_paused, 1);
+  // Once it is over, the next Retry-After is a pause of its own.
+  EXPECT_TRUE(Once(g, kT0 + 4s, TooMany(1s)).paused);
+  EXPECT_EQ(g.Snapshot(kT0 + 4s).times_paused, 2);
+}
+
 TEST(EndpointGovernor, RetryAfterZeroIsNoPause) {
   EndpointGovernor g(Breaker(100), true, 4);
   EXPECT_FALSE(Once(g, kT0, TooMany(0ms)).paused);

@@ -711,6 +711,31 @@ TEST_F(WebhookServiceSinkTest, AnEndpointsOpenBreakerOutlivesANewSecret) {
   ExpectStillBlockedAfterANewSecret(failing, endpoint);
 }
 
+// An endpoint whose cool-down has passed is still not sending until a message probes it: the
+// service counts it open. It read "half_open" as closed, so a destination whose every
+// endpoint was down showed its breaker closed once their cool-downs had passed, for as long as
+// no message came to probe with (review).
+TEST_F(WebhookServiceSinkTest, AnEndpointWaitingForItsProbeStillCountsAsOpen) {
+  HttpReceiver receiver;
+  receiver.SetResponder([](const outbox::testing::ReceivedRequest&) {
+    return Reply{500, "", {}, 0ms};
+  });
+  auto endpoint = Endpoint("ep", receiver.Url("/hook"), 1);
+  endpoint.failure_threshold = 1;
+  endpoint.cooldown_ms = 200;
+  registry_.endpoints = {endpoint};
+  Outcomes done;
+  auto sink = Start();
+  sink->Submit(Row(1, "ep"), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(1).has_value(); }, 10s));
+  ASSERT_EQ(sink->Health()->endpoints_open, 1);
+  ASSERT_EQ(sink->Health()->breaker, "open");
+  std::this_thread::sleep_for(400ms);  // the cool-down passes; no message comes to probe
+  EXPECT_EQ(sink->Health()->endpoints_open, 1);
+  EXPECT_EQ(sink->Health()->breaker, "open");
+  sink->Shutdown(5s);
+}
+
 // The delivery log keeps what it could not write while the database was away, and writes it
 // when it is back (docs/webhooks.md: up to 100,000 rows).
 TEST_F(WebhookServiceSinkTest, DeliveryLogRowsWaitForTheDatabaseInsteadOfBeingLost) {

@@ -65,13 +65,17 @@ Transition EndpointGovernor::Finish(Time now, const Ticket& ticket,
   }
   const Verdict& v = *verdict;
 
-  // Retry-After pauses the endpoint, at most for the breaker's longest cool-down.
+  // Retry-After pauses the endpoint, at most for the breaker's longest cool-down. One that
+  // comes during a pause (the other requests that were in flight) makes it longer: the same
+  // pause, counted and logged once.
   if (v.retry_after && v.retry_after->count() > 0) {
     const auto until = now + std::min(*v.retry_after, breaker_.max_cooldown);
     if (until > paused_until_) {
+      if (now >= paused_until_) {
+        ++times_paused_;
+        t.paused = true;
+      }
       paused_until_ = until;
-      ++times_paused_;
-      t.paused = true;
     }
   }
 

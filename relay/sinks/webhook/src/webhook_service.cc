@@ -434,7 +434,8 @@ class WebhookServiceSink final : public Sink {
       ++sending;
       const auto e = lane->sink->Health();
       if (!e) continue;
-      if (e->breaker == "open") ++h.endpoints_open;
+      // Half-open: its cool-down passed, and nothing is sent but the probe a message brings.
+      if (e->breaker != "closed") ++h.endpoints_open;
       h.consecutive_failures = std::max(h.consecutive_failures, e->consecutive_failures);
       h.concurrency_limit += e->concurrency_limit;
       h.max_concurrency += e->max_concurrency;
