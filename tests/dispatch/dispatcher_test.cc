@@ -135,6 +135,15 @@ class RecordingSink final : public Sink {
     std::lock_guard lk(mu_);
     pauses_.push_back(paused);
   }
+  std::optional<TargetHealth> Health() const override {
+    std::lock_guard lk(mu_);
+    return health_;
+  }
+  /// What Health() says from now on.
+  void SetHealth(std::optional<TargetHealth> health) {
+    std::lock_guard lk(mu_);
+    health_ = std::move(health);
+  }
   /// What SetPaused was told, in order.
   std::vector<bool> pauses() const {
     std::lock_guard lk(mu_);
@@ -256,6 +265,7 @@ class RecordingSink final : public Sink {
   std::atomic<int> claim_loops_{1};
   std::vector<std::size_t> hand_overs_;
   std::vector<bool> pauses_;
+  std::optional<TargetHealth> health_;
   std::function<void()> on_shutdown_, before_submit_many_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -1770,6 +1780,33 @@ TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
   EXPECT_EQ(db_.Delivered().size(), 20u);
   EXPECT_EQ(sink_->pauses(), (std::vector<bool>{true, false}))
       << "the sink was told of the pause and of the resume";
+}
+
+// The sinks' view of their targets (breaker, concurrency, pauses) reaches the metrics every
+// turn, also while the database is away: it was published only after a turn's database work
+// had all succeeded, so during an outage the breaker's gauge stayed where it was (review).
+TEST_F(DispatcherTest, TheSinksHealthReachesTheMetricsWhileTheDatabaseIsAway) {
+  Start(Config(), DeliverAll, &metrics_);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("paused") > 0; }));
+  db_.FailNext("paused", 1'000'000);
+  db_.FailNext("heartbeat", 1'000'000);
+  db_.FailNext("renew", 1'000'000);
+  const auto fails = db_.Calls("paused");
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(600ms);
+    return db_.Calls("paused") > fails + 1;
+  }));
+  TargetHealth h;
+  h.kind = "webhook";
+  h.breaker = "open";
+  h.concurrency_limit = 3;
+  sink_->SetHealth(h);
+  const auto shown = [&] {
+    clock_.Advance(200ms);
+    return metrics_.Render().find("outbox_webhook_breaker_state{destination=\"orders\"} 2\n") !=
+           std::string::npos;
+  };
+  EXPECT_TRUE(WaitFor(shown)) << metrics_.Render();
 }
 
 // A pause reaches the destination's sink too, so what it holds and has not sent yet goes back

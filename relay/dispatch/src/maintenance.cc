@@ -63,6 +63,15 @@ void Dispatcher::Impl::MaintenanceLoop() {
       }
       continue;
     }
+    // The sinks' view of their targets (breaker, concurrency, pauses), every turn: also while
+    // the database is away, when it matters most (it came after the turn's database work, and
+    // froze with it).
+    for (const auto& [name, health] : TargetHealths()) metrics->UpdateTargetHealth(name, health);
+    for (const auto& [name, sink] : sinks) {
+      if (auto counts = sink->EventCounts(); !counts.empty()) {
+        metrics->UpdateSinkEvents(name, counts);
+      }
+    }
     try {
       // First in the turn: a turn that finds it due with the reap (the thread stalled longer
       // than a lease: a slow statement, a database that stopped answering) reaped first, and
@@ -138,13 +147,6 @@ void Dispatcher::Impl::MaintenanceLoop() {
                          r.dead_letter_retention.count());
         }
         if (more) next_cleanup = now;  // the rest on the next turn, after renewals and reaps
-      }
-      // the sinks' view of their targets: breaker, concurrency, pauses
-      for (const auto& [name, health] : TargetHealths()) metrics->UpdateTargetHealth(name, health);
-      for (const auto& [name, sink] : sinks) {
-        if (auto counts = sink->EventCounts(); !counts.empty()) {
-          metrics->UpdateSinkEvents(name, counts);
-        }
       }
       db.Succeeded();
     } catch (const std::exception& e) {
