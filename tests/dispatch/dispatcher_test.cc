@@ -1809,6 +1809,29 @@ TEST_F(DispatcherTest, TheSinksHealthReachesTheMetricsWhileTheDatabaseIsAway) {
   EXPECT_TRUE(WaitFor(shown)) << metrics_.Render();
 }
 
+// A pause is honoured within a second while the maintenance thread is busy (a reap or a
+// retention batch on a large queue takes seconds): the listener's connection reads the paused
+// destinations too. Read only by maintenance, a pause waited for the end of its turn (review).
+TEST_F(DispatcherTest, APauseIsReadWhileMaintenanceIsBusy) {
+  auto config = Config();
+  config.reap_interval = 1s;
+  Start(config, DeliverAll);
+  ASSERT_TRUE(WaitFor([&] { return db_.Calls("reap") > 0; }));
+  db_.StallNextReap(8s);
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(100ms);
+    return db_.ReapStalled();
+  }));
+  db_.Pause("orders", "maintenance window");
+  const auto paused_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(100ms);
+    return !sink_->pauses().empty();
+  }));
+  EXPECT_LT(std::chrono::steady_clock::now() - paused_at, 3s) << "read after the stalled reap";
+  EXPECT_TRUE(db_.ReapStalled()) << "the test did not hold maintenance up";
+}
+
 // A pause reaches the destination's sink too, so what it holds and has not sent yet goes back
 // instead of going out for as long as its queue takes (review: up to three claims' worth
 // behind a slow endpoint); a resume lets it send again.

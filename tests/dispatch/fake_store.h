@@ -334,6 +334,17 @@ class FakeDatabase {
     std::lock_guard lk(mu_);
     return renewed_;
   }
+  /// The next reap takes this long (real time) before it starts, holding up the thread that
+  /// called it as a reap of a large queue does; the other connections go on meanwhile.
+  void StallNextReap(std::chrono::milliseconds stall) {
+    std::lock_guard lk(mu_);
+    reap_stall_ = stall;
+  }
+  /// Whether a stalled reap is under way.
+  bool ReapStalled() const {
+    std::lock_guard lk(mu_);
+    return reap_stalled_;
+  }
 
   StoreFactory Stores();
 
@@ -466,6 +477,8 @@ class FakeDatabase {
   bool rebalance_ = false;                        // guarded by notify_mu_
   bool rows_locked_ = false;                      // guarded by mu_
   std::chrono::microseconds cleanup_per_row_{0};  // guarded by mu_
+  std::chrono::milliseconds reap_stall_{0};       // guarded by mu_
+  bool reap_stalled_ = false;                     // guarded by mu_
 };
 
 class FakeStore final : public QueueStore {
@@ -754,6 +767,17 @@ class FakeStore final : public QueueStore {
   }
 
   std::vector<std::string> Reap(Millis queue_scan_every) override {
+    std::chrono::milliseconds stall{0};
+    {
+      std::lock_guard lk(db_.mu_);
+      stall = std::exchange(db_.reap_stall_, std::chrono::milliseconds{0});
+      db_.reap_stalled_ = stall.count() > 0;
+    }
+    if (stall.count() > 0) {
+      std::this_thread::sleep_for(stall);  // a slow statement on this connection alone
+      std::lock_guard lk(db_.mu_);
+      db_.reap_stalled_ = false;
+    }
     std::lock_guard lk(db_.mu_);
     db_.Enter("reap");
     db_.queue_scan_intervals_.push_back(queue_scan_every);

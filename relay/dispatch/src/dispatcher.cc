@@ -153,6 +153,12 @@ bool Dispatcher::Impl::IsPaused(const std::string& destination) {
   return paused.count(destination) > 0;
 }
 
+void Dispatcher::Impl::RefreshPaused(QueueStore& store) {
+  std::unique_lock lk(pause_read_mu, std::try_to_lock);
+  if (!lk.owns_lock()) return;
+  UpdatePaused(store.PausedDestinations());
+}
+
 void Dispatcher::Impl::UpdatePaused(std::map<std::string, std::string> now) {
   std::vector<std::pair<std::string, bool>> changes;  // destination, paused
   {

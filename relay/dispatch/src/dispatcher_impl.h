@@ -259,6 +259,11 @@ struct Dispatcher::Impl {
   // Applies a fresh read of the paused destinations: logs and publishes changes, wakes the
   // claim loops on a resume.
   void UpdatePaused(std::map<std::string, std::string> now);
+  // Reads the paused destinations on `store` and applies them, unless the other reader (the
+  // listener, maintenance) is doing so now: one read and its application at a time, so an
+  // older read is never applied after a newer one.
+  void RefreshPaused(QueueStore& store);
+  std::mutex pause_read_mu;
 
   // --- claim_mode partitioned: the buckets this relay owns ---
   std::mutex owned_mu;

@@ -1,4 +1,7 @@
-// LISTEN outbox_messages on its own connection: every notification wakes the claim loops.
+// LISTEN outbox_messages on its own connection: every notification wakes the claim loops. The
+// same connection reads the paused destinations every kPauseRefresh, beside maintenance: a
+// pause is honoured within a second while maintenance is busy (a reap of a large queue, a
+// retention batch), and read by maintenance while this connection is down.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -21,9 +24,14 @@ void Dispatcher::Impl::ListenLoop() {
     ++rebalance_gen;
   };
   bool listening = false;  // since the last failure (or the start)
+  auto next_paused = Now();
   while (!stopping) {
     try {
       store.Listen();
+      if (const auto now = Now(); now >= next_paused) {
+        next_paused = now + tuning::kPauseRefresh;
+        RefreshPaused(store);
+      }
       if (!listening) {
         // What was sent before this LISTEN is lost: wake the claim loops (a message written
         // meanwhile waited for poll_interval) and start their lanes over (a missed

@@ -82,7 +82,7 @@ void Dispatcher::Impl::MaintenanceLoop() {
       }
       if (now >= next_paused) {
         next_paused = now + tuning::kPauseRefresh;
-        UpdatePaused(store.PausedDestinations());
+        RefreshPaused(store);
       }
       // Before the reap (seconds on a large queue at start-up): the claim loops wait for the
       // first heartbeat accepted.

@@ -59,8 +59,8 @@ inline constexpr int kQueueScanEveryReaps = 60;
 inline constexpr int kStatusCostFactor = 10;
 /// Maintenance: how often it looks at its schedule.
 inline constexpr Millis kMaintenanceTick{100};
-/// Maintenance: how often it reads which destinations operators paused (a pause or resume
-/// takes effect within this, plus a claim already running).
+/// Maintenance and the listener: how often each reads which destinations operators paused (a
+/// pause or resume takes effect within this, plus a claim already running).
 inline constexpr Millis kPauseRefresh{500};
 /// Claim loop: while its destination is paused, how often it looks again (a resume read by
 /// maintenance wakes it earlier).
