@@ -1449,6 +1449,50 @@ TEST_F(StoreTest, BuryingAndReplayingAnEndpointRowKeepsItsEndpoint) {
             1);
 }
 
+// A deleted endpoint's queued rows are dead-lettered with it: left in the queue (its retries,
+// rows held while it was disabled), they went to the next endpoint given its id, at that one's
+// URL and secret whatever its event types (review). What a relay has in flight is left to the
+// relay, and an endpoint of that id cannot be added again until it is settled; what comes back
+// to the queue meanwhile is dead-lettered when it is.
+TEST_F(StoreTest, ADeletedEndpointsQueuedRowsAreDeadLetteredAndNoNewEndpointInheritsThem) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH i AS (INSERT INTO outbox.messages (destination, idempotency_key, event_type, headers,"
+      "  payload, deliver_after, parked, endpoint_id, created_at, bucket)"
+      "  SELECT 'hooks', gen_random_uuid(), 'invoice.paid', '{}', '0', "
+      "         now() + interval '1 hour', true, 'ep_a', now(), 0 "
+      "  FROM generate_series(1, 4) RETURNING 1) SELECT count(*) FROM i");
+  Scalar(
+      "WITH u AS (UPDATE outbox.messages SET lease_owner = gen_random_uuid(), "
+      "  lease_until = now() + interval '1 minute' "
+      "  WHERE id = (SELECT min(id) FROM outbox.messages WHERE endpoint_id = 'ep_a') "
+      "  RETURNING 1) SELECT count(*) FROM u");
+  ASSERT_TRUE(DeleteEndpoint(c, "ep_a"));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_a' "
+                   "AND reason = 'endpoint ep_a was deleted'"),
+            3);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 1)
+      << "the row in flight is the relay's to settle";
+
+  try {
+    AddEndpointA(c);
+    ADD_FAILURE() << "an endpoint was added with the rows of a deleted one in flight";
+  } catch (const EndpointExists& e) {
+    EXPECT_NE(std::string(e.what()).find("1 message(s) of a deleted endpoint with that id"),
+              std::string::npos)
+        << e.what();
+  }
+  // Its attempt failed: back in the queue, waiting for a retry.
+  Scalar(
+      "WITH u AS (UPDATE outbox.messages SET lease_owner = NULL, lease_until = NULL "
+      "  WHERE endpoint_id = 'ep_a' RETURNING 1) SELECT count(*) FROM u");
+  AddEndpointA(c);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 0)
+      << "the new endpoint inherited a deleted one's row";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_a'"), 4);
+}
+
 // A replayed message of a key waits for the key's uncommitted writer, as outbox.enqueue's
 // writers do (the per-key advisory lock): replayed first, it was claimed while the writer's
 // earlier row was invisible, and that row, once committed, was claimed too: two messages of

@@ -406,6 +406,26 @@ RotatedKey StoreKey(pqxx::work& tx, const std::string& id, RotatedKey k) {
   return k;
 }
 
+// Dead-letters the queued rows of endpoint `id` that no relay has in flight: a deleted
+// endpoint's, which must not go to the next endpoint given its id (its URL, its secret, its
+// event types). Returns how many rows of it a relay still has in flight.
+std::int64_t BuryRowsOfDeletedEndpoint(pqxx::work& tx, const std::string& id) {
+  tx.exec_params(
+      "WITH moved AS ("
+      "  DELETE FROM outbox.messages WHERE endpoint_id = $1 AND lease_owner IS NULL "
+      "  RETURNING *) "
+      "INSERT INTO outbox.dead_letters (id, destination, ordering_key, idempotency_key, "
+      "                                 event_type, headers, payload, payload_bytes, attempts, "
+      "                                 reason, last_error, created_at, endpoint_id) "
+      "SELECT id, destination, ordering_key, idempotency_key, event_type, headers, payload, "
+      "       payload_bytes, attempts, 'endpoint ' || $1 || ' was deleted', last_error, "
+      "       created_at, endpoint_id "
+      "FROM moved",
+      id);
+  return tx.exec_params1("SELECT count(*) FROM outbox.messages WHERE endpoint_id = $1", id)[0]
+      .as<std::int64_t>();
+}
+
 }  // namespace
 
 CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
@@ -429,6 +449,22 @@ CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
     pqxx::connection& conn = StoreAccess::Connection(store);
     pqxx::work tx(conn);
     pqxx::result r;
+    // Rows left by a deleted endpoint of this id (its retries came back after the delete) are
+    // dead-lettered; while a relay still has some in flight, the id waits.
+    if (fields.id &&
+        !tx.exec_params("SELECT 1 FROM outbox.messages WHERE endpoint_id = $1 "
+                        "AND NOT EXISTS (SELECT 1 FROM outbox.endpoints WHERE id = $1) "
+                        "LIMIT 1",
+                        *fields.id)
+             .empty()) {
+      if (const auto in_flight = BuryRowsOfDeletedEndpoint(tx, *fields.id); in_flight > 0) {
+        throw EndpointExists(
+            "id", "endpoint id \"" + *fields.id + "\" still has " + std::to_string(in_flight) +
+                      " message(s) of a deleted endpoint with that id in flight; add it again "
+                      "once a relay has settled them (within a request's timeout_ms), or choose "
+                      "another --id");
+      }
+    }
     try {
       r = tx.exec_params(
           "INSERT INTO outbox.endpoints (id, destination, url, description, metadata, "
@@ -591,6 +627,9 @@ bool DeleteEndpoint(Store& store, const std::string& id) {
   return Translated([&]() -> bool {
     pqxx::work tx(StoreAccess::Connection(store));
     const auto r = tx.exec_params("DELETE FROM outbox.endpoints WHERE id = $1", id);
+    // Its queued rows with it (dead letters, to inspect or replay); those in flight are the
+    // relays' (settled, or dead-lettered as deleted when claimed again).
+    if (r.affected_rows() > 0) BuryRowsOfDeletedEndpoint(tx, id);
     tx.commit();
     return r.affected_rows() > 0;
   });
