@@ -1889,6 +1889,49 @@ TEST_F(StoreTest, AnArchiveReplayDoesNotReplayItsOwnCopiesDeliveredMeanwhile) {
   EXPECT_EQ(Scalar("SELECT n FROM public.echoes"), 1) << "its copy was delivered once";
 }
 
+// A message whose fan-out an endpoint did not take at once is archived twice: the message
+// itself, and later the endpoint's own copy (its retry, delivered). A replay to that endpoint
+// sends it once: the two rows are one delivery. More than a part (500 archived messages) apart,
+// the copy was queued again after the first was delivered (no longer queued, so not skipped),
+// and the endpoint was sent the message twice (review).
+TEST_F(StoreTest, AnArchiveReplaySendsAMessageArchivedWithItsEndpointsCopyOnce) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g,"
+      "         CASE WHEN g = 0 THEN '00000000-0000-4000-8000-000000000001'::uuid"
+      "              ELSE gen_random_uuid() END, 'e', '{}', '1', 1, now()"
+      "  FROM generate_series(0, 600) g ORDER BY g RETURNING 1)"
+      "SELECT count(*) FROM a");
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at, endpoint_id)"
+      "  VALUES (nextval('outbox.messages_id_seq'), 'hooks', 'ep_a:k0',"
+      "          outbox.endpoint_delivery_id('00000000-0000-4000-8000-000000000001', 'ep_a'),"
+      "          'e', '{}', '1', 2, now(), 'ep_a') RETURNING 1)"
+      "SELECT count(*) FROM a");
+  pqxx::connection admin(db_url_);
+  pqxx::nontransaction(admin).exec(R"(
+    CREATE TABLE public.sent (delivery_id uuid NOT NULL);
+    CREATE FUNCTION public.deliver_at_once() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      INSERT INTO public.sent VALUES (NEW.idempotency_key);
+      DELETE FROM outbox.messages WHERE id = NEW.id;
+      RETURN NULL;
+    END $$;
+    CREATE TRIGGER deliver_at_once AFTER INSERT ON outbox.messages
+      FOR EACH ROW EXECUTE FUNCTION public.deliver_at_once();
+  )");
+  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", "").queued, 601);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM public.sent WHERE delivery_id = "
+                   "outbox.endpoint_delivery_id('00000000-0000-4000-8000-000000000001', 'ep_a')"),
+            1)
+      << "sent twice";
+  EXPECT_EQ(Scalar("SELECT count(DISTINCT delivery_id) FROM public.sent"), 601);
+}
+
 // An archive replay that fails part-way (the database went away, the statement timed out) and
 // is run again resumes where it stopped: the parts it committed are not queued a second
 // time. It started over, so every message of those parts that the relay had delivered since

@@ -788,6 +788,10 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
       out.resumed = row["resumed"].as<bool>();
       out.queued_earlier = out.resumed ? row["queued"].as<std::int64_t>() : 0;
       out.began = row["began"].as<std::string>();
+      // Started over (asked to, or stale): what it queued before may be sent again.
+      if (!out.resumed) {
+        tx.exec_params("DELETE FROM outbox.endpoint_replay_sent WHERE replay_id = $1", replay_id);
+      }
       tx.commit();
     }
     // In parts of kReplayChunk archived messages, each its own transaction: each replayed row
@@ -826,8 +830,17 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           "  ORDER BY a.id LIMIT $5"
           "), keyed AS ("
           "  SELECT p.*, CASE WHEN p.endpoint_id IS NOT NULL THEN p.ordering_key"
-          "                   ELSE e.id || ':' || p.ordering_key END AS key"
+          "                   ELSE e.id || ':' || p.ordering_key END AS key,"
+          "         CASE WHEN p.endpoint_id IS NOT NULL THEN p.idempotency_key"
+          "              ELSE outbox.endpoint_delivery_id(p.idempotency_key, e.id) END"
+          "           AS delivery_id"
           "  FROM picked p, e"
+          "), first_time AS ("
+          // Each delivery once per replay: a message archived with the endpoint's own copy
+          // of it is two rows of one delivery, often in different parts (migration 0039).
+          "  INSERT INTO outbox.endpoint_replay_sent (replay_id, delivery_id)"
+          "  SELECT DISTINCT $7::bigint, delivery_id FROM keyed"
+          "  ON CONFLICT DO NOTHING RETURNING delivery_id"
           "), key_locks AS ("
           // outbox.insert_message's per-key lock, in one global order, before any row takes
           // its id: a replayed row then waits for an uncommitted writer of its key (a dlq
@@ -840,9 +853,7 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           "  INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
           "    headers, payload, payload_bytes, deliver_after, parked, created_at, last_error,"
           "    bucket, endpoint_id, due_at) "
-          "  SELECT p.destination, p.key,"
-          "    CASE WHEN p.endpoint_id IS NOT NULL THEN p.idempotency_key"
-          "         ELSE outbox.endpoint_delivery_id(p.idempotency_key, e.id) END,"
+          "  SELECT p.destination, p.key, p.delivery_id,"
           "    p.event_type, p.headers, p.payload, p.payload_bytes, clock_timestamp(), true,"
           "    p.created_at, 'replayed from the archive',"
           "    CASE WHEN p.key IS NULL THEN floor(random() * pp.bucket_count)"
@@ -852,11 +863,12 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           "    e.id, clock_timestamp() "
           "  FROM keyed p, e, outbox.partitioning pp "
           "  WHERE (SELECT n FROM key_locks) >= 0 "  // every key locked before the first id
+          "    AND p.delivery_id IN (SELECT delivery_id FROM first_time)"
           "  ORDER BY p.id "
           "  ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1"
           ") "
           "SELECT (SELECT max(id) FROM picked) AS last, (SELECT count(*) FROM inserted) AS n",
-          endpoint_id, since_read, message, after, kReplayChunk, upto);
+          endpoint_id, since_read, message, after, kReplayChunk, upto, replay_id);
       if (r["last"].is_null()) {
         tx.exec_params("DELETE FROM outbox.endpoint_replays WHERE id = $1", replay_id);
         tx.commit();
