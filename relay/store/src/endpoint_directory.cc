@@ -264,7 +264,11 @@ void PostgresEndpointDirectory::RecordAttempts(const std::vector<AttemptRow>& ro
         ")"
         "INSERT INTO outbox.endpoint_health AS h (endpoint_id, failing_since, last_success_at,"
         "                                         last_failure_at)"
-        "SELECT s.endpoint_id, to_timestamp(s.failing_since_us / 1e6),"
+        // Failing since no earlier than its last enable: failures of requests from before it
+        // (log rows written late, requests in flight when it was disabled) set the time back
+        // past the operator's enable, and the next check disabled it again (review).
+        "SELECT s.endpoint_id, CASE WHEN s.failing_since_us IS NOT NULL THEN"
+        "         greatest(to_timestamp(s.failing_since_us / 1e6), e.enabled_at) END,"
         "       to_timestamp(s.last_ok_us / 1e6), to_timestamp(s.last_failure_us / 1e6)"
         "  FROM jsonb_to_recordset($3::jsonb) AS s(endpoint_id text, last_ok_us bigint,"
         "       last_failure_us bigint, failing_since_us bigint)"
@@ -285,6 +289,8 @@ std::vector<AutoDisabled> PostgresEndpointDirectory::DisableFailing(
   return impl_->Run([&](pqxx::connection& c) {
     std::vector<AutoDisabled> out;
     pqxx::work tx(c);
+    // Failing for the whole period: since its start, with no success, and a failure at its end
+    // (one failure and nothing sent since is no endpoint known to be down: review).
     // Nothing to disable (nearly always): no UPDATE. Even one that changes no row fires the
     // registry's statement trigger, which took the registry's lock and moved its version, so
     // every relay read the whole registry again after each check, every few seconds (review).
@@ -292,6 +298,7 @@ std::vector<AutoDisabled> PostgresEndpointDirectory::DisableFailing(
         "SELECT 1 FROM outbox.endpoints e JOIN outbox.endpoint_health h ON h.endpoint_id = e.id "
         "WHERE e.destination = $1 AND e.enabled "
         "  AND h.failing_since < clock_timestamp() - make_interval(secs => $2::bigint / 1000.0) "
+        "  AND h.last_failure_at >= h.failing_since + make_interval(secs => $2::bigint / 1000.0) "
         "LIMIT 1",
         impl_->destination, static_cast<long long>(after.count()));
     if (candidates.empty()) return out;
@@ -303,6 +310,7 @@ std::vector<AutoDisabled> PostgresEndpointDirectory::DisableFailing(
         "FROM outbox.endpoint_health h "
         "WHERE h.endpoint_id = e.id AND e.destination = $1 AND e.enabled"
         "  AND h.failing_since < clock_timestamp() - make_interval(secs => $2::bigint / 1000.0) "
+        "  AND h.last_failure_at >= h.failing_since + make_interval(secs => $2::bigint / 1000.0) "
         "RETURNING e.id,"
         "  to_char(h.failing_since AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
         impl_->destination, static_cast<long long>(after.count()));
