@@ -264,6 +264,17 @@ TEST_F(ManagementApiTest, BadInputIsA4xxNamingTheFieldAndWritesNothing) {
        "rate_limit"},
       {R"({"destination": "d", "url": "https://x", "signature": "rsa"})", 400, "invalid_field",
        "signature"},
+      // Accepted, they matched only an event type spelt so, and the endpoint silently received
+      // nothing (review): '*' alone, or as the last part after a dot.
+      {R"({"destination": "d", "url": "https://x", "event_types": ["*.created"]})", 400,
+       "invalid_field", "event_types"},
+      {R"({"destination": "d", "url": "https://x", "event_types": ["invoice*"]})", 400,
+       "invalid_field", "event_types"},
+      {R"({"destination": "d", "url": "https://x", "event_types": ["a.*.b"]})", 400,
+       "invalid_field", "event_types"},
+      // An id no HTTP client keeps in a path (review).
+      {R"({"destination": "d", "url": "https://x", "id": ".."})", 400, "invalid_field", "id"},
+      {R"({"destination": "d", "url": "https://x", "id": "."})", 400, "invalid_field", "id"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.body);
@@ -282,6 +293,15 @@ TEST_F(ManagementApiTest, BadInputIsA4xxNamingTheFieldAndWritesNothing) {
               400, "invalid_field", "headers");
   ExpectError(Patch("/v1/endpoints/one", R"({"headers": {")" + big + R"(": "v"}})"), 400,
               "invalid_field", "headers");
+  // A header value of 200 KB: receivers answer 431, which is permanent, so every message went
+  // to the dead letters (review).
+  ExpectError(
+      Post("/v1/endpoints",
+           R"({"destination": "d", "url": "https://x", "headers": {"X-Big": ")" + big + R"("}})"),
+      400, "invalid_field", "headers");
+  // What is allowed still is.
+  EXPECT_EQ(Patch("/v1/endpoints/one", R"({"event_types": ["*", "invoice.*", "a.b"]})").status,
+            200);
   // A key of the other kind: the HMAC endpoint silently became an ed25519 one, and once the
   // overlap ended its receivers' HMAC checks failed (found in review).
   ExpectError(Post("/v1/endpoints/one/rotate-secret",

@@ -147,8 +147,16 @@ bool ValidSecret(const std::string& s) {
   return body % 4 != 1;
 }
 
+constexpr std::size_t kMaxHeaderValueBytes = 8192;
+
 void CheckId(const std::string& id) {
   static const std::regex re("^[A-Za-z0-9_.-]{1,64}$");
+  if (id == "." || id == "..") {
+    throw InvalidField("id", "endpoint id \"" + id +
+                                 "\" is not allowed: HTTP clients drop it from a path "
+                                 "(/v1/endpoints/" +
+                                 id + "); use a letter or a digit in it");
+  }
   if (!std::regex_match(id, re)) {
     throw InvalidField("id", "endpoint id \"" + id +
                                  "\" is not allowed: use 1 to 64 letters, digits, '_', '.' or '-'"
@@ -202,6 +210,15 @@ json Changes(const EndpointFields& f) {
             "event_types",
             "an event type filter must not be empty; leave the filter out to receive every event");
       }
+      // The wildcards the sink knows (EndpointWants): "*", and "prefix.*" (one '*', last).
+      const auto stars = std::count(t.begin(), t.end(), '*');
+      if (stars > 0 && t != "*" && !(stars == 1 && t.size() > 2 && t.ends_with(".*"))) {
+        throw InvalidField("event_types",
+                           "event type filter \"" + t +
+                               "\" would match only an event type spelt so: '*' is a wildcard "
+                               "alone (every event) or as the last part after a dot "
+                               "(\"invoice.*\")");
+      }
     }
     c["event_types"] = *f.event_types;
   }
@@ -226,6 +243,13 @@ json Changes(const EndpointFields& f) {
       // The webhook sink would skip it at every delivery: refused, as the config refuses it.
       if (const std::string why = OwnedWebhookHeader(k); !why.empty()) {
         throw InvalidField("headers", "header " + k + " cannot be set: " + why + "; remove it");
+      }
+      // Receivers answer 431 to a header that size, a permanent failure: every message would
+      // go to the dead letters.
+      if (v.size() > kMaxHeaderValueBytes) {
+        throw InvalidField("headers", "header " + k + ": the value is " + std::to_string(v.size()) +
+                                          " bytes; at most " +
+                                          std::to_string(kMaxHeaderValueBytes));
       }
       for (const char ch : v) {
         const auto u = static_cast<unsigned char>(ch);

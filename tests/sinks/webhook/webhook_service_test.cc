@@ -24,6 +24,7 @@
 #include "outbox_test/full_listener.h"
 #include "outbox_test/gate.h"
 #include "outbox_test/http_receiver.h"
+#include "outbox_test/log_watch.h"
 #include "outbox_test/wait.h"
 
 namespace outbox::relay {
@@ -869,6 +870,24 @@ TEST_F(WebhookServiceSinkTest, ADisabledEndpointIsSentNothingMoreFromItsBacklog)
   // The request out when it was disabled, and the one its sink already held (two a request).
   EXPECT_LE(receiver.Count(), 2u) << "sent from the backlog after the endpoint was disabled";
   sink->Shutdown(5s);
+}
+
+// An endpoint's URL may carry a credential (a token in its query, a secret path as in Slack's
+// webhook URLs): the log names the endpoint and its host alone. The whole URL was logged at
+// info on every add and update, while migration 0033 hides it even from the read-only role
+// (review).
+TEST_F(WebhookServiceSinkTest, TheLogNamesAnEndpointsHostNotItsWholeUrl) {
+  auto watch = outbox::testing::LogWatch::Install();
+  HttpReceiver receiver;
+  registry_.endpoints = {
+      Endpoint("ep", receiver.Url("/services/T000/B000/sekrit-path?token=sekrit-query"), 1)};
+  auto sink = Start();
+  EXPECT_TRUE(watch->WaitFor("endpoint ep added", 10s));
+  EXPECT_EQ(watch->Count("sekrit"), 0) << "a credential in the URL was logged";
+  EXPECT_GE(watch->Count("http://127.0.0.1:" + std::to_string(receiver.port())), 1)
+      << "the host is named";
+  sink->Shutdown(5s);
+  watch->Remove();
 }
 
 // An operator's pause reaches every endpoint's sink, and the sink of an endpoint added while

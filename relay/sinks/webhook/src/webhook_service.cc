@@ -23,6 +23,7 @@
 #include "outbox_relay/sink_stops.h"
 #include "outbox_relay/thread_name.h"
 #include "outbox_relay/webhook_sink.h"
+#include "outbox_relay/webhook_url.h"
 #include "webhook_remake.h"
 
 namespace outbox::relay {
@@ -41,6 +42,19 @@ std::string EndpointDeliveryId(const std::string& message_key, const std::string
     out += kHex[digest[i] & 0xF];
   }
   return out;
+}
+
+// "https://host:port" of an endpoint's URL, for the log: its path and query may carry a
+// credential (a token, a secret path as in Slack's webhook URLs), which the log must not show.
+static std::string UrlOrigin(const std::string& url) {
+  try {
+    const WebhookUrl u = ParseWebhookUrl(url);
+    const bool v6 = u.host.find(':') != std::string::npos;
+    return std::string(u.https ? "https://" : "http://") + (v6 ? "[" + u.host + "]" : u.host) +
+           ":" + std::to_string(u.port);
+  } catch (const std::invalid_argument&) {
+    return "an unreadable url";
+  }
 }
 
 bool EndpointWants(const std::vector<std::string>& event_types, const std::string& event_type) {
@@ -973,8 +987,8 @@ class WebhookServiceSink final : public Sink {
           }
           if (paused) lane->sink->SetPaused(true);
           spdlog::info("webhook {}: endpoint {} {} ({}, {} secret(s){})", destination_, spec.id,
-                       it == old->end() ? "added" : "updated", spec.url, spec.secrets.size(),
-                       spec.enabled ? "" : ", disabled");
+                       it == old->end() ? "added" : "updated", UrlOrigin(spec.url),
+                       spec.secrets.size(), spec.enabled ? "" : ", disabled");
         } catch (const std::exception& e) {
           lane->error = e.what();
           usable = false;
