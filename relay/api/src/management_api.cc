@@ -429,12 +429,27 @@ struct ManagementApi::Impl {
             throw BadField("limit", "limit must be a number from 1 to 1000");
           }
         }
-        json data = json::array();
-        for (const auto& a : ListAttempts(s, req.get_param_value("endpoint_id"),
-                                          req.get_param_value("message"), limit)) {
-          data.push_back(ToJson(a));
+        // The next page: what is older than the last attempt of this one.
+        std::int64_t before = 0;
+        if (req.has_param("before")) {
+          const std::string text = req.get_param_value("before");
+          try {
+            std::size_t used = 0;
+            before = std::stoll(text, &used);
+            if (used != text.size() || before < 1) throw std::out_of_range(text);
+          } catch (const std::exception&) {
+            throw BadField("before",
+                           "before must be an attempt's id (a positive number), as the last "
+                           "page's next_before gave it");
+          }
         }
-        Reply(r, 200, {{"data", data}});
+        json data = json::array();
+        const auto page = ListAttempts(s, req.get_param_value("endpoint_id"),
+                                       req.get_param_value("message"), limit, before);
+        for (const auto& a : page) data.push_back(ToJson(a));
+        // Where the next page starts; null when this one was the last (it was not full).
+        const json next = static_cast<int>(page.size()) == limit ? json(page.back().id) : json();
+        Reply(r, 200, {{"data", data}, {"next_before", next}});
       });
     });
     server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {

@@ -86,6 +86,7 @@ struct EndpointArgs {
   std::string message;   ///< replay, attempts
   bool restart = false;  ///< replay: start over instead of resuming
   int limit = 50;        ///< attempts
+  std::int64_t before = 0;  ///< attempts: older than this attempt's id (0: the newest)
   /// update: which of the fields above were given.
   bool set_destination = false, set_url = false, set_description = false, set_metadata = false,
        set_event_types = false, set_headers = false, set_max_in_flight = false,

@@ -308,7 +308,7 @@ int RunEndpointsReplay(const EndpointArgs& a) {
 
 int RunAttempts(const EndpointArgs& a) {
   return WithStore(a.database_url, [&](Store& store) {
-    const auto all = ListAttempts(store, a.id, a.message, a.limit);
+    const auto all = ListAttempts(store, a.id, a.message, a.limit, a.before);
     if (a.json) {
       for (const auto& t : all) {
         std::cout << ToJson(t).dump() << "\n";

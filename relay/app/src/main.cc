@@ -240,6 +240,11 @@ int main(int argc, char** argv) {
   attempts->add_option("--message", ep.message,
                        "Only this message (its idempotency key or a delivery id)");
   attempts->add_option("--limit,-n", ep.limit, "At most this many")->check(CLI::Range(1, 1000000));
+  attempts
+      ->add_option("--before", ep.before,
+                   "Only attempts older than the one with this id (--json shows ids): the "
+                   "next page")
+      ->check(CLI::PositiveNumber);
   attempts->add_flag("--json", ep.json, "JSON lines");
 
   std::vector<std::string> register_names;

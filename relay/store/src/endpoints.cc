@@ -720,7 +720,8 @@ void CheckUuid(const std::string& text, const char* what) {
 }  // namespace
 
 std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoint_id,
-                                        const std::string& message, int limit) {
+                                        const std::string& message, int limit,
+                                        std::int64_t before) {
   CheckUuid(message, "--message");
   return Translated([&]() -> std::vector<AttemptRecord> {
     pqxx::nontransaction tx(StoreAccess::Connection(store));
@@ -733,8 +734,9 @@ std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoin
         "WHERE ($1 = '' OR a.endpoint_id = $1) AND ($2 = '' OR a.delivery_id = nullif($2, '')::uuid"
         "  OR a.delivery_id IN (SELECT outbox.endpoint_delivery_id(nullif($2, '')::uuid, e.id)"
         "                        FROM outbox.endpoints e)) "
+        "  AND ($4::bigint = 0 OR a.id < $4::bigint) "
         "ORDER BY a.id DESC LIMIT $3",
-        endpoint_id, message, limit);
+        endpoint_id, message, limit, before);
     for (const auto& r : rows) {
       AttemptRecord a;
       a.id = r["id"].as<std::int64_t>();

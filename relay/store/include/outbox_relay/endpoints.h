@@ -165,9 +165,12 @@ struct AttemptRecord {
 
 /// Newest first. `endpoint_id` empty: every endpoint. `message` (a uuid, empty: any): the
 /// attempts of that message, by its own idempotency key or by an endpoint's delivery id.
+/// `before` (0: none): only attempts older than that one (ids are in the order they were
+/// written), the next page after one whose last attempt it was.
 /// Throws std::invalid_argument for a message that is not a uuid.
 std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoint_id,
-                                        const std::string& message, int limit);
+                                        const std::string& message, int limit,
+                                        std::int64_t before = 0);
 
 /// What ReplayToEndpoint queued.
 struct ReplayOutcome {
