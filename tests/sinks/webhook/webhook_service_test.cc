@@ -510,6 +510,24 @@ TEST_F(WebhookServiceSinkTest, TheDeliveryLogsRetentionWorksOffABacklogBatchByBa
   sink->Shutdown(5s);
 }
 
+// With delivery_log off, what the log kept while it was on still ages out: its retention ran
+// only while the log was on, and those rows stayed for good (review).
+TEST_F(WebhookServiceSinkTest, TheDeliveryLogsRetentionRunsWithTheLogOffToo) {
+  HttpReceiver receiver;
+  registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 1)};
+  registry_.expired_attempts = 7;
+  tweak_ = [](WebhookTarget& t) { t.delivery_log = false; };
+  auto sink = Start();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard lock(registry_.mu);
+        return registry_.expired_attempts == 0;
+      },
+      10s))
+      << registry_.expired_attempts << " rows past the retention left";
+  sink->Shutdown(5s);
+}
+
 // A fan-out copy queued behind an endpoint's own rows (after an outage those fill its sink)
 // goes as soon as they finish, not after it aged out of the backlog (2 s, then a row of its
 // own "slower than the others").

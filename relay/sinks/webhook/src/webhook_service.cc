@@ -834,7 +834,8 @@ class WebhookServiceSink final : public Sink {
                 destination_, d.endpoint_id, d.failing_since, d.endpoint_id);
           }
         }
-        if (defaults_.delivery_log && now >= next_cleanup) {
+        // Also with the log off: what it kept while it was on ages out the same.
+        if (now >= next_cleanup) {
           next_cleanup = now + kCleanupEvery;
           if (log_dir_->CleanupAttempts(defaults_.delivery_log_retention) >=
               EndpointDirectory::kCleanupBatch) {
