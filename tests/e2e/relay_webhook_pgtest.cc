@@ -48,10 +48,17 @@ class RelayWebhookTest : public testing::PgTest {
   }
 
   std::unique_ptr<Dispatcher> StartRelay(const std::vector<Destination>& dests,
-                                         Millis lease = Millis(30'000)) {
+                                         Millis lease = Millis(30'000),
+                                         Millis longest_attempt = Millis(10'000),
+                                         bool bucket_leases = false) {
     RelayConfig cfg;
     cfg.database_url = db_url_;
+    if (bucket_leases) {
+      cfg.claim_mode = ClaimMode::kPartitioned;
+      cfg.bucket_leases = true;
+    }
     cfg.lease = lease;
+    cfg.renew_every = RenewEvery(lease, longest_attempt);  // as ParseConfig sets it
     cfg.batch_size = 100;
     cfg.poll_interval = 100ms;
     cfg.reap_interval = 500ms;
@@ -124,17 +131,34 @@ TEST_F(RelayWebhookTest, LeasesOfMessagesStillQueuedInTheSinkAreRenewedNotReaped
   Enqueue("slow", 14, 0);
   // One request at a time: the 14th claimed message waits ~6.5 s, over twice the lease. The
   // lease covers one whole attempt (timeout_ms 800) and a second to spare between renewals
-  // (every lease / 3), as the config's checks require: a worker writes no request its claim
-  // would not cover.
+  // (as often as ParseConfig would renew: RenewEvery), as the config's checks require: a
+  // worker writes no request its claim would not cover.
   Destination hook = Hook("slow", slow, 1);
   hook.target.Get<WebhookTarget>().timeout = 800ms;
-  auto relay = StartRelay({hook}, 3000ms);
+  hook.target.Get<WebhookTarget>().connect_timeout = 500ms;
+  auto relay = StartRelay({hook}, 3000ms, /*longest_attempt=*/1300ms);
   ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s));
   relay->Stop();
   EXPECT_EQ(slow.Count(), 14u) << "a message was sent twice";
   EXPECT_EQ(relay->stats().reaped, 0);
   EXPECT_EQ(relay->stats().fenced, 0);
   EXPECT_EQ(relay->stats().delivered, 14);
+}
+
+// Under bucket leases a message's claim is its bucket's, renewed by heartbeats a few seconds at
+// a time (partition_lease_ms, 5 s): a worker that asked it to cover the request's whole timeout
+// (10 s by default) sent nothing, handing every message back again and again (review of the
+// change that asked row leases for it).
+TEST_F(RelayWebhookTest, UnderBucketLeasesAWebhookDestinationDeliversWithTheDefaultTimeout) {
+  HttpReceiver hook;
+  Enqueue("hooks", 30, 5);
+  Destination d = Hook("hooks", hook);
+  d.target.Get<WebhookTarget>().timeout = 10'000ms;  // over partition_lease_ms
+  auto relay = StartRelay({d}, Millis(30'000), Millis(15'000), /*bucket_leases=*/true);
+  ASSERT_TRUE(WaitFor([&] { return Scalar("SELECT count(*) FROM outbox.messages") == 0; }, 30s))
+      << hook.Count() << " received";
+  relay->Stop();
+  EXPECT_EQ(hook.Count(), 30u);
 }
 
 // What docs/webhooks.md promises a receiver: a JSON payload arrives in jsonb's normal form

@@ -235,6 +235,8 @@ std::string SectionChoice(const TargetKinds& kinds, bool with_essentials) {
   return out;
 }
 
+}  // namespace
+
 // Renewals keep a whole attempt and a second to spare inside the lease of what is in flight
 // (a webhook worker writes no request that would outlast its claim), with a second for the
 // renewal itself: every lease / 3 where that leaves enough, else sooner, at most every 500 ms.
@@ -244,6 +246,8 @@ Millis RenewEvery(Millis lease, Millis longest_attempt) {
   const Millis room = lease - longest_attempt - kLeaseSpare - kRenewalAllowance;
   return std::min(lease / 3, std::max(kSoonest, room));
 }
+
+namespace {
 
 void ApplyLeaseBounds(RelayConfig& config, const std::string& lease_origin,
                       const TargetKinds& kinds, const std::string& source) {

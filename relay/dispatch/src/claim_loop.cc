@@ -202,8 +202,9 @@ void Dispatcher::Impl::ClaimLoop(const Destination& dest, Sink& sink, int index)
           if (bucket_leases) {
             // Its bucket's cover at the epoch it was read at (bucket_covers).
             const auto it = covers.find(msg.bucket);
-            cover =
-                it != covers.end() ? it->second : std::make_shared<ClaimCover>(SteadyClockTime{});
+            cover = it != covers.end() ? it->second
+                                       : std::make_shared<ClaimCover>(SteadyClockTime{},
+                                                                      ClaimCover::Kind::kBucket);
             msg.claim_expires = cover->Until();
           }
           if (auto h = Prepare(dest, sink, c.token, std::move(msg), room_wait, std::move(cover))) {

@@ -123,7 +123,8 @@ void Dispatcher::Impl::CoverBuckets(const std::vector<BucketLease>& now_owned,
       it->second.second->ExtendTo(until);
       covers.emplace(b.bucket, std::move(it->second));
     } else {
-      covers.emplace(b.bucket, std::pair(b.epoch, std::make_shared<ClaimCover>(until)));
+      covers.emplace(b.bucket, std::pair(b.epoch, std::make_shared<ClaimCover>(
+                                                      until, ClaimCover::Kind::kBucket)));
     }
   }
   bucket_covers = std::move(covers);  // the others' covers stay with their messages, and run out
@@ -135,9 +136,10 @@ std::map<int, std::shared_ptr<ClaimCover>> Dispatcher::Impl::CoversOf(
   std::lock_guard lk(owned_mu);
   for (const auto& b : buckets) {
     const auto it = bucket_covers.find(b.bucket);
-    out.emplace(b.bucket, it != bucket_covers.end() && it->second.first == b.epoch
-                              ? it->second.second
-                              : std::make_shared<ClaimCover>(SteadyClockTime{}));
+    out.emplace(b.bucket,
+                it != bucket_covers.end() && it->second.first == b.epoch
+                    ? it->second.second
+                    : std::make_shared<ClaimCover>(SteadyClockTime{}, ClaimCover::Kind::kBucket));
   }
   return out;
 }

@@ -414,6 +414,29 @@ TEST(WebhookSink, AClaimThatCannotCoverTheWholeRequestIsHandedBackBeforeConnecti
   sink->Shutdown(5s);
 }
 
+// Under bucket leases a message's claim is its bucket's, which the relay's heartbeats renew a
+// few seconds at a time (partition_lease_ms, 5 s) and which is handed over only once what the
+// relay read from it is settled: a request needs only that the bucket is still the relay's.
+// Asked to cover a whole request timeout, every message went back, again and again (review).
+TEST(WebhookSink, ABucketsClaimNeedOnlyHoldWhenTheRequestStarts) {
+  HttpReceiver receiver;
+  Completions done;
+  auto sink = MakeWebhookSink("hooks", Target(receiver.Url("/h")));  // timeout 5 s
+  const auto now = std::chrono::steady_clock::now();
+  const auto in_bucket = [&](int n, std::chrono::steady_clock::time_point until) {
+    Message m = MakeMessage(n);
+    m.claim_expires = until;
+    m.claim_cover = std::make_shared<ClaimCover>(until, ClaimCover::Kind::kBucket);
+    return m;
+  };
+  sink->Submit(in_bucket(1, now + 3s), done.Callback());   // under the timeout: still sent
+  sink->Submit(in_bucket(2, now - 1ms), done.Callback());  // the bucket is no longer its
+  ASSERT_TRUE(done.WaitForSize(2));
+  EXPECT_EQ(done.Of(1).kind, OutcomeKind::kDelivered) << done.Of(1).reason;
+  EXPECT_EQ(done.Of(2).kind, OutcomeKind::kReturned) << done.Of(2).reason;
+  sink->Shutdown(5s);
+}
+
 // format: cloudevents adds the CloudEvents binary-mode attributes as ce-* headers (HTTP
 // protocol binding), beside the Standard Webhooks headers; a message cannot set its own.
 TEST(WebhookSink, CloudEventsBinaryModeHeaders) {

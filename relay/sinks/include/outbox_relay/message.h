@@ -20,7 +20,15 @@ namespace outbox::relay {
 class ClaimCover {
  public:
   using TimePoint = std::chrono::steady_clock::time_point;
-  explicit ClaimCover(TimePoint until) : until_ns_(until.time_since_epoch().count()) {}
+  /// kRowLease: the message's own lease, renewed so that it covers a whole attempt (a sink
+  /// starts no attempt it would not cover to its end). kBucket (bucket leases): its bucket's
+  /// ownership, renewed by the relay's heartbeats a few seconds at a time, and handed over only
+  /// once what the relay read from the bucket is settled: an attempt needs only that it holds
+  /// when it starts.
+  enum class Kind { kRowLease, kBucket };
+  explicit ClaimCover(TimePoint until, Kind kind = Kind::kRowLease)
+      : until_ns_(until.time_since_epoch().count()), kind_(kind) {}
+  Kind kind() const { return kind_; }
   void ExtendTo(TimePoint until) {
     const auto ns = until.time_since_epoch().count();
     auto seen = until_ns_.load(std::memory_order_relaxed);
@@ -31,6 +39,7 @@ class ClaimCover {
 
  private:
   std::atomic<TimePoint::rep> until_ns_;
+  const Kind kind_;
 };
 
 /// Row id of a message in outbox.messages (and of its dead letter).

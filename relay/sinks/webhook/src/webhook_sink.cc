@@ -785,13 +785,19 @@ class WebhookSink final : public Sink {
   // timeout from its start), and its claim must outlast that by a second (its renewals keep a
   // whole attempt covered in normal operation: RelayConfig::renew_every). Checked when a worker
   // takes it, after the host's name was looked up, and right before anything is written.
+  // (A bucket's claim, under bucket leases, need only hold when the request starts: see
+  // ClaimCover::Kind.)
   static constexpr std::chrono::seconds kClaimSpare{1};
-  static bool Outlasts(const Message& msg, Clock::time_point end) {
+  static bool Outlasts(const Message& msg, Clock::time_point now, Clock::time_point end) {
     const auto runs_out = ClaimRunsOut(msg);
-    return runs_out && end + kClaimSpare > *runs_out;
+    if (!runs_out) return false;
+    if (msg.claim_cover && msg.claim_cover->kind() == ClaimCover::Kind::kBucket) {
+      return now >= *runs_out;
+    }
+    return end + kClaimSpare > *runs_out;
   }
   bool RanOut(const Message& msg, Clock::time_point now) const {
-    return Outlasts(msg, now + target_.timeout);
+    return Outlasts(msg, now, now + target_.timeout);
   }
 
   // Handed back, no attempt counted and no verdict on the endpoint (it was not asked); counted,
@@ -1101,7 +1107,7 @@ class WebhookSink final : public Sink {
     bool* ran_out;
     bool MaySend() const {
       if (sink->Abandoned(*worker)) return false;
-      if (Outlasts(*msg, deadline)) {
+      if (Outlasts(*msg, Clock::now(), deadline)) {
         *ran_out = true;
         return false;
       }
