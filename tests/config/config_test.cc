@@ -1924,8 +1924,8 @@ TEST(LeaseBounds, WithoutLeaseMsTheLeaseOutlastsTheLongestAttemptAndKafkaFitsIns
 
 // A webhook request is written only if it ends inside its claim (a worker hands back what its
 // lease cannot cover), so leases are renewed often enough that the claim of what is in flight
-// always covers one whole attempt and a second to spare: every lease_ms / 3 where that leaves
-// enough (the default), else sooner, at most every 500 ms. At lease_ms / 3 a lease of 16000
+// always covers one whole attempt and a second for the renewal: every lease_ms / 3 where that
+// leaves enough (the default), else sooner, at most every 500 ms. At lease_ms / 3 a lease of 16000
 // for attempts of 15000 fell to 10.7 s of cover between renewals, under one attempt (review).
 TEST(LeaseBounds, LeasesAreRenewedSoThatTheyCoverAWholeAttempt) {
   const RelayConfig defaults = ParseConfig(WithDestination("hooks", kHook), "cfg.yaml", kNoEnv);
@@ -1937,8 +1937,8 @@ TEST(LeaseBounds, LeasesAreRenewedSoThatTheyCoverAWholeAttempt) {
   const RelayConfig slow = ParseConfig(
       WithDestination("hooks", kHook + "      timeout_ms: 60000\n"), "cfg.yaml", kNoEnv);
   EXPECT_EQ(slow.lease, std::chrono::milliseconds(75000));
-  EXPECT_EQ(slow.renew_every, std::chrono::milliseconds(75000 - 65000 - 2000))
-      << "a lease less the longest attempt and two seconds";
+  EXPECT_EQ(slow.renew_every, std::chrono::milliseconds(75000 - 65000 - 1000))
+      << "a lease less the longest attempt and a second";
   const RelayConfig kafka = ParseConfig(Minimal(), "cfg.yaml", kNoEnv);
   EXPECT_EQ(kafka.renew_every, std::chrono::milliseconds(10000));
 }

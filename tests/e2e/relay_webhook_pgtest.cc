@@ -130,7 +130,7 @@ TEST_F(RelayWebhookTest, LeasesOfMessagesStillQueuedInTheSinkAreRenewedNotReaped
   });
   Enqueue("slow", 14, 0);
   // One request at a time: the 14th claimed message waits ~6.5 s, over twice the lease. The
-  // lease covers one whole attempt (timeout_ms 800) and a second to spare between renewals
+  // lease covers one whole attempt (timeout_ms 800) between renewals
   // (as often as ParseConfig would renew: RenewEvery), as the config's checks require: a
   // worker writes no request its claim would not cover.
   Destination hook = Hook("slow", slow, 1);

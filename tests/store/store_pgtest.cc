@@ -1980,6 +1980,17 @@ TEST_F(StoreTest, AnArchiveReplaySendsAMessageArchivedWithItsEndpointsCopyOnce) 
             1)
       << "sent twice";
   EXPECT_EQ(Scalar("SELECT count(DISTINCT delivery_id) FROM public.sent"), 601);
+  // What a replay stopped part-way more than a day ago kept goes when the next one begins:
+  // it would only start over.
+  Scalar(
+      "WITH r AS (INSERT INTO outbox.endpoint_replays (endpoint_id, since, message, upto, "
+      "  done_through, updated_at) VALUES ('ep_a', '-infinity', 'stale', 0, 0, "
+      "  now() - interval '2 days') RETURNING id), "
+      "s AS (INSERT INTO outbox.endpoint_replay_sent SELECT r.id, gen_random_uuid() FROM r, "
+      "  generate_series(1, 3) RETURNING 1) SELECT count(*) FROM s");
+  relay::ReplayToEndpoint(c, "ep_a", "-infinity", "");
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replay_sent"), 0);
 }
 
 // An archive replay that fails part-way (the database went away, the statement timed out) and

@@ -237,13 +237,15 @@ std::string SectionChoice(const TargetKinds& kinds, bool with_essentials) {
 
 }  // namespace
 
-// Renewals keep a whole attempt and a second to spare inside the lease of what is in flight
-// (a webhook worker writes no request that would outlast its claim), with a second for the
-// renewal itself: every lease / 3 where that leaves enough, else sooner, at most every 500 ms.
+// Renewals keep a whole attempt inside the lease of what is in flight (a webhook worker writes
+// no request that would outlast its claim), with a second for the renewal itself and the
+// maintenance thread's turn: every lease / 3 where that leaves enough, else sooner, at most
+// every 500 ms (the shortest lease the config allows, the longest attempt and a second, is
+// then covered with half a second to spare).
 Millis RenewEvery(Millis lease, Millis longest_attempt) {
   constexpr Millis kRenewalAllowance{1'000};
   constexpr Millis kSoonest{500};
-  const Millis room = lease - longest_attempt - kLeaseSpare - kRenewalAllowance;
+  const Millis room = lease - longest_attempt - kRenewalAllowance;
   return std::min(lease / 3, std::max(kSoonest, room));
 }
 

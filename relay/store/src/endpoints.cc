@@ -791,6 +791,12 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
                                           "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
         }
       }
+      // Replays of any endpoint that stopped part-way more than a day ago would only start
+      // over: they go, with the delivery ids they kept (migration 0039), which may be an
+      // archive's worth.
+      tx.exec(
+          "DELETE FROM outbox.endpoint_replays "
+          "WHERE updated_at < clock_timestamp() - interval '1 day'");
       // The same replay stopped part-way less than a day ago is resumed; one that stopped
       // longer ago, or asked to restart, starts over, with the archive as it is now.
       const auto row = tx.exec_params1(

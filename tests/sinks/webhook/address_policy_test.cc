@@ -220,7 +220,18 @@ TEST(AddressPolicy, BadNetworksAreRefusedWithTheFix) {
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(),
                  "'::ffff:10.0.0.0/104' is a network of IPv6 addresses that carry IPv4 ones, which "
-                 "are judged by the IPv4 address: write 10.0.0.0/8");
+                 "are judged by the IPv4 address, so it matches nothing: write 10.0.0.0/8");
+  }
+  // The whole form: every IPv4 address; 0.0.0.0/0 in its place would open them all (review).
+  for (const std::string whole : {"64:ff9b::/96", "::ffff:0:0/96"}) {
+    try {
+      ParseCidr(whole);
+      ADD_FAILURE() << whole << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("matches nothing: remove it"), std::string::npos)
+          << e.what();
+      EXPECT_EQ(std::string(e.what()).find("0.0.0.0"), std::string::npos) << e.what();
+    }
   }
   EXPECT_THROW(ParseCidr("64:ff9b::a00:0/104"), std::invalid_argument);
   EXPECT_THROW(ParseCidr("::ffff:127.0.0.1"), std::invalid_argument);

@@ -163,7 +163,7 @@ struct RelayConfig {
 
 /// How often a relay renews the leases of what it holds, for `lease` and the longest delivery
 /// attempt of its destinations: lease / 3, or sooner (at most every 500 ms) so that a whole
-/// attempt and 2 s stay covered between renewals (a webhook worker starts no request that its
+/// attempt and a second stay covered between renewals (a webhook worker starts no request that its
 /// claim would not cover to its end). ParseConfig sets RelayConfig::renew_every with it.
 Millis RenewEvery(Millis lease, Millis longest_attempt);
 

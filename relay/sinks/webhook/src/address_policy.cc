@@ -309,11 +309,12 @@ Cidr ParseCidr(std::string_view text) {
     for (const auto& form : forms) {
       if (!Within(cidr, form)) continue;
       const auto v4 = V4(ip.bytes[12], ip.bytes[13], ip.bytes[14], ip.bytes[15]);
-      throw std::invalid_argument(
-          "'" + std::string(text) +
-          "' is a network of IPv6 addresses that carry IPv4 ones, which are judged by the IPv4 "
-          "address: write " +
-          CidrText(Cidr{v4, prefix - 96}));
+      const std::string why = "'" + std::string(text) +
+                              "' is a network of IPv6 addresses that carry IPv4 ones, which are "
+                              "judged by the IPv4 address, so it matches nothing: ";
+      // The whole form is every IPv4 address: no entry to suggest in its place.
+      if (prefix == 96) throw std::invalid_argument(why + "remove it");
+      throw std::invalid_argument(why + "write " + CidrText(Cidr{v4, prefix - 96}));
     }
   }
   return cidr;

@@ -782,19 +782,20 @@ class WebhookSink final : public Sink {
   // A message whose claim would run out before its request ended (the dispatcher could not
   // renew its lease: the database away, a stall) is not sent: another relay's reaper may take
   // it back and send it while this request still runs. A request ends by its deadline (the
-  // timeout from its start), and its claim must outlast that by a second (its renewals keep a
-  // whole attempt covered in normal operation: RelayConfig::renew_every). Checked when a worker
-  // takes it, after the host's name was looked up, and right before anything is written.
+  // timeout from its start), and its claim must last until then (its renewals keep a whole
+  // attempt covered in normal operation: RelayConfig::renew_every; the cover is counted from
+  // before each renewal's statement, so it ends no later than the lease in the database).
+  // Checked when a worker takes it, after the host's name was looked up, and right before
+  // anything is written.
   // (A bucket's claim, under bucket leases, need only hold when the request starts: see
   // ClaimCover::Kind.)
-  static constexpr std::chrono::seconds kClaimSpare{1};
   static bool Outlasts(const Message& msg, Clock::time_point now, Clock::time_point end) {
     const auto runs_out = ClaimRunsOut(msg);
     if (!runs_out) return false;
     if (msg.claim_cover && msg.claim_cover->kind() == ClaimCover::Kind::kBucket) {
       return now >= *runs_out;
     }
-    return end + kClaimSpare > *runs_out;
+    return end > *runs_out;
   }
   bool RanOut(const Message& msg, Clock::time_point now) const {
     return Outlasts(msg, now, now + target_.timeout);
