@@ -236,6 +236,73 @@ TEST_F(ManagementApiTest, TheDeliveryLogIsReadPageByPage) {
   ExpectError(Get("/v1/attempts?before=0"), 400, "invalid_field", "before");
 }
 
+// A destination of thousands of endpoints was one answer counting each one's backlog and dead
+// letters: the list is read page by page, as the delivery log is, in the order of
+// (destination, id), and a cursor still works after the endpoint it names is deleted.
+TEST_F(ManagementApiTest, EndpointsAreListedPageByPage) {
+  const std::vector<std::pair<std::string, std::string>> all = {
+      {"alpha", "a1"}, {"alpha", "a2"}, {"alpha", "a3"}, {"beta@x", "b1"}, {"beta@x", "b2"}};
+  for (const auto& [destination, id] : all) {
+    ASSERT_EQ(
+        Post("/v1/endpoints",
+             json{{"id", id}, {"destination", destination}, {"url", "https://example.com/" + id}}
+                 .dump())
+            .status,
+        201);
+  }
+  // Every page of two, following next_after: each endpoint once, in order.
+  const auto walk = [&](const std::string& query, bool delete_after_first_page) {
+    std::vector<std::string> ids;
+    std::string after;
+    for (int page = 0; page < 10; ++page) {
+      std::string path = "/v1/endpoints?limit=2" + query;
+      if (!after.empty()) path += "&after=" + httplib::detail::encode_query_param(after);
+      auto r = Get(path);
+      EXPECT_EQ(r.status, 200) << r.body.dump();
+      if (r.status != 200) break;
+      EXPECT_LE(r.body["data"].size(), 2u);
+      for (const auto& e : r.body["data"]) ids.push_back(e["id"].get<std::string>());
+      EXPECT_TRUE(r.body.contains("next_after")) << r.body.dump();
+      if (!r.body.contains("next_after") || r.body["next_after"].is_null()) break;
+      after = r.body["next_after"].get<std::string>();
+      if (delete_after_first_page && page == 0) {
+        EXPECT_EQ(Delete("/v1/endpoints/" + ids.back()).status, 204);
+      }
+    }
+    return ids;
+  };
+  EXPECT_EQ(walk("", false), (std::vector<std::string>{"a1", "a2", "a3", "b1", "b2"}));
+  EXPECT_EQ(walk("&destination=beta%40x", false), (std::vector<std::string>{"b1", "b2"}));
+  // The last page is not followed by an empty one: b2 ends it with next_after null.
+  auto last =
+      Get("/v1/endpoints?limit=1&after=" + httplib::detail::encode_query_param("b1@beta@x"));
+  ASSERT_EQ(last.status, 200) << last.body.dump();
+  ASSERT_EQ(last.body["data"].size(), 1u);
+  EXPECT_EQ(last.body["data"][0]["id"], "b2");
+  EXPECT_TRUE(last.body["next_after"].is_null()) << last.body.dump();
+  // a2, the first page's last, is deleted before the second page is read.
+  EXPECT_EQ(walk("", true), (std::vector<std::string>{"a1", "a2", "a3", "b1", "b2"}));
+  // Without a limit a page holds 50; more than 1000 are refused.
+  for (int i = 0; i < 55; ++i) {
+    ASSERT_EQ(Post("/v1/endpoints", json{{"id", "many" + std::to_string(100 + i)},
+                                         {"destination", "many"},
+                                         {"url", "https://example.com/m"}}
+                                        .dump())
+                  .status,
+              201);
+  }
+  auto first = Get("/v1/endpoints?destination=many");
+  ASSERT_EQ(first.status, 200) << first.body.dump();
+  EXPECT_EQ(first.body["data"].size(), 50u);
+  EXPECT_EQ(first.body["next_after"], "many149@many");
+  for (const std::string bad : {"0", "1001", "x", "5x", ""}) {
+    ExpectError(Get("/v1/endpoints?limit=" + bad), 400, "invalid_field", "limit");
+  }
+  for (const std::string bad : {"a1", "@alpha", "a%20b@alpha", ""}) {
+    ExpectError(Get("/v1/endpoints?after=" + bad), 400, "invalid_field", "after");
+  }
+}
+
 TEST_F(ManagementApiTest, BadInputIsA4xxNamingTheFieldAndWritesNothing) {
   ASSERT_EQ(
       Post("/v1/endpoints", R"({"id": "one", "destination": "d", "url": "https://x"})").status,

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
 #include <stdexcept>
 #include <thread>
 
@@ -278,6 +280,20 @@ struct ManagementApi::Impl {
     }
   }
 
+  // A list's page size: `limit`, 1 to 1000; 50 when not given.
+  static int Limit(const httplib::Request& req) {
+    if (!req.has_param("limit")) return 50;
+    const std::string text = req.get_param_value("limit");
+    try {
+      std::size_t used = 0;
+      const int limit = std::stoi(text, &used);
+      if (used != text.size() || limit < 1 || limit > 1000) throw std::out_of_range(text);
+      return limit;
+    } catch (const std::exception&) {
+      throw BadField("limit", "limit must be a number from 1 to 1000");
+    }
+  }
+
   static ApiError NotFound(const std::string& id) {
     return {404, "not_found", "no endpoint has id \"" + id + "\"", ""};
   }
@@ -292,11 +308,30 @@ struct ManagementApi::Impl {
   void Routes() {
     server.Get("/v1/endpoints", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
-        json data = json::array();
-        for (const auto& e : ListEndpoints(s, req.get_param_value("destination"))) {
-          data.push_back(ToJson(e));
+        const int limit = Limit(req);
+        // The next page: after the last endpoint of this one, written "<id>@<destination>"
+        // (an id holds no '@').
+        std::optional<EndpointCursor> after;
+        if (req.has_param("after")) {
+          const std::string text = req.get_param_value("after");
+          const auto at = text.find('@');
+          static const std::regex id_re(std::string("^") + kIdPattern + "$");
+          if (at == std::string::npos || !std::regex_match(text.substr(0, at), id_re)) {
+            throw BadField("after",
+                           "after must be the last page's next_after (\"<id>@<destination>\"), "
+                           "as it was given");
+          }
+          after = EndpointCursor{text.substr(at + 1), text.substr(0, at)};
         }
-        Reply(r, 200, {{"data", data}});
+        const EndpointPage page =
+            ListEndpointsPage(s, req.get_param_value("destination"), limit, after);
+        json data = json::array();
+        for (const auto& e : page.endpoints) data.push_back(ToJson(e));
+        // Where the next page starts; null when this one is the last.
+        const json next =
+            page.more ? json(page.endpoints.back().id + "@" + page.endpoints.back().destination)
+                      : json();
+        Reply(r, 200, {{"data", data}, {"next_after", next}});
       });
     });
     server.Post("/v1/endpoints", [this](const httplib::Request& req, httplib::Response& res) {
@@ -418,17 +453,7 @@ struct ManagementApi::Impl {
     });
     server.Get("/v1/attempts", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
-        int limit = 50;
-        if (req.has_param("limit")) {
-          const std::string text = req.get_param_value("limit");
-          try {
-            std::size_t used = 0;
-            limit = std::stoi(text, &used);
-            if (used != text.size() || limit < 1 || limit > 1000) throw std::out_of_range(text);
-          } catch (const std::exception&) {
-            throw BadField("limit", "limit must be a number from 1 to 1000");
-          }
-        }
+        const int limit = Limit(req);
         // The next page: what is older than the last attempt of this one.
         std::int64_t before = 0;
         if (req.has_param("before")) {

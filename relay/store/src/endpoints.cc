@@ -534,6 +534,30 @@ std::vector<EndpointRecord> ListEndpoints(Store& store, const std::string& desti
   });
 }
 
+EndpointPage ListEndpointsPage(Store& store, const std::string& destination, int limit,
+                               const std::optional<EndpointCursor>& after) {
+  return Translated([&]() -> EndpointPage {
+    pqxx::nontransaction tx(StoreAccess::Connection(store));
+    EndpointPage page;
+    // One more than the page holds tells whether another page follows.
+    const auto rows = tx.exec_params(
+        SelectEndpoints(kListCountCap) +
+            "WHERE ($1 = '' OR e.destination = $1) "
+            "  AND (NOT $3 OR (e.destination, e.id) > ($4::text, $5::text)) "
+            "ORDER BY e.destination, e.id LIMIT $2",
+        destination, limit + 1, after.has_value(), after ? after->destination : std::string(),
+        after ? after->id : std::string());
+    for (const auto& r : rows) {
+      if (static_cast<int>(page.endpoints.size()) == limit) {
+        page.more = true;
+        break;
+      }
+      page.endpoints.push_back(FromRow(r, kListCountCap));
+    }
+    return page;
+  });
+}
+
 std::optional<EndpointRecord> GetEndpoint(Store& store, const std::string& id,
                                           EndpointCounts counts) {
   return Translated([&]() -> std::optional<EndpointRecord> {

@@ -122,6 +122,19 @@ struct RotatedKey {
 CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields);
 /// `destination` empty: every destination.
 std::vector<EndpointRecord> ListEndpoints(Store& store, const std::string& destination);
+/// Where a page of endpoints starts: after this (destination, id), in that order.
+struct EndpointCursor {
+  std::string destination;
+  std::string id;
+};
+struct EndpointPage {
+  std::vector<EndpointRecord> endpoints;
+  bool more = false;  ///< Endpoints follow the last one of this page.
+};
+/// At most `limit` (> 0) endpoints, ordered by (destination, id), after `after` when given.
+/// A cursor naming an endpoint deleted since still works: it is a place, not a lookup.
+EndpointPage ListEndpointsPage(Store& store, const std::string& destination, int limit,
+                               const std::optional<EndpointCursor>& after);
 /// How GetEndpoint counts the endpoint's backlog and dead letters: every row (`show`), or not
 /// at all (0: a check of its other fields, which need not read millions of rows).
 enum class EndpointCounts { kAll, kNone };
