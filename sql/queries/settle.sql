@@ -5,7 +5,10 @@
 --                       "counted": whether this outcome ends an attempt (dead),
 --                       "children" (fanout): what the message's endpoints did not take, each
 --                         {"endpoint", "outcome": retry|dead|release, "delay_ms", "error",
---                          "attempts": attempts it already had},
+--                          "attempts": attempts it already had, "incarnation" (optional): the
+--                          endpoint's created_at in microseconds since the epoch, when the
+--                          copy was sent; an endpoint of that id created at another time is
+--                          another endpoint, and a deleted one is owed a dead letter},
 --                       "absent_as_of_us" (retry, release; optional): the message is known not
 --                         to be in its sink as of this time, microseconds since the epoch
 --                         (migration 0012)}
@@ -36,10 +39,11 @@ WITH input AS (
   FROM unnest($3::bigint[], $4::uuid[]) AS d(id, token)
 ), fanout_children AS MATERIALIZED (
   -- What each fan-out leaves its endpoints, with the message's destination and key.
-  SELECT i.id, m.destination, m.ordering_key, c.endpoint, c.outcome
+  SELECT i.id, m.destination, m.ordering_key, c.endpoint, c.outcome, c.incarnation
   FROM input i
   JOIN outbox.messages m ON m.id = i.id AND m.lease_owner = i.token
-  CROSS JOIN LATERAL jsonb_to_recordset(i.children) AS c(endpoint text, outcome text)
+  CROSS JOIN LATERAL jsonb_to_recordset(i.children)
+         AS c(endpoint text, outcome text, incarnation bigint)
   WHERE i.outcome = 'fanout'
 ), endpoint_rows AS MATERIALIZED (
   -- Where those endpoints are now: an endpoint moved to another destination (`endpoints
@@ -48,7 +52,12 @@ WITH input AS (
   -- longer loads it. The relay tried each endpoint's move lock (outbox.endpoint_lock_key,
   -- migration 0018) in a statement before this one and holds it, shared: no move is under way
   -- or can begin before this write commits, and a move committed before is in this snapshot.
-  SELECT e.id, e.destination FROM outbox.endpoints e
+  -- A child that names the endpoint it was sent under (incarnation) and finds it gone
+  -- (deleted, or deleted and added again with its id) is a dead letter of the deleted one: as
+  -- its queued rows became when it was deleted (BuryRowsOfDeletedEndpoint).
+  SELECT e.id, e.destination,
+         (extract(epoch FROM e.created_at) * 1000000)::bigint AS incarnation
+  FROM outbox.endpoints e
   WHERE e.id IN (SELECT endpoint FROM fanout_children)
 ), fanout_keys AS (
   -- outbox.insert_message's per-key lock of each endpoint key a fan-out writes a row for:
@@ -60,6 +69,7 @@ WITH input AS (
   FROM fanout_children f
   LEFT JOIN endpoint_rows e ON e.id = f.endpoint
   WHERE f.outcome <> 'dead' AND f.ordering_key IS NOT NULL
+    AND (f.incarnation IS NULL OR f.incarnation IS NOT DISTINCT FROM e.incarnation)
 ), key_locks AS MATERIALIZED (
   -- Tried, not waited for: a transaction left open would otherwise hold every outcome of this
   -- write (and of the relay, whose one settler waits with it). No rows, no locks.
@@ -89,14 +99,22 @@ WITH input AS (
   RETURNING id
 ), owed AS (
   -- What a fanned-out message's endpoints did not take, in the destination each endpoint is
-  -- in now.
-  SELECT coalesce(e.destination, d.destination) AS destination, d.ordering_key,
+  -- in now; what a deleted endpoint was owed, a dead letter in the message's destination.
+  SELECT CASE WHEN g.gone THEN d.destination ELSE coalesce(e.destination, d.destination) END
+           AS destination, d.ordering_key,
          d.idempotency_key, d.event_type, d.headers, d.payload, d.payload_bytes, d.created_at,
-         d.due_at, c.endpoint, c.outcome, c.delay_ms, c.error, c.attempts
+         d.due_at, c.endpoint, CASE WHEN g.gone THEN 'dead' ELSE c.outcome END AS outcome,
+         c.delay_ms, c.error,
+         CASE WHEN g.gone THEN 'endpoint ' || c.endpoint || ' was deleted' ELSE c.error END
+           AS reason,
+         c.attempts
   FROM delivered d
   CROSS JOIN LATERAL jsonb_to_recordset(d.children)
-         AS c(endpoint text, outcome text, delay_ms bigint, error text, attempts integer)
+         AS c(endpoint text, outcome text, delay_ms bigint, error text, attempts integer,
+              incarnation bigint)
   LEFT JOIN endpoint_rows e ON e.id = c.endpoint
+  CROSS JOIN LATERAL (SELECT c.incarnation IS NOT NULL
+                             AND c.incarnation IS DISTINCT FROM e.incarnation AS gone) g
   WHERE d.children IS NOT NULL
 ), spawned AS (
   -- Parked: they enter through the slow lane when due, behind their endpoint's earlier rows of
@@ -140,7 +158,7 @@ WITH input AS (
   -- an id of its own.
   SELECT nextval('outbox.messages_id_seq'), o.destination, o.endpoint || ':' || o.ordering_key,
          outbox.endpoint_delivery_id(o.idempotency_key, o.endpoint), o.event_type, o.headers,
-         o.payload, o.payload_bytes, o.attempts, o.error, o.error, o.created_at, o.endpoint
+         o.payload, o.payload_bytes, o.attempts, o.reason, o.error, o.created_at, o.endpoint
   FROM owed o
   WHERE o.outcome = 'dead'
   RETURNING id

@@ -195,9 +195,11 @@ TEST(DecideForEndpoint, AnEndpointsFirstAttemptIsDecidedLikeAnyMessagesFirst) {
     o.reason_class = cls;
     return o;
   };
-  auto c =
-      DecideForEndpoint(owed(OutcomeKind::kRetry, Reason::kHttp5xx, "http 503"), p, 0.5, false);
+  auto failed = owed(OutcomeKind::kRetry, Reason::kHttp5xx, "http 503");
+  failed.endpoint_incarnation = 1732000000123456;
+  auto c = DecideForEndpoint(failed, p, 0.5, false);
   EXPECT_EQ(c.kind, Settlement::Kind::kRetry);
+  EXPECT_EQ(c.endpoint_incarnation, 1732000000123456) << "the endpoint it was sent under";
   EXPECT_EQ(c.attempts, 1);
   EXPECT_EQ(c.error, "http 503");
   EXPECT_GT(c.delay.count(), 0);

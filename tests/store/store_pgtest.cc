@@ -315,6 +315,62 @@ TEST_F(StoreTest, AFannedOutMessageLeavesRowsOnlyForTheEndpointsThatDidNotTakeIt
   EXPECT_EQ(third.messages[0].attempts, 2);
 }
 
+// A fan-out matched endpoint ep_a; ep_a was deleted and added again with the same id (another
+// customer's URL, maybe) before the fan-out settled. What the first ep_a was owed is not the
+// second's: it is a dead letter of the deleted endpoint, as its queued rows became when it was
+// deleted, not a row the new endpoint is sent. Matched by id alone, the settle wrote it into
+// the new endpoint's queue. The same when ep_a is deleted for good.
+TEST_F(StoreTest, WhatAFanOutOwesADeletedEndpointIsNotSentToOneAddedSinceWithItsId) {
+  Enqueue({outbox::Message::To("hooks").Json("1").Key("k1").Build(),
+           outbox::Message::To("hooks").Json("2").Key("k2").Build(),
+           outbox::Message::To("hooks").Json("3").Key("k3").Build()});
+  Store store(db_url_);
+  // As the webhook service reads it, and names it in what a copy is owed.
+  const auto incarnation = [&] {
+    const auto d = MakePostgresEndpointDirectory(db_url_, "hooks")->Load();
+    EXPECT_EQ(d.endpoints.size(), 1u);
+    return d.endpoints.empty() ? 0 : d.endpoints[0].incarnation;
+  };
+  AddEndpointA(store);
+  const auto first = incarnation();
+  const auto r = store.Claim("hooks", 0, 100, 100, 30s);
+  ASSERT_EQ(r.messages.size(), 3u);
+  ASSERT_TRUE(DeleteEndpoint(store, "ep_a"));
+  AddEndpointA(store);
+  const auto second = incarnation();
+  ASSERT_NE(first, second);
+
+  const auto fan = [&](int i, std::int64_t of) {
+    Settlement s = Settle(r.messages[i], r.lease_token, Settlement::Kind::kFanOut);
+    s.children = {{"ep_a", Settlement::Kind::kRetry, 0ms, "http 503", 1, {}, of}};
+    return store.Settle({s});
+  };
+  auto c = fan(0, first);
+  EXPECT_EQ(c.delivered, 1);
+  EXPECT_EQ(c.spawned, 0) << "nothing for the endpoint added since";
+  EXPECT_EQ(c.endpoint_dead, 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_a' AND "
+                   "ordering_key = 'ep_a:k1' AND destination = 'hooks' AND "
+                   "reason = 'endpoint ep_a was deleted' AND last_error = 'http 503' AND "
+                   "attempts = 1"),
+            1);
+
+  c = fan(1, second);
+  EXPECT_EQ(c.spawned, 1) << "what the endpoint there now is owed is its row";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a' AND "
+                   "ordering_key = 'ep_a:k2'"),
+            1);
+
+  ASSERT_TRUE(DeleteEndpoint(store, "ep_a"));
+  c = fan(2, second);
+  EXPECT_EQ(c.spawned, 0);
+  EXPECT_EQ(c.endpoint_dead, 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_a' AND "
+                   "ordering_key = 'ep_a:k3' AND reason = 'endpoint ep_a was deleted'"),
+            1);
+}
+
 // The relay's role alone (docs/roles.md) writes what the webhook service writes: a fan-out's
 // dead endpoint copy (a dead letter with an id of its own, from the queue's sequence) and an
 // endpoint moved with its dead letters. Both failed with permission denied: the settle's whole
@@ -1857,6 +1913,44 @@ TEST_F(StoreTest, AFanOutWhoseEndpointIsBeingMovedIsDeferredThenWrittenWhereTheE
   EXPECT_TRUE(again.deferred.empty());
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a' AND "
                    "destination = 'hooks-eu'"),
+            1);
+}
+
+// A settle writing what a fan-out leaves ep_a read ep_a in its snapshot and holds its move lock
+// shared until it commits. A delete that did not take the lock committed beside it, and its
+// sweep of ep_a's queued rows missed the settle's row, which then waited in the queue for an
+// endpoint that no longer existed (and, were the id added again, was sent to the new one). The
+// delete takes the lock as a move does: it waits for the settle and buries its row too.
+TEST_F(StoreTest, AnEndpointsDeleteWaitsForASettleWritingWhatItIsOwed) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  pqxx::connection sc(db_url_);
+  pqxx::work settler(sc);
+  settler.exec("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key('ep_a'))");
+  settler.exec(
+      "INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
+      "  headers, payload, deliver_after, parked, endpoint_id, created_at)"
+      "  VALUES ('hooks', 'ep_a:k', gen_random_uuid(), '', '{}', '0', clock_timestamp(), true,"
+      "          'ep_a', now())");
+  auto deleted = std::async(std::launch::async, [&] {
+    Store s(db_url_);
+    return DeleteEndpoint(s, "ep_a");
+  });
+  const bool waited = testing::WaitFor(
+      [&] {
+        return deleted.wait_for(0s) == std::future_status::ready ||
+               Scalar(
+                   "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND "
+                   "NOT granted") > 0;
+      },
+      30s);
+  const bool done_first = deleted.wait_for(0s) == std::future_status::ready;
+  settler.commit();
+  ASSERT_TRUE(deleted.get());
+  EXPECT_TRUE(waited && !done_first) << "the delete went ahead of the settle";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 0);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_a' AND "
+                   "reason = 'endpoint ep_a was deleted'"),
             1);
 }
 

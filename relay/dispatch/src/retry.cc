@@ -140,6 +140,7 @@ Settlement::Child DecideForEndpoint(const EndpointOutcome& owed, const RetryPoli
   const Settlement s = Decide(MessageId{}, 0, o, policy, "", u01, shutting_down || cut_short);
   Settlement::Child c;
   c.endpoint_id = owed.endpoint_id;
+  c.endpoint_incarnation = owed.endpoint_incarnation;
   c.kind = s.kind;
   c.delay = s.delay;
   c.reason_class = s.reason_class;

@@ -107,7 +107,8 @@ Directory PostgresEndpointDirectory::Load() {
     tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY");
     d.version = tx.exec1("SELECT version FROM outbox.endpoint_registry")[0].as<std::int64_t>();
     const auto rows = tx.exec_params(
-        "SELECT e.id, e.url, array_to_json(e.event_types)::text AS event_types, "
+        "SELECT e.id, (extract(epoch FROM e.created_at) * 1000000)::bigint AS incarnation, "
+        "       e.url, array_to_json(e.event_types)::text AS event_types, "
         "       e.headers::text AS headers, e.max_in_flight, e.rate_limit, e.enabled, "
         "       e.breaker::text AS breaker, e.adaptive_concurrency, "
         "       (SELECT coalesce(json_agg(s.secret ORDER BY s.created_at DESC), '[]')::text "
@@ -121,6 +122,7 @@ Directory PostgresEndpointDirectory::Load() {
     for (const auto& row : rows) {
       EndpointSpec spec;
       spec.id = row["id"].as<std::string>();
+      spec.incarnation = row["incarnation"].as<std::int64_t>();
       spec.url = row["url"].as<std::string>();
       const auto event_types = nlohmann::json::parse(row["event_types"].c_str());
       for (const auto& t : event_types) {

@@ -674,6 +674,11 @@ EnableChange SetEndpointEnabled(Store& store, const std::string& id, bool enable
 bool DeleteEndpoint(Store& store, const std::string& id) {
   return Translated([&]() -> bool {
     pqxx::work tx(StoreAccess::Connection(store));
+    // The move lock (migration 0018), as a move takes it: a settle writing what a fan-out
+    // leaves this endpoint holds it shared from reading where the endpoint is until it
+    // commits, and is waited for, so the sweep below sees its rows; later settles find the
+    // endpoint gone (their copies become dead letters of it: settle.sql).
+    tx.exec_params("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key($1))", id);
     const auto r = tx.exec_params("DELETE FROM outbox.endpoints WHERE id = $1", id);
     // Its queued rows with it (dead letters, to inspect or replay); those in flight are the
     // relays' (settled, or dead-lettered as deleted when claimed again).

@@ -723,11 +723,13 @@ SettleCounts Store::SettleIn(pqxx::transaction_base& tx, std::span<const Settlem
       if (s.kind == Settlement::Kind::kFanOut) {
         nlohmann::json children = nlohmann::json::array();
         for (const auto& c : s.children) {
-          children.push_back({{"endpoint", c.endpoint_id},
-                              {"outcome", KindName(c.kind)},
-                              {"delay_ms", c.delay.count()},
-                              {"error", c.error},
-                              {"attempts", c.attempts}});
+          nlohmann::json child = {{"endpoint", c.endpoint_id},
+                                  {"outcome", KindName(c.kind)},
+                                  {"delay_ms", c.delay.count()},
+                                  {"error", c.error},
+                                  {"attempts", c.attempts}};
+          if (c.endpoint_incarnation != 0) child["incarnation"] = c.endpoint_incarnation;
+          children.push_back(std::move(child));
         }
         one["children"] = std::move(children);
       }

@@ -562,6 +562,57 @@ TEST_F(WebhookServiceSinkTest, AFanOutCopyBehindAnEndpointsRowsGoesWhenTheyFinis
   sink->Shutdown(5s);
 }
 
+// An endpoint deleted and added again with its id is another endpoint (its incarnation, the
+// registry row's creation): what a fan-out copy sent to the first one is owed names the first,
+// so the settle makes it a dead letter of the deleted endpoint rather than a row of the new one
+// (store_pgtest); a copy sent after the reload names the second.
+TEST_F(WebhookServiceSinkTest, WhatACopyIsOwedNamesTheEndpointItWasSentUnder) {
+  Gate gate;
+  HttpReceiver receiver;
+  OpenOnExit release{gate};
+  receiver.SetResponder([&](const outbox::testing::ReceivedRequest&) {
+    gate.Wait();
+    return Reply{503, "busy", {}, {}};
+  });
+  auto first = Endpoint("ep", receiver.Url("/hook"), 2);
+  first.incarnation = 111;
+  registry_.endpoints = {first};
+  auto sink = Start();
+  Outcomes done;
+  sink->Submit(Event(1), done.For());
+  ASSERT_TRUE(receiver.WaitForCount(1, 10s));
+  const int loads = registry_.Loads();
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.endpoints[0].incarnation = 222;  // deleted and added again, the same URL
+    ++registry_.version;
+  }
+  ASSERT_TRUE(WaitFor([&] { return registry_.Loads() > loads; }, 10s));
+  gate.Open();
+  ASSERT_TRUE(WaitFor([&] { return done.Of(1).has_value(); }, 10s));
+  ASSERT_EQ(done.Of(1)->kind, OutcomeKind::kFannedOut) << done.Of(1)->reason;
+  ASSERT_EQ(done.Of(1)->owed.size(), 1u);
+  EXPECT_EQ(done.Of(1)->owed[0].endpoint_incarnation, 111);
+  // Sent under the endpoint there now; and held back (disabled) names it too.
+  sink->Submit(Event(2), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(2).has_value(); }, 10s));
+  ASSERT_EQ(done.Of(2)->owed.size(), 1u);
+  EXPECT_EQ(done.Of(2)->owed[0].endpoint_incarnation, 222);
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.endpoints[0].enabled = false;
+    ++registry_.version;
+  }
+  const int reloaded = registry_.Loads();
+  ASSERT_TRUE(WaitFor([&] { return registry_.Loads() > reloaded; }, 10s));
+  sink->Submit(Event(3), done.For());
+  ASSERT_TRUE(WaitFor([&] { return done.Of(3).has_value(); }, 10s));
+  ASSERT_EQ(done.Of(3)->owed.size(), 1u);
+  EXPECT_EQ(done.Of(3)->owed[0].reason, "endpoint disabled");
+  EXPECT_EQ(done.Of(3)->owed[0].endpoint_incarnation, 222);
+  sink->Shutdown(5s);
+}
+
 // A row for an endpoint this relay does not know yet (created a moment ago, and its rows
 // replayed at once; or the registry could not be read since) is handed back and the registry
 // read again, not dead-lettered as deleted; only an endpoint still unknown after a fresh read is.

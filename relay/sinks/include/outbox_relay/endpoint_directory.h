@@ -19,6 +19,9 @@ namespace outbox::relay {
 /// One endpoint as stored, with the secrets that sign now (newest first).
 struct EndpointSpec {
   std::string id;
+  /// Which endpoint of this id: its creation, in microseconds since the epoch. One deleted and
+  /// added again with the id is another; what was owed to the first is not sent to it.
+  std::int64_t incarnation = 0;
   std::string url;
   std::vector<std::string> event_types;  ///< Empty: every event type.
   std::map<std::string, std::string> headers;

@@ -44,6 +44,8 @@ struct EndpointOutcome {
   Reason reason_class = Reason::kNone;
   /// kRetry: the endpoint asked to wait (Retry-After). kReturned: not before this long.
   std::optional<std::chrono::milliseconds> retry_after;
+  /// Which endpoint of that id the copy was sent under (EndpointSpec::incarnation); 0: any.
+  std::int64_t endpoint_incarnation = 0;
 };
 
 /// One HTTP request and its answer, as the delivery log records it (webhook sinks).

@@ -614,6 +614,7 @@ class WebhookServiceSink final : public Sink {
     auto hold = [&](std::string why, milliseconds after) {
       EndpointOutcome o;
       o.endpoint_id = lane.spec.id;
+      o.endpoint_incarnation = lane.spec.incarnation;
       o.kind = OutcomeKind::kReturned;
       o.reason = std::move(why);
       if (after.count() > 0) o.retry_after = after;
@@ -633,12 +634,14 @@ class WebhookServiceSink final : public Sink {
     std::shared_ptr<Sink> sink = lane.sink;
     const std::string endpoint = lane.spec.id;
     std::string delivery = copy.idempotency_key;
-    Completion done = [this, fan, sink, endpoint, delivery = std::move(delivery)](Outcome o) {
+    Completion done = [this, fan, sink, endpoint, incarnation = lane.spec.incarnation,
+                       delivery = std::move(delivery)](Outcome o) {
       Log(endpoint, delivery, o);
       Pump(endpoint);  // room in the endpoint's sink: the next of its backlog goes
       if (o.kind == OutcomeKind::kDelivered) return fan->Took();
       EndpointOutcome owed;
       owed.endpoint_id = endpoint;
+      owed.endpoint_incarnation = incarnation;
       owed.kind = o.kind;
       owed.reason = std::move(o.reason);
       owed.reason_class = o.reason_class;
@@ -967,6 +970,12 @@ class WebhookServiceSink final : public Sink {
       const auto it = old->find(spec.id);
       if (it != old->end() && it->second->sink && it->second->spec.SameSink(spec)) {
         lane->sink = it->second->sink;
+        if (it->second->spec.incarnation != spec.incarnation) {
+          // Its sink is kept (the same URL and settings); what the copies sent to the deleted
+          // one are owed is settled as the deleted endpoint's (EndpointOutcome).
+          spdlog::info("webhook {}: endpoint {} was deleted and added again", destination_,
+                       spec.id);
+        }
         if (it->second->spec.enabled != spec.enabled) {
           spdlog::info("webhook {}: endpoint {} {}", destination_, spec.id,
                        spec.enabled ? "enabled" : "disabled: its messages wait for it");

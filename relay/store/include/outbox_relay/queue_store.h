@@ -65,6 +65,9 @@ struct Settlement {
     std::string error;
     int attempts = 0;  ///< Attempts already made for this endpoint (1 after a failure).
     Reason reason_class = Reason::kNone;
+    /// Which endpoint of that id the copy was sent under (EndpointSpec::incarnation); 0: any.
+    /// Deleted since (added again, maybe), it is owed nothing: a dead letter of the deleted one.
+    std::int64_t endpoint_incarnation = 0;
   };
   MessageId id{};
   std::string lease_token;
