@@ -1760,6 +1760,48 @@ TEST_F(DispatcherTest, AMessageWrittenWhileTheListenConnectionWasDownIsClaimedOn
       << "the message written while the listener was down waits for poll_interval";
 }
 
+// The listener's connection reads the paused destinations too (every kPauseRefresh). A read
+// that failed there (a statement timeout, a grant revoked) was taken for a lost LISTEN
+// connection: the connection was dropped and LISTENed again, what was notified meanwhile lost
+// and every claim loop's lane started over (a rebalance), once a second for as long as the
+// read kept failing. The connection stays; the next read tries again.
+TEST_F(DispatcherTest, AFailedPauseReadKeepsTheListenConnection) {
+  Start(Config(), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(100ms);
+    return db_.Calls("subscribe") > 0 && db_.Calls("paused") > 0;
+  }));
+  const auto subscribed = db_.Calls("subscribe");
+  db_.Refuse("paused", "permission denied for table paused_destinations");
+  const auto errors = dispatcher_->stats().db_errors;
+  // Some seconds of failed reads, by the listener and by maintenance.
+  for (int i = 0; i < 8 && db_.Calls("subscribe") == subscribed; ++i) {
+    const auto reads = db_.Calls("paused");
+    ASSERT_TRUE(WaitFor([&] {
+      clock_.Advance(200ms);
+      return db_.Calls("paused") > reads || db_.Calls("subscribe") > subscribed;
+    }));
+  }
+  EXPECT_EQ(db_.Calls("subscribe"), subscribed) << "the LISTEN connection was dropped";
+  EXPECT_GT(dispatcher_->stats().db_errors, errors) << "the failed reads are counted";
+  db_.Heal("paused");
+  db_.Pause("orders", "maintenance");
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(200ms);
+    return !sink_->pauses().empty();
+  }));
+  EXPECT_EQ(sink_->pauses(), (std::vector<bool>{true}));
+  // A notification still wakes the claim loops at once.
+  db_.Resume("orders");
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(200ms);
+    return sink_->pauses().size() == 2u;
+  }));
+  db_.Enqueue("orders", std::nullopt);
+  EXPECT_TRUE(WaitFor([&] { return db_.Queued() == 0; }));
+  EXPECT_EQ(db_.Calls("subscribe"), subscribed);
+}
+
 TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
   db_.Pause("orders", "endpoint maintenance");
   for (int i = 0; i < 20; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 3));

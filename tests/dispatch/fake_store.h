@@ -854,6 +854,10 @@ class FakeStore final : public QueueStore {
       db_.Enter("listen");
     }
     if (listening_) return;
+    {
+      std::lock_guard lk(db_.mu_);
+      ++db_.calls_["subscribe"];  // a LISTEN on a fresh connection
+    }
     std::lock_guard lk(db_.notify_mu_);
     seen_ = db_.notifications_;
     listening_ = true;

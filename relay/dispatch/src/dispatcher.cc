@@ -158,7 +158,27 @@ bool Dispatcher::Impl::IsPaused(const std::string& destination) {
 void Dispatcher::Impl::RefreshPaused(QueueStore& store) {
   std::unique_lock lk(pause_read_mu, std::try_to_lock);
   if (!lk.owns_lock()) return;
-  UpdatePaused(store.PausedDestinations());
+  std::map<std::string, std::string> now;
+  try {
+    now = store.PausedDestinations();
+  } catch (const std::exception& e) {
+    // Thrown, a failed read dropped the listener's connection (what was notified meanwhile
+    // lost, every lane started over) and cut maintenance's turn short with a reconnect, once
+    // a second for as long as it kept failing.
+    if (!store.Connected()) throw;
+    DbError();
+    if (!pause_read_failing) {
+      spdlog::warn(
+          "cannot read the paused destinations ({}); the last read stands, and the "
+          "next is tried in a second",
+          e.what());
+    }
+    pause_read_failing = true;
+    return;
+  }
+  if (pause_read_failing) spdlog::info("the paused destinations are read again");
+  pause_read_failing = false;
+  UpdatePaused(std::move(now));
 }
 
 void Dispatcher::Impl::UpdatePaused(std::map<std::string, std::string> now) {

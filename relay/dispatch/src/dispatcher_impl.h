@@ -261,9 +261,12 @@ struct Dispatcher::Impl {
   void UpdatePaused(std::map<std::string, std::string> now);
   // Reads the paused destinations on `store` and applies them, unless the other reader (the
   // listener, maintenance) is doing so now: one read and its application at a time, so an
-  // older read is never applied after a newer one.
+  // older read is never applied after a newer one. A read that fails on a connection still
+  // open (a statement timeout, a grant revoked) is counted and logged, and the caller goes on
+  // (the next read is a second away); a lost connection is thrown, for the caller's reconnect.
   void RefreshPaused(QueueStore& store);
   std::mutex pause_read_mu;
+  bool pause_read_failing = false;  // guarded by pause_read_mu
 
   // --- claim_mode partitioned: the buckets this relay owns ---
   std::mutex owned_mu;
