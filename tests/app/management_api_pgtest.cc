@@ -615,6 +615,68 @@ TEST_F(ManagementApiTest, StopEndsARequestWaitingOnALock) {
   }
 }
 
+// A replay of a large archive runs for minutes, in parts. On the API's one database connection
+// it held every other request (a list, an endpoint's change) until it was done; it runs on a
+// connection of its own, which Stop cuts short like the shared one.
+TEST_F(ManagementApiTest, AReplayRunsBesideTheOtherRequests) {
+  ASSERT_EQ(
+      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
+      201);
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'd', 'k' || g, gen_random_uuid(), 'e', '{}',"
+      "    '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  // A move of the endpoint under way holds its lock: the replay's first part waits for it.
+  pqxx::connection x(db_url_);
+  pqxx::work mover(x);
+  mover.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('acme'))");
+  const auto replay = [&] {
+    httplib::Client c("127.0.0.1", api_->port());
+    c.set_read_timeout(60s);
+    c.set_default_headers({{"Authorization", "Bearer " + kToken}});
+    return c.Post("/v1/endpoints/acme/replay", R"({"since": "2020-01-01T00:00:00Z"})",
+                  "application/json");
+  };
+  auto first = std::async(std::launch::async, replay);
+  const auto replay_waits = [&] {
+    return WaitFor(
+        [&] {
+          return Scalar(
+                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                     "AND query LIKE '%pg_advisory_xact_lock_shared%'") > 0;
+        },
+        10s);
+  };
+  ASSERT_TRUE(replay_waits());
+  httplib::Client c("127.0.0.1", api_->port());
+  c.set_read_timeout(5s);
+  c.set_default_headers({{"Authorization", "Bearer " + kToken}});
+  const auto list = Of(c.Get("/v1/endpoints"));
+  EXPECT_EQ(list.status, 200) << "the list waited for the replay";
+  const auto changed =
+      Of(c.Patch("/v1/endpoints/acme", R"({"description": "during"})", "application/json"));
+  EXPECT_EQ(changed.status, 200) << "the change waited for the replay";
+  mover.commit();
+  const auto done = Of(first.get());
+  EXPECT_EQ(done.status, 202) << done.body.dump();
+  EXPECT_EQ(done.body["queued"], 3) << done.body.dump();
+
+  // Stop cuts a replay that waits short (503), as it does any other request.
+  pqxx::work again(x);
+  again.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('acme'))");
+  auto second = std::async(std::launch::async, replay);
+  ASSERT_TRUE(replay_waits());
+  auto stopped = std::async(std::launch::async, [&] { api_->Stop(); });
+  const bool in_time = stopped.wait_for(10s) == std::future_status::ready;
+  again.abort();
+  stopped.get();
+  EXPECT_TRUE(in_time) << "Stop waited for the replay";
+  if (const auto r = second.get()) {
+    EXPECT_EQ(r->status, 503) << r->body;
+  }
+}
+
 // A body over the 1 MiB limit is a JSON error like every other refusal (cpp-httplib answered
 // an empty 413 that clients could not parse).
 TEST_F(ManagementApiTest, ABodyOverTheLimitIsA413NamingTheLimit) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -190,9 +191,9 @@ struct ManagementApi::Impl {
 
   std::mutex store_mu;
   std::unique_ptr<Store> store;  ///< Guarded by store_mu; one connection, made on first use.
-  /// The store a request is using right now, for Stop to cut its statement short.
+  /// The stores requests are using right now, for Stop to cut their statements short.
   std::mutex busy_mu;
-  Store* busy = nullptr;  ///< Guarded by busy_mu.
+  std::set<Store*> busy;  ///< Guarded by busy_mu.
   bool stopping = false;  ///< Guarded by busy_mu: requests not yet running are answered 503.
 
   ManagementApi::UrlCheck url_check;                  ///< Set before Start; read-only after.
@@ -219,20 +220,36 @@ struct ManagementApi::Impl {
     return CRYPTO_memcmp(header.data() + prefix.size(), token.data(), token.size()) == 0;
   }
 
+  // How a request reaches the database: on the API's one connection, one request at a time
+  // (most), or on a connection of its own for as long as it runs (a replay, which goes on for
+  // minutes over a large archive and held every other request meanwhile).
+  enum class Connection { kShared, kOwn };
+
   // Runs `f(store)` for one request: authentication first, then every failure as a JSON error.
   template <class F>
-  void Handle(const httplib::Request& req, httplib::Response& res, F f) {
+  void Handle(const httplib::Request& req, httplib::Response& res, F f,
+              Connection connection = Connection::kShared) {
     try {
       if (!Authorized(req)) {
         res.set_header("WWW-Authenticate", "Bearer");
         throw ApiError{401, "unauthorized",
                        "send the management API token as `Authorization: Bearer <token>`", ""};
       }
-      std::lock_guard lock(store_mu);
-      if (!store) store = std::make_unique<Store>(database_url);
+      std::unique_lock lock(store_mu, std::defer_lock);
+      std::unique_ptr<Store> own;
+      Store* s = nullptr;
+      if (connection == Connection::kOwn) {
+        own = std::make_unique<Store>(database_url);
+        s = own.get();
+      } else {
+        lock.lock();
+        if (!store) store = std::make_unique<Store>(database_url);
+        s = store.get();
+      }
       struct Busy {
         Impl& d;
-        Busy(Impl& impl, Store* s) : d(impl) {
+        Store* s;
+        Busy(Impl& impl, Store* store_in_use) : d(impl), s(store_in_use) {
           std::lock_guard lk(d.busy_mu);
           if (d.stopping) {
             throw ApiError{503, "database_unavailable",
@@ -240,18 +257,18 @@ struct ManagementApi::Impl {
                            "relay, or once it is back",
                            ""};
           }
-          d.busy = s;
+          d.busy.insert(s);
         }
         ~Busy() {
           std::lock_guard lk(d.busy_mu);
-          d.busy = nullptr;
+          d.busy.erase(s);
         }
       };
       try {
-        const Busy busy_now(*this, store.get());
-        f(*store, res);
+        const Busy busy_now(*this, s);
+        f(*s, res);
       } catch (const StoreError& e) {
-        store.reset();  // reconnect on the next request
+        if (!own) store.reset();  // reconnect on the next request
         if (e.transient()) {
           throw ApiError{503, "database_unavailable",
                          std::string("the database cannot be reached: ") + e.what(), ""};
@@ -431,25 +448,28 @@ struct ManagementApi::Impl {
       });
     });
     server.Post(one + "/replay", [this](const httplib::Request& req, httplib::Response& res) {
-      Handle(req, res, [&](Store& s, httplib::Response& r) {
-        const std::string id = req.matches[1];
-        const json body = ParseBody(req, true);
-        OnlyKeys(body, {"since", "message", "restart"});
-        bool restart = false;
-        if (body.contains("restart")) {
-          if (!body["restart"].is_boolean()) {
-            throw BadField("restart", "restart must be true or false");
-          }
-          restart = body["restart"].get<bool>();
-        }
-        const auto replay = ReplayToEndpoint(s, id, String(body, "since").value_or(""),
-                                             String(body, "message").value_or(""), restart);
-        Reply(r, 202,
-              {{"queued", replay.queued},
-               {"resumed", replay.resumed},
-               {"queued_earlier", replay.queued_earlier},
-               {"began", replay.began}});
-      });
+      Handle(
+          req, res,
+          [&](Store& s, httplib::Response& r) {
+            const std::string id = req.matches[1];
+            const json body = ParseBody(req, true);
+            OnlyKeys(body, {"since", "message", "restart"});
+            bool restart = false;
+            if (body.contains("restart")) {
+              if (!body["restart"].is_boolean()) {
+                throw BadField("restart", "restart must be true or false");
+              }
+              restart = body["restart"].get<bool>();
+            }
+            const auto replay = ReplayToEndpoint(s, id, String(body, "since").value_or(""),
+                                                 String(body, "message").value_or(""), restart);
+            Reply(r, 202,
+                  {{"queued", replay.queued},
+                   {"resumed", replay.resumed},
+                   {"queued_earlier", replay.queued_earlier},
+                   {"began", replay.began}});
+          },
+          Connection::kOwn);
     });
     server.Get("/v1/attempts", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
@@ -577,7 +597,7 @@ void ManagementApi::Stop() {
     if (std::chrono::steady_clock::now() >= cut_from) {
       std::lock_guard lk(d.busy_mu);
       d.stopping = true;
-      if (d.busy != nullptr) d.busy->Interrupt();
+      for (Store* s : d.busy) s->Interrupt();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
