@@ -1802,6 +1802,24 @@ TEST_F(DispatcherTest, AFailedPauseReadKeepsTheListenConnection) {
   EXPECT_EQ(db_.Calls("subscribe"), subscribed);
 }
 
+// A paused read that fails because the connection is gone is the listener's lost connection:
+// it LISTENs again on a fresh one (and wakes the claim loops for what it may have missed).
+TEST_F(DispatcherTest, APauseReadThatLosesTheConnectionListensAgain) {
+  Start(Config(), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(100ms);
+    return db_.Calls("subscribe") > 0;
+  }));
+  const auto subscribed = db_.Calls("subscribe");
+  db_.FailuresLoseTheConnection();
+  db_.FailNext("paused", 1'000'000);
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(200ms);
+    return db_.Calls("subscribe") > subscribed;
+  })) << "the listener kept a connection that was gone";
+  db_.Heal("paused");
+}
+
 TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {
   db_.Pause("orders", "endpoint maintenance");
   for (int i = 0; i < 20; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 3));

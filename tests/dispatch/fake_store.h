@@ -162,6 +162,12 @@ class FakeDatabase {
     std::lock_guard lk(mu_);
     failures_[op] += n;
   }
+  /// The failures FailNext injects into a paused read from now on lose the store's connection
+  /// (Connected() false until Reset), as a database that went away does.
+  void FailuresLoseTheConnection() {
+    std::lock_guard lk(mu_);
+    failures_lose_connection_ = true;
+  }
   /// Calls of `op` stop failing (what FailNext still owed is dropped).
   void Heal(const std::string& op) {
     std::lock_guard lk(mu_);
@@ -475,6 +481,7 @@ class FakeDatabase {
   std::condition_variable notify_cv_;
   std::uint64_t notifications_ = 0;
   bool rebalance_ = false;                        // guarded by notify_mu_
+  bool failures_lose_connection_ = false;         // guarded by mu_
   bool rows_locked_ = false;                      // guarded by mu_
   std::chrono::microseconds cleanup_per_row_{0};  // guarded by mu_
   std::chrono::milliseconds reap_stall_{0};       // guarded by mu_
@@ -842,7 +849,12 @@ class FakeStore final : public QueueStore {
   std::map<std::string, std::int64_t> LiveRelays(Millis) override { return {}; }
   std::map<std::string, std::string> PausedDestinations() override {
     std::lock_guard lk(db_.mu_);
-    db_.Enter("paused");
+    try {
+      db_.Enter("paused");
+    } catch (const StoreError&) {
+      if (db_.failures_lose_connection_) connected_ = false;  // until Reset
+      throw;
+    }
     return db_.paused_;
   }
 
@@ -902,8 +914,11 @@ class FakeStore final : public QueueStore {
     return 0;
   }
 
-  void Reset() override { listening_ = false; }
-  bool Connected() const override { return true; }
+  void Reset() override {
+    listening_ = false;
+    connected_ = true;
+  }
+  bool Connected() const override { return connected_; }
 
  private:
   // db_.mu_ held. Whether the row's bucket is one the settle's relay named and still owns.
@@ -926,6 +941,7 @@ class FakeStore final : public QueueStore {
   std::string last_token_;
   std::uint64_t seen_ = 0;
   bool listening_ = false;
+  std::atomic<bool> connected_{true};
 };
 
 inline StoreFactory FakeDatabase::Stores() {

@@ -196,6 +196,9 @@ struct ManagementApi::Impl {
   std::set<Store*> busy;  ///< Guarded by busy_mu.
   bool stopping = false;  ///< Guarded by busy_mu: requests not yet running are answered 503.
 
+  static constexpr int kMaxOwn = 2;  ///< Requests on connections of their own, at once.
+  std::atomic<int> own_running{0};
+
   ManagementApi::UrlCheck url_check;                  ///< Set before Start; read-only after.
   ManagementApi::DestinationCheck destination_check;  ///< Set before Start; read-only after.
 
@@ -238,7 +241,27 @@ struct ManagementApi::Impl {
       std::unique_lock lock(store_mu, std::defer_lock);
       std::unique_ptr<Store> own;
       Store* s = nullptr;
+      // Requests on connections of their own (replays, for minutes each) run two at a time, so
+      // that clients asking again on a short timeout cannot take the server's connections
+      // from the relay's claims and settles.
+      struct Slot {
+        std::atomic<int>* running = nullptr;
+        ~Slot() {
+          if (running) --*running;
+        }
+      } slot;
       if (connection == Connection::kOwn) {
+        if (++own_running > kMaxOwn) {
+          --own_running;
+          res.set_header("Retry-After", "5");
+          throw ApiError{429, "too_many_requests",
+                         std::to_string(kMaxOwn) +
+                             " replays are running on this relay; ask again when one is done "
+                             "(the same replay asked again waits for the one running and "
+                             "queues nothing twice)",
+                         ""};
+        }
+        slot.running = &own_running;
         own = std::make_unique<Store>(database_url);
         s = own.get();
       } else {

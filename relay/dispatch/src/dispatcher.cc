@@ -165,7 +165,7 @@ void Dispatcher::Impl::RefreshPaused(QueueStore& store) {
     // Thrown, a failed read dropped the listener's connection (what was notified meanwhile
     // lost, every lane started over) and cut maintenance's turn short with a reconnect, once
     // a second for as long as it kept failing.
-    if (!store.Connected()) throw;
+    if (!store.Connected() || stopping) throw;
     DbError();
     if (!pause_read_failing) {
       spdlog::warn(

@@ -11,7 +11,8 @@
 namespace outbox::relay {
 
 /// Serves, under /v1, with `Authorization: Bearer <token>` on every request:
-///   GET    /v1/endpoints[?destination=D]        200 {"data": [endpoint...]}
+///   GET    /v1/endpoints[?destination=D&limit=N&after=C]
+///                                               200 {"data": [endpoint...], "next_after"}
 ///   POST   /v1/endpoints                        201 endpoint + "secret" (shown once)
 ///   GET    /v1/endpoints/{id}                   200 endpoint
 ///   PATCH  /v1/endpoints/{id}                   200 endpoint
