@@ -687,6 +687,35 @@ TEST_F(ManagementApiTest, AReplayRunsBesideTheOtherRequests) {
   }
 }
 
+// A replay part holds its endpoint's move lock while it waits for its keys' locks, which an
+// application's transaction left open holds for as long as it stays open. A delete or a move
+// of that endpoint waited as long, on the API's one connection, and every request behind it
+// with it. It waits 5 s, then answers 503 endpoint_busy, changing nothing.
+TEST_F(ManagementApiTest, ADeleteOrMoveOfAnEndpointHeldByAReplayIsRefusedAfterAWhile) {
+  ASSERT_EQ(
+      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
+      201);
+  pqxx::connection x(db_url_);
+  pqxx::work replay(x);
+  replay.exec("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key('acme'))");
+  httplib::Client c("127.0.0.1", api_->port());
+  c.set_read_timeout(30s);
+  c.set_default_headers({{"Authorization", "Bearer " + kToken}});
+  const auto deleted = c.Delete("/v1/endpoints/acme");
+  ASSERT_TRUE(deleted) << "no answer within 30 s";
+  ExpectError(Of(deleted), 503, "endpoint_busy");
+  EXPECT_EQ(deleted->get_header_value("Retry-After"), "5");
+  EXPECT_NE(ErrorMessage(Of(deleted)).find("try again"), std::string::npos);
+  ExpectError(Patch("/v1/endpoints/acme", R"({"destination": "d2"})"), 503, "endpoint_busy");
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE id = 'acme' AND "
+                   "destination = 'd'"),
+            1)
+      << "nothing changed";
+  EXPECT_EQ(Patch("/v1/endpoints/acme", R"({"description": "not a move"})").status, 200);
+  replay.commit();
+  EXPECT_EQ(Delete("/v1/endpoints/acme").status, 204);
+}
+
 // A body over the 1 MiB limit is a JSON error like every other refusal (cpp-httplib answered
 // an empty 413 that clients could not parse).
 TEST_F(ManagementApiTest, ABodyOverTheLimitIsA413NamingTheLimit) {

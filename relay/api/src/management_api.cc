@@ -312,6 +312,9 @@ struct ManagementApi::Impl {
       ReplyError(res, {409, "conflict", e.what(), e.field()});
     } catch (const InvalidField& e) {
       ReplyError(res, {400, "invalid_field", e.what(), e.field()});
+    } catch (const EndpointBusy& e) {
+      res.set_header("Retry-After", "5");
+      ReplyError(res, {503, "endpoint_busy", e.what(), ""});
     } catch (const EndpointNotFound& e) {
       ReplyError(res, {404, "not_found", e.what(), ""});
     } catch (const std::exception& e) {

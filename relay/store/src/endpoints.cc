@@ -430,6 +430,25 @@ RotatedKey StoreKey(pqxx::work& tx, const std::string& id, RotatedKey k) {
   return k;
 }
 
+// The endpoint's move lock (migration 0018), exclusively, waited for up to kEndpointLockWait:
+// a replay part holds it shared while it waits for its keys' locks, which an application's
+// transaction left open can hold for as long as it stays open, and a delete or a move waiting
+// behind it held the management API's connection (and every request after it) meanwhile.
+void TakeEndpointMoveLock(pqxx::work& tx, const std::string& id) {
+  tx.exec("SET LOCAL lock_timeout = " +
+          std::to_string(std::chrono::milliseconds(kEndpointLockWait).count()));
+  try {
+    tx.exec_params("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key($1))", id);
+  } catch (const pqxx::sql_error& e) {
+    if (e.sqlstate() != "55P03") throw;
+    throw EndpointBusy("endpoint " + id + " is busy: a replay to it, or a relay writing its " +
+                       "rows, held it for " + std::to_string(kEndpointLockWait.count()) +
+                       " s; nothing changed, try again in a few seconds (a replay waits behind "
+                       "transactions left open: `outbox-relay status` shows the oldest)");
+  }
+  tx.exec("SET LOCAL lock_timeout TO DEFAULT");
+}
+
 // Dead-letters the queued rows of endpoint `id` that no relay has in flight: a deleted
 // endpoint's, which must not go to the next endpoint given its id (its URL, its secret, its
 // event types). Returns how many rows of it a relay still has in flight.
@@ -582,7 +601,7 @@ bool UpdateEndpoint(Store& store, const std::string& id, const EndpointFields& f
       // The move lock (migration 0018), alone: a settle writing what a fan-out leaves this
       // endpoint tries it shared and puts the fan-out aside while the move runs; one under way
       // is waited for, and its rows are then in the queue for the sweep below.
-      tx.exec_params("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key($1))", id);
+      TakeEndpointMoveLock(tx, id);
     }
     const auto r = tx.exec_params(
         "UPDATE outbox.endpoints e SET "
@@ -678,7 +697,7 @@ bool DeleteEndpoint(Store& store, const std::string& id) {
     // leaves this endpoint holds it shared from reading where the endpoint is until it
     // commits, and is waited for, so the sweep below sees its rows; later settles find the
     // endpoint gone (their copies become dead letters of it: settle.sql).
-    tx.exec_params("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key($1))", id);
+    TakeEndpointMoveLock(tx, id);
     const auto r = tx.exec_params("DELETE FROM outbox.endpoints WHERE id = $1", id);
     // Its queued rows with it (dead letters, to inspect or replay); those in flight are the
     // relays' (settled, or dead-lettered as deleted when claimed again).

@@ -49,6 +49,15 @@ class EndpointNotFound : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// A delete or a move of an endpoint waited kEndpointLockWait for its move lock (migration
+/// 0018) and gave up: a replay to it, or a relay writing its rows, held it. Nothing changed;
+/// asking again in a few seconds may well succeed.
+class EndpointBusy : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+inline constexpr std::chrono::seconds kEndpointLockWait{5};
+
 /// One endpoint as an operator sees it. Never its secrets.
 struct EndpointRecord {
   std::string id;
