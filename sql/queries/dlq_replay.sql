@@ -13,13 +13,25 @@
 -- Taken in parts ($3, $4) by the caller, each its own transaction: every replayed key takes a
 -- lock, and a whole queue of dead letters in one statement filled PostgreSQL's lock table
 -- ("out of shared memory").
--- Returns (id, held_back, last): the new message ids, and the ids of the dead letters held
--- back; `last` is the highest dead-letter id this part looked at, NULL when none was left.
+-- A dead letter of a webhook endpoint that is no longer there is held back too, as
+-- `endpoint_deleted`: the endpoint was deleted, and one added since with its id is another (its
+-- URL, its secret, its event types) that must not get it. The endpoint there now is the one it
+-- died under when it died after that endpoint was created, and not as the copy of a deleted
+-- endpoint (reason 'endpoint ID was deleted', which a settle may write after the id was
+-- added again).
+-- Returns (id, kind, last): the new message ids (kind `replayed`), and the ids of the dead
+-- letters held back (`held_back`: their key; `endpoint_deleted`); `last` is the highest
+-- dead-letter id this part looked at, NULL when none was left.
 -- One more row, with no id, carries `last` alone: a part whose dead letters were all purged
 -- meanwhile (`dlq purge` committing while this waited for their rows) returns nothing else,
 -- and the replay took that for the end and left every later dead letter (review).
 WITH candidates AS (
-  SELECT d.id, d.idempotency_key
+  SELECT d.id, d.idempotency_key,
+         d.endpoint_id IS NULL OR EXISTS (
+           SELECT 1 FROM outbox.endpoints e
+           WHERE e.id = d.endpoint_id AND e.created_at <= d.dead_at
+             AND d.reason IS DISTINCT FROM 'endpoint ' || d.endpoint_id || ' was deleted')
+           AS deliverable
   FROM outbox.dead_letters d
   WHERE (NULLIF($1, '') IS NULL OR d.id = ANY(NULLIF($1, '')::bigint[]))
     AND (NULLIF($2, '') IS NULL OR d.destination = $2)
@@ -29,7 +41,8 @@ WITH candidates AS (
 ), chosen AS (
   SELECT DISTINCT ON (c.idempotency_key) c.id
   FROM candidates c
-  WHERE NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.idempotency_key = c.idempotency_key)
+  WHERE c.deliverable
+    AND NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.idempotency_key = c.idempotency_key)
   ORDER BY c.idempotency_key, c.id
 ), picked AS (
   DELETE FROM outbox.dead_letters d
@@ -56,9 +69,11 @@ WITH candidates AS (
   ORDER BY id
   RETURNING id
 )
-SELECT id, false AS held_back, (SELECT max(id) FROM candidates) AS last FROM replayed
+SELECT id, 'replayed' AS kind, (SELECT max(id) FROM candidates) AS last FROM replayed
 UNION ALL
-SELECT c.id, true, (SELECT max(id) FROM candidates) FROM candidates c
+SELECT c.id, CASE WHEN c.deliverable THEN 'held_back' ELSE 'endpoint_deleted' END,
+       (SELECT max(id) FROM candidates)
+FROM candidates c
 WHERE c.id <> ALL ((SELECT coalesce(array_agg(id), '{}') FROM chosen)::bigint[])
 UNION ALL
 SELECT NULL, NULL, (SELECT max(id) FROM candidates)

@@ -1492,11 +1492,12 @@ TEST_F(StoreTest, AReplayWhosePartWasPurgedMeanwhileGoesOnToTheRest) {
 // its endpoint through `dlq bury` and `dlq replay`. Buried without it, the replayed row was a
 // new message to the service, fanned out to every endpoint under new webhook-ids.
 TEST_F(StoreTest, BuryingAndReplayingAnEndpointRowKeepsItsEndpoint) {
+  Store c(db_url_);
+  AddEndpointA(c);
   auto ids = Enqueue({outbox::Message::To("hooks").Json("1").Key("order-1").Build()});
   Scalar(
       "WITH u AS (UPDATE outbox.messages SET endpoint_id = 'ep_a', ordering_key = "
       "'ep_a:order-1' RETURNING 1) SELECT count(*) FROM u");
-  Store c(db_url_);
   ASSERT_EQ(BuryDestination(c, "hooks", "no relay serves it"), 1);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_a'"), 1);
   ReplayDeadLetters(c, {}, "hooks");
@@ -1547,6 +1548,40 @@ TEST_F(StoreTest, ADeletedEndpointsQueuedRowsAreDeadLetteredAndNoNewEndpointInhe
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 0)
       << "the new endpoint inherited a deleted one's row";
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_a'"), 4);
+
+  // Nor through a replay: `dlq replay` queued the deleted endpoint's dead letters as rows of
+  // the new one (its URL, its secret, whatever its event types), and `endpoints replay` sent
+  // it the deleted one's archived copies. A dead letter of the endpoint there now still goes.
+  Scalar(
+      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
+      "  endpoint_id) VALUES (nextval('outbox.messages_id_seq'), 'hooks', NULL,"
+      "  gen_random_uuid(), 'invoice.paid', '{}', '1', 3, 'http 500', now(), 'ep_a'),"
+      "  (nextval('outbox.messages_id_seq'), 'hooks', NULL, gen_random_uuid(), 'invoice.paid',"
+      "   '{}', '2', 3, 'http 500', now(), 'ep_gone') RETURNING 1) SELECT count(*) FROM d");
+  const auto replayed = ReplayDeadLetters(c, {}, "hooks");
+  EXPECT_EQ(replayed.ids.size(), 1u) << "the new endpoint's own dead letter";
+  EXPECT_TRUE(replayed.held_back.empty());
+  EXPECT_EQ(replayed.of_deleted_endpoints.size(), 5u)
+      << "the deleted ep_a's four, and one of an endpoint no longer there";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a' AND "
+                   "payload = '1'"),
+            1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 5) << "they stay dead letters";
+
+  Scalar("WITH d AS (DELETE FROM outbox.messages RETURNING 1) SELECT count(*) FROM d");
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at, delivered_at,"
+      "  endpoint_id) VALUES"
+      "  (nextval('outbox.messages_id_seq'), 'hooks', 'ep_a:k', gen_random_uuid(), 'e', '{}',"
+      "   '\"old\"', 1, now() - interval '1 hour', now() - interval '1 hour', 'ep_a'),"
+      "  (nextval('outbox.messages_id_seq'), 'hooks', 'ep_a:k', gen_random_uuid(), 'e', '{}',"
+      "   '\"new\"', 1, now(), clock_timestamp(), 'ep_a') RETURNING 1) SELECT count(*) FROM a");
+  EXPECT_EQ(relay::ReplayToEndpoint(c, "ep_a", "-infinity", "").queued, 1)
+      << "only the copy delivered to the endpoint there now";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE payload = '\"new\"'"), 1);
 }
 
 // A replayed message of a key waits for the key's uncommitted writer, as outbox.enqueue's

@@ -469,7 +469,16 @@ int RunDlqReplay(const DlqArgs& a) {
                    "purge them\n";
       code = 1;
     }
-    const std::size_t found = r.ids.size() + r.held_back.size();
+    if (!r.of_deleted_endpoints.empty()) {
+      std::string ids;
+      for (const auto id : r.of_deleted_endpoints) ids += " " + std::to_string(id);
+      std::cerr << "error: " << r.of_deleted_endpoints.size()
+                << " dead letter(s) of a webhook endpoint that was deleted held back (an "
+                   "endpoint added since with its id is another, and does not get them):"
+                << ids << "; they stay dead letters: purge them with `outbox-relay dlq purge`\n";
+      code = 1;
+    }
+    const std::size_t found = r.ids.size() + r.held_back.size() + r.of_deleted_endpoints.size();
     // An id given twice is one dead letter.
     const std::size_t given = std::set<std::int64_t>(a.ids.begin(), a.ids.end()).size();
     if (!a.ids.empty() && found != given) {

@@ -138,7 +138,11 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
       if (rows.empty() || rows[0][2].is_null()) break;
       for (const auto& r : rows) {
         if (r[0].is_null()) continue;
-        (r[1].as<bool>() ? out.held_back : out.ids).push_back(r[0].as<std::int64_t>());
+        const std::string kind = r[1].as<std::string>();
+        (kind == "replayed"    ? out.ids
+         : kind == "held_back" ? out.held_back
+                               : out.of_deleted_endpoints)
+            .push_back(r[0].as<std::int64_t>());
       }
       after = rows[0][2].as<long long>();
     }

@@ -902,7 +902,10 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           "    AND ($2 = '' OR a.delivered_at >= nullif($2, '')::timestamptz)"
           "    AND ($3 = '' OR a.idempotency_key = nullif($3, '')::uuid"
           "         OR outbox.endpoint_delivery_id(a.idempotency_key, e.id) = nullif($3, '')::uuid)"
-          "    AND (a.endpoint_id = e.id OR (a.endpoint_id IS NULL AND ("
+          // The endpoint's own copies: of this endpoint, delivered since it was created (one
+          // deleted before it, with its id, is another endpoint).
+          "    AND ((a.endpoint_id = e.id AND a.delivered_at >= e.created_at)"
+          "         OR (a.endpoint_id IS NULL AND ("
           "         cardinality(e.event_types) = 0 OR a.event_type = ANY(e.event_types)"
           "         OR '*' = ANY(e.event_types)"
           "         OR EXISTS (SELECT 1 FROM unnest(e.event_types) t"

@@ -36,6 +36,9 @@ std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id);
 struct Replayed {
   std::vector<std::int64_t> ids;        ///< The new messages' ids.
   std::vector<std::int64_t> held_back;  ///< Dead letters left as they are, see below.
+  /// Dead letters of a webhook endpoint that was deleted (maybe added again since with its id,
+  /// another endpoint, which must not get them): left as they are, for `dlq purge`.
+  std::vector<std::int64_t> of_deleted_endpoints;
 };
 /// Puts dead letters back in the queue with their idempotency keys; `ids` empty: every one
 /// (of `destination` if given). A dead letter whose idempotency key is queued, or that shares
