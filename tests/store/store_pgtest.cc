@@ -1584,6 +1584,41 @@ TEST_F(StoreTest, ADeletedEndpointsQueuedRowsAreDeadLetteredAndNoNewEndpointInhe
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE payload = '\"new\"'"), 1);
 }
 
+// An endpoint added with the id of one being deleted (another relay's API, behind a load
+// balancer) waits for the delete: it saw the endpoint still there, skipped its check for the
+// deleted one's rows in flight, and its insert, once the delete committed, let them go to the
+// new endpoint.
+TEST_F(StoreTest, AnEndpointAddedWhileItsIdIsBeingDeletedWaitsForTheDelete) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH i AS (INSERT INTO outbox.messages (destination, idempotency_key, event_type, headers,"
+      "  payload, deliver_after, parked, endpoint_id, created_at, bucket, lease_owner,"
+      "  lease_until) VALUES ('hooks', gen_random_uuid(), 'e', '{}', '0', now(), true, 'ep_a',"
+      "  now(), 0, gen_random_uuid(), now() + interval '1 minute') RETURNING 1) "
+      "SELECT count(*) FROM i");
+  // A delete under way: the lock, the endpoint's row gone, not committed yet.
+  pqxx::connection dc(db_url_);
+  pqxx::work deleting(dc);
+  deleting.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('ep_a'))");
+  deleting.exec("DELETE FROM outbox.endpoints WHERE id = 'ep_a'");
+  auto added = std::async(std::launch::async, [&] {
+    Store s(db_url_);
+    try {
+      AddEndpointA(s);
+      return std::string("added");
+    } catch (const EndpointExists& e) {
+      return std::string(e.what());
+    }
+  });
+  ASSERT_TRUE(WaitForALockWait(30s));
+  deleting.commit();
+  const std::string outcome = added.get();
+  EXPECT_NE(outcome.find("1 message(s) of a deleted endpoint with that id"), std::string::npos)
+      << outcome;
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE id = 'ep_a'"), 0);
+}
+
 // A replayed message of a key waits for the key's uncommitted writer, as outbox.enqueue's
 // writers do (the per-key advisory lock): replayed first, it was claimed while the writer's
 // earlier row was invisible, and that row, once committed, was claimed too: two messages of

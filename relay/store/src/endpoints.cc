@@ -493,7 +493,11 @@ CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
     pqxx::work tx(conn);
     pqxx::result r;
     // Rows left by a deleted endpoint of this id (its retries came back after the delete) are
-    // dead-lettered; while a relay still has some in flight, the id waits.
+    // dead-lettered; while a relay still has some in flight, the id waits. After a delete of
+    // the id under way, which holds the move lock until it commits: seen before it commits,
+    // the endpoint was still there, the check was skipped, and the insert (waiting for the
+    // delete on the id's index entry) let the deleted endpoint's rows in flight through.
+    if (fields.id) TakeEndpointMoveLock(tx, *fields.id);
     if (fields.id &&
         !tx.exec_params("SELECT 1 FROM outbox.messages WHERE endpoint_id = $1 "
                         "AND NOT EXISTS (SELECT 1 FROM outbox.endpoints WHERE id = $1) "
