@@ -915,6 +915,35 @@ TEST_F(WebhookServiceSinkTest, NothingIsClaimedUntilTheRegistryIsRead) {
   sink->Shutdown(2000ms);
 }
 
+// A relay that cannot read the endpoint registry any more (grants revoked, reads timing out)
+// kept sending from its last read: to an endpoint deleted or disabled since, signed with a
+// secret rotated out after a leak. Past registry_stale_after it claims nothing more and says
+// why, until a read succeeds.
+TEST_F(WebhookServiceSinkTest, ARegistryUnreadForLongStopsTheClaims) {
+  HttpReceiver receiver;
+  registry_.endpoints = {Endpoint("ep", receiver.Url("/hook"), 4)};
+  tweak_ = [](WebhookTarget& t) { t.registry_stale_after = 800ms; };
+  auto sink = Start();
+  ASSERT_GT(sink->MaxInFlight(100), 0u);
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.load_fails = true;
+    ++registry_.version;  // a change it cannot read
+  }
+  ASSERT_TRUE(WaitFor([&] { return sink->MaxInFlight(100) == 0u; }, 10s))
+      << "it went on claiming from a registry it could not read";
+  EXPECT_FALSE(sink->Ready());
+  EXPECT_NE(sink->WhyNotReady().find("permission denied"), std::string::npos)
+      << sink->WhyNotReady();
+  {
+    std::lock_guard lock(registry_.mu);
+    registry_.load_fails = false;
+  }
+  EXPECT_TRUE(WaitFor([&] { return sink->Ready(); }, 10s)) << sink->WhyNotReady();
+  EXPECT_GT(sink->MaxInFlight(100), 0u);
+  sink->Shutdown(2000ms);
+}
+
 // `endpoints disable` stops sending to the endpoint: what waited in its backlog here when the
 // relay saw the change goes back, held as a disabled endpoint's messages are. The backlog kept
 // feeding the endpoint's sink as its requests finished, for up to kBacklogWait (review).

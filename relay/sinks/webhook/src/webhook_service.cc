@@ -391,7 +391,21 @@ class WebhookServiceSink final : public Sink {
       return "the endpoint registry is not loaded yet" +
              (registry_error_.empty() ? std::string() : " (" + registry_error_ + ")");
     }
+    if (RegistryStale()) {
+      return "the endpoint registry could not be read for " +
+             std::to_string(
+                 std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - *unread_since_)
+                     .count()) +
+             " s (" + registry_error_ +
+             "); nothing more is claimed until it can be, since an endpoint may have been "
+             "deleted or disabled, or a secret rotated out, meanwhile";
+    }
     return "";
+  }
+
+  // mu_ held. The registry has failed every read for longer than registry_stale_after.
+  bool RegistryStale() const {
+    return unread_since_ && Clock::now() - *unread_since_ >= defaults_.registry_stale_after;
   }
 
   std::size_t InFlight() const override { return in_flight_.load(); }
@@ -408,8 +422,9 @@ class WebhookServiceSink final : public Sink {
       std::lock_guard lock(mu_);
       // Until the registry is read every message would go back unsent (Submit): claim none.
       // With two claims' worth, a registry that could not be read (grants missing) had the
-      // relay claim and hand back the whole queue every second (review).
-      if (!loaded_) return 0;
+      // relay claim and hand back the whole queue every second (review). And once it has not
+      // been read for long: what it last read may have changed (review).
+      if (!loaded_ || RegistryStale()) return 0;
       lanes = lanes_;
     }
     std::size_t most = 0;
@@ -895,16 +910,26 @@ class WebhookServiceSink final : public Sink {
           next_expiry = d.next_expiry;
           retry_unusable = Apply(d, started) ? Clock::time_point::max() : started + kUnusableRetry;
         }
+        {
+          std::lock_guard lock(mu_);
+          unread_since_.reset();
+        }
         WakeReenabled();
         if (failing) spdlog::info("webhook {}: endpoint registry readable again", destination_);
         failing = false;
       } catch (const std::exception& e) {
         if (!failing) {
-          spdlog::warn("webhook {}: cannot read the endpoint registry: {}", destination_, e.what());
+          spdlog::warn(
+              "webhook {}: cannot read the endpoint registry: {}; past {} s of this, "
+              "nothing more is claimed until it can be",
+              destination_, e.what(),
+              std::chrono::duration_cast<std::chrono::seconds>(defaults_.registry_stale_after)
+                  .count());
         }
         failing = true;
         std::lock_guard lock(mu_);
         registry_error_ = e.what();
+        if (!unread_since_) unread_since_ = Clock::now();
       }
       std::unique_lock lock(mu_);
       registry_cv_.wait_for(lock, failing ? milliseconds(1'000) : kPollEvery,
@@ -1157,6 +1182,9 @@ class WebhookServiceSink final : public Sink {
   /// Apply's stops of those sinks, each on a thread of its own; guarded by mu_.
   std::vector<std::future<void>> retirements_;
   std::string registry_error_;  ///< Guarded by mu_.
+  /// Since when every read of the registry failed; none while the last one succeeded. Guarded
+  /// by mu_.
+  std::optional<Clock::time_point> unread_since_;
   /// Endpoints of rows that were not in the lanes, since when (guarded by mu_): see Forgotten.
   std::map<std::string, Clock::time_point> unknown_since_;
   Clock::time_point last_load_started_{};  ///< Of the last read applied; guarded by mu_.

@@ -68,6 +68,10 @@ struct WebhookTarget {
   /// endpoints_from_database: the destination that receives an `endpoint.disabled` message
   /// when an endpoint is disabled automatically; empty: none.
   std::string operational_events;
+  /// endpoints_from_database: after the registry could not be read for this long, claim
+  /// nothing more until it can (an endpoint may have been deleted or disabled, a secret
+  /// rotated out, meanwhile). Not in the config file; tests shorten it.
+  Millis registry_stale_after{30'000};
 };
 
 /// Reads `webhook:` sections: url and secrets (or `endpoints: database`), timeouts, headers,
