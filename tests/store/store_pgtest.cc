@@ -1619,6 +1619,55 @@ TEST_F(StoreTest, AnEndpointAddedWhileItsIdIsBeingDeletedWaitsForTheDelete) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE id = 'ep_a'"), 0);
 }
 
+// A `dlq replay` of an endpoint's dead letter and a move of that endpoint at once: the replay
+// deleted the dead letter and queued its row in the old destination; the move's sweep of the
+// queue ran before that row committed and found nothing, and its sweep of the dead letters
+// found the dead letter gone. The row stayed in the old destination, whose relays no longer
+// load the endpoint (dead-lettered again as deleted, or never claimed). The replay takes the
+// endpoint's move lock, as a settle and an archive replay do: the move waits for it and takes
+// the row along.
+TEST_F(StoreTest, ADeadLetterReplayedWhileItsEndpointMovesGoesWhereTheEndpointWent) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
+      "  endpoint_id) VALUES (nextval('outbox.messages_id_seq'), 'hooks', 'ep_a:k',"
+      "  gen_random_uuid(), 'e', '{}', '1', 3, 'http 500', now(), 'ep_a') RETURNING 1) "
+      "SELECT count(*) FROM d");
+  // The replayed row's key lock, held: the replay stops there, its dead letter deleted.
+  pqxx::connection kc(db_url_);
+  pqxx::work key(kc);
+  key.exec("SELECT pg_advisory_xact_lock(hashtextextended('hooks' || chr(31) || 'ep_a:k', 7079))");
+  auto replayed = std::async(std::launch::async, [&] {
+    Store s(db_url_);
+    return ReplayDeadLetters(s, {}, "hooks").ids.size();
+  });
+  const auto waiting = [&](int n) {
+    return testing::WaitFor(
+        [&] {
+          return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") >=
+                 n;
+        },
+        30s);
+  };
+  ASSERT_TRUE(waiting(1));
+  auto moved = std::async(std::launch::async, [&] {
+    Store s(db_url_);
+    EndpointFields move;
+    move.destination = "hooks-eu";
+    return UpdateEndpoint(s, "ep_a", move);
+  });
+  ASSERT_TRUE(waiting(2));
+  key.commit();
+  EXPECT_EQ(replayed.get(), 1u);
+  EXPECT_TRUE(moved.get());
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a' AND "
+                   "destination = 'hooks-eu'"),
+            1)
+      << "the replayed row stayed in the endpoint's old destination";
+}
+
 // A replayed message of a key waits for the key's uncommitted writer, as outbox.enqueue's
 // writers do (the per-key advisory lock): replayed first, it was claimed while the writer's
 // earlier row was invisible, and that row, once committed, was claimed too: two messages of

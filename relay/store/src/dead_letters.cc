@@ -118,6 +118,24 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
       pqxx::result rows;
       try {
         pqxx::work tx(c);
+        // The move locks (migration 0018) of the part's endpoints, shared, in one order, in a
+        // statement before the replay's, as an archive replay takes them (before the writers'
+        // lock, as a move does): a move under way is waited for, and the replay's snapshot has
+        // its dead letters where the endpoint went; a move that begins waits for this commit,
+        // and then takes the replayed rows along. Without them, a move beside the replay swept
+        // the queue before the replayed row committed, found its dead letter gone, and left
+        // the row in the old destination.
+        tx.exec_params(
+            "SELECT count(*) FROM ("
+            "  SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key(e.endpoint_id))"
+            "  FROM (SELECT DISTINCT p.endpoint_id FROM ("
+            "    SELECT d.endpoint_id FROM outbox.dead_letters d"
+            "    WHERE (NULLIF($1, '') IS NULL OR d.id = ANY(NULLIF($1, '')::bigint[]))"
+            "      AND (NULLIF($2, '') IS NULL OR d.destination = $2) AND d.id > $3::bigint"
+            "    ORDER BY d.id LIMIT $4::bigint) p"
+            "    WHERE p.endpoint_id IS NOT NULL) e"
+            "  ORDER BY e.endpoint_id) l",
+            ArrayLiteral(ids), destination, after, kReplayChunk);
         // The writers' lock (migration 0014): no bucket count change between here and commit,
         // so the replay's snapshot has the count its rows are bucketed by.
         tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
