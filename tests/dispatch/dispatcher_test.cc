@@ -64,6 +64,7 @@ class RecordingSink final : public Sink {
 
   void Submit(Message msg, Completion done) override {
     std::unique_lock lk(mu_);
+    if (paused_) ++submitted_while_paused_;
     if (shut_) {
       lk.unlock();
       done(Outcome{msg.id,
@@ -132,8 +133,26 @@ class RecordingSink final : public Sink {
   }
   bool Ready() const override { return true; }
   void SetPaused(bool paused) override {
+    std::chrono::milliseconds slow{0};
+    {
+      std::lock_guard lk(mu_);
+      if (!paused) slow = slow_resume_;
+    }
+    std::this_thread::sleep_for(slow);  // a sink that takes a while to take the resume
     std::lock_guard lk(mu_);
     pauses_.push_back(paused);
+    paused_ = paused;
+  }
+  /// SetPaused(false) takes this long before the sink takes it (the webhook service's waits
+  /// for a reload of its registry under way).
+  void SlowResume(std::chrono::milliseconds slow) {
+    std::lock_guard lk(mu_);
+    slow_resume_ = slow;
+  }
+  /// Messages submitted while the sink was paused (it would have refused them).
+  int submitted_while_paused() const {
+    std::lock_guard lk(mu_);
+    return submitted_while_paused_;
   }
   std::optional<TargetHealth> Health() const override {
     std::lock_guard lk(mu_);
@@ -265,6 +284,9 @@ class RecordingSink final : public Sink {
   std::atomic<int> claim_loops_{1};
   std::vector<std::size_t> hand_overs_;
   std::vector<bool> pauses_;
+  bool paused_ = false;
+  int submitted_while_paused_ = 0;
+  std::chrono::milliseconds slow_resume_{0};
   std::optional<TargetHealth> health_;
   std::function<void()> on_shutdown_, before_submit_many_;
   mutable std::mutex mu_;
@@ -1818,6 +1840,28 @@ TEST_F(DispatcherTest, APauseReadThatLosesTheConnectionListensAgain) {
     return db_.Calls("subscribe") > subscribed;
   })) << "the listener kept a connection that was gone";
   db_.Heal("paused");
+}
+
+// A resume reaches the sink before the claim loops claim again. Told after, a sink slow to
+// take it (the webhook service's waits for a reload of its registry under way) was handed what
+// the loops claimed at once while it still counted itself paused, refused it all, and every
+// message waited a second as "paused by an operator".
+TEST_F(DispatcherTest, AResumeReachesTheSinkBeforeTheClaimsDo) {
+  db_.Pause("orders", "maintenance");
+  Start(Config(), DeliverAll);
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(100ms);
+    return !sink_->pauses().empty();
+  }));
+  for (int i = 0; i < 20; ++i) db_.Enqueue("orders", "k" + std::to_string(i % 4));
+  sink_->SlowResume(1500ms);  // longer than the paused loops' poll (kPausedPoll)
+  db_.Resume("orders");
+  ASSERT_TRUE(WaitFor([&] {
+    clock_.Advance(100ms);
+    return db_.Queued() == 0 && sink_->pauses().size() == 2u;
+  }));
+  EXPECT_EQ(sink_->pauses(), (std::vector<bool>{true, false}));
+  EXPECT_EQ(sink_->submitted_while_paused(), 0) << "claimed before the sink took the resume";
 }
 
 TEST_F(DispatcherTest, APausedDestinationIsNotClaimedUntilResumed) {

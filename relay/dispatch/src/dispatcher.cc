@@ -182,7 +182,9 @@ void Dispatcher::Impl::RefreshPaused(QueueStore& store) {
 }
 
 void Dispatcher::Impl::UpdatePaused(std::map<std::string, std::string> now) {
-  std::vector<std::pair<std::string, bool>> changes;  // destination, paused
+  // One caller at a time (pause_read_mu, or the start before the threads): `paused` changes
+  // only here.
+  std::vector<std::string> pausing, resuming;
   {
     std::lock_guard lk(paused_mu);
     if (now == paused) return;
@@ -192,23 +194,30 @@ void Dispatcher::Impl::UpdatePaused(std::map<std::string, std::string> now) {
           "destination \"{}\" is paused{}: claiming nothing for it until `outbox-relay "
           "resume {}`, and what its sink holds unsent goes back",
           name, reason.empty() ? "" : " (" + reason + ")", name);
-      changes.emplace_back(name, true);
+      pausing.push_back(name);
     }
     for (const auto& [name, reason] : paused) {
       if (now.count(name) || !config.destinations.count(name)) continue;
       spdlog::info("destination \"{}\" resumed", name);
-      changes.emplace_back(name, false);
+      resuming.push_back(name);
     }
+  }
+  // The sinks are told (their completions take settle_mu, never paused_mu): of a resume before
+  // the claim loops see it, of a pause after. Told of a resume after, a sink slow to take it
+  // (the webhook service's waits for a reload of the registry under way) refused what the
+  // loops claimed at once, and each message waited a second as "paused by an operator".
+  const auto tell = [this](const std::vector<std::string>& names, bool is_paused) {
+    for (const auto& name : names) {
+      if (const auto it = sinks.find(name); it != sinks.end()) it->second->SetPaused(is_paused);
+    }
+  };
+  tell(resuming, false);
+  {
+    std::lock_guard lk(paused_mu);
     paused = std::move(now);
   }
-  // The sinks hand back what they hold unsent (their completions take settle_mu, never
-  // paused_mu).
-  bool resumed = false;
-  for (const auto& [name, is_paused] : changes) {
-    if (const auto it = sinks.find(name); it != sinks.end()) it->second->SetPaused(is_paused);
-    resumed = resumed || !is_paused;
-  }
-  if (resumed) Wake();
+  tell(pausing, true);  // what the sinks hold unsent goes back
+  if (!resuming.empty()) Wake();
 }
 
 void Dispatcher::Impl::EnqueueCompleted(Settlement s) {
