@@ -1548,6 +1548,7 @@ TEST_F(StoreTest, ADeletedEndpointsQueuedRowsAreDeadLetteredAndNoNewEndpointInhe
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'"), 0)
       << "the new endpoint inherited a deleted one's row";
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_a'"), 4);
+  EXPECT_EQ(GetEndpoint(c, "ep_a")->dead_letters, 0) << "`endpoints show` counted them as its own";
 
   // Nor through a replay: `dlq replay` queued the deleted endpoint's dead letters as rows of
   // the new one (its URL, its secret, whatever its event types), and `endpoints replay` sent
@@ -1569,6 +1570,7 @@ TEST_F(StoreTest, ADeletedEndpointsQueuedRowsAreDeadLetteredAndNoNewEndpointInhe
             1);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 1);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 5) << "they stay dead letters";
+  EXPECT_EQ(GetEndpoint(c, "ep_a")->dead_letters, 0);
 
   Scalar("WITH d AS (DELETE FROM outbox.messages RETURNING 1) SELECT count(*) FROM d");
   Scalar(

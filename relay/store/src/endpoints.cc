@@ -42,14 +42,19 @@ constexpr const char* kColumns =
 // The endpoints' columns and counts; `count_cap` > 0 counts each backlog and dead letters up
 // to one row past it (enough to say "more"), 0 counts every row, < 0 none (0 rows).
 std::string SelectEndpoints(std::int64_t count_cap) {
-  const auto count = [&](const char* table) -> std::string {
+  const auto count = [&](const char* table, const char* also) -> std::string {
     if (count_cap < 0) return "0::bigint";
     const std::string rows = std::string("SELECT 1 FROM outbox.") + table +
-                             " x WHERE x.endpoint_id = e.id" +
+                             " x WHERE x.endpoint_id = e.id" + also +
                              (count_cap > 0 ? " LIMIT " + std::to_string(count_cap + 1) : "");
     return "(SELECT count(*) FROM (" + rows + ") n)";
   };
-  return std::string(kColumns) + count("messages") + " AS backlog, " + count("dead_letters") +
+  // Its own dead letters, as dlq_replay.sql tells them from a deleted endpoint's of the same
+  // id: dead since it was created, and not as a deleted endpoint's copy.
+  return std::string(kColumns) + count("messages", "") + " AS backlog, " +
+         count("dead_letters",
+               " AND x.dead_at >= e.created_at"
+               " AND x.reason IS DISTINCT FROM 'endpoint ' || e.id || ' was deleted'") +
          " AS dead FROM outbox.endpoints e ";
 }
 
