@@ -2238,6 +2238,64 @@ TEST_F(StoreTest, AnInterruptedArchiveReplayRunAgainQueuesOnlyTheRest) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0) << "finished, gone";
 }
 
+// An endpoint deleted between two parts of a replay to it takes the replay's place with it
+// (its row goes with the endpoint): the next part found no place and the replay returned as if
+// it had finished, counting what its first part queued. It says the endpoint was deleted.
+TEST_F(StoreTest, AReplayWhoseEndpointIsDeletedBetweenPartsSaysSo) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e',"
+      "    '{}', '1', 1, now() FROM generate_series(1, 700) g ORDER BY g RETURNING 1) "
+      "SELECT count(*) FROM a");
+  pqxx::connection admin(db_url_);
+  // The first part's last row waits for a lock the test holds: the delete is then asked for
+  // while the part runs, and goes between the parts.
+  pqxx::nontransaction(admin).exec(R"(
+    CREATE FUNCTION public.wait_at_500() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF NEW.ordering_key = 'ep_a:k500' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
+      RETURN NEW;
+    END $$;
+    CREATE TRIGGER wait_at_500 BEFORE INSERT ON outbox.messages
+      FOR EACH ROW EXECUTE FUNCTION public.wait_at_500();
+  )");
+  pqxx::connection hc(db_url_);
+  pqxx::work hold(hc);
+  hold.exec("SELECT pg_advisory_xact_lock(4242)");
+  auto replay = std::async(std::launch::async, [&]() -> std::string {
+    Store s(db_url_);
+    try {
+      return "finished, queued " +
+             std::to_string(ReplayToEndpoint(s, "ep_a", "-infinity", "").queued);
+    } catch (const EndpointNotFound& e) {
+      return e.what();
+    }
+  });
+  const auto waiting = [&](int n) {
+    return testing::WaitFor(
+        [&] {
+          return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") >=
+                 n;
+        },
+        30s);
+  };
+  ASSERT_TRUE(waiting(1));
+  auto deleted = std::async(std::launch::async, [&] {
+    Store s(db_url_);
+    return DeleteEndpoint(s, "ep_a");
+  });
+  ASSERT_TRUE(waiting(2));
+  hold.commit();
+  EXPECT_TRUE(deleted.get());
+  const std::string outcome = replay.get();
+  EXPECT_NE(outcome.find("endpoint ep_a was deleted while the replay ran"), std::string::npos)
+      << outcome;
+  EXPECT_NE(outcome.find("500"), std::string::npos) << outcome;
+}
+
 // `endpoints replay --restart`: an operator who wants the whole replay again, not the rest of
 // an interrupted one, had to wait a day for the interrupted one to go stale.
 TEST_F(StoreTest, AnInterruptedArchiveReplayRestartedQueuesEverythingAgain) {

@@ -900,7 +900,18 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           "SELECT upto, done_through, CASE WHEN message = '' THEN since::text ELSE '' END AS since"
           " FROM outbox.endpoint_replays WHERE id = $1 FOR UPDATE",
           replay_id);
-      if (place.empty()) break;
+      if (place.empty()) {
+        // Gone: another call of it finished the replay, or the endpoint was deleted (its
+        // replays go with it, and what they queued that is still queued with its rows).
+        if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
+          throw EndpointNotFound("endpoint " + endpoint_id +
+                                 " was deleted while the replay ran; it had queued " +
+                                 std::to_string(out.queued) +
+                                 " message(s), dead-lettered with the endpoint unless already "
+                                 "delivered");
+        }
+        break;
+      }
       const long long upto = place[0]["upto"].as<long long>();
       const long long after = place[0]["done_through"].as<long long>();
       const std::string since_read = place[0]["since"].as<std::string>();
