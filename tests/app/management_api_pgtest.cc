@@ -78,6 +78,14 @@ class ManagementApiTest : public PgTest {
     return e.contains("message") && e["message"].is_string() ? e["message"].get<std::string>() : "";
   }
 
+  // A client of its own with the token, that waits `read_timeout` for an answer.
+  std::unique_ptr<httplib::Client> ClientWaiting(std::chrono::seconds read_timeout) const {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", api_->port());
+    c->set_read_timeout(read_timeout);
+    c->set_default_headers({{"Authorization", "Bearer " + kToken}});
+    return c;
+  }
+
   std::unique_ptr<relay::ManagementApi> api_;
   std::unique_ptr<httplib::Client> client_;
 };
@@ -632,9 +640,8 @@ TEST_F(ManagementApiTest, AReplayRunsBesideTheOtherRequests) {
   pqxx::work mover(x);
   mover.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('acme'))");
   const auto replay = [&] {
-    httplib::Client c("127.0.0.1", api_->port());
-    c.set_read_timeout(60s);
-    c.set_default_headers({{"Authorization", "Bearer " + kToken}});
+    auto client = ClientWaiting(60s);
+    auto& c = *client;
     return c.Post("/v1/endpoints/acme/replay", R"({"since": "2020-01-01T00:00:00Z"})",
                   "application/json");
   };
@@ -650,9 +657,8 @@ TEST_F(ManagementApiTest, AReplayRunsBesideTheOtherRequests) {
         10s);
   };
   ASSERT_TRUE(replays_wait(2));
-  httplib::Client c("127.0.0.1", api_->port());
-  c.set_read_timeout(5s);
-  c.set_default_headers({{"Authorization", "Bearer " + kToken}});
+  auto client = ClientWaiting(5s);
+  auto& c = *client;
   // Two run at a time, each on a connection: a third is refused, not given a third.
   const auto third = c.Post("/v1/endpoints/acme/replay", R"({"since": "2020-01-01T00:00:00Z"})",
                             "application/json");
@@ -698,9 +704,8 @@ TEST_F(ManagementApiTest, ADeleteOrMoveOfAnEndpointHeldByAReplayIsRefusedAfterAW
   pqxx::connection x(db_url_);
   pqxx::work replay(x);
   replay.exec("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key('acme'))");
-  httplib::Client c("127.0.0.1", api_->port());
-  c.set_read_timeout(30s);
-  c.set_default_headers({{"Authorization", "Bearer " + kToken}});
+  auto client = ClientWaiting(30s);
+  auto& c = *client;
   const auto deleted = c.Delete("/v1/endpoints/acme");
   ASSERT_TRUE(deleted) << "no answer within 30 s";
   ExpectError(Of(deleted), 503, "endpoint_busy");

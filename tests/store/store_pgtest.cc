@@ -90,12 +90,15 @@ class StoreTest : public testing::PgTest {
         std::chrono::seconds(10));
   }
   // Whether a session waits on a lock (a row, a transaction, an index entry) within 10 s.
-  bool SomeoneWaitsOnALock() {
+  bool SomeoneWaitsOnALock() { return SessionsWaitOnLocks(1, std::chrono::seconds(10)); }
+  // Whether `n` sessions at once wait on locks within `timeout`.
+  bool SessionsWaitOnLocks(int n, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
     return testing::WaitFor(
         [&] {
-          return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
+          return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") >=
+                 n;
         },
-        std::chrono::seconds(10));
+        timeout);
   }
   // A webhook service's endpoint "ep_a" of destination "hooks".
   // 1,200 archived messages for ep_a; a replay of them all that fails in its second part (a
@@ -1645,22 +1648,14 @@ TEST_F(StoreTest, ADeadLetterReplayedWhileItsEndpointMovesGoesWhereTheEndpointWe
     Store s(db_url_);
     return ReplayDeadLetters(s, {}, "hooks").ids.size();
   });
-  const auto waiting = [&](int n) {
-    return testing::WaitFor(
-        [&] {
-          return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") >=
-                 n;
-        },
-        30s);
-  };
-  ASSERT_TRUE(waiting(1));
+  ASSERT_TRUE(SessionsWaitOnLocks(1));
   auto moved = std::async(std::launch::async, [&] {
     Store s(db_url_);
     EndpointFields move;
     move.destination = "hooks-eu";
     return UpdateEndpoint(s, "ep_a", move);
   });
-  ASSERT_TRUE(waiting(2));
+  ASSERT_TRUE(SessionsWaitOnLocks(2));
   key.commit();
   EXPECT_EQ(replayed.get(), 1u);
   EXPECT_TRUE(moved.get());
@@ -2274,20 +2269,12 @@ TEST_F(StoreTest, AReplayWhoseEndpointIsDeletedBetweenPartsSaysSo) {
       return e.what();
     }
   });
-  const auto waiting = [&](int n) {
-    return testing::WaitFor(
-        [&] {
-          return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") >=
-                 n;
-        },
-        30s);
-  };
-  ASSERT_TRUE(waiting(1));
+  ASSERT_TRUE(SessionsWaitOnLocks(1));
   auto deleted = std::async(std::launch::async, [&] {
     Store s(db_url_);
     return DeleteEndpoint(s, "ep_a");
   });
-  ASSERT_TRUE(waiting(2));
+  ASSERT_TRUE(SessionsWaitOnLocks(2));
   hold.commit();
   EXPECT_TRUE(deleted.get());
   const std::string outcome = replay.get();
