@@ -719,6 +719,11 @@ TEST_F(ManagementApiTest, ADeleteOrMoveOfAnEndpointHeldByAReplayIsRefusedAfterAW
             1)
       << "nothing changed";
   EXPECT_EQ(Patch("/v1/endpoints/acme", R"({"description": "not a move"})").status, 200);
+  // Adding its id again is a conflict, said at once (it waited for the lock, then said "busy").
+  ExpectError(
+      Of(c.Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://y"})",
+                "application/json")),
+      409, "conflict", "id");
   replay.commit();
   EXPECT_EQ(Delete("/v1/endpoints/acme").status, 204);
 }

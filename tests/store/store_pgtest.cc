@@ -89,6 +89,50 @@ class StoreTest : public testing::PgTest {
         },
         std::chrono::seconds(10));
   }
+  // A replay of 700 archived messages to ep_a (made here, afresh) whose first part waits, at its
+  // last row, until `remove` (on another thread, waiting for the endpoint's lock) is under way;
+  // `remove` then runs between the parts. Returns the replay's error, or "finished, queued N".
+  std::string ReplayWithTheEndpointGoneBetweenParts(const std::function<void()>& remove) {
+    pqxx::connection admin(db_url_);
+    pqxx::nontransaction(admin).exec(R"(
+      DELETE FROM outbox.messages; DELETE FROM outbox.delivered_archive;
+      DELETE FROM outbox.endpoints; DELETE FROM outbox.dead_letters;
+      CREATE OR REPLACE FUNCTION public.wait_at_500() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF NEW.ordering_key = 'ep_a:k500' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
+        RETURN NEW;
+      END $$;
+      DROP TRIGGER IF EXISTS wait_at_500 ON outbox.messages;
+      CREATE TRIGGER wait_at_500 BEFORE INSERT ON outbox.messages
+        FOR EACH ROW EXECUTE FUNCTION public.wait_at_500();
+    )");
+    Store c(db_url_);
+    AddEndpointA(c);
+    Scalar(
+        "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+        "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+        "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e',"
+        "    '{}', '1', 1, now() FROM generate_series(1, 700) g ORDER BY g RETURNING 1) "
+        "SELECT count(*) FROM a");
+    pqxx::connection hc(db_url_);
+    pqxx::work hold(hc);
+    hold.exec("SELECT pg_advisory_xact_lock(4242)");
+    auto replay = std::async(std::launch::async, [&]() -> std::string {
+      Store s(db_url_);
+      try {
+        return "finished, queued " +
+               std::to_string(ReplayToEndpoint(s, "ep_a", "-infinity", "").queued);
+      } catch (const EndpointNotFound& e) {
+        return e.what();
+      }
+    });
+    EXPECT_TRUE(SessionsWaitOnLocks(1));
+    auto removed = std::async(std::launch::async, remove);
+    EXPECT_TRUE(SessionsWaitOnLocks(2));
+    hold.commit();
+    removed.get();
+    return replay.get();
+  }
   // Whether a session waits on a lock (a row, a transaction, an index entry) within 10 s.
   bool SomeoneWaitsOnALock() { return SessionsWaitOnLocks(1, std::chrono::seconds(10)); }
   // Whether `n` sessions at once wait on locks within `timeout`.
@@ -358,6 +402,17 @@ TEST_F(StoreTest, WhatAFanOutOwesADeletedEndpointIsNotSentToOneAddedSinceWithIts
                    "reason = 'endpoint ep_a was deleted' AND last_error = 'http 503' AND "
                    "attempts = 1"),
             1);
+  // Neither that dead letter (written after the second ep_a was created) nor one the first
+  // died with before it is the second's to be sent.
+  Scalar(
+      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
+      "  endpoint_id, dead_at) VALUES (nextval('outbox.messages_id_seq'), 'hooks', 'ep_a:k0',"
+      "  gen_random_uuid(), 'e', '{}', '0', 1, 'http 410', now(), 'ep_a',"
+      "  now() - interval '1 hour') RETURNING 1) SELECT count(*) FROM d");
+  const auto replayed = ReplayDeadLetters(store, {}, "hooks");
+  EXPECT_TRUE(replayed.ids.empty());
+  EXPECT_EQ(replayed.of_deleted_endpoints.size(), 2u);
 
   c = fan(1, second);
   EXPECT_EQ(c.spawned, 1) << "what the endpoint there now is owed is its row";
@@ -1590,10 +1645,11 @@ TEST_F(StoreTest, ADeletedEndpointsQueuedRowsAreDeadLetteredAndNoNewEndpointInhe
 }
 
 // An endpoint added with the id of one being deleted (another relay's API, behind a load
-// balancer) waits for the delete: it saw the endpoint still there, skipped its check for the
-// deleted one's rows in flight, and its insert, once the delete committed, let them go to the
-// new endpoint.
-TEST_F(StoreTest, AnEndpointAddedWhileItsIdIsBeingDeletedWaitsForTheDelete) {
+// balancer) saw the endpoint still there, skipped its check for the deleted one's rows in
+// flight, and its insert, once the delete committed, let them go to the new endpoint. The id
+// is taken until the delete commits: refused (and after it, refused while those rows are in
+// flight).
+TEST_F(StoreTest, AnEndpointAddedWhileItsIdIsBeingDeletedIsRefused) {
   Store c(db_url_);
   AddEndpointA(c);
   Scalar(
@@ -1616,11 +1672,13 @@ TEST_F(StoreTest, AnEndpointAddedWhileItsIdIsBeingDeletedWaitsForTheDelete) {
       return std::string(e.what());
     }
   });
-  ASSERT_TRUE(WaitForALockWait(30s));
+  // Refused at once, or (before the fix) waiting for the delete on the id's index entry.
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return added.wait_for(0s) == std::future_status::ready || SomeoneWaitsOnALock(); },
+      30s));
   deleting.commit();
   const std::string outcome = added.get();
-  EXPECT_NE(outcome.find("1 message(s) of a deleted endpoint with that id"), std::string::npos)
-      << outcome;
+  EXPECT_NE(outcome, "added") << "the deleted endpoint's row in flight would go to the new one";
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoints WHERE id = 'ep_a'"), 0);
 }
 
@@ -1663,6 +1721,54 @@ TEST_F(StoreTest, ADeadLetterReplayedWhileItsEndpointMovesGoesWhereTheEndpointWe
                    "destination = 'hooks-eu'"),
             1)
       << "the replayed row stayed in the endpoint's old destination";
+}
+
+// A dlq replay locks the endpoints of the part it found, then replays that part: found again
+// by the replay's own statement, the part took in a dead letter committed in between, of an
+// endpoint whose lock it never took, and replayed it while that endpoint moved (review). Here
+// ep_b's dead letter is committed while the replay waits for ep_a's lock, and ep_b's move
+// holds ep_b's lock: it stays a dead letter until the move is done.
+TEST_F(StoreTest, ADlqReplayReplaysOnlyThePartWhoseEndpointsItLocked) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  EndpointFields b;
+  b.id = "ep_b";
+  b.destination = "hooks";
+  b.url = "https://example.com/b";
+  AddEndpoint(c, b);
+  const auto dead_letter_of = [&](const std::string& endpoint) {
+    Scalar(
+        "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
+        "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
+        "  endpoint_id) VALUES (nextval('outbox.messages_id_seq'), 'hooks', NULL,"
+        "  gen_random_uuid(), 'e', '{}', '1', 3, 'http 500', now(), '" +
+        endpoint + "') RETURNING 1) SELECT count(*) FROM d");
+  };
+  dead_letter_of("ep_a");
+  pqxx::connection ac(db_url_), bc(db_url_);
+  pqxx::work move_a(ac);
+  move_a.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('ep_a'))");
+  auto replayed = std::async(std::launch::async, [&] {
+    Store s(db_url_);
+    return ReplayDeadLetters(s, {}, "hooks").ids.size();
+  });
+  ASSERT_TRUE(DoneOrWaitingOnAKeyLock(replayed));
+  dead_letter_of("ep_b");
+  pqxx::work move_b(bc);
+  move_b.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('ep_b'))");
+  move_a.commit();
+  // The replay goes on to ep_b's dead letter in its next part, and waits for ep_b's lock.
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return replayed.wait_for(0s) == std::future_status::ready ||
+               Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'ep_a'") == 1;
+      },
+      30s));
+  ASSERT_TRUE(DoneOrWaitingOnAKeyLock(replayed));
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters WHERE endpoint_id = 'ep_b'"), 1)
+      << "replayed while its endpoint's move held the lock";
+  move_b.commit();
+  EXPECT_EQ(replayed.get(), 2u);
 }
 
 // A replayed message of a key waits for the key's uncommitted writer, as outbox.enqueue's
@@ -2235,52 +2341,30 @@ TEST_F(StoreTest, AnInterruptedArchiveReplayRunAgainQueuesOnlyTheRest) {
 
 // An endpoint deleted between two parts of a replay to it takes the replay's place with it
 // (its row goes with the endpoint): the next part found no place and the replay returned as if
-// it had finished, counting what its first part queued. It says the endpoint was deleted.
+// it had finished, counting what its first part queued. It says the endpoint was deleted; also
+// when an endpoint of the same id was added in the same breath (it is another).
 TEST_F(StoreTest, AReplayWhoseEndpointIsDeletedBetweenPartsSaysSo) {
-  Store c(db_url_);
-  AddEndpointA(c);
-  Scalar(
-      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
-      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
-      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e',"
-      "    '{}', '1', 1, now() FROM generate_series(1, 700) g ORDER BY g RETURNING 1) "
-      "SELECT count(*) FROM a");
-  pqxx::connection admin(db_url_);
-  // The first part's last row waits for a lock the test holds: the delete is then asked for
-  // while the part runs, and goes between the parts.
-  pqxx::nontransaction(admin).exec(R"(
-    CREATE FUNCTION public.wait_at_500() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-      IF NEW.ordering_key = 'ep_a:k500' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
-      RETURN NEW;
-    END $$;
-    CREATE TRIGGER wait_at_500 BEFORE INSERT ON outbox.messages
-      FOR EACH ROW EXECUTE FUNCTION public.wait_at_500();
-  )");
-  pqxx::connection hc(db_url_);
-  pqxx::work hold(hc);
-  hold.exec("SELECT pg_advisory_xact_lock(4242)");
-  auto replay = std::async(std::launch::async, [&]() -> std::string {
-    Store s(db_url_);
-    try {
-      return "finished, queued " +
-             std::to_string(ReplayToEndpoint(s, "ep_a", "-infinity", "").queued);
-    } catch (const EndpointNotFound& e) {
-      return e.what();
-    }
-  });
-  ASSERT_TRUE(SessionsWaitOnLocks(1));
-  auto deleted = std::async(std::launch::async, [&] {
-    Store s(db_url_);
-    return DeleteEndpoint(s, "ep_a");
-  });
-  ASSERT_TRUE(SessionsWaitOnLocks(2));
-  hold.commit();
-  EXPECT_TRUE(deleted.get());
-  const std::string outcome = replay.get();
-  EXPECT_NE(outcome.find("endpoint ep_a was deleted while the replay ran"), std::string::npos)
-      << outcome;
-  EXPECT_NE(outcome.find("500"), std::string::npos) << outcome;
+  for (const bool added_again : {false, true}) {
+    SCOPED_TRACE(added_again ? "deleted and added again" : "deleted");
+    const std::string outcome = ReplayWithTheEndpointGoneBetweenParts([&] {
+      if (!added_again) {
+        Store s(db_url_);
+        EXPECT_TRUE(DeleteEndpoint(s, "ep_a"));
+        return;
+      }
+      pqxx::connection dc(db_url_);
+      pqxx::work d(dc);
+      d.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('ep_a'))");
+      d.exec("DELETE FROM outbox.endpoints WHERE id = 'ep_a'");
+      d.exec(
+          "INSERT INTO outbox.endpoints (id, destination, url) "
+          "VALUES ('ep_a', 'hooks', 'https://example.com/another')");
+      d.commit();
+    });
+    EXPECT_NE(outcome.find("endpoint ep_a was deleted while the replay ran"), std::string::npos)
+        << outcome;
+    EXPECT_NE(outcome.find("500"), std::string::npos) << outcome;
+  }
 }
 
 // `endpoints replay --restart`: an operator who wants the whole replay again, not the rest of

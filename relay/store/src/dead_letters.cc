@@ -116,30 +116,39 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
     long long after = std::numeric_limits<long long>::min();
     while (true) {
       pqxx::result rows;
+      long long part_end = 0;
       try {
         pqxx::work tx(c);
-        // The move locks (migration 0018) of the part's endpoints, shared, in one order, in a
-        // statement before the replay's, as an archive replay takes them (before the writers'
-        // lock, as a move does): a move under way is waited for, and the replay's snapshot has
-        // its dead letters where the endpoint went; a move that begins waits for this commit,
-        // and then takes the replayed rows along. Without them, a move beside the replay swept
-        // the queue before the replayed row committed, found its dead letter gone, and left
-        // the row in the old destination.
-        tx.exec_params(
-            "SELECT count(*) FROM ("
-            "  SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key(e.endpoint_id))"
-            "  FROM (SELECT DISTINCT p.endpoint_id FROM ("
-            "    SELECT d.endpoint_id FROM outbox.dead_letters d"
-            "    WHERE (NULLIF($1, '') IS NULL OR d.id = ANY(NULLIF($1, '')::bigint[]))"
-            "      AND (NULLIF($2, '') IS NULL OR d.destination = $2) AND d.id > $3::bigint"
-            "    ORDER BY d.id LIMIT $4::bigint) p"
-            "    WHERE p.endpoint_id IS NOT NULL) e"
-            "  ORDER BY e.endpoint_id) l",
+        // The part, and the move locks (migration 0018) of its endpoints, shared, in one order,
+        // in a statement before the replay's, as an archive replay takes them (before the
+        // writers' lock, as a move does): a move under way is waited for, and the replay's
+        // snapshot has its dead letters where the endpoint went; a move that begins waits for
+        // this commit, and then takes the replayed rows along. Without them, a move beside the
+        // replay swept the queue before the replayed row committed, found its dead letter
+        // gone, and left the row in the old destination. The replay takes the dead letters
+        // found here and no others: read again, the part could hold one committed, purged or
+        // moved meanwhile, of an endpoint whose lock was not taken (review).
+        const auto part = tx.exec_params(
+            "WITH p AS ("
+            "  SELECT d.id, d.endpoint_id FROM outbox.dead_letters d"
+            "  WHERE (NULLIF($1, '') IS NULL OR d.id = ANY(NULLIF($1, '')::bigint[]))"
+            "    AND (NULLIF($2, '') IS NULL OR d.destination = $2) AND d.id > $3::bigint"
+            "  ORDER BY d.id LIMIT $4::bigint"
+            "), l AS ("
+            "  SELECT count(*) AS n FROM ("
+            "    SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key(e.endpoint_id))"
+            "    FROM (SELECT DISTINCT endpoint_id FROM p WHERE endpoint_id IS NOT NULL) e"
+            "    ORDER BY e.endpoint_id) x"
+            ") SELECT p.id FROM p, l ORDER BY p.id",
             ArrayLiteral(ids), destination, after, kReplayChunk);
+        if (part.empty()) break;
+        std::vector<std::int64_t> part_ids;
+        for (const auto& r : part) part_ids.push_back(r[0].as<std::int64_t>());
+        part_end = part_ids.back();
         // The writers' lock (migration 0014): no bucket count change between here and commit,
         // so the replay's snapshot has the count its rows are bucketed by.
         tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
-        rows = tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(ids),
+        rows = tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(part_ids),
                               destination, after, kReplayChunk);
         tx.commit();
       } catch (const pqxx::unique_violation& e) {
@@ -151,9 +160,6 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
             "); what was replayed before stays replayed: run the replay again to hold those "
             "dead letters back, or replay them once their keys' messages are delivered");
       }
-      // Every row carries the part's highest dead-letter id (one row carries only that):
-      // NULL, none was left.
-      if (rows.empty() || rows[0][2].is_null()) break;
       for (const auto& r : rows) {
         if (r[0].is_null()) continue;
         const std::string kind = r[1].as<std::string>();
@@ -162,7 +168,8 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                                : out.of_deleted_endpoints)
             .push_back(r[0].as<std::int64_t>());
       }
-      after = rows[0][2].as<long long>();
+      // The next part after this one's last dead letter, whatever became of it meanwhile.
+      after = part_end;
     }
     return out;
   });

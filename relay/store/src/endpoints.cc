@@ -439,15 +439,20 @@ RotatedKey StoreKey(pqxx::work& tx, const std::string& id, RotatedKey k) {
 // a replay part holds it shared while it waits for its keys' locks, which an application's
 // transaction left open can hold for as long as it stays open, and a delete or a move waiting
 // behind it held the management API's connection (and every request after it) meanwhile.
-void TakeEndpointMoveLock(pqxx::work& tx, const std::string& id) {
+// `writers_lock`: the writers' lock (7079, 2) too, shared, as a move takes it after the
+// endpoint's (a bucket count change waiting for it, behind a replay part, would otherwise
+// hold the move as long).
+void TakeEndpointMoveLock(pqxx::work& tx, const std::string& id, bool writers_lock = false) {
   tx.exec("SET LOCAL lock_timeout = " +
           std::to_string(std::chrono::milliseconds(kEndpointLockWait).count()));
   try {
     tx.exec_params("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key($1))", id);
+    if (writers_lock) tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
   } catch (const pqxx::sql_error& e) {
     if (e.sqlstate() != "55P03") throw;
-    throw EndpointBusy("endpoint " + id + " is busy: a replay to it, or a relay writing its " +
-                       "rows, held it for " + std::to_string(kEndpointLockWait.count()) +
+    throw EndpointBusy("endpoint " + id + " is busy: a replay to it, a relay writing its rows " +
+                       "or a change of the bucket count held it for " +
+                       std::to_string(kEndpointLockWait.count()) +
                        " s; nothing changed, try again in a few seconds (a replay waits behind "
                        "transactions left open: `outbox-relay status` shows the oldest)");
   }
@@ -502,7 +507,16 @@ CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
     // the id under way, which holds the move lock until it commits: seen before it commits,
     // the endpoint was still there, the check was skipped, and the insert (waiting for the
     // delete on the id's index entry) let the deleted endpoint's rows in flight through.
-    if (fields.id) TakeEndpointMoveLock(tx, *fields.id);
+    if (fields.id) {
+      // An id taken is refused at once (waiting for its lock, behind a replay to it, answered
+      // "busy, try again" where the answer is "taken"); one being deleted counts as taken.
+      if (!tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", *fields.id).empty()) {
+        throw EndpointExists("id", "an endpoint with id \"" + *fields.id +
+                                       "\" already exists; choose another --id, or change it "
+                                       "with `outbox-relay endpoints update`");
+      }
+      TakeEndpointMoveLock(tx, *fields.id);
+    }
     if (fields.id &&
         !tx.exec_params("SELECT 1 FROM outbox.messages WHERE endpoint_id = $1 "
                         "AND NOT EXISTS (SELECT 1 FROM outbox.endpoints WHERE id = $1) "
@@ -610,7 +624,7 @@ bool UpdateEndpoint(Store& store, const std::string& id, const EndpointFields& f
       // The move lock (migration 0018), alone: a settle writing what a fan-out leaves this
       // endpoint tries it shared and puts the fan-out aside while the move runs; one under way
       // is waited for, and its rows are then in the queue for the sweep below.
-      TakeEndpointMoveLock(tx, id);
+      TakeEndpointMoveLock(tx, id, /*writers_lock=*/true);
     }
     const auto r = tx.exec_params(
         "UPDATE outbox.endpoints e SET "
@@ -834,12 +848,16 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
     const std::string since_at = since.empty() ? "-infinity" : since;
     ReplayOutcome out;
     std::int64_t replay_id = 0;
+    std::string created_at;  // which endpoint of the id: one deleted and added again is another
     {
       pqxx::work tx(StoreAccess::Connection(store));
-      if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
+      const auto endpoint = tx.exec_params(
+          "SELECT created_at::text FROM outbox.endpoints WHERE id = $1", endpoint_id);
+      if (endpoint.empty()) {
         throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
                                "\"; `outbox-relay endpoints list` shows them");
       }
+      created_at = endpoint[0][0].as<std::string>();
       if (!since.empty()) {
         try {
           tx.exec_params("SELECT $1::timestamptz", since);
@@ -903,7 +921,10 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
       if (place.empty()) {
         // Gone: another call of it finished the replay, or the endpoint was deleted (its
         // replays go with it, and what they queued that is still queued with its rows).
-        if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
+        if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1 AND created_at = "
+                           "$2::timestamptz",
+                           endpoint_id, created_at)
+                .empty()) {
           throw EndpointNotFound("endpoint " + endpoint_id +
                                  " was deleted while the replay ran; it had queued " +
                                  std::to_string(out.queued) +
