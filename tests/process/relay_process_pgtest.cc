@@ -613,6 +613,38 @@ TEST_F(RelayProcessTest, DlqReplayOfAnIdGivenTwiceReplaysItOnceAndSucceeds) {
   EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.dead_letters")[0].as<int>(), 0);
 }
 
+// `dlq replay` of a dead letter whose webhook endpoint was deleted holds it back (a new
+// endpoint of that id would get it), says which and why, and exits 1; the rest is replayed.
+TEST_F(RelayProcessTest, DlqReplayHoldsBackADeletedEndpointsDeadLetterAndSaysSo) {
+  {
+    pqxx::connection c(db_url_);
+    pqxx::work tx(c);
+    tx.exec(
+        "INSERT INTO outbox.dead_letters (id, destination, idempotency_key, event_type, headers, "
+        "payload, attempts, reason, created_at, endpoint_id) VALUES "
+        "(7, 'orders', gen_random_uuid(), '', '{}', '1', 3, 'endpoint gone was deleted', now(), "
+        " 'gone'), "
+        "(8, 'orders', gen_random_uuid(), '', '{}', '2', 3, 'http 500', now(), NULL)");
+    tx.commit();
+  }
+  const std::string config = WriteConfig("relay.yaml", Yaml(db_url_));
+  ChildProcess& replay = Spawn(
+      "dlq-replay", {"dlq", "replay", "--all", "--destination", "orders", "--config", config});
+  ASSERT_TRUE(replay.WaitExit(30s)) << replay.Describe();
+  EXPECT_TRUE(replay.ExitedNonZero());
+  EXPECT_NE(replay.Stdout().find("replayed 1 message(s)"), std::string::npos) << replay.Stdout();
+  EXPECT_NE(replay.Stderr().find("1 dead letter(s) of a webhook endpoint that was deleted held "
+                                 "back"),
+            std::string::npos)
+      << replay.Stderr();
+  EXPECT_NE(replay.Stderr().find(": 7;"), std::string::npos) << replay.Stderr();
+  EXPECT_NE(replay.Stderr().find("dlq purge"), std::string::npos) << replay.Stderr();
+  pqxx::connection c(db_url_);
+  pqxx::nontransaction tx(c);
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.dead_letters WHERE id = 7")[0].as<int>(), 1);
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox.messages")[0].as<int>(), 1);
+}
+
 // `dlq purge 999` (no such dead letter) printed "purged 0" and exited 0, where replay exits 1
 // naming what it did not find; and `dlq list` printed its page size ("50 dead letter(s)") as
 // if it were the total (review).
