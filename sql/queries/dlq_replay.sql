@@ -8,23 +8,21 @@
 -- any row takes its id: a replayed message then waits for an uncommitted writer of its key,
 -- as another writer would, instead of being claimed while the writer's earlier row is not
 -- visible yet (and both then in flight).
---   $1 dead-letter ids as an array literal ('{1,2}'), or '' for all   $2 destination, or '' for any
---   $3 only dead letters with an id above this   $4 at most this many (the oldest first)
--- Taken in parts ($3, $4) by the caller, each its own transaction: every replayed key takes a
--- lock, and a whole queue of dead letters in one statement filled PostgreSQL's lock table
--- ("out of shared memory").
+--   $1 the part's dead-letter ids as an array literal ('{1,2}'), from dlq_replay_part.sql,
+--      which took their endpoints' move locks   $2 destination, or '' for any (one moved out
+--      of it meanwhile is left)
+-- Taken in parts by the caller, each its own transaction: every replayed key takes a lock, and
+-- a whole queue of dead letters in one statement filled PostgreSQL's lock table ("out of
+-- shared memory").
 -- A dead letter of a webhook endpoint that is no longer there is held back too, as
 -- `endpoint_deleted`: the endpoint was deleted, and one added since with its id is another (its
 -- URL, its secret, its event types) that must not get it. The endpoint there now is the one it
 -- died under when it died after that endpoint was created, and not as the copy of a deleted
 -- endpoint (reason 'endpoint ID was deleted', which a settle may write after the id was
--- added again).
--- Returns (id, kind, last): the new message ids (kind `replayed`), and the ids of the dead
--- letters held back (`held_back`: their key; `endpoint_deleted`); `last` is the highest
--- dead-letter id this part looked at, NULL when none was left.
--- One more row, with no id, carries `last` alone: a part whose dead letters were all purged
--- meanwhile (`dlq purge` committing while this waited for their rows) returns nothing else,
--- and the replay took that for the end and left every later dead letter (review).
+-- added again). endpoints.cc (SelectEndpoints) counts an endpoint's dead letters by the same
+-- rule.
+-- Returns (id, kind): the new message ids (kind `replayed`), and the ids of the dead letters
+-- held back (`held_back`: their key; `endpoint_deleted`).
 WITH candidates AS (
   SELECT d.id, d.idempotency_key,
          d.endpoint_id IS NULL OR EXISTS (
@@ -33,11 +31,8 @@ WITH candidates AS (
              AND d.reason IS DISTINCT FROM 'endpoint ' || d.endpoint_id || ' was deleted')
            AS deliverable
   FROM outbox.dead_letters d
-  WHERE (NULLIF($1, '') IS NULL OR d.id = ANY(NULLIF($1, '')::bigint[]))
+  WHERE d.id = ANY($1::bigint[])
     AND (NULLIF($2, '') IS NULL OR d.destination = $2)
-    AND d.id > $3::bigint
-  ORDER BY d.id
-  LIMIT $4::bigint
 ), chosen AS (
   SELECT DISTINCT ON (c.idempotency_key) c.id
   FROM candidates c
@@ -69,11 +64,8 @@ WITH candidates AS (
   ORDER BY id
   RETURNING id
 )
-SELECT id, 'replayed' AS kind, (SELECT max(id) FROM candidates) AS last FROM replayed
+SELECT id, 'replayed' AS kind FROM replayed
 UNION ALL
-SELECT c.id, CASE WHEN c.deliverable THEN 'held_back' ELSE 'endpoint_deleted' END,
-       (SELECT max(id) FROM candidates)
+SELECT c.id, CASE WHEN c.deliverable THEN 'held_back' ELSE 'endpoint_deleted' END
 FROM candidates c
 WHERE c.id <> ALL ((SELECT coalesce(array_agg(id), '{}') FROM chosen)::bigint[])
-UNION ALL
-SELECT NULL, NULL, (SELECT max(id) FROM candidates)

@@ -119,28 +119,9 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
       long long part_end = 0;
       try {
         pqxx::work tx(c);
-        // The part, and the move locks (migration 0018) of its endpoints, shared, in one order,
-        // in a statement before the replay's, as an archive replay takes them (before the
-        // writers' lock, as a move does): a move under way is waited for, and the replay's
-        // snapshot has its dead letters where the endpoint went; a move that begins waits for
-        // this commit, and then takes the replayed rows along. Without them, a move beside the
-        // replay swept the queue before the replayed row committed, found its dead letter
-        // gone, and left the row in the old destination. The replay takes the dead letters
-        // found here and no others: read again, the part could hold one committed, purged or
-        // moved meanwhile, of an endpoint whose lock was not taken (review).
-        const auto part = tx.exec_params(
-            "WITH p AS ("
-            "  SELECT d.id, d.endpoint_id FROM outbox.dead_letters d"
-            "  WHERE (NULLIF($1, '') IS NULL OR d.id = ANY(NULLIF($1, '')::bigint[]))"
-            "    AND (NULLIF($2, '') IS NULL OR d.destination = $2) AND d.id > $3::bigint"
-            "  ORDER BY d.id LIMIT $4::bigint"
-            "), l AS ("
-            "  SELECT count(*) AS n FROM ("
-            "    SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key(e.endpoint_id))"
-            "    FROM (SELECT DISTINCT endpoint_id FROM p WHERE endpoint_id IS NOT NULL) e"
-            "    ORDER BY e.endpoint_id) x"
-            ") SELECT p.id FROM p, l ORDER BY p.id",
-            ArrayLiteral(ids), destination, after, kReplayChunk);
+        // The part, its endpoints' move locks taken (dlq_replay_part.sql says why).
+        const auto part = tx.exec_params(std::string(sql::queries::kdlq_replay_part),
+                                         ArrayLiteral(ids), destination, after, kReplayChunk);
         if (part.empty()) break;
         std::vector<std::int64_t> part_ids;
         for (const auto& r : part) part_ids.push_back(r[0].as<std::int64_t>());
@@ -149,7 +130,7 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
         // so the replay's snapshot has the count its rows are bucketed by.
         tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
         rows = tx.exec_params(std::string(sql::queries::kdlq_replay), ArrayLiteral(part_ids),
-                              destination, after, kReplayChunk);
+                              destination);
         tx.commit();
       } catch (const pqxx::unique_violation& e) {
         if (++conflicts < kKeyConflictTries) continue;
@@ -161,7 +142,6 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
             "dead letters back, or replay them once their keys' messages are delivered");
       }
       for (const auto& r : rows) {
-        if (r[0].is_null()) continue;
         const std::string kind = r[1].as<std::string>();
         (kind == "replayed"    ? out.ids
          : kind == "held_back" ? out.held_back

@@ -459,6 +459,12 @@ void TakeEndpointMoveLock(pqxx::work& tx, const std::string& id, bool writers_lo
   tx.exec("SET LOCAL lock_timeout TO DEFAULT");
 }
 
+EndpointExists IdTaken(const std::string& id) {
+  return EndpointExists("id", "an endpoint with id \"" + id +
+                                  "\" already exists; choose another --id, or change it with "
+                                  "`outbox-relay endpoints update`");
+}
+
 // Dead-letters the queued rows of endpoint `id` that no relay has in flight: a deleted
 // endpoint's, which must not go to the next endpoint given its id (its URL, its secret, its
 // event types). Returns how many rows of it a relay still has in flight.
@@ -511,18 +517,9 @@ CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
       // An id taken is refused at once (waiting for its lock, behind a replay to it, answered
       // "busy, try again" where the answer is "taken"); one being deleted counts as taken.
       if (!tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", *fields.id).empty()) {
-        throw EndpointExists("id", "an endpoint with id \"" + *fields.id +
-                                       "\" already exists; choose another --id, or change it "
-                                       "with `outbox-relay endpoints update`");
+        throw IdTaken(*fields.id);
       }
       TakeEndpointMoveLock(tx, *fields.id);
-    }
-    if (fields.id &&
-        !tx.exec_params("SELECT 1 FROM outbox.messages WHERE endpoint_id = $1 "
-                        "AND NOT EXISTS (SELECT 1 FROM outbox.endpoints WHERE id = $1) "
-                        "LIMIT 1",
-                        *fields.id)
-             .empty()) {
       if (const auto in_flight = BuryRowsOfDeletedEndpoint(tx, *fields.id); in_flight > 0) {
         throw EndpointExists(
             "id", "endpoint id \"" + *fields.id + "\" still has " + std::to_string(in_flight) +
@@ -547,9 +544,7 @@ CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
           "FROM (SELECT $1::jsonb AS c) x RETURNING id",
           c.dump());
     } catch (const pqxx::unique_violation&) {
-      throw EndpointExists("id", "an endpoint with id \"" + c.value("id", std::string()) +
-                                     "\" already exists; choose another --id, or change it with "
-                                     "`outbox-relay endpoints update`");
+      throw IdTaken(c.value("id", std::string()));
     }
     const std::string id = r[0][0].as<std::string>();
     const RotatedKey stored = StoreKey(tx, id, key);
@@ -558,20 +553,6 @@ CreatedEndpoint AddEndpoint(Store& store, const EndpointFields& fields) {
     out.public_key = stored.public_key;
     out.endpoint = FromRow(tx.exec_params1(SelectEndpoints(0) + "WHERE e.id = $1", id));
     tx.commit();
-    return out;
-  });
-}
-
-std::vector<EndpointRecord> ListEndpoints(Store& store, const std::string& destination) {
-  return Translated([&]() -> std::vector<EndpointRecord> {
-    pqxx::nontransaction tx(StoreAccess::Connection(store));
-    std::vector<EndpointRecord> out;
-    for (const auto& r :
-         tx.exec_params(SelectEndpoints(kListCountCap) +
-                            "WHERE $1 = '' OR e.destination = $1 ORDER BY e.destination, e.id",
-                        destination)) {
-      out.push_back(FromRow(r, kListCountCap));
-    }
     return out;
   });
 }
@@ -598,6 +579,17 @@ EndpointPage ListEndpointsPage(Store& store, const std::string& destination, int
     }
     return page;
   });
+}
+
+std::vector<EndpointRecord> ListEndpoints(Store& store, const std::string& destination) {
+  std::vector<EndpointRecord> out;
+  std::optional<EndpointCursor> after;
+  while (true) {
+    EndpointPage page = ListEndpointsPage(store, destination, 1000, after);
+    std::move(page.endpoints.begin(), page.endpoints.end(), std::back_inserter(out));
+    if (!page.more) return out;
+    after = EndpointCursor{out.back().destination, out.back().id};
+  }
 }
 
 std::optional<EndpointRecord> GetEndpoint(Store& store, const std::string& id,
@@ -652,9 +644,8 @@ bool UpdateEndpoint(Store& store, const std::string& id, const EndpointFields& f
       // no longer loads the endpoint, its rows were dead-lettered as "no longer exists
       // (deleted)", and a replay put them back there to die again. Rebucketed for the new
       // destination (its name is in the hash), under the writers' shared lock as
-      // set_bucket_count expects (migration 0014).
+      // set_bucket_count expects (migration 0014), taken with the move lock above.
       const std::string to = c["destination"].get<std::string>();
-      tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
       tx.exec_params(
           "UPDATE outbox.messages m SET destination = $2, "
           "  bucket = CASE WHEN m.ordering_key IS NULL THEN m.bucket % p.bucket_count "
