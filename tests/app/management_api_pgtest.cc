@@ -693,6 +693,180 @@ TEST_F(ManagementApiTest, AReplayRunsBesideTheOtherRequests) {
   }
 }
 
+// A replay of a large archive runs for minutes, longer than many clients wait for an answer.
+// Asked with `Prefer: respond-async` (RFC 7240), it is answered 202 as soon as it has begun,
+// with where to follow it (Location: /v1/replays/{id}), and runs on in the background; the
+// replay's resource says whether it runs, what it queued, and when it finished.
+TEST_F(ManagementApiTest, AReplayAskedToRespondAsyncRunsInTheBackground) {
+  ASSERT_EQ(
+      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
+      201);
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'd', 'k' || g, gen_random_uuid(), 'e', '{}',"
+      "    '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  // A move of the endpoint under way holds its lock: the replay's first part waits for it.
+  pqxx::connection x(db_url_);
+  pqxx::work mover(x);
+  mover.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('acme'))");
+  const httplib::Headers async = {{"Prefer", "wait=10, respond-async"}};
+  const auto begun = client_->Post("/v1/endpoints/acme/replay", async,
+                                   R"({"since": "2020-01-01T00:00:00Z"})", "application/json");
+  ASSERT_TRUE(begun);
+  ASSERT_EQ(begun->status, 202) << begun->body;
+  EXPECT_EQ(begun->get_header_value("Preference-Applied"), "respond-async");
+  const json b = json::parse(begun->body);
+  ASSERT_TRUE(b.contains("id")) << b.dump();
+  const std::string where = "/v1/replays/" + std::to_string(b["id"].get<std::int64_t>());
+  EXPECT_EQ(begun->get_header_value("Location"), where);
+  EXPECT_EQ(b["status"], "running");
+  EXPECT_EQ(b["endpoint_id"], "acme");
+  EXPECT_FALSE(b["resumed"].get<bool>());
+
+  const auto running = Get(where);
+  ASSERT_EQ(running.status, 200) << running.body.dump();
+  EXPECT_EQ(running.body["status"], "running") << running.body.dump();
+  EXPECT_EQ(running.body["since"], "2020-01-01T00:00:00Z");
+  EXPECT_TRUE(running.body["message"].is_null());
+  EXPECT_TRUE(running.body["finished_at"].is_null());
+  EXPECT_EQ(running.body["queued"], 0);
+  mover.commit();
+  EXPECT_TRUE(WaitFor([&] { return Get(where).body.value("status", "") == "finished"; }, 30s))
+      << Get(where).body.dump();
+  const auto finished = Get(where);
+  EXPECT_EQ(finished.body["queued"], 3) << finished.body.dump();
+  EXPECT_TRUE(finished.body["finished_at"].is_string());
+  EXPECT_TRUE(finished.body["error"].is_null());
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'acme'"), 3);
+
+  // The endpoint's replays, newest first; a synchronous one names its id too.
+  const auto sync = Post("/v1/endpoints/acme/replay", R"({"since": "2020-01-01T00:00:00Z"})");
+  ASSERT_EQ(sync.status, 202) << sync.body.dump();
+  EXPECT_EQ(sync.body["status"], "finished");
+  const auto list = Get("/v1/endpoints/acme/replays");
+  ASSERT_EQ(list.status, 200) << list.body.dump();
+  ASSERT_EQ(list.body["data"].size(), 2u) << list.body.dump();
+  EXPECT_EQ(list.body["data"][0]["id"], sync.body["id"]);
+  EXPECT_EQ(list.body["data"][1]["id"], b["id"]);
+  ExpectError(Get("/v1/endpoints/nobody/replays"), 404, "not_found");
+  ExpectError(Get("/v1/replays/999999"), 404, "not_found");
+  ExpectError(Get("/v1/replays/abc"), 404, "not_found");
+  // Without the token, nothing is said of a replay.
+  httplib::Client anonymous("127.0.0.1", api_->port());
+  ExpectError(Of(anonymous.Get(where.c_str())), 401, "unauthorized");
+}
+
+// Asked to respond async, a replay is still refused at once for bad input or an unknown
+// endpoint; one that fails in the background says so, and why.
+TEST_F(ManagementApiTest, ABackgroundReplayThatFailsSaysWhy) {
+  const httplib::Headers async = {{"Prefer", "respond-async"}};
+  const auto unknown = Of(client_->Post("/v1/endpoints/nobody/replay", async,
+                                        R"({"since": "2020-01-01Z"})", "application/json"));
+  ExpectError(unknown, 404, "not_found");
+  ASSERT_EQ(
+      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
+      201);
+  ExpectError(Of(client_->Post("/v1/endpoints/acme/replay", async, R"({"since": "soon"})",
+                               "application/json")),
+              400, "invalid_field", "since");
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0) << "nothing begun";
+
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'd', 'k' || g, gen_random_uuid(), 'e', '{}',"
+      "    '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  pqxx::connection admin(db_url_);
+  pqxx::nontransaction(admin).exec(R"(
+    CREATE FUNCTION public.fail_k2() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF NEW.ordering_key = 'acme:k2' THEN RAISE EXCEPTION 'injected failure at k2'; END IF;
+      RETURN NEW;
+    END $$;
+    CREATE TRIGGER fail_k2 BEFORE INSERT ON outbox.messages
+      FOR EACH ROW EXECUTE FUNCTION public.fail_k2();
+  )");
+  const auto begun = Of(client_->Post("/v1/endpoints/acme/replay", async,
+                                      R"({"since": "2020-01-01T00:00:00Z"})", "application/json"));
+  ASSERT_EQ(begun.status, 202) << begun.body.dump();
+  const std::string where = "/v1/replays/" + std::to_string(begun.body["id"].get<std::int64_t>());
+  EXPECT_TRUE(WaitFor([&] { return Get(where).body.value("status", "") == "failed"; }, 30s))
+      << Get(where).body.dump();
+  const auto failed = Get(where);
+  ASSERT_TRUE(failed.body["error"].is_string()) << failed.body.dump();
+  EXPECT_NE(failed.body["error"].get<std::string>().find("injected failure at k2"),
+            std::string::npos)
+      << failed.body.dump();
+  EXPECT_EQ(failed.body["queued"], 0) << "its one part failed whole";
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return Scalar(
+                   "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                   "AND pid <> pg_backend_pid() AND query LIKE "
+                   "'%pg_advisory_unlock_shared(7080%'") == 0;
+      },
+      10s))
+      << "the background replay's connection stays open after it ended";
+}
+
+// Stop ends a replay running in the background (it is resumable): the relay's shutdown does
+// not wait for a replay of hours. Its resource then says it failed and why, and the same
+// replay asked again goes on from where it stopped, under the same id. Replays in the
+// background count against the two a relay runs at a time.
+TEST_F(ManagementApiTest, StopEndsABackgroundReplayWhichResumesWhenAskedAgain) {
+  ASSERT_EQ(
+      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
+      201);
+  pqxx::connection x(db_url_);
+  pqxx::work mover(x);
+  mover.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('acme'))");
+  const httplib::Headers async = {{"Prefer", "respond-async"}};
+  std::vector<std::int64_t> ids;
+  for (const char* since : {"2020-01-01T00:00:00Z", "2021-01-01T00:00:00Z"}) {
+    const auto begun =
+        client_->Post("/v1/endpoints/acme/replay", async,
+                      std::string(R"({"since": ")") + since + R"("})", "application/json");
+    ASSERT_TRUE(begun);
+    ASSERT_EQ(begun->status, 202) << begun->body;
+    ids.push_back(json::parse(begun->body)["id"].get<std::int64_t>());
+  }
+  const auto third = Post("/v1/endpoints/acme/replay", R"({"since": "2022-01-01T00:00:00Z"})");
+  ExpectError(third, 429, "too_many_requests");
+
+  auto stopped = std::async(std::launch::async, [&] { api_->Stop(); });
+  const bool in_time = stopped.wait_for(10s) == std::future_status::ready;
+  stopped.get();
+  EXPECT_TRUE(in_time) << "Stop waited for the background replays";
+
+  api_ = std::make_unique<relay::ManagementApi>("127.0.0.1:0", kToken, db_url_);
+  api_->Start();
+  client_ = std::make_unique<httplib::Client>("127.0.0.1", api_->port());
+  client_->set_default_headers({{"Authorization", "Bearer " + kToken}});
+  const std::string where = "/v1/replays/" + std::to_string(ids[0]);
+  // The stopped relay's sessions end though their parts wait on a lock (the server found the
+  // connection gone): they held the replay's row and the endpoint's lock, and the replay
+  // read "running", until the lock's holder let their parts run (review).
+  EXPECT_TRUE(WaitFor([&] { return Get(where).body.value("status", "") == "failed"; }, 15s))
+      << Get(where).body.dump();
+  EXPECT_EQ(Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"), 0)
+      << "a part of the stopped relay still waits";
+  mover.commit();
+  const auto failed = Get(where);
+  ASSERT_EQ(failed.status, 200) << failed.body.dump();
+  EXPECT_EQ(failed.body["status"], "failed") << failed.body.dump();
+  ASSERT_TRUE(failed.body["error"].is_string()) << failed.body.dump();
+  EXPECT_NE(failed.body["error"].get<std::string>().find("ask for the same replay again"),
+            std::string::npos)
+      << failed.body.dump();
+  EXPECT_TRUE(failed.body["finished_at"].is_null());
+  const auto again = Post("/v1/endpoints/acme/replay", R"({"since": "2020-01-01T00:00:00Z"})");
+  ASSERT_EQ(again.status, 202) << again.body.dump();
+  EXPECT_EQ(again.body["id"], ids[0]) << again.body.dump();
+  EXPECT_EQ(again.body["resumed"], true);
+  EXPECT_EQ(Get(where).body["status"], "finished");
+}
+
 // A replay part holds its endpoint's move lock while it waits for its keys' locks, which an
 // application's transaction left open holds for as long as it stays open. A delete or a move
 // of that endpoint waited as long, on the API's one connection, and every request behind it
@@ -876,7 +1050,7 @@ TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {
           << method << " " << route;
     }
   }
-  EXPECT_EQ(operations, 10);
+  EXPECT_EQ(operations, 12);
   EXPECT_NE(Get("/v1/endpoints/doc/undocumented").body.dump().find("no such route"),
             std::string::npos);
 

@@ -2413,6 +2413,135 @@ TEST_F(StoreTest, AReplaysTimeIsReadOnceAndAStaleOneStartsOver) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0);
 }
 
+// An archive replay says how far it got while it runs and for a day after it finished
+// (migration 0040). Its row went when it finished: a client could not tell a finished replay
+// from one never asked for, and a replay could not run in the background.
+TEST_F(StoreTest, AReplaySaysWhetherItRunsAndWhatItQueuedForADay) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e',"
+      "    '{}', '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  // A move of the endpoint holds its lock: the replay's first part waits for it.
+  pqxx::connection x(db_url_);
+  pqxx::work mover(x);
+  mover.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('ep_a'))");
+  auto replay = std::async(std::launch::async, [&] {
+    Store s(db_url_);
+    return relay::ReplayToEndpoint(s, "ep_a", "2020-01-01 00:00Z", "");
+  });
+  ASSERT_TRUE(SessionsWaitOnLocks(1));
+  const std::int64_t id = Scalar("SELECT id FROM outbox.endpoint_replays");
+  const auto running = relay::GetEndpointReplay(c, id);
+  ASSERT_TRUE(running);
+  EXPECT_EQ(running->status, "running");
+  EXPECT_EQ(running->endpoint_id, "ep_a");
+  EXPECT_EQ(running->since, "2020-01-01T00:00:00Z");
+  EXPECT_EQ(running->message, "");
+  EXPECT_EQ(running->queued, 0);
+  EXPECT_EQ(running->began.size(), 20u) << running->began;
+  EXPECT_EQ(running->finished_at, "");
+  mover.commit();
+  const auto done = replay.get();
+  EXPECT_EQ(done.id, id);
+  EXPECT_TRUE(done.finished);
+  const auto finished = relay::GetEndpointReplay(c, id);
+  ASSERT_TRUE(finished);
+  EXPECT_EQ(finished->status, "finished");
+  EXPECT_EQ(finished->queued, 3);
+  EXPECT_EQ(finished->finished_at.size(), 20u) << finished->finished_at;
+  EXPECT_EQ(finished->error, "");
+
+  // Asked again, the replay is a new one; the finished one is history.
+  const auto again = relay::ReplayToEndpoint(c, "ep_a", "2020-01-01 00:00Z", "");
+  EXPECT_NE(again.id, id);
+  EXPECT_FALSE(again.resumed);
+  const std::string key = pqxx::nontransaction(x)
+                              .exec1(
+                                  "SELECT idempotency_key::text FROM outbox.delivered_archive "
+                                  "ORDER BY id LIMIT 1")[0]
+                              .as<std::string>();
+  const auto one = relay::ReplayToEndpoint(c, "ep_a", "", key);
+  const auto list = relay::ListEndpointReplays(c, "ep_a");
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[0].id, one.id) << "newest first";
+  EXPECT_EQ(list[0].message, key);
+  EXPECT_EQ(list[0].since, "");
+  EXPECT_EQ(list[1].id, again.id);
+  EXPECT_EQ(list[2].id, id);
+  EXPECT_EQ(list[2].status, "finished");
+  EXPECT_TRUE(relay::ListEndpointReplays(c, "ep_b").empty());
+
+  // A day after its last change it is gone, and an unknown id is nothing.
+  Scalar(
+      "WITH u AS (UPDATE outbox.endpoint_replays_finished SET finished_at = now() - interval "
+      "'25 hours' WHERE id = " +
+      std::to_string(id) + " RETURNING 1) SELECT count(*) FROM u");
+  EXPECT_FALSE(relay::GetEndpointReplay(c, id));
+  EXPECT_FALSE(relay::GetEndpointReplay(c, id + 1000));
+  relay::ReplayToEndpoint(c, "ep_a", "now", "");
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays_finished WHERE id = " +
+                   std::to_string(id)),
+            0)
+      << "deleted when the next replay began";
+
+  // A time PostgreSQL takes that is no date ("infinity": nothing is delivered after it) is
+  // said as it was given; to_char said NULL, and the replay and its endpoint's list were a
+  // 500 for a day (review).
+  const auto never = relay::ReplayToEndpoint(c, "ep_a", "infinity", "");
+  EXPECT_EQ(never.queued, 0);
+  ASSERT_TRUE(relay::GetEndpointReplay(c, never.id));
+  EXPECT_EQ(relay::GetEndpointReplay(c, never.id)->since, "infinity");
+  EXPECT_EQ(relay::ListEndpointReplays(c, "ep_a").size(), 4u);
+}
+
+// A replay that failed says so, and why when that could be written. One whose connection was
+// lost says it failed too: no connection holds its run's lock, so it does not read "running"
+// for ever. Asked again, it resumes under the same id.
+TEST_F(StoreTest, AFailedReplaySaysWhyAndResumesUnderItsId) {
+  InterruptAReplayAfterItsFirstPart();
+  Store c(db_url_);
+  const std::int64_t id = Scalar("SELECT id FROM outbox.endpoint_replays");
+  const auto failed = relay::GetEndpointReplay(c, id);
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(failed->status, "failed");
+  EXPECT_NE(failed->error.find("injected failure at ep_a:k700"), std::string::npos)
+      << failed->error;
+  EXPECT_EQ(failed->queued, 500);
+
+  // Resumed, then its connection lost while its part waits for the endpoint's lock.
+  pqxx::connection x(db_url_);
+  pqxx::work mover(x);
+  mover.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('ep_a'))");
+  auto lost = std::async(std::launch::async, [&] {
+    Store s(db_url_);
+    EXPECT_THROW(relay::ReplayToEndpoint(s, "ep_a", "-infinity", ""), std::exception);
+  });
+  ASSERT_TRUE(SessionsWaitOnLocks(1));
+  EXPECT_EQ(relay::GetEndpointReplay(c, id)->status, "running");
+  EXPECT_EQ(relay::GetEndpointReplay(c, id)->error, "") << "cleared when it was resumed";
+  EXPECT_EQ(Scalar("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                   "WHERE wait_event_type = 'Lock' AND query LIKE '%endpoint_lock_key%'"),
+            1);
+  lost.get();
+  EXPECT_TRUE(
+      testing::WaitFor([&] { return relay::GetEndpointReplay(c, id)->status == "failed"; }, 10s))
+      << "still running, with nothing running it";
+  EXPECT_FALSE(relay::GetEndpointReplay(c, id)->error.empty()) << "why, or that nothing runs it";
+  mover.commit();
+
+  const auto resumed = relay::ReplayToEndpoint(c, "ep_a", "-infinity", "");
+  EXPECT_EQ(resumed.id, id);
+  EXPECT_TRUE(resumed.resumed);
+  EXPECT_EQ(resumed.queued, 700);
+  const auto finished = relay::GetEndpointReplay(c, id);
+  EXPECT_EQ(finished->status, "finished");
+  EXPECT_EQ(finished->queued, 1200);
+  EXPECT_EQ(finished->error, "");
+}
+
 // An archive replay to one endpoint (`endpoints replay`) waits for an uncommitted writer of the
 // endpoint's key as the dlq replay does. Without outbox.insert_message's per-key lock, the
 // replayed row committed first and was claimed while the writer's earlier row (here a dlq

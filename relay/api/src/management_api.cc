@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cctype>
 #include <cstdint>
+#include <functional>
+#include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -16,6 +18,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 #include "outbox_relay/admin_server.h"
 #include "outbox_relay/endpoint_json.h"
@@ -177,6 +180,44 @@ EndpointFields Fields(const json& body) {
   return f;
 }
 
+// Whether the client asked for an answer before the work is done: `Prefer: respond-async`
+// (RFC 7240), among other preferences or in a header of its own, the name in any case.
+bool PrefersAsync(const httplib::Request& req) {
+  const std::size_t headers = req.get_header_value_count("Prefer");
+  for (std::size_t i = 0; i < headers; ++i) {
+    const std::string value = req.get_header_value("Prefer", i);
+    std::size_t from = 0;
+    while (from <= value.size()) {
+      std::size_t to = value.find(',', from);
+      if (to == std::string::npos) to = value.size();
+      std::string token = value.substr(from, to - from);
+      token = token.substr(0, token.find(';'));  // its parameters
+      const auto first = token.find_first_not_of(" \t");
+      const auto last = token.find_last_not_of(" \t");
+      if (first != std::string::npos) token = token.substr(first, last - first + 1);
+      std::transform(token.begin(), token.end(), token.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      if (token == "respond-async") return true;
+      from = to + 1;
+    }
+  }
+  return false;
+}
+
+json ToJson(const EndpointReplay& r) {
+  const auto text_or_null = [](const std::string& v) { return v.empty() ? json() : json(v); };
+  return {{"id", r.id},
+          {"endpoint_id", r.endpoint_id},
+          {"since", text_or_null(r.since)},
+          {"message", text_or_null(r.message)},
+          {"status", r.status},
+          {"queued", r.queued},
+          {"began", r.began},
+          {"updated_at", r.updated_at},
+          {"finished_at", text_or_null(r.finished_at)},
+          {"error", text_or_null(r.error)}};
+}
+
 }  // namespace
 
 struct ManagementApi::Impl {
@@ -197,6 +238,50 @@ struct ManagementApi::Impl {
   bool stopping = false;  ///< Guarded by busy_mu: requests not yet running are answered 503.
 
   static constexpr int kMaxOwn = 2;  ///< Requests on connections of their own, at once.
+
+  // Replays asked with `Prefer: respond-async`, running on after their answer on the
+  // request's connection (and slot of kMaxOwn). Stop ends them between two parts, or cuts
+  // the statement running: they are resumable.
+  struct Background {
+    std::unique_ptr<Store> store;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  std::mutex background_mu;
+  std::list<Background> background;  ///< Guarded by background_mu.
+  std::atomic<bool> background_stop{false};
+  using Continuation = std::function<void(Store&)>;
+
+  // Runs `then` on `store` on a thread of its own; the slot it holds is given back at its
+  // end. Joins the ones that are done.
+  void RunInBackground(std::unique_ptr<Store> store, Continuation then) {
+    std::lock_guard lk(background_mu);
+    background.remove_if([](Background& b) {
+      if (!b.done) return false;
+      b.thread.join();
+      return true;
+    });
+    Background& b = background.emplace_back();
+    b.store = std::move(store);
+    try {
+      b.thread = std::thread([this, &b, then = std::move(then)] {
+        NameThisThread("or-api-bg");
+        try {
+          then(*b.store);
+        } catch (const std::exception& e) {
+          spdlog::warn("management API: a background replay stopped: {}", e.what());
+        }
+        b.store->Reset();  // its connection goes now, not when the next one starts
+        --own_running;
+        b.done = true;
+      });
+    } catch (...) {
+      // No thread: the connection closes (and the replay's lock with it), the request's slot
+      // stays the request's, and the request is answered 500.
+      background.pop_back();
+      throw;
+    }
+  }
   std::atomic<int> own_running{0};
 
   ManagementApi::UrlCheck url_check;                  ///< Set before Start; read-only after.
@@ -257,8 +342,8 @@ struct ManagementApi::Impl {
           throw ApiError{429, "too_many_requests",
                          std::to_string(kMaxOwn) +
                              " replays are running on this relay; ask again when one is done "
-                             "(the same replay asked again waits for the one running and "
-                             "queues nothing twice)",
+                             "(a replay asked again goes on from where it is and queues "
+                             "nothing twice)",
                          ""};
         }
         slot.running = &own_running;
@@ -289,7 +374,16 @@ struct ManagementApi::Impl {
       };
       try {
         const Busy busy_now(*this, s);
-        f(*s, res);
+        if constexpr (std::is_void_v<std::invoke_result_t<F&, Store&, httplib::Response&>>) {
+          f(*s, res);
+        } else {
+          // What f leaves to run on after the answer, on this request's connection and slot.
+          Continuation then = f(*s, res);
+          if (then) {
+            RunInBackground(std::move(own), std::move(then));
+            slot.running = nullptr;
+          }
+        }
       } catch (const StoreError& e) {
         if (!own) store.reset();  // reconnect on the next request
         if (e.transient()) {
@@ -476,7 +570,7 @@ struct ManagementApi::Impl {
     server.Post(one + "/replay", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(
           req, res,
-          [&](Store& s, httplib::Response& r) {
+          [&](Store& s, httplib::Response& r) -> Continuation {
             const std::string id = req.matches[1];
             const json body = ParseBody(req, true);
             OnlyKeys(body, {"since", "message", "restart"});
@@ -487,16 +581,62 @@ struct ManagementApi::Impl {
               }
               restart = body["restart"].get<bool>();
             }
-            const auto replay = ReplayToEndpoint(s, id, String(body, "since").value_or(""),
-                                                 String(body, "message").value_or(""), restart);
-            Reply(r, 202,
-                  {{"queued", replay.queued},
-                   {"resumed", replay.resumed},
-                   {"queued_earlier", replay.queued_earlier},
-                   {"began", replay.began}});
+            const std::string since = String(body, "since").value_or("");
+            const std::string message = String(body, "message").value_or("");
+            const auto answer = [&](const ReplayOutcome& replay, const char* status) {
+              Reply(r, 202,
+                    {{"id", replay.id},
+                     {"endpoint_id", id},
+                     {"status", status},
+                     {"queued", replay.queued},
+                     {"resumed", replay.resumed},
+                     {"queued_earlier", replay.queued_earlier},
+                     {"began", replay.began}});
+            };
+            if (!PrefersAsync(req)) {
+              answer(ReplayToEndpoint(s, id, since, message, restart), "finished");
+              return {};
+            }
+            // Begun (or taken up) here, so that bad input and an unknown endpoint are
+            // answered; queued in the background, on this connection, which holds the
+            // replay's run lock from here.
+            const ReplayOutcome begun = BeginEndpointReplay(s, id, since, message, restart);
+            r.set_header("Location", "/v1/replays/" + std::to_string(begun.id));
+            r.set_header("Preference-Applied", "respond-async");
+            answer(begun, "running");
+            return [this, begun](Store& store) {
+              RunEndpointReplay(store, begun, [this] { return background_stop.load(); });
+            };
           },
           Connection::kOwn);
     });
+    server.Get(one + "/replays", [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        const std::string id = req.matches[1];
+        json data = json::array();
+        for (const auto& replay : ListEndpointReplays(s, id)) data.push_back(ToJson(replay));
+        if (data.empty() && !GetEndpoint(s, id, EndpointCounts::kNone)) throw NotFound(id);
+        Reply(r, 200, {{"data", data}});
+      });
+    });
+    server.Get(
+        R"(/v1/replays/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+          Handle(req, res, [&](Store& s, httplib::Response& r) {
+            const std::string id = req.matches[1];
+            const bool number =
+                !id.empty() && id.size() <= 18 &&
+                std::all_of(id.begin(), id.end(), [](unsigned char c) { return std::isdigit(c); });
+            const auto replay = number ? GetEndpointReplay(s, std::stoll(id)) : std::nullopt;
+            if (!replay) {
+              throw ApiError{404, "not_found",
+                             "no replay has id " + id +
+                                 " (a replay is kept for a day after its last change, "
+                                 "and goes with its endpoint)",
+                             ""};
+            }
+            Reply(r, 200, ToJson(*replay));
+          });
+        });
     server.Get("/v1/attempts", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
         const int limit = Limit(req);
@@ -628,6 +768,22 @@ void ManagementApi::Stop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   d.thread.join();
+  // Replays in the background: asked to stop between two parts, and the statement running cut
+  // (again until they end: a cut that reaches a statement before it starts is lost).
+  d.background_stop = true;
+  std::lock_guard lk(d.background_mu);
+  while (true) {
+    bool all_done = true;
+    for (auto& b : d.background) {
+      if (b.done) continue;
+      all_done = false;
+      b.store->Interrupt();
+    }
+    if (all_done) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (auto& b : d.background) b.thread.join();
+  d.background.clear();
 }
 
 int ManagementApi::port() const { return impl_->port; }

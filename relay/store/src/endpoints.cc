@@ -4,8 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
-#include <map>
+#include <exception>
 #include <limits>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
@@ -817,9 +818,95 @@ std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoin
   });
 }
 
+namespace {
+
+// A replay's run holds this lock (shared: two calls of one replay run it together) on its
+// connection, at the session's level, from its beginning until it returns; PostgreSQL
+// releases it with the connection. GetEndpointReplay reads "running" from it (migration 0040).
+constexpr const char* kReplayRunLock = "7080, ($1::bigint % 2147483648)::int";
+
+// On a connection that is still open: a lost one took the lock with it, and the store would
+// connect again only to be told it holds no such lock (slowly, with the database away).
+void ReleaseReplayRunLock(Store& store, std::int64_t replay_id) noexcept {
+  if (!store.Connected()) return;
+  try {
+    pqxx::nontransaction n(StoreAccess::Connection(store));
+    n.exec_params(std::string("SELECT pg_advisory_unlock_shared(") + kReplayRunLock + ")",
+                  replay_id);
+  } catch (...) {
+    // The connection is gone, and the lock with it.
+  }
+}
+
+// An endpoint replay as EndpointReplay has it, unfinished (outbox.endpoint_replays) or finished
+// (outbox.endpoint_replays_finished, migration 0040); "running" when a connection holds its
+// run's lock (in this database: the tests' databases share a server). What the next replay's
+// beginning deletes (a day after its last change) is gone already.
+std::string ReplaysWhere(const std::string& where) {
+  const std::string utc = "'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'";
+  const auto at = [&](const std::string& column) {
+    return "to_char(" + column + " AT TIME ZONE 'UTC', " + utc + ")";
+  };
+  return "SELECT r.id, r.endpoint_id,"
+         "  CASE WHEN r.message <> '' THEN '' WHEN NOT isfinite(r.since) THEN r.since::text"
+         "       ELSE " +
+         at("r.since") +
+         " END AS since,"
+         "  r.message, r.queued, " +
+         at("r.started_at") + " AS began, " + at("r.updated_at") + " AS updated_at, coalesce(" +
+         at("r.finished_at") +
+         ", '') AS finished_at, coalesce(r.error, '') AS error,"
+         "  CASE WHEN r.finished_at IS NOT NULL THEN 'finished'"
+         "       WHEN EXISTS (SELECT 1 FROM pg_locks l"
+         "                    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2"
+         "                      AND l.database = (SELECT oid FROM pg_database"
+         "                                        WHERE datname = current_database())"
+         "                      AND l.classid = 7080 AND l.objid::bigint = r.id % 2147483648)"
+         "         THEN 'running'"
+         "       ELSE 'failed' END AS status "
+         "FROM (SELECT id, endpoint_id, since, message, queued, started_at, updated_at,"
+         "        NULL::timestamptz AS finished_at, error FROM outbox.endpoint_replays"
+         "      WHERE updated_at > clock_timestamp() - interval '1 day'"
+         "      UNION ALL"
+         "      SELECT id, endpoint_id, since, message, queued, started_at, finished_at,"
+         "        finished_at, NULL FROM outbox.endpoint_replays_finished"
+         "      WHERE finished_at > clock_timestamp() - interval '1 day') r "
+         "WHERE " +
+         where;
+}
+
+EndpointReplay ToReplay(const pqxx::row& r) {
+  EndpointReplay e;
+  e.id = r["id"].as<std::int64_t>();
+  e.endpoint_id = r["endpoint_id"].as<std::string>();
+  e.since = r["since"].as<std::string>();
+  e.message = r["message"].as<std::string>();
+  e.status = r["status"].as<std::string>();
+  e.queued = r["queued"].as<std::int64_t>();
+  e.began = r["began"].as<std::string>();
+  e.updated_at = r["updated_at"].as<std::string>();
+  e.finished_at = r["finished_at"].as<std::string>();
+  // Why it failed; a run's error may outlive it while another run of the replay goes on.
+  e.error = e.status == "failed" ? r["error"].as<std::string>() : "";
+  if (e.status == "failed" && e.error.empty()) {
+    e.error =
+        "no relay is running it: the one running it stopped, or lost its connection to the "
+        "database; ask for the same replay again to resume it";
+  }
+  return e;
+}
+
+}  // namespace
+
 ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
                                const std::string& since, const std::string& message,
                                bool restart) {
+  return RunEndpointReplay(store, BeginEndpointReplay(store, endpoint_id, since, message, restart));
+}
+
+ReplayOutcome BeginEndpointReplay(Store& store, const std::string& endpoint_id,
+                                  const std::string& since, const std::string& message,
+                                  bool restart) {
   CheckUuid(message, "--message");
   if (since.empty() == message.empty()) {
     throw InvalidField(
@@ -838,8 +925,8 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
     // such as 'today' or one without a zone would read differently later.
     const std::string since_at = since.empty() ? "-infinity" : since;
     ReplayOutcome out;
-    std::int64_t replay_id = 0;
-    std::string created_at;  // which endpoint of the id: one deleted and added again is another
+    out.endpoint_id = endpoint_id;
+    std::exception_ptr commit_failed;
     {
       pqxx::work tx(StoreAccess::Connection(store));
       const auto endpoint = tx.exec_params(
@@ -848,7 +935,7 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
         throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
                                "\"; `outbox-relay endpoints list` shows them");
       }
-      created_at = endpoint[0][0].as<std::string>();
+      out.endpoint_created_at = endpoint[0][0].as<std::string>();
       if (!since.empty()) {
         try {
           tx.exec_params("SELECT $1::timestamptz", since);
@@ -857,14 +944,18 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
                                           "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
         }
       }
-      // Replays of any endpoint that stopped part-way more than a day ago would only start
-      // over: they go, with the delivery ids they kept (migration 0039), which may be an
-      // archive's worth.
+      // Replays of any endpoint that stopped part-way more than a day ago go, with the delivery
+      // ids they kept (migration 0039), which may be an archive's worth: they would only start
+      // over. So do those that finished more than a day ago (migration 0040).
       tx.exec(
           "DELETE FROM outbox.endpoint_replays "
           "WHERE updated_at < clock_timestamp() - interval '1 day'");
+      tx.exec(
+          "DELETE FROM outbox.endpoint_replays_finished "
+          "WHERE finished_at < clock_timestamp() - interval '1 day'");
       // The same replay stopped part-way less than a day ago is resumed; one that stopped
-      // longer ago, or asked to restart, starts over, with the archive as it is now.
+      // longer ago, or asked to restart, starts over, with the archive as it is now. One that
+      // finished is in outbox.endpoint_replays_finished: asked again, the replay is a new one.
       const auto row = tx.exec_params1(
           "INSERT INTO outbox.endpoint_replays AS r (endpoint_id, since, message, upto,"
           "  done_through) "
@@ -878,125 +969,211 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
           "           CASE WHEN g.go_on THEN r.started_at ELSE clock_timestamp() END"
           "    FROM (SELECT NOT $4::boolean"
           "            AND r.updated_at > clock_timestamp() - interval '1 day' AS go_on) g),"
-          "  updated_at = clock_timestamp() "
+          "  updated_at = clock_timestamp(), error = NULL "
           "RETURNING r.id, r.queued, r.started_at < statement_timestamp() AS resumed,"
           "  to_char(r.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS began",
           endpoint_id, since_at, message, restart);
-      replay_id = row["id"].as<std::int64_t>();
+      out.id = row["id"].as<std::int64_t>();
       out.resumed = row["resumed"].as<bool>();
       out.queued_earlier = out.resumed ? row["queued"].as<std::int64_t>() : 0;
       out.began = row["began"].as<std::string>();
       // Started over (asked to, or stale): what it queued before may be sent again.
       if (!out.resumed) {
-        tx.exec_params("DELETE FROM outbox.endpoint_replay_sent WHERE replay_id = $1", replay_id);
+        tx.exec_params("DELETE FROM outbox.endpoint_replay_sent WHERE replay_id = $1", out.id);
       }
-      tx.commit();
-    }
-    // In parts of kReplayChunk archived messages, each its own transaction: each replayed row
-    // of a key takes the key's lock, and a whole archive's worth in one statement filled
-    // PostgreSQL's lock table ("out of shared memory").
-    constexpr long long kReplayChunk = 500;
-    while (true) {
-      pqxx::work tx(StoreAccess::Connection(store));
-      // The endpoint's move lock (migration 0018), shared, before the bucket count's as a move
-      // takes them: the rows go where the endpoint is, and no move sweeps the queue meanwhile.
-      tx.exec_params("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key($1))",
-                     endpoint_id);
-      tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");  // as ReplayDeadLetters
-      // The place, locked after those: a second call of the same replay waits here and goes
-      // on from where this one leaves off. Gone: another call finished the replay.
-      const auto place = tx.exec_params(
-          "SELECT upto, done_through, CASE WHEN message = '' THEN since::text ELSE '' END AS since"
-          " FROM outbox.endpoint_replays WHERE id = $1 FOR UPDATE",
-          replay_id);
-      if (place.empty()) {
-        // Gone: another call of it finished the replay, or the endpoint was deleted (its
-        // replays go with it, and what they queued that is still queued with its rows).
-        if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1 AND created_at = "
-                           "$2::timestamptz",
-                           endpoint_id, created_at)
-                .empty()) {
-          throw EndpointNotFound("endpoint " + endpoint_id +
-                                 " was deleted while the replay ran; it had queued " +
-                                 std::to_string(out.queued) +
-                                 " message(s), dead-lettered with the endpoint unless already "
-                                 "delivered");
-        }
-        break;
-      }
-      const long long upto = place[0]["upto"].as<long long>();
-      const long long after = place[0]["done_through"].as<long long>();
-      const std::string since_read = place[0]["since"].as<std::string>();
-      const auto r = tx.exec_params1(
-          "WITH e AS (SELECT * FROM outbox.endpoints WHERE id = $1), picked AS ("
-          "  SELECT a.* FROM outbox.delivered_archive a, e"
-          "  WHERE a.destination = e.destination AND a.id > $4::bigint AND a.id <= $6::bigint"
-          "    AND ($2 = '' OR a.delivered_at >= nullif($2, '')::timestamptz)"
-          "    AND ($3 = '' OR a.idempotency_key = nullif($3, '')::uuid"
-          "         OR outbox.endpoint_delivery_id(a.idempotency_key, e.id) = nullif($3, '')::uuid)"
-          // The endpoint's own copies: of this endpoint, delivered since it was created (one
-          // deleted before it, with its id, is another endpoint).
-          "    AND ((a.endpoint_id = e.id AND a.delivered_at >= e.created_at)"
-          "         OR (a.endpoint_id IS NULL AND ("
-          "         cardinality(e.event_types) = 0 OR a.event_type = ANY(e.event_types)"
-          "         OR '*' = ANY(e.event_types)"
-          "         OR EXISTS (SELECT 1 FROM unnest(e.event_types) t"
-          "                    WHERE t LIKE '%.*' AND starts_with(a.event_type, left(t, -1))))))"
-          "  ORDER BY a.id LIMIT $5"
-          "), keyed AS ("
-          "  SELECT p.*, CASE WHEN p.endpoint_id IS NOT NULL THEN p.ordering_key"
-          "                   ELSE e.id || ':' || p.ordering_key END AS key,"
-          "         CASE WHEN p.endpoint_id IS NOT NULL THEN p.idempotency_key"
-          "              ELSE outbox.endpoint_delivery_id(p.idempotency_key, e.id) END"
-          "           AS delivery_id"
-          "  FROM picked p, e"
-          "), first_time AS ("
-          // Each delivery once per replay: a message archived with the endpoint's own copy
-          // of it is two rows of one delivery, often in different parts (migration 0039).
-          "  INSERT INTO outbox.endpoint_replay_sent (replay_id, delivery_id)"
-          "  SELECT DISTINCT $7::bigint, delivery_id FROM keyed"
-          "  ON CONFLICT DO NOTHING RETURNING delivery_id"
-          "), key_locks AS ("
-          // outbox.insert_message's per-key lock, in one global order, before any row takes
-          // its id: a replayed row then waits for an uncommitted writer of its key (a dlq
-          // replay, a fan-out's settle) instead of being claimed while that writer's row is
-          // invisible.
-          "  SELECT count(*) AS n FROM (SELECT pg_advisory_xact_lock(k.lock_key) FROM ("
-          "    SELECT DISTINCT hashtextextended(destination || chr(31) || key, 7079) AS lock_key"
-          "    FROM keyed WHERE key IS NOT NULL) k ORDER BY k.lock_key) l"
-          "), inserted AS ("
-          "  INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
-          "    headers, payload, payload_bytes, deliver_after, parked, created_at, last_error,"
-          "    bucket, endpoint_id, due_at) "
-          "  SELECT p.destination, p.key, p.delivery_id,"
-          "    p.event_type, p.headers, p.payload, p.payload_bytes, clock_timestamp(), true,"
-          "    p.created_at, 'replayed from the archive',"
-          "    CASE WHEN p.key IS NULL THEN floor(random() * pp.bucket_count)"
-          "         ELSE (hashtextextended(p.destination || chr(31) || p.key, 0) & 32767)"
-          "              % pp.bucket_count END,"
-          // pending since the replay (migration 0025), whatever hands it back
-          "    e.id, clock_timestamp() "
-          "  FROM keyed p, e, outbox.partitioning pp "
-          "  WHERE (SELECT n FROM key_locks) >= 0 "  // every key locked before the first id
-          "    AND p.delivery_id IN (SELECT delivery_id FROM first_time)"
-          "  ORDER BY p.id "
-          "  ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1"
-          ") "
-          "SELECT (SELECT max(id) FROM picked) AS last, (SELECT count(*) FROM inserted) AS n",
-          endpoint_id, since_read, message, after, kReplayChunk, upto, replay_id);
-      if (r["last"].is_null()) {
-        tx.exec_params("DELETE FROM outbox.endpoint_replays WHERE id = $1", replay_id);
+      // A connection that goes away (its relay stopped: Store::Interrupt shuts its socket)
+      // while its part waits for a lock is found out within a second, and its session ends,
+      // with the locks it holds (the replay's row, its endpoint's): the replay is resumable at
+      // once, elsewhere, and its endpoint can be moved. A server waiting on a lock does not
+      // read from the client otherwise. PostgreSQL 14 or later.
+      tx.exec(
+          "SELECT set_config('client_connection_check_interval', '1s', false) "
+          "WHERE current_setting('server_version_num')::int >= 140000");
+      // Running from here (a session's lock outlives the transaction), until RunEndpointReplay
+      // returns. Last before the commit: a failure after it would leave it held.
+      tx.exec_params(std::string("SELECT pg_advisory_lock_shared(") + kReplayRunLock + ")", out.id);
+      try {
         tx.commit();
-        break;
+      } catch (...) {
+        commit_failed = std::current_exception();
       }
-      const std::int64_t n = r["n"].as<std::int64_t>();
-      // Its place moves in the transaction that queued the part.
-      tx.exec_params(
-          "UPDATE outbox.endpoint_replays SET done_through = $2::bigint,"
-          " queued = queued + $3::bigint, updated_at = clock_timestamp() WHERE id = $1",
-          replay_id, r["last"].as<long long>(), n);
-      tx.commit();
-      out.queued += n;
+    }  // the transaction ends before its connection is used again
+    if (commit_failed) {
+      ReleaseReplayRunLock(store, out.id);
+      std::rethrow_exception(commit_failed);
+    }
+    return out;
+  });
+}
+
+ReplayOutcome RunEndpointReplay(Store& store, ReplayOutcome out,
+                                const std::function<bool()>& stop) {
+  struct Release {
+    Store& store;
+    std::int64_t id;
+    ~Release() { ReleaseReplayRunLock(store, id); }
+  } release{store, out.id};
+  const std::int64_t replay_id = out.id;
+  const std::string& endpoint_id = out.endpoint_id;
+  out.queued = 0;
+  out.finished = false;
+  return Translated([&]() -> ReplayOutcome {
+    try {
+      // In parts of kReplayChunk archived messages, each its own transaction: each replayed
+      // row of a key takes the key's lock, and a whole archive's worth in one statement filled
+      // PostgreSQL's lock table ("out of shared memory").
+      constexpr long long kReplayChunk = 500;
+      while (!(stop && stop())) {
+        pqxx::work tx(StoreAccess::Connection(store));
+        // The endpoint's move lock (migration 0018), shared, before the bucket count's as a
+        // move takes them: the rows go where the endpoint is, and no move sweeps the queue
+        // meanwhile.
+        tx.exec_params("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key($1))",
+                       endpoint_id);
+        tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");  // as ReplayDeadLetters
+        // The place, locked after those: a second call of the same replay waits here and
+        // goes on from where this one leaves off. Finished: another call finished it.
+        const auto place = tx.exec_params(
+            "SELECT upto, done_through, message,"
+            "  CASE WHEN message = '' THEN since::text ELSE '' END AS since"
+            " FROM outbox.endpoint_replays WHERE id = $1 FOR UPDATE",
+            replay_id);
+        if (place.empty()) {
+          // Gone: another call of it finished the replay, or the endpoint was deleted (its
+          // replays go with it, and what they queued that is still queued with its rows).
+          if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1 AND created_at = "
+                             "$2::timestamptz",
+                             endpoint_id, out.endpoint_created_at)
+                  .empty()) {
+            throw EndpointNotFound("endpoint " + endpoint_id +
+                                   " was deleted while the replay ran; it had queued " +
+                                   std::to_string(out.queued) +
+                                   " message(s), dead-lettered with the endpoint unless already "
+                                   "delivered");
+          }
+          out.finished = true;
+          break;
+        }
+        const long long upto = place[0]["upto"].as<long long>();
+        const long long after = place[0]["done_through"].as<long long>();
+        const std::string since_read = place[0]["since"].as<std::string>();
+        const std::string message_read = place[0]["message"].as<std::string>();
+        const auto r = tx.exec_params1(
+            "WITH e AS (SELECT * FROM outbox.endpoints WHERE id = $1), picked AS ("
+            "  SELECT a.* FROM outbox.delivered_archive a, e"
+            "  WHERE a.destination = e.destination AND a.id > $4::bigint AND a.id <= $6::bigint"
+            "    AND ($2 = '' OR a.delivered_at >= nullif($2, '')::timestamptz)"
+            "    AND ($3 = '' OR a.idempotency_key = nullif($3, '')::uuid"
+            "         OR outbox.endpoint_delivery_id(a.idempotency_key, e.id) = nullif($3, "
+            "'')::uuid)"
+            // The endpoint's own copies: of this endpoint, delivered since it was created (one
+            // deleted before it, with its id, is another endpoint).
+            "    AND ((a.endpoint_id = e.id AND a.delivered_at >= e.created_at)"
+            "         OR (a.endpoint_id IS NULL AND ("
+            "         cardinality(e.event_types) = 0 OR a.event_type = ANY(e.event_types)"
+            "         OR '*' = ANY(e.event_types)"
+            "         OR EXISTS (SELECT 1 FROM unnest(e.event_types) t"
+            "                    WHERE t LIKE '%.*' AND starts_with(a.event_type, left(t, -1))))))"
+            "  ORDER BY a.id LIMIT $5"
+            "), keyed AS ("
+            "  SELECT p.*, CASE WHEN p.endpoint_id IS NOT NULL THEN p.ordering_key"
+            "                   ELSE e.id || ':' || p.ordering_key END AS key,"
+            "         CASE WHEN p.endpoint_id IS NOT NULL THEN p.idempotency_key"
+            "              ELSE outbox.endpoint_delivery_id(p.idempotency_key, e.id) END"
+            "           AS delivery_id"
+            "  FROM picked p, e"
+            "), first_time AS ("
+            // Each delivery once per replay: a message archived with the endpoint's own copy
+            // of it is two rows of one delivery, often in different parts (migration 0039).
+            "  INSERT INTO outbox.endpoint_replay_sent (replay_id, delivery_id)"
+            "  SELECT DISTINCT $7::bigint, delivery_id FROM keyed"
+            "  ON CONFLICT DO NOTHING RETURNING delivery_id"
+            "), key_locks AS ("
+            // outbox.insert_message's per-key lock, in one global order, before any row takes
+            // its id: a replayed row then waits for an uncommitted writer of its key (a dlq
+            // replay, a fan-out's settle) instead of being claimed while that writer's row is
+            // invisible.
+            "  SELECT count(*) AS n FROM (SELECT pg_advisory_xact_lock(k.lock_key) FROM ("
+            "    SELECT DISTINCT hashtextextended(destination || chr(31) || key, 7079) AS lock_key"
+            "    FROM keyed WHERE key IS NOT NULL) k ORDER BY k.lock_key) l"
+            "), inserted AS ("
+            "  INSERT INTO outbox.messages (destination, ordering_key, idempotency_key, event_type,"
+            "    headers, payload, payload_bytes, deliver_after, parked, created_at, last_error,"
+            "    bucket, endpoint_id, due_at) "
+            "  SELECT p.destination, p.key, p.delivery_id,"
+            "    p.event_type, p.headers, p.payload, p.payload_bytes, clock_timestamp(), true,"
+            "    p.created_at, 'replayed from the archive',"
+            "    CASE WHEN p.key IS NULL THEN floor(random() * pp.bucket_count)"
+            "         ELSE (hashtextextended(p.destination || chr(31) || p.key, 0) & 32767)"
+            "              % pp.bucket_count END,"
+            // pending since the replay (migration 0025), whatever hands it back
+            "    e.id, clock_timestamp() "
+            "  FROM keyed p, e, outbox.partitioning pp "
+            "  WHERE (SELECT n FROM key_locks) >= 0 "  // every key locked before the first id
+            "    AND p.delivery_id IN (SELECT delivery_id FROM first_time)"
+            "  ORDER BY p.id "
+            "  ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1"
+            ") "
+            "SELECT (SELECT max(id) FROM picked) AS last, (SELECT count(*) FROM inserted) AS n",
+            endpoint_id, since_read, message_read, after, kReplayChunk, upto, replay_id);
+        if (r["last"].is_null()) {
+          // Done: kept a day among the finished (migration 0040), under its id; the delivery
+          // ids it kept go with its row.
+          tx.exec_params(
+              "WITH done AS (DELETE FROM outbox.endpoint_replays WHERE id = $1 RETURNING *) "
+              "INSERT INTO outbox.endpoint_replays_finished (id, endpoint_id, since, message,"
+              "  queued, started_at, finished_at) "
+              "SELECT id, endpoint_id, since, message, queued, started_at, clock_timestamp()"
+              " FROM done",
+              replay_id);
+          tx.commit();
+          out.finished = true;
+          break;
+        }
+        const std::int64_t n = r["n"].as<std::int64_t>();
+        // Its place moves in the transaction that queued the part.
+        tx.exec_params(
+            "UPDATE outbox.endpoint_replays SET done_through = $2::bigint,"
+            " queued = queued + $3::bigint, updated_at = clock_timestamp() WHERE id = $1",
+            replay_id, r["last"].as<long long>(), n);
+        tx.commit();
+        out.queued += n;
+      }
+      return out;
+    } catch (const EndpointNotFound&) {
+      throw;  // its row went with the endpoint
+    } catch (const std::exception& e) {
+      // Why it stopped, for GetEndpointReplay, when the connection can still write it (a
+      // lost one, or one Store::Interrupt shut, cannot: GetEndpointReplay says so then).
+      if (store.Connected()) {
+        try {
+          pqxx::nontransaction n(StoreAccess::Connection(store));
+          n.exec_params("UPDATE outbox.endpoint_replays SET error = $2 WHERE id = $1", replay_id,
+                        std::string(e.what()));
+        } catch (...) {
+        }
+      }
+      throw;
+    }
+  });
+}
+
+std::optional<EndpointReplay> GetEndpointReplay(Store& store, std::int64_t id) {
+  return Translated([&]() -> std::optional<EndpointReplay> {
+    pqxx::read_transaction tx(StoreAccess::Connection(store));
+    const auto rows = tx.exec_params(ReplaysWhere("r.id = $1"), id);
+    if (rows.empty()) return std::nullopt;
+    return ToReplay(rows[0]);
+  });
+}
+
+std::vector<EndpointReplay> ListEndpointReplays(Store& store, const std::string& endpoint_id) {
+  return Translated([&]() -> std::vector<EndpointReplay> {
+    pqxx::read_transaction tx(StoreAccess::Connection(store));
+    std::vector<EndpointReplay> out;
+    for (const auto& r : tx.exec_params(
+             ReplaysWhere("r.endpoint_id = $1 ORDER BY r.id DESC LIMIT 100"), endpoint_id)) {
+      out.push_back(ToReplay(r));
     }
     return out;
   });

@@ -20,7 +20,12 @@ namespace outbox::relay {
 ///   POST   /v1/endpoints/{id}/disable           200 endpoint   body {"reason"} optional
 ///   POST   /v1/endpoints/{id}/enable            200 endpoint
 ///   POST   /v1/endpoints/{id}/rotate-secret     200 {"secret"}  body {"overlap_seconds", "secret"}
-///   POST   /v1/endpoints/{id}/replay            202 {"queued"} body {"since"} or {"message"}
+///   POST   /v1/endpoints/{id}/replay            202 {"id", "status", "queued"...}
+///                                               body {"since"} or {"message"}; with
+///                                               `Prefer: respond-async`, answered once begun
+///                                               and run on in the background
+///   GET    /v1/endpoints/{id}/replays           200 {"data": [replay...]}
+///   GET    /v1/replays/{id}                     200 replay {"status": running|finished|failed}
 ///   GET    /v1/attempts[?endpoint_id=&message=&limit=]  200 {"data": [attempt...]}
 /// Errors are JSON, {"error": {"code", "message", "field"?}}: 401 unauthorized (no or wrong
 /// token), 400 invalid_json / invalid_field (naming the field), 404 not_found, 409 conflict

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -196,10 +197,14 @@ std::vector<AttemptRecord> ListAttempts(Store& store, const std::string& endpoin
 
 /// What ReplayToEndpoint queued.
 struct ReplayOutcome {
+  std::int64_t id = 0;              ///< the replay's, for GetEndpointReplay
   std::int64_t queued = 0;          ///< by this call
   bool resumed = false;             ///< it went on with a replay begun by an earlier call
   std::int64_t queued_earlier = 0;  ///< resumed: what the earlier calls of it queued
   std::string began;                ///< when the replay began, RFC 3339 UTC
+  bool finished = false;            ///< false: BeginEndpointReplay's, or stopped by `stop`
+  std::string endpoint_id;          ///< for RunEndpointReplay
+  std::string endpoint_created_at;  ///< which endpoint of the id (one added again is another)
 };
 
 /// Sends archived messages (retention.archive_delivered) to one endpoint again, as rows of
@@ -209,9 +214,47 @@ struct ReplayOutcome {
 /// still has queued is skipped. A replay that failed part-way is resumed by the next call with
 /// the same endpoint, time or message within a day: it queues only the rest (later, or with
 /// `restart`, it starts over). Throws std::invalid_argument for an unknown endpoint or bad
-/// input.
+/// input. BeginEndpointReplay then RunEndpointReplay on the same store.
 ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
                                const std::string& since, const std::string& message,
                                bool restart = false);
+
+/// ReplayToEndpoint's first step: checks the input, and begins the replay (or takes up the
+/// one of the same endpoint, time or message that has not finished). From here until
+/// RunEndpointReplay returns, GetEndpointReplay says it is running (the store's connection
+/// holds its lock). Queues nothing.
+ReplayOutcome BeginEndpointReplay(Store& store, const std::string& endpoint_id,
+                                  const std::string& since, const std::string& message,
+                                  bool restart = false);
+
+/// ReplayToEndpoint's second step, on the store that began it: queues the replay's parts
+/// until it is done (`finished`), or until `stop` says so between two parts. A failure is
+/// written to the replay (its `error`) when the connection still works, and thrown.
+ReplayOutcome RunEndpointReplay(Store& store, ReplayOutcome begun,
+                                const std::function<bool()>& stop = {});
+
+/// An endpoint replay as GET /v1/replays/{id} shows it, kept for a day after its last change.
+struct EndpointReplay {
+  std::int64_t id = 0;
+  std::string endpoint_id;
+  std::string since;    ///< RFC 3339 UTC; empty when one message was asked for
+  std::string message;  ///< the message asked for; empty when a time was
+  /// "running" (a connection is running it now), "finished", or "failed" (nothing runs it:
+  /// it failed, or the relay running it stopped; asked again, it resumes).
+  std::string status;
+  std::int64_t queued = 0;
+  std::string began;        ///< RFC 3339 UTC
+  std::string updated_at;   ///< its last part, RFC 3339 UTC
+  std::string finished_at;  ///< RFC 3339 UTC; empty until it finished
+  /// Failed: why its last run failed, or that nothing runs it (when the failure could not be
+  /// written: the relay stopped, or lost its connection).
+  std::string error;
+};
+
+/// nullopt: no replay has that id (or it ended more than a day ago, or its endpoint is gone).
+std::optional<EndpointReplay> GetEndpointReplay(Store& store, std::int64_t id);
+
+/// The endpoint's replays of the last day, newest first, at most 100.
+std::vector<EndpointReplay> ListEndpointReplays(Store& store, const std::string& endpoint_id);
 
 }  // namespace outbox::relay
