@@ -19,16 +19,16 @@
 -- URL, its secret, its event types) that must not get it. The endpoint there now is the one it
 -- died under when it died after that endpoint was created, and not as the copy of a deleted
 -- endpoint (reason 'endpoint ID was deleted', which a settle may write after the id was
--- added again). endpoints.cc (SelectEndpoints) counts an endpoint's dead letters by the same
--- rule.
+-- added again): outbox.dead_letter_is_endpoints_own (migration 0041), the rule every reader of
+-- an endpoint's dead letters applies.
 -- Returns (id, kind): the new message ids (kind `replayed`), and the ids of the dead letters
 -- held back (`held_back`: their key; `endpoint_deleted`).
 WITH candidates AS (
   SELECT d.id, d.idempotency_key,
          d.endpoint_id IS NULL OR EXISTS (
            SELECT 1 FROM outbox.endpoints e
-           WHERE e.id = d.endpoint_id AND e.created_at <= d.dead_at
-             AND d.reason IS DISTINCT FROM 'endpoint ' || d.endpoint_id || ' was deleted')
+           WHERE e.id = d.endpoint_id
+             AND outbox.dead_letter_is_endpoints_own(d.dead_at, d.reason, e.id, e.created_at))
            AS deliverable
   FROM outbox.dead_letters d
   WHERE d.id = ANY($1::bigint[])

@@ -9,12 +9,17 @@
 -- one committed, purged or moved meanwhile, of an endpoint whose lock was not taken (review).
 --   $1 dead-letter ids as an array literal ('{1,2}'), or '' for all   $2 destination, or '' for any
 --   $3 only dead letters with an id above this   $4 at most this many (the oldest first)
+--   $5 only this webhook service endpoint's, or '' for any (a deleted endpoint's of its id
+--      included: dlq_replay.sql holds them back)   $6 only those dead at or after this time,
+--      or '' for any
 -- Returns the part's dead-letter ids, in order; none when nothing is left.
 WITH p AS (
   SELECT d.id, d.endpoint_id FROM outbox.dead_letters d
   WHERE (NULLIF($1, '') IS NULL OR d.id = ANY(NULLIF($1, '')::bigint[]))
     AND (NULLIF($2, '') IS NULL OR d.destination = $2)
     AND d.id > $3::bigint
+    AND (NULLIF($5, '') IS NULL OR d.endpoint_id = $5)
+    AND (NULLIF($6, '') IS NULL OR d.dead_at >= NULLIF($6, '')::timestamptz)
   ORDER BY d.id
   LIMIT $4::bigint
 ), l AS (

@@ -867,6 +867,84 @@ TEST_F(ManagementApiTest, StopEndsABackgroundReplayWhichResumesWhenAskedAgain) {
   EXPECT_EQ(Get(where).body["status"], "finished");
 }
 
+// An endpoint's dead letters are read a page at a time, and recovered (Svix's "recover"):
+// those that died since a time go back to its queue with their delivery ids. Older ones,
+// another endpoint's, and those of a deleted endpoint of its id stay.
+TEST_F(ManagementApiTest, AnEndpointsDeadLettersAreListedAndRecovered) {
+  for (const char* id : {"acme", "other"}) {
+    ASSERT_EQ(Post("/v1/endpoints", std::string(R"({"id": ")") + id +
+                                        R"(", "destination": "d", "url": "https://x"})")
+                  .status,
+              201);
+  }
+  Scalar(
+      "WITH u AS (UPDATE outbox.endpoints SET created_at = now() - interval '3 days' "
+      "WHERE id = 'acme' RETURNING 1) SELECT count(*) FROM u");
+  // One dead letter per row: (endpoint, reason, dead how long ago, payload or bytes).
+  Scalar(R"(
+    WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key, idempotency_key,
+        event_type, headers, payload, payload_bytes, attempts, reason, last_error, created_at,
+        endpoint_id, dead_at)
+      SELECT nextval('outbox.messages_id_seq'), 'd', v.endpoint || ':k', gen_random_uuid(),
+        'order.created', '{"X-A": "1"}', v.payload::jsonb, decode(v.bytes, 'hex'), 3, v.reason,
+        'http 422: no', now(), v.endpoint, now() - v.ago::interval
+      FROM (VALUES (1, 'acme', 'http 422', '2 days', '{"n": 1}', NULL),
+                   (2, 'acme', 'http 422', '0 s', '{"n": 2}', NULL),
+                   (3, 'acme', 'endpoint acme was deleted', '0 s', '{"n": 3}', NULL),
+                   (4, 'other', 'http 422', '0 s', '{"n": 4}', NULL),
+                   (5, 'acme', 'http 410', '0 s', NULL, '0102'))
+        AS v(n, endpoint, reason, ago, payload, bytes)
+      ORDER BY v.n RETURNING 1)
+    SELECT count(*) FROM d)");
+
+  const auto first = Get("/v1/endpoints/acme/dead-letters?limit=2");
+  ASSERT_EQ(first.status, 200) << first.body.dump();
+  ASSERT_EQ(first.body["data"].size(), 2u) << first.body.dump();
+  const json& bytes = first.body["data"][0];
+  EXPECT_EQ(bytes["reason"], "http 410") << "newest first";
+  EXPECT_EQ(bytes["payload_base64"], "AQI=") << bytes.dump();
+  EXPECT_FALSE(bytes.contains("payload"));
+  const json& two = first.body["data"][1];
+  EXPECT_EQ(two["payload"], json::parse(R"({"n": 2})"));
+  EXPECT_EQ(two["headers"]["X-A"], "1");
+  EXPECT_EQ(two["last_error"], "http 422: no");
+  EXPECT_EQ(two["attempts"], 3);
+  EXPECT_EQ(two["event_type"], "order.created");
+  EXPECT_EQ(two["delivery_id"].get<std::string>().size(), 36u);
+  ASSERT_TRUE(first.body["next_before"].is_number()) << first.body.dump();
+  const auto second = Get("/v1/endpoints/acme/dead-letters?limit=2&before=" +
+                          std::to_string(first.body["next_before"].get<std::int64_t>()));
+  ASSERT_EQ(second.body["data"].size(), 1u) << "its own only: " << second.body.dump();
+  EXPECT_EQ(second.body["data"][0]["payload"], json::parse(R"({"n": 1})"));
+  EXPECT_TRUE(second.body["next_before"].is_null());
+  ExpectError(Get("/v1/endpoints/nobody/dead-letters"), 404, "not_found");
+  ExpectError(Get("/v1/endpoints/acme/dead-letters?before=x"), 400, "invalid_field", "before");
+
+  ExpectError(Post("/v1/endpoints/acme/recover", "{}"), 400, "invalid_field", "since");
+  ExpectError(Post("/v1/endpoints/acme/recover", R"({"since": "soon"})"), 400, "invalid_field",
+              "since");
+  ExpectError(Post("/v1/endpoints/acme/recover", R"({"since": 5})"), 400, "invalid_field", "since");
+  ExpectError(Post("/v1/endpoints/acme/recover", R"({"since": "yesterday", "x": 1})"), 400,
+              "invalid_field", "x");
+  ExpectError(Post("/v1/endpoints/nobody/recover", R"({"since": "yesterday"})"), 404, "not_found");
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 5) << "nothing moved yet";
+
+  // 'yesterday' is read once: midnight before the last, after the one dead two days ago.
+  const auto recovered = Post("/v1/endpoints/acme/recover", R"({"since": "yesterday"})");
+  ASSERT_EQ(recovered.status, 200) << recovered.body.dump();
+  EXPECT_EQ(recovered.body["replayed"], 2) << recovered.body.dump();
+  EXPECT_EQ(recovered.body["held_back"], 0);
+  EXPECT_EQ(recovered.body["of_deleted_endpoint"], 1);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages m WHERE m.endpoint_id = 'acme' AND "
+                   "m.idempotency_key::text IN ('" +
+                   two["delivery_id"].get<std::string>() + "', '" +
+                   bytes["delivery_id"].get<std::string>() + "')"),
+            2)
+      << "queued for the endpoint with their delivery ids";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 3);
+  EXPECT_EQ(Get("/v1/endpoints/acme/dead-letters").body["data"].size(), 1u);
+}
+
 // A replay part holds its endpoint's move lock while it waits for its keys' locks, which an
 // application's transaction left open holds for as long as it stays open. A delete or a move
 // of that endpoint waited as long, on the API's one connection, and every request behind it
@@ -1050,7 +1128,7 @@ TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {
           << method << " " << route;
     }
   }
-  EXPECT_EQ(operations, 12);
+  EXPECT_EQ(operations, 14);
   EXPECT_NE(Get("/v1/endpoints/doc/undocumented").body.dump().find("no such route"),
             std::string::npos);
 

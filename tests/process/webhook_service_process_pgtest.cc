@@ -636,6 +636,59 @@ TEST_F(WebhookServiceTest, ReplaySendsArchivedMessagesToOneEndpointAgain) {
   StopGracefully(relay);
 }
 
+// Svix's "recover": an endpoint that refused messages for good (422: its own dead letters) and
+// was fixed is sent them again with `endpoints recover --since`, with their delivery ids and
+// in order per key. Another endpoint's dead letters stay.
+TEST_F(WebhookServiceTest, RecoverSendsAnEndpointItsDeadLettersAgain) {
+  config_ = WriteConfig("relay.yaml", ServiceYaml());
+  ASSERT_FALSE(AddEndpoint("a").empty());
+  ASSERT_FALSE(AddEndpoint("b").empty());
+  SetStatus("a", 422);
+  SetStatus("b", 422);
+  Write(1, 6, 2, {"order.created"});
+  ChildProcess& relay = StartRelay(config_);
+  ASSERT_TRUE(WaitFor([&] { return DeadLetters() == 12 && Queued() == 0; }, 60s)) << relay.Stderr();
+  const std::size_t refused = Requests().size();
+
+  SetStatus("a", 200);
+  auto [code, out] = Cli({"endpoints", "recover", "a", "--since", "epoch"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("queued 6 dead letter(s) of endpoint a again"), std::string::npos) << out;
+  ASSERT_TRUE(WaitFor([&] { return DeliveredTo("a") == Range(1, 6) && Queued() == 0; }, 60s))
+      << relay.Stderr();
+  EXPECT_EQ(DeadLetters(), 6) << "b's stay";
+  EXPECT_TRUE(DeliveredTo("b").empty());
+  // Each message went with the delivery id it was refused under, and per key in order.
+  std::map<int, std::set<std::string>> ids_by_n;
+  std::map<std::string, int> last;
+  const auto requests = Requests();
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i].path != "/a") continue;
+    const auto body = nlohmann::json::parse(requests[i].body);
+    ids_by_n[body["n"].get<int>()].insert(requests[i].id);
+    if (i < refused) continue;
+    const std::string k = body["key"].get<std::string>();
+    if (last.count(k)) {
+      EXPECT_GT(body["n"].get<int>(), last[k]) << "recovered out of order, key " << k;
+    }
+    last[k] = body["n"].get<int>();
+  }
+  ASSERT_EQ(ids_by_n.size(), 6u);
+  for (const auto& [n, ids] : ids_by_n) EXPECT_EQ(ids.size(), 1u) << "message " << n;
+
+  std::tie(code, out) = Cli({"endpoints", "recover", "b", "--since", "soon"});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--since \"soon\" is not a time"), std::string::npos) << out;
+  std::tie(code, out) = Cli({"endpoints", "recover", "nope", "--since", "epoch"});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("no endpoint has id \"nope\""), std::string::npos) << out;
+  std::tie(code, out) = Cli({"endpoints", "recover", "b"});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--since"), std::string::npos) << out;
+  EXPECT_EQ(DeadLetters(), 6) << "nothing moved by a refused command";
+  StopGracefully(relay);
+}
+
 // A slow endpoint (answers after 250 ms, one request at a time) beside a fast one: the fast one
 // gets everything at its own pace while the slow one's surplus leaves its backlog in the relay
 // as rows of its own; once it speeds up, it gets everything too, per key in order. Held back,

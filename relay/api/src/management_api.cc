@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "outbox_relay/admin_server.h"
+#include "outbox_relay/dead_letters.h"
 #include "outbox_relay/endpoint_json.h"
 #include "outbox_relay/endpoints.h"
 #include "outbox_relay/queue_store.h"
@@ -218,6 +219,28 @@ json ToJson(const EndpointReplay& r) {
           {"error", text_or_null(r.error)}};
 }
 
+// An endpoint's dead letter: its delivery (webhook-id), why it died, and what it carried.
+json ToJson(const DeadLetter& d) {
+  json out = {{"id", d.id},
+              {"delivery_id", d.idempotency_key},
+              {"event_type", d.event_type},
+              {"attempts", d.attempts},
+              {"reason", d.reason},
+              {"last_error", d.last_error ? json(*d.last_error) : json()},
+              {"created_at", d.created_at},
+              {"dead_at", d.dead_at},
+              {"headers", json::parse(d.headers, nullptr, false)}};
+  constexpr std::string_view kBase64 = "base64:";
+  if (d.payload.starts_with(kBase64)) {
+    std::string b64 = d.payload.substr(kBase64.size());
+    std::erase(b64, '\n');  // PostgreSQL's encode() breaks its lines
+    out["payload_base64"] = b64;
+  } else {
+    out["payload"] = json::parse(d.payload, nullptr, false);
+  }
+  return out;
+}
+
 }  // namespace
 
 struct ManagementApi::Impl {
@@ -341,7 +364,8 @@ struct ManagementApi::Impl {
           res.set_header("Retry-After", "5");
           throw ApiError{429, "too_many_requests",
                          std::to_string(kMaxOwn) +
-                             " replays are running on this relay; ask again when one is done "
+                             " replays or recoveries are running on this relay; ask again "
+                             "when one is done "
                              "(a replay asked again goes on from where it is and queues "
                              "nothing twice)",
                          ""};
@@ -428,6 +452,22 @@ struct ManagementApi::Impl {
       return limit;
     } catch (const std::exception&) {
       throw BadField("limit", "limit must be a number from 1 to 1000");
+    }
+  }
+
+  // A list's next page, `before`: what is older than the last of the page before (its id, as
+  // that page's next_before gave it); 0 when not given.
+  static std::int64_t Before(const httplib::Request& req, const std::string& what) {
+    if (!req.has_param("before")) return 0;
+    const std::string text = req.get_param_value("before");
+    try {
+      std::size_t used = 0;
+      const std::int64_t before = std::stoll(text, &used);
+      if (used != text.size() || before < 1) throw std::out_of_range(text);
+      return before;
+    } catch (const std::exception&) {
+      throw BadField("before", "before must be " + what +
+                                   " (a positive number), as the last page's next_before gave it");
     }
   }
 
@@ -610,6 +650,35 @@ struct ManagementApi::Impl {
           },
           Connection::kOwn);
     });
+    server.Get(one + "/dead-letters", [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        const std::string id = req.matches[1];
+        const int limit = Limit(req);
+        const std::int64_t before = Before(req, "a dead letter's id");
+        json data = json::array();
+        const auto page = ListEndpointDeadLetters(s, id, limit, before);
+        for (const auto& d : page) data.push_back(ToJson(d));
+        Reply(r, 200,
+              {{"data", data},
+               {"next_before",
+                static_cast<int>(page.size()) == limit ? json(page.back().id) : json()}});
+      });
+    });
+    server.Post(one + "/recover", [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(
+          req, res,
+          [&](Store& s, httplib::Response& r) {
+            const std::string id = req.matches[1];
+            const json body = ParseBody(req, true);
+            OnlyKeys(body, {"since"});
+            const auto recovered = RecoverEndpoint(s, id, String(body, "since").value_or(""));
+            Reply(r, 200,
+                  {{"replayed", recovered.ids.size()},
+                   {"held_back", recovered.held_back.size()},
+                   {"of_deleted_endpoint", recovered.of_deleted_endpoints.size()}});
+          },
+          Connection::kOwn);
+    });
     server.Get(one + "/replays", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
         const std::string id = req.matches[1];
@@ -640,20 +709,7 @@ struct ManagementApi::Impl {
     server.Get("/v1/attempts", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
         const int limit = Limit(req);
-        // The next page: what is older than the last attempt of this one.
-        std::int64_t before = 0;
-        if (req.has_param("before")) {
-          const std::string text = req.get_param_value("before");
-          try {
-            std::size_t used = 0;
-            before = std::stoll(text, &used);
-            if (used != text.size() || before < 1) throw std::out_of_range(text);
-          } catch (const std::exception&) {
-            throw BadField("before",
-                           "before must be an attempt's id (a positive number), as the last "
-                           "page's next_before gave it");
-          }
-        }
+        const std::int64_t before = Before(req, "an attempt's id");
         json data = json::array();
         const auto page = ListAttempts(s, req.get_param_value("endpoint_id"),
                                        req.get_param_value("message"), limit, before);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "commands.h"
+#include "outbox_relay/dead_letters.h"
 #include "outbox_relay/endpoint_json.h"
 #include "outbox_relay/endpoints.h"
 #include "outbox_relay/store.h"
@@ -279,6 +280,27 @@ int RunEndpointsRotateSecret(const EndpointArgs& a) {
               << "every delivery is signed with it and, for " << a.overlap
               << " more, with the previous one too\n";
     return 0;
+  });
+}
+
+int RunEndpointsRecover(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    const auto r = RecoverEndpoint(store, a.id, a.since);
+    std::cout << "queued " << r.ids.size() << " dead letter(s) of endpoint " << a.id
+              << " again, with their delivery ids\n";
+    if (!r.of_deleted_endpoints.empty()) {
+      std::cout << r.of_deleted_endpoints.size()
+                << " dead letter(s) of an earlier endpoint with this id (deleted) left as they "
+                   "are: this endpoint does not get them; `outbox-relay dlq purge` deletes them\n";
+    }
+    if (r.held_back.empty()) return 0;
+    std::string ids;
+    for (const auto id : r.held_back) ids += " " + std::to_string(id);
+    std::cerr << "error: " << r.held_back.size()
+              << " dead letter(s) held back, their delivery is queued already or was queued now "
+                 "from an older dead letter:"
+              << ids << "; run the same command again once it is delivered\n";
+    return 1;
   });
 }
 

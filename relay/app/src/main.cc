@@ -232,6 +232,12 @@ int main(int argc, char** argv) {
   ep_replay->add_flag("--restart", ep.restart,
                       "Start over, even where the same replay stopped part-way less than a day "
                       "ago (which is otherwise resumed)");
+  auto* ep_recover = endpoints->add_subcommand(
+      "recover", "Send one endpoint its dead letters again: those that died since a time");
+  add_ep_db(ep_recover);
+  add_ep_id(ep_recover);
+  ep_recover->add_option("--since", ep.since, "The dead letters that died since this time")
+      ->required();
 
   auto* attempts = app.add_subcommand(
       "attempts", "The webhook service's delivery log: every attempt, newest first");
@@ -356,6 +362,7 @@ int main(int argc, char** argv) {
     if (*ep_delete) return RunEndpointsDelete(ep);
     if (*ep_rotate) return RunEndpointsRotateSecret(ep);
     if (*ep_replay) return RunEndpointsReplay(ep);
+    if (*ep_recover) return RunEndpointsRecover(ep);
   }
   if (*attempts) {
     ep.database_url = DatabaseUrlFor(ep.database_url, config_path);

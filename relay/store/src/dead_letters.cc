@@ -6,6 +6,7 @@
 #include <regex>
 #include <stdexcept>
 
+#include "outbox_relay/endpoints.h"
 #include "queries.h"
 #include "store_access.h"
 
@@ -100,8 +101,13 @@ std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id) {
   });
 }
 
-Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
-                           const std::string& destination) {
+namespace {
+
+// ReplayDeadLetters and RecoverEndpoint: the dead letters picked by ids (none: all), and by
+// destination, endpoint and time of death ('': any), in parts.
+Replayed ReplayDeadLetterParts(Store& store, const std::vector<std::int64_t>& ids,
+                               const std::string& destination, const std::string& endpoint_id,
+                               const std::string& dead_since) {
   return Translated([&]() -> Replayed {
     pqxx::connection& c = StoreAccess::Connection(store);
     Replayed out;
@@ -120,8 +126,9 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
       try {
         pqxx::work tx(c);
         // The part, its endpoints' move locks taken (dlq_replay_part.sql says why).
-        const auto part = tx.exec_params(std::string(sql::queries::kdlq_replay_part),
-                                         ArrayLiteral(ids), destination, after, kReplayChunk);
+        const auto part =
+            tx.exec_params(std::string(sql::queries::kdlq_replay_part), ArrayLiteral(ids),
+                           destination, after, kReplayChunk, endpoint_id, dead_since);
         if (part.empty()) break;
         std::vector<std::int64_t> part_ids;
         for (const auto& r : part) part_ids.push_back(r[0].as<std::int64_t>());
@@ -153,6 +160,58 @@ Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
     }
     return out;
   });
+}
+
+void CheckEndpoint(pqxx::connection& c, const std::string& endpoint_id) {
+  pqxx::nontransaction tx(c);
+  if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
+    throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
+                           "\"; `outbox-relay endpoints list` shows them");
+  }
+}
+
+}  // namespace
+
+Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
+                           const std::string& destination) {
+  return ReplayDeadLetterParts(store, ids, destination, "", "");
+}
+
+std::vector<DeadLetter> ListEndpointDeadLetters(Store& store, const std::string& endpoint_id,
+                                                int limit, std::int64_t before) {
+  return Translated([&]() -> std::vector<DeadLetter> {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    CheckEndpoint(c, endpoint_id);
+    pqxx::nontransaction tx(c);
+    std::vector<DeadLetter> out;
+    for (const auto& r : tx.exec_params(std::string(sql::queries::kendpoint_dead_letters),
+                                        endpoint_id, before, limit)) {
+      out.push_back(DeadLetterFromRow(r));
+    }
+    return out;
+  });
+}
+
+Replayed RecoverEndpoint(Store& store, const std::string& endpoint_id, const std::string& since) {
+  if (since.empty()) {
+    throw InvalidField("since",
+                       "--since TIME is needed: the endpoint's dead letters that died since then "
+                       "are sent again (e.g. '2026-11-22 10:00:00Z')");
+  }
+  std::string since_read;
+  Translated([&] {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    CheckEndpoint(c, endpoint_id);
+    // Read once: 'now' or a time without a zone would read differently in each part.
+    pqxx::nontransaction tx(c);
+    try {
+      since_read = tx.exec_params1("SELECT ($1::timestamptz)::text", since)[0].as<std::string>();
+    } catch (const pqxx::data_exception&) {
+      throw InvalidField(
+          "since", "--since \"" + since + "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
+    }
+  });
+  return ReplayDeadLetterParts(store, {}, "", endpoint_id, since_read);
 }
 
 std::map<std::string, std::int64_t> LiveRelaysByDestination(Store& store,

@@ -50,12 +50,11 @@ std::string SelectEndpoints(std::int64_t count_cap) {
                              (count_cap > 0 ? " LIMIT " + std::to_string(count_cap + 1) : "");
     return "(SELECT count(*) FROM (" + rows + ") n)";
   };
-  // Its own dead letters, as dlq_replay.sql tells them from a deleted endpoint's of the same
-  // id: dead since it was created, and not as a deleted endpoint's copy.
+  // Its own dead letters, not a deleted endpoint's of the same id (migration 0041).
   return std::string(kColumns) + count("messages", "") + " AS backlog, " +
          count("dead_letters",
-               " AND x.dead_at >= e.created_at"
-               " AND x.reason IS DISTINCT FROM 'endpoint ' || e.id || ' was deleted'") +
+               " AND outbox.dead_letter_is_endpoints_own(x.dead_at, x.reason, e.id,"
+               " e.created_at)") +
          " AS dead FROM outbox.endpoints e ";
 }
 

@@ -25,6 +25,10 @@ namespace outbox::relay {
 ///                                               `Prefer: respond-async`, answered once begun
 ///                                               and run on in the background
 ///   GET    /v1/endpoints/{id}/replays           200 {"data": [replay...]}
+///   GET    /v1/endpoints/{id}/dead-letters[?limit=N&before=ID]
+///                                               200 {"data": [dead letter...], "next_before"}
+///   POST   /v1/endpoints/{id}/recover           200 {"replayed", "held_back",
+///                                               "of_deleted_endpoint"} body {"since"}
 ///   GET    /v1/replays/{id}                     200 replay {"status": running|finished|failed}
 ///   GET    /v1/attempts[?endpoint_id=&message=&limit=]  200 {"data": [attempt...]}
 /// Errors are JSON, {"error": {"code", "message", "field"?}}: 401 unauthorized (no or wrong

@@ -46,6 +46,16 @@ struct Replayed {
 /// letter, to replay once that message is gone.
 Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                            const std::string& destination);
+/// A webhook service endpoint's own dead letters (not those of a deleted endpoint of its id,
+/// migration 0041), newest first by id; `before` (0: none): only those with a lower id, the
+/// page after one whose last dead letter it was. Throws EndpointNotFound.
+std::vector<DeadLetter> ListEndpointDeadLetters(Store& store, const std::string& endpoint_id,
+                                                int limit, std::int64_t before = 0);
+/// Svix's "recover": puts the endpoint's dead letters that died at or after `since` (a time
+/// PostgreSQL reads as timestamptz, read once) back in its queue, as ReplayDeadLetters does
+/// (same delivery ids; held back when the key is queued). Those of a deleted endpoint of its
+/// id stay, in `of_deleted_endpoints`. Throws EndpointNotFound, InvalidField ("since").
+Replayed RecoverEndpoint(Store& store, const std::string& endpoint_id, const std::string& since);
 /// outbox.settings.max_payload_bytes: the largest payload writers can queue.
 std::int64_t MaxPayloadBytes(Store& store);
 /// Records `names` in outbox.destinations (migration 0010: what the write-time guard accepts
