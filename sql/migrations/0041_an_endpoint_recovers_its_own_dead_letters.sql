@@ -18,3 +18,11 @@ REVOKE ALL ON FUNCTION outbox.dead_letter_is_endpoints_own(timestamptz, text, te
   FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.dead_letter_is_endpoints_own(timestamptz, text, text, timestamptz)
   TO outbox_relay, outbox_reader;
+
+-- An endpoint's dead letters, the last to die first (endpoint_dead_letters.sql), a page at a
+-- time. Builds over the dead letters while writes to them wait: where they number millions,
+-- build it first, outside a transaction, and the migration finds it (CREATE INDEX
+-- CONCURRENTLY IF NOT EXISTS dead_letters_endpoint_dead_at_idx ON outbox.dead_letters
+-- (endpoint_id, dead_at, id) WHERE endpoint_id IS NOT NULL;).
+CREATE INDEX IF NOT EXISTS dead_letters_endpoint_dead_at_idx
+  ON outbox.dead_letters (endpoint_id, dead_at, id) WHERE endpoint_id IS NOT NULL;

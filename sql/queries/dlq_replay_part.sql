@@ -11,7 +11,8 @@
 --   $3 only dead letters with an id above this   $4 at most this many (the oldest first)
 --   $5 only this webhook service endpoint's, or '' for any (a deleted endpoint's of its id
 --      included: dlq_replay.sql holds them back)   $6 only those dead at or after this time,
---      or '' for any
+--      or '' for any   $7 only ids up to this (a recovery: the largest when it began; what dies
+--      while it runs, a recovered message dead again, has a higher one and is not chased)
 -- Returns the part's dead-letter ids, in order; none when nothing is left.
 WITH p AS (
   SELECT d.id, d.endpoint_id FROM outbox.dead_letters d
@@ -20,6 +21,7 @@ WITH p AS (
     AND d.id > $3::bigint
     AND (NULLIF($5, '') IS NULL OR d.endpoint_id = $5)
     AND (NULLIF($6, '') IS NULL OR d.dead_at >= NULLIF($6, '')::timestamptz)
+    AND d.id <= $7::bigint
   ORDER BY d.id
   LIMIT $4::bigint
 ), l AS (

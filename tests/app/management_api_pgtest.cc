@@ -847,9 +847,16 @@ TEST_F(ManagementApiTest, StopEndsABackgroundReplayWhichResumesWhenAskedAgain) {
   // The stopped relay's sessions end though their parts wait on a lock (the server found the
   // connection gone): they held the replay's row and the endpoint's lock, and the replay
   // read "running", until the lock's holder let their parts run (review).
-  EXPECT_TRUE(WaitFor([&] { return Get(where).body.value("status", "") == "failed"; }, 15s))
-      << Get(where).body.dump();
-  EXPECT_EQ(Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"), 0)
+  for (const auto id : ids) {
+    const std::string replay = "/v1/replays/" + std::to_string(id);
+    EXPECT_TRUE(WaitFor([&] { return Get(replay).body.value("status", "") == "failed"; }, 15s))
+        << Get(replay).body.dump();
+  }
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return Scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") == 0;
+      },
+      15s))
       << "a part of the stopped relay still waits";
   mover.commit();
   const auto failed = Get(where);
@@ -867,9 +874,9 @@ TEST_F(ManagementApiTest, StopEndsABackgroundReplayWhichResumesWhenAskedAgain) {
   EXPECT_EQ(Get(where).body["status"], "finished");
 }
 
-// An endpoint's dead letters are read a page at a time, and recovered (Svix's "recover"):
-// those that died since a time go back to its queue with their delivery ids. Older ones,
-// another endpoint's, and those of a deleted endpoint of its id stay.
+// An endpoint's dead letters are read a page at a time, the last to die first, and recovered
+// (Svix's "recover"): those that died since a time go back to its queue with their delivery
+// ids. Older ones, another endpoint's, and those of a deleted endpoint of its id stay.
 TEST_F(ManagementApiTest, AnEndpointsDeadLettersAreListedAndRecovered) {
   for (const char* id : {"acme", "other"}) {
     ASSERT_EQ(Post("/v1/endpoints", std::string(R"({"id": ")") + id +
@@ -880,7 +887,8 @@ TEST_F(ManagementApiTest, AnEndpointsDeadLettersAreListedAndRecovered) {
   Scalar(
       "WITH u AS (UPDATE outbox.endpoints SET created_at = now() - interval '3 days' "
       "WHERE id = 'acme' RETURNING 1) SELECT count(*) FROM u");
-  // One dead letter per row: (endpoint, reason, dead how long ago, payload or bytes).
+  // One dead letter per row, in id order: (endpoint, reason, dead how long ago, payload or
+  // bytes). Ids are when a message was written; dead_at is when it died.
   Scalar(R"(
     WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key, idempotency_key,
         event_type, headers, payload, payload_bytes, attempts, reason, last_error, created_at,
@@ -892,33 +900,63 @@ TEST_F(ManagementApiTest, AnEndpointsDeadLettersAreListedAndRecovered) {
                    (2, 'acme', 'http 422', '0 s', '{"n": 2}', NULL),
                    (3, 'acme', 'endpoint acme was deleted', '0 s', '{"n": 3}', NULL),
                    (4, 'other', 'http 422', '0 s', '{"n": 4}', NULL),
-                   (5, 'acme', 'http 410', '0 s', NULL, '0102'))
+                   (5, 'acme', 'http 410', '0 s', NULL, '0102'),
+                   (6, 'acme', 'http 422', '1 hour', '{"n": 6}', NULL),
+                   (7, 'acme', 'http 422', '4 days', '{"n": 7}', NULL),
+                   (8, 'acme', 'http 422', '0 s', '{"big": 1e400}', NULL),
+                   (9, 'acme', 'http 422', '0 s', '"' || repeat('x', 70000) || '"', NULL))
         AS v(n, endpoint, reason, ago, payload, bytes)
       ORDER BY v.n RETURNING 1)
     SELECT count(*) FROM d)");
 
-  const auto first = Get("/v1/endpoints/acme/dead-letters?limit=2");
-  ASSERT_EQ(first.status, 200) << first.body.dump();
-  ASSERT_EQ(first.body["data"].size(), 2u) << first.body.dump();
-  const json& bytes = first.body["data"][0];
-  EXPECT_EQ(bytes["reason"], "http 410") << "newest first";
+  // Its own (not 3, a deleted endpoint's copy; not 7, dead before it was created), the last
+  // to die first: 9, 8, 5 and 2 died together (the higher id first), then 6, then 1.
+  std::vector<json> listed;
+  std::string before;
+  for (int pages = 0; pages < 10; ++pages) {
+    const auto page = Get("/v1/endpoints/acme/dead-letters?limit=2" +
+                          (before.empty() ? std::string() : "&before=" + before));
+    ASSERT_EQ(page.status, 200) << page.body.dump();
+    for (const auto& d : page.body["data"]) listed.push_back(d);
+    if (page.body["next_before"].is_null()) break;
+    before = page.body["next_before"].get<std::string>();
+  }
+  std::vector<std::string> order;
+  for (const auto& d : listed) {
+    order.push_back(d.contains("payload") && d["payload"].is_object() && d["payload"].contains("n")
+                        ? std::to_string(d["payload"]["n"].get<int>())
+                    : d.contains("payload_base64")      ? "bytes"
+                    : d.contains("payload_text")        ? "big"
+                    : d.value("payload_omitted", false) ? "omitted"
+                                                        : "?");
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"omitted", "big", "bytes", "2", "6", "1"}));
+  ASSERT_EQ(listed.size(), 6u);
+  const json& huge = listed[0];
+  EXPECT_EQ(huge["payload_size"], 70002) << "left out of a list, its size said";
+  EXPECT_EQ(listed[1]["payload_text"].get<std::string>().substr(0, 9), "{\"big\": 1")
+      << "a number JSON parsers cannot hold is given as the stored text";
+  const json& bytes = listed[2];
   EXPECT_EQ(bytes["payload_base64"], "AQI=") << bytes.dump();
-  EXPECT_FALSE(bytes.contains("payload"));
-  const json& two = first.body["data"][1];
-  EXPECT_EQ(two["payload"], json::parse(R"({"n": 2})"));
+  EXPECT_EQ(bytes["reason"], "http 410");
+  const json& two = listed[3];
   EXPECT_EQ(two["headers"]["X-A"], "1");
   EXPECT_EQ(two["last_error"], "http 422: no");
   EXPECT_EQ(two["attempts"], 3);
   EXPECT_EQ(two["event_type"], "order.created");
   EXPECT_EQ(two["delivery_id"].get<std::string>().size(), 36u);
-  ASSERT_TRUE(first.body["next_before"].is_number()) << first.body.dump();
-  const auto second = Get("/v1/endpoints/acme/dead-letters?limit=2&before=" +
-                          std::to_string(first.body["next_before"].get<std::int64_t>()));
-  ASSERT_EQ(second.body["data"].size(), 1u) << "its own only: " << second.body.dump();
-  EXPECT_EQ(second.body["data"][0]["payload"], json::parse(R"({"n": 1})"));
-  EXPECT_TRUE(second.body["next_before"].is_null());
+  // One dead letter, whole.
+  const auto whole =
+      Get("/v1/endpoints/acme/dead-letters/" + std::to_string(huge["id"].get<std::int64_t>()));
+  ASSERT_EQ(whole.status, 200);
+  EXPECT_EQ(whole.body["payload"].get<std::string>().size(), 70000u);
+  ExpectError(
+      Get("/v1/endpoints/other/dead-letters/" + std::to_string(huge["id"].get<std::int64_t>())),
+      404, "not_found");
+  ExpectError(Get("/v1/endpoints/acme/dead-letters/x"), 404, "not_found");
   ExpectError(Get("/v1/endpoints/nobody/dead-letters"), 404, "not_found");
-  ExpectError(Get("/v1/endpoints/acme/dead-letters?before=x"), 400, "invalid_field", "before");
+  ExpectError(Get("/v1/endpoints/acme/dead-letters?before=12"), 400, "invalid_field", "before");
+  ExpectError(Get("/v1/endpoints/acme/dead-letters?limit=101"), 400, "invalid_field", "limit");
 
   ExpectError(Post("/v1/endpoints/acme/recover", "{}"), 400, "invalid_field", "since");
   ExpectError(Post("/v1/endpoints/acme/recover", R"({"since": "soon"})"), 400, "invalid_field",
@@ -927,12 +965,12 @@ TEST_F(ManagementApiTest, AnEndpointsDeadLettersAreListedAndRecovered) {
   ExpectError(Post("/v1/endpoints/acme/recover", R"({"since": "yesterday", "x": 1})"), 400,
               "invalid_field", "x");
   ExpectError(Post("/v1/endpoints/nobody/recover", R"({"since": "yesterday"})"), 404, "not_found");
-  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 5) << "nothing moved yet";
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 9) << "nothing moved yet";
 
-  // 'yesterday' is read once: midnight before the last, after the one dead two days ago.
+  // 'yesterday' is read once: the midnight before the last, after the one dead two days ago.
   const auto recovered = Post("/v1/endpoints/acme/recover", R"({"since": "yesterday"})");
   ASSERT_EQ(recovered.status, 200) << recovered.body.dump();
-  EXPECT_EQ(recovered.body["replayed"], 2) << recovered.body.dump();
+  EXPECT_EQ(recovered.body["replayed"], 5) << recovered.body.dump();
   EXPECT_EQ(recovered.body["held_back"], 0);
   EXPECT_EQ(recovered.body["of_deleted_endpoint"], 1);
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages m WHERE m.endpoint_id = 'acme' AND "
@@ -941,7 +979,7 @@ TEST_F(ManagementApiTest, AnEndpointsDeadLettersAreListedAndRecovered) {
                    bytes["delivery_id"].get<std::string>() + "')"),
             2)
       << "queued for the endpoint with their delivery ids";
-  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 3);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 4);
   EXPECT_EQ(Get("/v1/endpoints/acme/dead-letters").body["data"].size(), 1u);
 }
 
@@ -1128,7 +1166,7 @@ TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {
           << method << " " << route;
     }
   }
-  EXPECT_EQ(operations, 14);
+  EXPECT_EQ(operations, 15);
   EXPECT_NE(Get("/v1/endpoints/doc/undocumented").body.dump().find("no such route"),
             std::string::npos);
 

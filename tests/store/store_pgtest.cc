@@ -2542,6 +2542,104 @@ TEST_F(StoreTest, AFailedReplaySaysWhyAndResumesUnderItsId) {
   EXPECT_EQ(finished->error, "");
 }
 
+// A recovery (RecoverEndpoint, Svix's "recover") sends what was dead when it began, each once,
+// in parts of 500. A message the endpoint still refuses dies again as a dead letter with a new
+// id, and a later part of the same run sent it again, and again (review). One whose delivery
+// is queued already is held back.
+TEST_F(StoreTest, ARecoverySendsWhatWasDeadWhenItBeganOnce) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
+      "  endpoint_id, dead_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'ep_a:k' || g, "
+      "    CASE WHEN g = 0 THEN '00000000-0000-4000-8000-0000000000aa'::uuid"
+      "         ELSE gen_random_uuid() END, 'e', '{}', '1', 1, 'http 422', now(), 'ep_a', now()"
+      "  FROM generate_series(0, 1200) g ORDER BY g RETURNING 1) SELECT count(*) FROM d");
+  // The delivery of dead letter 0 is queued already (an operator's replay of it, say).
+  Scalar(
+      "WITH m AS (INSERT INTO outbox.messages (destination, ordering_key, idempotency_key,"
+      "  event_type, headers, payload, deliver_after, parked, endpoint_id, created_at)"
+      "  VALUES ('hooks', 'ep_a:k0', '00000000-0000-4000-8000-0000000000aa', 'e', '{}', '1',"
+      "          clock_timestamp() + interval '1 hour', true, 'ep_a', now()) RETURNING 1)"
+      "SELECT count(*) FROM m");
+  // The endpoint still refuses everything: a trigger stands for the relay, which sends each
+  // recovered row at once and dead-letters it again.
+  pqxx::connection admin(db_url_);
+  pqxx::nontransaction(admin).exec(R"(
+    CREATE FUNCTION public.refuse_again() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF NEW.last_error LIKE 'replayed from dead letter%' THEN
+        INSERT INTO outbox.dead_letters (id, destination, ordering_key, idempotency_key,
+          event_type, headers, payload, attempts, reason, created_at, endpoint_id, dead_at)
+        VALUES (nextval('outbox.messages_id_seq'), NEW.destination, NEW.ordering_key,
+                NEW.idempotency_key, NEW.event_type, NEW.headers, NEW.payload, 1, 'http 422',
+                NEW.created_at, NEW.endpoint_id, clock_timestamp());
+        DELETE FROM outbox.messages WHERE id = NEW.id;
+      END IF;
+      RETURN NULL;
+    END $$;
+    CREATE TRIGGER refuse_again AFTER INSERT ON outbox.messages
+      FOR EACH ROW EXECUTE FUNCTION public.refuse_again();
+  )");
+  const auto r = relay::RecoverEndpoint(c, "ep_a", "-infinity");
+  EXPECT_EQ(r.ids.size(), 1200u) << "each once, not chased as it died again";
+  EXPECT_EQ(r.held_back.size(), 1u);
+  EXPECT_TRUE(r.of_deleted_endpoints.empty());
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.dead_letters"), 1201);
+}
+
+// An endpoint deleted while its dead letters are recovered ends the recovery, saying so (as an
+// archive replay does): the parts after went on, and counted the deleted endpoint's dead
+// letters (the rows it had queued again among them) as left for a deleted endpoint.
+TEST_F(StoreTest, ARecoveryWhoseEndpointIsDeletedMeanwhileSaysSo) {
+  Store c(db_url_);
+  AddEndpointA(c);
+  Scalar(
+      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
+      "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
+      "  endpoint_id, dead_at)"
+      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'ep_a:k' || g, gen_random_uuid(),"
+      "    'e', '{}', '1', 1, 'http 422', now(), 'ep_a', now()"
+      "  FROM generate_series(1, 1200) g ORDER BY g RETURNING 1) SELECT count(*) FROM d");
+  pqxx::connection admin(db_url_);
+  pqxx::nontransaction(admin).exec(R"(
+    CREATE FUNCTION public.wait_at_700() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF NEW.ordering_key = 'ep_a:k700' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
+      RETURN NEW;
+    END $$;
+    CREATE TRIGGER wait_at_700 BEFORE INSERT ON outbox.messages
+      FOR EACH ROW EXECUTE FUNCTION public.wait_at_700();
+  )");
+  pqxx::connection hc(db_url_);
+  pqxx::work hold(hc);
+  hold.exec("SELECT pg_advisory_xact_lock(4242)");
+  auto recovery = std::async(std::launch::async, [&]() -> std::string {
+    Store s(db_url_);
+    try {
+      return "finished, queued " +
+             std::to_string(relay::RecoverEndpoint(s, "ep_a", "-infinity").ids.size());
+    } catch (const EndpointNotFound& e) {
+      return e.what();
+    }
+  });
+  ASSERT_TRUE(SessionsWaitOnLocks(1));
+  auto deleted = std::async(std::launch::async, [&] {
+    Store s(db_url_);
+    return DeleteEndpoint(s, "ep_a");
+  });
+  ASSERT_TRUE(SessionsWaitOnLocks(2));
+  hold.commit();
+  EXPECT_TRUE(deleted.get());
+  const std::string outcome = recovery.get();
+  EXPECT_NE(outcome.find("endpoint ep_a was deleted while its dead letters were recovered"),
+            std::string::npos)
+      << outcome;
+  EXPECT_NE(outcome.find("1000 had been queued"), std::string::npos) << outcome;
+}
+
 // An archive replay to one endpoint (`endpoints replay`) waits for an uncommitted writer of the
 // endpoint's key as the dlq replay does. Without outbox.insert_message's per-key lock, the
 // replayed row committed first and was claimed while the writer's earlier row (here a dlq

@@ -219,7 +219,9 @@ json ToJson(const EndpointReplay& r) {
           {"error", text_or_null(r.error)}};
 }
 
-// An endpoint's dead letter: its delivery (webhook-id), why it died, and what it carried.
+// An endpoint's dead letter: its delivery (webhook-id), why it died, and what it carried. A
+// JSON value nlohmann cannot hold (a number past a double's range) is given as its text,
+// `payload_text`; one that is too large for a list is left out (`payload_omitted`).
 json ToJson(const DeadLetter& d) {
   json out = {{"id", d.id},
               {"delivery_id", d.idempotency_key},
@@ -229,14 +231,20 @@ json ToJson(const DeadLetter& d) {
               {"last_error", d.last_error ? json(*d.last_error) : json()},
               {"created_at", d.created_at},
               {"dead_at", d.dead_at},
-              {"headers", json::parse(d.headers, nullptr, false)}};
+              {"payload_size", d.payload_size}};
+  const json headers = json::parse(d.headers, nullptr, false);
+  out["headers"] = headers.is_discarded() ? json(d.headers) : headers;
   constexpr std::string_view kBase64 = "base64:";
-  if (d.payload.starts_with(kBase64)) {
+  if (d.payload_omitted) {
+    out["payload_omitted"] = true;
+  } else if (d.payload.starts_with(kBase64)) {
     std::string b64 = d.payload.substr(kBase64.size());
     std::erase(b64, '\n');  // PostgreSQL's encode() breaks its lines
     out["payload_base64"] = b64;
+  } else if (json payload = json::parse(d.payload, nullptr, false); !payload.is_discarded()) {
+    out["payload"] = std::move(payload);
   } else {
-    out["payload"] = json::parse(d.payload, nullptr, false);
+    out["payload_text"] = d.payload;
   }
   return out;
 }
@@ -441,17 +449,17 @@ struct ManagementApi::Impl {
     }
   }
 
-  // A list's page size: `limit`, 1 to 1000; 50 when not given.
-  static int Limit(const httplib::Request& req) {
+  // A list's page size: `limit`, 1 to `most`; 50 when not given.
+  static int Limit(const httplib::Request& req, int most = 1000) {
     if (!req.has_param("limit")) return 50;
     const std::string text = req.get_param_value("limit");
     try {
       std::size_t used = 0;
       const int limit = std::stoi(text, &used);
-      if (used != text.size() || limit < 1 || limit > 1000) throw std::out_of_range(text);
+      if (used != text.size() || limit < 1 || limit > most) throw std::out_of_range(text);
       return limit;
     } catch (const std::exception&) {
-      throw BadField("limit", "limit must be a number from 1 to 1000");
+      throw BadField("limit", "limit must be a number from 1 to " + std::to_string(most));
     }
   }
 
@@ -653,17 +661,33 @@ struct ManagementApi::Impl {
     server.Get(one + "/dead-letters", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
         const std::string id = req.matches[1];
-        const int limit = Limit(req);
-        const std::int64_t before = Before(req, "a dead letter's id");
+        const int limit = Limit(req, 100);
+        const auto page = ListEndpointDeadLetters(s, id, limit, req.get_param_value("before"));
         json data = json::array();
-        const auto page = ListEndpointDeadLetters(s, id, limit, before);
-        for (const auto& d : page) data.push_back(ToJson(d));
+        for (const auto& d : page.letters) data.push_back(ToJson(d));
         Reply(r, 200,
               {{"data", data},
-               {"next_before",
-                static_cast<int>(page.size()) == limit ? json(page.back().id) : json()}});
+               {"next_before", page.next_before.empty() ? json() : json(page.next_before)}});
       });
     });
+    server.Get(
+        one + "/dead-letters/([^/]+)", [this](const httplib::Request& req, httplib::Response& res) {
+          Handle(req, res, [&](Store& s, httplib::Response& r) {
+            const std::string id = req.matches[1];
+            const std::string letter = req.matches[2];
+            const bool number = !letter.empty() && letter.size() <= 18 &&
+                                std::all_of(letter.begin(), letter.end(),
+                                            [](unsigned char c) { return std::isdigit(c); });
+            const auto d = number ? GetEndpointDeadLetter(s, id, std::stoll(letter)) : std::nullopt;
+            if (!d) {
+              throw ApiError{404, "not_found",
+                             "endpoint " + id + " has no dead letter " + letter +
+                                 " (replayed, recovered or purged since, or another's)",
+                             ""};
+            }
+            Reply(r, 200, ToJson(*d));
+          });
+        });
     server.Post(one + "/recover", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(
           req, res,

@@ -103,14 +103,29 @@ std::optional<DeadLetter> GetDeadLetter(Store& store, std::int64_t id) {
 
 namespace {
 
+// RecoverEndpoint's endpoint: its id, and which endpoint of the id (its creation, as text).
+struct OneEndpoint {
+  std::string id;
+  std::string created_at;
+};
+
 // ReplayDeadLetters and RecoverEndpoint: the dead letters picked by ids (none: all), and by
-// destination, endpoint and time of death ('': any), in parts.
+// destination, endpoint and time of death ('': any), that were dead when it began, in parts.
 Replayed ReplayDeadLetterParts(Store& store, const std::vector<std::int64_t>& ids,
-                               const std::string& destination, const std::string& endpoint_id,
+                               const std::string& destination, const OneEndpoint& endpoint,
                                const std::string& dead_since) {
   return Translated([&]() -> Replayed {
     pqxx::connection& c = StoreAccess::Connection(store);
     Replayed out;
+    // A recovery takes what is dead when it begins: a recovered message that dies again
+    // meanwhile (the endpoint still refuses it) is a dead letter with a higher id, and was
+    // recovered again by a later part of the same run, over and over (review). Ids come from
+    // one sequence. (`dlq replay` takes what dies while it runs too.)
+    const auto upto = endpoint.id.empty()
+                          ? std::numeric_limits<long long>::max()
+                          : pqxx::nontransaction(c)
+                                .exec1("SELECT coalesce(max(id), 0) FROM outbox.dead_letters")[0]
+                                .as<long long>();
     // In parts, oldest first, each its own transaction (dlq_replay.sql says why). What a
     // failed run replayed stays replayed; run again, it replays the rest.
     constexpr long long kReplayChunk = 500;
@@ -128,8 +143,22 @@ Replayed ReplayDeadLetterParts(Store& store, const std::vector<std::int64_t>& id
         // The part, its endpoints' move locks taken (dlq_replay_part.sql says why).
         const auto part =
             tx.exec_params(std::string(sql::queries::kdlq_replay_part), ArrayLiteral(ids),
-                           destination, after, kReplayChunk, endpoint_id, dead_since);
+                           destination, after, kReplayChunk, endpoint.id, dead_since, upto);
         if (part.empty()) break;
+        // The endpoint, as it was when the recovery began: deleted meanwhile (its dead letters
+        // and the rows this run queued are its dead letters now), the run ends saying so. Read
+        // under its move lock, which the part took (its dead letters are the endpoint's).
+        if (!endpoint.id.empty() &&
+            tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1 AND created_at = "
+                           "$2::timestamptz",
+                           endpoint.id, endpoint.created_at)
+                .empty()) {
+          throw EndpointNotFound("endpoint " + endpoint.id +
+                                 " was deleted while its dead letters were recovered; " +
+                                 std::to_string(out.ids.size()) +
+                                 " had been queued again, dead-lettered with the endpoint unless "
+                                 "already delivered");
+        }
         std::vector<std::int64_t> part_ids;
         for (const auto& r : part) part_ids.push_back(r[0].as<std::int64_t>());
         part_end = part_ids.back();
@@ -162,33 +191,82 @@ Replayed ReplayDeadLetterParts(Store& store, const std::vector<std::int64_t>& id
   });
 }
 
-void CheckEndpoint(pqxx::connection& c, const std::string& endpoint_id) {
+// Its creation, as text; throws EndpointNotFound.
+std::string CheckEndpoint(pqxx::connection& c, const std::string& endpoint_id) {
   pqxx::nontransaction tx(c);
-  if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
+  const auto r =
+      tx.exec_params("SELECT created_at::text FROM outbox.endpoints WHERE id = $1", endpoint_id);
+  if (r.empty()) {
     throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
                            "\"; `outbox-relay endpoints list` shows them");
   }
+  return r[0][0].as<std::string>();
+}
+
+// The list shows a payload up to this size; a larger one is left out (GetEndpointDeadLetter
+// has it): a page of 100 stays within a few MiB whatever max_payload_bytes allows.
+constexpr std::int64_t kListedPayloadBytes = 64 * 1024;
+
+DeadLetter EndpointDeadLetterFromRow(const pqxx::row& r) {
+  DeadLetter d;
+  d.id = r["id"].as<std::int64_t>();
+  d.destination = r["destination"].as<std::string>();
+  if (!r["ordering_key"].is_null()) d.ordering_key = r["ordering_key"].as<std::string>();
+  d.idempotency_key = r["idempotency_key"].as<std::string>();
+  d.event_type = r["event_type"].as<std::string>();
+  d.headers = r["headers"].as<std::string>();
+  d.payload_omitted = r["payload"].is_null();
+  if (!d.payload_omitted) d.payload = r["payload"].as<std::string>();
+  d.payload_size = r["payload_size"].is_null() ? 0 : r["payload_size"].as<std::int64_t>();
+  d.attempts = r["attempts"].as<int>();
+  d.reason = r["reason"].as<std::string>();
+  if (!r["last_error"].is_null()) d.last_error = r["last_error"].as<std::string>();
+  d.created_at = r["created_at"].as<std::string>();
+  d.dead_at = r["dead_at"].as<std::string>();
+  return d;
 }
 
 }  // namespace
 
 Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                            const std::string& destination) {
-  return ReplayDeadLetterParts(store, ids, destination, "", "");
+  return ReplayDeadLetterParts(store, ids, destination, {}, "");
 }
 
-std::vector<DeadLetter> ListEndpointDeadLetters(Store& store, const std::string& endpoint_id,
-                                                int limit, std::int64_t before) {
-  return Translated([&]() -> std::vector<DeadLetter> {
+DeadLetterPage ListEndpointDeadLetters(Store& store, const std::string& endpoint_id, int limit,
+                                       const std::string& before) {
+  static const std::regex kCursor(
+      R"([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z@-?[0-9]{1,19})");
+  if (!before.empty() && !std::regex_match(before, kCursor)) {
+    throw InvalidField("before", "before must be the last page's next_before, as it was given (\"" +
+                                     before + "\" is not one)");
+  }
+  return Translated([&]() -> DeadLetterPage {
     pqxx::connection& c = StoreAccess::Connection(store);
     CheckEndpoint(c, endpoint_id);
     pqxx::nontransaction tx(c);
-    std::vector<DeadLetter> out;
-    for (const auto& r : tx.exec_params(std::string(sql::queries::kendpoint_dead_letters),
-                                        endpoint_id, before, limit)) {
-      out.push_back(DeadLetterFromRow(r));
+    DeadLetterPage page;
+    const auto rows = tx.exec_params(std::string(sql::queries::kendpoint_dead_letters), endpoint_id,
+                                     before, limit, 0, kListedPayloadBytes);
+    for (const auto& r : rows) page.letters.push_back(EndpointDeadLetterFromRow(r));
+    if (static_cast<int>(rows.size()) == limit) {
+      page.next_before = rows.back()["cursor"].as<std::string>();
     }
-    return out;
+    return page;
+  });
+}
+
+std::optional<DeadLetter> GetEndpointDeadLetter(Store& store, const std::string& endpoint_id,
+                                                std::int64_t id) {
+  if (id == 0) return std::nullopt;  // 0 means "any" to endpoint_dead_letters.sql
+  return Translated([&]() -> std::optional<DeadLetter> {
+    pqxx::connection& c = StoreAccess::Connection(store);
+    CheckEndpoint(c, endpoint_id);
+    pqxx::nontransaction tx(c);
+    const auto rows = tx.exec_params(std::string(sql::queries::kendpoint_dead_letters), endpoint_id,
+                                     "", 1, id, std::numeric_limits<std::int64_t>::max());
+    if (rows.empty()) return std::nullopt;
+    return EndpointDeadLetterFromRow(rows[0]);
   });
 }
 
@@ -199,19 +277,27 @@ Replayed RecoverEndpoint(Store& store, const std::string& endpoint_id, const std
                        "are sent again (e.g. '2026-11-22 10:00:00Z')");
   }
   std::string since_read;
+  OneEndpoint endpoint{endpoint_id, ""};
   Translated([&] {
     pqxx::connection& c = StoreAccess::Connection(store);
-    CheckEndpoint(c, endpoint_id);
-    // Read once: 'now' or a time without a zone would read differently in each part.
+    endpoint.created_at = CheckEndpoint(c, endpoint_id);
+    // Read once: 'now' or a time without a zone would read differently in each part. Written
+    // in UTC to the microsecond, whatever the session's DateStyle (one that writes zone
+    // abbreviations reads back in another zone, or not at all).
     pqxx::nontransaction tx(c);
     try {
-      since_read = tx.exec_params1("SELECT ($1::timestamptz)::text", since)[0].as<std::string>();
+      since_read = tx.exec_params1(
+                         "SELECT CASE WHEN isfinite(t) THEN to_char(t AT TIME ZONE "
+                         "'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') ELSE t::text END "
+                         "FROM (SELECT $1::timestamptz AS t) s",
+                         since)[0]
+                       .as<std::string>();
     } catch (const pqxx::data_exception&) {
       throw InvalidField(
           "since", "--since \"" + since + "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
     }
   });
-  return ReplayDeadLetterParts(store, {}, "", endpoint_id, since_read);
+  return ReplayDeadLetterParts(store, {}, "", endpoint, since_read);
 }
 
 std::map<std::string, std::int64_t> LiveRelaysByDestination(Store& store,

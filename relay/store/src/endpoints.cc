@@ -926,6 +926,19 @@ ReplayOutcome BeginEndpointReplay(Store& store, const std::string& endpoint_id,
     ReplayOutcome out;
     out.endpoint_id = endpoint_id;
     std::exception_ptr commit_failed;
+    // A connection that goes away (its relay stopped: Store::Interrupt shuts its socket)
+    // while its part waits for a lock is found out within a second, and its session ends,
+    // with the locks it holds (the replay's row, its endpoint's): the replay is resumable at
+    // once, elsewhere, and its endpoint can be moved. A server waiting on a lock does not read
+    // from the client otherwise. PostgreSQL 14 or later, on a platform that can tell (not
+    // Windows): where the setting is refused, the replay runs without it.
+    try {
+      pqxx::nontransaction(StoreAccess::Connection(store))
+          .exec(
+              "SELECT set_config('client_connection_check_interval', '1s', false) "
+              "WHERE current_setting('server_version_num')::int >= 140000");
+    } catch (const pqxx::sql_error&) {
+    }
     {
       pqxx::work tx(StoreAccess::Connection(store));
       const auto endpoint = tx.exec_params(
@@ -980,14 +993,6 @@ ReplayOutcome BeginEndpointReplay(Store& store, const std::string& endpoint_id,
       if (!out.resumed) {
         tx.exec_params("DELETE FROM outbox.endpoint_replay_sent WHERE replay_id = $1", out.id);
       }
-      // A connection that goes away (its relay stopped: Store::Interrupt shuts its socket)
-      // while its part waits for a lock is found out within a second, and its session ends,
-      // with the locks it holds (the replay's row, its endpoint's): the replay is resumable at
-      // once, elsewhere, and its endpoint can be moved. A server waiting on a lock does not
-      // read from the client otherwise. PostgreSQL 14 or later.
-      tx.exec(
-          "SELECT set_config('client_connection_check_interval', '1s', false) "
-          "WHERE current_setting('server_version_num')::int >= 140000");
       // Running from here (a session's lock outlives the transaction), until RunEndpointReplay
       // returns. Last before the commit: a failure after it would leave it held.
       tx.exec_params(std::string("SELECT pg_advisory_lock_shared(") + kReplayRunLock + ")", out.id);

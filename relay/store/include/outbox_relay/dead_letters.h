@@ -26,6 +26,10 @@ struct DeadLetter {
   std::optional<std::string> last_error;
   std::string created_at;  ///< RFC 3339 UTC.
   std::string dead_at;
+  /// ListEndpointDeadLetters: a payload too large for a list is left out (empty `payload`),
+  /// GetEndpointDeadLetter has it; `payload_size` is its size in bytes either way.
+  bool payload_omitted = false;
+  std::int64_t payload_size = 0;
 };
 
 /// Newest first. `destination` empty: all.
@@ -46,11 +50,20 @@ struct Replayed {
 /// letter, to replay once that message is gone.
 Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
                            const std::string& destination);
+struct DeadLetterPage {
+  std::vector<DeadLetter> letters;
+  std::string next_before;  ///< the next page's `before`; empty on the last page
+};
 /// A webhook service endpoint's own dead letters (not those of a deleted endpoint of its id,
-/// migration 0041), newest first by id; `before` (0: none): only those with a lower id, the
-/// page after one whose last dead letter it was. Throws EndpointNotFound.
-std::vector<DeadLetter> ListEndpointDeadLetters(Store& store, const std::string& endpoint_id,
-                                                int limit, std::int64_t before = 0);
+/// migration 0041), the last to die first; `before` (empty: none): the page after the one whose
+/// next_before it was. A payload over 64 KiB is left out (payload_omitted). Throws
+/// EndpointNotFound, InvalidField ("before").
+DeadLetterPage ListEndpointDeadLetters(Store& store, const std::string& endpoint_id, int limit,
+                                       const std::string& before = "");
+/// One of them, with its payload; nullopt when it is not one of the endpoint's own dead
+/// letters (any more). Throws EndpointNotFound.
+std::optional<DeadLetter> GetEndpointDeadLetter(Store& store, const std::string& endpoint_id,
+                                                std::int64_t id);
 /// Svix's "recover": puts the endpoint's dead letters that died at or after `since` (a time
 /// PostgreSQL reads as timestamptz, read once) back in its queue, as ReplayDeadLetters does
 /// (same delivery ids; held back when the key is queued). Those of a deleted endpoint of its
