@@ -983,6 +983,46 @@ TEST_F(ManagementApiTest, AnEndpointsDeadLettersAreListedAndRecovered) {
   EXPECT_EQ(Get("/v1/endpoints/acme/dead-letters").body["data"].size(), 1u);
 }
 
+// Svix's "send example": a test event for one endpoint alone, whatever its event types, queued
+// as a row of that endpoint with a delivery id to follow in the delivery log.
+TEST_F(ManagementApiTest, ATestEventIsQueuedForTheEndpointAlone) {
+  ASSERT_EQ(Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x",
+                                       "event_types": ["invoice.paid"]})")
+                .status,
+            201);
+  const auto sent = Post("/v1/endpoints/acme/test", "");
+  ASSERT_EQ(sent.status, 202) << sent.body.dump();
+  EXPECT_EQ(sent.body["event_type"], "webhook.test");
+  const std::string delivery = sent.body["delivery_id"].get<std::string>();
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'acme' AND parked "
+                   "AND destination = 'd' AND event_type = 'webhook.test' AND "
+                   "payload->>'type' = 'webhook.test' AND payload->>'endpoint_id' = 'acme' AND "
+                   "idempotency_key::text = '" +
+                   delivery + "'"),
+            1);
+  const auto custom = Post("/v1/endpoints/acme/test",
+                           R"({"event_type": "order.created", "payload": {"order": 7}})");
+  ASSERT_EQ(custom.status, 202) << custom.body.dump();
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE endpoint_id = 'acme' AND "
+                   "event_type = 'order.created' AND payload = '{\"order\": 7}'"),
+            1)
+      << "sent though the endpoint takes only invoice.paid";
+
+  ExpectError(Post("/v1/endpoints/nobody/test", ""), 404, "not_found");
+  ExpectError(Post("/v1/endpoints/acme/test", R"({"event_type": 7})"), 400, "invalid_field",
+              "event_type");
+  ExpectError(
+      Post("/v1/endpoints/acme/test", R"({"event_type": ")" + std::string(300, 'e') + R"("})"), 400,
+      "invalid_field", "event_type");
+  ExpectError(Post("/v1/endpoints/acme/test", R"({"x": 1})"), 400, "invalid_field", "x");
+  Scalar(
+      "WITH u AS (UPDATE outbox.settings SET max_payload_bytes = 100 RETURNING 1) "
+      "SELECT count(*) FROM u");
+  ExpectError(Post("/v1/endpoints/acme/test", R"({"payload": ")" + std::string(200, 'p') + R"("})"),
+              400, "invalid_field", "payload");
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 2) << "nothing written when refused";
+}
+
 // A replay part holds its endpoint's move lock while it waits for its keys' locks, which an
 // application's transaction left open holds for as long as it stays open. A delete or a move
 // of that endpoint waited as long, on the API's one connection, and every request behind it
@@ -1166,7 +1206,7 @@ TEST_F(ManagementApiTest, TheOpenApiDocumentDescribesTheRoutes) {
           << method << " " << route;
     }
   }
-  EXPECT_EQ(operations, 15);
+  EXPECT_EQ(operations, 16);
   EXPECT_NE(Get("/v1/endpoints/doc/undocumented").body.dump().find("no such route"),
             std::string::npos);
 

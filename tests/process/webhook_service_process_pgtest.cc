@@ -689,6 +689,50 @@ TEST_F(WebhookServiceTest, RecoverSendsAnEndpointItsDeadLettersAgain) {
   StopGracefully(relay);
 }
 
+// `endpoints test`: the endpoint named gets a test event (it alone, though it takes other event
+// types), signed as any delivery, and the delivery log has it under the delivery id printed.
+TEST_F(WebhookServiceTest, ATestEventReachesTheEndpointAlone) {
+  config_ = WriteConfig("relay.yaml", ServiceYaml());
+  const std::string secret = AddEndpoint("a", {"--event-type", "invoice.paid"});
+  ASSERT_FALSE(secret.empty());
+  ASSERT_FALSE(AddEndpoint("b").empty());
+  ChildProcess& relay = StartRelay(config_);
+  auto [code, out] = Cli({"endpoints", "test", "a"});
+  ASSERT_EQ(code, 0) << out;
+  const std::string marker = "delivery id ";
+  const auto at = out.find(marker);
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string delivery = out.substr(at + marker.size(), 36);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const auto& r : Requests()) {
+          if (r.path == "/a" && r.id == delivery) return true;
+        }
+        return false;
+      },
+      30s))
+      << relay.Stderr();
+  for (const auto& r : Requests()) {
+    EXPECT_EQ(r.path, "/a") << "only the endpoint named gets it";
+    EXPECT_EQ(nlohmann::json::parse(r.body)["type"], "webhook.test");
+    EXPECT_TRUE(
+        relay::VerifyStandardWebhook(secret, r.id, std::stoll(r.timestamp), r.body, r.signature));
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Scalar(
+                   "SELECT count(*) FROM outbox.delivery_attempts WHERE endpoint_id = 'a' "
+                   "AND delivery_id::text = '" +
+                   delivery + "' AND outcome = 'delivered'") == 1;
+      },
+      30s))
+      << "the delivery log has it";
+  std::tie(code, out) = Cli({"endpoints", "test", "a", "--payload", "{not json"});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("the payload is not JSON"), std::string::npos) << out;
+  StopGracefully(relay);
+}
+
 // A slow endpoint (answers after 250 ms, one request at a time) beside a fast one: the fast one
 // gets everything at its own pace while the slow one's surplus leaves its backlog in the relay
 // as rows of its own; once it speeds up, it gets everything too, per key in order. Held back,

@@ -688,6 +688,18 @@ struct ManagementApi::Impl {
             Reply(r, 200, ToJson(*d));
           });
         });
+    server.Post(one + "/test", [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, [&](Store& s, httplib::Response& r) {
+        const std::string id = req.matches[1];
+        const json body = ParseBody(req, false);
+        OnlyKeys(body, {"event_type", "payload"});
+        const std::string payload = body.contains("payload") ? body["payload"].dump() : "";
+        const auto sent = SendTestEvent(s, id, String(body, "event_type").value_or(""), payload);
+        Reply(
+            r, 202,
+            {{"id", sent.id}, {"delivery_id", sent.delivery_id}, {"event_type", sent.event_type}});
+      });
+    });
     server.Post(one + "/recover", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(
           req, res,

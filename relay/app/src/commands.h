@@ -84,6 +84,8 @@ struct EndpointArgs {
   bool json = false;
   std::string since;     ///< replay
   std::string message;   ///< replay, attempts
+  std::string event_type_one;  ///< test
+  std::string payload;         ///< test: JSON
   bool restart = false;  ///< replay: start over instead of resuming
   int limit = 50;        ///< attempts
   std::int64_t before = 0;  ///< attempts: older than this attempt's id (0: the newest)
@@ -101,6 +103,7 @@ int RunEndpointsDelete(const EndpointArgs& a);
 int RunEndpointsRotateSecret(const EndpointArgs& a);
 int RunEndpointsReplay(const EndpointArgs& a);
 int RunEndpointsRecover(const EndpointArgs& a);
+int RunEndpointsTest(const EndpointArgs& a);
 /// `outbox-relay attempts`: the delivery log, newest first (a.id: only that endpoint).
 int RunAttempts(const EndpointArgs& a);
 

@@ -283,6 +283,16 @@ int RunEndpointsRotateSecret(const EndpointArgs& a) {
   });
 }
 
+int RunEndpointsTest(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    const auto sent = SendTestEvent(store, a.id, a.event_type_one, a.payload);
+    std::cout << "queued a test event (" << sent.event_type << ") for endpoint " << a.id
+              << ", delivery id " << sent.delivery_id << "\n"
+              << "`outbox-relay attempts --message " << sent.delivery_id << "` shows how it went\n";
+    return 0;
+  });
+}
+
 int RunEndpointsRecover(const EndpointArgs& a) {
   return WithStore(a.database_url, [&](Store& store) {
     const auto r = RecoverEndpoint(store, a.id, a.since);

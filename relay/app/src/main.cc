@@ -232,6 +232,12 @@ int main(int argc, char** argv) {
   ep_replay->add_flag("--restart", ep.restart,
                       "Start over, even where the same replay stopped part-way less than a day "
                       "ago (which is otherwise resumed)");
+  auto* ep_test = endpoints->add_subcommand(
+      "test", "Send one endpoint a test event (it alone, whatever its event types)");
+  add_ep_db(ep_test);
+  add_ep_id(ep_test);
+  ep_test->add_option("--event-type", ep.event_type_one, "Its event type (default webhook.test)");
+  ep_test->add_option("--payload", ep.payload, "Its JSON payload (default: a small test object)");
   auto* ep_recover = endpoints->add_subcommand(
       "recover", "Send one endpoint its dead letters again: those that died since a time");
   add_ep_db(ep_recover);
@@ -363,6 +369,7 @@ int main(int argc, char** argv) {
     if (*ep_rotate) return RunEndpointsRotateSecret(ep);
     if (*ep_replay) return RunEndpointsReplay(ep);
     if (*ep_recover) return RunEndpointsRecover(ep);
+    if (*ep_test) return RunEndpointsTest(ep);
   }
   if (*attempts) {
     ep.database_url = DatabaseUrlFor(ep.database_url, config_path);

@@ -1162,6 +1162,59 @@ ReplayOutcome RunEndpointReplay(Store& store, ReplayOutcome out,
   });
 }
 
+TestEvent SendTestEvent(Store& store, const std::string& endpoint_id, const std::string& event_type,
+                        const std::string& payload) {
+  const std::string type = event_type.empty() ? "webhook.test" : event_type;
+  if (type.size() > 255) {
+    throw InvalidField("event_type", "event_type is " + std::to_string(type.size()) +
+                                         " bytes long, the limit is 255");
+  }
+  return Translated([&]() -> TestEvent {
+    pqxx::work tx(StoreAccess::Connection(store));
+    // The endpoint's move lock, shared, before the writers' lock (which outbox.enqueue takes),
+    // as a replay takes them: the row goes where the endpoint is, and a move takes it along.
+    tx.exec_params("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key($1))",
+                   endpoint_id);
+    const auto e =
+        tx.exec_params("SELECT destination FROM outbox.endpoints WHERE id = $1", endpoint_id);
+    if (e.empty()) {
+      throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
+                             "\"; `outbox-relay endpoints list` shows them");
+    }
+    std::string body = payload;
+    if (body.empty()) {
+      body = tx.exec_params1(
+                   "SELECT jsonb_build_object('type', $1::text, 'endpoint_id', $2::text,"
+                   " 'test', true, 'sent_at', to_char(clock_timestamp() AT TIME ZONE "
+                   "'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'))::text",
+                   type, endpoint_id)[0]
+                 .as<std::string>();
+    }
+    std::int64_t id = 0;
+    try {
+      tx.exec_params("SELECT $1::jsonb", body);
+    } catch (const pqxx::data_exception& x) {
+      throw InvalidField("payload", std::string("the payload is not JSON: ") + x.what());
+    }
+    try {
+      // Through outbox.enqueue, with every writer's checks (the payload's size, the
+      // destination guard), then made the endpoint's: parked, as its other rows are.
+      id = tx.exec_params1("SELECT outbox.enqueue($1, $2::jsonb, NULL, '{}'::jsonb, $3)",
+                           e[0][0].as<std::string>(), body, type)[0]
+               .as<std::int64_t>();
+    } catch (const pqxx::sql_error& x) {
+      if (x.sqlstate() == "54000") throw InvalidField("payload", x.what());
+      throw;
+    }
+    const auto row = tx.exec_params1(
+        "UPDATE outbox.messages SET endpoint_id = $2, parked = true WHERE id = $1 "
+        "RETURNING idempotency_key::text",
+        id, endpoint_id);
+    tx.commit();
+    return TestEvent{id, row[0].as<std::string>(), type};
+  });
+}
+
 std::optional<EndpointReplay> GetEndpointReplay(Store& store, std::int64_t id) {
   return Translated([&]() -> std::optional<EndpointReplay> {
     pqxx::read_transaction tx(StoreAccess::Connection(store));

@@ -27,6 +27,8 @@ namespace outbox::relay {
 ///   GET    /v1/endpoints/{id}/replays           200 {"data": [replay...]}
 ///   GET    /v1/endpoints/{id}/dead-letters[?limit=N&before=ID]
 ///                                               200 {"data": [dead letter...], "next_before"}
+///   POST   /v1/endpoints/{id}/test              202 {"id", "delivery_id", "event_type"}
+///                                               body {"event_type", "payload"} optional
 ///   POST   /v1/endpoints/{id}/recover           200 {"replayed", "held_back",
 ///                                               "of_deleted_endpoint"} body {"since"}
 ///   GET    /v1/replays/{id}                     200 replay {"status": running|finished|failed}

@@ -233,6 +233,21 @@ ReplayOutcome BeginEndpointReplay(Store& store, const std::string& endpoint_id,
 ReplayOutcome RunEndpointReplay(Store& store, ReplayOutcome begun,
                                 const std::function<bool()>& stop = {});
 
+/// What SendTestEvent queued.
+struct TestEvent {
+  std::int64_t id = 0;      ///< the message's
+  std::string delivery_id;  ///< its webhook-id: `attempts --message` shows how it went
+  std::string event_type;
+};
+
+/// Svix's "send example": queues one message for this endpoint alone, whatever its event
+/// types, signed and sent as any other (a disabled endpoint gets it once enabled). `event_type`
+/// empty: "webhook.test"; `payload` (JSON text) empty: {"type", "endpoint_id", "test": true,
+/// "sent_at"}. Throws EndpointNotFound, InvalidField ("event_type", "payload": not JSON, or
+/// over outbox.settings.max_payload_bytes).
+TestEvent SendTestEvent(Store& store, const std::string& endpoint_id, const std::string& event_type,
+                        const std::string& payload);
+
 /// An endpoint replay as GET /v1/replays/{id} shows it, kept for a day after its last change.
 struct EndpointReplay {
   std::int64_t id = 0;
