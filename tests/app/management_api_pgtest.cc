@@ -78,6 +78,15 @@ class ManagementApiTest : public PgTest {
     return e.contains("message") && e["message"].is_string() ? e["message"].get<std::string>() : "";
   }
 
+  // Three delivered messages of destination "d" in the archive (retention.archive_delivered).
+  void ArchiveThree() {
+    Scalar(
+        "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+        "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+        "  SELECT nextval('outbox.messages_id_seq'), 'd', 'k' || g, gen_random_uuid(), 'e', '{}',"
+        "    '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  }
+
   // A client of its own with the token, that waits `read_timeout` for an answer.
   std::unique_ptr<httplib::Client> ClientWaiting(std::chrono::seconds read_timeout) const {
     auto c = std::make_unique<httplib::Client>("127.0.0.1", api_->port());
@@ -630,11 +639,7 @@ TEST_F(ManagementApiTest, AReplayRunsBesideTheOtherRequests) {
   ASSERT_EQ(
       Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
       201);
-  Scalar(
-      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
-      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
-      "  SELECT nextval('outbox.messages_id_seq'), 'd', 'k' || g, gen_random_uuid(), 'e', '{}',"
-      "    '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  ArchiveThree();
   // A move of the endpoint under way holds its lock: the replay's first part waits for it.
   pqxx::connection x(db_url_);
   pqxx::work mover(x);
@@ -701,11 +706,7 @@ TEST_F(ManagementApiTest, AReplayAskedToRespondAsyncRunsInTheBackground) {
   ASSERT_EQ(
       Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
       201);
-  Scalar(
-      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
-      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
-      "  SELECT nextval('outbox.messages_id_seq'), 'd', 'k' || g, gen_random_uuid(), 'e', '{}',"
-      "    '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  ArchiveThree();
   // A move of the endpoint under way holds its lock: the replay's first part waits for it.
   pqxx::connection x(db_url_);
   pqxx::work mover(x);
@@ -772,11 +773,7 @@ TEST_F(ManagementApiTest, ABackgroundReplayThatFailsSaysWhy) {
               400, "invalid_field", "since");
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0) << "nothing begun";
 
-  Scalar(
-      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
-      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
-      "  SELECT nextval('outbox.messages_id_seq'), 'd', 'k' || g, gen_random_uuid(), 'e', '{}',"
-      "    '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  ArchiveThree();
   pqxx::connection admin(db_url_);
   pqxx::nontransaction(admin).exec(R"(
     CREATE FUNCTION public.fail_k2() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -1020,7 +1017,47 @@ TEST_F(ManagementApiTest, ATestEventIsQueuedForTheEndpointAlone) {
       "SELECT count(*) FROM u");
   ExpectError(Post("/v1/endpoints/acme/test", R"({"payload": ")" + std::string(200, 'p') + R"("})"),
               400, "invalid_field", "payload");
+  // The destination guard, on, with relay configs naming another destination but not "d".
+  Scalar(
+      "WITH u AS (UPDATE outbox.settings SET max_payload_bytes = 1048576, "
+      "refuse_unknown_destinations = true RETURNING 1), "
+      "r AS (INSERT INTO outbox.destinations (name) VALUES ('elsewhere') RETURNING 1), "
+      "d AS (DELETE FROM outbox.destinations WHERE name = 'd' RETURNING 1) "
+      "SELECT count(*) FROM u");
+  ExpectError(Post("/v1/endpoints/acme/test", ""), 400, "invalid_field", "destination");
+  Scalar(
+      "WITH u AS (UPDATE outbox.settings SET refuse_unknown_destinations = false "
+      "RETURNING 1) SELECT count(*) FROM u");
+
+  // A move of the endpoint that holds its lock: the test event waits 5 s, then is refused,
+  // and the API's connection is free again.
+  {
+    pqxx::connection x(db_url_);
+    pqxx::work mover(x);
+    mover.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('acme'))");
+    auto client = ClientWaiting(60s);
+    ExpectError(Of(client->Post("/v1/endpoints/acme/test", "", "application/json")), 503,
+                "endpoint_busy");
+  }
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages"), 2) << "nothing written when refused";
+
+  // An endpoint whose destination this relay delivers elsewhere (a Kafka topic): its test
+  // event would go out as an application message of the topic.
+  ASSERT_EQ(
+      Post("/v1/endpoints", R"({"id": "k", "destination": "orders", "url": "https://x"})").status,
+      201);
+  api_->Stop();
+  api_ = std::make_unique<relay::ManagementApi>("127.0.0.1:0", kToken, db_url_);
+  api_->SetDestinationCheck([](const std::string& destination) -> std::optional<std::string> {
+    if (destination == "orders") return "orders is a Kafka topic of this relay";
+    return std::nullopt;
+  });
+  api_->Start();
+  client_ = std::make_unique<httplib::Client>("127.0.0.1", api_->port());
+  client_->set_default_headers({{"Authorization", "Bearer " + kToken}});
+  ExpectError(Post("/v1/endpoints/k/test", ""), 400, "invalid_field", "destination");
+  EXPECT_EQ(Post("/v1/endpoints/acme/test", "").status, 202);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.messages WHERE destination = 'orders'"), 0);
 }
 
 // A replay part holds its endpoint's move lock while it waits for its keys' locks, which an

@@ -108,12 +108,7 @@ class StoreTest : public testing::PgTest {
     )");
     Store c(db_url_);
     AddEndpointA(c);
-    Scalar(
-        "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
-        "  idempotency_key, event_type, headers, payload, attempts, created_at)"
-        "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e',"
-        "    '{}', '1', 1, now() FROM generate_series(1, 700) g ORDER BY g RETURNING 1) "
-        "SELECT count(*) FROM a");
+    ArchiveForHooks(700);
     pqxx::connection hc(db_url_);
     pqxx::work hold(hc);
     hold.exec("SELECT pg_advisory_xact_lock(4242)");
@@ -184,6 +179,15 @@ class StoreTest : public testing::PgTest {
     pqxx::nontransaction(admin).exec("DELETE FROM public.fail_on");
   }
 
+  // `n` delivered messages of destination "hooks" in the archive, keys k1..kn in id order.
+  void ArchiveForHooks(int n) {
+    Scalar(
+        "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
+        "  idempotency_key, event_type, headers, payload, attempts, created_at)"
+        "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e',"
+        "    '{}', '1', 1, now() FROM generate_series(1, " +
+        std::to_string(n) + ") g ORDER BY g RETURNING 1) SELECT count(*) FROM a");
+  }
   static void AddEndpointA(Store& store) {
     EndpointFields fields;
     fields.id = "ep_a";
@@ -2392,11 +2396,7 @@ TEST_F(StoreTest, AReplaysTimeIsReadOnceAndAStaleOneStartsOver) {
   EXPECT_EQ(Scalar("SELECT count(*) FROM outbox.endpoint_replays"), 0)
       << "the replay found its own row and finished";
 
-  Scalar(
-      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
-      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
-      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e',"
-      "    '{}', '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  ArchiveForHooks(3);
   // A replay that stopped two days ago, before any of the three was archived.
   Scalar(
       "WITH r AS (INSERT INTO outbox.endpoint_replays (endpoint_id, since, message, upto,"
@@ -2419,11 +2419,7 @@ TEST_F(StoreTest, AReplaysTimeIsReadOnceAndAStaleOneStartsOver) {
 TEST_F(StoreTest, AReplaySaysWhetherItRunsAndWhatItQueuedForADay) {
   Store c(db_url_);
   AddEndpointA(c);
-  Scalar(
-      "WITH a AS (INSERT INTO outbox.delivered_archive (id, destination, ordering_key,"
-      "  idempotency_key, event_type, headers, payload, attempts, created_at)"
-      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'k' || g, gen_random_uuid(), 'e',"
-      "    '{}', '1', 1, now() FROM generate_series(1, 3) g RETURNING 1) SELECT count(*) FROM a");
+  ArchiveForHooks(3);
   // A move of the endpoint holds its lock: the replay's first part waits for it.
   pqxx::connection x(db_url_);
   pqxx::work mover(x);

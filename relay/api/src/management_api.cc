@@ -694,6 +694,11 @@ struct ManagementApi::Impl {
         const json body = ParseBody(req, false);
         OnlyKeys(body, {"event_type", "payload"});
         const std::string payload = body.contains("payload") ? body["payload"].dump() : "";
+        // A destination this relay delivers elsewhere (a Kafka topic, a URL of its own) would
+        // send the test event as an application message.
+        const auto endpoint = GetEndpoint(s, id, EndpointCounts::kNone);
+        if (!endpoint) throw NotFound(id);
+        CheckDestination(endpoint->destination);
         const auto sent = SendTestEvent(s, id, String(body, "event_type").value_or(""), payload);
         Reply(
             r, 202,

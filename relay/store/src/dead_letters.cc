@@ -23,7 +23,9 @@ std::string ArrayLiteral(const std::vector<std::int64_t>& ids) {
   return s + "}";
 }
 
-DeadLetter DeadLetterFromRow(const pqxx::row& r) {
+// dlq_list.sql's columns; `sized`: endpoint_dead_letters.sql's, which add payload_size and
+// leave a large payload out (NULL).
+DeadLetter DeadLetterFromRow(const pqxx::row& r, bool sized = false) {
   DeadLetter d;
   d.id = r["id"].as<std::int64_t>();
   d.destination = r["destination"].as<std::string>();
@@ -31,7 +33,9 @@ DeadLetter DeadLetterFromRow(const pqxx::row& r) {
   d.idempotency_key = r["idempotency_key"].as<std::string>();
   d.event_type = r["event_type"].as<std::string>();
   d.headers = r["headers"].as<std::string>();
-  d.payload = r["payload"].as<std::string>();
+  d.payload_omitted = r["payload"].is_null();
+  if (!d.payload_omitted) d.payload = r["payload"].as<std::string>();
+  if (sized && !r["payload_size"].is_null()) d.payload_size = r["payload_size"].as<std::int64_t>();
   d.attempts = r["attempts"].as<int>();
   d.reason = r["reason"].as<std::string>();
   if (!r["last_error"].is_null()) d.last_error = r["last_error"].as<std::string>();
@@ -207,25 +211,6 @@ std::string CheckEndpoint(pqxx::connection& c, const std::string& endpoint_id) {
 // has it): a page of 100 stays within a few MiB whatever max_payload_bytes allows.
 constexpr std::int64_t kListedPayloadBytes = 64 * 1024;
 
-DeadLetter EndpointDeadLetterFromRow(const pqxx::row& r) {
-  DeadLetter d;
-  d.id = r["id"].as<std::int64_t>();
-  d.destination = r["destination"].as<std::string>();
-  if (!r["ordering_key"].is_null()) d.ordering_key = r["ordering_key"].as<std::string>();
-  d.idempotency_key = r["idempotency_key"].as<std::string>();
-  d.event_type = r["event_type"].as<std::string>();
-  d.headers = r["headers"].as<std::string>();
-  d.payload_omitted = r["payload"].is_null();
-  if (!d.payload_omitted) d.payload = r["payload"].as<std::string>();
-  d.payload_size = r["payload_size"].is_null() ? 0 : r["payload_size"].as<std::int64_t>();
-  d.attempts = r["attempts"].as<int>();
-  d.reason = r["reason"].as<std::string>();
-  if (!r["last_error"].is_null()) d.last_error = r["last_error"].as<std::string>();
-  d.created_at = r["created_at"].as<std::string>();
-  d.dead_at = r["dead_at"].as<std::string>();
-  return d;
-}
-
 }  // namespace
 
 Replayed ReplayDeadLetters(Store& store, const std::vector<std::int64_t>& ids,
@@ -248,7 +233,7 @@ DeadLetterPage ListEndpointDeadLetters(Store& store, const std::string& endpoint
     DeadLetterPage page;
     const auto rows = tx.exec_params(std::string(sql::queries::kendpoint_dead_letters), endpoint_id,
                                      before, limit, 0, kListedPayloadBytes);
-    for (const auto& r : rows) page.letters.push_back(EndpointDeadLetterFromRow(r));
+    for (const auto& r : rows) page.letters.push_back(DeadLetterFromRow(r, true));
     if (static_cast<int>(rows.size()) == limit) {
       page.next_before = rows.back()["cursor"].as<std::string>();
     }
@@ -266,7 +251,7 @@ std::optional<DeadLetter> GetEndpointDeadLetter(Store& store, const std::string&
     const auto rows = tx.exec_params(std::string(sql::queries::kendpoint_dead_letters), endpoint_id,
                                      "", 1, id, std::numeric_limits<std::int64_t>::max());
     if (rows.empty()) return std::nullopt;
-    return EndpointDeadLetterFromRow(rows[0]);
+    return DeadLetterFromRow(rows[0], true);
   });
 }
 

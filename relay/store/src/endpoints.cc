@@ -1171,10 +1171,26 @@ TestEvent SendTestEvent(Store& store, const std::string& endpoint_id, const std:
   }
   return Translated([&]() -> TestEvent {
     pqxx::work tx(StoreAccess::Connection(store));
-    // The endpoint's move lock, shared, before the writers' lock (which outbox.enqueue takes),
-    // as a replay takes them: the row goes where the endpoint is, and a move takes it along.
-    tx.exec_params("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key($1))",
-                   endpoint_id);
+    // The endpoint's move lock, shared, before the writers' lock (which outbox.enqueue takes
+    // again), as a replay takes them: the row goes where the endpoint is, and a move takes it
+    // along. Waited for kEndpointLockWait at most, as a move waits: behind a bucket count
+    // change that waits for an application's open transaction, the management API's one
+    // connection (and every request after this one) waited as long (review).
+    tx.exec("SET LOCAL lock_timeout = " +
+            std::to_string(std::chrono::milliseconds(kEndpointLockWait).count()));
+    try {
+      tx.exec_params("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key($1))",
+                     endpoint_id);
+      tx.exec("SELECT pg_advisory_xact_lock_shared(7079, 2)");
+    } catch (const pqxx::sql_error& x) {
+      if (x.sqlstate() != "55P03") throw;
+      throw EndpointBusy("endpoint " + endpoint_id +
+                         " is busy: a move or a delete of it, or a change of the bucket count, "
+                         "held its locks for " +
+                         std::to_string(kEndpointLockWait.count()) +
+                         " s; nothing was queued, try again in a few seconds");
+    }
+    tx.exec("SET LOCAL lock_timeout TO DEFAULT");
     const auto e =
         tx.exec_params("SELECT destination FROM outbox.endpoints WHERE id = $1", endpoint_id);
     if (e.empty()) {
@@ -1204,6 +1220,9 @@ TestEvent SendTestEvent(Store& store, const std::string& endpoint_id, const std:
                .as<std::int64_t>();
     } catch (const pqxx::sql_error& x) {
       if (x.sqlstate() == "54000") throw InvalidField("payload", x.what());
+      // outbox.validate_message refused the endpoint's destination (the destination guard:
+      // no relay config names it).
+      if (x.sqlstate() == "22023") throw InvalidField("destination", x.what());
       throw;
     }
     const auto row = tx.exec_params1(
