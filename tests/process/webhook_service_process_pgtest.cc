@@ -907,6 +907,83 @@ TEST_F(WebhookServiceTest, AnEndpointAddedThroughTheManagementApiReceivesMessage
   StopGracefully(relay);
 }
 
+// A replay asked with `Prefer: respond-async` runs on in the relay after the answer, followed at
+// /v1/replays/{id}. A relay stopped meanwhile (SIGTERM) stops in time though the replay's part
+// waits for a lock, and leaves it "failed", not running; asked again of the next relay, it
+// resumes under its id, and the endpoint gets every archived message once more.
+TEST_F(WebhookServiceTest, ABackgroundReplayEndsWithItsRelayAndResumesOnTheNext) {
+  const std::string token_file = WriteConfig("api-token", "process-test-token-0123456789\n");
+  config_ =
+      WriteConfig("relay.yaml",
+                  ServiceYaml("", "management_api: {listen: \"127.0.0.1:0\", token_file: \"" +
+                                      token_file + "\"}\nretention: {archive_delivered: true}\n"));
+  ASSERT_FALSE(AddEndpoint("a").empty());
+  Write(1, 6, 2, {"order.created"});
+  ChildProcess& relay = StartRelay(config_);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return DeliveredTo("a") == Range(1, 6) &&
+               Scalar("SELECT count(*) FROM outbox.delivered_archive") == 6;
+      },
+      60s))
+      << relay.Stderr();
+  const httplib::Headers auth = {{"Authorization", "Bearer process-test-token-0123456789"}};
+  const auto client = [&](ChildProcess& r) {
+    const int port = ManagementApiPort(r);
+    EXPECT_GT(port, 0) << r.Stderr();
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
+    c->set_read_timeout(60s);
+    return c;
+  };
+  auto api = client(relay);
+
+  // A move of the endpoint holds its lock: the replay's first part waits for it.
+  pqxx::connection x(db_url_);
+  pqxx::work mover(x);
+  mover.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('a'))");
+  httplib::Headers async = auth;
+  async.emplace("Prefer", "respond-async");
+  const auto begun =
+      api->Post("/v1/endpoints/a/replay", async, R"({"since": "epoch"})", "application/json");
+  ASSERT_TRUE(begun);
+  ASSERT_EQ(begun->status, 202) << begun->body;
+  const auto id = nlohmann::json::parse(begun->body)["id"].get<std::int64_t>();
+  const std::string where = "/v1/replays/" + std::to_string(id);
+  const auto running = api->Get(where, auth);
+  ASSERT_TRUE(running);
+  EXPECT_EQ(nlohmann::json::parse(running->body)["status"], "running") << running->body;
+
+  StopGracefully(relay);  // in time, with its replay's part waiting on the lock
+  ChildProcess& next = StartRelay(config_);
+  api = client(next);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        const auto r = api->Get(where, auth);
+        return r && nlohmann::json::parse(r->body).value("status", "") == "failed";
+      },
+      15s))
+      << "the stopped relay's replay still reads running";
+  mover.commit();
+  const auto resumed =
+      api->Post("/v1/endpoints/a/replay", auth, R"({"since": "epoch"})", "application/json");
+  ASSERT_TRUE(resumed);
+  ASSERT_EQ(resumed->status, 202) << resumed->body;
+  const auto answer = nlohmann::json::parse(resumed->body);
+  EXPECT_EQ(answer["id"], id) << resumed->body;
+  EXPECT_EQ(answer["resumed"], true);
+  EXPECT_EQ(answer["queued"], 6);
+  EXPECT_EQ(answer["status"], "finished");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::size_t n = 0;
+        for (const auto& r : Requests()) n += r.path == "/a";
+        return n == 12 && Queued() == 0;
+      },
+      60s))
+      << next.Stderr();
+  StopGracefully(next);
+}
+
 // The management API applies the destination's SSRF guard when an endpoint is added or its
 // URL changes: an endpoint at the cloud metadata address (which allow_private_networks does
 // not open) was stored, and everything sent to it went to its dead letters (security review).
