@@ -624,6 +624,22 @@ TEST_F(WebhookServiceTest, ReplaySendsArchivedMessagesToOneEndpointAgain) {
   EXPECT_NE(out.find("queued 1 message(s)"), std::string::npos) << out;
   ASSERT_TRUE(WaitFor([&] { return requests_to("/b") == 8u && Queued() == 0; }, 60s));
 
+  // Each replay of the last day, newest first, with what it queued.
+  std::tie(code, out) = Cli({"endpoints", "replays", "a", "--json"});
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  const auto replay_a = nlohmann::json::parse(out);
+  EXPECT_EQ(replay_a["status"], "finished") << out;
+  EXPECT_EQ(replay_a["queued"], 6) << out;
+  EXPECT_TRUE(replay_a["message"].is_null()) << out;
+  std::tie(code, out) = Cli({"endpoints", "replays", "b"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 3) << "a header and two replays: " << out;
+  EXPECT_NE(out.find("message " + key), std::string::npos) << out;
+  std::tie(code, out) = Cli({"endpoints", "replays", "nope"});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("no endpoint has id \"nope\""), std::string::npos) << out;
+
   std::tie(code, out) = Cli({"endpoints", "replay", "b", "--since", "yesterday-ish"});
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("--since \"yesterday-ish\" is not a time"), std::string::npos) << out;

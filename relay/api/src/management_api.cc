@@ -205,20 +205,6 @@ bool PrefersAsync(const httplib::Request& req) {
   return false;
 }
 
-json ToJson(const EndpointReplay& r) {
-  const auto text_or_null = [](const std::string& v) { return v.empty() ? json() : json(v); };
-  return {{"id", r.id},
-          {"endpoint_id", r.endpoint_id},
-          {"since", text_or_null(r.since)},
-          {"message", text_or_null(r.message)},
-          {"status", r.status},
-          {"queued", r.queued},
-          {"began", r.began},
-          {"updated_at", r.updated_at},
-          {"finished_at", text_or_null(r.finished_at)},
-          {"error", text_or_null(r.error)}};
-}
-
 // An endpoint's dead letter: its delivery (webhook-id), why it died, and what it carried. A
 // JSON value nlohmann cannot hold (a number past a double's range) is given as its text,
 // `payload_text`; one that is too large for a list is left out (`payload_omitted`).

@@ -102,6 +102,7 @@ int RunEndpointsEnable(const EndpointArgs& a, bool enabled);
 int RunEndpointsDelete(const EndpointArgs& a);
 int RunEndpointsRotateSecret(const EndpointArgs& a);
 int RunEndpointsReplay(const EndpointArgs& a);
+int RunEndpointsReplays(const EndpointArgs& a);
 int RunEndpointsRecover(const EndpointArgs& a);
 int RunEndpointsTest(const EndpointArgs& a);
 /// `outbox-relay attempts`: the delivery log, newest first (a.id: only that endpoint).

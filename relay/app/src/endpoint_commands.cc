@@ -314,6 +314,35 @@ int RunEndpointsRecover(const EndpointArgs& a) {
   });
 }
 
+int RunEndpointsReplays(const EndpointArgs& a) {
+  return WithStore(a.database_url, [&](Store& store) {
+    if (!GetEndpoint(store, a.id, EndpointCounts::kNone)) {
+      throw EndpointNotFound("no endpoint has id \"" + a.id +
+                             "\"; `outbox-relay endpoints list` shows them");
+    }
+    const auto all = ListEndpointReplays(store, a.id);
+    if (a.json) {
+      for (const auto& r : all) std::cout << ToJson(r).dump() << "\n";
+      return 0;
+    }
+    if (all.empty()) {
+      std::cout << "no replays of " << a.id << " in the last day\n";
+      return 0;
+    }
+    std::cout << std::left << std::setw(10) << "ID" << std::setw(10) << "STATUS" << std::setw(10)
+              << "QUEUED" << std::setw(22) << "BEGAN" << std::setw(22) << "FINISHED"
+              << "ASKED\n";
+    for (const auto& r : all) {
+      std::cout << std::left << std::setw(10) << r.id << std::setw(10) << r.status << std::setw(10)
+                << r.queued << std::setw(22) << r.began << std::setw(22)
+                << (r.finished_at.empty() ? "-" : r.finished_at)
+                << (r.message.empty() ? "since " + r.since : "message " + r.message) << "\n";
+      if (r.status == "failed") std::cout << "          " << r.error << "\n";
+    }
+    return 0;
+  });
+}
+
 int RunEndpointsReplay(const EndpointArgs& a) {
   return WithStore(a.database_url, [&](Store& store) {
     const auto replay = ReplayToEndpoint(store, a.id, a.since, a.message, a.restart);

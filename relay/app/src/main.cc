@@ -232,6 +232,11 @@ int main(int argc, char** argv) {
   ep_replay->add_flag("--restart", ep.restart,
                       "Start over, even where the same replay stopped part-way less than a day "
                       "ago (which is otherwise resumed)");
+  auto* ep_replays = endpoints->add_subcommand(
+      "replays", "One endpoint's replays of the last day: running, finished or failed");
+  add_ep_db(ep_replays);
+  add_ep_id(ep_replays);
+  ep_replays->add_flag("--json", ep.json, "JSON lines");
   auto* ep_test = endpoints->add_subcommand(
       "test", "Send one endpoint a test event (it alone, whatever its event types)");
   add_ep_db(ep_test);
@@ -370,6 +375,7 @@ int main(int argc, char** argv) {
     if (*ep_replay) return RunEndpointsReplay(ep);
     if (*ep_recover) return RunEndpointsRecover(ep);
     if (*ep_test) return RunEndpointsTest(ep);
+    if (*ep_replays) return RunEndpointsReplays(ep);
   }
   if (*attempts) {
     ep.database_url = DatabaseUrlFor(ep.database_url, config_path);

@@ -48,4 +48,22 @@ inline nlohmann::json ToJson(const AttemptRecord& t) {
           {"response_body", t.response_body}};
 }
 
+// An endpoint replay (GET /v1/replays/{id}, `endpoints replays --json`): what was not asked,
+// or has not happened, is null.
+inline nlohmann::json ToJson(const EndpointReplay& r) {
+  const auto text_or_null = [](const std::string& v) {
+    return v.empty() ? nlohmann::json() : nlohmann::json(v);
+  };
+  return {{"id", r.id},
+          {"endpoint_id", r.endpoint_id},
+          {"since", text_or_null(r.since)},
+          {"message", text_or_null(r.message)},
+          {"status", r.status},
+          {"queued", r.queued},
+          {"began", r.began},
+          {"updated_at", r.updated_at},
+          {"finished_at", text_or_null(r.finished_at)},
+          {"error", text_or_null(r.error)}};
+}
+
 }  // namespace outbox::relay
