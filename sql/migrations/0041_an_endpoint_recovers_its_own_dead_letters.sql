@@ -23,6 +23,7 @@ GRANT EXECUTE ON FUNCTION outbox.dead_letter_is_endpoints_own(timestamptz, text,
 -- time. Builds over the dead letters while writes to them wait: where they number millions,
 -- build it first, outside a transaction, and the migration finds it (CREATE INDEX
 -- CONCURRENTLY IF NOT EXISTS dead_letters_endpoint_dead_at_idx ON outbox.dead_letters
--- (endpoint_id, dead_at, id) WHERE endpoint_id IS NOT NULL;).
+-- (endpoint_id, dead_at, id) WHERE endpoint_id IS NOT NULL;). A concurrent build that failed
+-- leaves it INVALID: drop it and build it again (docs/operations.md).
 CREATE INDEX IF NOT EXISTS dead_letters_endpoint_dead_at_idx
   ON outbox.dead_letters (endpoint_id, dead_at, id) WHERE endpoint_id IS NOT NULL;

@@ -728,6 +728,7 @@ TEST_F(WebhookServiceTest, ATestEventReachesTheEndpointAlone) {
       },
       30s))
       << relay.Stderr();
+  ASSERT_TRUE(WaitFor([&] { return Queued() == 0; }, 30s)) << "a copy still queued elsewhere";
   for (const auto& r : Requests()) {
     EXPECT_EQ(r.path, "/a") << "only the endpoint named gets it";
     EXPECT_EQ(nlohmann::json::parse(r.body)["type"], "webhook.test");

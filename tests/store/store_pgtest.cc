@@ -2468,7 +2468,7 @@ TEST_F(StoreTest, AReplaySaysWhetherItRunsAndWhatItQueuedForADay) {
   EXPECT_EQ(list[1].id, again.id);
   EXPECT_EQ(list[2].id, id);
   EXPECT_EQ(list[2].status, "finished");
-  EXPECT_TRUE(relay::ListEndpointReplays(c, "ep_b").empty());
+  EXPECT_THROW(relay::ListEndpointReplays(c, "ep_b"), EndpointNotFound);
 
   // A day after its last change it is gone, and an unknown id is nothing.
   Scalar(
@@ -2519,7 +2519,8 @@ TEST_F(StoreTest, AFailedReplaySaysWhyAndResumesUnderItsId) {
   EXPECT_EQ(relay::GetEndpointReplay(c, id)->status, "running");
   EXPECT_EQ(relay::GetEndpointReplay(c, id)->error, "") << "cleared when it was resumed";
   EXPECT_EQ(Scalar("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                   "WHERE wait_event_type = 'Lock' AND query LIKE '%endpoint_lock_key%'"),
+                   "WHERE wait_event_type = 'Lock' AND query LIKE '%endpoint_lock_key%' "
+                   "AND datname = current_database()"),
             1);
   lost.get();
   EXPECT_TRUE(

@@ -681,11 +681,10 @@ struct ManagementApi::Impl {
         OnlyKeys(body, {"event_type", "payload"});
         const std::string payload = body.contains("payload") ? body["payload"].dump() : "";
         // A destination this relay delivers elsewhere (a Kafka topic, a URL of its own) would
-        // send the test event as an application message.
-        const auto endpoint = GetEndpoint(s, id, EndpointCounts::kNone);
-        if (!endpoint) throw NotFound(id);
-        CheckDestination(endpoint->destination);
-        const auto sent = SendTestEvent(s, id, String(body, "event_type").value_or(""), payload);
+        // send the test event as an application message: checked where the endpoint is while
+        // the event is written (under its move lock).
+        const auto sent = SendTestEvent(s, id, String(body, "event_type").value_or(""), payload,
+                                        [this](const std::string& d) { CheckDestination(d); });
         Reply(
             r, 202,
             {{"id", sent.id}, {"delivery_id", sent.delivery_id}, {"event_type", sent.event_type}});
@@ -711,7 +710,6 @@ struct ManagementApi::Impl {
         const std::string id = req.matches[1];
         json data = json::array();
         for (const auto& replay : ListEndpointReplays(s, id)) data.push_back(ToJson(replay));
-        if (data.empty() && !GetEndpoint(s, id, EndpointCounts::kNone)) throw NotFound(id);
         Reply(r, 200, {{"data", data}});
       });
     });

@@ -120,6 +120,8 @@ Replayed ReplayDeadLetterParts(Store& store, const std::vector<std::int64_t>& id
                                const std::string& dead_since) {
   return Translated([&]() -> Replayed {
     pqxx::connection& c = StoreAccess::Connection(store);
+    // Its session ends with its connection, locks and all, though a part waits on a lock.
+    EndWithLostClient(c);
     Replayed out;
     // A recovery takes what is dead when it begins: a recovered message that dies again
     // meanwhile (the endpoint still refuses it) is a dead letter with a higher id, and was
@@ -198,8 +200,9 @@ Replayed ReplayDeadLetterParts(Store& store, const std::vector<std::int64_t>& id
 // Its creation, as text; throws EndpointNotFound.
 std::string CheckEndpoint(pqxx::connection& c, const std::string& endpoint_id) {
   pqxx::nontransaction tx(c);
-  const auto r =
-      tx.exec_params("SELECT created_at::text FROM outbox.endpoints WHERE id = $1", endpoint_id);
+  const auto r = tx.exec_params(
+      std::string("SELECT ") + kEndpointCreatedAt + " FROM outbox.endpoints WHERE id = $1",
+      endpoint_id);
   if (r.empty()) {
     throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
                            "\"; `outbox-relay endpoints list` shows them");
@@ -231,8 +234,16 @@ DeadLetterPage ListEndpointDeadLetters(Store& store, const std::string& endpoint
     CheckEndpoint(c, endpoint_id);
     pqxx::nontransaction tx(c);
     DeadLetterPage page;
-    const auto rows = tx.exec_params(std::string(sql::queries::kendpoint_dead_letters), endpoint_id,
-                                     before, limit, 0, kListedPayloadBytes);
+    pqxx::result rows;
+    try {
+      rows = tx.exec_params(std::string(sql::queries::kendpoint_dead_letters), endpoint_id, before,
+                            limit, 0, kListedPayloadBytes);
+    } catch (const pqxx::data_exception&) {  // a time or an id out of range
+      throw InvalidField("before",
+                         "before must be the last page's next_before, as it was given "
+                         "(\"" +
+                             before + "\" is not one)");
+    }
     for (const auto& r : rows) page.letters.push_back(DeadLetterFromRow(r, true));
     if (static_cast<int>(rows.size()) == limit) {
       page.next_before = rows.back()["cursor"].as<std::string>();
@@ -258,8 +269,8 @@ std::optional<DeadLetter> GetEndpointDeadLetter(Store& store, const std::string&
 Replayed RecoverEndpoint(Store& store, const std::string& endpoint_id, const std::string& since) {
   if (since.empty()) {
     throw InvalidField("since",
-                       "--since TIME is needed: the endpoint's dead letters that died since then "
-                       "are sent again (e.g. '2026-11-22 10:00:00Z')");
+                       "since (--since) is needed: the endpoint's dead letters that died since "
+                       "then are sent again (e.g. '2026-11-22 10:00:00Z')");
   }
   std::string since_read;
   OneEndpoint endpoint{endpoint_id, ""};

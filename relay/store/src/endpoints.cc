@@ -926,23 +926,13 @@ ReplayOutcome BeginEndpointReplay(Store& store, const std::string& endpoint_id,
     ReplayOutcome out;
     out.endpoint_id = endpoint_id;
     std::exception_ptr commit_failed;
-    // A connection that goes away (its relay stopped: Store::Interrupt shuts its socket)
-    // while its part waits for a lock is found out within a second, and its session ends,
-    // with the locks it holds (the replay's row, its endpoint's): the replay is resumable at
-    // once, elsewhere, and its endpoint can be moved. A server waiting on a lock does not read
-    // from the client otherwise. PostgreSQL 14 or later, on a platform that can tell (not
-    // Windows): where the setting is refused, the replay runs without it.
-    try {
-      pqxx::nontransaction(StoreAccess::Connection(store))
-          .exec(
-              "SELECT set_config('client_connection_check_interval', '1s', false) "
-              "WHERE current_setting('server_version_num')::int >= 140000");
-    } catch (const pqxx::sql_error&) {
-    }
+    // Its session ends with its connection, locks and all, though a part waits on a lock.
+    EndWithLostClient(StoreAccess::Connection(store));
     {
       pqxx::work tx(StoreAccess::Connection(store));
       const auto endpoint = tx.exec_params(
-          "SELECT created_at::text FROM outbox.endpoints WHERE id = $1", endpoint_id);
+          std::string("SELECT ") + kEndpointCreatedAt + " FROM outbox.endpoints WHERE id = $1",
+          endpoint_id);
       if (endpoint.empty()) {
         throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
                                "\"; `outbox-relay endpoints list` shows them");
@@ -956,35 +946,51 @@ ReplayOutcome BeginEndpointReplay(Store& store, const std::string& endpoint_id,
                                           "\" is not a time; write e.g. '2026-11-22 10:00:00Z'");
         }
       }
-      // Replays of any endpoint that stopped part-way more than a day ago go, with the delivery
-      // ids they kept (migration 0039), which may be an archive's worth: they would only start
-      // over. So do those that finished more than a day ago (migration 0040).
-      tx.exec(
-          "DELETE FROM outbox.endpoint_replays "
-          "WHERE updated_at < clock_timestamp() - interval '1 day'");
-      tx.exec(
-          "DELETE FROM outbox.endpoint_replays_finished "
-          "WHERE finished_at < clock_timestamp() - interval '1 day'");
-      // The same replay stopped part-way less than a day ago is resumed; one that stopped
-      // longer ago, or asked to restart, starts over, with the archive as it is now. One that
-      // finished is in outbox.endpoint_replays_finished: asked again, the replay is a new one.
-      const auto row = tx.exec_params1(
-          "INSERT INTO outbox.endpoint_replays AS r (endpoint_id, since, message, upto,"
-          "  done_through) "
-          "SELECT $1, $2::timestamptz, coalesce(nullif($3, '')::uuid::text, ''),"
-          "  coalesce(max(id), 0), -9223372036854775808 FROM outbox.delivered_archive "
-          "ON CONFLICT (endpoint_id, since, message) DO UPDATE SET"
-          "  (upto, done_through, queued, started_at) = ("
-          "    SELECT CASE WHEN g.go_on THEN r.upto ELSE excluded.upto END,"
-          "           CASE WHEN g.go_on THEN r.done_through ELSE excluded.done_through END,"
-          "           CASE WHEN g.go_on THEN r.queued ELSE 0 END,"
-          "           CASE WHEN g.go_on THEN r.started_at ELSE clock_timestamp() END"
-          "    FROM (SELECT NOT $4::boolean"
-          "            AND r.updated_at > clock_timestamp() - interval '1 day' AS go_on) g),"
-          "  updated_at = clock_timestamp(), error = NULL "
-          "RETURNING r.id, r.queued, r.started_at < statement_timestamp() AS resumed,"
-          "  to_char(r.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS began",
-          endpoint_id, since_at, message, restart);
+      // A run of the same replay holds its row for each of its parts, and a part waits behind
+      // an application's open transaction for as long as it stays open: asked again meanwhile
+      // (with `Prefer: respond-async`, to be answered at once), it waited as long (review).
+      tx.exec("SET LOCAL lock_timeout = " +
+              std::to_string(std::chrono::milliseconds(kEndpointLockWait).count()));
+      pqxx::row row;
+      try {
+        // Replays of any endpoint that stopped part-way more than a day ago go, with the delivery
+        // ids they kept (migration 0039), which may be an archive's worth: they would only start
+        // over. So do those that finished more than a day ago (migration 0040).
+        tx.exec(
+            "DELETE FROM outbox.endpoint_replays "
+            "WHERE updated_at < clock_timestamp() - interval '1 day'");
+        tx.exec(
+            "DELETE FROM outbox.endpoint_replays_finished "
+            "WHERE finished_at < clock_timestamp() - interval '1 day'");
+        // The same replay stopped part-way less than a day ago is resumed; one that stopped
+        // longer ago, or asked to restart, starts over, with the archive as it is now. One that
+        // finished is in outbox.endpoint_replays_finished: asked again, the replay is a new one.
+        row = tx.exec_params1(
+            "INSERT INTO outbox.endpoint_replays AS r (endpoint_id, since, message, upto,"
+            "  done_through) "
+            "SELECT $1, $2::timestamptz, coalesce(nullif($3, '')::uuid::text, ''),"
+            "  coalesce(max(id), 0), -9223372036854775808 FROM outbox.delivered_archive "
+            "ON CONFLICT (endpoint_id, since, message) DO UPDATE SET"
+            "  (upto, done_through, queued, started_at) = ("
+            "    SELECT CASE WHEN g.go_on THEN r.upto ELSE excluded.upto END,"
+            "           CASE WHEN g.go_on THEN r.done_through ELSE excluded.done_through END,"
+            "           CASE WHEN g.go_on THEN r.queued ELSE 0 END,"
+            "           CASE WHEN g.go_on THEN r.started_at ELSE clock_timestamp() END"
+            "    FROM (SELECT NOT $4::boolean"
+            "            AND r.updated_at > clock_timestamp() - interval '1 day' AS go_on) g),"
+            "  updated_at = clock_timestamp(), error = NULL "
+            "RETURNING r.id, r.queued, r.started_at < statement_timestamp() AS resumed,"
+            "  to_char(r.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS began",
+            endpoint_id, since_at, message, restart);
+      } catch (const pqxx::sql_error& x) {
+        if (x.sqlstate() != "55P03") throw;
+        throw EndpointBusy(
+            "a run of this replay holds it while its part waits for a lock (an application's "
+            "transaction left open holds its keys); nothing changed: follow it with GET "
+            "/v1/replays/{id} or `outbox-relay endpoints replays " +
+            endpoint_id + "`, or ask again in a few seconds");
+      }
+      tx.exec("SET LOCAL lock_timeout TO DEFAULT");
       out.id = row["id"].as<std::int64_t>();
       out.resumed = row["resumed"].as<bool>();
       out.queued_earlier = out.resumed ? row["queued"].as<std::int64_t>() : 0;
@@ -1163,7 +1169,8 @@ ReplayOutcome RunEndpointReplay(Store& store, ReplayOutcome out,
 }
 
 TestEvent SendTestEvent(Store& store, const std::string& endpoint_id, const std::string& event_type,
-                        const std::string& payload) {
+                        const std::string& payload,
+                        const std::function<void(const std::string&)>& check_destination) {
   const std::string type = event_type.empty() ? "webhook.test" : event_type;
   if (type.size() > 255) {
     throw InvalidField("event_type", "event_type is " + std::to_string(type.size()) +
@@ -1197,6 +1204,8 @@ TestEvent SendTestEvent(Store& store, const std::string& endpoint_id, const std:
       throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
                              "\"; `outbox-relay endpoints list` shows them");
     }
+    // Read under the move lock: where the endpoint is until this commits.
+    if (check_destination) check_destination(e[0][0].as<std::string>());
     std::string body = payload;
     if (body.empty()) {
       body = tx.exec_params1(
@@ -1246,6 +1255,10 @@ std::optional<EndpointReplay> GetEndpointReplay(Store& store, std::int64_t id) {
 std::vector<EndpointReplay> ListEndpointReplays(Store& store, const std::string& endpoint_id) {
   return Translated([&]() -> std::vector<EndpointReplay> {
     pqxx::read_transaction tx(StoreAccess::Connection(store));
+    if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
+      throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
+                             "\"; `outbox-relay endpoints list` shows them");
+    }
     std::vector<EndpointReplay> out;
     for (const auto& r : tx.exec_params(
              ReplaysWhere("r.endpoint_id = $1 ORDER BY r.id DESC LIMIT 100"), endpoint_id)) {

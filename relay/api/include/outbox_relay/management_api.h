@@ -25,8 +25,9 @@ namespace outbox::relay {
 ///                                               `Prefer: respond-async`, answered once begun
 ///                                               and run on in the background
 ///   GET    /v1/endpoints/{id}/replays           200 {"data": [replay...]}
-///   GET    /v1/endpoints/{id}/dead-letters[?limit=N&before=ID]
+///   GET    /v1/endpoints/{id}/dead-letters[?limit=N&before=CURSOR]
 ///                                               200 {"data": [dead letter...], "next_before"}
+///   GET    /v1/endpoints/{id}/dead-letters/{dead_letter_id}  200 dead letter
 ///   POST   /v1/endpoints/{id}/test              202 {"id", "delivery_id", "event_type"}
 ///                                               body {"event_type", "payload"} optional
 ///   POST   /v1/endpoints/{id}/recover           200 {"replayed", "held_back",
@@ -35,7 +36,9 @@ namespace outbox::relay {
 ///   GET    /v1/attempts[?endpoint_id=&message=&limit=]  200 {"data": [attempt...]}
 /// Errors are JSON, {"error": {"code", "message", "field"?}}: 401 unauthorized (no or wrong
 /// token), 400 invalid_json / invalid_field (naming the field), 404 not_found, 409 conflict
-/// (an id in use), 503 database_unavailable. Nothing is written by a refused request.
+/// (an id in use), 429 too_many_requests (two replays or recoveries run already), 503
+/// database_unavailable / endpoint_busy. Nothing is written by a refused request, but the
+/// parts a replay or a recovery committed before it failed.
 class ManagementApi {
  public:
   /// `listen` as the admin server's ("host:port"); `token`: the bearer token (at least 16
@@ -54,7 +57,7 @@ class ManagementApi {
 
   /// Why endpoints cannot belong to `destination` (one this relay delivers somewhere else than
   /// to database endpoints: a Kafka topic, a webhook URL in its config), or nullopt; checked
-  /// when an endpoint is added or moved.
+  /// when an endpoint is added or moved, and before its test event.
   using DestinationCheck =
       std::function<std::optional<std::string>(const std::string& destination)>;
   /// Before Start. Without one, any destination name is taken.

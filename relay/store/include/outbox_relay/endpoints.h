@@ -220,7 +220,8 @@ ReplayOutcome ReplayToEndpoint(Store& store, const std::string& endpoint_id,
                                bool restart = false);
 
 /// ReplayToEndpoint's first step: checks the input, and begins the replay (or takes up the
-/// one of the same endpoint, time or message that has not finished). From here until
+/// one of the same endpoint, time or message that has not finished; EndpointBusy when a run
+/// of it holds it for kEndpointLockWait). From here until
 /// RunEndpointReplay returns, GetEndpointReplay says it is running (the store's connection
 /// holds its lock). Queues nothing.
 ReplayOutcome BeginEndpointReplay(Store& store, const std::string& endpoint_id,
@@ -244,9 +245,11 @@ struct TestEvent {
 /// types, signed and sent as any other (a disabled endpoint gets it once enabled). `event_type`
 /// empty: "webhook.test"; `payload` (JSON text) empty: {"type", "endpoint_id", "test": true,
 /// "sent_at"}. Throws EndpointNotFound, InvalidField ("event_type", "payload": not JSON, or
-/// over outbox.settings.max_payload_bytes).
+/// over outbox.settings.max_payload_bytes). `check_destination` is called with the endpoint's
+/// destination, read under its move lock, and may throw to refuse it.
 TestEvent SendTestEvent(Store& store, const std::string& endpoint_id, const std::string& event_type,
-                        const std::string& payload);
+                        const std::string& payload,
+                        const std::function<void(const std::string&)>& check_destination = {});
 
 /// An endpoint replay as GET /v1/replays/{id} shows it, kept for a day after its last change.
 struct EndpointReplay {
@@ -269,7 +272,7 @@ struct EndpointReplay {
 /// nullopt: no replay has that id (or it ended more than a day ago, or its endpoint is gone).
 std::optional<EndpointReplay> GetEndpointReplay(Store& store, std::int64_t id);
 
-/// The endpoint's replays of the last day, newest first, at most 100.
+/// The endpoint's replays of the last day, newest first, at most 100. Throws EndpointNotFound.
 std::vector<EndpointReplay> ListEndpointReplays(Store& store, const std::string& endpoint_id);
 
 }  // namespace outbox::relay
