@@ -78,6 +78,13 @@ class ManagementApiTest : public PgTest {
     return e.contains("message") && e["message"].is_string() ? e["message"].get<std::string>() : "";
   }
 
+  // Endpoint "acme" of destination "d".
+  void AddAcme() {
+    ASSERT_EQ(
+        Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
+        201);
+  }
+
   // Three delivered messages of destination "d" in the archive (retention.archive_delivered).
   void ArchiveThree() {
     Scalar(
@@ -636,9 +643,7 @@ TEST_F(ManagementApiTest, StopEndsARequestWaitingOnALock) {
 // it held every other request (a list, an endpoint's change) until it was done; it runs on a
 // connection of its own, which Stop cuts short like the shared one.
 TEST_F(ManagementApiTest, AReplayRunsBesideTheOtherRequests) {
-  ASSERT_EQ(
-      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
-      201);
+  ASSERT_NO_FATAL_FAILURE(AddAcme());
   ArchiveThree();
   // A move of the endpoint under way holds its lock: the replay's first part waits for it.
   pqxx::connection x(db_url_);
@@ -703,9 +708,7 @@ TEST_F(ManagementApiTest, AReplayRunsBesideTheOtherRequests) {
 // with where to follow it (Location: /v1/replays/{id}), and runs on in the background; the
 // replay's resource says whether it runs, what it queued, and when it finished.
 TEST_F(ManagementApiTest, AReplayAskedToRespondAsyncRunsInTheBackground) {
-  ASSERT_EQ(
-      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
-      201);
+  ASSERT_NO_FATAL_FAILURE(AddAcme());
   ArchiveThree();
   // A move of the endpoint under way holds its lock: the replay's first part waits for it.
   pqxx::connection x(db_url_);
@@ -765,9 +768,7 @@ TEST_F(ManagementApiTest, ABackgroundReplayThatFailsSaysWhy) {
   const auto unknown = Of(client_->Post("/v1/endpoints/nobody/replay", async,
                                         R"({"since": "2020-01-01Z"})", "application/json"));
   ExpectError(unknown, 404, "not_found");
-  ASSERT_EQ(
-      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
-      201);
+  ASSERT_NO_FATAL_FAILURE(AddAcme());
   ExpectError(Of(client_->Post("/v1/endpoints/acme/replay", async, R"({"since": "soon"})",
                                "application/json")),
               400, "invalid_field", "since");
@@ -811,9 +812,7 @@ TEST_F(ManagementApiTest, ABackgroundReplayThatFailsSaysWhy) {
 // transaction left open): the same replay asked again meanwhile, to be answered at once, waited
 // as long. It is answered within kEndpointLockWait: 503 endpoint_busy, with where to follow it.
 TEST_F(ManagementApiTest, AReplayAskedAgainWhileItsRunWaitsIsAnsweredInTime) {
-  ASSERT_EQ(
-      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
-      201);
+  ASSERT_NO_FATAL_FAILURE(AddAcme());
   ArchiveThree();
   pqxx::connection app(db_url_);
   pqxx::work open(app);
@@ -846,9 +845,7 @@ TEST_F(ManagementApiTest, AReplayAskedAgainWhileItsRunWaitsIsAnsweredInTime) {
 // the locks it holds: it went on waiting, and the endpoint could not be moved or deleted for as
 // long as the application's transaction stayed open (review).
 TEST_F(ManagementApiTest, StopEndsARecoveryWaitingOnALockWithItsSession) {
-  ASSERT_EQ(
-      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
-      201);
+  ASSERT_NO_FATAL_FAILURE(AddAcme());
   Scalar(
       "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
       "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
@@ -897,9 +894,7 @@ TEST_F(ManagementApiTest, StopEndsARecoveryWaitingOnALockWithItsSession) {
 // replay asked again goes on from where it stopped, under the same id. Replays in the
 // background count against the two a relay runs at a time.
 TEST_F(ManagementApiTest, StopEndsABackgroundReplayWhichResumesWhenAskedAgain) {
-  ASSERT_EQ(
-      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
-      201);
+  ASSERT_NO_FATAL_FAILURE(AddAcme());
   pqxx::connection x(db_url_);
   pqxx::work mover(x);
   mover.exec("SELECT pg_advisory_xact_lock(outbox.endpoint_lock_key('acme'))");
@@ -1157,9 +1152,7 @@ TEST_F(ManagementApiTest, ATestEventIsQueuedForTheEndpointAlone) {
 // of that endpoint waited as long, on the API's one connection, and every request behind it
 // with it. It waits 5 s, then answers 503 endpoint_busy, changing nothing.
 TEST_F(ManagementApiTest, ADeleteOrMoveOfAnEndpointHeldByAReplayIsRefusedAfterAWhile) {
-  ASSERT_EQ(
-      Post("/v1/endpoints", R"({"id": "acme", "destination": "d", "url": "https://x"})").status,
-      201);
+  ASSERT_NO_FATAL_FAILURE(AddAcme());
   pqxx::connection x(db_url_);
   pqxx::work replay(x);
   replay.exec("SELECT pg_advisory_xact_lock_shared(outbox.endpoint_lock_key('acme'))");

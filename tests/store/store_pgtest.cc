@@ -179,6 +179,25 @@ class StoreTest : public testing::PgTest {
     pqxx::nontransaction(admin).exec("DELETE FROM public.fail_on");
   }
 
+  // Dead letters of ep_a ("http 422", dead now), keys ep_a:k<first>..ep_a:k<last> in id order;
+  // `first_key`: the first one's idempotency key (random when empty).
+  void DeadLettersOfA(int first, int last, const std::string& first_key = "") {
+    Scalar(
+        "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
+        "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
+        "  endpoint_id, dead_at)"
+        "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'ep_a:k' || g,"
+        "    CASE WHEN g = " +
+        std::to_string(first) + " AND '" + first_key +
+        "' <> '' THEN"
+        "      nullif('" +
+        first_key +
+        "', '')::uuid ELSE gen_random_uuid() END,"
+        "    'e', '{}', '1', 1, 'http 422', now(), 'ep_a', now()"
+        "  FROM generate_series(" +
+        std::to_string(first) + ", " + std::to_string(last) +
+        ") g ORDER BY g RETURNING 1) SELECT count(*) FROM d");
+  }
   // `n` delivered messages of destination "hooks" in the archive, keys k1..kn in id order.
   void ArchiveForHooks(int n) {
     Scalar(
@@ -2546,14 +2565,7 @@ TEST_F(StoreTest, AFailedReplaySaysWhyAndResumesUnderItsId) {
 TEST_F(StoreTest, ARecoverySendsWhatWasDeadWhenItBeganOnce) {
   Store c(db_url_);
   AddEndpointA(c);
-  Scalar(
-      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
-      "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
-      "  endpoint_id, dead_at)"
-      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'ep_a:k' || g, "
-      "    CASE WHEN g = 0 THEN '00000000-0000-4000-8000-0000000000aa'::uuid"
-      "         ELSE gen_random_uuid() END, 'e', '{}', '1', 1, 'http 422', now(), 'ep_a', now()"
-      "  FROM generate_series(0, 1200) g ORDER BY g RETURNING 1) SELECT count(*) FROM d");
+  DeadLettersOfA(0, 1200, "00000000-0000-4000-8000-0000000000aa");
   // The delivery of dead letter 0 is queued already (an operator's replay of it, say).
   Scalar(
       "WITH m AS (INSERT INTO outbox.messages (destination, ordering_key, idempotency_key,"
@@ -2593,13 +2605,7 @@ TEST_F(StoreTest, ARecoverySendsWhatWasDeadWhenItBeganOnce) {
 TEST_F(StoreTest, ARecoveryWhoseEndpointIsDeletedMeanwhileSaysSo) {
   Store c(db_url_);
   AddEndpointA(c);
-  Scalar(
-      "WITH d AS (INSERT INTO outbox.dead_letters (id, destination, ordering_key,"
-      "  idempotency_key, event_type, headers, payload, attempts, reason, created_at,"
-      "  endpoint_id, dead_at)"
-      "  SELECT nextval('outbox.messages_id_seq'), 'hooks', 'ep_a:k' || g, gen_random_uuid(),"
-      "    'e', '{}', '1', 1, 'http 422', now(), 'ep_a', now()"
-      "  FROM generate_series(1, 1200) g ORDER BY g RETURNING 1) SELECT count(*) FROM d");
+  DeadLettersOfA(1, 1200);
   pqxx::connection admin(db_url_);
   pqxx::nontransaction(admin).exec(R"(
     CREATE FUNCTION public.wait_at_700() RETURNS trigger LANGUAGE plpgsql AS $$
