@@ -636,6 +636,11 @@ TEST_F(WebhookServiceTest, ReplaySendsArchivedMessagesToOneEndpointAgain) {
   ASSERT_EQ(code, 0) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 3) << "a header and two replays: " << out;
   EXPECT_NE(out.find("message " + key), std::string::npos) << out;
+  // docs/roles.md: an operator's read-only login (outbox_reader) reads them too.
+  std::tie(code, out) = Cli({"endpoints", "replays", "a", "--json", "--database-url",
+                             UrlOfLogin("replays_reader", "outbox_reader")});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["queued"], 6) << out;
   std::tie(code, out) = Cli({"endpoints", "replays", "nope"});
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("no endpoint has id \"nope\""), std::string::npos) << out;

@@ -394,7 +394,8 @@ std::string WithRoleHint(const std::exception& e) {
   while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
   return what +
          " (the login lacks a role: GRANT outbox_reader TO <login> lets it run status, dlq list "
-         "/ show, attempts and verify; a command that changes the outbox (pause, resume, dlq "
+         "/ show, attempts, endpoints replays and verify; a command that changes the outbox "
+         "(pause, resume, dlq "
          "replay / purge, endpoints, destinations) needs GRANT outbox_relay TO <login>; "
          "docs/roles.md)";
 }
