@@ -205,6 +205,16 @@ bool PrefersAsync(const httplib::Request& req) {
   return false;
 }
 
+// A path's id that is a number (a replay's, a dead letter's); nullopt for anything else, which
+// names nothing (a 404, as an unknown number is).
+std::optional<std::int64_t> PathNumber(const std::string& text) {
+  if (text.empty() || text.size() > 18 ||
+      !std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c); })) {
+    return std::nullopt;
+  }
+  return std::stoll(text);
+}
+
 // An endpoint's dead letter: its delivery (webhook-id), why it died, and what it carried. A
 // JSON value nlohmann cannot hold (a number past a double's range) is given as its text,
 // `payload_text`; one that is too large for a list is left out (`payload_omitted`).
@@ -449,22 +459,6 @@ struct ManagementApi::Impl {
     }
   }
 
-  // A list's next page, `before`: what is older than the last of the page before (its id, as
-  // that page's next_before gave it); 0 when not given.
-  static std::int64_t Before(const httplib::Request& req, const std::string& what) {
-    if (!req.has_param("before")) return 0;
-    const std::string text = req.get_param_value("before");
-    try {
-      std::size_t used = 0;
-      const std::int64_t before = std::stoll(text, &used);
-      if (used != text.size() || before < 1) throw std::out_of_range(text);
-      return before;
-    } catch (const std::exception&) {
-      throw BadField("before", "before must be " + what +
-                                   " (a positive number), as the last page's next_before gave it");
-    }
-  }
-
   static ApiError NotFound(const std::string& id) {
     return {404, "not_found", "no endpoint has id \"" + id + "\"", ""};
   }
@@ -661,10 +655,8 @@ struct ManagementApi::Impl {
           Handle(req, res, [&](Store& s, httplib::Response& r) {
             const std::string id = req.matches[1];
             const std::string letter = req.matches[2];
-            const bool number = !letter.empty() && letter.size() <= 18 &&
-                                std::all_of(letter.begin(), letter.end(),
-                                            [](unsigned char c) { return std::isdigit(c); });
-            const auto d = number ? GetEndpointDeadLetter(s, id, std::stoll(letter)) : std::nullopt;
+            const auto number = PathNumber(letter);
+            const auto d = number ? GetEndpointDeadLetter(s, id, *number) : std::nullopt;
             if (!d) {
               throw ApiError{404, "not_found",
                              "endpoint " + id + " has no dead letter " + letter +
@@ -717,10 +709,8 @@ struct ManagementApi::Impl {
         R"(/v1/replays/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
           Handle(req, res, [&](Store& s, httplib::Response& r) {
             const std::string id = req.matches[1];
-            const bool number =
-                !id.empty() && id.size() <= 18 &&
-                std::all_of(id.begin(), id.end(), [](unsigned char c) { return std::isdigit(c); });
-            const auto replay = number ? GetEndpointReplay(s, std::stoll(id)) : std::nullopt;
+            const auto number = PathNumber(id);
+            const auto replay = number ? GetEndpointReplay(s, *number) : std::nullopt;
             if (!replay) {
               throw ApiError{404, "not_found",
                              "no replay has id " + id +
@@ -734,7 +724,20 @@ struct ManagementApi::Impl {
     server.Get("/v1/attempts", [this](const httplib::Request& req, httplib::Response& res) {
       Handle(req, res, [&](Store& s, httplib::Response& r) {
         const int limit = Limit(req);
-        const std::int64_t before = Before(req, "an attempt's id");
+        // The next page: what is older than the last attempt of this one.
+        std::int64_t before = 0;
+        if (req.has_param("before")) {
+          const std::string text = req.get_param_value("before");
+          try {
+            std::size_t used = 0;
+            before = std::stoll(text, &used);
+            if (used != text.size() || before < 1) throw std::out_of_range(text);
+          } catch (const std::exception&) {
+            throw BadField("before",
+                           "before must be an attempt's id (a positive number), as the last "
+                           "page's next_before gave it");
+          }
+        }
         json data = json::array();
         const auto page = ListAttempts(s, req.get_param_value("endpoint_id"),
                                        req.get_param_value("message"), limit, before);

@@ -204,8 +204,7 @@ std::string CheckEndpoint(pqxx::connection& c, const std::string& endpoint_id) {
       std::string("SELECT ") + kEndpointCreatedAt + " FROM outbox.endpoints WHERE id = $1",
       endpoint_id);
   if (r.empty()) {
-    throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
-                           "\"; `outbox-relay endpoints list` shows them");
+    throw NoSuchEndpoint(endpoint_id);
   }
   return r[0][0].as<std::string>();
 }

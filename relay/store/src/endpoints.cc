@@ -732,8 +732,7 @@ RotatedKey RotateEndpointSecret(Store& store, const std::string& id, std::chrono
   return Translated([&]() -> RotatedKey {
     pqxx::work tx(StoreAccess::Connection(store));
     if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1 FOR UPDATE", id).empty()) {
-      throw EndpointNotFound("no endpoint has id \"" + id +
-                             "\"; `outbox-relay endpoints list` shows them");
+      throw NoSuchEndpoint(id);
     }
     const auto newest = tx.exec_params(
         "SELECT secret LIKE 'whsk\\_%' FROM outbox.endpoint_secrets WHERE endpoint_id = $1 "
@@ -934,8 +933,7 @@ ReplayOutcome BeginEndpointReplay(Store& store, const std::string& endpoint_id,
           std::string("SELECT ") + kEndpointCreatedAt + " FROM outbox.endpoints WHERE id = $1",
           endpoint_id);
       if (endpoint.empty()) {
-        throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
-                               "\"; `outbox-relay endpoints list` shows them");
+        throw NoSuchEndpoint(endpoint_id);
       }
       out.endpoint_created_at = endpoint[0][0].as<std::string>();
       if (!since.empty()) {
@@ -1201,8 +1199,7 @@ TestEvent SendTestEvent(Store& store, const std::string& endpoint_id, const std:
     const auto e =
         tx.exec_params("SELECT destination FROM outbox.endpoints WHERE id = $1", endpoint_id);
     if (e.empty()) {
-      throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
-                             "\"; `outbox-relay endpoints list` shows them");
+      throw NoSuchEndpoint(endpoint_id);
     }
     // Read under the move lock: where the endpoint is until this commits.
     if (check_destination) check_destination(e[0][0].as<std::string>());
@@ -1256,8 +1253,7 @@ std::vector<EndpointReplay> ListEndpointReplays(Store& store, const std::string&
   return Translated([&]() -> std::vector<EndpointReplay> {
     pqxx::read_transaction tx(StoreAccess::Connection(store));
     if (tx.exec_params("SELECT 1 FROM outbox.endpoints WHERE id = $1", endpoint_id).empty()) {
-      throw EndpointNotFound("no endpoint has id \"" + endpoint_id +
-                             "\"; `outbox-relay endpoints list` shows them");
+      throw NoSuchEndpoint(endpoint_id);
     }
     std::vector<EndpointReplay> out;
     for (const auto& r : tx.exec_params(

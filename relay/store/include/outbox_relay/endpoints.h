@@ -49,6 +49,11 @@ class EndpointNotFound : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
+/// "no endpoint has id ...", saying where the ids are.
+inline EndpointNotFound NoSuchEndpoint(const std::string& id) {
+  return EndpointNotFound("no endpoint has id \"" + id +
+                          "\"; `outbox-relay endpoints list` shows them");
+}
 
 /// A delete or a move of an endpoint waited kEndpointLockWait for its move lock (migration
 /// 0018) and gave up: a replay to it, or a relay writing its rows, held it. Nothing changed;
